@@ -1,0 +1,366 @@
+// The N-API binding: a thin layer that converts arguments, validates what crosses from JS, and
+// hands heavy work to the engine's worker thread. No math here.
+#include <napi.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "engine_worker.h"
+#include "gguf.h"
+#include "model.h"
+
+namespace ctx {
+namespace {
+
+Napi::Value to_js(Napi::Env env, const GgufValue& v) {
+  switch (v.type) {
+    case GgufValueType::STRING: return Napi::String::New(env, v.str);
+    case GgufValueType::BOOL: return Napi::Boolean::New(env, v.u != 0);
+    case GgufValueType::F32: case GgufValueType::F64: return Napi::Number::New(env, v.f);
+    case GgufValueType::ARRAY: {
+      Napi::Array a = Napi::Array::New(env, v.arr.size());
+      for (size_t i = 0; i < v.arr.size(); ++i) a.Set(static_cast<uint32_t>(i), to_js(env, v.arr[i]));
+      return a;
+    }
+    case GgufValueType::I8: case GgufValueType::I16: case GgufValueType::I32: case GgufValueType::I64:
+      if (v.i > (1ll << 53) || v.i < -(1ll << 53)) return Napi::BigInt::New(env, static_cast<int64_t>(v.i));
+      return Napi::Number::New(env, static_cast<double>(v.i));
+    default:
+      if (v.u > (1ull << 53)) return Napi::BigInt::New(env, static_cast<uint64_t>(v.u));
+      return Napi::Number::New(env, static_cast<double>(v.u));
+  }
+}
+
+std::string string_arg(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsString()) throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a string");
+  return info[i].As<Napi::String>().Utf8Value();
+}
+
+int int_option(Napi::Object o, const char* key, int fallback, int lo, int hi) {
+  Napi::Value v = o.Get(key);
+  if (v.IsUndefined()) return fallback;
+  if (!v.IsNumber()) throw Napi::TypeError::New(o.Env(), std::string(key) + " must be a number");
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (d != static_cast<int>(d) || d < lo || d > hi)
+    throw Napi::RangeError::New(o.Env(), std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " +
+                                             std::to_string(hi) + "]");
+  return static_cast<int>(d);
+}
+
+// readGgufMetadata(path): every metadata key as a JS value.
+Napi::Value ReadGgufMetadata(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const std::string path = string_arg(info, 0, "path");
+  try {
+    auto f = GgufFile::open(path);
+    Napi::Object out = Napi::Object::New(env);
+    for (const auto& [k, v] : f->metadata()) out.Set(k, to_js(env, v));
+    return out;
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+}
+
+// ggufInfo(path): header facts and the tensor table.
+Napi::Value GgufInfo(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const std::string path = string_arg(info, 0, "path");
+  try {
+    auto f = GgufFile::open(path);
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("version", f->version());
+    out.Set("fileSize", static_cast<double>(f->file_size()));
+    out.Set("headerBytes", static_cast<double>(f->header_bytes()));
+    out.Set("alignment", f->alignment());
+    Napi::Array tensors = Napi::Array::New(env, f->tensors().size());
+    uint32_t i = 0;
+    for (const auto& t : f->tensors()) {
+      Napi::Object o = Napi::Object::New(env);
+      o.Set("name", t.name);
+      o.Set("type", ggml_type_name(t.type));
+      Napi::Array shape = Napi::Array::New(env, t.n_dims);
+      for (uint32_t d = 0; d < t.n_dims; ++d) shape.Set(d, static_cast<double>(t.ne[d]));
+      o.Set("shape", shape);
+      o.Set("offset", static_cast<double>(t.offset));
+      o.Set("nBytes", static_cast<double>(t.n_bytes));
+      tensors.Set(i++, o);
+    }
+    out.Set("tensors", tensors);
+    return out;
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class NativeModel : public Napi::ObjectWrap<NativeModel> {
+ public:
+  static Napi::FunctionReference ctor;
+  static void Init(Napi::Env env, Napi::Object exports) {
+    Napi::Function f = DefineClass(env, "NativeModel", {InstanceAccessor<&NativeModel::Config>("config")});
+    ctor = Napi::Persistent(f);
+    exports.Set("NativeModel", f);
+  }
+  explicit NativeModel(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeModel>(info) {
+    if (info.Length() != 1 || !info[0].IsExternal())
+      throw Napi::TypeError::New(info.Env(), "NativeModel is created by loadModel()");
+    model_ = *info[0].As<Napi::External<std::shared_ptr<Model>>>().Data();
+  }
+  std::shared_ptr<Model> model() const { return model_; }
+
+ private:
+  Napi::Value Config(const Napi::CallbackInfo& info) {
+    const ModelConfig& c = model_->config();
+    Napi::Object o = Napi::Object::New(info.Env());
+    o.Set("architecture", c.architecture);
+    o.Set("name", c.name);
+    o.Set("nLayer", c.n_layer);
+    o.Set("nEmbd", c.n_embd);
+    o.Set("nHead", c.n_head);
+    o.Set("nHeadKv", c.n_head_kv);
+    o.Set("headDim", c.head_dim);
+    o.Set("nFf", c.n_ff);
+    o.Set("nVocab", c.n_vocab);
+    o.Set("nCtxTrain", c.n_ctx_train);
+    o.Set("ropeBase", c.rope_base);
+    o.Set("rmsEps", c.rms_eps);
+    o.Set("tiedOutput", c.tied_output);
+    o.Set("kvBytesPerToken", static_cast<double>(c.kv_bytes_per_token()));
+    return o;
+  }
+  std::shared_ptr<Model> model_;
+};
+Napi::FunctionReference NativeModel::ctor;
+
+class LoadModelWorker : public Napi::AsyncWorker {
+ public:
+  LoadModelWorker(Napi::Env env, std::string path)
+      : Napi::AsyncWorker(env), path_(std::move(path)), deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise Promise() { return deferred_.Promise(); }
+  void Execute() override {
+    try {
+      model_ = Model::load(path_);
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    }
+  }
+  void OnOK() override {
+    Napi::Env env = Env();
+    auto ext = Napi::External<std::shared_ptr<Model>>::New(env, &model_);
+    deferred_.Resolve(NativeModel::ctor.New({ext}));
+  }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  std::string path_;
+  std::shared_ptr<Model> model_;
+  Napi::Promise::Deferred deferred_;
+};
+
+Napi::Value LoadModel(const Napi::CallbackInfo& info) {
+  auto* w = new LoadModelWorker(info.Env(), string_arg(info, 0, "path"));
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
+ public:
+  static Napi::FunctionReference ctor;
+  static void Init(Napi::Env env, Napi::Object exports) {
+    Napi::Function f = DefineClass(env, "NativeSequence",
+                                   {InstanceAccessor<&NativeSequence::NPast>("nPast"),
+                                    InstanceAccessor<&NativeSequence::Capacity>("capacity"),
+                                    InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"),
+                                    InstanceMethod<&NativeSequence::Truncate>("truncate"),
+                                    InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
+    ctor = Napi::Persistent(f);
+    exports.Set("NativeSequence", f);
+  }
+  explicit NativeSequence(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeSequence>(info) {
+    if (info.Length() != 1 || !info[0].IsExternal())
+      throw Napi::TypeError::New(info.Env(), "NativeSequence is created by engine.createSequence()");
+    seq_ = *info[0].As<Napi::External<std::shared_ptr<Sequence>>>().Data();
+  }
+  const std::shared_ptr<Sequence>& seq() const { return seq_; }
+  bool busy = false;  // inside an in-flight forward(); JS thread only
+
+ private:
+  Napi::Value NPast(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), seq_->n_past()); }
+  Napi::Value Capacity(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), seq_->kv.capacity()); }
+  Napi::Value BytesUsed(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), static_cast<double>(seq_->kv.bytes_used()));
+  }
+  // truncate(n): forget every token from n on (rollback, or reuse of a shared prefix).
+  Napi::Value Truncate(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "truncate(n) needs a number");
+    const double n = info[0].As<Napi::Number>().DoubleValue();
+    if (n != static_cast<int>(n) || n < 0 || n > seq_->n_past())
+      throw Napi::RangeError::New(env, "truncate: n must be an integer in [0, nPast]");
+    seq_->kv.set_size(static_cast<int>(n));
+    return env.Undefined();
+  }
+  // kvBuffer(): the whole cache as one external ArrayBuffer, no copy. Layer l's K starts at
+  // element l * 2 * capacity * kvDim, its V capacity * kvDim later; rows are [token][kv_dim].
+  Napi::Value Kv(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (kv_buffer_.IsEmpty()) {
+      auto* hold = new std::shared_ptr<Sequence>(seq_);
+      Napi::ArrayBuffer ab = Napi::ArrayBuffer::New(
+          env, seq_->kv.k(0), seq_->kv.bytes_reserved(),
+          [](Napi::Env, void*, std::shared_ptr<Sequence>* h) { delete h; }, hold);
+      kv_buffer_ = Napi::Persistent(ab);
+    }
+    return kv_buffer_.Value();
+  }
+
+  std::shared_ptr<Sequence> seq_;
+  Napi::Reference<Napi::ArrayBuffer> kv_buffer_;
+};
+Napi::FunctionReference NativeSequence::ctor;
+
+class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
+ public:
+  static void Init(Napi::Env env, Napi::Object exports) {
+    Napi::Function f = DefineClass(env, "NativeEngine",
+                                   {InstanceMethod<&NativeEngine::CreateSequence>("createSequence"),
+                                    InstanceMethod<&NativeEngine::Forward>("forward"),
+                                    InstanceAccessor<&NativeEngine::Info>("info")});
+    exports.Set("NativeEngine", f);
+  }
+
+  // new NativeEngine(model, { threads, ubatch, maxContext })
+  explicit NativeEngine(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeEngine>(info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsObject() || !info[0].As<Napi::Object>().InstanceOf(NativeModel::ctor.Value()))
+      throw Napi::TypeError::New(env, "NativeEngine(model, options): model must come from loadModel()");
+    Napi::Object o = info.Length() > 1 && info[1].IsObject() ? info[1].As<Napi::Object>() : Napi::Object::New(env);
+    EngineOptions opts;
+    opts.n_threads = int_option(o, "threads", 1, 1, 256);
+    opts.ubatch = int_option(o, "ubatch", 512, 1, 8192);
+    opts.max_context = int_option(o, "maxContext", 0, 0, 1 << 22);
+    try {
+      engine_ = std::make_shared<Engine>(NativeModel::Unwrap(info[0].As<Napi::Object>())->model(), opts);
+    } catch (const std::exception& e) {
+      throw Napi::Error::New(env, e.what());
+    }
+    worker_ = std::make_unique<EngineWorker>(env);
+  }
+
+ private:
+  Napi::Value Info(const Napi::CallbackInfo& info) {
+    Napi::Object o = Napi::Object::New(info.Env());
+    o.Set("kernels", engine_->kernels().name);
+    o.Set("threads", engine_->options().n_threads);
+    o.Set("ubatch", engine_->options().ubatch);
+    o.Set("maxContext", engine_->max_context());
+    return o;
+  }
+
+  Napi::Value CreateSequence(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    int capacity = engine_->max_context();
+    if (info.Length() > 0 && !info[0].IsUndefined()) {
+      if (!info[0].IsNumber()) throw Napi::TypeError::New(env, "createSequence(capacity): capacity must be a number");
+      const double c = info[0].As<Napi::Number>().DoubleValue();
+      if (c != static_cast<int>(c) || c < 1 || c > engine_->max_context())
+        throw Napi::RangeError::New(env, "createSequence: capacity must be an integer in [1, " +
+                                             std::to_string(engine_->max_context()) + "]");
+      capacity = static_cast<int>(c);
+    }
+    try {
+      auto seq = std::make_shared<Sequence>(engine_->config(), capacity);
+      auto ext = Napi::External<std::shared_ptr<Sequence>>::New(env, &seq);
+      return NativeSequence::ctor.New({ext});
+    } catch (const std::exception& e) {
+      throw Napi::Error::New(env, e.what());
+    }
+  }
+
+  // forward([{ seq, tokens: Int32Array, logits?: Float32Array(nVocab) }]) -> Promise<void>.
+  // Appends the tokens to each sequence; fills `logits` with the next-token logits.
+  Napi::Value Forward(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() != 1 || !info[0].IsArray()) throw Napi::TypeError::New(env, "forward(items) needs an array");
+    Napi::Array arr = info[0].As<Napi::Array>();
+    if (arr.Length() == 0) throw Napi::RangeError::New(env, "forward: empty batch");
+    struct Owned { std::shared_ptr<Sequence> seq; std::vector<int32_t> tokens; float* logits; };
+    auto owned = std::make_shared<std::vector<Owned>>();
+    std::vector<NativeSequence*> seqs;
+    // Everything the job touches stays reachable until it settles, even if the caller drops it.
+    Napi::Object keep = Napi::Object::New(env);
+    Napi::Array held = Napi::Array::New(env);
+    keep.Set("engine", Value());
+    keep.Set("held", held);
+    for (uint32_t i = 0; i < arr.Length(); ++i) {
+      Napi::Value v = arr.Get(i);
+      if (!v.IsObject()) throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + " is not an object");
+      Napi::Object o = v.As<Napi::Object>();
+      Napi::Value sv = o.Get("seq");
+      if (!sv.IsObject() || !sv.As<Napi::Object>().InstanceOf(NativeSequence::ctor.Value()))
+        throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + ".seq is not a sequence");
+      NativeSequence* ns = NativeSequence::Unwrap(sv.As<Napi::Object>());
+      if (ns->busy) throw Napi::Error::New(env, "forward: sequence is already in a forward pass");
+      Napi::Value tv = o.Get("tokens");
+      if (!tv.IsTypedArray() || tv.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+        throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + ".tokens must be an Int32Array");
+      Napi::Int32Array ta = tv.As<Napi::Int32Array>();
+      float* logits = nullptr;
+      Napi::Value lv = o.Get("logits");
+      if (!lv.IsUndefined() && !lv.IsNull()) {
+        if (!lv.IsTypedArray() || lv.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+            lv.As<Napi::Float32Array>().ElementLength() != static_cast<size_t>(engine_->config().n_vocab))
+          throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + ".logits must be a Float32Array of nVocab");
+        logits = lv.As<Napi::Float32Array>().Data();
+      }
+      for (NativeSequence* other : seqs)
+        if (other == ns) throw Napi::Error::New(env, "forward: a sequence appears twice in one batch");
+      seqs.push_back(ns);
+      held.Set(held.Length(), sv);
+      if (logits) held.Set(held.Length(), lv);
+      owned->push_back({ns->seq(), std::vector<int32_t>(ta.Data(), ta.Data() + ta.ElementLength()), logits});
+    }
+    for (NativeSequence* ns : seqs) ns->busy = true;
+    auto engine = engine_;
+    return worker_->submit(
+        env,
+        [engine, owned] {
+          std::vector<BatchItem> items;
+          for (auto& o : *owned)
+            items.push_back({o.seq.get(), o.tokens.data(), static_cast<int>(o.tokens.size()), o.logits});
+          engine->forward(items);
+        },
+        [](Napi::Env e) -> Napi::Value { return e.Undefined(); },
+        [seqs] {
+          for (NativeSequence* ns : seqs) ns->busy = false;
+        },
+        keep);
+  }
+
+  std::shared_ptr<Engine> engine_;
+  std::unique_ptr<EngineWorker> worker_;
+};
+
+}  // namespace
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("readGgufMetadata", Napi::Function::New(env, ReadGgufMetadata));
+  exports.Set("ggufInfo", Napi::Function::New(env, GgufInfo));
+  exports.Set("loadModel", Napi::Function::New(env, LoadModel));
+  NativeModel::Init(env, exports);
+  NativeSequence::Init(env, exports);
+  NativeEngine::Init(env, exports);
+  return exports;
+}
+
+}  // namespace ctx
+
+static Napi::Object InitAddon(Napi::Env env, Napi::Object exports) { return ctx::Init(env, exports); }
+NODE_API_MODULE(ctxbank_native, InitAddon)

@@ -1,0 +1,289 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "dequant.h"
+
+namespace ctx {
+
+namespace {
+constexpr int kLogitRows = 32;  // next-token logits computed per output matmul
+
+bool is_quantized(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0; }
+}  // namespace
+
+Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
+    : model_(std::move(model)), opts_(opts), k_(select_kernels()), pool_(opts.n_threads) {
+  const ModelConfig& c = model_->config();
+  if (opts_.n_threads < 1 || opts_.n_threads > 256) throw std::invalid_argument("engine: threads must be 1..256");
+  if (opts_.ubatch < 1 || opts_.ubatch > 8192) throw std::invalid_argument("engine: ubatch must be 1..8192");
+  max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
+  if (max_ctx_ > (1 << 22)) throw std::invalid_argument("engine: max_context too large");
+
+  const size_t U = opts_.ubatch, E = c.n_embd, F = c.n_ff, KV = c.kv_dim(), wide = std::max(E, F);
+  x_.resize(U * E);
+  xn_.resize(U * wide);
+  q_.resize(U * E);
+  kc_.resize(U * KV);
+  vc_.resize(U * KV);
+  attn_.resize(U * E);
+  gate_.resize(U * F);
+  up_.resize(U * F);
+  act_qs_.resize(U * wide);
+  act_d_.resize(U * wide / 32);
+  act_s_.resize(U * wide / 32);
+  act_isum_.resize(U * wide / 32);
+  act_ = {act_qs_.data(), act_d_.data(), act_s_.data(), act_isum_.data(), 0};
+  pos_.resize(U);
+  token_seq_.resize(U);
+  logits_x_.resize(kLogitRows * E);
+  logits_buf_.resize(static_cast<size_t>(kLogitRows) * c.n_vocab);
+  const int group = c.n_head / c.n_head_kv;
+  scores_.assign(pool_.size(), std::vector<float>(static_cast<size_t>(group) * max_ctx_));
+
+  // RoPE table computed the way ggml does (theta multiplied by base^(-2/d) per pair, in float)
+  // so positions match llama.cpp bit for bit.
+  const int half = c.head_dim / 2;
+  rope_cos_.resize(static_cast<size_t>(max_ctx_) * half);
+  rope_sin_.resize(static_cast<size_t>(max_ctx_) * half);
+  const float theta_scale = std::pow(c.rope_base, -2.0f / static_cast<float>(c.head_dim));
+  for (int p = 0; p < max_ctx_; ++p) {
+    float theta = static_cast<float>(p);
+    for (int i = 0; i < half; ++i) {
+      rope_cos_[static_cast<size_t>(p) * half + i] = std::cos(theta);
+      rope_sin_[static_cast<size_t>(p) * half + i] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+}
+
+Engine::~Engine() = default;
+
+void Engine::validate(const std::vector<BatchItem>& items) const {
+  const ModelConfig& c = config();
+  for (size_t i = 0; i < items.size(); ++i) {
+    const BatchItem& it = items[i];
+    if (!it.seq) throw std::invalid_argument("forward: batch item without a sequence");
+    if (it.n_tokens < 1) throw std::invalid_argument("forward: empty token list (a prompt needs at least one token)");
+    const int limit = std::min(it.seq->kv.capacity(), max_ctx_);
+    if (it.seq->n_past() + it.n_tokens > limit)
+      throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) +
+                                  " tokens exceed the context limit of " + std::to_string(limit) +
+                                  (limit == max_ctx_ ? " (model context)" : " (sequence capacity)"));
+    for (int t = 0; t < it.n_tokens; ++t)
+      if (it.tokens[t] < 0 || it.tokens[t] >= c.n_vocab)
+        throw std::invalid_argument("forward: token id " + std::to_string(it.tokens[t]) + " is outside the vocabulary");
+    for (size_t j = 0; j < i; ++j)
+      if (items[j].seq == it.seq) throw std::invalid_argument("forward: a sequence appears twice in one batch");
+  }
+}
+
+void Engine::forward(const std::vector<BatchItem>& items_in) {
+  validate(items_in);
+  std::vector<BatchItem> items = items_in;
+  // Cut the batch into micro-batches of at most `ubatch` tokens; a long prompt spans several.
+  std::vector<Slice>& slices = slices_;
+  slices.clear();
+  int filled = 0;
+  for (auto& it : items) {
+    const int base = it.seq->n_past();  // read before this item's first micro-batch runs
+    int offset = 0;
+    while (offset < it.n_tokens) {
+      const int count = std::min(it.n_tokens - offset, opts_.ubatch - filled);
+      slices.push_back({&it, offset, count, base + offset});
+      offset += count;
+      filled += count;
+      if (filled == opts_.ubatch) {
+        forward_ubatch(slices);
+        slices.clear();
+        filled = 0;
+      }
+    }
+  }
+  if (!slices.empty()) forward_ubatch(slices);
+}
+
+void Engine::for_tokens(int n, FunctionRef<void(int)> fn) {
+  if (n < 8 || pool_.size() == 1) {
+    for (int t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  const int chunk = (n + pool_.size() * 4 - 1) / (pool_.size() * 4);
+  pool_.parallel_for((n + chunk - 1) / chunk, [&](int task, int) {
+    for (int t = task * chunk; t < std::min(n, (task + 1) * chunk); ++t) fn(t);
+  });
+}
+
+void Engine::embed(const std::vector<Slice>& slices, int n) {
+  const int E = config().n_embd;
+  int t = 0;
+  for (const Slice& s : slices)
+    for (int i = 0; i < s.count; ++i, ++t) {
+      pos_[t] = s.pos0 + i;
+      dequantize_row(model_->token_embd(), s.item->tokens[s.offset + i], &x_[static_cast<size_t>(t) * E]);
+    }
+  (void)n;
+}
+
+// ggml's rms_norm (double accumulation) followed by the elementwise weight.
+void Engine::rms_norm(const float* x, const float* weight, float* out, int n) {
+  const int E = config().n_embd;
+  const float eps = config().rms_eps;
+  for_tokens(n, [&](int t) {
+    const float* xr = x + static_cast<size_t>(t) * E;
+    float* o = out + static_cast<size_t>(t) * E;
+    double sum = 0;
+    for (int i = 0; i < E; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+    const float scale = 1.0f / std::sqrt(static_cast<float>(sum / E) + eps);
+    for (int i = 0; i < E; ++i) o[i] = xr[i] * scale * weight[i];
+  });
+}
+
+void Engine::quantize(const float* x, int n, int k) {
+  act_.k = k;
+  const int nb = k / 32;
+  for_tokens(n, [&](int t) {
+    k_.quantize_q8(x + static_cast<size_t>(t) * k, k, act_.qs + static_cast<size_t>(t) * k, act_.d + t * nb,
+                   act_.s + t * nb, act_.isum + t * nb);
+  });
+}
+
+// Runs several matrix products that share the input x ([n][k]) as one parallel region.
+void Engine::matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k) {
+  bool any_quant = false;
+  for (const auto& j : jobs) any_quant |= is_quantized(j.w->type);
+  if (any_quant) quantize(x, n, k);
+
+  struct Task { const MatJob* job; int r0, rows; };
+  Task tasks[256];
+  int n_tasks = 0;
+  const int threads = pool_.size();
+  for (const auto& j : jobs) {
+    const int rows = j.w->rows;
+    int chunk = threads == 1 ? rows : std::max(16, (rows + threads * 4 - 1) / (threads * 4));
+    chunk = (chunk + 3) / 4 * 4;
+    if ((rows + chunk - 1) / chunk + n_tasks > 256) chunk = (rows + 63) / 64 * 4;
+    for (int r = 0; r < rows; r += chunk) tasks[n_tasks++] = {&j, r, std::min(chunk, rows - r)};
+  }
+  pool_.parallel_for(n_tasks, [&](int ti, int) {
+    const Task& t = tasks[ti];
+    const Weight& w = *t.job->w;
+    const uint8_t* wp = w.data + static_cast<size_t>(t.r0) * w.row_bytes;
+    float* y = t.job->y + t.r0;
+    if (is_quantized(w.type)) {
+      const GemmQ8Args a{wp, w.row_bytes, t.rows, &act_, 0, n, y, t.job->ldy};
+      (w.type == GgmlType::Q4_0 ? k_.gemm_q4_0 : w.type == GgmlType::Q4_1 ? k_.gemm_q4_1 : k_.gemm_q8_0)(a);
+    } else {
+      const GemmF32Args a{wp, w.row_bytes, t.rows, x, k, n, y, t.job->ldy};
+      (w.type == GgmlType::F32 ? k_.gemm_f32 : w.type == GgmlType::F16 ? k_.gemm_f16 : k_.gemm_bf16)(a);
+    }
+  });
+}
+
+// "Normal" RoPE on adjacent pairs: GGUF llama weights had Q/K permuted by the converter.
+void Engine::rope(float* x, int n_heads, const int* pos, int n) {
+  const int d = config().head_dim, half = d / 2;
+  for_tokens(n, [&](int t) {
+    const float* cs = &rope_cos_[static_cast<size_t>(pos[t]) * half];
+    const float* sn = &rope_sin_[static_cast<size_t>(pos[t]) * half];
+    float* row = x + static_cast<size_t>(t) * n_heads * d;
+    for (int h = 0; h < n_heads; ++h) {
+      float* v = row + h * d;
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[2 * i], x1 = v[2 * i + 1];
+        v[2 * i] = x0 * cs[i] - x1 * sn[i];
+        v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+      }
+    }
+  });
+}
+
+// Causal attention of every token in the micro-batch over its sequence's cache (which already
+// holds this micro-batch's K/V). One task per (token, KV head): the query heads of a group
+// share each K/V row read.
+void Engine::attention(int layer, const std::vector<Slice>& slices, int n) {
+  const ModelConfig& c = config();
+  const int d = c.head_dim, hkv = c.n_head_kv, group = c.n_head / hkv, kv_dim = c.kv_dim();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  pool_.parallel_for(n * hkv, [&](int task, int thread) {
+    const int t = task / hkv, g = task % hkv;
+    KvCache& kv = slices[token_seq_[t]].item->seq->kv;
+    const int n_keys = pos_[t] + 1;
+    float* scores = scores_[thread].data();
+    const float* q = &q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
+    k_.attn_scores(q, group, kv.k(layer) + g * d, kv_dim, n_keys, d, scale, scores);
+    float inv[16];
+    for (int h = 0; h < group; ++h) {
+      float* row = scores + static_cast<size_t>(h) * n_keys;
+      float mx = row[0];
+      for (int j = 1; j < n_keys; ++j) mx = std::max(mx, row[j]);
+      inv[h] = 1.0f / k_.exp_sum(row, n_keys, mx);
+    }
+    float* out = &attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
+    std::fill(out, out + group * d, 0.f);
+    k_.attn_values(scores, group, kv.v(layer) + g * d, kv_dim, n_keys, d, out);
+    for (int h = 0; h < group; ++h)
+      for (int i = 0; i < d; ++i) out[h * d + i] *= inv[h];
+  });
+}
+
+void Engine::forward_ubatch(const std::vector<Slice>& slices) {
+  const ModelConfig& c = config();
+  const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
+  int n = 0;
+  for (size_t s = 0; s < slices.size(); ++s)
+    for (int i = 0; i < slices[s].count; ++i) token_seq_[n++] = static_cast<int>(s);
+  embed(slices, n);
+
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights& lw = model_->layers()[l];
+    rms_norm(x_.data(), lw.attn_norm, xn_.data(), n);
+    matmuls({{&lw.wq, q_.data(), E}, {&lw.wk, kc_.data(), KV}, {&lw.wv, vc_.data(), KV}}, xn_.data(), n, E);
+    rope(q_.data(), c.n_head, pos_.data(), n);
+    rope(kc_.data(), c.n_head_kv, pos_.data(), n);
+    for_tokens(n, [&](int t) {
+      KvCache& kv = slices[token_seq_[t]].item->seq->kv;
+      k_.f32_to_f16(&kc_[static_cast<size_t>(t) * KV], kv.k(l, pos_[t]), KV);
+      k_.f32_to_f16(&vc_[static_cast<size_t>(t) * KV], kv.v(l, pos_[t]), KV);
+    });
+    attention(l, slices, n);
+    matmuls({{&lw.wo, xn_.data(), E}}, attn_.data(), n, E);
+    for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];
+
+    rms_norm(x_.data(), lw.ffn_norm, xn_.data(), n);
+    matmuls({{&lw.w_gate, gate_.data(), F}, {&lw.w_up, up_.data(), F}}, xn_.data(), n, E);
+    for_tokens(n, [&](int t) {
+      float* g = &gate_[static_cast<size_t>(t) * F];
+      const float* u = &up_[static_cast<size_t>(t) * F];
+      for (int i = 0; i < F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    });
+    matmuls({{&lw.w_down, xn_.data(), E}}, gate_.data(), n, F);
+    for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];
+  }
+
+  for (const Slice& s : slices) s.item->seq->kv.set_size(s.pos0 + s.count);
+
+  // Logits for the items whose last token is in this micro-batch, kLogitRows at a time so the
+  // output matrix is read once per group.
+  wanted_.clear();
+  int t0 = 0;
+  for (const Slice& s : slices) {
+    if (s.item->logits && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item->logits});
+    t0 += s.count;
+  }
+  for (size_t g = 0; g < wanted_.size(); g += kLogitRows) {
+    const int rows = static_cast<int>(std::min<size_t>(kLogitRows, wanted_.size() - g));
+    for (int r = 0; r < rows; ++r)
+      std::memcpy(&xn_[static_cast<size_t>(r) * E], &x_[static_cast<size_t>(wanted_[g + r].first) * E], E * sizeof(float));
+    rms_norm(xn_.data(), model_->output_norm(), logits_x_.data(), rows);
+    matmuls({{&model_->output(), logits_buf_.data(), c.n_vocab}}, logits_x_.data(), rows, E);
+    for (int r = 0; r < rows; ++r)
+      std::memcpy(wanted_[g + r].second, &logits_buf_[static_cast<size_t>(r) * c.n_vocab], c.n_vocab * sizeof(float));
+  }
+}
+
+}  // namespace ctx

@@ -1,0 +1,84 @@
+// The forward pass. An Engine owns the model, a thread pool and scratch buffers sized for one
+// micro-batch; Sequences own their KV caches. forward() runs any mix of prefill chunks and
+// single-token decode steps as one batch: the weights are read once for all of its tokens.
+#pragma once
+#include <initializer_list>
+#include <memory>
+#include <vector>
+
+#include "function_ref.h"
+#include "kernels.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "thread_pool.h"
+
+namespace ctx {
+
+struct EngineOptions {
+  int n_threads = 1;
+  int ubatch = 512;       // tokens per micro-batch (bounds the scratch memory)
+  int max_context = 0;    // longest sequence the engine accepts; 0 = the model's trained context
+};
+
+class Sequence {
+ public:
+  Sequence(const ModelConfig& c, int capacity) : kv(c.n_layer, c.kv_dim(), capacity) {}
+  KvCache kv;
+  int n_past() const { return kv.size(); }
+};
+
+struct BatchItem {
+  Sequence* seq = nullptr;
+  const int32_t* tokens = nullptr;
+  int n_tokens = 0;
+  float* logits = nullptr;  // if set: receives n_vocab next-token logits after the last token
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const Model> model, const EngineOptions& opts);
+  ~Engine();
+
+  const ModelConfig& config() const { return model_->config(); }
+  const Model& model() const { return *model_; }
+  const EngineOptions& options() const { return opts_; }
+  const KernelTable& kernels() const { return k_; }
+  int max_context() const { return max_ctx_; }
+
+  // Validates the whole batch first (token ids, capacity, duplicate sequences) and throws
+  // std::invalid_argument before touching any KV.
+  void forward(const std::vector<BatchItem>& items);
+
+ private:
+  struct Slice { BatchItem* item; int offset, count, pos0; };
+  struct MatJob { const Weight* w; float* y; int ldy; };
+  void validate(const std::vector<BatchItem>& items) const;
+  void forward_ubatch(const std::vector<Slice>& slices);
+  void embed(const std::vector<Slice>& slices, int n);
+  void rms_norm(const float* x, const float* weight, float* out, int n);
+  void quantize(const float* x, int n, int k);
+  void matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k);
+  void rope(float* x, int n_heads, const int* pos, int n);
+  void attention(int layer, const std::vector<Slice>& slices, int n);
+  void for_tokens(int n, FunctionRef<void(int)> fn);
+
+  std::shared_ptr<const Model> model_;
+  EngineOptions opts_;
+  int max_ctx_;
+  const KernelTable& k_;
+  ThreadPool pool_;
+
+  // Scratch, sized once for a micro-batch.
+  std::vector<float> x_, xn_, q_, kc_, vc_, attn_, gate_, up_, rope_cos_, rope_sin_;
+  std::vector<int8_t> act_qs_;
+  std::vector<float> act_d_, act_s_;
+  std::vector<int32_t> act_isum_;
+  ActQ8 act_;
+  std::vector<int> pos_, token_seq_;
+  std::vector<std::vector<float>> scores_;  // per thread: [group][max_context]
+  std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]
+  std::vector<Slice> slices_;
+  std::vector<std::pair<int, float*>> wanted_;
+};
+
+}  // namespace ctx

@@ -1,0 +1,72 @@
+// The engine's numeric kernels behind one dispatch table. Each instruction set (scalar,
+// AVX2, AVX-512) provides a table; select_kernels() picks the best the CPU supports once at
+// start-up. The scalar table is the reference that tests compare every SIMD kernel against.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace ctx {
+
+// Activations quantized to 8 bits in 32-element blocks, the way ggml feeds quantized
+// weights: per block a scale d (rounded to f16), the f16-rounded d*sum(qs) (for Q4_1) and
+// the integer sum of qs (for Q4_0). Stored structure-of-arrays, one row per token.
+struct ActQ8 {
+  int8_t* qs = nullptr;    // [rows][k]
+  float* d = nullptr;      // [rows][k/32]
+  float* s = nullptr;      // [rows][k/32]
+  int32_t* isum = nullptr; // [rows][k/32]
+  int k = 0;               // row length (multiple of 32)
+  int blocks() const { return k / 32; }
+};
+
+// y[t * ldy + r] = dot(weight row r, activation row t) for r < n_rows, t < n_tok.
+struct GemmQ8Args {
+  const uint8_t* w;   // first weight row
+  size_t w_stride;    // bytes between weight rows
+  int n_rows;
+  const ActQ8* x;
+  int tok0, n_tok;    // activation rows [tok0, tok0 + n_tok)
+  float* y;           // already offset to (tok0, first row)
+  int ldy;
+};
+struct GemmF32Args {
+  const uint8_t* w;
+  size_t w_stride;
+  int n_rows;
+  const float* x;     // [n_tok][k], already offset to tok0
+  int k, n_tok;
+  float* y;
+  int ldy;
+};
+
+struct KernelTable {
+  const char* name;
+  void (*quantize_q8)(const float* x, int k, int8_t* qs, float* d, float* s, int32_t* isum);
+  void (*gemm_q4_0)(const GemmQ8Args&);
+  void (*gemm_q4_1)(const GemmQ8Args&);
+  void (*gemm_q8_0)(const GemmQ8Args&);
+  void (*gemm_f32)(const GemmF32Args&);
+  void (*gemm_f16)(const GemmF32Args&);
+  void (*gemm_bf16)(const GemmF32Args&);
+  // Attention over an f16 cache. scores[g * n + j] = dot(q[g], K row j) * scale for the g < n_q
+  // query heads that share one KV head; rows are k_stride elements apart.
+  void (*attn_scores)(const float* q, int n_q, const uint16_t* k, size_t k_stride, int n, int d,
+                      float scale, float* scores);
+  // out[g] += sum_j p[g * n + j] * V row j.
+  void (*attn_values)(const float* p, int n_q, const uint16_t* v, size_t v_stride, int n, int d,
+                      float* out);
+  // x[i] = exp(x[i] - max), returns the sum.
+  float (*exp_sum)(float* x, int n, float max);
+  void (*f32_to_f16)(const float* x, uint16_t* y, int n);
+};
+
+const KernelTable& scalar_kernels();
+const KernelTable* avx2_kernels();    // nullptr when not compiled in
+const KernelTable* avx512_kernels();  // nullptr when not compiled in
+
+// The best table this CPU runs; CTXBANK_KERNELS=scalar|avx2|avx512 overrides (tests, benches).
+const KernelTable& select_kernels();
+bool cpu_has_avx2();
+bool cpu_has_avx512();
+
+}  // namespace ctx

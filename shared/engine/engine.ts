@@ -1,0 +1,74 @@
+// The engine as the rest of the project uses it: a loaded model, its fingerprint, and a
+// compute engine that runs batched forward passes over sequences.
+import { createHash } from "node:crypto";
+import { open } from "node:fs/promises";
+
+import { addon, ggufInfo, type EngineOptions, type ModelConfig, type NativeEngine, type NativeModel, type NativeSequence } from "./native.ts";
+
+export type { EngineOptions, ModelConfig, NativeSequence };
+
+export interface LoadedModel {
+  path: string;
+  native: NativeModel;
+  config: ModelConfig;
+  /** sha256 over the GGUF header (metadata + tensor table) and the file size. */
+  fingerprint: string;
+}
+
+/** sha256 of the GGUF's descriptive header plus its size: same fingerprint, same model. */
+export async function modelFingerprint(path: string): Promise<string> {
+  const info = ggufInfo(path);
+  const fh = await open(path, "r");
+  try {
+    const header = Buffer.alloc(info.headerBytes);
+    await fh.read(header, 0, header.length, 0);
+    const size = Buffer.alloc(8);
+    size.writeBigUInt64LE(BigInt(info.fileSize));
+    return createHash("sha256").update(header).update(size).digest("hex");
+  } finally {
+    await fh.close();
+  }
+}
+
+export async function loadModel(path: string): Promise<LoadedModel> {
+  const native = await addon().loadModel(path);
+  return { path, native, config: native.config, fingerprint: await modelFingerprint(path) };
+}
+
+export class Engine {
+  readonly native: NativeEngine;
+  readonly model: LoadedModel;
+
+  constructor(model: LoadedModel, options: EngineOptions = {}) {
+    this.model = model;
+    this.native = new (addon().NativeEngine)(model.native, options);
+  }
+
+  get maxContext(): number {
+    return this.native.info.maxContext;
+  }
+
+  createSequence(capacity?: number): NativeSequence {
+    return this.native.createSequence(capacity);
+  }
+
+  /** Appends `tokens` to `seq` and returns the logits of the token that would come next. */
+  async prefill(seq: NativeSequence, tokens: ArrayLike<number>): Promise<Float32Array> {
+    if (tokens.length === 0) throw new Error("prefill: the prompt is empty (it needs at least one token)");
+    const limit = Math.min(seq.capacity, this.maxContext);
+    if (seq.nPast + tokens.length > limit) {
+      throw new Error(`prefill: ${seq.nPast + tokens.length} tokens exceed the context limit of ${limit}`);
+    }
+    const logits = new Float32Array(this.model.config.nVocab);
+    await this.native.forward([{ seq, tokens: Int32Array.from(tokens), logits }]);
+    return logits;
+  }
+
+  /** One decode step for several sequences at once: one token each, logits for each. */
+  async decode(seqs: NativeSequence[], tokens: number[]): Promise<Float32Array[]> {
+    if (seqs.length !== tokens.length) throw new Error("decode: one token per sequence");
+    const logits = seqs.map(() => new Float32Array(this.model.config.nVocab));
+    await this.native.forward(seqs.map((seq, i) => ({ seq, tokens: Int32Array.of(tokens[i]!), logits: logits[i] })));
+    return logits;
+  }
+}

@@ -1,0 +1,101 @@
+// Typed access to the native addon (native/build/Release/ctxbank_native.node). Everything heavy
+// returns a promise and runs on the engine's own thread; nothing here blocks the event loop.
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { fileURLToPath } from "node:url";
+
+export interface ModelConfig {
+  architecture: string;
+  name: string;
+  nLayer: number;
+  nEmbd: number;
+  nHead: number;
+  nHeadKv: number;
+  headDim: number;
+  nFf: number;
+  nVocab: number;
+  nCtxTrain: number;
+  ropeBase: number;
+  rmsEps: number;
+  tiedOutput: boolean;
+  kvBytesPerToken: number;
+}
+
+export interface GgufTensorInfo {
+  name: string;
+  type: string;
+  shape: number[];
+  offset: number;
+  nBytes: number;
+}
+
+export interface GgufInfo {
+  version: number;
+  fileSize: number;
+  headerBytes: number;
+  alignment: number;
+  tensors: GgufTensorInfo[];
+}
+
+export interface NativeModel {
+  readonly config: ModelConfig;
+}
+
+export interface NativeSequence {
+  readonly nPast: number;
+  readonly capacity: number;
+  readonly kvBytesUsed: number;
+  truncate(n: number): void;
+  /** The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. */
+  kvBuffer(): ArrayBuffer;
+}
+
+export interface ForwardItem {
+  seq: NativeSequence;
+  tokens: Int32Array;
+  /** Receives the next-token logits after the last token (length nVocab). */
+  logits?: Float32Array;
+}
+
+export interface EngineOptions {
+  threads?: number;
+  ubatch?: number;
+  maxContext?: number;
+}
+
+export interface NativeEngine {
+  readonly info: { kernels: string; threads: number; ubatch: number; maxContext: number };
+  createSequence(capacity?: number): NativeSequence;
+  forward(items: ForwardItem[]): Promise<void>;
+}
+
+interface Addon {
+  readGgufMetadata(path: string): Record<string, unknown>;
+  ggufInfo(path: string): GgufInfo;
+  loadModel(path: string): Promise<NativeModel>;
+  NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
+}
+
+const addonPath = fileURLToPath(new URL("../../native/build/Release/ctxbank_native.node", import.meta.url));
+
+function loadAddon(): Addon {
+  if (!existsSync(addonPath)) {
+    throw new Error(`native engine not built (${addonPath} is missing): run "npm run build:native"`);
+  }
+  return createRequire(import.meta.url)(addonPath) as Addon;
+}
+
+let cached: Addon | undefined;
+export function addon(): Addon {
+  cached ??= loadAddon();
+  return cached;
+}
+
+/** Every metadata key of a GGUF file. Throws a clear "gguf: ..." error for a bad file. */
+export function readGgufMetadata(path: string): Record<string, unknown> {
+  return addon().readGgufMetadata(path);
+}
+
+export function ggufInfo(path: string): GgufInfo {
+  return addon().ggufInfo(path);
+}
