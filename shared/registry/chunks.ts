@@ -1,0 +1,399 @@
+// Chunk rows: two-phase writes keyed by content, read leases, request release, and reclaiming
+// space. Every state change is one UPDATE … WHERE state IN (…) so that concurrent readers, the
+// reaper and releases serialise on the row lock instead of racing between a read and a write.
+import { and, eq, gt, inArray, lte, sql } from "drizzle-orm";
+import { z } from "zod";
+import { addMs, type Clock } from "./clock.ts";
+import type { Database, Transaction } from "./db.ts";
+import { RegistryError, chunkId, chunkIds, int32, name, parseInput, positiveMs } from "./errors.ts";
+import { chunkRefs, chunks, instances, shards, type ChunkRow } from "./schema.ts";
+
+const LIVE = ["writing", "ready", "reading"] as const;
+const hex64 = z.string().regex(/^[0-9a-f]{64}$/, "64 lowercase hex digits");
+
+const BeginChunkInput = z
+  .object({
+    key: hex64,
+    requestId: name,
+    sessionId: name.nullish(),
+    roundId: int32.nullish(),
+    layerGroup: int32,
+    layerIds: z
+      .array(z.number().int().min(0).max(65_535))
+      .min(1)
+      .refine((ids) => ids.every((id, i) => i === 0 || id > ids[i - 1]!), "layer ids must be strictly increasing"),
+    tokenStart: int32,
+    tokenEnd: int32,
+    shardId: name,
+    shardEpoch: z.number().int().min(1).max(2 ** 31 - 1),
+    offset: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+    length: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
+    dtype: z.enum(["f16", "f32"]),
+    layoutVersion: z.number().int().min(1).max(32_767),
+    modelFingerprint: hex64,
+    /** How long the writer may take before the reaper may reclaim the chunk. */
+    writeLeaseMs: positiveMs,
+  })
+  .refine((c) => c.tokenEnd > c.tokenStart, { message: "tokenEnd must be greater than tokenStart", path: ["tokenEnd"] });
+export type BeginChunkInput = z.input<typeof BeginChunkInput>;
+
+const CommitInput = z.object({
+  checksum: z.number().int().min(0).max(0xffff_ffff),
+  /** How long a ready chunk is kept for readers (and prefix reuse) without an active lease. */
+  retainMs: positiveMs,
+});
+
+/**
+ * `write`: the caller owns the new row and writes the bytes at its offset, then commits.
+ * `reuse`: a ready chunk with the same key exists; the caller's request now holds it, and the
+ *   caller frees the range it had allocated.
+ * `in_progress`: another writer is writing this key right now; wait for it (or its lease).
+ */
+export type BeginChunkResult =
+  | { status: "write"; chunk: ChunkRow }
+  | { status: "reuse"; chunk: ChunkRow }
+  | { status: "in_progress"; chunk: ChunkRow };
+
+/** Where a leased chunk's bytes are; structurally a transport ChunkLocation. */
+export interface LeasedChunk {
+  chunk: ChunkRow;
+  location: {
+    shardId: string;
+    epoch: number;
+    shardPath: string;
+    ownerBaseUrl: string;
+    ownerHostId: string;
+    offset: number;
+    length: number;
+  };
+}
+
+/** A shard range the owner may now free (its row is gone from the registry). */
+export interface FreedRange {
+  id: string;
+  key: string;
+  offset: number;
+  length: number;
+  state: "released" | "failed";
+}
+
+export class ChunkStore {
+  constructor(
+    private readonly db: Database,
+    private readonly clock: Clock,
+  ) {}
+
+  /** Phase one of a write: registers the chunk as `writing`, or hands back a live chunk with that key. */
+  async begin(input: BeginChunkInput): Promise<BeginChunkResult> {
+    const c = parseInput(BeginChunkInput, input, "chunk");
+    // A conflicting row may stop being live between our INSERT and SELECT; then simply try again.
+    for (let attempt = 0; attempt < 3; attempt++) {
+      const result = await this.db.transaction((tx) => this.tryBegin(tx, c));
+      if (result) return result;
+    }
+    throw new RegistryError("conflict", `chunk key ${c.key} keeps changing state; try again`);
+  }
+
+  private async tryBegin(tx: Transaction, c: z.output<typeof BeginChunkInput>): Promise<BeginChunkResult | null> {
+    // FOR SHARE holds off a concurrent new epoch (ShardStore.create) until this row is in.
+    const [shard] = await tx
+      .select()
+      .from(shards)
+      .where(and(eq(shards.id, c.shardId), eq(shards.epoch, c.shardEpoch)))
+      .for("share");
+    if (!shard) throw new RegistryError("not_found", `shard ${c.shardId} epoch ${c.shardEpoch} does not exist`);
+    if (shard.state !== "active") {
+      throw new RegistryError("stale_epoch", `shard ${c.shardId} epoch ${c.shardEpoch} is retired`);
+    }
+    if (c.offset + c.length > shard.sizeBytes) {
+      throw new RegistryError(
+        "invalid_input",
+        `chunk range [${c.offset}, ${c.offset + c.length}) exceeds shard ${c.shardId} size ${shard.sizeBytes}`,
+      );
+    }
+    const now = this.clock();
+    const { writeLeaseMs, ...row } = c;
+    const [created] = await tx
+      .insert(chunks)
+      .values({
+        ...row,
+        state: "writing",
+        refCount: 1,
+        leaseExpiresAt: addMs(now, writeLeaseMs),
+        createdAt: now,
+        updatedAt: now,
+      })
+      .onConflictDoNothing({ target: chunks.key, where: sql`${chunks.state} in ('writing', 'ready', 'reading')` })
+      .returning();
+    if (created) {
+      await tx.insert(chunkRefs).values({ chunkId: created.id, requestId: c.requestId });
+      return { status: "write", chunk: created };
+    }
+
+    const [live] = await tx
+      .select()
+      .from(chunks)
+      .where(and(eq(chunks.key, c.key), inArray(chunks.state, LIVE)))
+      .for("update");
+    if (!live) return null;
+    if (live.state === "writing") return { status: "in_progress", chunk: live };
+    assertSameContent(live, c);
+    const [ref] = await tx
+      .insert(chunkRefs)
+      .values({ chunkId: live.id, requestId: c.requestId })
+      .onConflictDoNothing()
+      .returning();
+    if (!ref) return { status: "reuse", chunk: live };
+    const [held] = await tx
+      .update(chunks)
+      .set({ refCount: sql`${chunks.refCount} + 1`, updatedAt: now })
+      .where(eq(chunks.id, live.id))
+      .returning();
+    return { status: "reuse", chunk: held! };
+  }
+
+  /** Phase two: the bytes are in place; the chunk becomes `ready` and is retained for `retainMs`. */
+  async commit(id: string, input: z.input<typeof CommitInput>): Promise<ChunkRow> {
+    parseInput(chunkId, id, "chunk id");
+    const { checksum, retainMs } = parseInput(CommitInput, input, "commit");
+    const now = this.clock();
+    const [row] = await this.db
+      .update(chunks)
+      .set({ state: "ready", checksum, leaseExpiresAt: addMs(now, retainMs), updatedAt: now })
+      .where(and(eq(chunks.id, id), eq(chunks.state, "writing")))
+      .returning();
+    if (row) return row;
+    throw await this.wrongState(id, "commit", "writing");
+  }
+
+  /** The write failed; the reaper hands the range back to the owner. */
+  async fail(id: string): Promise<ChunkRow> {
+    parseInput(chunkId, id, "chunk id");
+    const [row] = await this.db
+      .update(chunks)
+      .set({ state: "failed", updatedAt: this.clock() })
+      .where(and(eq(chunks.id, id), eq(chunks.state, "writing")))
+      .returning();
+    if (row) return row;
+    throw await this.wrongState(id, "fail", "writing");
+  }
+
+  /**
+   * Takes a read lease on every chunk or on none: each must be ready/reading with an unexpired
+   * lease. The lease is extended to at least now + leaseMs and blocks reclaiming until then.
+   * Returns the chunks in the order asked, with where to read them from.
+   */
+  async acquireRead(ids: string[], leaseMs: number): Promise<LeasedChunk[]> {
+    parseInput(chunkIds, ids, "chunk ids");
+    parseInput(positiveMs, leaseMs, "lease");
+    const now = this.clock();
+    return this.db.transaction(async (tx) => {
+      const leased = await tx
+        .update(chunks)
+        .set({
+          state: "reading",
+          readerCount: sql`${chunks.readerCount} + 1`,
+          leaseExpiresAt: laterOf(addMs(now, leaseMs)),
+          updatedAt: now,
+        })
+        .where(and(inArray(chunks.id, ids), inArray(chunks.state, ["ready", "reading"]), gt(chunks.leaseExpiresAt, now)))
+        .returning({ id: chunks.id });
+      if (leased.length < ids.length) throw await unavailable(tx, ids, leased, now, "lease");
+      const rows = await tx
+        .select({ chunk: chunks, shardPath: shards.path, ownerBaseUrl: instances.baseUrl, ownerHostId: instances.hostId })
+        .from(chunks)
+        .innerJoin(shards, and(eq(chunks.shardId, shards.id), eq(chunks.shardEpoch, shards.epoch)))
+        .innerJoin(instances, eq(shards.instanceId, instances.id))
+        .where(inArray(chunks.id, ids));
+      const byId = new Map(rows.map((r) => [r.chunk.id, r]));
+      return ids.map((id) => {
+        const { chunk, shardPath, ownerBaseUrl, ownerHostId } = byId.get(id)!;
+        return {
+          chunk,
+          location: {
+            shardId: chunk.shardId,
+            epoch: chunk.shardEpoch,
+            shardPath,
+            ownerBaseUrl,
+            ownerHostId,
+            offset: chunk.offset,
+            length: chunk.length,
+          },
+        };
+      });
+    });
+  }
+
+  /** Pushes the read lease of chunks being read to at least now + leaseMs; all or none. */
+  async extendLease(ids: string[], leaseMs: number): Promise<ChunkRow[]> {
+    parseInput(chunkIds, ids, "chunk ids");
+    parseInput(positiveMs, leaseMs, "lease");
+    const now = this.clock();
+    return this.db.transaction(async (tx) => {
+      const rows = await tx
+        .update(chunks)
+        .set({ leaseExpiresAt: laterOf(addMs(now, leaseMs)), updatedAt: now })
+        .where(and(inArray(chunks.id, ids), eq(chunks.state, "reading"), gt(chunks.leaseExpiresAt, now)))
+        .returning();
+      if (rows.length < ids.length) throw await unavailable(tx, ids, rows, now, "extend");
+      return rows;
+    });
+  }
+
+  /**
+   * Drops one read lease per chunk. The last reader returns a chunk to `ready`, or to `released`
+   * when no request holds it any more. Chunks not being read (reaped meanwhile) are reported,
+   * not thrown, so this is safe in cleanup paths.
+   */
+  async releaseRead(ids: string[]): Promise<{ released: string[]; notReading: string[] }> {
+    parseInput(chunkIds, ids, "chunk ids");
+    const rows = await this.db
+      .update(chunks)
+      .set({
+        readerCount: sql`${chunks.readerCount} - 1`,
+        state: sql`(case when ${chunks.readerCount} > 1 then 'reading'
+                         when ${chunks.refCount} = 0 then 'released'
+                         else 'ready' end)::chunk_state`,
+        updatedAt: this.clock(),
+      })
+      .where(and(inArray(chunks.id, ids), eq(chunks.state, "reading")))
+      .returning({ id: chunks.id });
+    const released = new Set(rows.map((r) => r.id));
+    return { released: [...released], notReading: ids.filter((id) => !released.has(id)) };
+  }
+
+  /**
+   * The request is finished or cancelled: drop its hold on every chunk it wrote or reused. A
+   * chunk no request holds is released at once, or when its last reader lets go.
+   */
+  async releaseRequest(requestId: string): Promise<{ dropped: number; released: number }> {
+    parseInput(name, requestId, "request id");
+    return this.db.transaction(async (tx) => {
+      const refs = await tx
+        .delete(chunkRefs)
+        .where(eq(chunkRefs.requestId, requestId))
+        .returning({ chunkId: chunkRefs.chunkId });
+      if (refs.length === 0) return { dropped: 0, released: 0 };
+      const rows = await tx
+        .update(chunks)
+        .set({
+          refCount: sql`${chunks.refCount} - 1`,
+          state: sql`(case when ${chunks.refCount} = 1 and ${chunks.state} in ('writing', 'ready') then 'released'
+                           else ${chunks.state}::text end)::chunk_state`,
+          updatedAt: this.clock(),
+        })
+        .where(
+          inArray(
+            chunks.id,
+            refs.map((r) => r.chunkId),
+          ),
+        )
+        .returning({ state: chunks.state });
+      return { dropped: refs.length, released: rows.filter((r) => r.state === "released").length };
+    });
+  }
+
+  /**
+   * For the shard's owner: releases chunks of this shard epoch whose lease ran out, then removes
+   * every released or failed row and returns their ranges, which the owner now frees. This is the
+   * only path that hands ranges back, so a range is never freed twice.
+   */
+  async reapExpired(
+    shard: { shardId: string; epoch: number },
+    now: Date = this.clock(),
+  ): Promise<{ expired: number; freed: FreedRange[] }> {
+    parseInput(name, shard.shardId, "shard id");
+    parseInput(z.number().int().min(1), shard.epoch, "shard epoch");
+    const onShard = and(eq(chunks.shardId, shard.shardId), eq(chunks.shardEpoch, shard.epoch));
+    return this.db.transaction(async (tx) => {
+      const expired = await tx
+        .update(chunks)
+        .set({ state: "released", readerCount: 0, updatedAt: now })
+        .where(and(onShard, inArray(chunks.state, LIVE), lte(chunks.leaseExpiresAt, now)))
+        .returning({ id: chunks.id });
+      const freed = await tx
+        .delete(chunks)
+        .where(and(onShard, inArray(chunks.state, ["released", "failed"])))
+        .returning({ id: chunks.id, key: chunks.key, offset: chunks.offset, length: chunks.length, state: chunks.state });
+      return { expired: expired.length, freed: freed as FreedRange[] };
+    });
+  }
+
+  async get(id: string): Promise<ChunkRow | undefined> {
+    parseInput(chunkId, id, "chunk id");
+    const [row] = await this.db.select().from(chunks).where(eq(chunks.id, id));
+    return row;
+  }
+
+  /** Chunks the request holds (wrote or reused), by layer group then token start. */
+  async ofRequest(requestId: string): Promise<ChunkRow[]> {
+    parseInput(name, requestId, "request id");
+    return this.db
+      .select({ chunk: chunks })
+      .from(chunkRefs)
+      .innerJoin(chunks, eq(chunkRefs.chunkId, chunks.id))
+      .where(eq(chunkRefs.requestId, requestId))
+      .orderBy(chunks.layerGroup, chunks.tokenStart)
+      .then((rows) => rows.map((r) => r.chunk));
+  }
+
+  private async wrongState(id: string, op: string, wanted: string): Promise<RegistryError> {
+    const row = await this.get(id);
+    return row
+      ? new RegistryError("wrong_state", `cannot ${op} chunk ${id}: it is ${row.state}, not ${wanted}`)
+      : new RegistryError("not_found", `cannot ${op} chunk ${id}: no such chunk (never written or already reclaimed)`);
+  }
+}
+
+/** SQL for "the later of the current lease and `at`": leases only ever grow. */
+function laterOf(at: Date) {
+  return sql`greatest(${chunks.leaseExpiresAt}, ${at.toISOString()}::timestamptz)`;
+}
+
+function assertSameContent(live: ChunkRow, c: z.output<typeof BeginChunkInput>): void {
+  const same =
+    live.tokenStart === c.tokenStart &&
+    live.tokenEnd === c.tokenEnd &&
+    live.layerIds.join(",") === c.layerIds.join(",") &&
+    live.dtype === c.dtype &&
+    live.layoutVersion === c.layoutVersion &&
+    live.modelFingerprint === c.modelFingerprint &&
+    live.length === c.length;
+  if (!same) {
+    throw new RegistryError(
+      "key_mismatch",
+      `chunk key ${c.key} is live as chunk ${live.id} with different tokens/layers/dtype/fingerprint/length`,
+    );
+  }
+}
+
+/** Explains, per chunk, why an all-or-nothing lease operation could not take it; aborts the transaction. */
+async function unavailable(
+  tx: Transaction,
+  ids: string[],
+  done: { id: string }[],
+  now: Date,
+  op: "lease" | "extend",
+): Promise<RegistryError> {
+  const ok = new Set(done.map((d) => d.id));
+  const missing = ids.filter((id) => !ok.has(id));
+  const rows = await tx
+    .select({ id: chunks.id, state: chunks.state, leaseExpiresAt: chunks.leaseExpiresAt })
+    .from(chunks)
+    .where(inArray(chunks.id, missing));
+  const found = new Map(rows.map((r) => [r.id, r]));
+  const details = missing.map((id) => {
+    const row = found.get(id);
+    if (!row) return { id, reason: "not found (never written or already reclaimed)" };
+    if (row.leaseExpiresAt <= now && LIVE.includes(row.state as (typeof LIVE)[number])) {
+      return { id, reason: `lease expired at ${row.leaseExpiresAt.toISOString()}` };
+    }
+    return { id, reason: op === "extend" && row.state === "ready" ? "not leased for reading" : `chunk is ${row.state}` };
+  });
+  const summary = details.map((d) => `${d.id}: ${d.reason}`).join("; ");
+  return new RegistryError(
+    "chunk_unavailable",
+    `cannot ${op === "lease" ? "lease" : "extend the lease of"} ${missing.length} of ${ids.length} chunks: ${summary}`,
+    details,
+  );
+}

@@ -1,0 +1,44 @@
+import { z } from "zod";
+
+export type RegistryErrorCode =
+  | "invalid_input" // the caller passed something malformed
+  | "not_found" // no such row
+  | "conflict" // a row with that identity already exists
+  | "wrong_state" // the row exists but the operation does not apply to its state
+  | "chunk_unavailable" // some chunks of an acquireRead/extendLease cannot be leased (see details)
+  | "key_mismatch" // a live chunk has this key but different contents metadata
+  | "stale_epoch" // the shard epoch is not the active one
+  | "instance_dead"; // the instance was declared dead and must register again
+
+export class RegistryError extends Error {
+  override readonly name = "RegistryError";
+  constructor(
+    readonly code: RegistryErrorCode,
+    message: string,
+    readonly details?: unknown,
+  ) {
+    super(message);
+  }
+}
+
+/** Validates an outside input, turning zod's report into a RegistryError the caller can match on. */
+export function parseInput<T extends z.ZodType>(schema: T, input: unknown, what: string): z.output<T> {
+  const result = schema.safeParse(input);
+  if (!result.success) {
+    throw new RegistryError("invalid_input", `invalid ${what}: ${z.prettifyError(result.error)}`, result.error.issues);
+  }
+  return result.data;
+}
+
+// Shared field schemas.
+export const name = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
+export const int32 = z.number().int().min(0).max(2 ** 31 - 1);
+export const positiveMs = z.number().int().min(1).max(7 * 24 * 3600 * 1000);
+export const chunkId = z.uuid();
+export const chunkIds = z
+  .array(chunkId)
+  .min(1)
+  .max(100_000)
+  .refine((ids) => new Set(ids).size === ids.length, "chunk ids must be distinct");

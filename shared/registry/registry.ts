@@ -1,0 +1,28 @@
+// The registry the services share: instances, shards, chunks and requests over one database.
+import { systemClock, type Clock } from "./clock.ts";
+import type { Database } from "./db.ts";
+import { ChunkStore } from "./chunks.ts";
+import { InstanceStore } from "./instances.ts";
+import { RequestStore } from "./requests.ts";
+import { ShardStore } from "./shards.ts";
+
+export class Registry {
+  readonly instances: InstanceStore;
+  readonly shards: ShardStore;
+  readonly chunks: ChunkStore;
+  readonly requests: RequestStore;
+
+  constructor(db: Database, options: { clock?: Clock } = {}) {
+    const clock = options.clock ?? systemClock;
+    this.instances = new InstanceStore(db, clock);
+    this.shards = new ShardStore(db, clock);
+    this.chunks = new ChunkStore(db, clock);
+    this.requests = new RequestStore(db, clock);
+  }
+}
+
+export { RegistryError, type RegistryErrorCode } from "./errors.ts";
+export type { BeginChunkInput, BeginChunkResult, FreedRange, LeasedChunk } from "./chunks.ts";
+export type { RegisterInstanceInput } from "./instances.ts";
+export type { RequestMilestone } from "./requests.ts";
+export type { ChunkRow, InstanceRow, RequestRow, ShardRow } from "./schema.ts";
