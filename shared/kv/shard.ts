@@ -1,0 +1,178 @@
+// A shard: one file of fixed size in a tmpfs directory (host memory), owned by one prefill
+// process for one epoch, with a range allocator for the chunks written into it. Being a file,
+// a co-located decode can open it by path, and a restarted owner finds (and removes) the old one.
+import { accessSync, constants } from "node:fs";
+import { mkdir, open, readdir, statfs, unlink, type FileHandle } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { RangeAllocator } from "./range-allocator.ts";
+
+const SHM_ROOT = "/dev/shm";
+const FILE_PATTERN = /^([A-Za-z0-9][A-Za-z0-9._:-]{0,127})\.e([1-9][0-9]{0,9})\.shard$/;
+
+export interface ShardOptions {
+  shardId: string; // stable across restarts; the registry's shard id
+  epoch: number; // from the registry (ShardStore.create)
+  sizeBytes: number; // rounded up to the alignment
+  dir?: string; // default: defaultShardDir()
+  alignment?: number; // default 4096
+}
+
+/**
+ * /dev/shm/ctxbank where /dev/shm exists (memory-backed), else a directory under os.tmpdir()
+ * with a warning: that works but may be disk-backed.
+ */
+export function defaultShardDir(shmRoot = SHM_ROOT): string {
+  if (isWritableDir(shmRoot)) return path.join(shmRoot, "ctxbank");
+  const fallback = path.join(os.tmpdir(), "ctxbank-shards");
+  process.emitWarning(`${shmRoot} is not available; KV shards go to ${fallback}, which may be disk-backed`, {
+    code: "CTXBANK_NO_SHM",
+  });
+  return fallback;
+}
+
+export function shardFileName(shardId: string, epoch: number): string {
+  const name = `${shardId}.e${epoch}.shard`;
+  if (!FILE_PATTERN.test(name)) throw new RangeError(`invalid shard id "${shardId}" or epoch ${epoch}`);
+  return name;
+}
+
+export function parseShardFileName(name: string): { shardId: string; epoch: number } | null {
+  const m = FILE_PATTERN.exec(name);
+  return m ? { shardId: m[1]!, epoch: Number(m[2]) } : null;
+}
+
+/** Deletes this shard id's files in `dir` (all epochs, or all but `except`); returns their paths. */
+export async function removeShardFiles(dir: string, shardId: string, except?: number): Promise<string[]> {
+  const names = await readdir(dir).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? [] : Promise.reject(e)));
+  const stale = names.filter((n) => {
+    const parsed = parseShardFileName(n);
+    return parsed?.shardId === shardId && parsed.epoch !== except;
+  });
+  const paths = stale.map((n) => path.join(dir, n));
+  // Readers that still have a file open keep its pages until they close it.
+  await Promise.all(paths.map((p) => unlink(p).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)))));
+  return paths;
+}
+
+export class Shard {
+  private readonly ranges: RangeAllocator;
+  private closed = false;
+
+  private constructor(
+    readonly shardId: string,
+    readonly epoch: number,
+    readonly path: string,
+    readonly sizeBytes: number,
+    private readonly file: FileHandle,
+    alignment: number,
+  ) {
+    this.ranges = new RangeAllocator(sizeBytes, alignment);
+  }
+
+  /** Creates the epoch's file (removing any earlier file of this shard id) at its full size. */
+  static async create(options: ShardOptions): Promise<Shard> {
+    const { shardId, epoch, dir = defaultShardDir(), alignment = 4096 } = options;
+    const name = shardFileName(shardId, epoch);
+    if (!Number.isSafeInteger(options.sizeBytes) || options.sizeBytes < 1) {
+      throw new RangeError(`shard size must be a positive integer, got ${options.sizeBytes}`);
+    }
+    const sizeBytes = Math.ceil(options.sizeBytes / alignment) * alignment;
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    const fs = await statfs(dir);
+    const available = fs.bavail * fs.bsize;
+    if (sizeBytes > available) {
+      throw new RangeError(`shard of ${sizeBytes} bytes does not fit in ${dir} (${available} bytes free)`);
+    }
+    // A file with this name is left over from an earlier life (e.g. an embedded database that
+    // restarted its epochs); nobody can rely on its contents.
+    await removeShardFiles(dir, shardId);
+    const filePath = path.join(dir, name);
+    const file = await open(filePath, "wx+", 0o600);
+    try {
+      await file.truncate(sizeBytes); // sparse on tmpfs: pages are committed as chunks are written
+      return new Shard(shardId, epoch, filePath, sizeBytes, file, alignment);
+    } catch (err) {
+      await file.close();
+      await unlink(filePath).catch(() => {});
+      throw err;
+    }
+  }
+
+  /** Reserves a range for a chunk of `length` bytes; null when the shard is full. */
+  alloc(length: number): number | null {
+    return this.ranges.alloc(length);
+  }
+
+  /** Frees the range starting at `offset` (as returned by the registry reaper). */
+  free(offset: number): number {
+    return this.ranges.free(offset);
+  }
+
+  /** Whether [offset, offset + length) lies inside one allocated range. */
+  holds(offset: number, length: number): boolean {
+    return this.ranges.contains(offset, length);
+  }
+
+  get bytesUsed(): number {
+    return this.ranges.bytesUsed;
+  }
+  get bytesFree(): number {
+    return this.ranges.bytesFree;
+  }
+  get largestFree(): number {
+    return this.ranges.largestFree;
+  }
+
+  /** Writes `data` at `offset`, which must lie inside one allocated range. */
+  async write(offset: number, data: Uint8Array): Promise<void> {
+    this.assertOpen();
+    if (!this.holds(offset, data.byteLength)) {
+      throw new RangeError(`write of ${data.byteLength} bytes at ${offset} is outside any allocated range`);
+    }
+    let done = 0;
+    while (done < data.byteLength) {
+      const { bytesWritten } = await this.file.write(data, done, data.byteLength - done, offset + done);
+      done += bytesWritten;
+    }
+  }
+
+  /** Reads `into.byteLength` bytes at `offset` (a plain copy out of the shard's pages). */
+  async read(offset: number, into: Uint8Array): Promise<void> {
+    this.assertOpen();
+    if (!Number.isSafeInteger(offset) || offset < 0 || offset + into.byteLength > this.sizeBytes) {
+      throw new RangeError(`read of ${into.byteLength} bytes at ${offset} is outside the shard (${this.sizeBytes} bytes)`);
+    }
+    let done = 0;
+    while (done < into.byteLength) {
+      const { bytesRead } = await this.file.read(into, done, into.byteLength - done, offset + done);
+      if (bytesRead === 0) throw new Error(`shard file ${this.path} ended early at ${offset + done}`);
+      done += bytesRead;
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await this.file.close();
+  }
+
+  /** Closes and deletes the file (a graceful shutdown; a crash leaves it for the next epoch to remove). */
+  async destroy(): Promise<void> {
+    await this.close();
+    await unlink(this.path).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
+  }
+
+  private assertOpen(): void {
+    if (this.closed) throw new Error(`shard ${this.shardId} epoch ${this.epoch} is closed`);
+  }
+}
+
+function isWritableDir(dir: string): boolean {
+  try {
+    accessSync(dir, constants.W_OK | constants.X_OK);
+    return true;
+  } catch {
+    return false;
+  }
+}
