@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dequant.h"
+#include "packed.h"
 
 namespace ctx {
 
@@ -137,8 +138,9 @@ void Engine::rms_norm(const float* x, const float* weight, float* out, int n) {
     const float* xr = x + static_cast<size_t>(t) * E;
     float* o = out + static_cast<size_t>(t) * E;
     double sum = 0;
-    for (int i = 0; i < E; ++i) sum += static_cast<double>(xr[i]) * xr[i];
-    const float scale = 1.0f / std::sqrt(static_cast<float>(sum / E) + eps);
+    for (int i = 0; i < E; ++i) sum += static_cast<double>(xr[i] * xr[i]);
+    const float mean = static_cast<float>(sum / E);
+    const float scale = 1.0f / std::sqrt(mean + eps);
     for (int i = 0; i < E; ++i) o[i] = xr[i] * scale * weight[i];
   });
 }
@@ -158,26 +160,29 @@ void Engine::matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, 
   for (const auto& j : jobs) any_quant |= is_quantized(j.w->type);
   if (any_quant) quantize(x, n, k);
 
+  // Tasks are runs of whole 8-row groups; a few per thread so uneven progress evens out.
+  constexpr int kMaxTasks = 256;
   struct Task { const MatJob* job; int r0, rows; };
-  Task tasks[256];
+  Task tasks[kMaxTasks];
   int n_tasks = 0;
   const int threads = pool_.size();
+  const int per_job = std::max(1, std::min(threads == 1 ? 1 : threads * 4, kMaxTasks / static_cast<int>(jobs.size())));
   for (const auto& j : jobs) {
     const int rows = j.w->rows;
-    int chunk = threads == 1 ? rows : std::max(16, (rows + threads * 4 - 1) / (threads * 4));
-    chunk = (chunk + 3) / 4 * 4;
-    if ((rows + chunk - 1) / chunk + n_tasks > 256) chunk = (rows + 63) / 64 * 4;
+    const int groups = (rows + kRowGroup - 1) / kRowGroup;
+    const int chunk = (groups + per_job - 1) / per_job * kRowGroup;
     for (int r = 0; r < rows; r += chunk) tasks[n_tasks++] = {&j, r, std::min(chunk, rows - r)};
   }
   pool_.parallel_for(n_tasks, [&](int ti, int) {
     const Task& t = tasks[ti];
     const Weight& w = *t.job->w;
-    const uint8_t* wp = w.data + static_cast<size_t>(t.r0) * w.row_bytes;
     float* y = t.job->y + t.r0;
     if (is_quantized(w.type)) {
-      const GemmQ8Args a{wp, w.row_bytes, t.rows, &act_, 0, n, y, t.job->ldy};
+      const uint8_t* wp = w.packed + static_cast<size_t>(t.r0 / kRowGroup) * w.group_bytes;
+      const GemmQ8Args a{wp, w.group_bytes, t.rows, &act_, 0, n, y, t.job->ldy};
       (w.type == GgmlType::Q4_0 ? k_.gemm_q4_0 : w.type == GgmlType::Q4_1 ? k_.gemm_q4_1 : k_.gemm_q8_0)(a);
     } else {
+      const uint8_t* wp = w.data + static_cast<size_t>(t.r0) * w.row_bytes;
       const GemmF32Args a{wp, w.row_bytes, t.rows, x, k, n, y, t.job->ldy};
       (w.type == GgmlType::F32 ? k_.gemm_f32 : w.type == GgmlType::F16 ? k_.gemm_f16 : k_.gemm_bf16)(a);
     }

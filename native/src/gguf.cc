@@ -213,6 +213,10 @@ void GgufFile::parse() {
     if (t.ne[0] % tr->block_size != 0)
       throw GgufError("gguf: tensor '" + t.name + "' row of " + std::to_string(t.ne[0]) +
                       " is not a multiple of the " + tr->name + " block size");
+    // n <= 2^62, but at up to 8 bytes per element the byte count could still wrap to a small
+    // number that "fits" in the file.
+    if (n / tr->block_size > UINT64_MAX / tr->type_size)
+      throw GgufError("gguf: tensor '" + t.name + "' has an invalid shape (too many bytes)");
     t.n_bytes = n / tr->block_size * tr->type_size;
     t.offset = c.read<uint64_t>("offset of " + t.name);
     if (t.offset % alignment_ != 0)

@@ -19,16 +19,18 @@ struct ActQ8 {
   int blocks() const { return k / 32; }
 };
 
-// y[t * ldy + r] = dot(weight row r, activation row t) for r < n_rows, t < n_tok.
+// y[t * ldy + r] = dot(weight row r, activation row t) for r < n_rows, t < n_tok, with the
+// weights in the packed 8-row layout of packed.h.
 struct GemmQ8Args {
-  const uint8_t* w;   // first weight row
-  size_t w_stride;    // bytes between weight rows
-  int n_rows;
+  const uint8_t* w;    // first packed row group
+  size_t group_bytes;  // bytes between row groups
+  int n_rows;          // rows to compute from the first group on (the last group may be partial)
   const ActQ8* x;
-  int tok0, n_tok;    // activation rows [tok0, tok0 + n_tok)
-  float* y;           // already offset to (tok0, first row)
+  int tok0, n_tok;     // activation rows [tok0, tok0 + n_tok)
+  float* y;            // already offset to (tok0, first row)
   int ldy;
 };
+// The same for F32/F16/BF16 weights in their file layout, f32 activations.
 struct GemmF32Args {
   const uint8_t* w;
   size_t w_stride;

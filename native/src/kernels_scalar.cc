@@ -4,6 +4,7 @@
 #include "fp16.h"
 #include "ggml_types.h"
 #include "kernels.h"
+#include "packed.h"
 
 namespace ctx {
 namespace {
@@ -28,45 +29,56 @@ void quantize_q8(const float* x, int k, int8_t* qs, float* d, float* s, int32_t*
   }
 }
 
-template <typename Block, typename DotBlock>
-void gemm_q8_generic(const GemmQ8Args& a, DotBlock dot_block) {
+// Walks packed row groups; dot_block(block, row, x, d, s, isum) gives one row's block term.
+template <typename Packed, typename DotBlock>
+void gemm_packed(const GemmQ8Args& a, DotBlock dot_block) {
   const int nb = a.x->blocks();
-  for (int t = 0; t < a.n_tok; ++t) {
-    const int row = a.tok0 + t;
-    const int8_t* xq = a.x->qs + static_cast<size_t>(row) * a.x->k;
-    const float* xd = a.x->d + static_cast<size_t>(row) * nb;
-    const float* xs = a.x->s + static_cast<size_t>(row) * nb;
-    const int32_t* xi = a.x->isum + static_cast<size_t>(row) * nb;
-    for (int r = 0; r < a.n_rows; ++r) {
-      const auto* w = reinterpret_cast<const Block*>(a.w + r * a.w_stride);
-      float acc = 0;
-      for (int b = 0; b < nb; ++b) acc += dot_block(w[b], xq + b * 32, xd[b], xs[b], xi[b]);
-      a.y[static_cast<size_t>(t) * a.ldy + r] = acc;
+  for (int g0 = 0; g0 < a.n_rows; g0 += kRowGroup) {
+    const auto* pb = reinterpret_cast<const Packed*>(a.w + (g0 / kRowGroup) * a.group_bytes);
+    for (int t = 0; t < a.n_tok; ++t) {
+      const int row = a.tok0 + t;
+      const int8_t* xq = a.x->qs + static_cast<size_t>(row) * a.x->k;
+      const float* xd = a.x->d + static_cast<size_t>(row) * nb;
+      const float* xs = a.x->s + static_cast<size_t>(row) * nb;
+      const int32_t* xi = a.x->isum + static_cast<size_t>(row) * nb;
+      for (int r = 0; r < kRowGroup && g0 + r < a.n_rows; ++r) {
+        float acc = 0;
+        for (int b = 0; b < nb; ++b) acc += dot_block(pb[b], r, xq + b * 32, xd[b], xs[b], xi[b]);
+        a.y[static_cast<size_t>(t) * a.ldy + g0 + r] = acc;
+      }
     }
   }
 }
 
+// Sum over a Q4 packed block of one row: byte (g*8+r)*4+i holds weights 4g+i and 16+4g+i.
+int q4_dot(const uint8_t* qs, int r, const int8_t* x) {
+  int sumi = 0;
+  for (int g = 0; g < 4; ++g)
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t q = qs[(g * 8 + r) * 4 + i];
+      sumi += (q & 0xF) * x[4 * g + i] + (q >> 4) * x[16 + 4 * g + i];
+    }
+  return sumi;
+}
+
 void gemm_q4_0(const GemmQ8Args& a) {
-  gemm_q8_generic<BlockQ4_0>(a, [](const BlockQ4_0& w, const int8_t* x, float xd, float, int32_t xsum) {
-    int sumi = 0;
-    for (int j = 0; j < 16; ++j) sumi += (w.qs[j] & 0xF) * x[j] + (w.qs[j] >> 4) * x[j + 16];
-    return fp16_to_fp32(w.d) * xd * static_cast<float>(sumi - 8 * xsum);
+  gemm_packed<PackedQ4_0>(a, [](const PackedQ4_0& p, int r, const int8_t* x, float xd, float, int32_t xsum) {
+    return fp16_to_fp32(p.d[r]) * xd * static_cast<float>(q4_dot(p.qs, r, x) - 8 * xsum);
   });
 }
 
 void gemm_q4_1(const GemmQ8Args& a) {
-  gemm_q8_generic<BlockQ4_1>(a, [](const BlockQ4_1& w, const int8_t* x, float xd, float xs, int32_t) {
-    int sumi = 0;
-    for (int j = 0; j < 16; ++j) sumi += (w.qs[j] & 0xF) * x[j] + (w.qs[j] >> 4) * x[j + 16];
-    return fp16_to_fp32(w.d) * xd * static_cast<float>(sumi) + fp16_to_fp32(w.m) * xs;
+  gemm_packed<PackedQ4_1>(a, [](const PackedQ4_1& p, int r, const int8_t* x, float xd, float xs, int32_t) {
+    return fp16_to_fp32(p.d[r]) * xd * static_cast<float>(q4_dot(p.qs, r, x)) + fp16_to_fp32(p.m[r]) * xs;
   });
 }
 
 void gemm_q8_0(const GemmQ8Args& a) {
-  gemm_q8_generic<BlockQ8_0>(a, [](const BlockQ8_0& w, const int8_t* x, float xd, float, int32_t) {
+  gemm_packed<PackedQ8_0>(a, [](const PackedQ8_0& p, int r, const int8_t* x, float xd, float, int32_t) {
     int sumi = 0;
-    for (int j = 0; j < 32; ++j) sumi += w.qs[j] * x[j];
-    return fp16_to_fp32(w.d) * xd * static_cast<float>(sumi);
+    for (int g = 0; g < 8; ++g)
+      for (int i = 0; i < 4; ++i) sumi += p.qs[(g * 8 + r) * 4 + i] * x[4 * g + i];
+    return fp16_to_fp32(p.d[r]) * xd * static_cast<float>(sumi);
   });
 }
 

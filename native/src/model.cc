@@ -1,7 +1,11 @@
 #include "model.h"
 
+#include <cstdlib>
 #include <limits>
+
+#include "packed.h"
 #include <stdexcept>
+#include <vector>
 
 
 namespace ctx {
@@ -44,6 +48,32 @@ Weight Model::weight(const std::string& name, int cols, int rows) const {
   w.rows = rows;
   w.row_bytes = static_cast<size_t>(cols) / tr->block_size * tr->type_size;
   return w;
+}
+
+void Model::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
+
+// Repacks every quantized matrix once at load (about as fast as reading it) into one aligned
+// allocation; the file mapping still serves the embedding lookups.
+void Model::pack_weights() {
+  std::vector<Weight*> all = {&token_embd_};
+  if (!config_.tied_output) all.push_back(&output_);
+  for (auto& l : layers_)
+    for (Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) all.push_back(w);
+  size_t total = 0;
+  for (Weight* w : all)
+    if (is_packable(w->type)) total += packed_group_bytes(w->type, w->cols) * ((w->rows + kRowGroup - 1) / kRowGroup);
+  if (total == 0) return;
+  auto* buf = static_cast<uint8_t*>(std::aligned_alloc(64, (total + 63) / 64 * 64));
+  if (!buf) throw std::runtime_error("model: out of memory packing weights");
+  packed_.reset(buf);
+  for (Weight* w : all) {
+    if (!is_packable(w->type)) continue;
+    w->group_bytes = packed_group_bytes(w->type, w->cols);
+    pack_matrix(w->type, w->data, w->rows, w->cols, buf);
+    w->packed = buf;
+    buf += w->group_bytes * ((w->rows + kRowGroup - 1) / kRowGroup);
+  }
+  if (config_.tied_output) output_ = token_embd_;
 }
 
 std::shared_ptr<Model> Model::load(const std::string& path) {
@@ -105,6 +135,7 @@ std::shared_ptr<Model> Model::load(const std::string& path) {
     lw.w_down = m->weight(p + "ffn_down.weight", c.n_ff, c.n_embd);
     m->layers_.push_back(lw);
   }
+  m->pack_weights();
   return m;
 }
 

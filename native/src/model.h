@@ -31,13 +31,16 @@ struct ModelConfig {
   size_t kv_bytes_per_token() const { return static_cast<size_t>(2) * n_layer * kv_dim() * sizeof(uint16_t); }
 };
 
-// A 2-D weight: n_rows rows of `cols` elements, each row `row_bytes` apart.
+// A 2-D weight: `rows` rows of `cols` elements. `data` is the file's layout (rows `row_bytes`
+// apart); quantized weights also have a `packed` copy in the kernels' 8-row layout (packed.h).
 struct Weight {
   GgmlType type = GgmlType::F32;
   const uint8_t* data = nullptr;
   int cols = 0;
   int rows = 0;
   size_t row_bytes = 0;
+  const uint8_t* packed = nullptr;
+  size_t group_bytes = 0;  // bytes of one packed row group
 };
 
 struct LayerWeights {
@@ -63,6 +66,7 @@ class Model {
  private:
   Model() = default;
   Weight weight(const std::string& name, int cols, int rows) const;
+  void pack_weights();
   const float* norm(const std::string& name, int n) const;
 
   std::unique_ptr<GgufFile> file_;
@@ -70,6 +74,8 @@ class Model {
   Weight token_embd_, output_;
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
+  struct FreeAligned { void operator()(uint8_t* p) const; };
+  std::unique_ptr<uint8_t, FreeAligned> packed_;  // every packed weight, one allocation
 };
 
 }  // namespace ctx
