@@ -1,0 +1,307 @@
+// A small GGUF writer for tests: builds valid files and, by overriding any field, malformed
+// ones. Deliberately independent of the reader (its own type-size table, its own encoding).
+#pragma once
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ctxtest {
+
+// GGUF value type numbers (spec).
+enum : uint32_t {
+  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
+  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+};
+// ggml type numbers used by the tests.
+enum : uint32_t { kTF32 = 0, kTF16 = 1, kTQ4_0 = 2, kTQ4_1 = 3, kTQ8_0 = 8, kTQ6_K = 14 };
+
+// Little-endian byte builder.
+struct Bytes {
+  std::string b;
+  template <typename T>
+  Bytes& put(T v) {
+    char tmp[sizeof(T)];
+    std::memcpy(tmp, &v, sizeof(T));
+    b.append(tmp, sizeof(T));
+    return *this;
+  }
+  Bytes& u8(uint8_t v) { return put(v); }
+  Bytes& u32(uint32_t v) { return put(v); }
+  Bytes& u64(uint64_t v) { return put(v); }
+  Bytes& str(const std::string& s) { u64(s.size()); b += s; return *this; }
+  Bytes& raw(const std::string& s) { b += s; return *this; }
+};
+
+template <typename T>
+std::string le(T v) { return Bytes().put(v).b; }
+inline std::string gstr(const std::string& s) { return Bytes().str(s).b; }
+// Array payload: element type, count, then the already-encoded elements.
+inline std::string garr(uint32_t elem_type, uint64_t count, const std::string& elems) {
+  return Bytes().u32(elem_type).u64(count).raw(elems).b;
+}
+
+// One metadata entry: the key (kept for lookups) and its encoding (key, type, payload).
+struct Kv {
+  std::string key;
+  std::string encoded;
+};
+inline Kv kv(const std::string& key, uint32_t type, const std::string& payload) {
+  return {key, Bytes().str(key).u32(type).raw(payload).b};
+}
+inline Kv kv_u32(const std::string& k, uint32_t v) { return kv(k, kU32, le(v)); }
+inline Kv kv_f32(const std::string& k, float v) { return kv(k, kF32, le(v)); }
+inline Kv kv_str(const std::string& k, const std::string& v) { return kv(k, kString, gstr(v)); }
+
+// Bytes a tensor of this ggml type and element count occupies (own table, not ggml_types.cc).
+inline uint64_t tensor_bytes(uint32_t type, uint64_t n) {
+  switch (type) {
+    case kTF32: return n * 4;
+    case kTF16: return n * 2;
+    case kTQ4_0: return n / 32 * 18;
+    case kTQ4_1: return n / 32 * 20;
+    case kTQ8_0: return n / 32 * 34;
+    case kTQ6_K: return n / 256 * 210;
+    default: throw std::logic_error("gguf_writer: no size for this type; give data explicitly");
+  }
+}
+
+struct Tensor {
+  std::string name;
+  std::vector<uint64_t> dims;
+  uint32_t type = kTF32;
+  std::string data;                // empty: zero bytes of the natural size
+  std::optional<uint64_t> offset;  // default: next aligned offset after the previous tensor
+  bool write_data = true;          // false: describe the tensor but write none of its bytes
+};
+
+struct Spec {
+  uint32_t magic = 0x46554747;  // "GGUF"
+  uint32_t version = 3;
+  std::optional<uint64_t> n_tensors, n_kv;  // override the counts in the header
+  std::vector<Kv> kvs;
+  std::vector<Tensor> tensors;
+  uint64_t alignment = 32;  // padding used by the writer (general.alignment is a separate KV)
+
+  Kv* find_kv(const std::string& key) {
+    for (auto& k : kvs) if (k.key == key) return &k;
+    return nullptr;
+  }
+  void erase_kv(const std::string& key) {
+    for (size_t i = 0; i < kvs.size(); ++i) if (kvs[i].key == key) { kvs.erase(kvs.begin() + i); return; }
+    throw std::logic_error("no kv " + key);
+  }
+  Tensor& tensor(const std::string& name) {
+    for (auto& t : tensors) if (t.name == name) return t;
+    throw std::logic_error("no tensor " + name);
+  }
+  void erase_tensor(const std::string& name) {
+    for (size_t i = 0; i < tensors.size(); ++i) if (tensors[i].name == name) { tensors.erase(tensors.begin() + i); return; }
+    throw std::logic_error("no tensor " + name);
+  }
+};
+
+struct Built {
+  std::string bytes;
+  uint64_t header_bytes = 0;  // end of the tensor infos
+  uint64_t data_start = 0;
+  std::vector<uint64_t> offsets;  // per tensor, relative to data_start
+};
+
+inline uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+// The file ends right after the last tensor's data (no trailing padding), so every strict
+// prefix of a valid file is truncated somewhere that matters.
+inline Built build(const Spec& s) {
+  Built out;
+  Bytes h;
+  h.u32(s.magic).u32(s.version).u64(s.n_tensors.value_or(s.tensors.size())).u64(s.n_kv.value_or(s.kvs.size()));
+  for (const auto& k : s.kvs) h.raw(k.encoded);
+  uint64_t next = 0;
+  std::vector<std::string> datas;
+  for (const auto& t : s.tensors) {
+    uint64_t n = 1;
+    for (uint64_t d : t.dims) n *= d;
+    std::string data = t.data;
+    if (data.empty() && t.write_data) data.assign(tensor_bytes(t.type, n), '\0');
+    const uint64_t off = t.offset.value_or(align_up(next, s.alignment));
+    next = off + data.size();
+    h.str(t.name).u32(static_cast<uint32_t>(t.dims.size()));
+    for (uint64_t d : t.dims) h.u64(d);
+    h.u32(t.type).u64(off);
+    out.offsets.push_back(off);
+    datas.push_back(t.write_data ? std::move(data) : std::string());
+  }
+  out.header_bytes = h.b.size();
+  out.data_start = s.tensors.empty() ? h.b.size() : align_up(h.b.size(), s.alignment);
+  std::string blob;
+  for (size_t i = 0; i < datas.size(); ++i) {
+    if (datas[i].empty()) continue;
+    const uint64_t end = out.offsets[i] + datas[i].size();
+    if (blob.size() < end) blob.resize(end, '\0');
+    std::memcpy(&blob[out.offsets[i]], datas[i].data(), datas[i].size());
+  }
+  out.bytes = h.b;
+  if (!blob.empty()) {
+    out.bytes.resize(out.data_start, '\0');
+    out.bytes += blob;
+  }
+  return out;
+}
+
+inline std::string floats_to_bytes(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+// A fresh directory under the test temp dir, removed when the object goes away.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "ctxbank-test-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string write(const std::string& name, const std::string& bytes) const {
+    const std::string p = (path_ / name).string();
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!f) throw std::runtime_error("cannot write " + p);
+    return p;
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A tiny Llama model (F32 weights, random values) that Model::load accepts.
+
+struct TinyLlama {
+  int n_embd = 32, n_head = 2, n_head_kv = 1, n_ff = 64, n_layer = 2, n_vocab = 40, n_ctx = 64;
+  float rope_base = 10000.f, rms_eps = 1e-5f;
+};
+
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// Round-to-nearest quantization of one row (length multiple of 32) into ggml blocks, for
+// building quantized test models (independent of the engine's fp16.h).
+inline uint16_t to_half(float f) {
+  // Normal-range values only (test scales are ~1e-3..1): round the mantissa to 10 bits.
+  if (f == 0.f) return 0;
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  const uint32_t sign = (b >> 16) & 0x8000;
+  const int exp = static_cast<int>((b >> 23) & 0xFF) - 127 + 15;
+  uint32_t mant = (b & 0x7FFFFF) + 0x1000;  // round half up at bit 13
+  int e = exp;
+  if (mant & 0x800000) { mant = 0; ++e; }
+  if (e <= 0 || e >= 31) throw std::logic_error("to_half: out of normal range");
+  return static_cast<uint16_t>(sign | (e << 10) | (mant >> 13));
+}
+inline float from_half(uint16_t h) {
+  const int e = (h >> 10) & 31, m = h & 1023;
+  const float v = e == 0 ? std::ldexp(static_cast<float>(m), -24) : std::ldexp(static_cast<float>(m + 1024), e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+inline std::string quantize_row(uint32_t type, const float* x, int n) {
+  Bytes out;
+  for (int b = 0; b < n / 32; ++b) {
+    const float* xb = x + b * 32;
+    if (type == kTQ8_0) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const uint16_t dh = to_half(amax / 127.f);
+      const float d = from_half(dh);
+      out.put(dh);
+      for (int j = 0; j < 32; ++j) out.put(static_cast<int8_t>(d > 0 ? std::lround(std::clamp(xb[j] / d, -127.f, 127.f)) : 0));
+    } else if (type == kTQ4_1) {
+      float lo = xb[0], hi = xb[0];
+      for (int j = 0; j < 32; ++j) lo = std::min(lo, xb[j]), hi = std::max(hi, xb[j]);
+      const uint16_t dh = to_half((hi - lo) / 15.f), mh = to_half(lo);
+      const float d = from_half(dh), m = from_half(mh);
+      out.put(dh).put(mh);
+      auto q = [&](int j) { return static_cast<uint8_t>(d > 0 ? std::clamp<long>(std::lround((xb[j] - m) / d), 0, 15) : 0); };
+      for (int j = 0; j < 16; ++j) out.u8(static_cast<uint8_t>(q(j) | (q(j + 16) << 4)));
+    } else {
+      throw std::logic_error("quantize_row: Q8_0 and Q4_1 only");
+    }
+  }
+  return out.b;
+}
+
+// Converts a 2-D F32 tensor to `type`.
+inline void quantize_tensor(Tensor& t, uint32_t type) {
+  if (t.dims.size() != 2 || t.type != kTF32) throw std::logic_error("quantize_tensor: needs a 2-D F32 tensor");
+  const auto* f = reinterpret_cast<const float*>(t.data.data());
+  std::string q;
+  for (uint64_t r = 0; r < t.dims[1]; ++r) q += quantize_row(type, f + r * t.dims[0], static_cast<int>(t.dims[0]));
+  t.type = type;
+  t.data = q;
+}
+
+inline Spec tiny_llama_spec(const TinyLlama& c, uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  Spec s;
+  s.kvs = {
+      kv_str("general.architecture", "llama"),
+      kv_str("general.name", "tiny"),
+      kv_u32("llama.context_length", c.n_ctx),
+      kv_u32("llama.embedding_length", c.n_embd),
+      kv_u32("llama.block_count", c.n_layer),
+      kv_u32("llama.feed_forward_length", c.n_ff),
+      kv_u32("llama.rope.dimension_count", c.n_embd / c.n_head),
+      kv_u32("llama.attention.head_count", c.n_head),
+      kv_u32("llama.attention.head_count_kv", c.n_head_kv),
+      kv_f32("llama.attention.layer_norm_rms_epsilon", c.rms_eps),
+      kv_f32("llama.rope.freq_base", c.rope_base),
+  };
+  const uint64_t E = c.n_embd, F = c.n_ff, KV = static_cast<uint64_t>(c.n_embd / c.n_head) * c.n_head_kv;
+  // Scales chosen so activations stay O(1) through the layers.
+  auto mat = [&](const std::string& name, uint64_t cols, uint64_t rows) {
+    const float r = 1.f / std::sqrt(static_cast<float>(cols));
+    s.tensors.push_back({name, {cols, rows}, kTF32, floats_to_bytes(random_floats(cols * rows, rng, -r, r)), {}, true});
+  };
+  auto norm = [&](const std::string& name) {
+    s.tensors.push_back({name, {E}, kTF32, floats_to_bytes(random_floats(E, rng, 0.5f, 1.5f)), {}, true});
+  };
+  s.tensors.push_back({"token_embd.weight", {E, static_cast<uint64_t>(c.n_vocab)}, kTF32,
+                       floats_to_bytes(random_floats(E * c.n_vocab, rng, -1.f, 1.f)), {}, true});
+  norm("output_norm.weight");
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    norm(p + "attn_norm.weight");
+    mat(p + "attn_q.weight", E, E);
+    mat(p + "attn_k.weight", E, KV);
+    mat(p + "attn_v.weight", E, KV);
+    mat(p + "attn_output.weight", E, E);
+    norm(p + "ffn_norm.weight");
+    mat(p + "ffn_gate.weight", E, F);
+    mat(p + "ffn_up.weight", E, F);
+    mat(p + "ffn_down.weight", F, E);
+  }
+  return s;
+}
+
+}  // namespace ctxtest
