@@ -1,0 +1,29 @@
+import type { ChunkLocation } from "./types.ts";
+
+export type TransportErrorCode =
+  | "invalid_request" // the caller's location, buffer or options are malformed
+  | "deadline_exceeded"
+  | "aborted" // the caller's signal fired
+  | "unreachable" // no connection to the owner (refused, reset, unknown host)
+  | "not_found" // the owner does not have that shard, or that range is no longer allocated
+  | "stale_epoch" // the shard was restarted: the chunk's epoch is gone
+  | "out_of_range" // the range lies outside the shard
+  | "short_read" // fewer bytes arrived than asked for
+  | "bad_response" // the owner answered something unexpected
+  | "io_error";
+
+export class TransportError extends Error {
+  override readonly name = "TransportError";
+  constructor(
+    readonly code: TransportErrorCode,
+    message: string,
+    readonly status?: number,
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+export function describe(loc: ChunkLocation): string {
+  return `chunk ${loc.shardId}@${loc.epoch}[${loc.offset}+${loc.length}]`;
+}

@@ -1,0 +1,131 @@
+// Same-host transport: reads the chunk straight out of the owner's shard file (tmpfs pages) into
+// the caller's buffer — one copy, which is the floor without mmap. Node cannot map files; the
+// native addon will, and then viewChunk gives the bytes in place with no copy at all.
+import { open, type FileHandle } from "node:fs/promises";
+import path from "node:path";
+import { parseShardFileName } from "../kv/shard.ts";
+import { TransportError, describe } from "./errors.ts";
+import { checkReadArgs, withDeadline } from "./read-checks.ts";
+import type { ChunkLocation, KvTransport, ReadChunkOptions } from "./types.ts";
+
+export interface ShmTransportOptions {
+  /** Shard files are only opened inside these directories (the registry's paths are not trusted blindly). */
+  allowedDirs: string[];
+  /** Bytes per read call; the deadline and abort are checked between pieces. */
+  pieceBytes?: number;
+}
+
+interface OpenFile {
+  path: string;
+  handle: Promise<FileHandle>;
+  users: number;
+  dropped: boolean; // no longer cached; closed when its last user is done
+}
+
+export class ShmTransport implements KvTransport {
+  readonly name = "shm";
+  private readonly files = new Map<string, OpenFile>();
+  private readonly allowedDirs: string[];
+  private readonly pieceBytes: number;
+
+  constructor(options: ShmTransportOptions) {
+    if (options.allowedDirs.length === 0) throw new TypeError("ShmTransport needs at least one allowed directory");
+    this.allowedDirs = options.allowedDirs.map((d) => path.resolve(d));
+    this.pieceBytes = options.pieceBytes ?? 8 << 20;
+  }
+
+  async readChunk(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
+    checkReadArgs(loc, into, opts);
+    this.checkPath(loc);
+    return withDeadline(loc, opts, async (signal) => {
+      const entry = this.acquire(loc.shardPath);
+      try {
+        const file = await openedOrThrow(entry, loc);
+        const st = await file.stat();
+        if (st.nlink === 0) {
+          // The owner restarted and removed the file; our handle would still see the old pages.
+          this.drop(entry);
+          throw staleEpoch(loc);
+        }
+        if (loc.offset + loc.length > st.size) {
+          throw new TransportError("out_of_range", `${describe(loc)} lies outside the ${st.size}-byte shard`);
+        }
+        let done = 0;
+        while (done < loc.length && !signal.aborted) {
+          const n = Math.min(this.pieceBytes, loc.length - done);
+          const { bytesRead } = await file.read(into, done, n, loc.offset + done);
+          if (bytesRead === 0) throw new TransportError("short_read", `${describe(loc)}: file ended after ${done} bytes`);
+          done += bytesRead;
+        }
+        return done;
+      } finally {
+        this.release(entry);
+      }
+    });
+  }
+
+  async close(): Promise<void> {
+    const entries = [...this.files.values()];
+    this.files.clear();
+    await Promise.all(entries.map((e) => e.handle.then((fh) => fh.close()).catch(() => {})));
+  }
+
+  private checkPath(loc: ChunkLocation): void {
+    const file = path.resolve(loc.shardPath ?? "");
+    const parsed = parseShardFileName(path.basename(file));
+    if (!this.allowedDirs.includes(path.dirname(file)) || !parsed || parsed.shardId !== loc.shardId) {
+      throw new TransportError("invalid_request", `${describe(loc)}: ${loc.shardPath} is not a shard file of ${loc.shardId} in an allowed directory`);
+    }
+    if (parsed.epoch !== loc.epoch) throw staleEpoch(loc);
+  }
+
+  private acquire(filePath: string): OpenFile {
+    let entry = this.files.get(filePath);
+    if (!entry) {
+      entry = { path: filePath, handle: open(filePath, "r"), users: 0, dropped: false };
+      const created = entry;
+      created.handle.catch(() => this.drop(created));
+      this.files.set(filePath, entry);
+      this.dropRemovedFiles(); // a new shard file often means an older one was retired
+    }
+    entry.users++;
+    return entry;
+  }
+
+  private release(entry: OpenFile): void {
+    entry.users--;
+    if (entry.dropped && entry.users === 0) void entry.handle.then((fh) => fh.close()).catch(() => {});
+  }
+
+  private drop(entry: OpenFile): void {
+    if (this.files.get(entry.path) === entry) this.files.delete(entry.path);
+    if (entry.dropped) return;
+    entry.dropped = true;
+    if (entry.users === 0) void entry.handle.then((fh) => fh.close()).catch(() => {});
+  }
+
+  /** Drops idle handles of deleted shard files: an open handle keeps a whole shard's memory alive. */
+  private dropRemovedFiles(): void {
+    for (const entry of this.files.values()) {
+      if (entry.users > 0) continue;
+      void entry.handle
+        .then((fh) => fh.stat())
+        .then((st) => st.nlink === 0 && this.drop(entry))
+        .catch(() => {});
+    }
+  }
+}
+
+async function openedOrThrow(entry: OpenFile, loc: ChunkLocation): Promise<FileHandle> {
+  try {
+    return await entry.handle;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") throw staleEpoch(loc);
+    throw new TransportError("io_error", `${describe(loc)}: cannot open ${loc.shardPath}: ${code ?? err}`, undefined, { cause: err });
+  }
+}
+
+function staleEpoch(loc: ChunkLocation): TransportError {
+  return new TransportError("stale_epoch", `${describe(loc)}: the shard's epoch ${loc.epoch} is gone (its owner restarted)`);
+}

@@ -1,0 +1,38 @@
+// The one interface every KV transport implements, and the wire path of the HTTP one.
+
+/** Where a chunk's bytes are. Structurally what Registry.chunks.acquireRead returns. */
+export interface ChunkLocation {
+  shardId: string;
+  epoch: number;
+  shardPath: string; // the shard file, for a reader on the owner's host
+  ownerBaseUrl: string; // the owner's HTTP base URL, for a reader elsewhere
+  offset: number;
+  length: number;
+}
+
+export interface ReadChunkOptions {
+  /** Absolute wall-clock deadline in ms since the epoch (Date.now() + budget), shared by a batch of reads. */
+  deadlineMs: number;
+  signal?: AbortSignal;
+}
+
+export interface KvTransport {
+  readonly name: string;
+  /**
+   * Reads exactly `loc.length` bytes into the start of `into`; resolves with that count. Rejects
+   * with a TransportError. Once the promise settles, nothing writes into `into` any more.
+   */
+  readChunk(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number>;
+  /**
+   * A view of the chunk's bytes in place, without copying, where the transport can map the shard
+   * (the native addon's mmap, later). Absent where it cannot.
+   */
+  viewChunk?(loc: ChunkLocation): Uint8Array;
+  close(): Promise<void>;
+}
+
+export const CHUNK_ROUTE = "/v1/chunks/:shardId/:epoch";
+
+export function chunkRequestPath(loc: Pick<ChunkLocation, "shardId" | "epoch" | "offset" | "length">): string {
+  return `/v1/chunks/${encodeURIComponent(loc.shardId)}/${loc.epoch}?offset=${loc.offset}&length=${loc.length}`;
+}
