@@ -1,0 +1,230 @@
+/**
+ * The generation loop shared by the CLI and the services: prefill a prompt into a fresh sequence,
+ * then sample → yield → decode until an end-of-generation token, the token limit, or a stop string.
+ *
+ * `generate()` validates its arguments synchronously (a bad request throws `GenerateError` before
+ * any work starts) and returns an async generator of events:
+ *   - one `token` event per sampled token (the EOG token included), whose `text` is the newly
+ *     printable text: complete UTF-8 only, with anything that could be the start of a stop string
+ *     held back until it is resolved. Concatenating every `text` gives exactly the output;
+ *   - one final `done` event with the finish reason and timings.
+ * Aborting the signal makes the generator throw `signal.reason` (an AbortError) at the next step
+ * boundary: between prefill chunks (one ubatch each) or decode steps.
+ */
+import type { Engine, NativeSequence } from "./engine/engine.ts";
+import { Sampler, SamplingError, validateSampling, type SamplingOptions } from "./engine/sampler.ts";
+import type { GgufTokenizer } from "./tokenizer/tokenizer.ts";
+
+export type FinishReason = "stop" | "length" | "stop_string";
+
+export interface GenerateOptions extends SamplingOptions {
+  /** Most tokens to generate (EOG included); default: whatever is left of the engine's context. */
+  maxTokens?: number;
+  /** Stop as soon as the output contains one of these; the output ends right before it. */
+  stop?: readonly string[];
+  signal?: AbortSignal;
+}
+
+export interface TokenEvent {
+  type: "token";
+  id: number;
+  /** Newly printable text (may be empty). */
+  text: string;
+  /** 0-based position among the generated tokens. */
+  index: number;
+  /** Engine + sampling time for this token (the first one includes the prefill). */
+  ms: number;
+}
+
+export interface GenerateSummary {
+  finishReason: FinishReason;
+  promptTokens: number;
+  generatedTokens: number;
+  prefillMs: number;
+  /** Time spent in decode steps (each: one forward pass + sampling). */
+  decodeMs: number;
+  /** Decode steps run: generated tokens minus the first one, which comes from the prefill. */
+  decodeSteps: number;
+  prefillTokPerS: number;
+  /** 0 when there was no decode step. */
+  decodeMsPerToken: number;
+  decodeTokPerS: number;
+  /** Time to first token: prefill plus the first sample. */
+  ttftMs: number;
+}
+
+export interface DoneEvent extends GenerateSummary {
+  type: "done";
+}
+
+export type GenerateEvent = TokenEvent | DoneEvent;
+
+export type GenerateErrorCode = "EMPTY_PROMPT" | "BAD_PROMPT" | "INVALID_OPTION" | "CONTEXT_EXCEEDED";
+
+export class GenerateError extends Error {
+  readonly code: GenerateErrorCode;
+  constructor(code: GenerateErrorCode, message: string) {
+    super(message);
+    this.name = "GenerateError";
+    this.code = code;
+  }
+}
+
+type Detokenizer = Pick<GgufTokenizer, "createDetokenizer" | "isEog">;
+
+export function generate(
+  engine: Engine,
+  tokenizer: Detokenizer,
+  prompt: ArrayLike<number>,
+  options: GenerateOptions = {},
+): AsyncGenerator<GenerateEvent, void, undefined> {
+  const nVocab = engine.model.config.nVocab;
+  if (prompt.length === 0) throw new GenerateError("EMPTY_PROMPT", "the prompt is empty (it needs at least one token)");
+  const tokens = Int32Array.from(prompt);
+  for (let i = 0; i < tokens.length; i++) {
+    if (tokens[i] !== prompt[i] || tokens[i]! < 0 || tokens[i]! >= nVocab)
+      throw new GenerateError("BAD_PROMPT", `prompt token ${i} (${prompt[i]}) is not a token id in [0, ${nVocab})`);
+  }
+  const room = engine.maxContext - tokens.length;
+  if (room < 1) {
+    throw new GenerateError(
+      "CONTEXT_EXCEEDED",
+      `the prompt has ${tokens.length} tokens, which leaves no room to generate in the context of ${engine.maxContext} tokens`,
+    );
+  }
+  const maxTokens = options.maxTokens ?? room;
+  if (!Number.isInteger(maxTokens) || maxTokens < 1)
+    throw new GenerateError("INVALID_OPTION", `max tokens must be a positive integer (got ${maxTokens})`);
+  if (maxTokens > room) {
+    throw new GenerateError(
+      "CONTEXT_EXCEEDED",
+      `prompt (${tokens.length} tokens) + max tokens (${maxTokens}) = ${tokens.length + maxTokens} exceeds the context ` +
+        `of ${engine.maxContext} tokens; use at most ${room} max tokens or a shorter prompt`,
+    );
+  }
+  const stop = options.stop ?? [];
+  if (!Array.isArray(stop) || !stop.every((s) => typeof s === "string" && s.length > 0))
+    throw new GenerateError("INVALID_OPTION", "stop must be a list of non-empty strings");
+  let sampler: Sampler;
+  try {
+    sampler = new Sampler(validateSampling(options));
+  } catch (e) {
+    if (e instanceof SamplingError) throw new GenerateError("INVALID_OPTION", e.message);
+    throw e;
+  }
+  return run(engine, tokenizer, tokens, maxTokens, sampler, new StopStringFilter(stop), options.signal);
+}
+
+async function* run(
+  engine: Engine,
+  tokenizer: Detokenizer,
+  prompt: Int32Array,
+  maxTokens: number,
+  sampler: Sampler,
+  stops: StopStringFilter,
+  signal: AbortSignal | undefined,
+): AsyncGenerator<GenerateEvent, void, undefined> {
+  signal?.throwIfAborted();
+  const t0 = performance.now();
+  // The only resource this call owns; dropped (and collected) when the generator ends.
+  const seq: NativeSequence = engine.createSequence(prompt.length + maxTokens);
+  const chunk = Math.max(1, engine.native.info.ubatch);
+  let logits!: Float32Array;
+  for (let i = 0; i < prompt.length; i += chunk) {
+    logits = await engine.prefill(seq, prompt.subarray(i, i + chunk));
+    signal?.throwIfAborted();
+  }
+  const prefillMs = performance.now() - t0;
+
+  const detok = tokenizer.createDetokenizer();
+  let stepStart = t0;
+  let ttftMs = 0;
+  let decodeMs = 0;
+  let generated = 0;
+  for (;;) {
+    const id = sampler.sample(logits);
+    const ms = performance.now() - stepStart;
+    if (generated === 0) ttftMs = ms;
+    else decodeMs += ms;
+    generated++;
+
+    const eog = tokenizer.isEog(id);
+    const last = eog || generated >= maxTokens;
+    let piece = eog ? "" : detok.push(id);
+    if (last) piece += detok.flush();
+    const out = stops.push(piece);
+    const finish: FinishReason | undefined = out.stopped ? "stop_string" : eog ? "stop" : last ? "length" : undefined;
+    const text = out.stopped || !finish ? out.text : out.text + stops.flush();
+    yield { type: "token", id, text, index: generated - 1, ms };
+
+    if (finish) {
+      const decodeSteps = generated - 1;
+      yield {
+        type: "done",
+        finishReason: finish,
+        promptTokens: prompt.length,
+        generatedTokens: generated,
+        prefillMs,
+        decodeMs,
+        decodeSteps,
+        prefillTokPerS: prompt.length / (prefillMs / 1000),
+        decodeMsPerToken: decodeSteps > 0 ? decodeMs / decodeSteps : 0,
+        decodeTokPerS: decodeSteps > 0 ? decodeSteps / (decodeMs / 1000) : 0,
+        ttftMs,
+      };
+      return;
+    }
+    signal?.throwIfAborted();
+    stepStart = performance.now();
+    [logits] = (await engine.decode([seq], [id])) as [Float32Array];
+    signal?.throwIfAborted();
+  }
+}
+
+/**
+ * Incremental stop-string matching over streamed text. `push` returns the text that is safe to
+ * emit: everything except a tail that could still grow into a stop string. Once a stop string is
+ * found, the text is cut right before it and `stopped` is true (the earliest match wins).
+ */
+export class StopStringFilter {
+  private pending = "";
+
+  constructor(private readonly stops: readonly string[]) {}
+
+  push(text: string): { text: string; stopped: boolean } {
+    const p = this.pending + text;
+    let cut = -1;
+    for (const s of this.stops) {
+      const i = p.indexOf(s);
+      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
+    }
+    if (cut >= 0) {
+      this.pending = "";
+      return { text: p.slice(0, cut), stopped: true };
+    }
+    const keep = this.heldLength(p);
+    this.pending = p.slice(p.length - keep);
+    return { text: p.slice(0, p.length - keep), stopped: false };
+  }
+
+  /** The held-back tail, released when the output ends without a stop string. */
+  flush(): string {
+    const p = this.pending;
+    this.pending = "";
+    return p;
+  }
+
+  /** Length of the longest suffix of `p` that is a proper prefix of some stop string. */
+  private heldLength(p: string): number {
+    let best = 0;
+    for (const s of this.stops) {
+      for (let k = Math.min(s.length - 1, p.length); k > best; k--) {
+        if (p.endsWith(s.slice(0, k))) {
+          best = k;
+          break;
+        }
+      }
+    }
+    return best;
+  }
+}
