@@ -107,7 +107,7 @@ GgufValue read_value(Cursor& c, GgufValueType type, const std::string& key, int 
                                 : v.elem_type == GgufValueType::ARRAY ? 12 : scalar_size(v.elem_type);
       if (n > c.remaining() / min_elem)
         throw GgufError("gguf: metadata '" + key + "' claims " + std::to_string(n) +
-                        " elements, more than the file holds");
+                        " elements, more than the file holds (truncated or corrupt)");
       v.arr.reserve(n);
       for (uint64_t k = 0; k < n; ++k) v.arr.push_back(read_value(c, v.elem_type, key, depth + 1));
       break;
@@ -172,8 +172,8 @@ void GgufFile::parse() {
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
   // A KV needs >= 8+1+4+1 bytes and a tensor info >= 8+4+8+4+8 bytes.
-  if (n_kv > c.remaining() / 14) throw GgufError("gguf: metadata count " + std::to_string(n_kv) + " exceeds the file");
-  if (n_tensors > c.remaining() / 32) throw GgufError("gguf: tensor count " + std::to_string(n_tensors) + " exceeds the file");
+  if (n_kv > c.remaining() / 14) throw GgufError("gguf: metadata count " + std::to_string(n_kv) + " exceeds the file (truncated or corrupt)");
+  if (n_tensors > c.remaining() / 32) throw GgufError("gguf: tensor count " + std::to_string(n_tensors) + " exceeds the file (truncated or corrupt)");
 
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.read_string("metadata key #" + std::to_string(k));

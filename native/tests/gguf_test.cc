@@ -208,7 +208,8 @@ TEST_F(GgufTest, EveryTruncationIsRefused) {
       GgufFile::open(path);
       ADD_FAILURE() << "prefix of " << n << " bytes accepted";
     } catch (const GgufError& e) {
-      EXPECT_TRUE(std::regex_search(e.what(), std::regex("truncated|too small|exceeds the file|more than the file holds")))
+      // Whatever field the cut lands in, the message says what a user needs to know.
+      EXPECT_TRUE(std::regex_search(e.what(), std::regex("truncated|too small to be a GGUF file")))
           << "prefix " << n << ": " << e.what();
     }
   }
