@@ -8,7 +8,9 @@ import path from "node:path";
 import { RangeAllocator } from "./range-allocator.ts";
 
 const SHM_ROOT = "/dev/shm";
-const FILE_PATTERN = /^([A-Za-z0-9][A-Za-z0-9._:-]{0,127})\.e([1-9][0-9]{0,9})\.shard$/;
+/** Shard ids become file names and URL path segments: no slashes, no leading dot. */
+export const SHARD_ID_PATTERN = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
+const FILE_PATTERN = new RegExp(`^(${SHARD_ID_PATTERN.source.slice(1, -1)})\\.e([1-9][0-9]{0,9})\\.shard$`);
 
 export interface ShardOptions {
   shardId: string; // stable across restarts; the registry's shard id

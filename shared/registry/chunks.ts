@@ -5,7 +5,7 @@ import { and, eq, gt, inArray, lte, sql } from "drizzle-orm";
 import { z } from "zod";
 import { addMs, type Clock } from "./clock.ts";
 import type { Database, Transaction } from "./db.ts";
-import { RegistryError, chunkId, chunkIds, int32, name, parseInput, positiveMs } from "./errors.ts";
+import { RegistryError, chunkId, chunkIds, int32, identifier, parseInput, positiveMs } from "./errors.ts";
 import { chunkRefs, chunks, instances, shards, type ChunkRow } from "./schema.ts";
 
 const LIVE = ["writing", "ready", "reading"] as const;
@@ -14,8 +14,8 @@ const hex64 = z.string().regex(/^[0-9a-f]{64}$/, "64 lowercase hex digits");
 const BeginChunkInput = z
   .object({
     key: hex64,
-    requestId: name,
-    sessionId: name.nullish(),
+    requestId: identifier,
+    sessionId: identifier.nullish(),
     roundId: int32.nullish(),
     layerGroup: int32,
     layerIds: z
@@ -24,7 +24,7 @@ const BeginChunkInput = z
       .refine((ids) => ids.every((id, i) => i === 0 || id > ids[i - 1]!), "layer ids must be strictly increasing"),
     tokenStart: int32,
     tokenEnd: int32,
-    shardId: name,
+    shardId: identifier,
     shardEpoch: z.number().int().min(1).max(2 ** 31 - 1),
     offset: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
     length: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
@@ -267,7 +267,7 @@ export class ChunkStore {
    * chunk no request holds is released at once, or when its last reader lets go.
    */
   async releaseRequest(requestId: string): Promise<{ dropped: number; released: number }> {
-    parseInput(name, requestId, "request id");
+    parseInput(identifier, requestId, "request id");
     return this.db.transaction(async (tx) => {
       const refs = await tx
         .delete(chunkRefs)
@@ -302,7 +302,7 @@ export class ChunkStore {
     shard: { shardId: string; epoch: number },
     now: Date = this.clock(),
   ): Promise<{ expired: number; freed: FreedRange[] }> {
-    parseInput(name, shard.shardId, "shard id");
+    parseInput(identifier, shard.shardId, "shard id");
     parseInput(z.number().int().min(1), shard.epoch, "shard epoch");
     const onShard = and(eq(chunks.shardId, shard.shardId), eq(chunks.shardEpoch, shard.epoch));
     return this.db.transaction(async (tx) => {
@@ -327,7 +327,7 @@ export class ChunkStore {
 
   /** Chunks the request holds (wrote or reused), by layer group then token start. */
   async ofRequest(requestId: string): Promise<ChunkRow[]> {
-    parseInput(name, requestId, "request id");
+    parseInput(identifier, requestId, "request id");
     return this.db
       .select({ chunk: chunks })
       .from(chunkRefs)

@@ -31,7 +31,8 @@ export function parseInput<T extends z.ZodType>(schema: T, input: unknown, what:
 }
 
 // Shared field schemas.
-export const name = z
+/** Instance, shard, request and session ids; shard ids also name files (see kv/shard.ts). */
+export const identifier = z
   .string()
   .regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
 export const int32 = z.number().int().min(0).max(2 ** 31 - 1);

@@ -4,14 +4,14 @@ import { and, eq, gt, inArray, lte, ne, sql } from "drizzle-orm";
 import { z } from "zod";
 import type { Clock } from "./clock.ts";
 import type { Database, Transaction } from "./db.ts";
-import { RegistryError, name, parseInput, positiveMs } from "./errors.ts";
+import { RegistryError, identifier, parseInput, positiveMs } from "./errors.ts";
 import { chunks, instances, shards, type InstanceRow } from "./schema.ts";
 
 const RegisterInput = z.object({
-  id: name.optional(),
+  id: identifier.optional(),
   role: z.enum(["prefill", "decode"]),
   baseUrl: z.url({ protocol: /^https?$/ }),
-  hostId: name,
+  hostId: identifier,
 });
 export type RegisterInstanceInput = z.input<typeof RegisterInput>;
 
@@ -36,7 +36,7 @@ export class InstanceStore {
 
   /** Refreshes the heartbeat. A dead instance is refused: its shards were retired, it must register again. */
   async heartbeat(id: string): Promise<InstanceRow> {
-    parseInput(name, id, "instance id");
+    parseInput(identifier, id, "instance id");
     const [row] = await this.db
       .update(instances)
       .set({ lastHeartbeatAt: this.clock() })
@@ -48,7 +48,7 @@ export class InstanceStore {
 
   /** Stops new work from being routed to the instance; it keeps heartbeating while it finishes. */
   async markDraining(id: string): Promise<InstanceRow> {
-    parseInput(name, id, "instance id");
+    parseInput(identifier, id, "instance id");
     const [row] = await this.db
       .update(instances)
       .set({ state: "draining" })

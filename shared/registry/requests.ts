@@ -3,12 +3,12 @@ import { and, eq, inArray } from "drizzle-orm";
 import { z } from "zod";
 import type { Clock } from "./clock.ts";
 import type { Database } from "./db.ts";
-import { RegistryError, int32, name, parseInput } from "./errors.ts";
+import { RegistryError, int32, identifier, parseInput } from "./errors.ts";
 import { requests, type RequestRow } from "./schema.ts";
 
 const CreateRequestInput = z.object({
-  id: name,
-  sessionId: name.nullish(),
+  id: identifier,
+  sessionId: identifier.nullish(),
   roundId: int32.nullish(),
   promptTokens: int32.nullish(),
   arrivalAt: z.date().optional(),
@@ -56,7 +56,7 @@ export class RequestStore {
 
   /** Records a milestone of an open request; `outputTokens` updates the running count. */
   async mark(id: string, input: z.input<typeof MilestoneInput>): Promise<RequestRow> {
-    parseInput(name, id, "request id");
+    parseInput(identifier, id, "request id");
     const { event, at = this.clock(), outputTokens } = parseInput(MilestoneInput, input, "milestone");
     const { column, state } = MILESTONES[event];
     const [row] = await this.db
@@ -69,7 +69,7 @@ export class RequestStore {
   }
 
   async finish(id: string, input: z.input<typeof FinishInput>): Promise<RequestRow> {
-    parseInput(name, id, "request id");
+    parseInput(identifier, id, "request id");
     const { state, error, outputTokens } = parseInput(FinishInput, input, "request outcome");
     const [row] = await this.db
       .update(requests)

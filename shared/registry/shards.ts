@@ -4,12 +4,12 @@ import { and, desc, eq, lt } from "drizzle-orm";
 import { z } from "zod";
 import type { Clock } from "./clock.ts";
 import type { Database } from "./db.ts";
-import { RegistryError, name, parseInput } from "./errors.ts";
+import { RegistryError, identifier, parseInput } from "./errors.ts";
 import { chunks, instances, shards, type ShardRow } from "./schema.ts";
 
 const CreateShardInput = z.object({
-  id: name,
-  instanceId: name,
+  id: identifier,
+  instanceId: identifier,
   sizeBytes: z.number().int().positive().max(Number.MAX_SAFE_INTEGER),
   /** The file path of the shard in a given epoch (the file name carries the epoch). */
   pathFor: z.custom<(epoch: number) => string>((v) => typeof v === "function", "a function (epoch) => path"),

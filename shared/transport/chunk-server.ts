@@ -1,6 +1,7 @@
 // The owner's side of HttpTransport: serves byte ranges of its shards, validating every part of
 // the request. Mount it on the prefill service's Hono app (`app.route("/", chunkRoutes(...))`).
 import { Hono, type Context } from "hono";
+import { SHARD_ID_PATTERN } from "../kv/shard.ts";
 import { CHUNK_ROUTE } from "./types.ts";
 
 /** What the route needs from a shard; kv/shard.ts's Shard is one. */
@@ -17,7 +18,6 @@ export interface ChunkRoutesOptions {
   pieceBytes?: number; // bytes read from the shard per streamed piece; default 4 MiB (2x faster than 1 MiB here)
 }
 
-const SHARD_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 const DIGITS = /^(0|[1-9][0-9]{0,15})$/;
 
 export function chunkRoutes(lookup: (shardId: string) => ChunkSource | undefined, options: ChunkRoutesOptions = {}): Hono {
@@ -29,7 +29,7 @@ export function chunkRoutes(lookup: (shardId: string) => ChunkSource | undefined
     const { shardId, epoch: epochText } = c.req.param();
     const offsetText = c.req.query("offset") ?? "";
     const lengthText = c.req.query("length") ?? "";
-    if (!SHARD_ID.test(shardId)) return fail(c, 400, "invalid_request", "shard id has invalid characters");
+    if (!SHARD_ID_PATTERN.test(shardId)) return fail(c, 400, "invalid_request", "shard id has invalid characters");
     if (!DIGITS.test(epochText) || !DIGITS.test(offsetText) || !DIGITS.test(lengthText)) {
       return fail(c, 400, "invalid_request", "epoch, offset and length must be non-negative integers");
     }

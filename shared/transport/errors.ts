@@ -24,6 +24,7 @@ export class TransportError extends Error {
   }
 }
 
-export function describe(loc: ChunkLocation): string {
+/** "chunk shard@epoch[offset+length]", for error messages. */
+export function chunkLabel(loc: ChunkLocation): string {
   return `chunk ${loc.shardId}@${loc.epoch}[${loc.offset}+${loc.length}]`;
 }

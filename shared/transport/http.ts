@@ -1,7 +1,7 @@
 // Cross-host transport: GET the byte range from the owner's chunk route over a keep-alive undici
 // pool per origin, streaming the body straight into the caller's buffer.
 import { Pool } from "undici";
-import { TransportError, describe, type TransportErrorCode } from "./errors.ts";
+import { TransportError, chunkLabel, type TransportErrorCode } from "./errors.ts";
 import { checkReadArgs, withDeadline } from "./read-checks.ts";
 import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkOptions } from "./types.ts";
 
@@ -47,19 +47,18 @@ export class HttpTransport implements KvTransport {
         throw networkError(loc, err);
       }
       if (res.statusCode !== 200) {
-        const body = await res.body.text().catch(() => "");
-        throw statusError(loc, res.statusCode, body);
+        throw statusError(loc, res.statusCode, await readErrorBody(res.body));
       }
       const declared = Number(res.headers["content-length"]);
       if (res.headers["content-length"] !== undefined && declared !== loc.length) {
         res.body.destroy();
-        throw new TransportError("bad_response", `${describe(loc)}: the owner announced ${declared} bytes`, 200);
+        throw new TransportError("bad_response", `${chunkLabel(loc)}: the owner announced ${declared} bytes`, 200);
       }
       let received = 0;
       try {
         for await (const piece of res.body as AsyncIterable<Buffer>) {
           if (received + piece.byteLength > loc.length) {
-            throw new TransportError("bad_response", `${describe(loc)}: the owner sent more than ${loc.length} bytes`, 200);
+            throw new TransportError("bad_response", `${chunkLabel(loc)}: the owner sent more than ${loc.length} bytes`, 200);
           }
           into.set(piece, received);
           received += piece.byteLength;
@@ -67,12 +66,12 @@ export class HttpTransport implements KvTransport {
       } catch (err) {
         res.body.destroy();
         if (err instanceof TransportError) throw err;
-        throw new TransportError("short_read", `${describe(loc)}: the body broke off after ${received} of ${loc.length} bytes`, 200, {
+        throw new TransportError("short_read", `${chunkLabel(loc)}: the body broke off after ${received} of ${loc.length} bytes`, 200, {
           cause: err,
         });
       }
       if (received !== loc.length) {
-        throw new TransportError("short_read", `${describe(loc)}: got ${received} of ${loc.length} bytes`, 200);
+        throw new TransportError("short_read", `${chunkLabel(loc)}: got ${received} of ${loc.length} bytes`, 200);
       }
       return received;
     });
@@ -89,10 +88,10 @@ export class HttpTransport implements KvTransport {
     try {
       url = new URL(loc.ownerBaseUrl);
     } catch {
-      throw new TransportError("invalid_request", `${describe(loc)}: bad owner URL ${JSON.stringify(loc.ownerBaseUrl)}`);
+      throw new TransportError("invalid_request", `${chunkLabel(loc)}: bad owner URL ${JSON.stringify(loc.ownerBaseUrl)}`);
     }
     if (url.protocol !== "http:" && url.protocol !== "https:") {
-      throw new TransportError("invalid_request", `${describe(loc)}: owner URL must be http(s), got ${url.protocol}`);
+      throw new TransportError("invalid_request", `${chunkLabel(loc)}: owner URL must be http(s), got ${url.protocol}`);
     }
     let pool = this.pools.get(url.origin);
     if (!pool) {
@@ -107,13 +106,30 @@ export class HttpTransport implements KvTransport {
   }
 }
 
+/** The start of an error response (an owner's JSON error is small); the rest is discarded. */
+async function readErrorBody(body: AsyncIterable<Buffer> & { destroy(): void }): Promise<string> {
+  const limit = 4096;
+  let text = "";
+  try {
+    for await (const piece of body) {
+      text += piece.toString("utf8", 0, Math.min(piece.byteLength, limit - text.length));
+      if (text.length >= limit) break;
+    }
+  } catch {
+    // a broken error body still leaves the status to report
+  } finally {
+    body.destroy();
+  }
+  return text;
+}
+
 function networkError(loc: ChunkLocation, err: unknown): TransportError {
   const e = err as { code?: string; cause?: { code?: string }; message?: string };
   const code = e.code ?? e.cause?.code;
   if (code && NETWORK_ERRORS.has(code)) {
-    return new TransportError("unreachable", `${describe(loc)}: cannot reach ${loc.ownerBaseUrl} (${code})`, undefined, { cause: err });
+    return new TransportError("unreachable", `${chunkLabel(loc)}: cannot reach ${loc.ownerBaseUrl} (${code})`, undefined, { cause: err });
   }
-  return new TransportError("io_error", `${describe(loc)}: ${e.message ?? String(err)}`, undefined, { cause: err });
+  return new TransportError("io_error", `${chunkLabel(loc)}: ${e.message ?? String(err)}`, undefined, { cause: err });
 }
 
 function statusError(loc: ChunkLocation, status: number, body: string): TransportError {
@@ -123,5 +139,5 @@ function statusError(loc: ChunkLocation, status: number, body: string): Transpor
   } catch {
     // not JSON: keep the text
   }
-  return new TransportError(STATUS_CODES[status] ?? "bad_response", `${describe(loc)}: owner answered ${status}: ${detail}`, status);
+  return new TransportError(STATUS_CODES[status] ?? "bad_response", `${chunkLabel(loc)}: owner answered ${status}: ${detail}`, status);
 }

@@ -1,20 +1,20 @@
 // Validation and deadline handling shared by the transports.
-import { TransportError, describe } from "./errors.ts";
+import { SHARD_ID_PATTERN } from "../kv/shard.ts";
+import { TransportError, chunkLabel } from "./errors.ts";
 import type { ChunkLocation, ReadChunkOptions } from "./types.ts";
 
-const SHARD_ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 // Any real wall-clock deadline is after 2001; a smaller number is a duration passed by mistake.
 const EARLIEST_DEADLINE = 1e12;
 
 export function checkReadArgs(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): void {
   const bad = (what: string) => new TransportError("invalid_request", `cannot read chunk: ${what}`);
   if (typeof loc !== "object" || loc === null) throw bad("no location");
-  if (typeof loc.shardId !== "string" || !SHARD_ID.test(loc.shardId)) throw bad(`bad shard id ${JSON.stringify(loc.shardId)}`);
+  if (typeof loc.shardId !== "string" || !SHARD_ID_PATTERN.test(loc.shardId)) throw bad(`bad shard id ${JSON.stringify(loc.shardId)}`);
   if (!Number.isInteger(loc.epoch) || loc.epoch < 1) throw bad(`bad epoch ${loc.epoch}`);
   if (!Number.isSafeInteger(loc.offset) || loc.offset < 0) throw bad(`bad offset ${loc.offset}`);
   if (!Number.isSafeInteger(loc.length) || loc.length < 1) throw bad(`bad length ${loc.length}`);
   if (!(into instanceof Uint8Array)) throw bad("the target must be a Uint8Array");
-  if (into.byteLength < loc.length) throw bad(`${describe(loc)} does not fit a ${into.byteLength}-byte buffer`);
+  if (into.byteLength < loc.length) throw bad(`${chunkLabel(loc)} does not fit a ${into.byteLength}-byte buffer`);
   if (!Number.isFinite(opts?.deadlineMs)) throw bad("deadlineMs is required");
   if (opts.deadlineMs < EARLIEST_DEADLINE) {
     throw bad(`deadlineMs ${opts.deadlineMs} looks like a duration; pass Date.now() + ms`);
@@ -30,8 +30,8 @@ export async function withDeadline<T>(
   opts: ReadChunkOptions,
   read: (signal: AbortSignal) => Promise<T>,
 ): Promise<T> {
-  const deadlineError = () => new TransportError("deadline_exceeded", `${describe(loc)}: deadline exceeded`);
-  const abortError = () => new TransportError("aborted", `${describe(loc)}: aborted by the caller`);
+  const deadlineError = () => new TransportError("deadline_exceeded", `${chunkLabel(loc)}: deadline exceeded`);
+  const abortError = () => new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
   if (opts.signal?.aborted) throw abortError();
   const remaining = opts.deadlineMs - Date.now();
   if (remaining <= 0) throw deadlineError();

@@ -4,7 +4,7 @@
 import { open, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import { parseShardFileName } from "../kv/shard.ts";
-import { TransportError, describe } from "./errors.ts";
+import { TransportError, chunkLabel } from "./errors.ts";
 import { checkReadArgs, withDeadline } from "./read-checks.ts";
 import type { ChunkLocation, KvTransport, ReadChunkOptions } from "./types.ts";
 
@@ -48,13 +48,13 @@ export class ShmTransport implements KvTransport {
           throw staleEpoch(loc);
         }
         if (loc.offset + loc.length > st.size) {
-          throw new TransportError("out_of_range", `${describe(loc)} lies outside the ${st.size}-byte shard`);
+          throw new TransportError("out_of_range", `${chunkLabel(loc)} lies outside the ${st.size}-byte shard`);
         }
         let done = 0;
         while (done < loc.length && !signal.aborted) {
           const n = Math.min(this.pieceBytes, loc.length - done);
           const { bytesRead } = await file.read(into, done, n, loc.offset + done);
-          if (bytesRead === 0) throw new TransportError("short_read", `${describe(loc)}: file ended after ${done} bytes`);
+          if (bytesRead === 0) throw new TransportError("short_read", `${chunkLabel(loc)}: file ended after ${done} bytes`);
           done += bytesRead;
         }
         return done;
@@ -74,7 +74,7 @@ export class ShmTransport implements KvTransport {
     const file = path.resolve(loc.shardPath ?? "");
     const parsed = parseShardFileName(path.basename(file));
     if (!this.allowedDirs.includes(path.dirname(file)) || !parsed || parsed.shardId !== loc.shardId) {
-      throw new TransportError("invalid_request", `${describe(loc)}: ${loc.shardPath} is not a shard file of ${loc.shardId} in an allowed directory`);
+      throw new TransportError("invalid_request", `${chunkLabel(loc)}: ${loc.shardPath} is not a shard file of ${loc.shardId} in an allowed directory`);
     }
     if (parsed.epoch !== loc.epoch) throw staleEpoch(loc);
   }
@@ -122,10 +122,10 @@ async function openedOrThrow(entry: OpenFile, loc: ChunkLocation): Promise<FileH
   } catch (err) {
     const code = (err as NodeJS.ErrnoException).code;
     if (code === "ENOENT") throw staleEpoch(loc);
-    throw new TransportError("io_error", `${describe(loc)}: cannot open ${loc.shardPath}: ${code ?? err}`, undefined, { cause: err });
+    throw new TransportError("io_error", `${chunkLabel(loc)}: cannot open ${loc.shardPath}: ${code ?? err}`, undefined, { cause: err });
   }
 }
 
 function staleEpoch(loc: ChunkLocation): TransportError {
-  return new TransportError("stale_epoch", `${describe(loc)}: the shard's epoch ${loc.epoch} is gone (its owner restarted)`);
+  return new TransportError("stale_epoch", `${chunkLabel(loc)}: the shard's epoch ${loc.epoch} is gone (its owner restarted)`);
 }
