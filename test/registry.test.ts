@@ -304,6 +304,21 @@ describe.each(backends)("registry on $name", (backend) => {
       expect(freed.map((f) => [f.id, f.offset])).toEqual([[a.chunk.id, 0]]);
     });
 
+    it("reuse holds the chunk for at least the write lease; an expired chunk is rewritten, not reused", async () => {
+      const id = await readyChunk({}, 10_000); // retained until T0 + 10 s
+      clock.advance(5_000);
+      const reuse = await reg.chunks.begin(chunkInput({ requestId: "req-b", writeLeaseMs: 30_000 }));
+      expect(reuse.chunk.leaseExpiresAt.getTime()).toBe(T0 + 35_000);
+
+      clock.advance(31_000);
+      const rewrite = await reg.chunks.begin(chunkInput({ requestId: "req-c", offset: 4096 }));
+      expect(rewrite.status).toBe("write");
+      expect(rewrite.chunk.id).not.toBe(id);
+      expect((await reg.chunks.get(id))?.state).toBe("released");
+      const { freed } = await reg.chunks.reapExpired({ shardId: "prefill-a", epoch: 1 });
+      expect(freed.map((f) => f.id)).toEqual([id]);
+    });
+
     it("validates chunk input", async () => {
       const bad: [Partial<BeginChunkInput>, RegExp][] = [
         [{ key: "xyz" }, /key/],

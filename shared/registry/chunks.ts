@@ -31,7 +31,7 @@ const BeginChunkInput = z
     dtype: z.enum(["f16", "f32"]),
     layoutVersion: z.number().int().min(1).max(32_767),
     modelFingerprint: hex64,
-    /** How long the writer may take before the reaper may reclaim the chunk. */
+    /** How long the writer may take before the reaper may reclaim the chunk; on reuse, how long the live chunk is held at least. */
     writeLeaseMs: positiveMs,
   })
   .refine((c) => c.tokenEnd > c.tokenStart, { message: "tokenEnd must be greater than tokenStart", path: ["tokenEnd"] });
@@ -136,6 +136,11 @@ export class ChunkStore {
       .where(and(eq(chunks.key, c.key), inArray(chunks.state, LIVE)))
       .for("update");
     if (!live) return null;
+    if (live.leaseExpiresAt <= now) {
+      // Expired but not reaped yet: as good as gone. Release it so the next attempt writes anew.
+      await tx.update(chunks).set({ state: "released", readerCount: 0, updatedAt: now }).where(eq(chunks.id, live.id));
+      return null;
+    }
     if (live.state === "writing") return { status: "in_progress", chunk: live };
     assertSameContent(live, c);
     const [ref] = await tx
@@ -143,10 +148,13 @@ export class ChunkStore {
       .values({ chunkId: live.id, requestId: c.requestId })
       .onConflictDoNothing()
       .returning();
-    if (!ref) return { status: "reuse", chunk: live };
     const [held] = await tx
       .update(chunks)
-      .set({ refCount: sql`${chunks.refCount} + 1`, updatedAt: now })
+      .set({
+        refCount: sql`${chunks.refCount} + ${ref ? 1 : 0}`,
+        leaseExpiresAt: laterOf(addMs(now, c.writeLeaseMs)),
+        updatedAt: now,
+      })
       .where(eq(chunks.id, live.id))
       .returning();
     return { status: "reuse", chunk: held! };

@@ -57,6 +57,7 @@ export class HttpTransport implements KvTransport {
       let received = 0;
       try {
         for await (const piece of res.body as AsyncIterable<Buffer>) {
+          if (signal.aborted) throw signal.reason; // a piece already queued when the deadline fired
           if (received + piece.byteLength > loc.length) {
             throw new TransportError("bad_response", `${chunkLabel(loc)}: the owner sent more than ${loc.length} bytes`, 200);
           }
