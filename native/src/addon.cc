@@ -178,6 +178,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceAccessor<&NativeSequence::Capacity>("capacity"),
                                     InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"),
                                     InstanceMethod<&NativeSequence::Truncate>("truncate"),
+                                    InstanceMethod<&NativeSequence::Release>("release"),
                                     InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeSequence", f);
@@ -205,6 +206,13 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     if (n != static_cast<int>(n) || n < 0 || n > seq_->n_past())
       throw Napi::RangeError::New(env, "truncate: n must be an integer in [0, nPast]");
     seq_->kv.set_size(static_cast<int>(n));
+    return env.Undefined();
+  }
+  // release(): frees the cache's memory now instead of at garbage collection.
+  Napi::Value Release(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    seq_->kv.release();
     return env.Undefined();
   }
   // kvBuffer(): the whole cache as one external ArrayBuffer, no copy. Layer l's K starts at
@@ -244,6 +252,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     Napi::Object o = info.Length() > 1 && info[1].IsObject() ? info[1].As<Napi::Object>() : Napi::Object::New(env);
     EngineOptions opts;
     opts.n_threads = int_option(o, "threads", 1, 1, 256);
+    opts.n_threads_decode = int_option(o, "decodeThreads", 1, 1, 256);
     opts.ubatch = int_option(o, "ubatch", 512, 1, 8192);
     opts.max_context = int_option(o, "maxContext", 0, 0, 1 << 22);
     try {
@@ -259,6 +268,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     Napi::Object o = Napi::Object::New(info.Env());
     o.Set("kernels", engine_->kernels().name);
     o.Set("threads", engine_->options().n_threads);
+    o.Set("decodeThreads", engine_->options().n_threads_decode);
     o.Set("ubatch", engine_->options().ubatch);
     o.Set("maxContext", engine_->max_context());
     return o;

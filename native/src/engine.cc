@@ -21,6 +21,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
     : model_(std::move(model)), opts_(opts), k_(select_kernels()), pool_(opts.n_threads) {
   const ModelConfig& c = model_->config();
   if (opts_.n_threads < 1 || opts_.n_threads > 256) throw std::invalid_argument("engine: threads must be 1..256");
+  if (opts_.n_threads_decode != 1 && opts_.n_threads_decode != opts_.n_threads)
+    throw std::invalid_argument("engine: decode threads must be 1 or equal to threads");
   if (opts_.ubatch < 1 || opts_.ubatch > 8192) throw std::invalid_argument("engine: ubatch must be 1..8192");
   max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
   if (max_ctx_ > (1 << 22)) throw std::invalid_argument("engine: max_context too large");
@@ -44,7 +46,14 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   logits_x_.resize(kLogitRows * E);
   logits_buf_.resize(static_cast<size_t>(kLogitRows) * c.n_vocab);
   const int group = c.n_head / c.n_head_kv;
-  scores_.assign(pool_.size(), std::vector<float>(static_cast<size_t>(group) * max_ctx_));
+  attn_scratch_.resize(pool_.size());
+  for (auto& sc : attn_scratch_) {
+    sc.q.resize(static_cast<size_t>(kQueryBlock) * c.n_head * c.head_dim);
+    sc.out.resize(sc.q.size());
+    sc.kv.resize(static_cast<size_t>(kKeyBlock) * c.kv_dim());
+    sc.scores.resize(static_cast<size_t>(kQueryBlock) * c.n_head * max_ctx_);
+  }
+  qblocks_.reserve(opts_.ubatch);
 
   // RoPE table computed the way ggml does (theta multiplied by base^(-2/d) per pair, in float)
   // so positions match llama.cpp bit for bit.
@@ -109,12 +118,12 @@ void Engine::forward(const std::vector<BatchItem>& items_in) {
 }
 
 void Engine::for_tokens(int n, FunctionRef<void(int)> fn) {
-  if (n < 8 || pool_.size() == 1) {
+  if (n < 8 || pool_.size() == 1 || single_thread_) {
     for (int t = 0; t < n; ++t) fn(t);
     return;
   }
   const int chunk = (n + pool_.size() * 4 - 1) / (pool_.size() * 4);
-  pool_.parallel_for((n + chunk - 1) / chunk, [&](int task, int) {
+  parallel((n + chunk - 1) / chunk, [&](int task, int) {
     for (int t = task * chunk; t < std::min(n, (task + 1) * chunk); ++t) fn(t);
   });
 }
@@ -173,7 +182,7 @@ void Engine::matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, 
     const int chunk = (groups + per_job - 1) / per_job * kRowGroup;
     for (int r = 0; r < rows; r += chunk) tasks[n_tasks++] = {&j, r, std::min(chunk, rows - r)};
   }
-  pool_.parallel_for(n_tasks, [&](int ti, int) {
+  parallel(n_tasks, [&](int ti, int) {
     const Task& t = tasks[ti];
     const Weight& w = *t.job->w;
     float* y = t.job->y + t.r0;
@@ -208,31 +217,61 @@ void Engine::rope(float* x, int n_heads, const int* pos, int n) {
 }
 
 // Causal attention of every token in the micro-batch over its sequence's cache (which already
-// holds this micro-batch's K/V). One task per (token, KV head): the query heads of a group
-// share each K/V row read.
+// holds this micro-batch's K/V). A task is a block of up to kQueryBlock consecutive tokens of one
+// sequence and a range of KV heads. Each block of keys is read from the cache once, as whole
+// rows (every head of a token is contiguous, so the read streams), widened to f32, and shared by
+// all query heads of the task. Scores are kept whole per row, so the softmax is exact.
 void Engine::attention(int layer, const std::vector<Slice>& slices, int n) {
   const ModelConfig& c = config();
   const int d = c.head_dim, hkv = c.n_head_kv, group = c.n_head / hkv, kv_dim = c.kv_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  pool_.parallel_for(n * hkv, [&](int task, int thread) {
-    const int t = task / hkv, g = task % hkv;
-    KvCache& kv = slices[token_seq_[t]].item->seq->kv;
-    const int n_keys = pos_[t] + 1;
-    float* scores = scores_[thread].data();
-    const float* q = &q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
-    k_.attn_scores(q, group, kv.k(layer) + g * d, kv_dim, n_keys, d, scale, scores);
-    float inv[16];
-    for (int h = 0; h < group; ++h) {
-      float* row = scores + static_cast<size_t>(h) * n_keys;
-      float mx = row[0];
-      for (int j = 1; j < n_keys; ++j) mx = std::max(mx, row[j]);
-      inv[h] = 1.0f / k_.exp_sum(row, n_keys, mx);
+  (void)n;
+  // Few query blocks (a single decoding sequence): split by head so every thread has work.
+  const int head_tasks = single_thread_ || static_cast<int>(qblocks_.size()) >= 2 * pool_.size() ? 1 : hkv;
+  const int heads_per_task = hkv / head_tasks;
+  parallel(static_cast<int>(qblocks_.size()) * head_tasks, [&](int task, int thread) {
+    const QueryBlock& qb = qblocks_[task / head_tasks];
+    const int h0 = (task % head_tasks) * heads_per_task, width = heads_per_task * d;
+    KvCache& kv = slices[qb.slice].item->seq->kv;
+    AttnScratch& sc = attn_scratch_[thread];
+    const int n_tok = qb.t_end - qb.t_begin, nq = n_tok * group;  // query rows per KV head
+    const int n_keys = pos_[qb.t_end - 1] + 1;
+    const size_t lds = static_cast<size_t>(n_keys);
+    auto q_rows = [&](int gl) { return &sc.q[static_cast<size_t>(gl) * nq * d]; };
+    auto s_rows = [&](int gl) { return &sc.scores[static_cast<size_t>(gl) * nq * lds]; };
+    auto o_rows = [&](int gl) { return &sc.out[static_cast<size_t>(gl) * nq * d]; };
+    for (int gl = 0; gl < heads_per_task; ++gl)
+      for (int t = 0; t < n_tok; ++t)
+        std::memcpy(q_rows(gl) + static_cast<size_t>(t) * group * d,
+                    &q_[static_cast<size_t>(qb.t_begin + t) * c.n_embd + static_cast<size_t>(h0 + gl) * group * d],
+                    sizeof(float) * group * d);
+    for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+      const int nk = std::min(kKeyBlock, n_keys - k0);
+      k_.kv_to_f32(kv.k(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+      for (int gl = 0; gl < heads_per_task; ++gl)
+        k_.attn_scores(q_rows(gl), nq, sc.kv.data() + gl * d, width, nk, d, scale, s_rows(gl) + k0, lds);
     }
-    float* out = &attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
-    std::fill(out, out + group * d, 0.f);
-    k_.attn_values(scores, group, kv.v(layer) + g * d, kv_dim, n_keys, d, out);
-    for (int h = 0; h < group; ++h)
-      for (int i = 0; i < d; ++i) out[h * d + i] *= inv[h];
+    for (int gl = 0; gl < heads_per_task; ++gl)
+      for (int r = 0; r < nq; ++r) {
+        float* row = s_rows(gl) + r * lds;
+        const int valid = pos_[qb.t_begin + r / group] + 1;  // causal: keys up to the token itself
+        float mx = row[0];
+        for (int j = 1; j < valid; ++j) mx = std::max(mx, row[j]);
+        const float inv = 1.0f / k_.exp_sum(row, valid, mx);
+        for (int j = 0; j < valid; ++j) row[j] *= inv;
+        std::fill(row + valid, row + n_keys, 0.f);
+      }
+    std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(heads_per_task) * nq * d, 0.f);
+    for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+      const int nk = std::min(kKeyBlock, n_keys - k0);
+      k_.kv_to_f32(kv.v(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+      for (int gl = 0; gl < heads_per_task; ++gl)
+        k_.attn_values(s_rows(gl) + k0, lds, nq, sc.kv.data() + gl * d, width, nk, d, o_rows(gl));
+    }
+    for (int gl = 0; gl < heads_per_task; ++gl)
+      for (int t = 0; t < n_tok; ++t)
+        std::memcpy(&attn_[static_cast<size_t>(qb.t_begin + t) * c.n_embd + static_cast<size_t>(h0 + gl) * group * d],
+                    o_rows(gl) + static_cast<size_t>(t) * group * d, sizeof(float) * group * d);
   });
 }
 
@@ -240,8 +279,15 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
   const ModelConfig& c = config();
   const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
   int n = 0;
-  for (size_t s = 0; s < slices.size(); ++s)
+  for (const Slice& s : slices) n += s.count;
+  single_thread_ = n <= kSmallBatch && opts_.n_threads_decode == 1;
+  n = 0;
+  qblocks_.clear();
+  for (size_t s = 0; s < slices.size(); ++s) {
+    for (int i = 0; i < slices[s].count; i += kQueryBlock)
+      qblocks_.push_back({static_cast<int>(s), n + i, n + std::min(slices[s].count, i + kQueryBlock)});
     for (int i = 0; i < slices[s].count; ++i) token_seq_[n++] = static_cast<int>(s);
+  }
   embed(slices, n);
 
   for (int l = 0; l < c.n_layer; ++l) {

@@ -16,6 +16,9 @@ namespace ctx {
 
 struct EngineOptions {
   int n_threads = 1;
+  // Threads for micro-batches of at most kSmallBatch tokens (decode steps). One thread is often
+  // fastest for a memory-bound step on a small machine: no barriers, no cross-core traffic.
+  int n_threads_decode = 1;
   int ubatch = 512;       // tokens per micro-batch (bounds the scratch memory)
   int max_context = 0;    // longest sequence the engine accepts; 0 = the model's trained context
 };
@@ -61,12 +64,14 @@ class Engine {
   void rope(float* x, int n_heads, const int* pos, int n);
   void attention(int layer, const std::vector<Slice>& slices, int n);
   void for_tokens(int n, FunctionRef<void(int)> fn);
+  void parallel(int n_tasks, FunctionRef<void(int, int)> fn) { pool_.parallel_for(n_tasks, fn, single_thread_); }
 
   std::shared_ptr<const Model> model_;
   EngineOptions opts_;
   int max_ctx_;
   const KernelTable& k_;
   ThreadPool pool_;
+  bool single_thread_ = false;  // this micro-batch runs on the calling thread only
 
   // Scratch, sized once for a micro-batch.
   std::vector<float> x_, xn_, q_, kc_, vc_, attn_, gate_, up_, rope_cos_, rope_sin_;
@@ -75,7 +80,14 @@ class Engine {
   std::vector<int32_t> act_isum_;
   ActQ8 act_;
   std::vector<int> pos_, token_seq_;
-  std::vector<std::vector<float>> scores_;  // per thread: [group][max_context]
+  // Attention works on blocks of query tokens against blocks of keys.
+  static constexpr int kSmallBatch = 4;  // micro-batches this small run on n_threads_decode
+  static constexpr int kQueryBlock = 16;
+  static constexpr int kKeyBlock = 64;
+  struct QueryBlock { int slice, t_begin, t_end; };
+  struct AttnScratch { std::vector<float> q, out, kv, scores; };  // per thread
+  std::vector<QueryBlock> qblocks_;
+  std::vector<AttnScratch> attn_scratch_;
   std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]
   std::vector<Slice> slices_;
   std::vector<std::pair<int, float*>> wanted_;

@@ -50,13 +50,14 @@ struct KernelTable {
   void (*gemm_f32)(const GemmF32Args&);
   void (*gemm_f16)(const GemmF32Args&);
   void (*gemm_bf16)(const GemmF32Args&);
-  // Attention over an f16 cache. scores[g * n + j] = dot(q[g], K row j) * scale for the g < n_q
-  // query heads that share one KV head; rows are k_stride elements apart.
-  void (*attn_scores)(const float* q, int n_q, const uint16_t* k, size_t k_stride, int n, int d,
-                      float scale, float* scores);
-  // out[g] += sum_j p[g * n + j] * V row j.
-  void (*attn_values)(const float* p, int n_q, const uint16_t* v, size_t v_stride, int n, int d,
-                      float* out);
+  // Attention, one block of keys at a time (the engine tiles over the cache). kv_to_f32 widens
+  // n f16 rows, `stride` elements apart and `width` wide, into dst as [n][width].
+  void (*kv_to_f32)(const uint16_t* src, size_t stride, int n, int width, float* dst);
+  // s[i * lds + j] = dot(q[i], k[j]) * scale for i < nq, j < nk; q is [nq][d], key j at k + j*ldk.
+  void (*attn_scores)(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s,
+                      size_t lds);
+  // out[i] += sum_j p[i * ldp + j] * v[j] for i < nq, j < nk; value j at v + j*ldv, out is [nq][d].
+  void (*attn_values)(const float* p, size_t ldp, int nq, const float* v, size_t ldv, int nk, int d, float* out);
   // x[i] = exp(x[i] - max), returns the sum.
   float (*exp_sum)(float* x, int n, float max);
   void (*f32_to_f16)(const float* x, uint16_t* y, int n);

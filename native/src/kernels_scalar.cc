@@ -105,26 +105,27 @@ void gemm_bf16(const GemmF32Args& a) {
   gemm_float_generic(a, [](const uint8_t* w, int j) { return bf16_to_fp32(reinterpret_cast<const uint16_t*>(w)[j]); });
 }
 
-void attn_scores(const float* q, int n_q, const uint16_t* k, size_t k_stride, int n, int d, float scale,
-                 float* scores) {
-  for (int j = 0; j < n; ++j) {
-    const uint16_t* kr = k + j * k_stride;
-    for (int g = 0; g < n_q; ++g) {
-      float acc = 0;
-      for (int i = 0; i < d; ++i) acc += q[g * d + i] * fp16_to_fp32(kr[i]);
-      scores[static_cast<size_t>(g) * n + j] = acc * scale;
-    }
-  }
+void kv_to_f32(const uint16_t* src, size_t stride, int n, int width, float* dst) {
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < width; ++i) dst[static_cast<size_t>(j) * width + i] = fp16_to_fp32(src[j * stride + i]);
 }
 
-void attn_values(const float* p, int n_q, const uint16_t* v, size_t v_stride, int n, int d, float* out) {
-  for (int j = 0; j < n; ++j) {
-    const uint16_t* vr = v + j * v_stride;
-    for (int g = 0; g < n_q; ++g) {
-      const float pj = p[static_cast<size_t>(g) * n + j];
-      for (int i = 0; i < d; ++i) out[g * d + i] += pj * fp16_to_fp32(vr[i]);
+void attn_scores(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s,
+                 size_t lds) {
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0; j < nk; ++j) {
+      float acc = 0;
+      for (int t = 0; t < d; ++t) acc += q[i * d + t] * k[j * ldk + t];
+      s[i * lds + j] = acc * scale;
     }
-  }
+}
+
+void attn_values(const float* p, size_t ldp, int nq, const float* v, size_t ldv, int nk, int d, float* out) {
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0; j < nk; ++j) {
+      const float pj = p[i * ldp + j];
+      for (int t = 0; t < d; ++t) out[i * d + t] += pj * v[j * ldv + t];
+    }
 }
 
 float exp_sum(float* x, int n, float max) {
@@ -142,7 +143,7 @@ void f32_to_f16(const float* x, uint16_t* y, int n) {
 
 const KernelTable kScalar = {
     "scalar", quantize_q8, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_f32, gemm_f16, gemm_bf16,
-    attn_scores, attn_values, exp_sum, f32_to_f16,
+    kv_to_f32, attn_scores, attn_values, exp_sum, f32_to_f16,
 };
 
 }  // namespace

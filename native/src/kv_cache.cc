@@ -21,6 +21,11 @@ KvCache::KvCache(int n_layer, int kv_dim, int capacity) : n_layer_(n_layer), kv_
 
 KvCache::~KvCache() { munmap(base_, bytes_); }
 
+void KvCache::release() {
+  madvise(base_, bytes_, MADV_DONTNEED);
+  size_ = 0;
+}
+
 void KvCache::set_size(int n) {
   if (n < 0 || n > capacity_) throw std::out_of_range("kv cache: size " + std::to_string(n) + " outside capacity " + std::to_string(capacity_));
   size_ = n;

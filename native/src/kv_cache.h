@@ -20,6 +20,9 @@ class KvCache {
   int capacity() const { return capacity_; }
   int size() const { return size_; }           // tokens whose KV is stored
   void set_size(int n);                        // after a forward pass or an import; <= capacity
+  // Returns the physical memory to the OS now; the mapping stays valid (reads see zeros), so
+  // views held elsewhere cannot fault. The cache is empty afterwards.
+  void release();
   size_t row_elems() const { return static_cast<size_t>(kv_dim_); }
 
   uint16_t* k(int layer, int token = 0) { return base_ + layer_offset(layer) + static_cast<size_t>(token) * kv_dim_; }

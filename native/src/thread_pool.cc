@@ -30,9 +30,9 @@ void ThreadPool::run_tasks(int thread) {
   }
 }
 
-void ThreadPool::parallel_for(int n_tasks, FunctionRef<void(int, int)> fn) {
+void ThreadPool::parallel_for(int n_tasks, FunctionRef<void(int, int)> fn, bool single_thread) {
   if (n_tasks <= 0) return;
-  if (n_threads_ == 1 || n_tasks == 1) {
+  if (single_thread || n_threads_ == 1 || n_tasks == 1) {
     for (int t = 0; t < n_tasks; ++t) fn(t, 0);
     return;
   }

@@ -22,8 +22,9 @@ class ThreadPool {
 
   int size() const { return n_threads_; }
   // Runs fn(task, thread) for every task in [0, n_tasks) and returns when all are done. Not
-  // reentrant: one parallel_for at a time (the engine thread is the only caller).
-  void parallel_for(int n_tasks, FunctionRef<void(int task, int thread)> fn);
+  // reentrant: one parallel_for at a time (the engine thread is the only caller). With
+  // single_thread the caller runs every task itself and the workers stay asleep.
+  void parallel_for(int n_tasks, FunctionRef<void(int task, int thread)> fn, bool single_thread = false);
 
  private:
   void worker_loop(int thread);

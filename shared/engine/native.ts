@@ -46,6 +46,8 @@ export interface NativeSequence {
   readonly capacity: number;
   readonly kvBytesUsed: number;
   truncate(n: number): void;
+  /** Frees the cache's memory now (the sequence is empty afterwards). */
+  release(): void;
   /** The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. */
   kvBuffer(): ArrayBuffer;
 }
@@ -58,13 +60,16 @@ export interface ForwardItem {
 }
 
 export interface EngineOptions {
+  /** Threads for prefill and large batches. */
   threads?: number;
+  /** 1 (default) or `threads`: threads for decode steps of up to 4 tokens. */
+  decodeThreads?: number;
   ubatch?: number;
   maxContext?: number;
 }
 
 export interface NativeEngine {
-  readonly info: { kernels: string; threads: number; ubatch: number; maxContext: number };
+  readonly info: { kernels: string; threads: number; decodeThreads: number; ubatch: number; maxContext: number };
   createSequence(capacity?: number): NativeSequence;
   forward(items: ForwardItem[]): Promise<void>;
 }
