@@ -179,6 +179,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"),
                                     InstanceMethod<&NativeSequence::Truncate>("truncate"),
                                     InstanceMethod<&NativeSequence::Release>("release"),
+                                    InstanceMethod<&NativeSequence::SetLength>("setLength"),
                                     InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeSequence", f);
@@ -205,6 +206,18 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     const double n = info[0].As<Napi::Number>().DoubleValue();
     if (n != static_cast<int>(n) || n < 0 || n > seq_->n_past())
       throw Napi::RangeError::New(env, "truncate: n must be an integer in [0, nPast]");
+    seq_->kv.set_size(static_cast<int>(n));
+    return env.Undefined();
+  }
+  // setLength(n): declares that the first n tokens' K/V have been written into kvBuffer() (a KV
+  // import from another process); decoding continues from position n.
+  Napi::Value SetLength(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "setLength(n) needs a number");
+    const double n = info[0].As<Napi::Number>().DoubleValue();
+    if (n != static_cast<int>(n) || n < 0 || n > seq_->kv.capacity())
+      throw Napi::RangeError::New(env, "setLength: n must be an integer in [0, capacity]");
     seq_->kv.set_size(static_cast<int>(n));
     return env.Undefined();
   }

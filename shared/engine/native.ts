@@ -46,6 +46,8 @@ export interface NativeSequence {
   readonly capacity: number;
   readonly kvBytesUsed: number;
   truncate(n: number): void;
+  /** Declares that the first n tokens' K/V were written into kvBuffer() (KV import). */
+  setLength(n: number): void;
   /** Frees the cache's memory now (the sequence is empty afterwards). */
   release(): void;
   /** The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. */
