@@ -32,7 +32,7 @@ using ctxtest::TinyLlama;
 
 constexpr TinyLlama kTiny = [] {
   TinyLlama c;
-  c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 128, c.n_layer = 2, c.n_vocab = 50, c.n_ctx = 128;
+  c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 128, c.n_layer = 2, c.n_vocab = 50, c.n_ctx = 256;
   c.rope_base = 100.f;  // a small base makes every RoPE pair rotate noticeably within 40 tokens
   return c;
 }();
@@ -213,16 +213,18 @@ std::vector<std::vector<double>> reference_forward(const Model& model, const std
 
 TEST(EngineReference, TinyF32ModelMatchesDoublePrecisionForward) {
   const Model& model = *models().tiny_f32;
-  const std::vector<int32_t> toks = prompt(40, kTiny.n_vocab, 3);
+  // 140 tokens: the engine's attention works in blocks of keys and of query tokens; this spans
+  // several of each, and the decode steps cross a key-block boundary (128).
+  const std::vector<int32_t> toks = prompt(140, kTiny.n_vocab, 3);
   const auto want = reference_forward(model, toks);
   Engine e(models().tiny_f32, {1, 512, 0});
-  Sequence seq(model.config(), 64);
-  // Prefill the first 30 tokens, then decode the rest one by one: both paths are checked.
+  Sequence seq(model.config(), 256);
+  // Prefill the first 125 tokens, then decode the rest one by one: both paths are checked.
   std::vector<std::vector<float>> got;
-  got.push_back(run(e, seq, std::vector<int32_t>(toks.begin(), toks.begin() + 30)));
-  for (int i = 30; i < 40; ++i) got.push_back(run(e, seq, {toks[i]}));
+  got.push_back(run(e, seq, std::vector<int32_t>(toks.begin(), toks.begin() + 125)));
+  for (int i = 125; i < 140; ++i) got.push_back(run(e, seq, {toks[i]}));
   for (size_t k = 0; k < got.size(); ++k) {
-    const auto& ref = want[29 + k];
+    const auto& ref = want[124 + k];
     double scale = 0, err = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
       scale = std::max(scale, std::fabs(ref[i]));
@@ -230,7 +232,7 @@ TEST(EngineReference, TinyF32ModelMatchesDoublePrecisionForward) {
     }
     // Float vs double arithmetic only (K/V are f16 in both): measured <= 1.2e-6 of the scale;
     // a wrong RoPE pairing, head mapping or mask is off by O(scale).
-    EXPECT_LT(err, 2e-5 * scale) << "logits after token " << 29 + k << " (scale " << scale << ")";
+    EXPECT_LT(err, 2e-5 * scale) << "logits after token " << 124 + k << " (scale " << scale << ")";
   }
 }
 
@@ -258,28 +260,28 @@ class EngineConsistency : public ::testing::TestWithParam<std::string> {
 // (norms, activation quantization, GEMM rows, attention over the cache) is independent of
 // which other tokens share its batch. So the results are expected to be bit-identical.
 TEST_P(EngineConsistency, ChunkingDoesNotChangeLogits) {
-  const auto toks = prompt(40, cfg().n_vocab, 1);
+  const auto toks = prompt(150, cfg().n_vocab, 1);  // several query and key blocks
   auto e = engine(1), e7 = engine(2, 7);  // also differs in threads: both must not matter
-  Sequence one(cfg(), 64), chunked(cfg(), 64), ub7(cfg(), 64);
+  Sequence one(cfg(), 256), chunked(cfg(), 256), ub7(cfg(), 256);
   const auto l_one = run(*e, one, toks);
-  const auto l_chunked = run(*e, chunked, toks, {13, 1, 26});
+  const auto l_chunked = run(*e, chunked, toks, {13, 1, 70, 66});
   const auto l_ub7 = run(*e7, ub7, toks);
-  EXPECT_EQ(one.n_past(), 40);
-  EXPECT_EQ(chunked.n_past(), 40);
-  EXPECT_EQ(ub7.n_past(), 40);
+  EXPECT_EQ(one.n_past(), 150);
+  EXPECT_EQ(chunked.n_past(), 150);
+  EXPECT_EQ(ub7.n_past(), 150);
   EXPECT_EQ(max_diff(l_one, l_chunked), 0.f) << "scale " << max_abs(l_one);
   EXPECT_EQ(max_diff(l_one, l_ub7), 0.f) << "scale " << max_abs(l_one);
-  EXPECT_TRUE(SameKv(one, chunked, 40));
-  EXPECT_TRUE(SameKv(one, ub7, 40));
+  EXPECT_TRUE(SameKv(one, chunked, 150));
+  EXPECT_TRUE(SameKv(one, ub7, 150));
 }
 
 TEST_P(EngineConsistency, BatchedDecodeEqualsSingleDecode) {
   auto e = engine(2);
-  const int lens[3] = {5, 17, 30};
+  const int lens[3] = {5, 17, 130};
   std::vector<std::unique_ptr<Sequence>> batched, alone;
   for (int i = 0; i < 3; ++i) {
-    batched.push_back(std::make_unique<Sequence>(cfg(), 64));
-    alone.push_back(std::make_unique<Sequence>(cfg(), 64));
+    batched.push_back(std::make_unique<Sequence>(cfg(), 256));
+    alone.push_back(std::make_unique<Sequence>(cfg(), 256));
     run(*e, *batched[i], prompt(lens[i], cfg().n_vocab, 10 + i));
     run(*e, *alone[i], prompt(lens[i], cfg().n_vocab, 10 + i));
   }
@@ -321,12 +323,12 @@ TEST_P(EngineConsistency, MixedPrefillAndDecodeBatch) {
 }
 
 TEST_P(EngineConsistency, ThreadCountDoesNotChangeLogits) {
-  const auto toks = prompt(33, cfg().n_vocab, 2);
+  const auto toks = prompt(100, cfg().n_vocab, 2);
   auto e1 = engine(1), e2 = engine(2);
-  Sequence s1(cfg(), 64), s2(cfg(), 64);
+  Sequence s1(cfg(), 256), s2(cfg(), 256);
   const auto l1 = run(*e1, s1, toks), l2 = run(*e2, s2, toks);
   EXPECT_EQ(max_diff(l1, l2), 0.f) << "scale " << max_abs(l1);
-  EXPECT_TRUE(SameKv(s1, s2, 33));
+  EXPECT_TRUE(SameKv(s1, s2, 100));
   const int32_t t = 9;
   EXPECT_EQ(max_diff(run(*e1, s1, {t}), run(*e2, s2, {t})), 0.f);
 }
