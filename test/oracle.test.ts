@@ -55,9 +55,9 @@ interface OracleRun {
   stepLogits: Float32Array[]; // llama.cpp's logits before each greedy token
 }
 
-async function runOracle(text: string): Promise<OracleRun> {
+async function runOracle(text: string, kvType: "F32" | "F16" = "F32"): Promise<OracleRun> {
   const ids = Array.from(oracle.tokenize(text, true)) as number[];
-  const ctx = await oracleContext(oracle, { contextSize: ids.length + STEPS + 16 });
+  const ctx = await oracleContext(oracle, { contextSize: ids.length + STEPS + 16, kvType });
   try {
     const seq = ctx.getSequence();
     const nVocab = ours.config.nVocab;
@@ -130,6 +130,28 @@ describe("engine vs llama.cpp (same GGUF, f32-KV oracle)", () => {
         `[oracle] ${name}: ${ref.ids.length} prompt tokens; prefill max|dlogit| ${maxDiff.toFixed(3)}, ` +
           `mean ${meanDiff.toFixed(4)}, KL ${kl.toExponential(2)}; teacher-forced top-1 ${agree}/${STEPS} ` +
           `(${ties} ties), worst KL ${worstKl.toExponential(2)}; free-running identical for ${firstDivergence}/${STEPS}`,
+      );
+    });
+  }
+});
+
+// The tolerances above are not arbitrary: llama.cpp disagrees with itself by as much when only
+// its KV cache precision changes. This checks its f16 cache against its f32 cache under the
+// same rules, so the rules are no stricter for llama.cpp than for us.
+describe("noise floor: llama.cpp f16 KV vs its own f32 KV", () => {
+  for (const name of ["question", "document ~1K"]) {
+    it(name, async () => {
+      const ref = await runOracle(PROMPTS[name]!, "F32");
+      const f16 = await runOracle(PROMPTS[name]!, "F16");
+      const maxDiff = maxAbsDiff(f16.prefillLogits, ref.prefillLogits);
+      expect(argmax(f16.prefillLogits)).toBe(argmax(ref.prefillLogits));
+      expect(maxDiff).toBeLessThan(MAX_ABS_LOGIT_DIFF);
+      const firstDivergence = f16.greedy.findIndex((t, s) => t !== ref.greedy[s]);
+      if (firstDivergence >= 0) expect(top2Margin(ref.stepLogits[firstDivergence]!)).toBeLessThan(TIE_MARGIN);
+      console.log(
+        `[noise floor] ${name}: llama.cpp f16 vs f32 KV: prefill max|dlogit| ${maxDiff.toFixed(3)}, ` +
+          `mean ${meanAbsDiff(f16.prefillLogits, ref.prefillLogits).toFixed(4)}; free-running identical for ` +
+          `${firstDivergence < 0 ? STEPS : firstDivergence}/${STEPS}`,
       );
     });
   }

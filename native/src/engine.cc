@@ -54,6 +54,8 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
     sc.scores.resize(static_cast<size_t>(kQueryBlock) * c.n_head * max_ctx_);
   }
   qblocks_.reserve(opts_.ubatch);
+  slices_.reserve(opts_.ubatch);
+  wanted_.reserve(opts_.ubatch);
 
   // RoPE table computed the way ggml does (theta multiplied by base^(-2/d) per pair, in float)
   // so positions match llama.cpp bit for bit.
@@ -92,14 +94,13 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
   }
 }
 
-void Engine::forward(const std::vector<BatchItem>& items_in) {
-  validate(items_in);
-  std::vector<BatchItem> items = items_in;
+void Engine::forward(const std::vector<BatchItem>& items) {
+  validate(items);
   // Cut the batch into micro-batches of at most `ubatch` tokens; a long prompt spans several.
   std::vector<Slice>& slices = slices_;
   slices.clear();
   int filled = 0;
-  for (auto& it : items) {
+  for (const BatchItem& it : items) {
     const int base = it.seq->n_past();  // read before this item's first micro-batch runs
     int offset = 0;
     while (offset < it.n_tokens) {

@@ -50,10 +50,10 @@ class Engine {
 
   // Validates the whole batch first (token ids, capacity, duplicate sequences) and throws
   // std::invalid_argument before touching any KV.
-  void forward(const std::vector<BatchItem>& items);
+  void forward(const std::vector<BatchItem>& items);  // no allocation once warmed up
 
  private:
-  struct Slice { BatchItem* item; int offset, count, pos0; };
+  struct Slice { const BatchItem* item; int offset, count, pos0; };
   struct MatJob { const Weight* w; float* y; int ldy; };
   void validate(const std::vector<BatchItem>& items) const;
   void forward_ubatch(const std::vector<Slice>& slices);
