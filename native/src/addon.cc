@@ -180,6 +180,8 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceMethod<&NativeSequence::Truncate>("truncate"),
                                     InstanceMethod<&NativeSequence::Release>("release"),
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
+                                    InstanceMethod<&NativeSequence::SetPolicy>("setPolicy"),
+                                    InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
                                     InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeSequence", f);
@@ -187,8 +189,11 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   explicit NativeSequence(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeSequence>(info) {
     if (info.Length() != 1 || !info[0].IsExternal())
       throw Napi::TypeError::New(info.Env(), "NativeSequence is created by engine.createSequence()");
-    seq_ = *info[0].As<Napi::External<std::shared_ptr<Sequence>>>().Data();
+    auto* init = info[0].As<Napi::External<SequenceInit>>().Data();
+    seq_ = init->seq;
+    model_ = init->model;
   }
+  struct SequenceInit { std::shared_ptr<Sequence> seq; std::shared_ptr<const Model> model; };
   const std::shared_ptr<Sequence>& seq() const { return seq_; }
   bool busy = false;  // inside an in-flight forward(); JS thread only
 
@@ -207,6 +212,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     if (n != static_cast<int>(n) || n < 0 || n > seq_->n_past())
       throw Napi::RangeError::New(env, "truncate: n must be an integer in [0, nPast]");
     seq_->kv.set_size(static_cast<int>(n));
+    seq_->reset_policy_state();
     return env.Undefined();
   }
   // setLength(n): declares that the first n tokens' K/V have been written into kvBuffer() (a KV
@@ -219,13 +225,75 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     if (n != static_cast<int>(n) || n < 0 || n > seq_->kv.capacity())
       throw Napi::RangeError::New(env, "setLength: n must be an integer in [0, capacity]");
     seq_->kv.set_size(static_cast<int>(n));
+    seq_->reset_policy_state();
     return env.Undefined();
+  }
+  // setPolicy({ kind: "full" } | { kind: "omnikv", filterLayers, budget, selector?, guard?,
+  // lazyIou? }): how this sequence's decode steps attend. Validated against the model.
+  Napi::Value SetPolicy(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    if (info.Length() != 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "setPolicy(policy) needs an object");
+    Napi::Object o = info[0].As<Napi::Object>();
+    const Napi::Value kind = o.Get("kind");
+    if (!kind.IsString()) throw Napi::TypeError::New(env, "policy.kind must be a string");
+    const std::string k = kind.As<Napi::String>().Utf8Value();
+    try {
+      if (k == "full") {
+        seq_->policy = AttentionPolicy{};
+      } else if (k == "omnikv") {
+        OmniKvConfig cfg;
+        const Napi::Value fl = o.Get("filterLayers");
+        if (!fl.IsArray()) throw Napi::TypeError::New(env, "omnikv: filterLayers must be an array of layer indices");
+        const Napi::Array arr = fl.As<Napi::Array>();
+        for (uint32_t i = 0; i < arr.Length(); ++i) {
+          const Napi::Value v = arr.Get(i);
+          if (!v.IsNumber() || v.As<Napi::Number>().DoubleValue() != v.As<Napi::Number>().Int32Value())
+            throw Napi::TypeError::New(env, "omnikv: filterLayers must hold integers");
+          cfg.filter_layers.push_back(v.As<Napi::Number>().Int32Value());
+        }
+        cfg.budget = int_option(o, "budget", 1024, -(1 << 30), 1 << 30);
+        const Napi::Value sel = o.Get("selector");
+        if (!sel.IsUndefined() && (!sel.IsString() || !parse_selector(sel.As<Napi::String>().Utf8Value(), &cfg.selector)))
+          throw Napi::TypeError::New(env, "omnikv: unknown selector (supported: last, last_softmax)");
+        const Napi::Value guard = o.Get("guard");
+        if (!guard.IsUndefined()) {
+          if (!guard.IsBoolean()) throw Napi::TypeError::New(env, "omnikv: guard must be a boolean");
+          cfg.guard = guard.As<Napi::Boolean>().Value();
+        }
+        const Napi::Value lazy = o.Get("lazyIou");
+        if (!lazy.IsUndefined()) {
+          if (!lazy.IsNumber()) throw Napi::TypeError::New(env, "omnikv: lazyIou must be a number");
+          cfg.lazy_iou = lazy.As<Napi::Number>().FloatValue();
+        }
+        seq_->policy = AttentionPolicy::make_omnikv(cfg, model_->config());
+      } else {
+        throw Napi::TypeError::New(env, "policy.kind must be 'full' or 'omnikv'");
+      }
+    } catch (const std::invalid_argument& e) {
+      throw Napi::RangeError::New(env, e.what());
+    }
+    seq_->reset_policy_state();
+    return env.Undefined();
+  }
+  Napi::Value PolicyStats(const Napi::CallbackInfo& info) {
+    Napi::Object o = Napi::Object::New(info.Env());
+    const PolicyState& st = seq_->state;
+    o.Set("kind", seq_->policy.kind == AttentionPolicy::Kind::Full ? "full" : "omnikv");
+    o.Set("promptLength", st.prompt_len);
+    o.Set("selections", static_cast<double>(st.selections));
+    o.Set("lazyReuses", static_cast<double>(st.lazy_reuses));
+    Napi::Array sizes = Napi::Array::New(info.Env(), st.selected.size());
+    for (size_t i = 0; i < st.selected.size(); ++i) sizes.Set(static_cast<uint32_t>(i), static_cast<double>(st.selected[i].size()));
+    o.Set("selectedSizes", sizes);
+    return o;
   }
   // release(): frees the cache's memory now instead of at garbage collection.
   Napi::Value Release(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
     seq_->kv.release();
+    seq_->reset_policy_state();
     return env.Undefined();
   }
   // kvBuffer(): the whole cache as one external ArrayBuffer, no copy. Layer l's K starts at
@@ -243,6 +311,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   }
 
   std::shared_ptr<Sequence> seq_;
+  std::shared_ptr<const Model> model_;  // for validating policies against the model
   Napi::Reference<Napi::ArrayBuffer> kv_buffer_;
 };
 Napi::FunctionReference NativeSequence::ctor;
@@ -299,8 +368,8 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
       capacity = static_cast<int>(c);
     }
     try {
-      auto seq = std::make_shared<Sequence>(engine_->config(), capacity);
-      auto ext = Napi::External<std::shared_ptr<Sequence>>::New(env, &seq);
+      NativeSequence::SequenceInit init{std::make_shared<Sequence>(engine_->config(), capacity), engine_->model_ptr()};
+      auto ext = Napi::External<NativeSequence::SequenceInit>::New(env, &init);
       return NativeSequence::ctor.New({ext});
     } catch (const std::exception& e) {
       throw Napi::Error::New(env, e.what());

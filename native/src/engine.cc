@@ -8,6 +8,7 @@
 
 #include "dequant.h"
 #include "packed.h"
+#include "policy.h"
 
 namespace ctx {
 
@@ -45,7 +46,6 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   token_seq_.resize(U);
   logits_x_.resize(kLogitRows * E);
   logits_buf_.resize(static_cast<size_t>(kLogitRows) * c.n_vocab);
-  const int group = c.n_head / c.n_head_kv;
   attn_scratch_.resize(pool_.size());
   for (auto& sc : attn_scratch_) {
     sc.q.resize(static_cast<size_t>(kQueryBlock) * c.n_head * c.head_dim);
@@ -54,6 +54,10 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
     sc.scores.resize(static_cast<size_t>(kQueryBlock) * c.n_head * max_ctx_);
   }
   qblocks_.reserve(opts_.ubatch);
+  slice_keys_.reserve(opts_.ubatch);
+  sel_raw_.resize(static_cast<size_t>(c.n_head) * max_ctx_);
+  sel_rank_.resize(max_ctx_);
+  sel_new_.reserve(max_ctx_);
   slices_.reserve(opts_.ubatch);
   wanted_.reserve(opts_.ubatch);
 
@@ -236,7 +240,13 @@ void Engine::attention(int layer, const std::vector<Slice>& slices, int n) {
     KvCache& kv = slices[qb.slice].item->seq->kv;
     AttnScratch& sc = attn_scratch_[thread];
     const int n_tok = qb.t_end - qb.t_begin, nq = n_tok * group;  // query rows per KV head
-    const int n_keys = pos_[qb.t_end - 1] + 1;
+    // A sparse layer's key list (decode steps only, so every listed key is causal-valid).
+    const std::vector<int32_t>* keys = slice_keys_[qb.slice];
+    const int n_keys = keys ? static_cast<int>(keys->size()) : pos_[qb.t_end - 1] + 1;
+    auto widen = [&](const uint16_t* base, int k0, int nk) {
+      if (keys) k_.kv_gather_f32(base + h0 * d, kv_dim, keys->data() + k0, nk, width, sc.kv.data());
+      else k_.kv_to_f32(base + static_cast<size_t>(k0) * kv_dim + h0 * d, kv_dim, nk, width, sc.kv.data());
+    };
     const size_t lds = static_cast<size_t>(n_keys);
     auto q_rows = [&](int gl) { return &sc.q[static_cast<size_t>(gl) * nq * d]; };
     auto s_rows = [&](int gl) { return &sc.scores[static_cast<size_t>(gl) * nq * lds]; };
@@ -248,14 +258,14 @@ void Engine::attention(int layer, const std::vector<Slice>& slices, int n) {
                     sizeof(float) * group * d);
     for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
       const int nk = std::min(kKeyBlock, n_keys - k0);
-      k_.kv_to_f32(kv.k(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+      widen(kv.k(layer), k0, nk);
       for (int gl = 0; gl < heads_per_task; ++gl)
         k_.attn_scores(q_rows(gl), nq, sc.kv.data() + gl * d, width, nk, d, scale, s_rows(gl) + k0, lds);
     }
     for (int gl = 0; gl < heads_per_task; ++gl)
       for (int r = 0; r < nq; ++r) {
         float* row = s_rows(gl) + r * lds;
-        const int valid = pos_[qb.t_begin + r / group] + 1;  // causal: keys up to the token itself
+        const int valid = keys ? n_keys : pos_[qb.t_begin + r / group] + 1;  // causal: keys up to the token
         float mx = row[0];
         for (int j = 1; j < valid; ++j) mx = std::max(mx, row[j]);
         const float inv = 1.0f / k_.exp_sum(row, valid, mx);
@@ -265,7 +275,7 @@ void Engine::attention(int layer, const std::vector<Slice>& slices, int n) {
     std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(heads_per_task) * nq * d, 0.f);
     for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
       const int nk = std::min(kKeyBlock, n_keys - k0);
-      k_.kv_to_f32(kv.v(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+      widen(kv.v(layer), k0, nk);
       for (int gl = 0; gl < heads_per_task; ++gl)
         k_.attn_values(s_rows(gl) + k0, lds, nq, sc.kv.data() + gl * d, width, nk, d, o_rows(gl));
     }
@@ -276,11 +286,69 @@ void Engine::attention(int layer, const std::vector<Slice>& slices, int n) {
   });
 }
 
+// Sets slice_keys_ for `layer`: decode steps of sequences with a sparse policy run selection on
+// filter layers and attend to the selected prompt tokens plus every generated token on sparse
+// layers. Everything else attends to the whole cache.
+void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
+  slice_keys_.assign(slices.size(), nullptr);
+  int t = 0;
+  for (size_t i = 0; i < slices.size(); t += slices[i].count, ++i) {
+    const Slice& s = slices[i];
+    Sequence& seq = *s.item->seq;
+    if (!seq.policy.sparse_decode() || s.item->n_tokens != 1) continue;
+    PolicyState& st = seq.state;
+    if (st.prompt_len < 0) {
+      st.prompt_len = s.pos0;
+      st.selected.assign(seq.policy.omnikv.filter_layers.size(), {});
+    }
+    const LayerRole role = seq.policy.roles[layer];
+    if (role == LayerRole::Filter) {
+      const auto& f = seq.policy.omnikv.filter_layers;
+      select_tokens(layer, seq, t, st.selected[std::find(f.begin(), f.end(), layer) - f.begin()]);
+    } else if (role == LayerRole::Sparse) {
+      const std::vector<int32_t>& sel = st.selected[seq.policy.group[layer]];
+      st.keys.assign(sel.begin(), sel.end());
+      for (int p = st.prompt_len; p <= s.pos0; ++p) st.keys.push_back(p);  // generated: always attended
+      slice_keys_[i] = &st.keys;
+    }
+  }
+}
+
+// OmniKV selection on a filter layer: rank the prompt's tokens by the current query (every query
+// head, max over heads) and keep the top `budget`, ascending.
+void Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out) {
+  const ModelConfig& c = config();
+  const OmniKvConfig& cfg = seq.policy.omnikv;
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
+  const int n_cand = seq.state.prompt_len;
+  const int n_all = cfg.selector == Selector::Last ? n_cand : pos_[t] + 1;  // softmax needs every key
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  float* kbuf = attn_scratch_[0].kv.data();
+  for (int k0 = 0; k0 < n_all; k0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, n_all - k0);
+    k_.kv_to_f32(seq.kv.k(layer, k0), kv_dim, nk, kv_dim, kbuf);
+    for (int g = 0; g < c.n_head_kv; ++g)
+      k_.attn_scores(&q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], group, kbuf + g * d,
+                     kv_dim, nk, d, scale, &sel_raw_[static_cast<size_t>(g) * group * n_all + k0], n_all);
+  }
+  rank_candidates(cfg.selector, sel_raw_.data(), c.n_head, n_all, n_cand, sel_rank_.data());
+  top_k_sorted(sel_rank_.data(), n_cand, cfg.budget, sel_new_);
+  ++seq.state.selections;
+  if (cfg.lazy_iou > 0.f && !out.empty() && iou(sel_new_, out) > cfg.lazy_iou) {
+    ++seq.state.lazy_reuses;  // close enough to the last set: keep it, skip the reload
+    return;
+  }
+  out.swap(sel_new_);
+}
+
 void Engine::forward_ubatch(const std::vector<Slice>& slices) {
   const ModelConfig& c = config();
   const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
   int n = 0;
-  for (const Slice& s : slices) n += s.count;
+  for (const Slice& s : slices) {
+    n += s.count;
+    if (s.item->n_tokens > 1) s.item->seq->state.prompt_len = -1;  // new prompt tokens: re-pick candidates
+  }
   single_thread_ = n <= kSmallBatch && opts_.n_threads_decode == 1;
   n = 0;
   qblocks_.clear();
@@ -302,6 +370,7 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
       k_.f32_to_f16(&kc_[static_cast<size_t>(t) * KV], kv.k(l, pos_[t]), KV);
       k_.f32_to_f16(&vc_[static_cast<size_t>(t) * KV], kv.v(l, pos_[t]), KV);
     });
+    prepare_sparse(l, slices);
     attention(l, slices, n);
     matmuls({{&lw.wo, xn_.data(), E}}, attn_.data(), n, E);
     for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];

@@ -10,6 +10,7 @@
 #include "kernels.h"
 #include "kv_cache.h"
 #include "model.h"
+#include "policy.h"
 #include "thread_pool.h"
 
 namespace ctx {
@@ -27,7 +28,11 @@ class Sequence {
  public:
   Sequence(const ModelConfig& c, int capacity) : kv(c.n_layer, c.kv_dim(), capacity) {}
   KvCache kv;
+  AttentionPolicy policy;  // how decode steps attend (prefill is always full)
+  PolicyState state;
   int n_past() const { return kv.size(); }
+  // After the cache is rewound or replaced, decode-time selections start over.
+  void reset_policy_state() { state.reset(); }
 };
 
 struct BatchItem {
@@ -44,6 +49,7 @@ class Engine {
 
   const ModelConfig& config() const { return model_->config(); }
   const Model& model() const { return *model_; }
+  const std::shared_ptr<const Model>& model_ptr() const { return model_; }
   const EngineOptions& options() const { return opts_; }
   const KernelTable& kernels() const { return k_; }
   int max_context() const { return max_ctx_; }
@@ -63,6 +69,9 @@ class Engine {
   void matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k);
   void rope(float* x, int n_heads, const int* pos, int n);
   void attention(int layer, const std::vector<Slice>& slices, int n);
+  // Sparse decode (policy.h): the key list each slice attends at `layer` (nullptr = all).
+  void prepare_sparse(int layer, const std::vector<Slice>& slices);
+  void select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out);
   void for_tokens(int n, FunctionRef<void(int)> fn);
   void parallel(int n_tasks, FunctionRef<void(int, int)> fn) { pool_.parallel_for(n_tasks, fn, single_thread_); }
 
@@ -87,6 +96,9 @@ class Engine {
   struct QueryBlock { int slice, t_begin, t_end; };
   struct AttnScratch { std::vector<float> q, out, kv, scores; };  // per thread
   std::vector<QueryBlock> qblocks_;
+  std::vector<const std::vector<int32_t>*> slice_keys_;  // per slice, for the current layer
+  std::vector<float> sel_raw_, sel_rank_;                 // selection scratch: [n_head][ctx], [ctx]
+  std::vector<int32_t> sel_new_;
   std::vector<AttnScratch> attn_scratch_;
   std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]
   std::vector<Slice> slices_;

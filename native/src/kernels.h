@@ -53,6 +53,8 @@ struct KernelTable {
   // Attention, one block of keys at a time (the engine tiles over the cache). kv_to_f32 widens
   // n f16 rows, `stride` elements apart and `width` wide, into dst as [n][width].
   void (*kv_to_f32)(const uint16_t* src, size_t stride, int n, int width, float* dst);
+  // The same for the rows idx[0..n) of a cache whose row i starts at base + idx[i] * stride.
+  void (*kv_gather_f32)(const uint16_t* base, size_t stride, const int32_t* idx, int n, int width, float* dst);
   // s[i * lds + j] = dot(q[i], k[j]) * scale for i < nq, j < nk; q is [nq][d], key j at k + j*ldk.
   void (*attn_scores)(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s,
                       size_t lds);

@@ -110,6 +110,10 @@ void kv_to_f32(const uint16_t* src, size_t stride, int n, int width, float* dst)
     for (int i = 0; i < width; ++i) dst[static_cast<size_t>(j) * width + i] = fp16_to_fp32(src[j * stride + i]);
 }
 
+void kv_gather_f32(const uint16_t* base, size_t stride, const int32_t* idx, int n, int width, float* dst) {
+  for (int j = 0; j < n; ++j) kv_to_f32(base + static_cast<size_t>(idx[j]) * stride, stride, 1, width, dst + static_cast<size_t>(j) * width);
+}
+
 void attn_scores(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s,
                  size_t lds) {
   for (int i = 0; i < nq; ++i)
@@ -143,7 +147,7 @@ void f32_to_f16(const float* x, uint16_t* y, int n) {
 
 const KernelTable kScalar = {
     "scalar", quantize_q8, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_f32, gemm_f16, gemm_bf16,
-    kv_to_f32, attn_scores, attn_values, exp_sum, f32_to_f16,
+    kv_to_f32, kv_gather_f32, attn_scores, attn_values, exp_sum, f32_to_f16,
 };
 
 }  // namespace

@@ -1,0 +1,92 @@
+#include "policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+namespace ctx {
+
+const char* selector_name(Selector s) { return s == Selector::Last ? "last" : "last_softmax"; }
+
+bool parse_selector(const std::string& name, Selector* out) {
+  if (name == "last") *out = Selector::Last;
+  else if (name == "last_softmax") *out = Selector::LastSoftmax;
+  else return false;
+  return true;
+}
+
+AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const ModelConfig& model) {
+  const int L = model.n_layer;
+  if (cfg.filter_layers.empty() || cfg.filter_layers.size() > 8)
+    throw std::invalid_argument("omnikv: give 1 to 8 filter layers");
+  for (size_t i = 0; i < cfg.filter_layers.size(); ++i) {
+    const int f = cfg.filter_layers[i];
+    if (f < 0 || f >= L)
+      throw std::invalid_argument("omnikv: filter layer " + std::to_string(f) + " is out of range [0, " +
+                                  std::to_string(L) + ")");
+    if (i > 0 && f <= cfg.filter_layers[i - 1]) throw std::invalid_argument("omnikv: filter layers must be strictly increasing");
+  }
+  if (cfg.budget <= 0) throw std::invalid_argument("omnikv: budget must be a positive number of tokens");
+  if (!(cfg.lazy_iou >= 0.f && cfg.lazy_iou < 1.f)) throw std::invalid_argument("omnikv: lazy_iou must be in [0, 1)");
+
+  AttentionPolicy p;
+  p.kind = Kind::OmniKv;
+  p.omnikv = cfg;
+  p.roles.assign(L, LayerRole::Sparse);
+  p.group.assign(L, -1);
+  for (int l = 0; l < cfg.filter_layers[0]; ++l) p.roles[l] = LayerRole::Dense;
+  for (size_t i = 0; i < cfg.filter_layers.size(); ++i) {
+    const int f = cfg.filter_layers[i];
+    const int next = i + 1 < cfg.filter_layers.size() ? cfg.filter_layers[i + 1] : L;
+    p.roles[f] = LayerRole::Filter;
+    for (int l = f + 1; l < next; ++l) {
+      const bool guard = cfg.guard && l == f + 1;
+      p.roles[l] = guard ? LayerRole::Guard : LayerRole::Sparse;
+      if (!guard) p.group[l] = static_cast<int>(i);
+    }
+  }
+  return p;
+}
+
+void rank_candidates(Selector sel, const float* raw, int n_heads, int n_all, int n_cand, float* out) {
+  std::fill(out, out + n_cand, -INFINITY);
+  for (int h = 0; h < n_heads; ++h) {
+    const float* row = raw + static_cast<size_t>(h) * n_all;
+    if (sel == Selector::Last) {
+      for (int j = 0; j < n_cand; ++j) out[j] = std::max(out[j], row[j]);
+      continue;
+    }
+    // Softmax over every key the query sees (generated ones included), ranked on candidates.
+    const float mx = *std::max_element(row, row + n_all);
+    double sum = 0;
+    for (int j = 0; j < n_all; ++j) sum += std::exp(row[j] - mx);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int j = 0; j < n_cand; ++j) out[j] = std::max(out[j], std::exp(row[j] - mx) * inv);
+  }
+}
+
+void top_k_sorted(const float* scores, int n, int k, std::vector<int32_t>& out) {
+  out.resize(n);
+  std::iota(out.begin(), out.end(), 0);
+  if (k < n) {
+    std::nth_element(out.begin(), out.begin() + k, out.end(), [&](int32_t a, int32_t b) {
+      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    });
+    out.resize(k);
+    std::sort(out.begin(), out.end());
+  }
+}
+
+float iou(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  size_t i = 0, j = 0, both = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i] == b[j]) { ++both; ++i; ++j; }
+    else if (a[i] < b[j]) ++i;
+    else ++j;
+  }
+  const size_t uni = a.size() + b.size() - both;
+  return uni == 0 ? 1.f : static_cast<float>(both) / static_cast<float>(uni);
+}
+
+}  // namespace ctx
