@@ -72,6 +72,22 @@ Models& models() {
 // ---------------------------------------------------------------------------------------------
 // Helpers.
 
+// Engine options by name. Decode steps get the same thread count as prefill (when the engine
+// has a separate decode setting; the overload resolution keeps this compiling without one).
+template <typename O>
+auto set_decode_threads(O& o, int n, int) -> decltype(o.n_threads_decode = n, void()) { o.n_threads_decode = n; }
+template <typename O>
+void set_decode_threads(O&, int, long) {}
+
+EngineOptions options(int threads, int ubatch, int max_context) {
+  EngineOptions o;
+  o.n_threads = threads;
+  set_decode_threads(o, threads, 0);
+  o.ubatch = ubatch;
+  o.max_context = max_context;
+  return o;
+}
+
 std::vector<int32_t> prompt(int n, int vocab, int seed) {
   std::vector<int32_t> t(n);
   for (int i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 7919 + seed * 104729 + 17) % vocab);
@@ -217,7 +233,7 @@ TEST(EngineReference, TinyF32ModelMatchesDoublePrecisionForward) {
   // several of each, and the decode steps cross a key-block boundary (128).
   const std::vector<int32_t> toks = prompt(140, kTiny.n_vocab, 3);
   const auto want = reference_forward(model, toks);
-  Engine e(models().tiny_f32, {1, 512, 0});
+  Engine e(models().tiny_f32, options(1, 512, 0));
   Sequence seq(model.config(), 256);
   // Prefill the first 125 tokens, then decode the rest one by one: both paths are checked.
   std::vector<std::vector<float>> got;
@@ -250,7 +266,7 @@ class EngineConsistency : public ::testing::TestWithParam<std::string> {
     }
   }
   std::unique_ptr<Engine> engine(int threads, int ubatch = 512) {
-    return std::make_unique<Engine>(model_, EngineOptions{threads, ubatch, 256});
+    return std::make_unique<Engine>(model_, options(threads, ubatch, 256));
   }
   const ModelConfig& cfg() const { return model_->config(); }
   std::shared_ptr<Model> model_;
@@ -392,7 +408,7 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineConsistency, ::testing::Values("tiny", "r
 // weights cannot.
 TEST(EngineRealModel, ContinuesARepeatedPattern) {
   if (!models().real) GTEST_SKIP() << models().real_missing;
-  Engine e(models().real, {2, 512, 256});
+  Engine e(models().real, options(2, 512, 256));
   Sequence s(models().real->config(), 64);
   const std::vector<int32_t> cycle = {2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 11000};
   std::vector<int32_t> toks;
