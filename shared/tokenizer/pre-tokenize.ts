@@ -1,0 +1,220 @@
+/**
+ * Pre-tokenization: splitting plain text into the pieces BPE merges within, like llama.cpp.
+ *
+ * For the `smollm`/`starcoder`/… family every `\p{N}` code point is isolated first; then the GPT-2
+ * split ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) runs, ported
+ * from llama.cpp's hand-written `unicode_regex_split_custom_gpt2` rather than a JS regex, because
+ * its whitespace set is Unicode White_Space (not JS `\s`) and its classes are llama.cpp's.
+ */
+
+export interface PreTokenizerFamily {
+  /** isolate every \p{N} code point before the GPT-2 split */
+  digitsFirst: boolean;
+  /** llama.cpp's per-pre `clean_spaces` decode flag */
+  cleanSpaces: boolean;
+}
+
+// Pre-tokenizer families (llama.cpp `llama_vocab::impl::load`). Both share the GPT-2 split; the
+// first isolates every \p{N} first. `cleanSpaces` is llama.cpp's per-pre `clean_spaces` flag.
+const DIGITS_THEN_GPT2: Record<string, { cleanSpaces: boolean }> = {
+  smollm: { cleanSpaces: false },
+  starcoder: { cleanSpaces: true },
+  refact: { cleanSpaces: true },
+  "command-r": { cleanSpaces: false },
+  codeshell: { cleanSpaces: true },
+  exaone: { cleanSpaces: true },
+  "minerva-7b": { cleanSpaces: true },
+};
+const GPT2_ONLY: Record<string, { cleanSpaces: boolean }> = {
+  "gpt-2": { cleanSpaces: true },
+  "phi-2": { cleanSpaces: true },
+  "jina-es": { cleanSpaces: true },
+  "jina-de": { cleanSpaces: true },
+  gigachat: { cleanSpaces: true },
+  "jina-v2-es": { cleanSpaces: true },
+  "jina-v2-de": { cleanSpaces: true },
+  "a.x-4.0": { cleanSpaces: true },
+  mellum: { cleanSpaces: true },
+  "modern-bert": { cleanSpaces: true },
+  exaone4: { cleanSpaces: true },
+  mpt: { cleanSpaces: true },
+  olmo: { cleanSpaces: true },
+  jais: { cleanSpaces: true },
+  trillion: { cleanSpaces: false },
+  "granite-docling": { cleanSpaces: false },
+};
+
+export const SUPPORTED_PRE_TOKENIZERS: readonly string[] = [
+  ...Object.keys(DIGITS_THEN_GPT2),
+  ...Object.keys(GPT2_ONLY),
+];
+
+/** The family of a `tokenizer.ggml.pre` value, or undefined when it is not supported. */
+export function preTokenizerFamily(pre: string): PreTokenizerFamily | undefined {
+  const fam = DIGITS_THEN_GPT2[pre] ?? GPT2_ONLY[pre];
+  if (fam === undefined) return undefined;
+  return { digitsFirst: DIGITS_THEN_GPT2[pre] !== undefined, cleanSpaces: fam.cleanSpaces };
+}
+
+/** Split well-formed text into pre-token pieces, each as code points. */
+export function preTokenize(text: string, digitsFirst: boolean): number[][] {
+  const cps = codePoints(text);
+  const pieces: number[][] = [];
+  if (digitsFirst) for (const frag of splitDigits(cps)) splitGpt2(frag, pieces);
+  else splitGpt2(cps, pieces);
+  return pieces;
+}
+
+/** String.fromCodePoint without spreading huge arrays onto the stack. */
+export function fromCodePoints(cps: readonly number[]): string {
+  if (cps.length <= 4096) return String.fromCodePoint(...cps);
+  let s = "";
+  for (let i = 0; i < cps.length; i += 4096) s += String.fromCodePoint(...cps.slice(i, i + 4096));
+  return s;
+}
+
+function codePoints(s: string): number[] {
+  const out: number[] = [];
+  for (const ch of s) out.push(ch.codePointAt(0)!);
+  return out;
+}
+
+/** Replace lone surrogates with U+FFFD (what UTF-8 conversion does on the llama.cpp side). */
+export function wellFormed(s: string): string {
+  return s.replace(/[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, "\uFFFD");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Code point classes (llama.cpp unicode_cpt_flags): letter = \p{L}, number = \p{N},
+// whitespace = Unicode White_Space property.
+
+const WHITESPACE = new Set<number>([
+  0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x20, 0x85, 0xa0, 0x1680, 0x2000, 0x2001, 0x2002, 0x2003, 0x2004, 0x2005,
+  0x2006, 0x2007, 0x2008, 0x2009, 0x200a, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000,
+]);
+const RE_LETTER = /^\p{L}$/u;
+const RE_NUMBER = /^\p{N}$/u;
+
+const F_LETTER = 1;
+const F_NUMBER = 2;
+const F_WHITESPACE = 4;
+const F_OTHER = 8; // any other assigned or unassigned code point (flags != 0 in llama.cpp)
+
+const ASCII_FLAGS: Uint8Array = (() => {
+  const t = new Uint8Array(128);
+  for (let c = 0; c < 128; c++) t[c] = classify(c);
+  return t;
+})();
+
+function classify(cp: number): number {
+  if (WHITESPACE.has(cp)) return F_WHITESPACE;
+  const ch = String.fromCodePoint(cp);
+  if (RE_LETTER.test(ch)) return F_LETTER;
+  if (RE_NUMBER.test(ch)) return F_NUMBER;
+  return F_OTHER;
+}
+
+const flagCache = new Map<number, number>();
+function flagsOf(cp: number): number {
+  if (cp < 128) return ASCII_FLAGS[cp]!;
+  let f = flagCache.get(cp);
+  if (f === undefined) {
+    f = classify(cp);
+    if (flagCache.size < 65536) flagCache.set(cp, f);
+  }
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The splits
+
+/** Split on every \p{N} code point (llama.cpp regex "\\p{N}"): numbers isolated, the rest kept. */
+function splitDigits(cps: number[]): number[][] {
+  const out: number[][] = [];
+  let run: number[] = [];
+  for (const cp of cps) {
+    if (flagsOf(cp) === F_NUMBER) {
+      if (run.length > 0) out.push(run);
+      run = [];
+      out.push([cp]);
+    } else {
+      run.push(cp);
+    }
+  }
+  if (run.length > 0) out.push(run);
+  return out;
+}
+
+const APOS = 0x27;
+const SPACE = 0x20;
+const c_s = 0x73, c_t = 0x74, c_m = 0x6d, c_d = 0x64, c_r = 0x72, c_e = 0x65, c_v = 0x76, c_l = 0x6c;
+
+/** Port of llama.cpp `unicode_regex_split_custom_gpt2` over one fragment's code points. */
+function splitGpt2(cps: number[], out: number[][]): void {
+  const end = cps.length;
+  const cpt = (p: number): number => (p < end ? cps[p]! : -1);
+  const flags = (p: number): number => (p < end ? flagsOf(cps[p]!) : 0);
+  let prev = 0;
+  const add = (p: number): number => {
+    const len = p - prev;
+    if (len > 0) out.push(cps.slice(prev, p));
+    prev = p;
+    return len;
+  };
+  for (let pos = 0; pos < end; ) {
+    const c = cps[pos]!;
+    const f = flagsOf(c);
+    // 's|'t|'re|'ve|'m|'ll|'d
+    if (c === APOS && pos + 1 < end) {
+      const n1 = cps[pos + 1]!;
+      if (n1 === c_s || n1 === c_t || n1 === c_m || n1 === c_d) {
+        pos += add(pos + 2);
+        continue;
+      }
+      if (pos + 2 < end) {
+        const n2 = cps[pos + 2]!;
+        if ((n1 === c_r && n2 === c_e) || (n1 === c_v && n2 === c_e) || (n1 === c_l && n2 === c_l)) {
+          pos += add(pos + 3);
+          continue;
+        }
+      }
+    }
+    let f2 = c === SPACE ? flags(pos + 1) : f;
+    // <space>?\p{L}+
+    if (f2 === F_LETTER) {
+      pos += c === SPACE ? 1 : 0;
+      while (flags(pos) === F_LETTER) pos++;
+      add(pos);
+      continue;
+    }
+    // <space>?\p{N}+
+    if (f2 === F_NUMBER) {
+      pos += c === SPACE ? 1 : 0;
+      while (flags(pos) === F_NUMBER) pos++;
+      add(pos);
+      continue;
+    }
+    // <space>?[^\s\p{L}\p{N}]+
+    if (f2 === F_OTHER) {
+      pos += c === SPACE ? 1 : 0;
+      while (f2 === F_OTHER) f2 = flags(++pos);
+      add(pos);
+      continue;
+    }
+    let nws = 0;
+    while (flags(pos + nws) === F_WHITESPACE) nws++;
+    // \s+(?!\S)
+    if (nws > 1 && cpt(pos + nws) !== -1) {
+      pos += nws - 1;
+      add(pos);
+      continue;
+    }
+    // \s+
+    if (nws > 0) {
+      pos += nws;
+      add(pos);
+      continue;
+    }
+    add(++pos); // no match (unreachable with the classes above, kept for parity)
+  }
+}
