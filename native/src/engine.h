@@ -68,7 +68,14 @@ class Engine {
   void quantize(const float* x, int n, int k);
   void matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k);
   void rope(float* x, int n_heads, const int* pos, int n);
-  void attention(int layer, const std::vector<Slice>& slices, int n);
+  struct QueryBlock { int slice, t_begin, t_end; };
+  struct AttnScratch { std::vector<float> q, out, kv, scores; };  // per thread
+  struct AttnTask { int block, h0, n_heads; };
+  void attention(int layer, const std::vector<Slice>& slices);
+  void attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);
+  void attend_listed(int layer, const Slice& s, int t, int g, AttnScratch& sc);
+  void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<int(int)> valid);
+  void scope_update(int layer, Sequence& seq, int g, const float* probs, int n_keys);
   // Sparse decode (policy.h): the key list each slice attends at `layer` (nullptr = all).
   void prepare_sparse(int layer, const std::vector<Slice>& slices);
   void select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out);
@@ -93,10 +100,10 @@ class Engine {
   static constexpr int kSmallBatch = 4;  // micro-batches this small run on n_threads_decode
   static constexpr int kQueryBlock = 16;
   static constexpr int kKeyBlock = 64;
-  struct QueryBlock { int slice, t_begin, t_end; };
-  struct AttnScratch { std::vector<float> q, out, kv, scores; };  // per thread
   std::vector<QueryBlock> qblocks_;
-  std::vector<const std::vector<int32_t>*> slice_keys_;  // per slice, for the current layer
+  std::vector<AttnTask> attn_tasks_;
+  // Per slice, for the current layer: per-KV-head key lists of a sparse decode step, or nullptr.
+  std::vector<const std::vector<PolicyState::Head>*> slice_keys_;
   std::vector<float> sel_raw_, sel_rank_;                 // selection scratch: [n_head][ctx], [ctx]
   std::vector<int32_t> sel_new_;
   std::vector<AttnScratch> attn_scratch_;

@@ -7,6 +7,16 @@
 
 namespace ctx {
 
+const char* AttentionPolicy::name() const {
+  switch (kind) {
+    case Kind::Full: return "full";
+    case Kind::OmniKv: return "omnikv";
+    case Kind::Scope: return "scope";
+    case Kind::OmniKvScope: return "omnikv+scope";
+  }
+  return "?";
+}
+
 const char* selector_name(Selector s) { return s == Selector::Last ? "last" : "last_softmax"; }
 
 bool parse_selector(const std::string& name, Selector* out) {
@@ -47,6 +57,52 @@ AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const Mode
     }
   }
   return p;
+}
+
+AttentionPolicy AttentionPolicy::make_scope(const ScopeConfig& cfg, const ModelConfig& model) {
+  (void)model;
+  if (cfg.beta2 < 1) throw std::invalid_argument("scope: beta2 (recent generated tokens kept) must be >= 1");
+  if (cfg.beta1 < 0) throw std::invalid_argument("scope: beta2 must not exceed beta1 + beta2 (beta1 must be >= 0)");
+  if (cfg.mode != ScopeMode::Slide && cfg.max_output <= cfg.beta2)
+    throw std::invalid_argument("scope: max_output (T) must exceed beta2 for adaptive and discontinuous modes");
+  AttentionPolicy p;
+  p.kind = Kind::Scope;
+  p.scope = cfg;
+  return p;
+}
+
+AttentionPolicy AttentionPolicy::make_omnikv_scope(const OmniKvConfig& o, const ScopeConfig& s, const ModelConfig& model) {
+  AttentionPolicy p = make_omnikv(o, model);
+  p.scope = make_scope(s, model).scope;
+  p.kind = Kind::OmniKvScope;
+  return p;
+}
+
+int scope_budget(const ScopeConfig& cfg, int t) {
+  const int full = cfg.beta1 + cfg.beta2;
+  if (cfg.mode == ScopeMode::Slide || cfg.beta1 == 0) return full;
+  const int delta = std::max(1, (cfg.max_output - cfg.beta2) / cfg.beta1);
+  return std::min(full, cfg.beta2 + t / delta);
+}
+
+bool scope_reselects(const ScopeConfig& cfg, int t) {
+  if (cfg.mode != ScopeMode::Discontinuous || cfg.beta1 == 0) return true;
+  const int delta = std::max(1, (cfg.max_output - cfg.beta2) / cfg.beta1);
+  return t % (delta + 1) == 0;
+}
+
+void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
+                  std::vector<int32_t>& out, std::vector<int32_t>& scratch) {
+  out.clear();
+  if (n <= budget) {
+    out.assign(positions, positions + n);
+    return;
+  }
+  recent = std::min(recent, budget);
+  const int older = n - recent;
+  top_k_sorted(importance, older, budget - recent, scratch);  // k clamped to the candidates
+  for (int32_t i : scratch) out.push_back(positions[i]);
+  out.insert(out.end(), positions + older, positions + n);
 }
 
 void rank_candidates(Selector sel, const float* raw, int n_heads, int n_all, int n_cand, float* out) {

@@ -1,9 +1,13 @@
-// Attention policies, chosen per sequence. `full` attends to every cached token. `omnikv`
-// (Hao et al., ICLR 2025; follows antgroup/OmniKV's code): at each decode step a few filter
-// layers score the prompt's tokens with the current query and keep the top `budget`; the sparse
-// layers after a filter layer attend only to that set plus every generated token. Layers before
-// the first filter layer, the filter layers and (optionally) one guard layer after each stay
-// dense. Prefill is always full attention.
+// Attention policies, chosen per sequence; prefill is always full attention.
+// - `full` attends to every cached token.
+// - `omnikv` (Hao et al., ICLR 2025; follows antgroup/OmniKV's code) picks prompt tokens: at each
+//   decode step a few filter layers score the prompt with the current query and keep the top
+//   `budget`; the sparse layers after a filter layer attend only to that set. Layers before the
+//   first filter layer, the filter layers and (optionally) one guard layer after each stay dense.
+// - `scope` (Wu et al., 2024; follows Linking-ai/SCOPE's code) budgets generated tokens: each
+//   layer and KV head keeps its last beta2 generated tokens plus the beta1 earlier ones the
+//   current step attends to most; the prompt is kept whole.
+// - `omnikv+scope`: OmniKV over the prompt, SCOPE over the generated tokens.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -26,27 +30,61 @@ struct OmniKvConfig {
   float lazy_iou = 0.f;            // reuse the previous set when the new one overlaps it more (0 = off)
 };
 
+enum class ScopeMode {
+  Slide,          // budget beta1+beta2 from the start, one eviction per step
+  Adaptive,       // budget grows from beta2 to beta1+beta2 over max_output steps
+  Discontinuous,  // as adaptive, re-selecting only every delta+1 steps
+};
+
+struct ScopeConfig {
+  ScopeMode mode = ScopeMode::Slide;
+  int beta1 = 256;         // selected earlier generated tokens
+  int beta2 = 256;         // most recent generated tokens, always kept
+  int max_output = 4096;   // T: the planned output length (adaptive, discontinuous)
+};
+
+// SCOPE's rules (kv_utils.py), with t the index of the current generated token (0-based):
+// the pool budget W_t, and whether step t re-selects (otherwise the pool keeps everything).
+int scope_budget(const ScopeConfig& cfg, int t);
+bool scope_reselects(const ScopeConfig& cfg, int t);
+// Keeps the last `recent` of n generated positions plus the (budget - recent) earlier ones with
+// the highest importance, ascending; all n when n <= budget.
+void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
+                  std::vector<int32_t>& out, std::vector<int32_t>& scratch);
+
 enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
 
 struct AttentionPolicy {
-  enum class Kind { Full, OmniKv };
+  enum class Kind { Full, OmniKv, Scope, OmniKvScope };
   Kind kind = Kind::Full;
   OmniKvConfig omnikv;
+  ScopeConfig scope;
   std::vector<LayerRole> roles;  // per layer (omnikv)
   std::vector<int> group;        // per layer: index into filter_layers of the set it uses, or -1
 
   // Validates against the model; throws std::invalid_argument with a clear message.
   static AttentionPolicy make_omnikv(const OmniKvConfig& cfg, const ModelConfig& model);
+  static AttentionPolicy make_scope(const ScopeConfig& cfg, const ModelConfig& model);
+  static AttentionPolicy make_omnikv_scope(const OmniKvConfig& o, const ScopeConfig& s, const ModelConfig& model);
   bool sparse_decode() const { return kind != Kind::Full; }
+  bool uses_omnikv() const { return kind == Kind::OmniKv || kind == Kind::OmniKvScope; }
+  bool uses_scope() const { return kind == Kind::Scope || kind == Kind::OmniKvScope; }
+  const char* name() const;
 };
 
 // Per-sequence decode state of a policy.
 struct PolicyState {
-  int prompt_len = -1;                          // candidates are positions < prompt_len
-  std::vector<std::vector<int32_t>> selected;   // per filter layer, ascending
-  std::vector<int32_t> keys;                    // the current sparse layer's keys
+  int prompt_len = -1;                          // prompt = positions < prompt_len
+  std::vector<std::vector<int32_t>> selected;   // OmniKV: per filter layer, ascending
+  std::vector<std::vector<int32_t>> pool;       // SCOPE: per (layer, KV head), generated positions kept
+  struct Head {                                 // per KV head, reused layer after layer
+    std::vector<int32_t> keys;                  // what the current layer attends to, ascending
+    std::vector<float> importance;              // SCOPE scratch
+    std::vector<int32_t> scratch, out;
+  };
+  std::vector<Head> heads;
   uint64_t selections = 0, lazy_reuses = 0;
-  void reset() { prompt_len = -1; selected.clear(); keys.clear(); }
+  void reset() { prompt_len = -1; selected.clear(); pool.clear(); }
 };
 
 const char* selector_name(Selector s);

@@ -106,3 +106,78 @@ TEST(Selection, Iou) {
 
 }  // namespace
 }  // namespace ctx
+
+namespace ctx {
+namespace {
+
+// The pool size SCOPE's kv_utils.py leaves after step t (t = 0-based index of the current
+// generated token), re-derived here from its rules: W_t = W (slide) or R + t // delta
+// (adaptive, discontinuous) with delta = (T - R) // beta1; keep all while the generated count is
+// below W_t; discontinuous re-selects only every delta + 1 steps.
+int official_pool_after(ScopeMode mode, int beta1, int beta2, int T, int t, int before) {
+  const int W = beta1 + beta2, delta = (T - beta2) / beta1;
+  const int Wt = mode == ScopeMode::Slide ? W : std::min(W, beta2 + t / delta);
+  const int count = before + 1;
+  if (mode == ScopeMode::Discontinuous && t % (delta + 1) != 0) return count;
+  return count < Wt ? count : Wt;
+}
+
+TEST(Scope, PoolSizesFollowTheOfficialRulesStepByStep) {
+  for (ScopeMode mode : {ScopeMode::Slide, ScopeMode::Adaptive, ScopeMode::Discontinuous}) {
+    ScopeConfig cfg;
+    cfg.mode = mode;
+    cfg.beta1 = 16;
+    cfg.beta2 = 8;
+    cfg.max_output = 200;
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(0, 1);
+    std::vector<int32_t> pool, out, scratch;
+    int want = 0;
+    for (int t = 0; t < 300; ++t) {
+      std::vector<int32_t> positions = pool;
+      positions.push_back(1000 + t);
+      std::vector<float> importance(positions.size());
+      for (auto& x : importance) x = u(rng);
+      const int n = static_cast<int>(positions.size());
+      if (scope_reselects(cfg, t) && n > scope_budget(cfg, t))
+        scope_select(importance.data(), positions.data(), n, scope_budget(cfg, t), cfg.beta2, out, scratch);
+      else
+        out = positions;
+      pool = out;
+      want = official_pool_after(mode, cfg.beta1, cfg.beta2, cfg.max_output, t, want);
+      ASSERT_EQ(static_cast<int>(pool.size()), want) << "mode " << static_cast<int>(mode) << " step " << t;
+      ASSERT_TRUE(std::is_sorted(pool.begin(), pool.end()));
+      ASSERT_EQ(pool.back(), 1000 + t) << "the current token is always kept";
+    }
+  }
+}
+
+TEST(Scope, SelectKeepsRecentAndTopImportance) {
+  const int32_t positions[] = {10, 11, 12, 13, 14, 15, 16, 17};
+  const float importance[] = {0.9f, 0.1f, 0.5f, 0.8f, 0.2f, 0.0f, 0.0f, 0.0f};
+  std::vector<int32_t> out, scratch;
+  scope_select(importance, positions, 8, 5, 3, out, scratch);  // last 3 + best 2 of the first 5
+  EXPECT_EQ(out, (std::vector<int32_t>{10, 13, 15, 16, 17}));
+  scope_select(importance, positions, 4, 5, 3, out, scratch);  // under budget: all
+  EXPECT_EQ(out, (std::vector<int32_t>{10, 11, 12, 13}));
+  scope_select(importance, positions, 8, 2, 3, out, scratch);  // recent clamped to the budget
+  EXPECT_EQ(out, (std::vector<int32_t>{16, 17}));
+}
+
+TEST(Scope, RefuseBadConfigurations) {
+  ModelConfig m;
+  m.n_layer = 30;
+  ScopeConfig cfg;
+  cfg.beta1 = -1;
+  EXPECT_THROW(AttentionPolicy::make_scope(cfg, m), std::invalid_argument);
+  cfg.beta1 = 8;
+  cfg.beta2 = 0;
+  EXPECT_THROW(AttentionPolicy::make_scope(cfg, m), std::invalid_argument);
+  cfg.beta2 = 8;
+  cfg.mode = ScopeMode::Adaptive;
+  cfg.max_output = 8;
+  EXPECT_THROW(AttentionPolicy::make_scope(cfg, m), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace ctx

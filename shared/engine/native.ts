@@ -41,6 +41,42 @@ export interface NativeModel {
   readonly config: ModelConfig;
 }
 
+export interface OmniKvOptions {
+  filterLayers: number[];
+  /** Prompt tokens kept per filter layer. */
+  budget: number;
+  selector?: "last" | "last_softmax";
+  /** The layer after each filter layer stays dense (default true). */
+  guard?: boolean;
+  /** Reuse the previous selection when the new one overlaps it more than this (0 = off). */
+  lazyIou?: number;
+}
+
+export interface ScopeOptions {
+  mode?: "slide" | "adaptive" | "discontinuous";
+  beta1: number;
+  beta2: number;
+  /** Planned output length T (adaptive and discontinuous). */
+  maxOutput?: number;
+}
+
+export type AttentionPolicy =
+  | { kind: "full" }
+  | { kind: "omnikv"; omnikv: OmniKvOptions }
+  | { kind: "scope"; scope: ScopeOptions }
+  | { kind: "omnikv+scope"; omnikv: OmniKvOptions; scope: ScopeOptions };
+
+export interface PolicyStats {
+  kind: AttentionPolicy["kind"];
+  promptLength: number;
+  selections: number;
+  lazyReuses: number;
+  selectedSizes: number[];
+  /** SCOPE: generated tokens kept, summed over layers and KV heads. */
+  decodePoolTokens: number;
+  decodeTokens: number;
+}
+
 export interface NativeSequence {
   readonly nPast: number;
   readonly capacity: number;
@@ -48,6 +84,9 @@ export interface NativeSequence {
   truncate(n: number): void;
   /** Declares that the first n tokens' K/V were written into kvBuffer() (KV import). */
   setLength(n: number): void;
+  /** How decode steps attend (prefill is always full). Throws RangeError on a bad setting. */
+  setPolicy(policy: AttentionPolicy): void;
+  readonly policyStats: PolicyStats;
   /** Frees the cache's memory now (the sequence is empty afterwards). */
   release(): void;
   /** The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. */
