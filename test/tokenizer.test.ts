@@ -155,6 +155,7 @@ describe("tokenizer metadata", () => {
     expect(bad({ "tokenizer.ggml.model": "llama" })).toThrow(/unsupported tokenizer model "llama" \(SentencePiece \(SPM\)\)/);
     expect(bad({ "tokenizer.ggml.pre": "qwen2" })).toThrow(/unsupported pre-tokenizer "qwen2".*supported: smollm, starcoder/);
     expect(bad({ "tokenizer.ggml.pre": undefined })).toThrow(/no tokenizer\.ggml\.pre/);
+    expect(bad({ "tokenizer.ggml.pre": "constructor" })).toThrow(/unsupported pre-tokenizer "constructor"/);
     expect(bad({ "tokenizer.ggml.model": undefined })).toThrow(TokenizerError);
     expect(bad({ "tokenizer.ggml.merges": undefined })).toThrow(/merges is missing/);
     expect(bad({ "tokenizer.ggml.token_type": [1, 2, 3] })).toThrow(/token_type has 3 entries, expected 49152/);

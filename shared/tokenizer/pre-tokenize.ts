@@ -51,9 +51,11 @@ export const SUPPORTED_PRE_TOKENIZERS: readonly string[] = [
 
 /** The family of a `tokenizer.ggml.pre` value, or undefined when it is not supported. */
 export function preTokenizerFamily(pre: string): PreTokenizerFamily | undefined {
-  const fam = DIGITS_THEN_GPT2[pre] ?? GPT2_ONLY[pre];
-  if (fam === undefined) return undefined;
-  return { digitsFirst: DIGITS_THEN_GPT2[pre] !== undefined, cleanSpaces: fam.cleanSpaces };
+  // Own keys only: a file naming "constructor" or "toString" must not match Object.prototype.
+  const digitsFirst = Object.hasOwn(DIGITS_THEN_GPT2, pre);
+  if (!digitsFirst && !Object.hasOwn(GPT2_ONLY, pre)) return undefined;
+  const fam = digitsFirst ? DIGITS_THEN_GPT2[pre]! : GPT2_ONLY[pre]!;
+  return { digitsFirst, cleanSpaces: fam.cleanSpaces };
 }
 
 /** Split well-formed text into pre-token pieces, each as code points. */
