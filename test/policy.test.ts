@@ -38,7 +38,9 @@ describe("decode policies", () => {
       omnikv: { filterLayers: FILTERS, budget: PROMPT.length },
       scope: { mode: "adaptive", beta1: 64, beta2: 64, maxOutput: 256 },
     });
-    for (const run of [omnikv, scope, both]) expect(run.all).toEqual(full.all);
+    const streaming = await greedy({ kind: "streaming", streaming: { sinks: 4, window: 1000 } });
+    const h2o = await greedy({ kind: "h2o", h2o: { budget: 1000, recent: 8 } });
+    for (const run of [omnikv, scope, both, streaming, h2o]) expect(run.all).toEqual(full.all);
   });
 
   it("omnikv keeps `budget` prompt tokens per filter layer and selects every step", async () => {
@@ -55,6 +57,12 @@ describe("decode policies", () => {
     expect(stats.decodePoolTokens).toBe(nLayer * nHeadKv * 5);
   });
 
+  it("h2o holds each layer and head to its budget", async () => {
+    const { stats } = await greedy({ kind: "h2o", h2o: { budget: 40, recent: 8 } });
+    const { nLayer, nHeadKv } = engine.model.config;
+    expect(stats.decodePoolTokens).toBe(nLayer * nHeadKv * 40);
+  });
+
   it("refuses bad settings with clear errors", () => {
     const seq = engine.createSequence(16);
     expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [30], budget: 8 } })).toThrow(/out of range/);
@@ -62,6 +70,8 @@ describe("decode policies", () => {
     expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [2], budget: 8, selector: "best" as never } })).toThrow(/selector/);
     expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: -4, beta2: 8 } })).toThrow(/beta2 must not exceed beta1 \+ beta2/);
     expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: 8, beta2: 8, mode: "sideways" as never } })).toThrow(/mode/);
-    expect(() => seq.setPolicy({ kind: "h2o" } as never)).toThrow(/kind/);
+    expect(() => seq.setPolicy({ kind: "h2o", h2o: { budget: 8, recent: 8 } })).toThrow(/budget larger than recent/);
+    expect(() => seq.setPolicy({ kind: "streaming", streaming: { sinks: 4, window: 0 } })).toThrow(/window/);
+    expect(() => seq.setPolicy({ kind: "snapkv" } as never)).toThrow(/kind/);
   });
 });

@@ -228,9 +228,10 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     seq_->reset_policy_state();
     return env.Undefined();
   }
-  // setPolicy({ kind: "full" | "omnikv" | "scope" | "omnikv+scope", omnikv?: { filterLayers,
-  // budget, selector?, guard?, lazyIou? }, scope?: { mode?, beta1, beta2, maxOutput? } }): how this
-  // sequence's decode steps attend. Validated against the model; RangeError with the reason.
+  // setPolicy({ kind: "full" | "omnikv" | "scope" | "omnikv+scope" | "streaming" | "h2o",
+  // omnikv?: { filterLayers, budget, selector?, guard?, lazyIou? }, scope?: { mode?, beta1, beta2,
+  // maxOutput? }, streaming?: { sinks, window }, h2o?: { budget, recent } }): how this sequence's
+  // decode steps attend. Validated against the model; RangeError with the reason.
   Napi::Value SetPolicy(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
@@ -245,7 +246,21 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
       else if (k == "omnikv") seq_->policy = AttentionPolicy::make_omnikv(omnikv_config(o), mc);
       else if (k == "scope") seq_->policy = AttentionPolicy::make_scope(scope_config(o), mc);
       else if (k == "omnikv+scope") seq_->policy = AttentionPolicy::make_omnikv_scope(omnikv_config(o), scope_config(o), mc);
-      else throw Napi::TypeError::New(env, "policy.kind must be one of full, omnikv, scope, omnikv+scope");
+      else if (k == "streaming") {
+        Napi::Object so = sub_object(o, "streaming");
+        StreamingConfig cfg;
+        cfg.sinks = int_option(so, "sinks", cfg.sinks, -(1 << 30), 1 << 30);
+        cfg.window = int_option(so, "window", cfg.window, -(1 << 30), 1 << 30);
+        seq_->policy = AttentionPolicy::make_streaming(cfg);
+      } else if (k == "h2o") {
+        Napi::Object ho = sub_object(o, "h2o");
+        H2oConfig cfg;
+        cfg.budget = int_option(ho, "budget", cfg.budget, -(1 << 30), 1 << 30);
+        cfg.recent = int_option(ho, "recent", cfg.recent, -(1 << 30), 1 << 30);
+        seq_->policy = AttentionPolicy::make_h2o(cfg);
+      } else {
+        throw Napi::TypeError::New(env, "policy.kind must be one of full, omnikv, scope, omnikv+scope, streaming, h2o");
+      }
     } catch (const std::invalid_argument& e) {
       throw Napi::RangeError::New(env, e.what());
     }

@@ -325,6 +325,7 @@ void Engine::attend_listed(int layer, const Slice& s, int t, int g, AttnScratch&
   std::memcpy(&attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], sc.out.data(),
               sizeof(float) * group * d);
   if (seq.policy.uses_scope()) scope_update(layer, seq, g, sc.scores.data(), n_keys);
+  if (seq.policy.kind == AttentionPolicy::Kind::H2o) h2o_update(layer, seq, g, sc.scores.data(), n_keys);
 }
 
 // SCOPE after a step's attention at (layer, head g): the generated keys are the tail of the key
@@ -355,6 +356,56 @@ void Engine::scope_update(int layer, Sequence& seq, int g, const float* probs, i
   pool.swap(out);
 }
 
+// Baselines: StreamingLLM's sinks + recent window (the same for every head), or H2O's kept set
+// per (layer, head) plus the current token.
+void Engine::baseline_keys(int layer, Sequence& seq, int pos) {
+  PolicyState& st = seq.state;
+  const int hkv = config().n_head_kv;
+  for (int g = 0; g < hkv; ++g) {
+    std::vector<int32_t>& keys = st.heads[g].keys;
+    keys.clear();
+    if (seq.policy.kind == AttentionPolicy::Kind::Streaming) {
+      const StreamingConfig& c = seq.policy.streaming;
+      const int sinks = std::min(c.sinks, pos + 1), from = std::max(sinks, pos - c.window + 1);
+      for (int p = 0; p < sinks; ++p) keys.push_back(p);
+      for (int p = from; p <= pos; ++p) keys.push_back(p);
+    } else {
+      const auto& kept = st.pool[static_cast<size_t>(layer) * hkv + g];
+      keys.assign(kept.begin(), kept.end());
+      keys.push_back(pos);
+    }
+  }
+}
+
+// H2O after a step's attention at (layer, head g): add this step's attention (mean over the
+// head's query group) to every kept token's score, then evict the lowest-scoring tokens outside
+// the recent window down to the budget.
+void Engine::h2o_update(int layer, Sequence& seq, int g, const float* probs, int n_keys) {
+  const ModelConfig& c = config();
+  const int group = c.n_head / c.n_head_kv;
+  PolicyState& st = seq.state;
+  const size_t slot = static_cast<size_t>(layer) * c.n_head_kv + g;
+  std::vector<int32_t>& kept = st.pool[slot];
+  std::vector<float>& acc = st.acc[slot];
+  PolicyState::Head& head = st.heads[g];
+  kept.push_back(head.keys.back());
+  acc.push_back(0.f);
+  for (int j = 0; j < n_keys; ++j) {
+    float sum = 0;
+    for (int h = 0; h < group; ++h) sum += probs[static_cast<size_t>(h) * n_keys + j];
+    acc[j] += sum / static_cast<float>(group);
+  }
+  const H2oConfig& cfg = seq.policy.h2o;
+  if (n_keys <= cfg.budget) return;
+  const int older = n_keys - cfg.recent;
+  top_k_sorted(acc.data(), older, cfg.budget - cfg.recent, head.scratch);
+  size_t w = 0;
+  for (int32_t i : head.scratch) { kept[w] = kept[i]; acc[w] = acc[i]; ++w; }  // ascending: in place
+  for (int j = older; j < n_keys; ++j) { kept[w] = kept[j]; acc[w] = acc[j]; ++w; }
+  kept.resize(w);
+  acc.resize(w);
+}
+
 // Sets slice_keys_ for `layer`: for each decode step of a sequence with a sparse policy, the keys
 // each KV head attends to = a prompt part (everything, or OmniKV's selection on sparse layers)
 // plus a generated part (everything, or SCOPE's pool plus the current token). Filter layers run
@@ -372,7 +423,13 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
     if (st.prompt_len < 0) {  // first decode step after a prompt
       st.prompt_len = s.pos0;
       st.selected.assign(pol.uses_omnikv() ? pol.omnikv.filter_layers.size() : 0, {});
-      st.pool.assign(pol.uses_scope() ? static_cast<size_t>(config().n_layer) * hkv : 0, {});
+      const bool pooled = pol.uses_scope() || pol.kind == AttentionPolicy::Kind::H2o;
+      st.pool.assign(pooled ? static_cast<size_t>(config().n_layer) * hkv : 0, {});
+      if (pol.kind == AttentionPolicy::Kind::H2o) {  // every prompt token starts as a candidate
+        for (auto& p : st.pool)
+          for (int j = 0; j < s.pos0; ++j) p.push_back(j);
+        st.acc.assign(st.pool.size(), std::vector<float>(s.pos0, 0.f));
+      }
       st.heads.resize(hkv);
     }
     const std::vector<int32_t>* prompt_subset = nullptr;
@@ -384,6 +441,11 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       } else if (role == LayerRole::Sparse) {
         prompt_subset = &st.selected[pol.group[layer]];
       }
+    }
+    if (pol.kind == AttentionPolicy::Kind::Streaming || pol.kind == AttentionPolicy::Kind::H2o) {
+      baseline_keys(layer, seq, s.pos0);
+      slice_keys_[i] = &st.heads;
+      continue;
     }
     if (!prompt_subset && !pol.uses_scope()) continue;  // this layer attends everything
     for (int g = 0; g < hkv; ++g) {

@@ -76,6 +76,8 @@ class Engine {
   void attend_listed(int layer, const Slice& s, int t, int g, AttnScratch& sc);
   void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<int(int)> valid);
   void scope_update(int layer, Sequence& seq, int g, const float* probs, int n_keys);
+  void baseline_keys(int layer, Sequence& seq, int pos);
+  void h2o_update(int layer, Sequence& seq, int g, const float* probs, int n_keys);
   // Sparse decode (policy.h): the key list each slice attends at `layer` (nullptr = all).
   void prepare_sparse(int layer, const std::vector<Slice>& slices);
   void select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out);

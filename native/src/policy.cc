@@ -13,6 +13,8 @@ const char* AttentionPolicy::name() const {
     case Kind::OmniKv: return "omnikv";
     case Kind::Scope: return "scope";
     case Kind::OmniKvScope: return "omnikv+scope";
+    case Kind::Streaming: return "streaming";
+    case Kind::H2o: return "h2o";
   }
   return "?";
 }
@@ -75,6 +77,23 @@ AttentionPolicy AttentionPolicy::make_omnikv_scope(const OmniKvConfig& o, const 
   AttentionPolicy p = make_omnikv(o, model);
   p.scope = make_scope(s, model).scope;
   p.kind = Kind::OmniKvScope;
+  return p;
+}
+
+AttentionPolicy AttentionPolicy::make_streaming(const StreamingConfig& cfg) {
+  if (cfg.sinks < 0 || cfg.window < 1) throw std::invalid_argument("streaming: sinks must be >= 0 and window >= 1");
+  AttentionPolicy p;
+  p.kind = Kind::Streaming;
+  p.streaming = cfg;
+  return p;
+}
+
+AttentionPolicy AttentionPolicy::make_h2o(const H2oConfig& cfg) {
+  if (cfg.recent < 1 || cfg.budget <= cfg.recent)
+    throw std::invalid_argument("h2o: recent must be >= 1 and budget larger than recent");
+  AttentionPolicy p;
+  p.kind = Kind::H2o;
+  p.h2o = cfg;
   return p;
 }
 

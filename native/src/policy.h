@@ -8,6 +8,11 @@
 //   layer and KV head keeps its last beta2 generated tokens plus the beta1 earlier ones the
 //   current step attends to most; the prompt is kept whole.
 // - `omnikv+scope`: OmniKV over the prompt, SCOPE over the generated tokens.
+// Baselines over the whole context (prompt and generated), for comparisons in one engine:
+// - `streaming` (StreamingLLM): the first `sinks` tokens plus the most recent `window`.
+// - `h2o` (Heavy-Hitter Oracle): per layer and KV head, the `recent` newest tokens plus the
+//   heavy hitters by attention accumulated over decode steps, `budget` in all; evicted tokens
+//   never return. (Accumulation starts at the first decode step: prefill attention is not kept.)
 #pragma once
 #include <cstdint>
 #include <string>
@@ -52,13 +57,18 @@ bool scope_reselects(const ScopeConfig& cfg, int t);
 void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
                   std::vector<int32_t>& out, std::vector<int32_t>& scratch);
 
+struct StreamingConfig { int sinks = 4; int window = 1020; };
+struct H2oConfig { int budget = 1024; int recent = 256; };
+
 enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
 
 struct AttentionPolicy {
-  enum class Kind { Full, OmniKv, Scope, OmniKvScope };
+  enum class Kind { Full, OmniKv, Scope, OmniKvScope, Streaming, H2o };
   Kind kind = Kind::Full;
   OmniKvConfig omnikv;
   ScopeConfig scope;
+  StreamingConfig streaming;
+  H2oConfig h2o;
   std::vector<LayerRole> roles;  // per layer (omnikv)
   std::vector<int> group;        // per layer: index into filter_layers of the set it uses, or -1
 
@@ -66,6 +76,8 @@ struct AttentionPolicy {
   static AttentionPolicy make_omnikv(const OmniKvConfig& cfg, const ModelConfig& model);
   static AttentionPolicy make_scope(const ScopeConfig& cfg, const ModelConfig& model);
   static AttentionPolicy make_omnikv_scope(const OmniKvConfig& o, const ScopeConfig& s, const ModelConfig& model);
+  static AttentionPolicy make_streaming(const StreamingConfig& cfg);
+  static AttentionPolicy make_h2o(const H2oConfig& cfg);
   bool sparse_decode() const { return kind != Kind::Full; }
   bool uses_omnikv() const { return kind == Kind::OmniKv || kind == Kind::OmniKvScope; }
   bool uses_scope() const { return kind == Kind::Scope || kind == Kind::OmniKvScope; }
@@ -76,7 +88,8 @@ struct AttentionPolicy {
 struct PolicyState {
   int prompt_len = -1;                          // prompt = positions < prompt_len
   std::vector<std::vector<int32_t>> selected;   // OmniKV: per filter layer, ascending
-  std::vector<std::vector<int32_t>> pool;       // SCOPE: per (layer, KV head), generated positions kept
+  std::vector<std::vector<int32_t>> pool;       // SCOPE, H2O: per (layer, KV head), positions kept
+  std::vector<std::vector<float>> acc;          // H2O: accumulated attention, aligned with pool
   struct Head {                                 // per KV head, reused layer after layer
     std::vector<int32_t> keys;                  // what the current layer attends to, ascending
     std::vector<float> importance;              // SCOPE scratch
@@ -84,7 +97,7 @@ struct PolicyState {
   };
   std::vector<Head> heads;
   uint64_t selections = 0, lazy_reuses = 0;
-  void reset() { prompt_len = -1; selected.clear(); pool.clear(); }
+  void reset() { prompt_len = -1; selected.clear(); pool.clear(); acc.clear(); }
 };
 
 const char* selector_name(Selector s);

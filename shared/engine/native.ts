@@ -64,7 +64,11 @@ export type AttentionPolicy =
   | { kind: "full" }
   | { kind: "omnikv"; omnikv: OmniKvOptions }
   | { kind: "scope"; scope: ScopeOptions }
-  | { kind: "omnikv+scope"; omnikv: OmniKvOptions; scope: ScopeOptions };
+  | { kind: "omnikv+scope"; omnikv: OmniKvOptions; scope: ScopeOptions }
+  /** Baseline: the first `sinks` tokens plus the most recent `window`. */
+  | { kind: "streaming"; streaming: { sinks: number; window: number } }
+  /** Baseline: per layer and KV head, `recent` newest plus heavy hitters, `budget` in all. */
+  | { kind: "h2o"; h2o: { budget: number; recent: number } };
 
 export interface PolicyStats {
   kind: AttentionPolicy["kind"];
@@ -72,7 +76,7 @@ export interface PolicyStats {
   selections: number;
   lazyReuses: number;
   selectedSizes: number[];
-  /** SCOPE: generated tokens kept, summed over layers and KV heads. */
+  /** SCOPE (generated tokens) or H2O (all tokens): tokens kept, summed over layers and KV heads. */
   decodePoolTokens: number;
   decodeTokens: number;
 }
