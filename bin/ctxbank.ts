@@ -1,6 +1,7 @@
 #!/usr/bin/env -S npx tsx
 // ctxbank command line: `generate` runs one prompt (or a chat REPL with --interactive) on the
-// local engine and streams the text to stdout; statistics go to stderr.
+// local engine and streams the text to stdout; statistics go to stderr. `serve`, `prefill` and
+// `decode` run the HTTP services (bin/serve.ts).
 import { availableParallelism } from "node:os";
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
@@ -11,8 +12,10 @@ import { generate, GenerateError, type DoneEvent } from "../shared/generate.ts";
 import { ModelResolveError, resolveModel } from "../shared/model/resolve.ts";
 import { ChatTemplate, ChatTemplateError, validateMessages, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { SERVICE_COMMANDS, ServiceUsageError, serviceCommand } from "./serve.ts";
 
 const USAGE = `Usage: ctxbank generate [options]
+       ctxbank serve | prefill | decode [options]   (the HTTP services; see ctxbank serve --help)
 
 Prompt (one of):
   --prompt TEXT          a user message (wrapped in the model's chat template unless --raw)
@@ -214,13 +217,14 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(USAGE);
     return 0;
   }
+  if (SERVICE_COMMANDS.includes(argv[0]!)) return serviceCommand(argv[0] as "serve" | "prefill" | "decode", argv.slice(1));
   const { values: f, positionals } = parse(argv);
   if (f.help) {
     process.stdout.write(USAGE);
     return 0;
   }
   const [command, ...extra] = positionals;
-  if (command === undefined) throw new UsageError("missing command (ctxbank generate ...)");
+  if (command === undefined) throw new UsageError("missing command (ctxbank generate|serve|prefill|decode ...)");
   if (command !== "generate") throw new UsageError(`unknown command ${JSON.stringify(command)}`);
   if (extra.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(extra[0])}`);
 
@@ -264,7 +268,7 @@ process.stdout.on("error", (e: NodeJS.ErrnoException) => process.exit(e.code ===
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (e: unknown) => {
-    const usage = e instanceof UsageError;
+    const usage = e instanceof UsageError || e instanceof ServiceUsageError;
     const msg = (e instanceof Error ? e.message : String(e)).replace(/\s*\n\s*/g, " ");
     process.stderr.write(`ctxbank: ${msg}${usage ? " (see ctxbank --help)" : ""}\n`);
     process.exit(usage ? 2 : 1);

@@ -1,0 +1,185 @@
+// Loads a handle's KV into a fresh sequence: lease the chunks in the registry, read them over the
+// transport the locality allows (shm on the owner's host, else HTTP), verify each (checksum,
+// model fingerprint, the registry row's shape) before the engine sees a byte, and import it into
+// the cache as it arrives, several chunks in flight at once.
+import path from "node:path";
+import type { NativeSequence } from "../../shared/engine/engine.ts";
+import { ApiError } from "../../shared/http/errors.ts";
+import type { Handle } from "../../shared/http/wire.ts";
+import { ChunkError, verifyChunk } from "../../shared/kv/chunk.ts";
+import { coverageProblem, importChunk, kvShape, type KvShape } from "../../shared/kv/seq-io.ts";
+import { RegistryError, type LeasedChunk } from "../../shared/registry/registry.ts";
+import { TransportError } from "../../shared/transport/errors.ts";
+import { HttpTransport } from "../../shared/transport/http.ts";
+import { ShmTransport } from "../../shared/transport/shm.ts";
+import type { KvTransport } from "../../shared/transport/types.ts";
+import type { Runtime } from "../runtime.ts";
+
+/** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
+export class KvLoadError extends Error {
+  override readonly name = "KvLoadError";
+  constructor(
+    message: string,
+    readonly reason: "unavailable" | "transport" | "corrupt" | "failed_owner",
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+export interface KvLoadStats {
+  transport: "http" | "shm";
+  chunks: number;
+  bytes: number;
+  ms: number;
+}
+
+export class KvLoader {
+  readonly http: HttpTransport;
+  readonly shm: ShmTransport;
+  private readonly shape: KvShape;
+  readonly totals = { loads: 0, chunks: 0, bytes: 0, failures: 0, ms: 0 };
+
+  constructor(private readonly rt: Runtime) {
+    this.http = new HttpTransport({ connections: 8 });
+    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)] });
+    this.shape = kvShape(rt.model.config);
+  }
+
+  /** shm when the chunk's owner runs on this host (and it is allowed), else HTTP. */
+  pick(loc: LeasedChunk["location"]): KvTransport {
+    const mode = this.rt.config.transport;
+    if (mode === "http") return this.http;
+    if (mode === "shm") return this.shm;
+    const sameHost = loc.ownerHostId === this.rt.config.hostId;
+    const allowed = path.dirname(path.resolve(loc.shardPath)) === path.resolve(this.rt.config.shardDir);
+    return sameHost && allowed ? this.shm : this.http;
+  }
+
+  /**
+   * Reads every chunk of `handle` into `seq` (capacity >= prompt tokens) and sets its length.
+   * Throws ApiError for a bad or expired handle, KvLoadError when the bytes cannot be had.
+   */
+  async load(handle: Handle, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
+    const { registry, config, model } = this.rt;
+    const t0 = performance.now();
+    let leased: LeasedChunk[];
+    try {
+      leased = await registry.chunks.acquireRead(handle.chunk_ids, config.readLeaseMs);
+    } catch (e) {
+      throw leaseError(e);
+    }
+    const ids = leased.map((l) => l.chunk.id);
+    try {
+      for (const { chunk } of leased) {
+        if (chunk.modelFingerprint !== model.fingerprint) {
+          throw new ApiError(400, "model_mismatch", `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`, "handle");
+        }
+      }
+      const problem = coverageProblem(
+        leased.map((l) => l.chunk),
+        this.shape.nLayer,
+        handle.prompt_tokens,
+      );
+      if (problem) throw new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids");
+
+      const cache = { buffer: seq.kvBuffer(), capacity: seq.capacity };
+      const deadlineMs = Date.now() + config.kvTimeoutMs;
+      const transports = new Set<string>();
+      let bytes = 0;
+      let nextIndex = 0;
+      const stop = new AbortController();
+      const onAbort = () => stop.abort(signal.reason);
+      signal.addEventListener("abort", onAbort, { once: true });
+      const worker = async () => {
+        let buf = Buffer.allocUnsafe(0);
+        while (nextIndex < leased.length && !stop.signal.aborted) {
+          const { chunk, location } = leased[nextIndex++]!;
+          const transport = this.pick(location);
+          transports.add(transport.name);
+          if (buf.byteLength < location.length) buf = Buffer.allocUnsafe(location.length);
+          const view = buf.subarray(0, location.length);
+          try {
+            await transport.readChunk(location, view, { deadlineMs, signal: stop.signal });
+          } catch (e) {
+            throw transportError(e, signal);
+          }
+          let verified;
+          try {
+            verified = verifyChunk(view, {
+              fingerprint: model.fingerprint,
+              ...(chunk.checksum === null ? {} : { checksum: chunk.checksum }),
+              tokenStart: chunk.tokenStart,
+              tokenCount: chunk.tokenEnd - chunk.tokenStart,
+              layerIds: chunk.layerIds,
+              dtype: chunk.dtype,
+            });
+          } catch (e) {
+            if (e instanceof ChunkError) {
+              throw new KvLoadError(`chunk ${chunk.id} (tokens ${chunk.tokenStart}..${chunk.tokenEnd}) failed verification: ${e.code}: ${e.message}`, "corrupt", { cause: e });
+            }
+            throw e;
+          }
+          importChunk(verified.payload, verified.header, cache, this.shape);
+          bytes += location.length;
+        }
+      };
+      const workers = Array.from({ length: Math.min(config.kvConcurrency, leased.length) }, () =>
+        worker().catch((e: unknown) => {
+          stop.abort(e);
+          throw e;
+        }),
+      );
+      const settled = await Promise.allSettled(workers);
+      signal.removeEventListener("abort", onAbort);
+      const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
+      if (failure) throw firstCause(settled, failure.reason);
+      signal.throwIfAborted();
+      seq.setLength(handle.prompt_tokens);
+      const ms = performance.now() - t0;
+      this.totals.loads++;
+      this.totals.chunks += leased.length;
+      this.totals.bytes += bytes;
+      this.totals.ms += ms;
+      return { transport: transports.has("http") ? "http" : "shm", chunks: leased.length, bytes, ms };
+    } catch (e) {
+      this.totals.failures++;
+      throw e;
+    } finally {
+      await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
+    }
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.http.close(), this.shm.close()]);
+  }
+}
+
+/** Prefer the error that started the failure over the aborts it caused in the other workers. */
+function firstCause(settled: PromiseSettledResult<void>[], fallback: unknown): unknown {
+  for (const s of settled) {
+    if (s.status === "rejected" && !(s.reason instanceof KvLoadError && /aborted/.test(s.reason.message))) return s.reason;
+  }
+  return fallback;
+}
+
+function leaseError(e: unknown): unknown {
+  if (!(e instanceof RegistryError)) return e;
+  if (e.code === "invalid_input") return new ApiError(400, "invalid_request", e.message, "handle.chunk_ids");
+  if (e.code === "chunk_unavailable") {
+    const details = (e.details ?? []) as { id: string; reason: string }[];
+    if (details.some((d) => d.reason === "chunk is failed")) {
+      return new KvLoadError(`the KV's owner is gone (its shard was retired): ${e.message}`, "failed_owner", { cause: e });
+    }
+    return new ApiError(409, "handle_expired", `the handle's KV is no longer available: ${e.message}`, "handle", details, { cause: e });
+  }
+  return e;
+}
+
+function transportError(e: unknown, signal: AbortSignal): unknown {
+  if (signal.aborted) return signal.reason;
+  if (e instanceof TransportError) {
+    return new KvLoadError(`cannot read the KV (${e.code}): ${e.message}`, "transport", { cause: e });
+  }
+  return e;
+}

@@ -1,0 +1,228 @@
+// OpenAI-compatible routes: POST /v1/completions, POST /v1/chat/completions (streaming and not)
+// and GET /v1/models. Each request is prefilled on a prefill instance picked from the registry
+// and decoded here. Supported: n = 1, max_tokens (default 16 for completions, 256 for chat, less
+// if the context is short), temperature (default 1), top_p (default 1), top_k (extension,
+// default 40), seed, stop, stream, stream_options.include_usage, and on_kv_failure (extension).
+import { createRoute, z } from "@hono/zod-openapi";
+import type { Context } from "hono";
+import { newApp, type ServiceApp } from "../../shared/http/app.ts";
+import { ApiError, errorResponses } from "../../shared/http/errors.ts";
+import { SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
+import type { FinishReason } from "../../shared/generate.ts";
+import type { ChatMessage } from "../../shared/tokenizer/chat-template.ts";
+import type { Runtime } from "../runtime.ts";
+import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
+import { clientSignal, collect, sse } from "./stream.ts";
+import { errorJson } from "./routes.ts";
+
+const Common = {
+  model: z.string().min(1).openapi({ example: "SmolLM2-135M-Instruct.Q4_1" }),
+  max_tokens: z.number().int().min(1).nullish(),
+  ...SamplingFields,
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().gt(0).max(1).nullish(),
+  seed: z.number().int().min(0).max(2 ** 32 - 1).nullish(),
+  stop: StopSchema.nullable(),
+  stream: z.boolean().nullish(),
+  stream_options: z.object({ include_usage: z.boolean().optional() }).nullish(),
+  n: z.literal(1).nullish().openapi({ description: "only 1 is supported" }),
+  user: z.string().optional(),
+  presence_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
+  frequency_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
+  on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({ description: "extension: what to do when the KV cannot be loaded" }),
+};
+
+const CompletionRequest = z
+  .object({
+    ...Common,
+    prompt: z.union([z.string().min(1), z.array(z.string().min(1)).length(1), TokenIds, z.array(TokenIds).length(1)]),
+    echo: z.literal(false).nullish(),
+    logprobs: z.null().optional(),
+    suffix: z.null().optional(),
+  })
+  .openapi("CompletionRequest");
+
+const ContentPart = z.object({ type: z.literal("text"), text: z.string() });
+const ChatRequest = z
+  .object({
+    ...Common,
+    max_completion_tokens: z.number().int().min(1).nullish(),
+    messages: z
+      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart)]) }))
+      .min(1),
+    logprobs: z.literal(false).nullish(),
+  })
+  .openapi("ChatCompletionRequest");
+
+const Usage = z.object({ prompt_tokens: z.number(), completion_tokens: z.number(), total_tokens: z.number() });
+const CompletionResponse = z
+  .object({
+    id: z.string(),
+    object: z.literal("text_completion"),
+    created: z.number(),
+    model: z.string(),
+    choices: z.array(z.object({ index: z.number(), text: z.string(), finish_reason: z.string().nullable(), logprobs: z.null() })),
+    usage: Usage,
+  })
+  .openapi("Completion");
+const ChatResponse = z
+  .object({
+    id: z.string(),
+    object: z.literal("chat.completion"),
+    created: z.number(),
+    model: z.string(),
+    choices: z.array(
+      z.object({ index: z.number(), message: z.object({ role: z.literal("assistant"), content: z.string() }), finish_reason: z.string().nullable(), logprobs: z.null() }),
+    ),
+    usage: Usage,
+  })
+  .openapi("ChatCompletion");
+const ModelList = z
+  .object({ object: z.literal("list"), data: z.array(z.object({ id: z.string(), object: z.literal("model"), created: z.number(), owned_by: z.string() })) })
+  .openapi("ModelList");
+
+const stream = { "text/event-stream": { schema: z.string().openapi({ description: "data: <chunk JSON> lines, then data: [DONE]" }) } };
+const errors = errorResponses(400, 404, 409, 413, 429, 499, 500, 502, 503);
+
+const completionsRoute = createRoute({
+  method: "post",
+  path: "/v1/completions",
+  tags: ["openai"],
+  summary: "Text completion (OpenAI-compatible), disaggregated: prefill elsewhere, decode here",
+  request: { body: { content: { "application/json": { schema: CompletionRequest } }, required: true } },
+  responses: { 200: { description: "Completion, or a stream of chunks", content: { "application/json": { schema: CompletionResponse }, ...stream } }, ...errors },
+});
+const chatRoute = createRoute({
+  method: "post",
+  path: "/v1/chat/completions",
+  tags: ["openai"],
+  summary: "Chat completion (OpenAI-compatible) with the model's chat template",
+  request: { body: { content: { "application/json": { schema: ChatRequest } }, required: true } },
+  responses: { 200: { description: "Chat completion, or a stream of chunks", content: { "application/json": { schema: ChatResponse }, ...stream } }, ...errors },
+});
+const modelsRoute = createRoute({
+  method: "get",
+  path: "/v1/models",
+  tags: ["openai"],
+  summary: "The served model",
+  responses: { 200: { content: { "application/json": { schema: ModelList } }, description: "Models" } },
+});
+
+type Common = { [K in keyof typeof Common]?: z.infer<(typeof Common)[K]> };
+
+function options(b: Common, maxTokens: number | null | undefined, defaultMax: number): DecodeOptions {
+  return {
+    maxTokens: maxTokens ?? defaultMax,
+    temperature: b.temperature ?? 1,
+    top_p: b.top_p ?? 1,
+    top_k: b.top_k ?? 40,
+    seed: b.seed ?? undefined,
+    stop: b.stop == null ? [] : typeof b.stop === "string" ? [b.stop] : b.stop,
+    onKvFailure: b.on_kv_failure,
+  };
+}
+
+const openaiFinish = (f: FinishReason) => (f === "length" ? "length" : "stop");
+
+export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
+  const app = newApp();
+  const created = Math.floor(Date.now() / 1000);
+  const checkModel = (model: string) => {
+    if (![rt.modelId, `${rt.modelId}.gguf`, "default", "ctxbank"].includes(model)) {
+      throw new ApiError(404, "unknown_model", `model ${JSON.stringify(model)} is not served here; GET /v1/models lists ${JSON.stringify(rt.modelId)}`, "model");
+    }
+  };
+  /** Default max tokens, capped so a short context still works when the client says nothing. */
+  const room = (want: number) => Math.max(1, Math.min(want, rt.engine.maxContext - 1));
+
+  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank" }] }, 200));
+
+  app.openapi(completionsRoute, async (c) => {
+    const b = c.req.valid("json");
+    checkModel(b.model);
+    const p = b.prompt;
+    const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
+    const ac = clientSignal(c);
+    const events = svc.complete(prompt, options(b, b.max_tokens, room(16)), ac.signal, c.get("log"));
+    const id = `cmpl-${crypto.randomUUID()}`;
+    const base = { id, object: "text_completion" as const, created: now(), model: rt.modelId };
+    if (b.stream) {
+      return respondStream(c, ac, events, b.stream_options?.include_usage === true, {
+        chunk: (text, finish) => ({ ...base, choices: [{ index: 0, text, finish_reason: finish, logprobs: null }] }),
+        usage: (u) => ({ ...base, choices: [], usage: u }),
+      });
+    }
+    const { text, done } = await gather(events);
+    return c.json({ ...base, choices: [{ index: 0, text, finish_reason: openaiFinish(done.finish), logprobs: null }], usage: usage(done) }, 200);
+  });
+
+  app.openapi(chatRoute, async (c) => {
+    const b = c.req.valid("json");
+    checkModel(b.model);
+    const messages: ChatMessage[] = b.messages.map((m) => ({
+      role: m.role === "developer" ? "system" : m.role,
+      content: typeof m.content === "string" ? m.content : m.content.map((part) => part.text).join(""),
+    }));
+    const ac = clientSignal(c);
+    const events = svc.complete({ messages }, options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), ac.signal, c.get("log"));
+    const id = `chatcmpl-${crypto.randomUUID()}`;
+    const base = { id, object: "chat.completion.chunk" as const, created: now(), model: rt.modelId };
+    if (b.stream) {
+      let first = true;
+      return respondStream(c, ac, events, b.stream_options?.include_usage === true, {
+        chunk: (text, finish) => {
+          const delta = first ? { role: "assistant" as const, content: text } : finish ? {} : { content: text };
+          first = false;
+          return { ...base, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] };
+        },
+        usage: (u) => ({ ...base, choices: [], usage: u }),
+      });
+    }
+    const { text, done } = await gather(events);
+    return c.json(
+      {
+        ...base,
+        object: "chat.completion" as const,
+        choices: [{ index: 0, message: { role: "assistant" as const, content: text }, finish_reason: openaiFinish(done.finish), logprobs: null }],
+        usage: usage(done),
+      },
+      200,
+    );
+  });
+  return app;
+}
+
+const now = () => Math.floor(Date.now() / 1000);
+type Done = Extract<DecodeEvent, { type: "done" }>;
+const usage = (d: Done) => ({ prompt_tokens: d.promptTokens, completion_tokens: d.completionTokens, total_tokens: d.promptTokens + d.completionTokens });
+
+async function gather(events: AsyncGenerator<DecodeEvent>): Promise<{ text: string; done: Done }> {
+  const all = await collect(events);
+  const done = all.at(-1);
+  if (done?.type !== "done") throw new ApiError(500, "internal_error", "the generation ended without a result");
+  return { text: all.map((e) => (e.type === "token" ? e.text : "")).join(""), done };
+}
+
+interface ChunkMaker {
+  chunk(text: string, finish: string | null): object;
+  usage(u: ReturnType<typeof usage>): object;
+}
+
+/**
+ * OpenAI's stream: `data: <chunk>` per token as soon as it is sampled, then a chunk with empty
+ * text and the finish_reason, an optional usage chunk, and `data: [DONE]`.
+ */
+function respondStream(c: Context, ac: AbortController, events: AsyncGenerator<DecodeEvent>, includeUsage: boolean, make: ChunkMaker) {
+  return sse(c, ac, events, {
+    async event(s, ev) {
+      if (ev.type === "token") {
+        await s.writeSSE({ data: JSON.stringify(make.chunk(ev.text, null)) });
+        return;
+      }
+      await s.writeSSE({ data: JSON.stringify(make.chunk("", openaiFinish(ev.finish))) });
+      if (includeUsage) await s.writeSSE({ data: JSON.stringify(make.usage(usage(ev))) });
+    },
+    error: (s, e) => s.writeSSE({ data: JSON.stringify(errorJson(e)) }),
+    end: (s) => s.writeSSE({ data: "[DONE]" }),
+  }) as never;
+}

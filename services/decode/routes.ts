@@ -1,0 +1,86 @@
+// POST /v1/decode (a handle plus sampling options; SSE or one JSON answer) and GET /v1/decode/status.
+import { createRoute, z } from "@hono/zod-openapi";
+import { newApp, type ServiceApp } from "../../shared/http/app.ts";
+import { ApiError, errorBody, errorResponses } from "../../shared/http/errors.ts";
+import { DecodeRequestSchema, DecodeResultSchema, type DecodeRequest, type DecodeResult } from "../../shared/http/wire.ts";
+import type { DecodeOptions, DecodeService } from "./service.ts";
+import { clientSignal, collect, sse } from "./stream.ts";
+
+const decodeRoute = createRoute({
+  method: "post",
+  path: "/v1/decode",
+  tags: ["decode"],
+  summary: "Decode a prefill handle: load its KV (verified) and generate; SSE when stream is true",
+  description:
+    "SSE events: `token` {index, id, text} (the first comes from the handle, before the KV is read), `done` (the DecodeResult without text), `error` (the error body).",
+  request: { body: { content: { "application/json": { schema: DecodeRequestSchema } }, required: true } },
+  responses: {
+    200: {
+      description: "The generation (JSON), or an event stream",
+      content: { "application/json": { schema: DecodeResultSchema }, "text/event-stream": { schema: z.string() } },
+    },
+    ...errorResponses(400, 404, 409, 413, 429, 499, 500, 502, 503),
+  },
+});
+
+const statusRoute = createRoute({
+  method: "get",
+  path: "/v1/decode/status",
+  tags: ["decode"],
+  summary: "Batch, queue, KV memory accounting and totals",
+  responses: { 200: { content: { "application/json": { schema: z.record(z.string(), z.unknown()) } }, description: "Status" } },
+});
+
+export function decodeOptions(b: Omit<DecodeRequest, "handle" | "stream">): DecodeOptions {
+  return {
+    maxTokens: b.max_tokens,
+    temperature: b.temperature,
+    top_p: b.top_p,
+    top_k: b.top_k,
+    seed: b.seed,
+    stop: b.stop === undefined ? [] : typeof b.stop === "string" ? [b.stop] : b.stop,
+    onKvFailure: b.on_kv_failure,
+  };
+}
+
+export function decodeRoutes(svc: DecodeService): ServiceApp {
+  const app = newApp();
+  app.openapi(decodeRoute, async (c) => {
+    const body = c.req.valid("json");
+    const ac = clientSignal(c);
+    const events = svc.decode(body.handle, decodeOptions(body), ac.signal, c.get("log"));
+    if (body.stream) {
+      return sse(c, ac, events, {
+        event: (s, ev) =>
+          ev.type === "token"
+            ? s.writeSSE({ event: "token", id: String(ev.index), data: JSON.stringify({ index: ev.index, id: ev.id, text: ev.text }) })
+            : s.writeSSE({ event: "done", data: JSON.stringify(result(ev, "")) }),
+        error: (s, e) => s.writeSSE({ event: "error", data: JSON.stringify(errorJson(e)) }),
+      }) as never;
+    }
+    const all = await collect(events);
+    const done = all.at(-1);
+    if (done?.type !== "done") throw new ApiError(500, "internal_error", "the generation ended without a result");
+    const text = all.map((e) => (e.type === "token" ? e.text : "")).join("");
+    return c.json(result(done, text), 200);
+  });
+  app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
+  return app;
+}
+
+function result(ev: Extract<Awaited<ReturnType<typeof collect>>[number], { type: "done" }>, text: string): DecodeResult {
+  return {
+    request_id: ev.requestId,
+    text,
+    token_ids: ev.tokenIds,
+    finish_reason: ev.finish,
+    usage: { prompt_tokens: ev.promptTokens, completion_tokens: ev.completionTokens, total_tokens: ev.promptTokens + ev.completionTokens },
+    kv: ev.kv,
+    ttft_ms: ev.ttftMs,
+    total_ms: ev.totalMs,
+  };
+}
+
+export function errorJson(e: unknown) {
+  return e instanceof ApiError ? e.toJSON() : errorBody(500, "internal_error", (e as Error)?.message ?? "internal error");
+}

@@ -1,0 +1,299 @@
+// The decode service: takes a handle (from its own call to a prefill instance, or from a client),
+// streams the handle's first token at once, loads the KV (or recomputes it locally when asked),
+// and hands the sequence to the continuous-batching scheduler. Every exit path — done, error,
+// client gone — releases the sequence, the KV reservation, the read leases and the request's
+// hold on its chunks, and records the outcome in the registry.
+import { and, eq, inArray, isNull } from "drizzle-orm";
+import type { Logger } from "pino";
+import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
+import type { FinishReason } from "../../shared/generate.ts";
+import { ApiError } from "../../shared/http/errors.ts";
+import { samplingOptions, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
+import { requests } from "../../shared/registry/schema.ts";
+import { Membership } from "../membership.ts";
+import { checkContext, type Runtime } from "../runtime.ts";
+import { KvLoadError, KvLoader } from "./kv-loader.ts";
+import { PrefillClient } from "./prefill-client.ts";
+import { DecodeScheduler, Slot } from "./scheduler.ts";
+import { TokenTextStream } from "./text-stream.ts";
+
+export const DEFAULT_MAX_TOKENS = 256;
+
+export interface DecodeOptions {
+  maxTokens?: number | undefined;
+  temperature?: number | undefined;
+  top_p?: number | undefined;
+  top_k?: number | undefined;
+  seed?: number | undefined;
+  stop?: readonly string[] | undefined;
+  onKvFailure?: "fail" | "recompute" | undefined;
+}
+
+export interface KvSummary {
+  transport: "http" | "shm" | "recompute" | "none";
+  chunks: number;
+  bytes: number;
+  ms: number;
+  recomputed: boolean;
+  error?: string;
+}
+
+export type DecodeEvent =
+  | { type: "token"; id: number; text: string; index: number }
+  | {
+      type: "done";
+      requestId: string;
+      finish: FinishReason;
+      promptTokens: number;
+      completionTokens: number;
+      tokenIds: number[];
+      kv: KvSummary;
+      ttftMs: number;
+      totalMs: number;
+    };
+
+const OPEN = ["queued", "prefilling", "decoding"] as const;
+
+export class DecodeService {
+  readonly scheduler: DecodeScheduler;
+  readonly loader: KvLoader;
+  readonly prefillClient: PrefillClient;
+  private membership: Membership | undefined;
+  private state: "starting" | "ready" | "draining" | "stopped" = "starting";
+  private readonly active = new Set<AbortController>();
+  readonly totals = { requests: 0, done: 0, cancelled: 0, failed: 0, recomputed: 0 };
+
+  constructor(
+    private readonly rt: Runtime,
+    readonly instanceId: string = rt.config.instanceId,
+  ) {
+    const c = rt.config;
+    this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes }, rt.log);
+    this.loader = new KvLoader(rt);
+    this.prefillClient = new PrefillClient(rt);
+  }
+
+  get ready(): boolean {
+    return this.state === "ready";
+  }
+
+  async start(baseUrl: string): Promise<void> {
+    this.membership = new Membership(this.rt, "decode", this.instanceId, baseUrl);
+    await this.membership.start();
+    this.state = "ready";
+  }
+
+  status() {
+    return { state: this.state, ...this.scheduler.status(), kv_loads: { ...this.loader.totals }, totals: { ...this.totals } };
+  }
+
+  private assertReady(): void {
+    if (this.state !== "ready") {
+      throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the decode service is ${this.state}`);
+    }
+  }
+
+  /** The OpenAI routes' path: prefill on a prefill instance, then decode the handle here. */
+  async *complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
+    this.assertReady();
+    const t0 = performance.now();
+    const room = this.scheduler.status();
+    if (room.admitted >= this.scheduler.options.maxBatch + this.scheduler.options.maxQueue) {
+      throw new ApiError(429, "queue_full", `decode is full (${room.admitted} requests admitted); retry later`);
+    }
+    const handle = await this.prefillClient.prefill(
+      {
+        ...prompt,
+        ...(opts.maxTokens === undefined ? {} : { max_tokens: opts.maxTokens }),
+        ...(opts.temperature === undefined ? {} : { temperature: opts.temperature }),
+        ...(opts.top_p === undefined ? {} : { top_p: opts.top_p }),
+        ...(opts.top_k === undefined ? {} : { top_k: opts.top_k }),
+        ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+      },
+      signal,
+    );
+    yield* this.decode(handle, opts, signal, log, { owned: true, t0 });
+  }
+
+  /**
+   * Decodes a handle. `owned`: the handle came from our own prefill call, so on any failure its
+   * chunks are released; a client's handle is left alone when it was not ours to take (404/409/429).
+   */
+  async *decode(handle: Handle, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number } = {}): AsyncGenerator<DecodeEvent> {
+    const { engine, model, registry } = this.rt;
+    const t0 = how.t0 ?? performance.now();
+    const requestId = handle.request_id;
+    const ac = new AbortController();
+    const onAbort = () => ac.abort(new ApiError(499, "client_closed", "the client closed the request"));
+    outer.addEventListener("abort", onAbort, { once: true });
+    if (outer.aborted) onAbort();
+    const signal = ac.signal;
+    this.active.add(ac);
+    let claimed = how.owned ?? false;
+    let outcome: "done" | "cancelled" | "failed" = "failed";
+    let errorText: string | undefined;
+    let reservation: ReturnType<DecodeScheduler["admit"]> | undefined;
+    let seq: ReturnType<typeof engine.createSequence> | undefined;
+    let slot: Slot | undefined;
+    let text: TokenTextStream | undefined;
+    try {
+      this.assertReady();
+      if (handle.model_fingerprint !== model.fingerprint) {
+        throw new ApiError(400, "model_mismatch", `the handle was made by model ${handle.model_fingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`, "handle.model_fingerprint");
+      }
+      if (handle.prompt_token_ids.length !== handle.prompt_tokens) {
+        throw new ApiError(400, "invalid_request", "handle.prompt_token_ids must hold prompt_tokens ids", "handle.prompt_token_ids");
+      }
+      const n = handle.prompt_tokens;
+      const maxTokens = opts.maxTokens ?? Math.max(1, Math.min(DEFAULT_MAX_TOKENS, engine.maxContext - n));
+      checkContext(engine.maxContext, n, maxTokens);
+      const sampler = newSampler(opts, handle);
+      reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
+      if (!claimed) await this.claim(requestId);
+      claimed = true;
+      this.totals.requests++;
+
+      // The first token came with the handle: stream it before the KV is even read.
+      text = new TokenTextStream(this.rt.tokenizer, maxTokens, opts.stop ?? []);
+      const first = text.push(handle.first_token);
+      const ttftMs = performance.now() - t0;
+      yield { type: "token", id: handle.first_token, text: first.text, index: 0 };
+      let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
+      let finish = first.finish;
+      if (!finish) {
+        seq = engine.createSequence(n + maxTokens);
+        this.scheduler.liveSequences++;
+        kv = await this.loadOrRecompute(handle, seq, opts.onKvFailure ?? "fail", signal, log);
+        // The KV is ours now: the prefill's shard space can be reclaimed.
+        await registry.chunks.releaseRequest(requestId);
+        slot = new Slot(seq, handle.first_token, sampler, text);
+        seq = undefined; // the scheduler owns it from here
+        this.scheduler.start(slot);
+        for (;;) {
+          const ev = await slot.next(signal);
+          if (ev.type === "error") throw ev.error;
+          if (ev.type === "done") {
+            finish = ev.finish;
+            break;
+          }
+          yield ev;
+        }
+      }
+      outcome = "done";
+      yield {
+        type: "done",
+        requestId,
+        finish,
+        promptTokens: n,
+        completionTokens: text.count,
+        tokenIds: text.ids,
+        kv,
+        ttftMs,
+        totalMs: performance.now() - t0,
+      };
+    } catch (e) {
+      if (signal.aborted) {
+        outcome = "cancelled";
+        errorText = "cancelled by the client";
+        throw signal.reason;
+      }
+      errorText = (e as Error).message ?? String(e);
+      throw e;
+    } finally {
+      outer.removeEventListener("abort", onAbort);
+      this.active.delete(ac);
+      if (outcome === "failed" && errorText === undefined) {
+        outcome = "cancelled"; // the consumer stopped reading (its client went away)
+        errorText = "the client stopped reading";
+      }
+      if (slot) this.scheduler.cancel(slot);
+      if (seq) {
+        seq.release();
+        this.scheduler.liveSequences--;
+      }
+      reservation?.release();
+      this.totals[outcome]++;
+      if (claimed) {
+        await registry.chunks.releaseRequest(requestId).catch((err) => log.warn({ err }, "could not release the request's chunks"));
+        await registry.requests
+          .finish(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 })
+          .catch((err) => log.warn({ err }, "could not record the request's outcome"));
+      }
+      log.info({ requestId, outcome, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
+    }
+  }
+
+  /** Takes the handle for this decode: exactly one decode may consume a request. */
+  private async claim(requestId: string): Promise<void> {
+    const rows = await this.rt.db.db
+      .update(requests)
+      .set({ firstTokenAt: new Date(), state: "decoding" })
+      .where(and(eq(requests.id, requestId), isNull(requests.firstTokenAt), inArray(requests.state, [...OPEN])))
+      .returning({ id: requests.id });
+    if (rows.length > 0) return;
+    const row = await this.rt.registry.requests.get(requestId);
+    if (!row) throw new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
+    const why = (OPEN as readonly string[]).includes(row.state) ? "is already being decoded" : `already ended (${row.state})`;
+    throw new ApiError(409, "handle_released", `request ${requestId} ${why}; a handle is decoded once`, "handle.request_id");
+  }
+
+  private async loadOrRecompute(handle: Handle, seq: NonNullable<ReturnType<Runtime["engine"]["createSequence"]>>, onFailure: "fail" | "recompute", signal: AbortSignal, log: Logger): Promise<KvSummary> {
+    try {
+      const s = await this.loader.load(handle, seq, signal);
+      return { ...s, recomputed: false };
+    } catch (e) {
+      if (signal.aborted) throw signal.reason;
+      const loadFailed = e instanceof KvLoadError || (e instanceof ApiError && e.code === "handle_expired");
+      if (!loadFailed) throw e;
+      const message = (e as Error).message;
+      if (onFailure !== "recompute") {
+        if (e instanceof ApiError) throw e;
+        throw new ApiError(502, "kv_load_failed", `${message}. Retry, or set on_kv_failure: "recompute" to prefill locally`, null, { reason: (e as KvLoadError).reason }, { cause: e });
+      }
+      log.warn({ requestId: handle.request_id, err: message }, "KV load failed; recomputing the prefill locally");
+      const t = performance.now();
+      const ids = handle.prompt_token_ids;
+      const ub = this.rt.engine.native.info.ubatch;
+      seq.truncate(0);
+      for (let i = 0; i < ids.length; i += ub) {
+        await this.rt.engine.prefill(seq, ids.slice(i, i + ub));
+        signal.throwIfAborted();
+      }
+      this.totals.recomputed++;
+      return { transport: "recompute", chunks: 0, bytes: 0, ms: performance.now() - t, recomputed: true, error: message };
+    }
+  }
+
+  /** Graceful stop, part one: refuse new work and let running generations finish. */
+  async drain(deadline: number): Promise<void> {
+    if (this.state === "stopped") return;
+    this.state = "draining";
+    await this.membership?.drain();
+    while (Date.now() < deadline && this.active.size > 0) await new Promise((r) => setTimeout(r, 50));
+  }
+
+  /** Part two: cancel what is left (freeing its KV and leases), leave the registry. */
+  async stop(): Promise<void> {
+    if (this.state === "stopped") return;
+    this.state = "stopped";
+    for (const ac of this.active) ac.abort(new ApiError(503, "draining", "the decode service is shutting down"));
+    while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
+    await this.membership?.leave();
+    await Promise.all([this.loader.close(), this.prefillClient.close()]);
+  }
+}
+
+/** The decode's sampler, continuing the one that sampled the handle's first token. */
+function newSampler(opts: DecodeOptions, handle: Handle): Sampler {
+  let sampler: Sampler;
+  try {
+    sampler = new Sampler(validateSampling(samplingOptions(opts, handle.sampling)));
+  } catch (e) {
+    if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
+    throw e;
+  }
+  // The prefill drew once from the same seeded generator for the first token; draw once too, so
+  // the stream is the one a single process would have produced. (Greedy draws nothing.)
+  if (sampler.options.temperature > 0) sampler.sample(Float32Array.of(0));
+  return sampler;
+}

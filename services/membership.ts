@@ -1,0 +1,70 @@
+// A service's life in the registry: register, heartbeat (and sweep instances that went silent,
+// so their shards are retired and their chunks failed), drain, and leave.
+import { eq } from "drizzle-orm";
+import { RegistryError } from "../shared/registry/registry.ts";
+import { instances } from "../shared/registry/schema.ts";
+import type { Runtime } from "./runtime.ts";
+
+export class Membership {
+  private timer: NodeJS.Timeout | undefined;
+  private beating = false;
+
+  constructor(
+    private readonly rt: Runtime,
+    readonly role: "prefill" | "decode",
+    readonly id: string,
+    readonly baseUrl: string,
+    /** Called after the registry declared us dead and we registered again (a prefill needs a new shard epoch). */
+    private readonly onRejoined?: () => Promise<void>,
+  ) {}
+
+  async start(): Promise<void> {
+    await this.register();
+    this.timer = setInterval(() => void this.beat(), this.rt.config.heartbeatMs);
+    this.timer.unref();
+  }
+
+  private register() {
+    return this.rt.registry.instances.register({ id: this.id, role: this.role, baseUrl: this.baseUrl, hostId: this.rt.config.hostId });
+  }
+
+  private async beat(): Promise<void> {
+    if (this.beating) return;
+    this.beating = true;
+    try {
+      await this.rt.registry.instances.heartbeat(this.id);
+      const dead = await this.rt.registry.instances.markDead(this.rt.config.heartbeatTimeoutMs);
+      if (dead.length > 0) this.rt.log.warn({ dead }, "declared silent instances dead (their shards are retired)");
+    } catch (err) {
+      if (err instanceof RegistryError && (err.code === "instance_dead" || err.code === "not_found")) {
+        this.rt.log.warn("the registry declared this instance dead; registering again");
+        try {
+          await this.register();
+          await this.onRejoined?.();
+        } catch (e) {
+          this.rt.log.error({ err: e }, "could not register again");
+        }
+      } else {
+        this.rt.log.warn({ err }, "heartbeat failed");
+      }
+    } finally {
+      this.beating = false;
+    }
+  }
+
+  /** No new work is routed here; heartbeats go on while in-flight work finishes. */
+  async drain(): Promise<void> {
+    await this.rt.registry.instances.markDraining(this.id).catch((err) => this.rt.log.warn({ err }, "could not mark draining"));
+  }
+
+  /** Stops heartbeating and marks the instance dead at once (a graceful exit; a crash is found by the sweep). */
+  async leave(): Promise<void> {
+    clearInterval(this.timer);
+    this.timer = undefined;
+    await this.rt.db.db
+      .update(instances)
+      .set({ state: "dead" })
+      .where(eq(instances.id, this.id))
+      .catch((err: unknown) => this.rt.log.warn({ err }, "could not leave the registry"));
+  }
+}

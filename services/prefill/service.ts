@@ -1,0 +1,404 @@
+// The prefill service: full-attention prefill of a prompt, its KV written as layer-packed chunks
+// (one per layer group per token block) into this instance's shard and recorded two-phase in the
+// registry, and a handle that tells a decode where to find it. Blocks are written while the
+// engine computes the next micro-batch, so the handle is ready right after the last forward pass.
+import { randomUUID } from "node:crypto";
+import path from "node:path";
+import { and, eq, inArray, sql } from "drizzle-orm";
+import type { Logger } from "pino";
+import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
+import { ApiError } from "../../shared/http/errors.ts";
+import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
+import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../shared/kv/chunk.ts";
+import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
+import { exportChunk, kvShape, layerGroups, tokenBlocks, type CacheView, type KvShape } from "../../shared/kv/seq-io.ts";
+import { Shard, shardFileName } from "../../shared/kv/shard.ts";
+import { RegistryError } from "../../shared/registry/registry.ts";
+import { chunks, shards } from "../../shared/registry/schema.ts";
+import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
+import { Membership } from "../membership.ts";
+import { checkContext, encodePrompt, type Runtime } from "../runtime.ts";
+import { Gate } from "./gate.ts";
+
+const ALIGN = 4096;
+
+interface PlannedChunk {
+  meta: ChunkMeta;
+  group: number;
+  length: number;
+  offset: number;
+  /** reserved: our range, not in the registry; registered: the registry (reaper) owns it; freed. */
+  state: "reserved" | "registered" | "freed";
+}
+
+type WriteResult = { id: string; reused: boolean } | { error: unknown };
+
+export interface PrefillStatus {
+  state: string;
+  instance_id: string;
+  shard: { id: string; epoch: number; bytes: number; bytes_used: number; bytes_free: number; largest_free: number } | null;
+  prefills_running: number;
+  prefills_queued: number;
+  kv_bytes_in_flight: number;
+  totals: { prefills: number; prompt_tokens: number; chunks_written: number; chunks_reused: number; bytes_written: number; ranges_reclaimed: number };
+}
+
+export class PrefillService {
+  private shard: Shard | undefined;
+  private membership: Membership | undefined;
+  private reaper: NodeJS.Timeout | undefined;
+  private reaping: Promise<void> | undefined;
+  private state: "starting" | "ready" | "draining" | "stopped" = "starting";
+  private readonly gate: Gate;
+  private readonly shape: KvShape;
+  private kvInFlight = 0;
+  private readonly totals = { prefills: 0, prompt_tokens: 0, chunks_written: 0, chunks_reused: 0, bytes_written: 0, ranges_reclaimed: 0 };
+
+  constructor(
+    private readonly rt: Runtime,
+    readonly instanceId: string = rt.config.instanceId,
+  ) {
+    this.gate = new Gate(rt.config.maxPrefills, rt.config.maxPrefillQueue);
+    this.shape = kvShape(rt.model.config);
+  }
+
+  /** The shard id is the instance id: stable across restarts, so a restart starts its next epoch. */
+  get shardId(): string {
+    return this.instanceId;
+  }
+  get ready(): boolean {
+    return this.state === "ready";
+  }
+
+  /** Registers the instance, starts a new shard epoch, and begins heartbeats and reaping. */
+  async start(baseUrl: string): Promise<void> {
+    this.membership = new Membership(this.rt, "prefill", this.instanceId, baseUrl, () => this.newEpoch());
+    await this.membership.start();
+    await this.newEpoch();
+    this.reaper = setInterval(() => void this.reap().catch((err) => this.rt.log.warn({ err }, "reaper failed")), this.rt.config.reapMs);
+    this.reaper.unref();
+    this.state = "ready";
+    this.rt.log.info({ shard: this.shardId, epoch: this.shard!.epoch, bytes: this.shard!.sizeBytes, path: this.shard!.path }, "prefill ready");
+  }
+
+  private async newEpoch(): Promise<void> {
+    const { shardDir } = this.rt.config;
+    const sizeBytes = Math.ceil(this.rt.config.shardBytes / ALIGN) * ALIGN;
+    const row = await this.rt.registry.shards.create({
+      id: this.shardId,
+      instanceId: this.instanceId,
+      sizeBytes,
+      pathFor: (epoch) => path.join(shardDir, shardFileName(this.shardId, epoch)),
+    });
+    const shard = await Shard.create({ shardId: this.shardId, epoch: row.epoch, sizeBytes, dir: shardDir, alignment: ALIGN });
+    const old = this.shard;
+    this.shard = shard;
+    await old?.destroy();
+  }
+
+  /** For the chunk route: this instance's current shard. */
+  chunkSource(shardId: string): ChunkSource | undefined {
+    return shardId === this.shardId ? this.shard : undefined;
+  }
+
+  /** Returns expired and released chunks' ranges to the shard's allocator. */
+  reap(): Promise<void> {
+    this.reaping ??= (async () => {
+      const shard = this.shard;
+      if (!shard) return;
+      const { expired, freed } = await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch });
+      for (const f of freed) {
+        try {
+          shard.free(f.offset);
+          this.totals.ranges_reclaimed++;
+        } catch (err) {
+          this.rt.log.error({ err, offset: f.offset }, "reaper freed a range the shard does not hold");
+        }
+      }
+      if (expired > 0 || freed.length > 0) this.rt.log.debug({ expired, freed: freed.length }, "reaped chunks");
+    })().finally(() => (this.reaping = undefined));
+    return this.reaping;
+  }
+
+  status(): PrefillStatus {
+    const s = this.shard;
+    return {
+      state: this.state,
+      instance_id: this.instanceId,
+      shard: s ? { id: s.shardId, epoch: s.epoch, bytes: s.sizeBytes, bytes_used: s.bytesUsed, bytes_free: s.bytesFree, largest_free: s.largestFree } : null,
+      prefills_running: this.gate.running,
+      prefills_queued: this.gate.queued,
+      kv_bytes_in_flight: this.kvInFlight,
+      totals: { ...this.totals },
+    };
+  }
+
+  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger): Promise<Handle> {
+    if (this.state !== "ready") {
+      throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
+    }
+    const t0 = performance.now();
+    const tokens = encodePrompt(this.rt, req);
+    checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
+    let sampling;
+    try {
+      sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
+    } catch (e) {
+      if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
+      throw e;
+    }
+    const leave = await this.gate.enter(signal).catch((e: unknown) => {
+      throw e instanceof ApiError ? e : clientClosed();
+    });
+    try {
+      const handle = await this.run(req, tokens, sampling, signal, log, t0);
+      this.totals.prefills++;
+      this.totals.prompt_tokens += tokens.length;
+      return handle;
+    } finally {
+      leave();
+    }
+  }
+
+  private async run(
+    req: PrefillRequest,
+    tokens: number[],
+    sampling: { temperature: number; topK: number; topP: number; seed: number },
+    signal: AbortSignal,
+    log: Logger,
+    t0: number,
+  ): Promise<Handle> {
+    const { registry, engine, model, config } = this.rt;
+    const shard = this.shard!;
+    const n = tokens.length;
+    const requestId = req.request_id ?? `req-${randomUUID()}`;
+    try {
+      await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n });
+    } catch (e) {
+      if (e instanceof RegistryError && e.code === "conflict") {
+        throw new ApiError(409, "request_id_conflict", `request id ${requestId} was used before; pick a new one`, "request_id");
+      }
+      throw e;
+    }
+
+    const groups = layerGroups(config.policy, model.config.nLayer);
+    const blocks = tokenBlocks(n, config.blockTokens);
+    const plan: PlannedChunk[][] = blocks.map((b) =>
+      groups.map((layerIds, group) => {
+        const meta: ChunkMeta = {
+          fingerprint: model.fingerprint,
+          dtype: "f16",
+          layerIds,
+          hkv: this.shape.hkv,
+          headDim: this.shape.headDim,
+          tokenStart: b.tokenStart,
+          tokenCount: b.tokenEnd - b.tokenStart,
+        };
+        return { meta, group, length: chunkByteLength(meta), offset: -1, state: "freed" as PlannedChunk["state"] };
+      }),
+    );
+    const kvBytes = n * model.config.kvBytesPerToken;
+    const writes: Promise<WriteResult>[] = [];
+    let seq: ReturnType<typeof engine.createSequence> | undefined;
+    this.kvInFlight += kvBytes;
+    try {
+      await this.reserve(plan.flat(), shard);
+      await registry.requests.mark(requestId, { event: "prefill_start" });
+      seq = engine.createSequence(n);
+      const cache: CacheView = { buffer: seq.kvBuffer(), capacity: seq.capacity };
+      const hasher = new PrefixHasher(model.fingerprint);
+      const ubatch = engine.native.info.ubatch;
+      let logits: Float32Array | undefined;
+      let next = 0;
+      for (let i = 0; i < n; i += ubatch) {
+        logits = await engine.prefill(seq, tokens.slice(i, i + ubatch));
+        if (signal.aborted) throw clientClosed();
+        // Blocks whose tokens are all computed are final (causal attention): write them now.
+        while (next < blocks.length && blocks[next]!.tokenEnd <= seq.nPast) {
+          const b = blocks[next]!;
+          hasher.push(tokens.slice(b.tokenStart, b.tokenEnd));
+          for (const p of plan[next]!) writes.push(this.writeChunk(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, cache, shard));
+          next++;
+        }
+      }
+      const firstToken = new Sampler(sampling).sample(logits!);
+      const results = await Promise.all(writes);
+      const failed = results.find((r): r is { error: unknown } => "error" in r);
+      if (failed) throw failed.error;
+      if (signal.aborted) throw clientClosed();
+      await registry.requests.mark(requestId, { event: "prefill_end" });
+      // Chunk ids group-major (layer group, then token block): the order decode imports them in.
+      const ids = results as { id: string }[];
+      const chunkIds = groups.flatMap((_, g) => blocks.map((_, b) => ids[b * groups.length + g]!.id));
+      const prefillMs = performance.now() - t0;
+      log.info({ requestId, promptTokens: n, chunks: chunkIds.length, ms: Math.round(prefillMs) }, "prefilled");
+      return {
+        request_id: requestId,
+        first_token: firstToken,
+        chunk_ids: chunkIds,
+        shard_id: shard.shardId,
+        shard_epoch: shard.epoch,
+        model_fingerprint: model.fingerprint,
+        prompt_tokens: n,
+        prompt_token_ids: tokens,
+        layer_groups: groups,
+        block_tokens: config.blockTokens,
+        sampling: { temperature: sampling.temperature, top_p: sampling.topP, top_k: sampling.topK, seed: sampling.seed },
+        prefill_ms: prefillMs,
+        expires_at: new Date(Date.now() + config.retainMs).toISOString(),
+      };
+    } catch (err) {
+      await Promise.allSettled(writes);
+      for (const p of plan.flat()) {
+        if (p.state === "reserved") {
+          shard.free(p.offset);
+          p.state = "freed";
+        }
+      }
+      const cancelled = signal.aborted;
+      await registry.chunks.releaseRequest(requestId).catch((e) => log.warn({ err: e }, "could not release the request's chunks"));
+      await registry.requests
+        .finish(requestId, { state: cancelled ? "cancelled" : "failed", error: (err as Error).message?.slice(0, 4000) ?? String(err) })
+        .catch((e) => log.warn({ err: e }, "could not finish the request row"));
+      if (cancelled) throw clientClosed();
+      if (err instanceof RegistryError && err.code === "stale_epoch") {
+        throw new ApiError(503, "not_ready", "the prefill instance restarted its shard during the request; retry", null, undefined, { cause: err });
+      }
+      throw err;
+    } finally {
+      seq?.release(); // nothing reads the cache any more: every write has settled
+      this.kvInFlight -= kvBytes;
+    }
+  }
+
+  /** Reserves every chunk's shard range before computing, so a full shard is a 429 up front. */
+  private async reserve(all: PlannedChunk[], shard: Shard): Promise<void> {
+    const need = all.reduce((s, p) => s + Math.ceil(p.length / ALIGN) * ALIGN, 0);
+    for (let attempt = 0; attempt < 2; attempt++) {
+      const got: PlannedChunk[] = [];
+      for (const p of all) {
+        const offset = shard.alloc(p.length);
+        if (offset === null) break;
+        p.offset = offset;
+        p.state = "reserved";
+        got.push(p);
+      }
+      if (got.length === all.length) return;
+      for (const p of got) {
+        shard.free(p.offset);
+        p.state = "freed";
+      }
+      if (attempt === 0) await this.reap(); // expired chunks may free enough
+    }
+    throw new ApiError(
+      429,
+      "shard_full",
+      `the KV shard has ${shard.bytesFree} of ${shard.sizeBytes} bytes free (largest range ${shard.largestFree}); this prompt needs ${need}. Retry when earlier requests have been decoded`,
+    );
+  }
+
+  /** Registers, writes and commits one chunk, or takes a live chunk with the same key. Never rejects. */
+  private async writeChunk(p: PlannedChunk, key: string, requestId: string, req: PrefillRequest, cache: CacheView, shard: Shard): Promise<WriteResult> {
+    const { registry, model, config } = this.rt;
+    const deadline = Date.now() + config.writeLeaseMs;
+    try {
+      for (;;) {
+        const res = await registry.chunks.begin({
+          key,
+          requestId,
+          sessionId: req.session_id ?? null,
+          roundId: req.round_id ?? null,
+          layerGroup: p.group,
+          layerIds: [...p.meta.layerIds],
+          tokenStart: p.meta.tokenStart,
+          tokenEnd: p.meta.tokenStart + p.meta.tokenCount,
+          shardId: shard.shardId,
+          shardEpoch: shard.epoch,
+          offset: p.offset,
+          length: p.length,
+          dtype: "f16",
+          layoutVersion: LAYOUT_VERSION,
+          modelFingerprint: model.fingerprint,
+          writeLeaseMs: config.writeLeaseMs,
+        });
+        if (res.status === "reuse") {
+          shard.free(p.offset);
+          p.state = "freed";
+          this.totals.chunks_reused++;
+          return { id: res.chunk.id, reused: true };
+        }
+        if (res.status === "in_progress") {
+          // Another request is writing the same prefix right now: wait for it, then share it.
+          if (Date.now() > deadline) throw new Error(`chunk ${key.slice(0, 12)}… stayed in writing for ${config.writeLeaseMs} ms`);
+          await new Promise((r) => setTimeout(r, 20));
+          continue;
+        }
+        p.state = "registered";
+        const bytes = Buffer.allocUnsafe(p.length);
+        try {
+          exportChunk(bytes, p.meta, cache, this.shape);
+          await shard.write(p.offset, bytes);
+          await registry.chunks.commit(res.chunk.id, { checksum: bytes.readUInt32LE(8), retainMs: config.retainMs });
+        } catch (err) {
+          await registry.chunks.fail(res.chunk.id).catch(() => {});
+          throw err;
+        }
+        this.totals.chunks_written++;
+        this.totals.bytes_written += p.length;
+        return { id: res.chunk.id, reused: false };
+      }
+    } catch (error) {
+      return { error };
+    }
+  }
+
+  /** Graceful stop, part one: refuse new prefills, let running ones finish and readers pull. */
+  async drain(deadline: number): Promise<void> {
+    if (this.state === "stopped") return;
+    this.state = "draining";
+    await this.membership?.drain();
+    while (Date.now() < deadline && this.gate.running + this.gate.queued > 0) await sleep(50);
+    while (Date.now() < deadline && (await this.readersOnShard()) > 0) await sleep(100);
+  }
+
+  /** Part two: retire the shard (its chunks fail: the bytes die with us), delete it, leave. */
+  async stop(): Promise<void> {
+    if (this.state === "stopped") return;
+    this.state = "stopped";
+    clearInterval(this.reaper);
+    await this.reaping?.catch(() => {});
+    const shard = this.shard;
+    if (shard) {
+      await this.rt.db.db
+        .transaction(async (tx) => {
+          await tx.update(shards).set({ state: "retired" }).where(and(eq(shards.id, shard.shardId), eq(shards.epoch, shard.epoch)));
+          await tx
+            .update(chunks)
+            .set({ state: "failed", readerCount: 0, updatedAt: new Date() })
+            .where(and(eq(chunks.shardId, shard.shardId), eq(chunks.shardEpoch, shard.epoch), inArray(chunks.state, ["writing", "ready", "reading"])));
+        })
+        .catch((err: unknown) => this.rt.log.warn({ err }, "could not retire the shard"));
+      await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch }).catch(() => {});
+      await shard.destroy();
+      this.shard = undefined;
+    }
+    await this.membership?.leave();
+  }
+
+  private async readersOnShard(): Promise<number> {
+    const shard = this.shard;
+    if (!shard) return 0;
+    const rows = (await this.rt.db.db.execute(
+      sql`select count(*)::int as n from chunks where shard_id = ${shard.shardId} and shard_epoch = ${shard.epoch} and state = 'reading'`,
+    )) as unknown as { rows: { n: number }[] };
+    return rows.rows[0]?.n ?? 0;
+  }
+}
+
+function clientClosed(): ApiError {
+  return new ApiError(499, "client_closed", "the client closed the request");
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}

@@ -1,0 +1,78 @@
+// Starting and stopping services in this process: `serve` (both, sharing one engine; PGlite by
+// default), `prefill` or `decode` (one each, against a shared PostgreSQL). Shutdown is graceful:
+// refuse new work, let in-flight requests finish (up to drainMs), cancel what is left (freeing its
+// KV and leases), retire the shard, leave the registry.
+import type { Config } from "../shared/config.ts";
+import { listen, type Listening } from "../shared/http/server.ts";
+import { buildApp, type Services } from "./app.ts";
+import { DecodeService } from "./decode/service.ts";
+import { PrefillService } from "./prefill/service.ts";
+import { openRuntime, type Runtime } from "./runtime.ts";
+
+export interface RunningServices {
+  rt: Runtime;
+  services: Services;
+  http: Listening;
+  url: string;
+  /** Graceful: drain, then release everything. Safe to call more than once. */
+  stop(): Promise<void>;
+}
+
+export async function startServices(config: Config, rt?: Runtime): Promise<RunningServices> {
+  const runtime = rt ?? (await openRuntime(config));
+  const base = config.instanceId;
+  const services: Services = {};
+  if (config.role !== "decode") services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base);
+  if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base);
+  const app = buildApp(runtime, services);
+  const http = await listen(app.fetch, config.host, config.port);
+  const url = (config.publicUrl ?? http.url).replace(/\/+$/, "");
+  try {
+    await services.prefill?.start(url);
+    await services.decode?.start(url);
+  } catch (err) {
+    await http.close(0);
+    if (!rt) await runtime.close();
+    throw err;
+  }
+  runtime.log.info({ url, role: config.role, docs: `${url}/docs` }, "listening");
+  let stopping: Promise<void> | undefined;
+  return {
+    rt: runtime,
+    services,
+    http,
+    url,
+    stop() {
+      stopping ??= (async () => {
+        const deadline = Date.now() + config.drainMs;
+        runtime.log.info({ inFlight: http.inFlight }, "draining");
+        await Promise.all([services.decode?.drain(deadline), services.prefill?.drain(deadline)]);
+        await services.decode?.stop();
+        await http.close(Math.max(0, deadline - Date.now()));
+        await services.prefill?.stop();
+        if (!rt) await runtime.close();
+        runtime.log.info("stopped");
+      })();
+      return stopping;
+    },
+  };
+}
+
+/** Runs until SIGINT/SIGTERM, then stops gracefully; a second signal exits at once. */
+export async function runUntilSignalled(config: Config): Promise<void> {
+  const running = await startServices(config);
+  await new Promise<void>((resolve) => {
+    let signalled = false;
+    const onSignal = (sig: NodeJS.Signals) => {
+      if (signalled) process.exit(130);
+      signalled = true;
+      running.rt.log.info({ signal: sig }, "shutting down");
+      running.stop().then(resolve, (err) => {
+        running.rt.log.error({ err }, "shutdown failed");
+        resolve();
+      });
+    };
+    process.on("SIGINT", onSignal);
+    process.on("SIGTERM", onSignal);
+  });
+}

@@ -1,0 +1,70 @@
+// The Hono app every service starts from: request ids, one structured log line per request,
+// a body limit whose 413 closes the connection (see NOTES §6), uniform validation errors, and an
+// error handler that turns anything thrown into the shared error shape.
+import { OpenAPIHono } from "@hono/zod-openapi";
+import type { Context } from "hono";
+import type { ContentfulStatusCode } from "hono/utils/http-status";
+import { bodyLimit } from "hono/body-limit";
+import { HTTPException } from "hono/http-exception";
+import { requestId } from "hono/request-id";
+import type { Logger } from "pino";
+import { ApiError, errorBody } from "./errors.ts";
+
+export type AppEnv = { Variables: { requestId: string; log: Logger } };
+export type ServiceApp = OpenAPIHono<AppEnv>;
+
+export interface AppOptions {
+  log: Logger;
+  maxBodyBytes: number;
+}
+
+/** A validation failure as a 400 naming the first offending field. */
+function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string }[] } }, c: Context) {
+  if (result.success || !result.error) return;
+  const issues = result.error.issues;
+  const first = issues[0];
+  const param = first && first.path.length > 0 ? first.path.map(String).join(".") : null;
+  const message = issues
+    .slice(0, 5)
+    .map((i) => (i.path.length ? `${i.path.map(String).join(".")}: ${i.message}` : i.message))
+    .join("; ");
+  return c.json(errorBody(400, "invalid_request", `invalid request: ${message}`, param, issues), 400);
+}
+
+export function newApp(): ServiceApp {
+  return new OpenAPIHono<AppEnv>({ defaultHook: validationHook });
+}
+
+/** The outermost app: middleware and error handling around the services' routes. */
+export function createApp(options: AppOptions): ServiceApp {
+  const app = newApp();
+  app.use("*", requestId({ headerName: "x-request-id" }));
+  app.use("*", async (c, next) => {
+    const start = performance.now();
+    const log = options.log.child({ reqId: c.get("requestId") });
+    c.set("log", log);
+    await next();
+    const level = c.res.status >= 500 ? "error" : c.res.status >= 400 ? "warn" : "info";
+    log[level]({ method: c.req.method, path: c.req.path, status: c.res.status, ms: Math.round(performance.now() - start) }, "request");
+  });
+  app.use(
+    "/v1/*",
+    bodyLimit({
+      maxSize: options.maxBodyBytes,
+      onError: (c) =>
+        c.json(errorBody(413, "payload_too_large", `the request body exceeds ${options.maxBodyBytes} bytes`), 413, { connection: "close" }),
+    }),
+  );
+  app.onError((err, c) => {
+    if (err instanceof ApiError) return c.json(err.toJSON(), err.status as ContentfulStatusCode);
+    if (err instanceof HTTPException) {
+      const status = err.status;
+      const message = status === 400 && /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";
+      return c.json(errorBody(status, status === 413 ? "payload_too_large" : "invalid_request", message), status);
+    }
+    (c.get("log") ?? options.log).error({ err }, "unhandled error");
+    return c.json(errorBody(500, "internal_error", "internal error; see the service log"), 500);
+  });
+  app.notFound((c) => c.json(errorBody(404, "not_found", `no route ${c.req.method} ${c.req.path}`), 404));
+  return app;
+}

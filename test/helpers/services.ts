@@ -1,0 +1,107 @@
+// Runs ctxbank service processes for tests (`tsx bin/ctxbank.ts serve|prefill|decode`), finds
+// the URL they listen on in their JSON log, and stops them (SIGTERM, then SIGKILL).
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const root = fileURLToPath(new URL("../..", import.meta.url));
+const tsx = path.join(root, "node_modules/.bin/tsx");
+
+export interface ServiceProcess {
+  child: ChildProcess;
+  url: string;
+  /** Everything the process logged so far (JSON lines). */
+  log(): string;
+  /** Graceful stop: SIGTERM, then SIGKILL after `ms`. Resolves with the exit code. */
+  stop(ms?: number): Promise<number | null>;
+  /** SIGKILL now (a crash). */
+  kill(): Promise<void>;
+}
+
+export async function startService(role: "serve" | "prefill" | "decode", args: string[], env: Record<string, string> = {}, timeoutMs = 120_000): Promise<ServiceProcess> {
+  const child = spawn(tsx, ["bin/ctxbank.ts", role, "--port", "0", ...args], {
+    cwd: root,
+    env: { ...process.env, CTXBANK_LOG_LEVEL: "info", ...env },
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  child.stdout!.setEncoding("utf8").on("data", (d: string) => (out += d));
+  child.stderr!.setEncoding("utf8").on("data", (d: string) => (out += d));
+  const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+  const url = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${role} did not start in ${timeoutMs} ms:\n${out}`)), timeoutMs);
+    const check = () => {
+      const m = /"url":"(http:\/\/[^"]+)"[^\n]*"msg":"listening"/.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m[1]!);
+      }
+    };
+    child.stdout!.on("data", check);
+    void exited.then((code) => {
+      clearTimeout(timer);
+      reject(new Error(`${role} exited with ${code} before listening:\n${out}`));
+    });
+  });
+  return {
+    child,
+    url,
+    log: () => out,
+    async stop(ms = 15_000) {
+      if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
+      child.kill("SIGTERM");
+      const timer = setTimeout(() => child.kill("SIGKILL"), ms);
+      const code = await exited;
+      clearTimeout(timer);
+      return code;
+    },
+    async kill() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill("SIGKILL");
+      await exited;
+    },
+  };
+}
+
+/** A fresh shard directory (on tmpfs where there is one), removed by the returned function. */
+export async function tempShardDir(): Promise<{ dir: string; remove(): Promise<void> }> {
+  const dir = await mkdtemp(path.join(existsSync("/dev/shm") ? "/dev/shm" : os.tmpdir(), "ctxbank-test-shards-"));
+  return { dir, remove: () => rm(dir, { recursive: true, force: true }) };
+}
+
+/** POSTs JSON and returns status and parsed body. */
+export async function postJson(url: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
+  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
+  const text = await res.text();
+  let parsed: unknown = text;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    // not JSON
+  }
+  return { status: res.status, body: parsed };
+}
+
+export async function getJson(url: string): Promise<{ status: number; body: any }> {
+  const res = await fetch(url);
+  return { status: res.status, body: await res.json() };
+}
+
+/** Parses an SSE body into events. */
+export function parseSse(text: string): { event: string; data: string }[] {
+  return text
+    .split(/\n\n/)
+    .filter((b) => b.trim() !== "")
+    .map((block) => {
+      let event = "message";
+      const data: string[] = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      return { event, data: data.join("\n") };
+    });
+}
