@@ -1,0 +1,650 @@
+// Every SIMD kernel table against the scalar reference on random inputs (fixed seeds), and
+// every table against independent double-precision references, so a bug the scalar and SIMD
+// code share is caught too.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dequant.h"
+#include "fp16.h"
+#include "ggml_types.h"
+#include "kernels.h"
+#include "model.h"
+#include "packed.h"
+
+namespace {
+
+using namespace ctx;
+
+// Independent IEEE half -> float decoding (not fp16.h's bit tricks).
+double half_ref(uint16_t h) {
+  const int e = (h >> 10) & 31, m = h & 1023;
+  double v;
+  if (e == 0) v = std::ldexp(m, -24);
+  else if (e == 31) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else v = std::ldexp(m + 1024, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+std::vector<float> rand_floats(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+::testing::AssertionResult Within(double a, double b, double tol) {
+  if (std::fabs(a - b) <= tol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << a << " vs " << b << " differ by " << std::fabs(a - b) << " > " << tol;
+}
+// |a - b| <= rel * mag, with a tiny floor for magnitudes that are exactly zero.
+::testing::AssertionResult Close(double a, double b, double mag, double rel) { return Within(a, b, rel * mag + 1e-30); }
+
+// ---------------------------------------------------------------------------------------------
+// Quantized weights and activations.
+
+// A quantized matrix in ggml's row layout (for dequantize_row) and packed for the kernels.
+struct QWeights {
+  std::vector<uint8_t> bytes, packed;
+  Weight w;
+  size_t group_bytes = 0;
+};
+
+// Random blocks; Q8_0 includes -128, which ggml never writes but the format allows.
+QWeights make_qweights(GgmlType type, int rows, int k, std::mt19937& rng) {
+  const size_t bsize = type == GgmlType::Q4_0 ? 18 : type == GgmlType::Q4_1 ? 20 : 34;
+  QWeights q;
+  q.bytes.resize(static_cast<size_t>(rows) * (k / 32) * bsize);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : q.bytes) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(0.002f, 0.05f), mn(-0.3f, 0.3f);
+  for (size_t off = 0; off < q.bytes.size(); off += bsize) {  // overwrite d (and m) with sane halves
+    const uint16_t d = fp32_to_fp16(scale(rng));
+    std::memcpy(&q.bytes[off], &d, 2);
+    if (type == GgmlType::Q4_1) {
+      const uint16_t m = fp32_to_fp16(mn(rng));
+      std::memcpy(&q.bytes[off + 2], &m, 2);
+    }
+  }
+  q.w = {type, q.bytes.data(), k, rows, k / 32 * bsize};
+  q.group_bytes = packed_group_bytes(type, k);
+  q.packed.resize(q.group_bytes * ((rows + kRowGroup - 1) / kRowGroup));
+  pack_matrix(type, q.bytes.data(), rows, k, q.packed.data());
+  q.w.packed = q.packed.data();
+  q.w.group_bytes = q.group_bytes;
+  return q;
+}
+
+struct Act {
+  std::vector<int8_t> qs;
+  std::vector<float> d, s;
+  std::vector<int32_t> isum;
+  ActQ8 a;
+  Act(int rows, int k) : qs(static_cast<size_t>(rows) * k), d(rows * k / 32), s(rows * k / 32), isum(rows * k / 32) {
+    a = {qs.data(), d.data(), s.data(), isum.data(), k};
+  }
+  // `a` points into the vectors: a move keeps their buffers, a copy would not.
+  Act(const Act&) = delete;
+  Act(Act&&) = default;
+};
+
+Act quantize_all(const KernelTable& kt, const std::vector<float>& x, int rows, int k) {
+  Act act(rows, k);
+  const int nb = k / 32;
+  for (int r = 0; r < rows; ++r)
+    kt.quantize_q8(&x[static_cast<size_t>(r) * k], k, &act.qs[static_cast<size_t>(r) * k], &act.d[r * nb],
+                   &act.s[r * nb], &act.isum[r * nb]);
+  return act;
+}
+
+// Activation rows for quantization tests: random values, an all-zero block, a block whose
+// values sit exactly halfway between integers after scaling (round-half-even ties), and one
+// with a single non-zero value.
+std::vector<float> activation_rows(std::mt19937& rng, int rows, int k) {
+  std::vector<float> x = rand_floats(rng, static_cast<size_t>(rows) * k, -3.f, 3.f);
+  if (k >= 128) {
+    std::fill(x.begin(), x.begin() + 32, 0.f);
+    for (int j = 0; j < 32; ++j) x[32 + j] = j == 0 ? 127.f : static_cast<float>(j % 9) - 4.5f;
+    std::fill(x.begin() + 64, x.begin() + 96, 0.f);
+    x[70] = -1e-3f;
+  }
+  return x;
+}
+
+typedef void (*GemmQ8Fn)(const GemmQ8Args&);
+GemmQ8Fn gemm_of(const KernelTable& kt, GgmlType t) {
+  return t == GgmlType::Q4_0 ? kt.gemm_q4_0 : t == GgmlType::Q4_1 ? kt.gemm_q4_1 : kt.gemm_q8_0;
+}
+
+// Upper bound on the magnitudes summed for one output: sum_j (|w_j| + |offset|) * |x_j|,
+// where the offset is the per-block constant the kernels fold in separately (8d for Q4_0, m
+// for Q4_1). Float rounding is relative to this, not to the (possibly cancelling) result.
+double gemm_magnitude(const Weight& w, int row, const ActQ8& x, int tok) {
+  std::vector<float> wr(w.cols);
+  dequantize_row(w, row, wr.data());
+  const uint8_t* blk0 = w.data + static_cast<size_t>(row) * w.row_bytes;
+  double mag = 0;
+  for (int j = 0; j < w.cols; ++j) {
+    const int b = j / 32;
+    double off = 0;
+    if (w.type == GgmlType::Q4_0) off = 8 * fp16_to_fp32(reinterpret_cast<const BlockQ4_0*>(blk0)[b].d);
+    if (w.type == GgmlType::Q4_1) off = std::fabs(fp16_to_fp32(reinterpret_cast<const BlockQ4_1*>(blk0)[b].m));
+    const double xv = static_cast<double>(x.qs[static_cast<size_t>(tok) * x.k + j]) * x.d[tok * x.blocks() + b];
+    mag += (std::fabs(wr[j]) + off) * std::fabs(xv);
+  }
+  return mag;
+}
+
+const GgmlType kQuantTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0};
+// Packed groups hold 8 rows: counts below, at and above one group, partial last groups.
+const int kRowCounts[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 17};
+const int kTokCounts[] = {1, 2, 3, 4, 5, 7, 8, 33};
+const int kKs[] = {32, 576, 1536};
+
+// ---------------------------------------------------------------------------------------------
+// SIMD tables vs scalar.
+
+class SimdVsScalar : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "avx2") {
+      if (!cpu_has_avx2() || !avx2_kernels()) GTEST_SKIP() << "CPU or build lacks AVX2";
+      kt_ = avx2_kernels();
+    } else {
+      if (!cpu_has_avx512() || !avx512_kernels()) GTEST_SKIP() << "CPU or build lacks AVX-512 VNNI";
+      kt_ = avx512_kernels();
+    }
+  }
+  const KernelTable& simd() const { return *kt_; }
+  const KernelTable& ref() const { return scalar_kernels(); }
+  const KernelTable* kt_ = nullptr;
+};
+
+TEST_P(SimdVsScalar, QuantizeQ8IsBitIdentical) {
+  std::mt19937 rng(11);
+  for (int k : {32, 64, 576, 1536}) {
+    SCOPED_TRACE(k);
+    const std::vector<float> x = activation_rows(rng, 3, k);
+    const Act a = quantize_all(ref(), x, 3, k), b = quantize_all(simd(), x, 3, k);
+    EXPECT_EQ(a.qs, b.qs);
+    EXPECT_EQ(a.isum, b.isum);
+    for (size_t i = 0; i < a.d.size(); ++i) {
+      EXPECT_EQ(fp32_to_bits(a.d[i]), fp32_to_bits(b.d[i])) << "block " << i;
+      EXPECT_EQ(fp32_to_bits(a.s[i]), fp32_to_bits(b.s[i])) << "block " << i;
+    }
+  }
+}
+
+TEST_P(SimdVsScalar, QuantizedGemms) {
+  std::mt19937 rng(12);
+  for (GgmlType type : kQuantTypes)
+    for (int k : kKs)
+      for (int rows : kRowCounts)
+        for (int n_tok : kTokCounts) {
+          SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) +
+                       " rows=" + std::to_string(rows) + " tok=" + std::to_string(n_tok));
+          const QWeights qw = make_qweights(type, rows, k, rng);
+          // One extra activation row in front: tok0 = 1 checks the row offset.
+          const int tok0 = 1, ldy = rows + 3;
+          const Act act = quantize_all(ref(), activation_rows(rng, n_tok + tok0, k), n_tok + tok0, k);
+          const float kSentinel = -12345.f;
+          std::vector<float> ya(static_cast<size_t>(n_tok) * ldy, kSentinel), yb = ya;
+          // The scalar table does all rows in one call; the SIMD one as an engine task split
+          // would (first group, then the rest from the second group on) when there are two.
+          GemmQ8Args a{qw.packed.data(), qw.group_bytes, rows, &act.a, tok0, n_tok, ya.data(), ldy};
+          gemm_of(ref(), type)(a);
+          GemmQ8Args b = a;
+          b.y = yb.data();
+          if (rows > kRowGroup) {
+            b.n_rows = kRowGroup;
+            gemm_of(simd(), type)(b);
+            b.w += qw.group_bytes;
+            b.n_rows = rows - kRowGroup;
+            b.y += kRowGroup;
+          }
+          gemm_of(simd(), type)(b);
+          for (int t = 0; t < n_tok; ++t)
+            for (int r = 0; r < ldy; ++r) {
+              const size_t i = static_cast<size_t>(t) * ldy + r;
+              if (r >= rows) {  // padding columns must not be written
+                EXPECT_EQ(ya[i], kSentinel);
+                EXPECT_EQ(yb[i], kSentinel);
+                continue;
+              }
+              EXPECT_TRUE(Close(yb[i], ya[i], gemm_magnitude(qw.w, r, act.a, tok0 + t), 1e-5)) << "t=" << t << " r=" << r;
+            }
+        }
+}
+
+TEST_P(SimdVsScalar, FloatGemms) {
+  std::mt19937 rng(13);
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
+    for (int k : {5, 32, 37, 576, 1536})
+      for (int rows : {1, 3, 4, 7})
+        for (int n_tok : {1, 2, 3, 4, 5, 8, 33}) {
+          SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) +
+                       " rows=" + std::to_string(rows) + " tok=" + std::to_string(n_tok));
+          const std::vector<float> wf = rand_floats(rng, static_cast<size_t>(rows) * k, -1.f, 1.f);
+          std::vector<uint8_t> wb;
+          size_t es = 4;
+          if (type == GgmlType::F32) {
+            wb.resize(wf.size() * 4);
+            std::memcpy(wb.data(), wf.data(), wb.size());
+          } else {
+            es = 2;
+            wb.resize(wf.size() * 2);
+            for (size_t i = 0; i < wf.size(); ++i) {
+              const uint16_t h = type == GgmlType::F16 ? fp32_to_fp16(wf[i]) : static_cast<uint16_t>(fp32_to_bits(wf[i]) >> 16);
+              std::memcpy(&wb[i * 2], &h, 2);
+            }
+          }
+          const std::vector<float> x = rand_floats(rng, static_cast<size_t>(n_tok) * k, -2.f, 2.f);
+          const int ldy = rows + 2;
+          std::vector<float> ya(static_cast<size_t>(n_tok) * ldy, 0.f), yb = ya;
+          GemmF32Args a{wb.data(), k * es, rows, x.data(), k, n_tok, ya.data(), ldy}, b = a;
+          b.y = yb.data();
+          auto fn = [&](const KernelTable& kt) {
+            return type == GgmlType::F32 ? kt.gemm_f32 : type == GgmlType::F16 ? kt.gemm_f16 : kt.gemm_bf16;
+          };
+          fn(ref())(a);
+          fn(simd())(b);
+          for (int t = 0; t < n_tok; ++t)
+            for (int r = 0; r < rows; ++r) {
+              double mag = 0;
+              for (int j = 0; j < k; ++j) mag += std::fabs(wf[static_cast<size_t>(r) * k + j] * x[static_cast<size_t>(t) * k + j]);
+              const size_t i = static_cast<size_t>(t) * ldy + r;
+              EXPECT_TRUE(Close(yb[i], ya[i], mag, 1e-5)) << "t=" << t << " r=" << r;
+            }
+        }
+}
+
+std::vector<uint16_t> rand_halves(std::mt19937& rng, size_t n) {
+  std::vector<uint16_t> v(n);
+  for (auto& h : v) h = fp32_to_fp16(std::uniform_real_distribution<float>(-2.f, 2.f)(rng));
+  return v;
+}
+
+// Widening f16 cache rows is exact, so every table must match the independent decoder bit
+// for bit. The source rows are one head of a wider cache row (stride > d), as in the engine.
+TEST_P(SimdVsScalar, KvToF32IsExact) {
+  std::mt19937 rng(17);
+  for (int d : {16, 64, 80})
+    for (int n : {1, 3, 8, 17}) {
+      SCOPED_TRACE("d=" + std::to_string(d) + " n=" + std::to_string(n));
+      const size_t stride = 3 * d + 8;
+      const std::vector<uint16_t> kv = rand_halves(rng, n * stride);
+      std::vector<float> a(static_cast<size_t>(n) * d, -1.f), b = a;
+      ref().kv_to_f32(kv.data() + d, stride, n, d, a.data());
+      simd().kv_to_f32(kv.data() + d, stride, n, d, b.data());
+      EXPECT_EQ(a, b);
+      for (int j = 0; j < n; ++j)
+        for (int i = 0; i < d; ++i) ASSERT_EQ(b[static_cast<size_t>(j) * d + i], half_ref(kv[j * stride + d + i])) << j << "," << i;
+    }
+}
+
+// Gathering rows by index (sparse attention) widens exactly the listed rows, in list order.
+TEST_P(SimdVsScalar, KvGatherF32IsExact) {
+  std::mt19937 rng(18);
+  const int d = 64, rows = 50;
+  const size_t stride = 3 * d;
+  const std::vector<uint16_t> kv = rand_halves(rng, rows * stride);
+  const std::vector<int32_t> idx = {49, 0, 7, 7, 31, 2, 48, 13, 1};  // unordered, repeated
+  const int n = static_cast<int>(idx.size());
+  std::vector<float> a(static_cast<size_t>(n) * d, -1.f), b = a;
+  ref().kv_gather_f32(kv.data() + d, stride, idx.data(), n, d, a.data());
+  simd().kv_gather_f32(kv.data() + d, stride, idx.data(), n, d, b.data());
+  EXPECT_EQ(a, b);
+  for (int j = 0; j < n; ++j)
+    for (int i = 0; i < d; ++i) ASSERT_EQ(b[static_cast<size_t>(j) * d + i], half_ref(kv[idx[j] * stride + d + i])) << j << "," << i;
+}
+
+// Query and key counts around the SIMD tiles, head sizes 16..128, and score/probability
+// strides wider than the key block.
+TEST_P(SimdVsScalar, AttentionScoresAndValues) {
+  std::mt19937 rng(14);
+  for (int d : {16, 64, 80, 128})
+    for (int nq : {1, 3, 4, 5, 9})
+      for (int nk : {1, 7, 15, 16, 17, 33, 100}) {
+        SCOPED_TRACE("d=" + std::to_string(d) + " nq=" + std::to_string(nq) + " nk=" + std::to_string(nk));
+        // Keys and values as widened cache rows holding three heads; the middle one is used.
+        const size_t ld = 3 * d;
+        const std::vector<float> kf = rand_floats(rng, nk * ld, -2.f, 2.f);
+        const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+        const float scale = 0.125f, kSentinel = -777.f;
+        const size_t lds = nk + 3;
+        std::vector<float> sa(nq * lds, kSentinel), sb = sa;
+        ref().attn_scores(q.data(), nq, kf.data() + d, ld, nk, d, scale, sa.data(), lds);
+        simd().attn_scores(q.data(), nq, kf.data() + d, ld, nk, d, scale, sb.data(), lds);
+        for (int i = 0; i < nq; ++i)
+          for (size_t j = 0; j < lds; ++j) {
+            if (j >= static_cast<size_t>(nk)) {
+              EXPECT_EQ(sb[i * lds + j], kSentinel) << "padding written, i=" << i << " j=" << j;
+              continue;
+            }
+            double mag = 0;
+            for (int t = 0; t < d; ++t) mag += std::fabs(q[i * d + t] * kf[j * ld + d + t]) * scale;
+            EXPECT_TRUE(Close(sb[i * lds + j], sa[i * lds + j], mag, 1e-5)) << "i=" << i << " j=" << j;
+          }
+
+        // attn_values accumulates into out, so start from non-zero values.
+        const size_t ldp = nk + 2;
+        const std::vector<float> p = rand_floats(rng, nq * ldp, 0.f, 1.f);
+        const std::vector<float> v = rand_floats(rng, nk * ld, -2.f, 2.f);
+        const std::vector<float> out0 = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+        std::vector<float> oa = out0, ob = out0;
+        ref().attn_values(p.data(), ldp, nq, v.data() + d, ld, nk, d, oa.data());
+        simd().attn_values(p.data(), ldp, nq, v.data() + d, ld, nk, d, ob.data());
+        for (int i = 0; i < nq; ++i)
+          for (int t = 0; t < d; ++t) {
+            double mag = std::fabs(out0[i * d + t]);
+            for (int j = 0; j < nk; ++j) mag += std::fabs(p[i * ldp + j] * v[j * ld + d + t]);
+            EXPECT_TRUE(Close(ob[i * d + t], oa[i * d + t], mag, 1e-5)) << "i=" << i << " t=" << t;
+          }
+      }
+}
+
+TEST_P(SimdVsScalar, ExpSum) {
+  std::mt19937 rng(15);
+  for (int n : {1, 7, 8, 9, 33, 100, 1000}) {
+    SCOPED_TRACE(n);
+    std::vector<float> x = rand_floats(rng, n, -40.f, 5.f);
+    if (n > 8) x[3] = -200.f;  // far below the max: exp underflows (clamped in the SIMD code)
+    float mx = x[0];
+    for (float v : x) mx = std::max(mx, v);
+    std::vector<float> xa = x, xb = x;
+    const float sa = ref().exp_sum(xa.data(), n, mx), sb = simd().exp_sum(xb.data(), n, mx);
+    EXPECT_TRUE(Close(sb, sa, sa, 1e-6));
+    for (int i = 0; i < n; ++i) {
+      EXPECT_TRUE(Close(xb[i], xa[i], xa[i], 1e-6)) << "i=" << i << " x=" << x[i];
+      // The kernel's input is x - max rounded to float; exp of exactly that.
+      EXPECT_TRUE(Close(xa[i], std::exp(static_cast<double>(x[i] - mx)), xa[i], 1e-6)) << "i=" << i;
+    }
+  }
+}
+
+TEST_P(SimdVsScalar, F32ToF16IsBitIdentical) {
+  std::mt19937 rng(16);
+  std::vector<float> x;
+  // Specials, and every half value plus the midpoint above it (a round-half-even tie).
+  for (float v : {0.f, -0.f, 1.f, -1.f, 65504.f, 65519.99f, 65520.f, 1e10f, -1e10f, 6e-8f, 3e-8f, 2.9e-8f, 1e-45f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()})
+    x.push_back(v);
+  for (uint32_t h = 0; h < 0x7C00; ++h) {
+    const double v = half_ref(static_cast<uint16_t>(h)), next = half_ref(static_cast<uint16_t>(h + 1));
+    x.push_back(static_cast<float>(v));
+    x.push_back(static_cast<float>(-(v + next) / 2));
+  }
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 100000; ++i) x.push_back(fp32_from_bits(bits(rng)));  // includes NaNs, subnormals
+  x.push_back(0.5f);  // odd length: exercises the scalar tail of the SIMD version
+  std::vector<uint16_t> a(x.size()), b(x.size());
+  ref().f32_to_f16(x.data(), a.data(), static_cast<int>(x.size()));
+  simd().f32_to_f16(x.data(), b.data(), static_cast<int>(x.size()));
+  int mismatches = 0;
+  for (size_t i = 0; i < x.size() && mismatches < 10; ++i) {
+    if (std::isnan(x[i])) {
+      // NaN payloads differ (F16C keeps the top payload bits, the scalar code writes 0x7E00);
+      // both must still be NaN.
+      EXPECT_TRUE(std::isnan(half_ref(a[i])) && std::isnan(half_ref(b[i]))) << std::hex << fp32_to_bits(x[i]);
+      continue;
+    }
+    if (a[i] != b[i]) {
+      ++mismatches;
+      ADD_FAILURE() << "x=" << x[i] << " (bits " << std::hex << fp32_to_bits(x[i]) << "): scalar " << a[i]
+                    << ", simd " << b[i];
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tables, SimdVsScalar, ::testing::Values("avx2", "avx512"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// ---------------------------------------------------------------------------------------------
+// Every table (scalar included) against independent references.
+
+class KernelsVsReference : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    const std::string t = GetParam();
+    if (t == "scalar") kt_ = &scalar_kernels();
+    if (t == "avx2" && cpu_has_avx2()) kt_ = avx2_kernels();
+    if (t == "avx512" && cpu_has_avx512()) kt_ = avx512_kernels();
+    if (!kt_) GTEST_SKIP() << t << " is not available on this CPU/build";
+  }
+  const KernelTable* kt_ = nullptr;
+};
+
+// Activations built to be exactly representable in the Q8 format: per block a half scale d
+// and integers q in [-127, 127] with |q| = 127 somewhere, x = q * d. Quantizing them must give
+// back exactly q and d, so the GEMM result equals the dequantized weights times x up to float
+// rounding -- plus, for Q4_1, the f16 rounding of s = d * sum(q) that ggml's Q8_1 format has.
+TEST_P(KernelsVsReference, QuantizedGemmMatchesDequantizedWeights) {
+  std::mt19937 rng(21);
+  std::uniform_int_distribution<int> qdist(-127, 127);
+  std::uniform_real_distribution<float> ddist(0.01f, 0.1f);
+  for (GgmlType type : kQuantTypes)
+    for (int k : kKs)
+      for (int n_tok : {1, 3, 4, 5}) {
+        const int rows = 11;  // a full group and a partial one
+        SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) + " tok=" + std::to_string(n_tok));
+        const QWeights qw = make_qweights(type, rows, k, rng);
+        std::vector<int> q(static_cast<size_t>(n_tok) * k);
+        std::vector<float> dx(static_cast<size_t>(n_tok) * k / 32), x(q.size());
+        for (size_t b = 0; b < dx.size(); ++b) {
+          dx[b] = round_fp16(ddist(rng));
+          for (int j = 0; j < 32; ++j) q[b * 32 + j] = qdist(rng);
+          q[b * 32 + b % 32] = b % 2 ? 127 : -127;
+          for (int j = 0; j < 32; ++j) x[b * 32 + j] = static_cast<float>(q[b * 32 + j]) * dx[b];
+        }
+        const Act act = quantize_all(*kt_, x, n_tok, k);
+        for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(act.qs[i], q[i]) << "element " << i;
+        for (size_t b = 0; b < dx.size(); ++b) ASSERT_EQ(act.d[b], dx[b]) << "block " << b;
+
+        std::vector<float> y(static_cast<size_t>(n_tok) * rows);
+        gemm_of(*kt_, type)({qw.packed.data(), qw.group_bytes, rows, &act.a, 0, n_tok, y.data(), rows});
+        std::vector<float> wr(k);
+        for (int r = 0; r < rows; ++r) {
+          dequantize_row(qw.w, r, wr.data());
+          for (int t = 0; t < n_tok; ++t) {
+            double want = 0, mag = 0, s_err = 0;
+            for (int j = 0; j < k; ++j) want += static_cast<double>(wr[j]) * x[static_cast<size_t>(t) * k + j];
+            mag = gemm_magnitude(qw.w, r, act.a, t);
+            if (type == GgmlType::Q4_1)
+              for (int b = 0; b < k / 32; ++b) {
+                const size_t blk = static_cast<size_t>(t) * (k / 32) + b;
+                const float m = fp16_to_fp32(reinterpret_cast<const BlockQ4_1*>(qw.w.data + r * qw.w.row_bytes)[b].m);
+                s_err += std::fabs(m * (static_cast<double>(act.s[blk]) - static_cast<double>(dx[blk]) * act.isum[blk]));
+              }
+            EXPECT_TRUE(Within(y[static_cast<size_t>(t) * rows + r], want, 1e-5 * mag + s_err)) << "r=" << r << " t=" << t;
+          }
+        }
+      }
+}
+
+TEST_P(KernelsVsReference, QuantizeQ8Definition) {
+  // For arbitrary input: d = f16(amax / 127), q = round(x / (amax / 127)), |q| <= 127, and
+  // isum / s consistent with q.
+  std::mt19937 rng(22);
+  const int k = 576;
+  const std::vector<float> x = activation_rows(rng, 2, k);
+  const Act act = quantize_all(*kt_, x, 2, k);
+  for (int b = 0; b < 2 * k / 32; ++b) {
+    float amax = 0;
+    int sum = 0;
+    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(x[b * 32 + j]));
+    EXPECT_EQ(act.d[b], round_fp16(amax / 127.f)) << "block " << b;
+    for (int j = 0; j < 32; ++j) {
+      const int qv = act.qs[b * 32 + j];
+      sum += qv;
+      const double exact = amax > 0 ? static_cast<double>(x[b * 32 + j]) * 127.0 / amax : 0.0;
+      EXPECT_LE(std::fabs(qv - exact), 0.5 + 1e-5) << "block " << b << " j " << j;
+    }
+    EXPECT_EQ(act.isum[b], sum);
+    EXPECT_EQ(act.s[b], round_fp16(amax / 127.f * static_cast<float>(sum)));
+  }
+}
+
+// One attention block the way the engine chains the kernels: widen K and V from
+// an f16 cache, scores, softmax weights, weighted values -- against a double computation.
+TEST_P(KernelsVsReference, AttentionMatchesDoubleReference) {
+  std::mt19937 rng(23);
+  const int d = 64, nq = 3, nk = 37;
+  const size_t stride = 192;  // 3 KV heads per cache row; use the second
+  const std::vector<uint16_t> k = rand_halves(rng, nk * stride), v = rand_halves(rng, nk * stride);
+  const std::vector<float> q = rand_floats(rng, nq * d, -1.f, 1.f);
+  // Whole cache rows are widened; the kernels read the second head out of them.
+  std::vector<float> kf(nk * stride), vf(nk * stride), s(nq * nk);
+  kt_->kv_to_f32(k.data(), stride, nk, stride, kf.data());
+  kt_->kv_to_f32(v.data(), stride, nk, stride, vf.data());
+  kt_->attn_scores(q.data(), nq, kf.data() + d, stride, nk, d, 0.125f, s.data(), nk);
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0; j < nk; ++j) {
+      double want = 0, mag = 0;
+      for (int t = 0; t < d; ++t) {
+        want += q[i * d + t] * half_ref(k[j * stride + d + t]);
+        mag += std::fabs(q[i * d + t] * half_ref(k[j * stride + d + t]));
+      }
+      EXPECT_TRUE(Close(s[i * nk + j], want * 0.125, mag * 0.125, 1e-5)) << "i=" << i << " j=" << j;
+    }
+  const std::vector<float> p = rand_floats(rng, nq * nk, 0.f, 1.f);
+  std::vector<float> out(nq * d, 0.5f);
+  kt_->attn_values(p.data(), nk, nq, vf.data() + d, stride, nk, d, out.data());
+  for (int i = 0; i < nq; ++i)
+    for (int t = 0; t < d; ++t) {
+      double want = 0.5, mag = 0.5;
+      for (int j = 0; j < nk; ++j) {
+        want += p[i * nk + j] * half_ref(v[j * stride + d + t]);
+        mag += std::fabs(p[i * nk + j] * half_ref(v[j * stride + d + t]));
+      }
+      EXPECT_TRUE(Close(out[i * d + t], want, mag, 1e-5)) << "i=" << i << " t=" << t;
+    }
+}
+
+// The engine's attention covers a token's keys with blocks whose sizes depend on which other
+// tokens share its micro-batch (the block ends at the last token's position), and groups query
+// rows by batch too. For logits not to depend on how a prompt is chunked, the score of (query
+// i, key j) and a query's weighted values must not depend on nq, nk or the row's place in a
+// tile: bit for bit. (Trailing keys with probability 0 must leave the values unchanged.)
+TEST_P(KernelsVsReference, AttentionIsIndependentOfBlockShape) {
+  std::mt19937 rng(25);
+  const int d = 64, nq = 7, nk = 64;
+  const size_t ld = 2 * d;
+  const std::vector<float> q = rand_floats(rng, nq * d, -1.f, 1.f), k = rand_floats(rng, nk * ld, -2.f, 2.f),
+                           v = rand_floats(rng, nk * ld, -2.f, 2.f);
+  std::vector<float> full(nq * nk);
+  kt_->attn_scores(q.data(), nq, k.data(), ld, nk, d, 0.125f, full.data(), nk);
+  for (int qi = 0; qi < nq; ++qi)
+    for (int n = 1; n <= nk; ++n) {
+      std::vector<float> one(n);
+      kt_->attn_scores(q.data() + qi * d, 1, k.data(), ld, n, d, 0.125f, one.data(), n);
+      for (int j = 0; j < n; ++j)
+        ASSERT_EQ(fp32_to_bits(one[j]), fp32_to_bits(full[qi * nk + j]))
+            << "score of query " << qi << ", key " << j << ": alone with " << n << " keys " << one[j]
+            << ", in the full block " << full[qi * nk + j];
+    }
+  // Values: each query alone over its first n keys equals its row in the full block with the
+  // probabilities of keys >= n set to 0.
+  const std::vector<float> p0 = rand_floats(rng, nq * nk, 0.f, 1.f);
+  for (int n = 1; n <= nk; ++n) {
+    std::vector<float> p = p0;
+    for (int i = 0; i < nq; ++i) std::fill(p.begin() + i * nk + n, p.begin() + (i + 1) * nk, 0.f);
+    std::vector<float> all(nq * d, 0.f);
+    kt_->attn_values(p.data(), nk, nq, v.data(), ld, nk, d, all.data());
+    for (int qi = 0; qi < nq; ++qi) {
+      std::vector<float> one(d, 0.f);
+      kt_->attn_values(p.data() + qi * nk, nk, 1, v.data(), ld, n, d, one.data());
+      for (int t = 0; t < d; ++t)
+        ASSERT_EQ(fp32_to_bits(one[t]), fp32_to_bits(all[qi * d + t])) << "query " << qi << " dim " << t << " n " << n;
+    }
+  }
+}
+
+TEST_P(KernelsVsReference, ExpSumMatchesStdExp) {
+  std::mt19937 rng(24);
+  std::vector<float> x = rand_floats(rng, 50, -20.f, 3.f);
+  float mx = x[0];
+  for (float a : x) mx = std::max(mx, a);
+  const std::vector<float> x0 = x;
+  const float sum = kt_->exp_sum(x.data(), 50, mx);
+  double want_sum = 0;
+  for (int i = 0; i < 50; ++i) {
+    const double e = std::exp(static_cast<double>(x0[i] - mx));
+    want_sum += e;
+    EXPECT_TRUE(Close(x[i], e, e, 1e-6)) << "i=" << i;
+  }
+  EXPECT_TRUE(Close(sum, want_sum, want_sum, 1e-6));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tables, KernelsVsReference, ::testing::Values("scalar", "avx2", "avx512"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// pack_matrix follows the layout packed.h documents: per 8-row group and column block, the
+// rows' scales side by side and quants interleaved in 4-byte runs; missing rows are zero.
+TEST(Packing, LayoutMatchesDocumentation) {
+  std::mt19937 rng(31);
+  const int rows = 11, k = 64, nb = k / 32;
+  for (GgmlType type : kQuantTypes) {
+    SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
+    const QWeights qw = make_qweights(type, rows, k, rng);
+    ASSERT_EQ(qw.group_bytes, nb * (type == GgmlType::Q4_0 ? sizeof(PackedQ4_0)
+                                    : type == GgmlType::Q4_1 ? sizeof(PackedQ4_1) : sizeof(PackedQ8_0)));
+    for (int r = 0; r < 16; ++r)
+      for (int b = 0; b < nb; ++b) {
+        const uint8_t* blk = qw.packed.data() + (r / 8) * qw.group_bytes;
+        const int rr = r % 8;
+        const uint8_t* src = r < rows ? qw.bytes.data() + r * qw.w.row_bytes : nullptr;
+        if (type == GgmlType::Q8_0) {
+          const auto& p = reinterpret_cast<const PackedQ8_0*>(blk)[b];
+          const BlockQ8_0 zero{};
+          const auto& o = src ? reinterpret_cast<const BlockQ8_0*>(src)[b] : zero;
+          EXPECT_EQ(p.d[rr], o.d);
+          int sum = 0;
+          for (int j = 0; j < 32; ++j) {
+            sum += o.qs[j];
+            EXPECT_EQ(p.qs[(j / 4 * 8 + rr) * 4 + j % 4], o.qs[j]) << "r=" << r << " b=" << b << " j=" << j;
+          }
+          EXPECT_EQ(p.wsum[rr], sum);
+        } else {
+          // Q4_0 and Q4_1 share the quant layout; Q4_1 has m after d.
+          const bool q41 = type == GgmlType::Q4_1;
+          const uint8_t* pb = blk + b * (q41 ? sizeof(PackedQ4_1) : sizeof(PackedQ4_0));
+          const uint8_t* ob = src ? src + b * (q41 ? 20 : 18) : nullptr;
+          const uint8_t* pqs = pb + (q41 ? 32 : 16);
+          const uint8_t* oqs = ob ? ob + (q41 ? 4 : 2) : nullptr;
+          uint16_t pd, od = 0;
+          std::memcpy(&pd, pb + 2 * rr, 2);
+          if (ob) std::memcpy(&od, ob, 2);
+          EXPECT_EQ(pd, od);
+          if (q41) {
+            uint16_t pm, om = 0;
+            std::memcpy(&pm, pb + 16 + 2 * rr, 2);
+            if (ob) std::memcpy(&om, ob + 2, 2);
+            EXPECT_EQ(pm, om);
+          }
+          for (int j = 0; j < 16; ++j)
+            EXPECT_EQ(pqs[(j / 4 * 8 + rr) * 4 + j % 4], oqs ? oqs[j] : 0) << "r=" << r << " b=" << b << " j=" << j;
+        }
+      }
+  }
+}
+
+// fp16.h's conversions against the independent decoder, for every half.
+TEST(Fp16, EveryHalfDecodesAndRoundTrips) {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const double want = half_ref(static_cast<uint16_t>(h));
+    const float got = fp16_to_fp32(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << std::hex << h;
+      continue;
+    }
+    ASSERT_EQ(static_cast<double>(got), want) << std::hex << h;
+    ASSERT_EQ(fp32_to_fp16(got), h) << std::hex << h;
+  }
+}
+
+}  // namespace
