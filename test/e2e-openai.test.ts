@@ -1,6 +1,7 @@
 // End to end with the official `openai` client against `ctxbank serve` (what `npm start` runs
 // after its setup step): completions and chat, streaming and not, checked against the generation
 // loop run in this process on the same model (greedy, so the text must be identical).
+import { readdir } from "node:fs/promises";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/engine/engine.ts";
@@ -47,8 +48,12 @@ beforeAll(async () => {
 
 afterAll(async () => {
   const code = await svc?.stop();
+  const left = shards ? await readdir(shards.dir) : [];
   await shards?.remove();
-  expect(code).toBe(0); // a graceful shutdown
+  // A graceful shutdown: drained, the shard retired and its file removed, exit code 0.
+  expect(code).toBe(0);
+  expect(left).toEqual([]);
+  expect(svc.log()).toMatch(/"msg":"stopped"/);
 });
 
 describe("OpenAI client against `ctxbank serve`", () => {

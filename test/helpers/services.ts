@@ -8,7 +8,6 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 export const root = fileURLToPath(new URL("../..", import.meta.url));
-const tsx = path.join(root, "node_modules/.bin/tsx");
 
 export interface ServiceProcess {
   child: ChildProcess;
@@ -22,7 +21,9 @@ export interface ServiceProcess {
 }
 
 export async function startService(role: "serve" | "prefill" | "decode", args: string[], env: Record<string, string> = {}, timeoutMs = 120_000): Promise<ServiceProcess> {
-  const child = spawn(tsx, ["bin/ctxbank.ts", role, "--port", "0", ...args], {
+  // node with tsx's loader (not the tsx wrapper, which runs the program in a child process that
+  // a SIGKILL of the wrapper would leave running).
+  const child = spawn(process.execPath, ["--import", "tsx", "bin/ctxbank.ts", role, "--port", "0", ...args], {
     cwd: root,
     env: { ...process.env, CTXBANK_LOG_LEVEL: "info", ...env },
     stdio: ["ignore", "pipe", "pipe"],

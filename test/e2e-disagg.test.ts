@@ -1,0 +1,104 @@
+// Disaggregated equals colocated: `ctxbank prefill` and `ctxbank decode` as separate processes
+// against a real PostgreSQL 15, the KV handed over HTTP (one decode) and shm (another), must give
+// exactly the greedy tokens the engine gives in one process. Then the prefill process is killed
+// after it answered and before decode pulled: decode fails fast, or recomputes when asked.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { Engine, loadModel } from "../shared/engine/engine.ts";
+import { generate } from "../shared/generate.ts";
+import type { Handle } from "../shared/http/wire.ts";
+import { resolveModel } from "../shared/model/resolve.ts";
+import { ChatTemplate } from "../shared/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
+import { postJson, startService, tempShardDir, type ServiceProcess } from "./helpers/services.ts";
+
+let pg: TestPostgres;
+let shards: Awaited<ReturnType<typeof tempShardDir>>;
+let prefill: ServiceProcess;
+let viaHttp: ServiceProcess;
+let viaShm: ServiceProcess;
+let engine: Engine;
+let tok: GgufTokenizer;
+let tmpl: ChatTemplate;
+
+const common = () => ["--threads", "1", "--database-url", pg.url, "--shard-dir", shards.dir, "--heartbeat-ms", "500", "--heartbeat-timeout-ms", "3000"];
+// A long prompt spans several 64-token blocks, so several chunks are handed over.
+const LONG = "In a quiet village by the sea, the fishermen rose before dawn to mend their nets. ".repeat(4);
+const PROMPTS = ["Once upon a time", "The capital of Italy is", LONG, "1, 2, 3, 4,"];
+
+async function colocated(ids: number[], maxTokens: number): Promise<number[]> {
+  const out: number[] = [];
+  for await (const ev of generate(engine, tok, ids, { maxTokens, temperature: 0 })) if (ev.type === "token") out.push(ev.id);
+  return out;
+}
+
+beforeAll(async () => {
+  [pg, shards] = await Promise.all([startPostgres(), tempShardDir()]);
+  prefill = await startService("prefill", [...common(), "--block-tokens", "64", "--instance-id", "prefill-a"]);
+  [viaHttp, viaShm] = await Promise.all([
+    startService("decode", [...common(), "--transport", "http", "--instance-id", "decode-http"]),
+    startService("decode", [...common(), "--transport", "shm", "--instance-id", "decode-shm"]),
+  ]);
+  const path = await resolveModel();
+  engine = new Engine(await loadModel(path), { threads: 1 });
+  tok = GgufTokenizer.fromGguf(path);
+  tmpl = ChatTemplate.fromGguf(path, tok);
+});
+
+afterAll(async () => {
+  const codes = await Promise.all([viaHttp?.stop(), viaShm?.stop(), prefill?.stop()]);
+  await pg?.stop();
+  await shards?.remove();
+  expect(codes.slice(0, 2)).toEqual([0, 0]);
+});
+
+describe("prefill and decode in separate processes over PostgreSQL 15", () => {
+  it.each([
+    ["http", () => viaHttp],
+    ["shm", () => viaShm],
+  ] as const)("over %s: the greedy tokens equal one process's, for several prompts", async (transport, decode) => {
+    for (const prompt of PROMPTS) {
+      const p = await postJson(`${prefill.url}/v1/prefill`, { prompt });
+      expect(p.status).toBe(200);
+      const handle = p.body as Handle;
+      const d = await postJson(`${decode().url}/v1/decode`, { handle, max_tokens: 12, temperature: 0 });
+      expect(d.status, JSON.stringify(d.body)).toBe(200);
+      expect(d.body.kv).toMatchObject({ transport, chunks: Math.ceil(handle.prompt_tokens / 64), recomputed: false });
+      expect(d.body.token_ids, prompt).toEqual(await colocated(handle.prompt_token_ids, 12));
+    }
+  });
+
+  it("the OpenAI route on a decode process finds the prefill process in the registry", async () => {
+    const messages = [{ role: "user" as const, content: "Give me a color." }];
+    const res = await postJson(`${viaHttp.url}/v1/chat/completions`, { model: "default", messages, max_tokens: 10, temperature: 0 });
+    expect(res.status).toBe(200);
+    const ids = await colocated(tok.encode(tmpl.render(messages), { parseSpecial: true }), 10);
+    expect(res.body.choices[0].message.content).toBe(tok.decode(ids.filter((id) => !tok.isEog(id))));
+  });
+
+  it("a prefill killed after answering: decode fails fast with a clear error, or recomputes when asked", async () => {
+    const handles: Handle[] = [];
+    for (const prompt of ["The sun is a", "Water boils at"]) handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);
+    await prefill.kill();
+
+    const t0 = performance.now();
+    const failed = await postJson(`${viaHttp.url}/v1/decode`, { handle: handles[0], max_tokens: 8, temperature: 0 });
+    const ms = performance.now() - t0;
+    expect(failed.status).toBe(502);
+    expect(failed.body.error.code).toBe("kv_load_failed");
+    expect(failed.body.error.message).toMatch(/cannot read the KV \(unreachable\).*ECONNREFUSED.*on_kv_failure/);
+    expect(ms).toBeLessThan(3_000);
+
+    const recomputed = await postJson(`${viaHttp.url}/v1/decode`, { handle: handles[1], max_tokens: 8, temperature: 0, on_kv_failure: "recompute" });
+    expect(recomputed.status).toBe(200);
+    expect(recomputed.body.kv).toMatchObject({ transport: "recompute", recomputed: true });
+    expect(recomputed.body.kv.error).toMatch(/unreachable/);
+    expect(recomputed.body.token_ids).toEqual(await colocated(handles[1]!.prompt_token_ids, 8));
+
+    // Once the registry has declared the silent prefill dead, no prefill instance is left.
+    await new Promise((r) => setTimeout(r, 4_000));
+    const none = await postJson(`${viaHttp.url}/v1/completions`, { model: "default", prompt: "hi", max_tokens: 2 });
+    expect(none.status).toBe(503);
+    expect(none.body.error.code).toBe("no_prefill_instance");
+  });
+});
