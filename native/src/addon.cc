@@ -431,7 +431,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     if (info.Length() != 1 || !info[0].IsArray()) throw Napi::TypeError::New(env, "forward(items) needs an array");
     Napi::Array arr = info[0].As<Napi::Array>();
     if (arr.Length() == 0) throw Napi::RangeError::New(env, "forward: empty batch");
-    struct Owned { std::shared_ptr<Sequence> seq; std::vector<int32_t> tokens; float* logits; };
+    struct Owned { std::shared_ptr<Sequence> seq; std::vector<int32_t> tokens; float* logits; float* probe; };
     auto owned = std::make_shared<std::vector<Owned>>();
     std::vector<NativeSequence*> seqs;
     // Everything the job touches stays reachable until it settles, even if the caller drops it.
@@ -460,12 +460,22 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
           throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + ".logits must be a Float32Array of nVocab");
         logits = lv.As<Napi::Float32Array>().Data();
       }
+      float* probe = nullptr;
+      Napi::Value pv = o.Get("probe");
+      if (!pv.IsUndefined() && !pv.IsNull()) {
+        const size_t want = static_cast<size_t>(engine_->config().n_layer) * (ns->seq()->n_past() + 1);
+        if (!pv.IsTypedArray() || pv.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+            pv.As<Napi::Float32Array>().ElementLength() != want)
+          throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + ".probe must be a Float32Array of nLayer * (nPast + 1)");
+        probe = pv.As<Napi::Float32Array>().Data();
+      }
       for (NativeSequence* other : seqs)
         if (other == ns) throw Napi::Error::New(env, "forward: a sequence appears twice in one batch");
       seqs.push_back(ns);
       held.Set(held.Length(), sv);
       if (logits) held.Set(held.Length(), lv);
-      owned->push_back({ns->seq(), std::vector<int32_t>(ta.Data(), ta.Data() + ta.ElementLength()), logits});
+      if (probe) held.Set(held.Length(), pv);
+      owned->push_back({ns->seq(), std::vector<int32_t>(ta.Data(), ta.Data() + ta.ElementLength()), logits, probe});
     }
     for (NativeSequence* ns : seqs) ns->busy = true;
     auto engine = engine_;
@@ -474,7 +484,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
         [engine, owned] {
           std::vector<BatchItem> items;
           for (auto& o : *owned)
-            items.push_back({o.seq.get(), o.tokens.data(), static_cast<int>(o.tokens.size()), o.logits});
+            items.push_back({o.seq.get(), o.tokens.data(), static_cast<int>(o.tokens.size()), o.logits, o.probe});
           engine->forward(items);
         },
         [](Napi::Env e) -> Napi::Value { return e.Undefined(); },

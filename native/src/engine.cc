@@ -87,6 +87,8 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
     if (!it.seq) throw std::invalid_argument("forward: batch item without a sequence");
     if (it.n_tokens < 1) throw std::invalid_argument("forward: empty token list (a prompt needs at least one token)");
     const int limit = std::min(it.seq->kv.capacity(), max_ctx_);
+    if (it.probe && (it.n_tokens != 1 || it.seq->policy.sparse_decode()))
+      throw std::invalid_argument("forward: an attention probe needs a one-token item under full attention");
     if (it.seq->n_past() + it.n_tokens > limit)
       throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) +
                                   " tokens exceed the context limit of " + std::to_string(limit) +
@@ -229,7 +231,11 @@ void Engine::rope(float* x, int n_heads, const int* pos, int n) {
 void Engine::attention(int layer, const std::vector<Slice>& slices) {
   const int hkv = config().n_head_kv;
   // Few query blocks (a single decoding sequence): split by head so every thread has work.
-  const int head_tasks = single_thread_ || static_cast<int>(qblocks_.size()) >= 2 * pool_.size() ? 1 : hkv;
+  bool probing = false;
+  for (const Slice& s : slices) probing |= s.item->probe != nullptr;
+  // Probes sum over every head of a token, so a probed token's heads stay in one task.
+  const int head_tasks =
+      probing || single_thread_ || static_cast<int>(qblocks_.size()) >= 2 * pool_.size() ? 1 : hkv;
   attn_tasks_.clear();
   for (int b = 0; b < static_cast<int>(qblocks_.size()); ++b) {
     if (slice_keys_[qblocks_[b].slice])
@@ -286,6 +292,13 @@ void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0
   }
   for (int gl = 0; gl < n_heads; ++gl)  // causal: each token sees keys up to itself
     softmax_rows(s_rows(gl), lds, nq, n_keys, [&](int r) { return pos_[qb.t_begin + r / group] + 1; });
+  if (float* probe = s.item->probe) {  // one token, all heads in this task (see attention())
+    float* out = probe + static_cast<size_t>(layer) * n_keys;
+    std::fill(out, out + n_keys, 0.f);
+    for (int gl = 0; gl < n_heads; ++gl)
+      for (int r = 0; r < nq; ++r)
+        for (int j = 0; j < n_keys; ++j) out[j] += s_rows(gl)[r * lds + j] / static_cast<float>(c.n_head);
+  }
   std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(n_heads) * nq * d, 0.f);
   for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);

@@ -40,6 +40,9 @@ struct BatchItem {
   const int32_t* tokens = nullptr;
   int n_tokens = 0;
   float* logits = nullptr;  // if set: receives n_vocab next-token logits after the last token
+  // If set (one-token items under full attention only): receives, per layer, the token's
+  // attention probabilities over its n_past + 1 keys, averaged over heads: [n_layer][n_past + 1].
+  float* probe = nullptr;
 };
 
 class Engine {

@@ -19,6 +19,9 @@ constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxStringBytes = 1ull << 30;
 constexpr uint64_t kMaxTensorName = 64;   // GGML_MAX_NAME
 constexpr int kMaxArrayDepth = 4;
+// Parsed metadata costs ~100 bytes per array element, so a small crafted file could claim
+// gigabytes; real vocabularies and merge lists stay far below this.
+constexpr uint64_t kMaxMetadataElements = 1ull << 23;
 
 // Bounds-checked little-endian cursor over the mapped bytes.
 class Cursor {
@@ -73,7 +76,7 @@ uint64_t scalar_size(GgufValueType t) {
 
 bool known_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::F64); }
 
-GgufValue read_value(Cursor& c, GgufValueType type, const std::string& key, int depth) {
+GgufValue read_value(Cursor& c, GgufValueType type, const std::string& key, int depth, uint64_t& elements) {
   GgufValue v;
   v.type = type;
   switch (type) {
@@ -108,8 +111,11 @@ GgufValue read_value(Cursor& c, GgufValueType type, const std::string& key, int 
       if (n > c.remaining() / min_elem)
         throw GgufError("gguf: metadata '" + key + "' claims " + std::to_string(n) +
                         " elements, more than the file holds (truncated or corrupt)");
+      elements += n;
+      if (elements > kMaxMetadataElements)
+        throw GgufError("gguf: metadata arrays hold more than " + std::to_string(kMaxMetadataElements) + " elements in all");
       v.arr.reserve(n);
-      for (uint64_t k = 0; k < n; ++k) v.arr.push_back(read_value(c, v.elem_type, key, depth + 1));
+      for (uint64_t k = 0; k < n; ++k) v.arr.push_back(read_value(c, v.elem_type, key, depth + 1, elements));
       break;
     }
   }
@@ -175,13 +181,14 @@ void GgufFile::parse() {
   if (n_kv > c.remaining() / 14) throw GgufError("gguf: metadata count " + std::to_string(n_kv) + " exceeds the file (truncated or corrupt)");
   if (n_tensors > c.remaining() / 32) throw GgufError("gguf: tensor count " + std::to_string(n_tensors) + " exceeds the file (truncated or corrupt)");
 
+  uint64_t elements = 0;
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.read_string("metadata key #" + std::to_string(k));
     if (key.empty()) throw GgufError("gguf: metadata key #" + std::to_string(k) + " is empty");
     const uint32_t t = c.read<uint32_t>("type of '" + key + "'");
     if (!known_value_type(t))
       throw GgufError("gguf: metadata '" + key + "' has unknown value type " + std::to_string(t));
-    GgufValue v = read_value(c, static_cast<GgufValueType>(t), key, 0);
+    GgufValue v = read_value(c, static_cast<GgufValueType>(t), key, 0, elements);
     if (!kv_.emplace(key, std::move(v)).second) throw GgufError("gguf: duplicate metadata key '" + key + "'");
   }
 

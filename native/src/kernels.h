@@ -41,6 +41,8 @@ struct GemmF32Args {
   int ldy;
 };
 
+constexpr int kMaxHeadDim = 256;  // attention kernels keep a few head-sized rows on the stack
+
 struct KernelTable {
   const char* name;
   void (*quantize_q8)(const float* x, int k, int8_t* qs, float* d, float* s, int32_t* isum);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "kernels.h"
 #include "packed.h"
 #include <stdexcept>
 #include <vector>
@@ -102,7 +103,8 @@ std::shared_ptr<Model> Model::load(const std::string& path) {
   const auto rope_dims = f.get_uint_opt(a + "rope.dimension_count").value_or(c.head_dim);
   if (rope_dims != static_cast<uint64_t>(c.head_dim))
     throw std::invalid_argument("model: partial RoPE (rope.dimension_count != head size) is not supported");
-  if (c.head_dim % 16 != 0) throw std::invalid_argument("model: head size must be a multiple of 16");
+  if (c.head_dim % 16 != 0 || c.head_dim > kMaxHeadDim)
+    throw std::invalid_argument("model: head size must be a multiple of 16 and at most " + std::to_string(kMaxHeadDim));
   if (c.n_embd % 32 != 0 || c.n_ff % 32 != 0)
     throw std::invalid_argument("model: embedding and feed-forward lengths must be multiples of 32");
   if (!(c.rope_base > 0.f) || !(c.rms_eps > 0.f)) throw std::invalid_argument("model: rope base and RMS epsilon must be positive");

@@ -102,6 +102,9 @@ export interface ForwardItem {
   tokens: Int32Array;
   /** Receives the next-token logits after the last token (length nVocab). */
   logits?: Float32Array;
+  /** One-token items under full attention: per layer, the token's attention over its
+   *  nPast + 1 keys averaged over heads, [nLayer][nPast + 1] (calibration). */
+  probe?: Float32Array;
 }
 
 export interface EngineOptions {

@@ -1,0 +1,139 @@
+// Calibration: runs full attention over a few long prompts and a multi-round conversation,
+// records each decode step's attention per layer (the engine's probe), and measures OmniKV's
+// filter capability per layer and Round Attention's layer-to-layer KL of round-level attention.
+// Writes JSON and charts under bench/calibrate/results/ and records the recommended filter
+// layers and watershed layer as this model's defaults (shared/policy/model-defaults.json).
+//
+//   npm run calibrate [-- --model PATH] [--steps N]
+import { readFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+
+import { Engine, loadModel } from "../../shared/engine/engine.ts";
+import type { NativeSequence } from "../../shared/engine/native.ts";
+import { argmax } from "../../shared/engine/sampler.ts";
+import { resolveModel } from "../../shared/model/resolve.ts";
+import {
+  filterCapability,
+  layerToLayerRoundKl,
+  recommendFilterLayers,
+  similarityMatrix,
+  watershedLayer,
+  type Probe,
+} from "../../shared/policy/calibration.ts";
+import { loadPolicyDefaults, policyDefaultsFile } from "../../shared/policy/defaults.ts";
+import { ChatTemplate } from "../../shared/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../../shared/tokenizer/tokenizer.ts";
+import { benchText } from "../engine/text.ts";
+import { writeFileAtomic, writeJson } from "../lib/json.ts";
+import { writeSvgAndPng } from "../lib/png.ts";
+import { renderHeatmap } from "../lib/heatmap.ts";
+import { renderChart } from "../lib/svg-chart.ts";
+import { multiRoundConversation } from "./conversation.ts";
+
+const SPAN = 12;             // capability: mean over the next 12 layers (OmniKV uses 8-16)
+const TOP_FRACTION = 0.067;  // top-n = OmniKV's default budget fraction of the context
+const FILTERS = 3;
+const MIN_GAP = 3;
+const KL_THRESHOLD = 0.05;   // nats: consecutive layers' round distributions this close are "the same"
+
+const { values: args } = parseArgs({ options: { model: { type: "string" }, steps: { type: "string", default: "8" } } });
+const steps = Number(args.steps);
+if (!Number.isInteger(steps) || steps < 1 || steps > 256) throw new Error("--steps must be an integer in [1, 256]");
+const modelPath = await resolveModel(args.model ? { path: args.model } : {});
+const model = await loadModel(modelPath);
+const engine = new Engine(model, { threads: 2 });
+const tokenizer = GgufTokenizer.fromGguf(modelPath);
+const chat = ChatTemplate.fromGguf(modelPath, tokenizer);
+const root = new URL("../../", import.meta.url);
+const L = model.config.nLayer;
+
+/** Prefills `ids` and decodes greedily for `steps` steps, returning each step's probe. */
+async function probeRun(ids: number[]): Promise<Probe[]> {
+  const seq: NativeSequence = engine.createSequence(ids.length + steps + 1);
+  let next = argmax(await engine.prefill(seq, ids));
+  const probes: Probe[] = [];
+  const logits = new Float32Array(model.config.nVocab);
+  for (let s = 0; s < steps; s++) {
+    const n = seq.nPast + 1;
+    const flat = new Float32Array(L * n);
+    await engine.native.forward([{ seq, tokens: Int32Array.of(next), logits, probe: flat }]);
+    probes.push(Array.from({ length: L }, (_, l) => flat.subarray(l * n, (l + 1) * n)));
+    next = argmax(logits);
+  }
+  seq.release();
+  return probes;
+}
+
+const documents: Record<string, string> = {
+  license: readFileSync(new URL("LICENSE", root), "utf8").slice(0, 9000),
+  story: benchText(4),
+  "http client docs": readFileSync(new URL("node_modules/undici/docs/docs/api/Dispatcher.md", root), "utf8").slice(0, 9000),
+};
+const docProbes: Probe[] = [];
+for (const [name, text] of Object.entries(documents)) {
+  const ids = tokenizer.encode(chat.render([{ role: "user", content: `${text}\n\nSummarize the text above.` }]), { parseSpecial: true });
+  console.error(`[calibrate] ${name}: ${ids.length} tokens`);
+  docProbes.push(...(await probeRun(ids)));
+}
+const sim = similarityMatrix(docProbes, (n) => Math.max(16, Math.round(TOP_FRACTION * n)));
+const capability = filterCapability(sim, SPAN);
+const filterLayers = recommendFilterLayers(capability, FILTERS, MIN_GAP);
+
+const conv = multiRoundConversation(tokenizer, chat);
+console.error(`[calibrate] conversation: ${conv.ids.length} tokens, ${conv.rounds.length} rounds`);
+const roundKl = layerToLayerRoundKl(await probeRun(conv.ids), conv.rounds);
+const watershed = watershedLayer(roundKl, KL_THRESHOLD);
+
+const name = model.config.name || "model";
+const result = {
+  model: { name, path: modelPath, fingerprint: model.fingerprint, layers: L },
+  method: { steps, span: SPAN, topFraction: TOP_FRACTION, klThreshold: KL_THRESHOLD, documents: Object.keys(documents) },
+  similarity: sim,
+  capability,
+  recommendedFilterLayers: filterLayers,
+  roundKl,
+  watershedLayer: watershed,
+  date: new Date().toISOString(),
+};
+const out = new URL("bench/calibrate/results/", root).pathname;
+await writeJson(`${out}calibration.json`, result);
+await writeSvgAndPng(
+  `${out}similarity.svg`,
+  renderHeatmap(sim, {
+    title: "Share of layer j's attention on layer i's top tokens",
+    subtitle: `${name}; top ${TOP_FRACTION * 100}% tokens; ${docProbes.length} decode steps, ${Object.keys(documents).length} documents`,
+    rowLabel: "layer i (selecting)",
+    colLabel: "layer j (attending)",
+  }),
+);
+await writeSvgAndPng(
+  `${out}layers.svg`,
+  renderChart(
+    [
+      {
+        title: `Filter capability (next ${SPAN} layers); picked ${filterLayers.join(", ")}`,
+        xLabel: "layer",
+        yLabel: "capability",
+        series: [{ name: "capability", color: "#1f77b4", points: capability.flatMap((c, l) => (Number.isFinite(c) ? [[l, c]] : [])) as Array<[number, number]> }],
+      },
+      {
+        title: `Round-attention KL, layer l vs l+1; watershed ${watershed ?? "none"} (< ${KL_THRESHOLD})`,
+        xLabel: "layer l",
+        yLabel: "KL (nats)",
+        series: [{ name: "KL", color: "#d62728", points: roundKl.map((k, l) => [l, k] as [number, number]) }],
+      },
+    ],
+    { title: `${name}: calibration` },
+  ),
+);
+const defaults = loadPolicyDefaults();
+defaults[model.fingerprint] = {
+  model: name,
+  filterLayers,
+  watershedLayer: watershed,
+  source: "npm run calibrate (bench/calibrate/results/calibration.json)",
+};
+await writeFileAtomic(policyDefaultsFile.pathname, JSON.stringify(defaults, null, 2) + "\n");
+console.log(`filter layers ${filterLayers.join(", ")}; watershed layer ${watershed ?? `none below ${KL_THRESHOLD} nats`}`);
+console.log(`capability: ${capability.map((c) => (Number.isFinite(c) ? c.toFixed(3) : "-")).join(" ")}`);
+console.log(`round KL:   ${roundKl.map((k) => k.toFixed(3)).join(" ")}`);
