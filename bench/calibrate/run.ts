@@ -117,7 +117,7 @@ await writeSvgAndPng(
         series: [{ name: "capability", color: "#1f77b4", points: capability.flatMap((c, l) => (Number.isFinite(c) ? [[l, c]] : [])) as Array<[number, number]> }],
       },
       {
-        title: `Round-attention KL, layer l vs l+1; watershed ${watershed ?? "none"} (< ${KL_THRESHOLD})`,
+        title: `Round KL, layer l vs l+1 (watershed: ${watershed ?? "none"})`,
         xLabel: "layer l",
         yLabel: "KL (nats)",
         series: [{ name: "KL", color: "#d62728", points: roundKl.map((k, l) => [l, k] as [number, number]) }],
