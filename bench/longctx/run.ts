@@ -1,0 +1,135 @@
+// Long-context decode speed, one run, same GGUF and threads: ms/token for our engine under each
+// decode policy and for llama.cpp's full attention, at contexts 512..8K built from real text, and
+// for ours alone at 16K and 32K with a synthetic KV cache (random values written straight into
+// the cache: speed only; past the model's trained 8K context quality is not claimed).
+//
+//   npm run bench:longctx [-- --steps 32] [--quick]
+import { parseArgs } from "node:util";
+
+import { argmax } from "../../shared/engine/sampler.ts";
+import { Engine, loadModel } from "../../shared/engine/engine.ts";
+import type { NativeSequence } from "../../shared/engine/native.ts";
+import { resolveModel } from "../../shared/model/resolve.ts";
+import { policyDefaultsFor } from "../../shared/policy/defaults.ts";
+import { loadLlama, LlamaBackend } from "../engine/engines.ts";
+import { benchTokens } from "../engine/text.ts";
+import { writeJson } from "../lib/json.ts";
+import { gitInfo, machineInfo } from "../lib/machine.ts";
+import { writeSvgAndPng } from "../lib/png.ts";
+import { renderChart, type Series } from "../lib/svg-chart.ts";
+import { median } from "../lib/timing.ts";
+import { benchPolicies } from "./policies.ts";
+
+const { values: args } = parseArgs({ options: { steps: { type: "string", default: "32" }, quick: { type: "boolean" } } });
+const STEPS = Number(args.steps);
+if (!Number.isInteger(STEPS) || STEPS < 4 || STEPS > 512) throw new Error("--steps must be an integer in [4, 512]");
+const REAL = args.quick ? [512, 2048] : [512, 2048, 4096, 8192 - STEPS - 1];
+const SYNTHETIC = args.quick ? [] : [16384, 32768];
+const CHUNK = 512;
+
+const modelPath = await resolveModel();
+const model = await loadModel(modelPath);
+const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [2, 8, 18];
+const policies = benchPolicies(filterLayers);
+const maxContext = Math.max(...REAL, ...SYNTHETIC) + STEPS + 1;
+const engine = new Engine(model, { threads: 1, maxContext });
+const rt = await loadLlama(modelPath);
+const llama = new LlamaBackend(rt, { batchSize: CHUNK, flashAttention: "auto" }, true);
+const tokens = benchTokens((t) => Array.from(rt.model.tokenize(t)) as number[], Math.max(...REAL));
+
+/** Median ms per decode step over STEPS greedy steps from the current end of `seq`. */
+async function decodeMs(seq: NativeSequence, first: number): Promise<number> {
+  const times: number[] = [];
+  let tok = first;
+  for (let i = 0; i < STEPS; i++) {
+    const t0 = performance.now();
+    tok = argmax((await engine.decode([seq], [tok]))[0]!);
+    times.push(performance.now() - t0);
+  }
+  return median(times);
+}
+
+/** Every policy decodes from the same prefilled cache, rolled back in between. */
+async function oursAt(seq: NativeSequence, length: number, first: number): Promise<Record<string, number>> {
+  const out: Record<string, number> = {};
+  for (const { id, policy } of policies) {
+    seq.truncate(length);
+    seq.setPolicy(policy);
+    out[id] = await decodeMs(seq, first);
+    console.error(`[longctx] ${String(length).padStart(5)} ${id.padEnd(14)} ${out[id]!.toFixed(2)} ms/token`);
+  }
+  return out;
+}
+
+const rows: Array<{ context: number; synthetic: boolean; llamaMs?: number; ours: Record<string, number> }> = [];
+for (const length of REAL) {
+  const prompt = tokens.slice(0, length);
+  const seq = engine.createSequence(length + STEPS + 1);
+  let logits: Float32Array = new Float32Array(0);
+  for (let i = 0; i < length; i += CHUNK) logits = await engine.prefill(seq, prompt.slice(i, i + CHUNK));
+  const ours = await oursAt(seq, length, argmax(logits));
+  seq.release();
+  const session = await llama.open(1, length + STEPS + 1);
+  const pre = await session.prefill(prompt, CHUNK);
+  const dec = await session.decode(pre.next, STEPS);
+  await session.dispose();
+  const llamaMs = median(dec.stepMs);
+  console.error(`[longctx] ${String(length).padStart(5)} llama.cpp      ${llamaMs.toFixed(2)} ms/token`);
+  rows.push({ context: length, synthetic: false, llamaMs, ours });
+}
+for (const length of SYNTHETIC) {
+  const seq = engine.createSequence(length + STEPS + 1);
+  // Random f16 values in [-1, 1) (exponent bits kept small so nothing overflows).
+  const kv = new Uint16Array(seq.kvBuffer());
+  const { nLayer, nHeadKv, headDim } = model.config;
+  const rowElems = nHeadKv * headDim, cap = seq.capacity;
+  let x = 12345;
+  for (let l = 0; l < nLayer; l++)
+    for (let part = 0; part < 2; part++) {
+      const base = (l * 2 + part) * cap * rowElems;
+      for (let i = 0; i < length * rowElems; i++) {
+        x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+        kv[base + i] = 0x3000 | (x >>> 22) | ((x & 1) << 15);
+      }
+    }
+  seq.setLength(length);
+  rows.push({ context: length, synthetic: true, ours: await oursAt(seq, length, tokens[0]!) });
+  seq.release();
+}
+
+const out = new URL("./results/", import.meta.url).pathname;
+const result = {
+  what: "decode ms/token (median of the steps), 1 thread, greedy",
+  steps: STEPS,
+  filterLayers,
+  model: { name: model.config.name, fingerprint: model.fingerprint },
+  kernels: engine.native.info.kernels,
+  machine: machineInfo(),
+  git: gitInfo(new URL("../../", import.meta.url).pathname),
+  date: new Date().toISOString(),
+  rows,
+};
+await writeJson(`${out}longctx.json`, result);
+const colors = ["#333333", "#1f77b4", "#2ca02c", "#17becf", "#ff7f0e"];
+const series: Series[] = policies.map(({ id }, i) => ({
+  name: `ours ${id}`,
+  color: colors[i % colors.length]!,
+  points: rows.map((r) => [r.context, r.ours[id]!] as [number, number]),
+}));
+series.push({
+  name: "llama.cpp full",
+  color: "#d62728",
+  dash: "6 4",
+  points: rows.filter((r) => r.llamaMs !== undefined).map((r) => [r.context, r.llamaMs!] as [number, number]),
+});
+await writeSvgAndPng(
+  `${out}longctx.svg`,
+  renderChart(
+    [{ title: "Decode latency vs context (1 thread)", xLabel: "context (tokens; 16K, 32K synthetic KV)", yLabel: "ms / token", xLog2: true, series }],
+    { title: `${model.config.name}: long-context decode`, subtitle: `filter layers ${filterLayers.join(", ")}; ${STEPS} steps per point`, panelWidth: 760, panelHeight: 420 },
+  ),
+);
+for (const r of rows) {
+  const cells = policies.map(({ id }) => `${id} ${r.ours[id]!.toFixed(1)}`).join(" | ");
+  console.log(`${r.context}${r.synthetic ? " (synthetic)" : ""}: llama ${r.llamaMs?.toFixed(1) ?? "-"} | ${cells}`);
+}
