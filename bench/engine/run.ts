@@ -1,0 +1,646 @@
+// npm run bench:engine [-- options]   (tsx bench/engine/run.ts)
+//
+// Ours vs llama.cpp on the same GGUF: prefill tokens/s at several prompt lengths and decode
+// ms/token at several contexts. Writes results/engine.json, results/engine.svg and
+// results/engine.md, and prints the tables. See bench/engine/README.md; --help for options.
+import { execFileSync } from "node:child_process";
+import { existsSync } from "node:fs";
+import { readFile } from "node:fs/promises";
+import { dirname, join, relative, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { parseArgs } from "node:util";
+import { createHash } from "node:crypto";
+import { getModuleVersion } from "node-llama-cpp";
+
+import { resolveModel } from "../../shared/model/resolve.ts";
+import { writeFileAtomic, writeJson } from "../lib/json.ts";
+import { autogroup, fileStamp, gitInfo, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../lib/machine.ts";
+import { renderChart, type Panel, type Series } from "../lib/svg-chart.ts";
+import { fmtNum, markdownTable, textTable, type Table } from "../lib/table.ts";
+import {
+  currentOtherLoad,
+  decodeBreakdown,
+  effectiveLength,
+  prefillBreakdown,
+  runBench,
+  type BenchOptions,
+  type BenchResult,
+  type PointRecord,
+} from "./bench.ts";
+import { LlamaBackend, loadLlama, OursBackend, type Backend, type FlashAttention } from "./engines.ts";
+import { benchTokens, PARAGRAPHS } from "./text.ts";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const repoRoot = resolve(here, "../..");
+const addonPath = join(repoRoot, "native/build/Release/ctxbank_native.node");
+
+const HELP = `Usage: npm run bench:engine -- [options]
+
+  --quick                 fast smoke: lengths 512,2048, 16 decode steps, 1 rep, short warm-up, no quiet waits
+  --lengths LIST          prompt lengths / decode contexts (default 512,2048,4096,8192)
+  --prefill-threads LIST  thread counts for prefill (default 1,2)
+  --decode-threads LIST   thread counts for decode (default 1)
+  --steps N               greedy decode steps per decode point (default 64)
+  --decode-runs N          decode runs per repetition, KV rolled back to the prompt between (default 3)
+  --reps SPEC             repetitions: N, or per length "512:3,2048:3,4096:2,8192:1" (the default)
+  --chunk N               prefill tokens per call, timed separately (default 512 = ubatch; 0 = one call)
+  --ubatch N              our micro-batch and llama.cpp's batch size (default 512)
+  --max-context N         context limit (default: the model's, 8192)
+  --engines LIST          ours,llama (default both)
+  --llama-fa LIST         llama.cpp flash attention: auto,on,off, one variant each (default auto)
+  --quiet-threshold X     contention: others' load above cpus − threads + X cores, or we got < 85% of
+                          our threads' cores (default 0.35); contended runs are redone once
+  --quiet-wait S          wait up to S seconds for a quiet machine before each run (default 10)
+  --retry-budget S        seconds allowed for redoing contended runs (default 240)
+  --model PATH            GGUF to use (default: resolveModel(), i.e. CTXBANK_MODEL or the cache)
+  --out DIR               results directory (default bench/engine/results; with --quick bench/engine/tmp/quick)
+  --build                 (re)build the native addon first (cmake-js, incremental)
+  --nice=N                run every thread of the benchmark at nice N, e.g. --nice=-10 (negative needs root)
+  --update-readme         rewrite the results section of bench/engine/README.md
+  --render FILE           only re-render tables/chart/markdown from a saved engine.json
+  --help`;
+
+function list(s: string | undefined, dflt: number[]): number[] {
+  if (s === undefined) return dflt;
+  const xs = s.split(",").filter((x) => x.trim() !== "").map((x) => Number(x));
+  if (xs.length === 0 || xs.some((x) => !Number.isInteger(x) || x < 0)) throw new Error(`bad list of integers: ${s}`);
+  return xs;
+}
+
+function int(s: string | undefined, dflt: number, name: string): number {
+  if (s === undefined) return dflt;
+  const x = Number(s);
+  if (!Number.isInteger(x) || x < 0) throw new Error(`--${name} needs a non-negative integer, got ${s}`);
+  return x;
+}
+
+function num(s: string | undefined, dflt: number, name: string): number {
+  if (s === undefined) return dflt;
+  const x = Number(s);
+  if (!Number.isFinite(x) || x < 0) throw new Error(`--${name} needs a non-negative number, got ${s}`);
+  return x;
+}
+
+function parseReps(s: string | undefined, quick: boolean): { reps: Record<number, number>; defaultReps: number } {
+  if (s === undefined) return quick ? { reps: {}, defaultReps: 1 } : { reps: { 512: 3, 2048: 3, 4096: 2, 8192: 1 }, defaultReps: 1 };
+  if (/^\d+$/.test(s)) return { reps: {}, defaultReps: Math.max(1, Number(s)) };
+  const reps: Record<number, number> = {};
+  for (const part of s.split(",")) {
+    const m = /^(\d+):(\d+)$/.exec(part.trim());
+    if (!m) throw new Error(`bad --reps entry "${part}" (want LENGTH:COUNT)`);
+    reps[Number(m[1])] = Math.max(1, Number(m[2]));
+  }
+  return { reps, defaultReps: 1 };
+}
+
+async function main(): Promise<void> {
+  const { values: a } = parseArgs({
+    options: {
+      quick: { type: "boolean", default: false },
+      lengths: { type: "string" },
+      "prefill-threads": { type: "string" },
+      "decode-threads": { type: "string" },
+      steps: { type: "string" },
+      "decode-runs": { type: "string" },
+      reps: { type: "string" },
+      chunk: { type: "string" },
+      ubatch: { type: "string" },
+      "max-context": { type: "string" },
+      engines: { type: "string" },
+      "llama-fa": { type: "string" },
+      "quiet-threshold": { type: "string" },
+      "quiet-wait": { type: "string" },
+      "retry-budget": { type: "string" },
+      model: { type: "string" },
+      out: { type: "string" },
+      build: { type: "boolean", default: false },
+      nice: { type: "string" },
+      "update-readme": { type: "boolean", default: false },
+      render: { type: "string" },
+      help: { type: "boolean", default: false },
+    },
+    strict: true,
+  });
+  if (a.help) {
+    console.log(HELP);
+    return;
+  }
+  if (a.render !== undefined) {
+    // Re-render tables, chart and markdown from a saved engine.json (no measurement).
+    const report = JSON.parse(await readFile(a.render, "utf8")) as Report;
+    await writeOutputs(report, resolve(a.out ?? dirname(a.render)), a["update-readme"]!);
+    return;
+  }
+  const quick = a.quick!;
+  const started = new Date();
+  const t0 = performance.now();
+  const log = (line: string) => console.error(line);
+
+  if (a.build) {
+    log("building the native addon (cmake-js compile, incremental) ...");
+    execFileSync("npx", ["cmake-js", "compile", "--directory", "native", "--out", "native/build", "--parallel", "2"], {
+      cwd: repoRoot,
+      stdio: ["ignore", "inherit", "inherit"],
+    });
+  }
+  if (!existsSync(addonPath)) {
+    throw new Error(
+      `the native addon is not built (${relative(repoRoot, addonPath)} is missing): run ` +
+        `"npx cmake-js compile --directory native --out native/build --parallel 2" or pass --build`,
+    );
+  }
+
+  const engines = (a.engines ?? "ours,llama").split(",").map((s) => s.trim());
+  for (const e of engines) if (e !== "ours" && e !== "llama") throw new Error(`--engines: unknown engine "${e}"`);
+  const faList = (a["llama-fa"] ?? "auto").split(",").map((s) => s.trim()) as FlashAttention[];
+  for (const f of faList) if (!["auto", "on", "off"].includes(f)) throw new Error(`--llama-fa: "${f}" is not auto|on|off`);
+  const ubatch = int(a.ubatch, 512, "ubatch");
+  const steps = int(a.steps, quick ? 16 : 64, "steps");
+  const { reps, defaultReps } = parseReps(a.reps, quick);
+  // A quick smoke never overwrites the committed results.
+  const outDir = resolve(a.out ?? join(here, quick ? "tmp/quick" : "results"));
+
+  let niceError: string | undefined;
+  if (a.nice !== undefined) {
+    const n = Number(a.nice);
+    if (!Number.isInteger(n) || n < -20 || n > 19) throw new Error(`--nice needs an integer in -20..19, got ${a.nice}`);
+    // The scheduler autogroup is shared with the shell that started us: put its nice back on exit.
+    const before = /nice (-?\d+)/.exec(autogroup() ?? "")?.[1];
+    if (before !== undefined) {
+      process.on("exit", () => restoreAutogroupNice(Number(before)));
+      for (const sig of ["SIGINT", "SIGTERM"] as const) process.once(sig, () => process.exit(130));
+    }
+    niceError = setProcessNice(n);
+    if (niceError) log(`warning: could not set nice ${n}: ${niceError}`);
+  }
+
+  const modelPath = await resolveModel({ path: a.model, progress: "lines" });
+  log(`model: ${modelPath}`);
+
+  // llama.cpp is also the tokenizer: both engines get the ids node-llama-cpp's model.tokenize makes.
+  const rt = await loadLlama(modelPath);
+  const nCtxTrain = rt.model.trainContextSize;
+  const maxContext = Math.min(int(a["max-context"], nCtxTrain, "max-context"), nCtxTrain);
+  const ours = engines.includes("ours") ? await OursBackend.load(modelPath, { ubatch, maxContext }) : undefined;
+  const lengths = list(a.lengths, quick ? [512, 2048] : [512, 2048, 4096, 8192]).filter((l) => l > 0);
+  for (const l of lengths) if (effectiveLength(l, steps, maxContext) < 1) throw new Error(`length ${l} leaves no room for ${steps} steps`);
+
+  const opts: BenchOptions = {
+    lengths,
+    prefillThreads: list(a["prefill-threads"], [1, 2]),
+    decodeThreads: list(a["decode-threads"], [1]),
+    steps,
+    decodeRuns: Math.max(1, int(a["decode-runs"], quick ? 1 : 3, "decode-runs")),
+    reps,
+    defaultReps,
+    chunk: int(a.chunk, ubatch, "chunk"),
+    maxContext,
+    warmupTokens: Math.min(quick ? 128 : 512, maxContext - 16),
+    warmupSteps: quick ? 4 : 8,
+    quietThreshold: num(a["quiet-threshold"], 0.35, "quiet-threshold"),
+    cpus: machineInfo().cpus,
+    quietWaitS: num(a["quiet-wait"], quick ? 0 : 10, "quiet-wait"),
+    retryBudgetS: num(a["retry-budget"], quick ? 0 : 240, "retry-budget"),
+    flashAttention: faList,
+    log,
+  };
+  if (steps < 1) opts.decodeThreads = [];
+
+  const need = Math.max(...lengths.map((l) => effectiveLength(l, steps, maxContext)), opts.warmupTokens);
+  const tokens = benchTokens((text) => rt.model.tokenize(text, false), need);
+  const tokensSha = createHash("sha256").update(Int32Array.from(tokens)).digest("hex");
+
+  const backends: Backend[] = [];
+  if (ours) backends.push(ours);
+  const llamaBackends: LlamaBackend[] = [];
+  if (engines.includes("llama")) {
+    faList.forEach((fa, i) => {
+      const b = new LlamaBackend(rt, { batchSize: ubatch, flashAttention: fa }, i === 0);
+      llamaBackends.push(b);
+      backends.push(b);
+    });
+  }
+  if (backends.length === 0) throw new Error("no engines selected");
+
+  const machine = machineInfo();
+  const otherAtStart = await currentOtherLoad();
+  log(
+    `machine: ${machine.cpuModel}, ${machine.cpus} CPUs, node ${machine.node}; other processes using ` +
+      `${otherAtStart?.toFixed(2) ?? "?"} cores right now`,
+  );
+  const plan = lengths.map((l) => `${effectiveLength(l, steps, maxContext)}×${reps[l] ?? defaultReps}`).join(" ");
+  log(
+    `plan: prompts ${plan} | prefill threads ${opts.prefillThreads.join(",")} | decode threads ` +
+      `${opts.decodeThreads.join(",") || "-"} × ${steps} steps | engines ${backends.map((b) => b.id).join(", ")}`,
+  );
+
+  const bench = await runBench(backends, tokens, opts);
+  const durationS = (performance.now() - t0) / 1000;
+
+  // ---- describe what ran
+  const llamaPkg = { version: await getModuleVersion() };
+  const cpuBackends = mappedLibraries(/libggml-cpu[^/]*\.so/).map((p) => p.replace(/^.*\//, ""));
+  const oursInfo = ours ? ours.info(opts.decodeThreads[0] ?? opts.prefillThreads[0] ?? 1) : undefined;
+  const command = ["npm run bench:engine", ...(process.argv.length > 2 ? ["--", ...process.argv.slice(2)] : [])].join(" ");
+  const git = gitInfo(repoRoot, ["native", "shared/engine"]);
+
+  const report = {
+    schema: "ctxbank.bench.engine/1",
+    date: started.toISOString(),
+    durationS,
+    command,
+    quick,
+    variants: backends.map((b) => ({ id: b.id, label: b.label })),
+    git,
+    machine: {
+      ...machine,
+      otherProcessesCoresAtStart: otherAtStart,
+      loadAvgAtEnd: machineInfo().loadAvg,
+      // Nice values of this process's threads at the end (engine and llama.cpp workers included).
+      threadNice: [...new Set(threadNiceValues())].sort((x, y) => x - y),
+      autogroup: autogroup(),
+      ...(niceError ? { niceError } : {}),
+    },
+    model: {
+      ...(await fileStamp(modelPath)),
+      name: rt.model.fileInfo.metadata?.general?.name,
+      trainContext: nCtxTrain,
+      ...(ours ? { config: ours.model.config, fingerprint: ours.model.fingerprint } : {}),
+    },
+    prompt: {
+      source: `bench/engine/text.ts: ${PARAGRAPHS.length} English paragraphs repeated, tokenized by node-llama-cpp model.tokenize (no special tokens)`,
+      tokensPrepared: tokens.length,
+      tokensSha256: tokensSha,
+    },
+    engines: {
+      ...(ours
+        ? {
+            ours: {
+              kernels: oursInfo!.kernels,
+              ubatch,
+              maxContext,
+              kvCache: "F16",
+              addon: await fileStamp(addonPath),
+              api: "shared/engine Engine.prefill (per chunk) / Engine.decode + argmax in JS",
+            },
+          }
+        : {}),
+      ...(llamaBackends.length > 0
+        ? {
+            llama: {
+              package: `node-llama-cpp@${llamaPkg.version}`,
+              llamaCppRelease: rt.llama.llamaCppRelease,
+              buildType: rt.llama.buildType,
+              systemInfo: rt.llama.systemInfo.trim(),
+              cpuBackendLoaded: cpuBackends,
+              batchSize: ubatch,
+              ubatch,
+              kvCache: "F16",
+              variants: llamaBackends.map((b) => ({
+                id: b.id,
+                flashAttentionRequested: b.opts.flashAttention,
+                flashAttentionResolved: b.resolvedFlashAttention,
+              })),
+              api:
+                "prefill: LlamaContextSequence.controlledEvaluate per chunk (last token: generateNext greedy); " +
+                "decode: LlamaContextSequence.evaluate([first], {temperature: 0, yieldEogToken: true}) generator",
+            },
+          }
+        : {}),
+    },
+    options: {
+      lengths,
+      prefillThreads: opts.prefillThreads,
+      decodeThreads: opts.decodeThreads,
+      steps,
+      decodeRuns: opts.decodeRuns,
+      reps,
+      defaultReps,
+      chunk: opts.chunk,
+      warmupTokens: opts.warmupTokens,
+      warmupSteps: opts.warmupSteps,
+      quietThreshold: opts.quietThreshold,
+      quietWaitS: opts.quietWaitS,
+      retryBudgetS: opts.retryBudgetS,
+    },
+    summary: summaryTables(bench.points, backends),
+    chartSubtitle:
+      `${machine.cpuModel}, ${machine.cpus} CPUs, node ${machine.node} | ours: ${oursInfo?.kernels ?? "-"} kernels, ubatch ${ubatch} | ` +
+      `llama.cpp ${rt.llama.llamaCppRelease.release} via node-llama-cpp ${llamaPkg.version}, batch ${ubatch}, F16 KV, ` +
+      `${llamaBackends.map((b) => `FA ${b.opts.flashAttention}→${b.resolvedFlashAttention}`).join(", ")} | ` +
+      `${started.toISOString().slice(0, 10)} @ ${git.commit?.slice(0, 8) ?? "?"}${git.dirty ? "+dirty" : ""}`,
+    analysis: {
+      decode: decodeBreakdown(bench.points),
+      prefill: prefillBreakdown(bench.points, opts.chunk > 0 ? opts.chunk : ubatch),
+      greedyAgreement: greedyAgreement(bench.points),
+      contendedRuns: bench.points.flatMap((p) => p.reps.filter((r) => r.contended).map((r) => `${p.engine} t=${p.threads} L=${p.promptTokens} rep ${r.rep}`)),
+      retrySpentS: bench.retrySpentS,
+    },
+    warmup: bench.warmup,
+    points: bench.points,
+  };
+
+  await writeJson(join(outDir, "engine.json"), report);
+  await writeOutputs(report as unknown as Report, outDir, a["update-readme"]!);
+  await rt.model.dispose();
+  await rt.llama.dispose();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outputs, all derived from the report object (so --render can redo them from a saved JSON).
+
+type Variant = { id: string; label: string };
+
+interface Report {
+  date: string;
+  durationS: number;
+  command: string;
+  variants: Variant[];
+  git: { commit?: string; dirty?: boolean };
+  machine: { cpuModel: string; cpus: number };
+  model: { path: string; name?: string };
+  engines: { ours?: { kernels: string; ubatch: number }; llama?: { package: string; llamaCppRelease: { release: string }; variants: Array<{ id: string; flashAttentionRequested: string; flashAttentionResolved: string }> } };
+  options: { chunk: number };
+  summary: ReturnType<typeof summaryTables>;
+  chartSubtitle: string;
+  analysis: Parameters<typeof renderBreakdown>[0];
+  points: PointRecord[];
+}
+
+async function writeOutputs(report: Report, outDir: string, updateReadmeToo: boolean): Promise<void> {
+  const variants = report.variants;
+  const chunk = report.options.chunk > 0 ? report.options.chunk : (report.engines.ours?.ubatch ?? 512);
+  const tables = renderTables(report.summary, variants);
+  const breakdownText = renderBreakdown(report.analysis, variants);
+  console.log(`\nctxbank engine benchmark — ${report.model.path.replace(/^.*\//, "")} — ${report.machine.cpuModel}, ${report.machine.cpus} CPUs — ${report.date}`);
+  const ll = report.engines.llama;
+  console.log(
+    `ours: kernels ${report.engines.ours?.kernels ?? "-"} | llama.cpp ${ll?.llamaCppRelease.release ?? "-"} (${ll?.package ?? "-"}), F16 KV, ` +
+      `${(ll?.variants ?? []).map((v) => `FA ${v.flashAttentionRequested}→${v.flashAttentionResolved}`).join(", ")}\n`,
+  );
+  for (const t of tables) console.log(`${t.title}\n${textTable(t.table)}\n`);
+  console.log(breakdownText.text);
+  console.log(`\n(${report.durationS.toFixed(0)} s; results in ${relative(process.cwd(), outDir) || "."})`);
+
+  const svg = renderChart(chartPanels(report.points, variants, chunk), {
+    title: `Engine benchmark: ours vs llama.cpp — ${report.model.path.replace(/^.*\//, "")}`,
+    subtitle: report.chartSubtitle,
+    panelWidth: 430,
+    panelHeight: 370,
+  });
+  await writeFileAtomic(join(outDir, "engine.svg"), svg);
+  const md = [...tables.map((t) => `**${t.title}**\n\n${markdownTable(t.table)}\n`), breakdownText.markdown, ""].join("\n");
+  await writeFileAtomic(join(outDir, "engine.md"), md);
+  if (updateReadmeToo) await updateReadme(join(here, "README.md"), report, md);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Summary tables: one row per (length, threads), ours and every llama variant, ratio ours/llama.
+
+interface SummaryRow {
+  tokens: number;
+  threads: number;
+  values: Record<string, number | undefined>;
+  ratios: Record<string, number | undefined>;
+}
+
+function summaryTables(points: PointRecord[], backends: Variant[]) {
+  const build = (kind: "prefill" | "decode"): SummaryRow[] => {
+    const rows = new Map<string, SummaryRow>();
+    for (const p of points) {
+      const v = kind === "prefill" ? p.prefill?.tokPerS.median : p.decode?.msPerToken.median;
+      if (v === undefined) continue;
+      const k = `${p.promptTokens}/${p.threads}`;
+      const row = rows.get(k) ?? { tokens: p.promptTokens, threads: p.threads, values: {}, ratios: {} };
+      row.values[p.engine] = v;
+      rows.set(k, row);
+    }
+    for (const row of rows.values()) {
+      const o = row.values.ours;
+      for (const b of backends) if (b.id !== "ours") row.ratios[b.id] = o !== undefined && row.values[b.id] ? o / row.values[b.id]! : undefined;
+    }
+    return [...rows.values()].sort((x, y) => x.threads - y.threads || x.tokens - y.tokens);
+  };
+  return {
+    prefillTokPerS: build("prefill"),
+    decodeMsPerToken: build("decode"),
+    ratioNote: "ratio = ours / llama.cpp of the metric: prefill tok/s (>1: ours faster), decode ms/token (>1: ours slower)",
+  };
+}
+
+function renderTables(s: ReturnType<typeof summaryTables>, backends: Variant[]): Array<{ title: string; table: Table }> {
+  const llamas = backends.filter((b) => b.id !== "ours");
+  const mk = (rows: SummaryRow[], kind: "prefill" | "decode"): Table => ({
+    headers: [
+      kind === "prefill" ? "prompt tokens" : "context",
+      "threads",
+      ...backends.map((b) => (kind === "prefill" ? `${b.label} tok/s` : `${b.label} ms/tok`)),
+      ...(backends.some((b) => b.id === "ours") ? llamas.map((b) => (llamas.length > 1 ? `ours/${b.id}` : "ours/llama")) : []),
+    ],
+    rows: rows.map((r) => [
+      String(r.tokens),
+      String(r.threads),
+      ...backends.map((b) => fmtNum(r.values[b.id])),
+      ...(backends.some((b) => b.id === "ours") ? llamas.map((b) => fmtNum(r.ratios[b.id], 2)) : []),
+    ]),
+  });
+  const out: Array<{ title: string; table: Table }> = [];
+  if (s.prefillTokPerS.length > 0)
+    out.push({ title: "Prefill throughput (tokens/s, median; higher is better; ratio >1 = ours faster)", table: mk(s.prefillTokPerS, "prefill") });
+  if (s.decodeMsPerToken.length > 0)
+    out.push({
+      title: "Decode latency (ms/token: mean over the N greedy steps, median over runs; lower is better; ratio >1 = ours slower)",
+      table: mk(s.decodeMsPerToken, "decode"),
+    });
+  return out;
+}
+
+function greedyAgreement(points: PointRecord[]) {
+  // Same point, same rep: how many greedy tokens (first + decoded) ours and llama.cpp agree on.
+  const out: Array<{ engine: string; threads: number; context: number; agreeingTokens: number; of: number }> = [];
+  const ours = points.filter((p) => p.engine === "ours" && p.decodeTimed);
+  for (const o of ours) {
+    for (const p of points) {
+      if (p.engine === "ours" || !p.decodeTimed || p.threads !== o.threads || p.promptTokens !== o.promptTokens) continue;
+      let agree = Infinity;
+      let of = 0;
+      for (let r = 0; r < Math.min(o.reps.length, p.reps.length); r++) {
+        const a = [o.reps[r]!.first, ...(o.reps[r]!.decode?.tokens ?? [])];
+        const b = [p.reps[r]!.first, ...(p.reps[r]!.decode?.tokens ?? [])];
+        let k = 0;
+        while (k < a.length && k < b.length && a[k] === b[k]) k++;
+        agree = Math.min(agree, k);
+        of = Math.max(of, a.length);
+      }
+      out.push({ engine: p.engine, threads: p.threads, context: p.promptTokens, agreeingTokens: agree === Infinity ? 0 : agree, of });
+    }
+  }
+  return out;
+}
+
+function renderBreakdown(an: { decode: ReturnType<typeof decodeBreakdown>; prefill: ReturnType<typeof prefillBreakdown>; greedyAgreement: ReturnType<typeof greedyAgreement>; contendedRuns: string[] }, backends: Variant[]) {
+  const label = (id: string) => backends.find((b) => b.id === id)?.label ?? id;
+  const dec: Table = {
+    headers: ["engine", "threads", "fixed ms/tok", "+ms per 1K ctx", "ctx share @ longest", "r²"],
+    rows: an.decode.map((d) => [
+      label(d.engine),
+      String(d.threads),
+      fmtNum(d.fixedMs),
+      fmtNum(d.perKContextMs, 3),
+      `${(100 * (d.contextShare[d.contextShare.length - 1]?.share ?? Number.NaN)).toFixed(0)}%`,
+      fmtNum(d.r2, 3),
+    ]),
+  };
+  const pre: Table = {
+    headers: ["engine", "threads", "prompt", "first chunk ms", "last chunk ms", "+ms per 1K pos", "position share"],
+    rows: an.prefill.map((p) => [
+      label(p.engine),
+      String(p.threads),
+      String(p.promptTokens),
+      fmtNum(p.firstChunkMs),
+      fmtNum(p.lastChunkMs),
+      fmtNum(p.perKPositionMs, 1),
+      `${(100 * p.positionShare).toFixed(0)}%`,
+    ]),
+  };
+  const agree =
+    an.greedyAgreement.length > 0
+      ? `Greedy tokens agreeing with ours (first token + decode steps, worst rep): ` +
+        an.greedyAgreement.map((g) => `${g.context}: ${g.agreeingTokens}/${g.of}`).join(", ")
+      : "";
+  const cont = an.contendedRuns.length > 0 ? `Runs still contended after retries: ${an.contendedRuns.join("; ")}` : "No run was contended by other processes (after retries).";
+  const decTitle = "Decode breakdown: ms/token ≈ fixed + k·context (fit over the decode points; the context part is mostly attention)";
+  const preTitle = "Prefill breakdown (longest prompt): time per chunk vs its position (growth with position ≈ attention)";
+  return {
+    text: [
+      dec.rows.length ? `${decTitle}\n${textTable(dec)}\n` : "",
+      pre.rows.length ? `${preTitle}\n${textTable(pre)}\n` : "",
+      agree,
+      cont,
+    ]
+      .filter(Boolean)
+      .join("\n"),
+    markdown: [
+      dec.rows.length ? `**${decTitle}**\n\n${markdownTable(dec)}\n` : "",
+      pre.rows.length ? `**${preTitle}**\n\n${markdownTable(pre)}\n` : "",
+      agree,
+      "",
+      cont,
+    ]
+      .filter((x) => x !== undefined)
+      .join("\n"),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chart
+
+const COLORS: Record<string, string> = { ours: "#1f77b4", llama: "#ff7f0e", "llama-fa-on": "#2ca02c", "llama-fa-off": "#9467bd", "llama-fa-auto": "#8c564b" };
+const DASH = ["", "7 4", "2 3", "10 3 2 3"];
+
+function chartPanels(points: PointRecord[], backends: Variant[], chunk: number): Panel[] {
+  const threadsOf = (kind: "prefill" | "decode") =>
+    [...new Set(points.filter((p) => (kind === "prefill" ? p.prefill : p.decode)).map((p) => p.threads))].sort((a, b) => a - b);
+  const series = (kind: "prefill" | "decode"): Series[] => {
+    const out: Series[] = [];
+    const ts = threadsOf(kind);
+    for (const b of backends) {
+      ts.forEach((t, ti) => {
+        const ps = points.filter((p) => p.engine === b.id && p.threads === t && (kind === "prefill" ? p.prefill : p.decode));
+        if (ps.length === 0) return;
+        out.push({
+          name: `${b.label}, ${t} thread${t > 1 ? "s" : ""}`,
+          color: COLORS[b.id] ?? "#444",
+          dash: DASH[ti % DASH.length],
+          points: ps
+            .sort((x, y) => x.promptTokens - y.promptTokens)
+            .map((p) => [p.promptTokens, kind === "prefill" ? p.prefill!.tokPerS.median : p.decode!.msPerToken.median]),
+          labels: true,
+        });
+      });
+    }
+    return out;
+  };
+  const panels: Panel[] = [];
+  const pre = series("prefill");
+  if (pre.length)
+    panels.push({
+      title: "Prefill throughput (higher is better)",
+      xLabel: "prompt length (tokens)",
+      yLabel: "tokens / s",
+      xLog2: true,
+      series: pre,
+      yTickFormat: (v) => String(Math.round(v)),
+      xTickFormat: (v) => String(v),
+    });
+  const dec = series("decode");
+  if (dec.length)
+    panels.push({
+      title: "Decode latency (lower is better)",
+      xLabel: "context at start of decode (tokens)",
+      yLabel: "ms / token",
+      xLog2: true,
+      series: dec,
+      yTickFormat: (v) => (v >= 10 ? String(Math.round(v)) : String(Number(v.toFixed(1)))),
+      xTickFormat: (v) => String(v),
+    });
+  // Per-chunk prefill time of the longest prompt at the lowest prefill thread count.
+  const t = threadsOf("prefill")[0];
+  if (t !== undefined) {
+    const chunkSeries: Series[] = [];
+    for (const b of backends) {
+      const ps = points.filter((p) => p.engine === b.id && p.threads === t && p.prefill);
+      const longest = ps.sort((x, y) => y.promptTokens - x.promptTokens)[0];
+      if (!longest || longest.prefill!.chunkMsMedian.length < 2) continue;
+      const full = longest.prefill!.chunkMsMedian.slice(0, Math.floor(longest.promptTokens / chunk));
+      chunkSeries.push({ name: b.label, color: COLORS[b.id] ?? "#444", points: full.map((ms, i) => [i * chunk, ms]) });
+    }
+    if (chunkSeries.length)
+      panels.push({
+        title: `Prefill time per ${chunk}-token chunk (${t} thread${t > 1 ? "s" : ""})`,
+        xLabel: "chunk start position (tokens)",
+        yLabel: "ms per chunk",
+        series: chunkSeries,
+        xTicks: chunkTicks(Math.max(...chunkSeries.flatMap((s) => s.points.map(([px]) => px))), chunk),
+        xTickFormat: (v) => String(v),
+        yTickFormat: (v) => String(Math.round(v)),
+        note: "growth with position = attention over the cached context",
+      });
+  }
+  return panels;
+}
+
+function chunkTicks(maxPos: number, chunk: number): number[] {
+  const step = maxPos >= 6144 ? 2048 : maxPos >= 2048 ? 1024 : chunk;
+  const out: number[] = [];
+  for (let x = 0; x <= maxPos + 1; x += step) out.push(x);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function updateReadme(path: string, report: { command: string; date: string; git: { commit?: string; dirty?: boolean }; durationS: number }, md: string) {
+  const begin = "<!-- results:begin -->";
+  const end = "<!-- results:end -->";
+  const text = await readFile(path, "utf8");
+  const i = text.indexOf(begin);
+  const j = text.indexOf(end);
+  if (i < 0 || j < i) throw new Error(`${path}: no ${begin} … ${end} section to update`);
+  const body =
+    `${begin}\n` +
+    `Run ${report.date.slice(0, 16).replace("T", " ")} UTC at commit \`${report.git.commit?.slice(0, 10) ?? "?"}\`` +
+    `${report.git.dirty ? " (with uncommitted changes)" : ""}, ${Math.round(report.durationS / 60)} min, with:\n\n` +
+    "```sh\n" +
+    `${report.command}\n` +
+    "```\n\n" +
+    md.trim() +
+    `\n${end}`;
+  await writeFileAtomic(path, text.slice(0, i) + body + text.slice(j + end.length));
+}
+
+main().catch((err: unknown) => {
+  console.error(err instanceof Error ? (err.stack ?? err.message) : err);
+  process.exit(1);
+});
+
+export type { BenchResult };
