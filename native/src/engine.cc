@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -460,6 +461,8 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       slice_keys_[i] = &st.heads;
       continue;
     }
+    // A selection holding the whole prompt is the dense case: take the faster row-streaming path.
+    if (prompt_subset && static_cast<int>(prompt_subset->size()) == st.prompt_len) prompt_subset = nullptr;
     if (!prompt_subset && !pol.uses_scope()) continue;  // this layer attends everything
     for (int g = 0; g < hkv; ++g) {
       std::vector<int32_t>& keys = st.heads[g].keys;
@@ -485,6 +488,12 @@ void Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
   const OmniKvConfig& cfg = seq.policy.omnikv;
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
   const int n_cand = seq.state.prompt_len;
+  ++seq.state.selections;
+  if (cfg.budget >= n_cand) {  // the whole prompt fits the budget: nothing to rank
+    out.resize(n_cand);
+    std::iota(out.begin(), out.end(), 0);
+    return;
+  }
   const int n_all = cfg.selector == Selector::Last ? n_cand : pos_[t] + 1;  // softmax needs every key
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   float* kbuf = attn_scratch_[0].kv.data();
@@ -497,7 +506,6 @@ void Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
   }
   rank_candidates(cfg.selector, sel_raw_.data(), c.n_head, n_all, n_cand, sel_rank_.data());
   top_k_sorted(sel_rank_.data(), n_cand, cfg.budget, sel_new_);
-  ++seq.state.selections;
   if (cfg.lazy_iou > 0.f && !out.empty() && iou(sel_new_, out) > cfg.lazy_iou) {
     ++seq.state.lazy_reuses;  // close enough to the last set: keep it, skip the reload
     return;
