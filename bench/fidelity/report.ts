@@ -1,0 +1,187 @@
+// Summaries, charts and the Markdown table of a fidelity result (complete or partial).
+//
+//   npx tsx bench/fidelity/report.ts [bench/fidelity/results/fidelity.json]   (rebuild from JSON)
+import { readFile } from "node:fs/promises";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+import { writeFileAtomic } from "../lib/json.ts";
+import { writeSvgAndPng } from "../lib/png.ts";
+import { renderChart, type Panel, type Series } from "../lib/svg-chart.ts";
+import { markdownTable } from "../lib/table.ts";
+import { mean } from "./metrics.ts";
+
+export interface PolicyRun {
+  policy: string;
+  family: string;
+  budget: number | null;
+  score: number;
+  /** Share of the N generated positions with full's greedy token (free-running). */
+  agreement: number;
+  firstDivergence: number | null;
+  /** Mean over decode positions 1..N-1 of KL(full || policy), teacher-forced. */
+  meanKl: number;
+  maxKl: number;
+  /** Teacher-forced: share of positions whose argmax is full's token. */
+  tfTop1: number;
+  decodeKv?: { decodePoolTokens: number; fullDecodeTokens: number; share: number | null; decodeTokens: number };
+  eogAt?: number | null;
+  output?: string;
+  extra?: Record<string, unknown>;
+  ms?: number;
+}
+
+export interface PromptResult {
+  label: string;
+  task: string;
+  targetTokens: number;
+  promptTokens: number;
+  gen: number;
+  answer: string;
+  meta: Record<string, unknown>;
+  prefillMs: number;
+  runs: PolicyRun[];
+}
+
+export interface FidelityResult {
+  what: string;
+  quick: boolean;
+  complete: boolean;
+  model: { name: string; fingerprint: string; nLayer: number; nHeadKv: number };
+  filterLayers: number[];
+  policies: Array<{ id: string; family: string; budget: number | null; policy: unknown }>;
+  engine: unknown;
+  machine: unknown;
+  git: unknown;
+  date: string;
+  plannedPrompts: string[];
+  prompts: PromptResult[];
+}
+
+/** Group key: task plus prompt-length bucket (e.g. "passkey 4K"). */
+export function groupOf(p: PromptResult): string {
+  const k = p.promptTokens >= 1000 ? `${Math.round(p.promptTokens / 1024 * 2) / 2}K` : String(p.promptTokens);
+  return p.task === "longgen" ? `longgen (${p.gen} out)` : `${p.task} ${k}`;
+}
+
+export interface SummaryRow {
+  group: string;
+  policy: string;
+  family: string;
+  budget: number | null;
+  n: number;
+  score: number;
+  agreement: number;
+  firstDivergence: number | null;
+  meanKl: number;
+  tfTop1: number;
+  kvShare: number | null;
+}
+
+export function summarize(r: FidelityResult): SummaryRow[] {
+  const groups = new Map<string, PromptResult[]>();
+  for (const p of r.prompts) groups.set(groupOf(p), [...(groups.get(groupOf(p)) ?? []), p]);
+  const rows: SummaryRow[] = [];
+  for (const [group, ps] of groups)
+    for (const pol of r.policies) {
+      const runs = ps.flatMap((p) => p.runs.filter((x) => x.policy === pol.id));
+      if (runs.length === 0) continue;
+      const shares = runs.map((x) => x.decodeKv?.share).filter((x): x is number => typeof x === "number");
+      // First divergence: mean over the prompts, counting "never" as N.
+      const divs = ps.map((p) => ({ p, run: p.runs.find((x) => x.policy === pol.id) })).filter((x) => x.run);
+      rows.push({
+        group,
+        policy: pol.id,
+        family: pol.family,
+        budget: pol.budget,
+        n: runs.length,
+        score: mean(runs.map((x) => x.score)),
+        agreement: mean(runs.map((x) => x.agreement)),
+        firstDivergence: mean(divs.map(({ p, run }) => run!.firstDivergence ?? p.gen)),
+        meanKl: mean(runs.map((x) => x.meanKl)),
+        tfTop1: mean(runs.map((x) => x.tfTop1)),
+        kvShare: shares.length ? mean(shares) : null,
+      });
+    }
+  return rows;
+}
+
+export function summaryTable(rows: SummaryRow[]): string {
+  return markdownTable({
+    headers: ["group", "policy", "n", "score", "agreement", "first div (mean)", "mean KL", "TF top-1", "decode KV kept"],
+    rows: rows.map((x) => [
+      x.group,
+      x.policy,
+      String(x.n),
+      x.score.toFixed(2),
+      `${(x.agreement * 100).toFixed(1)}%`,
+      x.firstDivergence === null ? "—" : x.firstDivergence.toFixed(1),
+      x.meanKl.toFixed(4),
+      `${(x.tfTop1 * 100).toFixed(1)}%`,
+      x.kvShare === null ? "" : `${(x.kvShare * 100).toFixed(1)}%`,
+    ]),
+    align: ["left", "left"],
+  });
+}
+
+const COLORS: Record<string, string> = {
+  full: "#333333",
+  omnikv: "#1f77b4",
+  streaming: "#ff7f0e",
+  h2o: "#d62728",
+  scope: "#2ca02c",
+  "omnikv+scope": "#9467bd",
+};
+
+function panels(rows: SummaryRow[], metric: "score" | "agreement", tasks: string[]): Panel[] {
+  const out: Panel[] = [];
+  for (const task of tasks) {
+    const tr = rows.filter((x) => x.group.startsWith(task));
+    if (tr.length === 0) continue;
+    const budgets = [...new Set(tr.map((x) => x.budget).filter((b): b is number => b !== null))].sort((a, b) => a - b);
+    const series: Series[] = [];
+    for (const fam of Object.keys(COLORS)) {
+      const fr = tr.filter((x) => x.family === fam);
+      if (fr.length === 0) continue;
+      const byBudget = new Map<number, number[]>();
+      for (const x of fr) {
+        const bs = x.budget === null ? budgets : [x.budget]; // full: a flat line across the budgets
+        for (const b of bs) byBudget.set(b, [...(byBudget.get(b) ?? []), metric === "score" ? x.score : x.agreement * 100]);
+      }
+      const points = [...byBudget.entries()].sort((a, b) => a[0] - b[0]).map(([b, v]) => [b, mean(v)] as [number, number]);
+      series.push({ name: fam === "scope" ? "scope (b1+b2)" : fam === "omnikv+scope" ? "omnikv+scope 256+256" : fam, color: COLORS[fam]!, dash: fam === "full" ? "6 4" : undefined, points });
+    }
+    out.push({
+      title: `${task}: ${metric === "score" ? "task score" : "greedy agreement with full"}`,
+      xLabel: "budget (tokens)",
+      yLabel: metric === "score" ? "score (mean over prompts)" : "agreement (%)",
+      xLog2: true,
+      xTicks: budgets,
+      series,
+      note: `mean over ${[...new Set(tr.map((x) => x.group))].join(", ")}`,
+    });
+  }
+  return out;
+}
+
+export async function writeReport(r: FidelityResult, jsonPath: string): Promise<string> {
+  const dir = dirname(jsonPath);
+  const rows = summarize(r);
+  const table = summaryTable(rows);
+  const tag = r.complete ? "" : ` (PARTIAL: ${r.prompts.length}/${r.plannedPrompts.length} prompts)`;
+  await writeFileAtomic(join(dir, "table.md"), `${table}\n`);
+  const tasks = ["passkey", "2stage", "longgen"];
+  const sub = `${r.model.name}; filter layers ${r.filterLayers.join(", ")}; omnikv budget = prompt tokens kept (+ all generated), streaming/h2o = tokens kept in all, scope = b1+b2 generated${tag}`;
+  for (const metric of ["score", "agreement"] as const) {
+    const ps = panels(rows, metric, tasks);
+    if (ps.length === 0) continue;
+    await writeSvgAndPng(join(dir, `${metric}.svg`), renderChart(ps, { title: `Fidelity bench: ${metric === "score" ? "task score" : "greedy agreement with full"} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
+  }
+  return table;
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  const path = process.argv[2] ?? fileURLToPath(new URL("./results/fidelity.json", import.meta.url));
+  const r = JSON.parse(await readFile(path, "utf8")) as FidelityResult;
+  console.log(await writeReport(r, path));
+}

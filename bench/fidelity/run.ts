@@ -1,0 +1,266 @@
+// Fidelity of the sparse decode policies against full attention on the SPEC §6 tasks: passkey,
+// 2StageRetr and LongGenBench-style long generation. Each prompt is prefilled once (full
+// attention, 1 thread); then for each policy the cache is rolled back to the prompt and the policy
+// decodes N greedy tokens free-running (task score, token agreement, first divergence), and, if
+// it diverged from full, once more teacher-forced with full's tokens (KL(full || policy) at every
+// step; before the first divergence the free run is already teacher-forced, so it is reused).
+// Results are written after every prompt, so an interrupted run leaves its partial JSON behind.
+//
+//   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out results/fidelity.json]
+import { parseArgs } from "node:util";
+
+import { Engine, loadModel } from "../../shared/engine/engine.ts";
+import type { NativeSequence } from "../../shared/engine/native.ts";
+import { argmax } from "../../shared/engine/sampler.ts";
+import { resolveModel } from "../../shared/model/resolve.ts";
+import { policyDefaultsFor } from "../../shared/policy/defaults.ts";
+import { ChatTemplate } from "../../shared/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../../shared/tokenizer/tokenizer.ts";
+import { writeJson } from "../lib/json.ts";
+import { gitInfo, machineInfo } from "../lib/machine.ts";
+import { firstDivergence, klDivergence, logSoftmax, mean, tokenAgreement } from "./metrics.ts";
+import { fidelityPolicies, type BenchPolicy } from "./policies.ts";
+import { writeReport, type FidelityResult, type PolicyRun, type PromptResult } from "./report.ts";
+import {
+  firstColour,
+  longGenTask,
+  passkeyTask,
+  scoreLongGen,
+  scorePasskey,
+  scoreTwoStage,
+  twoStageTask,
+  type Measure,
+  type TaskPrompt,
+} from "./tasks.ts";
+
+const { values: args } = parseArgs({
+  options: {
+    quick: { type: "boolean" },
+    tasks: { type: "string", default: "passkey,2stage,longgen" },
+    out: { type: "string" },
+  },
+});
+const QUICK = args.quick ?? false;
+const TASKS = new Set(args.tasks!.split(","));
+
+interface GridItem {
+  label: string;
+  build: (measure: Measure) => TaskPrompt & { questions?: Array<{ answer: number }> };
+  /** Tokens generated per policy. */
+  gen: number;
+}
+
+function grid(): GridItem[] {
+  const items: GridItem[] = [];
+  const passLens = QUICK ? [1024] : [2048, 4096, 7680];
+  const depths = QUICK ? [0.5] : [0, 0.5, 1];
+  let seed = 1;
+  if (TASKS.has("passkey"))
+    for (const len of passLens)
+      for (const depth of depths) {
+        const s = seed++;
+        items.push({
+          label: `passkey ${len} d=${depth * 100}%`,
+          build: (measure) => passkeyTask({ targetTokens: len, depth, seed: s, measure }),
+          gen: QUICK ? 24 : len >= 7000 ? 128 : 48,
+        });
+      }
+  const twoLens = QUICK ? [512] : [1024, 4096];
+  const samples = QUICK ? 1 : 2;
+  if (TASKS.has("2stage"))
+    for (const len of twoLens)
+      for (let i = 0; i < samples; i++) {
+        const s = 100 + seed++;
+        items.push({ label: `2stage ${len} #${i + 1}`, build: (measure) => twoStageTaskSized(len, s, measure), gen: QUICK ? 24 : 32 });
+      }
+  if (TASKS.has("longgen")) {
+    const s = 1000 + seed++;
+    const K = QUICK ? 4 : 40;
+    items.push({ label: `longgen K=${K}`, build: (measure) => longGenTask({ questions: K, seed: s, measure }), gen: QUICK ? 96 : 1024 });
+  }
+  return items;
+}
+
+const twoStageTaskSized = (len: number, seed: number, measure: Measure) => twoStageTask({ targetTokens: len, seed, measure });
+
+const CHUNK = 512;
+const t00 = performance.now();
+const elapsed = () => `${((performance.now() - t00) / 1000).toFixed(0)}s`;
+const log = (msg: string) => console.error(`[fidelity ${elapsed()}] ${msg}`);
+
+const modelPath = await resolveModel();
+const model = await loadModel(modelPath);
+const tok = GgufTokenizer.fromGguf(modelPath);
+const template = ChatTemplate.fromGguf(modelPath, tok);
+const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [3, 17, 23];
+const policies = fidelityPolicies(filterLayers);
+const engine = new Engine(model, { threads: 1, maxContext: 8192 });
+const { nLayer, nHeadKv } = model.config;
+
+function promptTokens(user: string, answerPrefix: string): number[] {
+  const text = template.render([{ role: "user", content: user }]) + answerPrefix;
+  const bos = tok.special.bos;
+  const add = tok.addBos && bos !== undefined && !text.startsWith(tok.tokenText(bos));
+  return [...(add ? [bos!] : []), ...tok.encode(text, { parseSpecial: true })];
+}
+
+/** Output text up to (not including) the first end-of-generation token. */
+function outputText(ids: number[]): { text: string; eogAt: number | null } {
+  const eogAt = ids.findIndex((id) => tok.isEog(id));
+  const kept = eogAt < 0 ? ids : ids.slice(0, eogAt);
+  return { text: new TextDecoder().decode(tok.decodeBytes(kept)), eogAt: eogAt < 0 ? null : eogAt };
+}
+
+interface Decoded {
+  tokens: number[];
+  /** log-softmax per generated position 1..N-1 (position 0 comes from the prefill, same for all). */
+  logps?: Float32Array[];
+  /** KL(full || this) per position 1..d computed on the fly (teacher-forced prefix). */
+  klPrefix: number[];
+  tfTop1Prefix: number[];
+}
+
+/** N greedy tokens from the prompt's end; keeps log-probs (full) or compares them on the fly. */
+async function freeRun(seq: NativeSequence, first: number, n: number, ref?: { tokens: number[]; logps: Float32Array[] }): Promise<Decoded> {
+  const tokens = [first];
+  const logps: Float32Array[] = [];
+  const klPrefix: number[] = [];
+  const tfTop1Prefix: number[] = [];
+  let diverged = false;
+  for (let i = 1; i < n; i++) {
+    const logits = (await engine.decode([seq], [tokens[i - 1]!]))[0]!;
+    const next = argmax(logits);
+    if (!ref) logps.push(logSoftmax(logits));
+    else if (!diverged) {
+      // Inputs so far equal full's tokens: this step is a teacher-forced step too.
+      klPrefix.push(klDivergence(ref.logps[i - 1]!, logSoftmax(logits)));
+      tfTop1Prefix.push(next === ref.tokens[i] ? 1 : 0);
+    }
+    tokens.push(next);
+    if (ref && next !== ref.tokens[i]) diverged = true;
+  }
+  return ref ? { tokens, klPrefix, tfTop1Prefix } : { tokens, logps, klPrefix, tfTop1Prefix };
+}
+
+/** Teacher-forced: feed full's tokens, KL(full || policy) and top-1 match at every position. */
+async function teacherForced(seq: NativeSequence, ref: { tokens: number[]; logps: Float32Array[] }): Promise<{ kl: number[]; top1: number[] }> {
+  const kl: number[] = [];
+  const top1: number[] = [];
+  for (let i = 1; i < ref.tokens.length; i++) {
+    const logits = (await engine.decode([seq], [ref.tokens[i - 1]!]))[0]!;
+    kl.push(klDivergence(ref.logps[i - 1]!, logSoftmax(logits)));
+    top1.push(argmax(logits) === ref.tokens[i] ? 1 : 0);
+  }
+  return { kl, top1 };
+}
+
+function score(p: TaskPrompt & { questions?: Array<{ answer: number }> }, text: string): { score: number; extra?: Record<string, unknown> } {
+  if (p.task === "passkey") return { score: scorePasskey(text, p.answer) };
+  if (p.task === "2stage") return { score: scoreTwoStage(text, p.answer), extra: { firstColour: firstColour(text) ?? null } };
+  const r = scoreLongGen(text, p.questions!.map((q) => q.answer));
+  return { score: r.score, extra: { answered: r.answered } };
+}
+
+const outPath = args.out ?? new URL("./results/fidelity.json", import.meta.url).pathname;
+const items = grid();
+const result: FidelityResult = {
+  what:
+    "fidelity of sparse decode policies vs full attention: task score, greedy agreement and first divergence (free-running), mean KL(full||policy) per step (teacher-forced with full's tokens)",
+  quick: QUICK,
+  complete: false,
+  model: { name: model.config.name, fingerprint: model.fingerprint, nLayer, nHeadKv },
+  filterLayers,
+  policies: policies.map(({ id, family, budget, policy }) => ({ id, family, budget, policy })),
+  engine: { threads: 1, kernels: engine.native.info.kernels },
+  machine: machineInfo(),
+  git: gitInfo(new URL("../../", import.meta.url).pathname),
+  date: new Date().toISOString(),
+  plannedPrompts: items.map((i) => i.label),
+  prompts: [],
+};
+
+log(`${items.length} prompts x ${policies.length} policies; filter layers ${filterLayers.join(",")}; writing ${outPath}`);
+for (const [idx, item] of items.entries()) {
+  const prompt = item.build((user) => promptTokens(user, "").length);
+  const ids = promptTokens(prompt.user, prompt.answerPrefix);
+  const seq = engine.createSequence(ids.length + item.gen + 1);
+  const tp = performance.now();
+  let logits: Float32Array = new Float32Array(0);
+  for (let i = 0; i < ids.length; i += CHUNK) logits = await engine.prefill(seq, ids.slice(i, i + CHUNK));
+  const prefillMs = performance.now() - tp;
+  const first = argmax(logits);
+  log(`[${idx + 1}/${items.length}] ${item.label}: ${ids.length} prompt tokens, prefill ${(prefillMs / 1000).toFixed(1)}s, ${item.gen} tokens per policy`);
+
+  let ref: { tokens: number[]; logps: Float32Array[] } | undefined;
+  const runs: PolicyRun[] = [];
+  for (const p of policies) {
+    const t0 = performance.now();
+    seq.truncate(ids.length);
+    seq.setPolicy(p.policy);
+    const free = await freeRun(seq, first, item.gen, ref);
+    const stats = seq.policyStats;
+    const decodeMs = performance.now() - t0;
+    const { text, eogAt } = outputText(free.tokens);
+    const sc = score(prompt, text);
+    let run: PolicyRun;
+    if (!ref) {
+      ref = { tokens: free.tokens, logps: free.logps! };
+      run = { policy: p.id, family: p.family, budget: p.budget, score: sc.score, agreement: 1, firstDivergence: null, meanKl: 0, maxKl: 0, tfTop1: 1 };
+    } else {
+      const div = firstDivergence(ref.tokens, free.tokens);
+      let kl = free.klPrefix;
+      let top1 = free.tfTop1Prefix;
+      if (div !== null) {
+        seq.truncate(ids.length);
+        seq.setPolicy(p.policy);
+        const tf = await teacherForced(seq, ref);
+        kl = tf.kl;
+        top1 = tf.top1;
+      }
+      run = {
+        policy: p.id,
+        family: p.family,
+        budget: p.budget,
+        score: sc.score,
+        agreement: tokenAgreement(ref.tokens, free.tokens),
+        firstDivergence: div,
+        meanKl: mean(kl),
+        maxKl: kl.length ? Math.max(...kl) : 0,
+        tfTop1: mean(top1),
+      };
+    }
+    const generated = stats.decodeTokens;
+    run.decodeKv = {
+      decodePoolTokens: stats.decodePoolTokens,
+      fullDecodeTokens: generated * nLayer * nHeadKv,
+      share: generated > 0 && (p.family === "scope" || p.family === "omnikv+scope") ? stats.decodePoolTokens / (generated * nLayer * nHeadKv) : null,
+      decodeTokens: generated,
+    };
+    run.eogAt = eogAt;
+    run.output = text.slice(0, 400);
+    if (sc.extra) run.extra = sc.extra;
+    run.ms = performance.now() - t0;
+    runs.push(run);
+    log(
+      `  ${p.id.padEnd(30)} score ${run.score.toFixed(2)} agree ${(run.agreement * 100).toFixed(1)}% div ${run.firstDivergence ?? "-"} ` +
+        `KL ${run.meanKl.toFixed(4)} (${(decodeMs / 1000).toFixed(1)}s free, ${((run.ms - decodeMs) / 1000).toFixed(1)}s tf) ${JSON.stringify(text.slice(0, 60))}`,
+    );
+  }
+  seq.release();
+  const row: PromptResult = {
+    label: item.label,
+    task: prompt.task,
+    targetTokens: prompt.tokens,
+    promptTokens: ids.length,
+    gen: item.gen,
+    answer: prompt.task === "longgen" ? prompt.answer.slice(0, 200) : prompt.answer,
+    meta: prompt.meta,
+    prefillMs,
+    runs,
+  };
+  result.prompts.push(row);
+  result.complete = idx === items.length - 1;
+  await writeJson(outPath, result);
+  await writeReport(result, outPath);
+}
+log(`done: ${outPath}`);

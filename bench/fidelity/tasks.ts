@@ -1,0 +1,218 @@
+// Task generators for the fidelity bench (SPEC §6): passkey, 2StageRetr and LongGenBench-style
+// long generation. Pure functions: the only outside input is `measure`, which returns the token
+// count of a user message as the model will see it (chat template included), so prompts can be
+// sized to a target token count with the real tokenizer (tests pass a fake one).
+
+/** Token count of the whole prompt built around `userText` (template + answer prefix included). */
+export type Measure = (userText: string) => number;
+
+/** mulberry32: a tiny seeded generator, uniform in [0, 1). */
+export function seededRng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
+  };
+}
+
+/** Integer in [lo, hi]. */
+function randInt(rng: () => number, lo: number, hi: number): number {
+  return lo + Math.floor(rng() * (hi - lo + 1));
+}
+
+export interface TaskPrompt {
+  task: "passkey" | "2stage" | "longgen";
+  /** The user message (wrapped in the chat template by the runner). */
+  user: string;
+  /** Text appended after the template's assistant header, so the answer starts in the right form. */
+  answerPrefix: string;
+  /** What the score looks for. */
+  answer: string;
+  /** Tokens of the prompt as sized (from `measure`). */
+  tokens: number;
+  meta: Record<string, number | string | number[]>;
+}
+
+/**
+ * Largest count n in [0, hi] with measure(build(n)) <= target, starting from a linear estimate.
+ * `build(n)` must grow with n.
+ */
+function fitCount(build: (n: number) => string, measure: Measure, target: number, hi = 1 << 16): number {
+  const t0 = measure(build(0));
+  if (t0 > target) throw new Error(`the prompt without filler already has ${t0} tokens, more than the target ${target}`);
+  const t1 = measure(build(1));
+  const per = Math.max(1e-6, t1 - t0);
+  let n = Math.min(hi, Math.max(0, Math.floor((target - t0) / per)));
+  // Correct the estimate: step up while it still fits, down while it does not.
+  while (n > 0 && measure(build(n)) > target) n = Math.max(0, n - Math.max(1, Math.ceil((measure(build(n)) - target) / per)));
+  while (n < hi && measure(build(n + 1)) <= target) n++;
+  return n;
+}
+
+// --- Passkey (InfiniteBench style; SPEC §6 text verbatim) ---------------------------------------
+
+export const PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n";
+export const PASSKEY_QUESTION = "What is the pass key?";
+export const passkeyNeedle = (key: string) => `The pass key is ${key}. Remember it. ${key} is the pass key.\n`;
+export const passkeyPromptText = (context: string, question: string) =>
+  `There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n\n${context}\n\n${question}`;
+
+/** Passkey context: `n` filler lines with the needle after round(depth * n) of them. */
+export function passkeyContext(n: number, depth: number, key: string): string {
+  const at = Math.round(Math.min(1, Math.max(0, depth)) * n);
+  return PASSKEY_FILLER.repeat(at) + passkeyNeedle(key) + PASSKEY_FILLER.repeat(n - at);
+}
+
+export function passkeyTask(opts: { targetTokens: number; depth: number; seed: number; measure: Measure }): TaskPrompt {
+  const rng = seededRng(opts.seed);
+  const key = String(randInt(rng, 10000, 99999));
+  const build = (n: number) => passkeyPromptText(passkeyContext(n, opts.depth, key), PASSKEY_QUESTION);
+  const n = fitCount(build, opts.measure, opts.targetTokens);
+  const user = build(n);
+  return {
+    task: "passkey",
+    user,
+    answerPrefix: "The pass key is",
+    answer: key,
+    tokens: opts.measure(user),
+    meta: { depth: opts.depth, fillerLines: n, seed: opts.seed },
+  };
+}
+
+/** Passkey score: the key appears in the output. */
+export function scorePasskey(output: string, key: string): number {
+  return output.includes(key) ? 1 : 0;
+}
+
+// --- 2StageRetr (OmniKV appendix) ---------------------------------------------------------------
+
+export const COLOURS = [
+  "red", "green", "blue", "yellow", "orange", "purple", "pink", "brown", "black", "white", "gray", "cyan",
+  "magenta", "indigo", "violet", "beige", "maroon", "navy", "olive", "teal", "lime", "silver", "gold",
+] as const;
+
+export interface Dict2Stage {
+  entries: Array<[number, string]>;
+  a: number;
+  b: number;
+  key: number;
+  colour: string;
+}
+
+/** `n` distinct keys in [10, 10 + max(1000, 4n)) with random colours; a + b is one of the keys. */
+export function twoStageDict(n: number, seed: number): Dict2Stage {
+  if (n < 1) throw new Error("2StageRetr needs at least one entry");
+  const rng = seededRng(seed);
+  const span = Math.max(1000, 4 * n);
+  const keys = new Set<number>();
+  while (keys.size < n) keys.add(10 + randInt(rng, 0, span - 1));
+  const entries: Array<[number, string]> = [...keys].map((k) => [k, COLOURS[randInt(rng, 0, COLOURS.length - 1)]!]);
+  const [key, colour] = entries[randInt(rng, 0, n - 1)]!;
+  const a = randInt(rng, 1, key - 1);
+  return { entries, a, b: key - a, key, colour };
+}
+
+export function twoStageText(d: Dict2Stage): string {
+  const lines = d.entries.map(([k, c]) => `${k}: ${c}`).join("\n");
+  // A worked example on a real entry (not the asked one) shows the two-step answer format.
+  const [ek, ec] = d.entries.find(([k]) => k !== d.key) ?? [d.key + 1, "blue"];
+  const ea = Math.max(1, Math.floor(ek / 3));
+  return (
+    `Here is a dictionary that maps numbers to colours:\n\n${lines}\n\n` +
+    `Example: for the question ${ea} + ${ek - ea} = ? the answer is "${ea} + ${ek - ea} = ${ek}, and ${ek} is ${ec}."\n\n` +
+    `Question: ${d.a} + ${d.b} = ? Compute the sum, then give the colour of that number in the dictionary.`
+  );
+}
+
+export function twoStageTask(opts: { targetTokens: number; seed: number; measure: Measure }): TaskPrompt {
+  const build = (n: number) => twoStageText(twoStageDict(Math.max(1, n), opts.seed));
+  // The dict changes with n (same seed), so fit on the entry count, then build once more.
+  const n = Math.max(1, fitCount(build, opts.measure, opts.targetTokens, 4096));
+  const d = twoStageDict(n, opts.seed);
+  const user = twoStageText(d);
+  return {
+    task: "2stage",
+    user,
+    answerPrefix: `${d.a} + ${d.b} =`,
+    answer: d.colour,
+    tokens: opts.measure(user),
+    meta: { entries: n, a: d.a, b: d.b, key: d.key, seed: opts.seed },
+  };
+}
+
+/** SPEC score: the colour appears in the output (word match, case-insensitive). */
+export function scoreTwoStage(output: string, colour: string): number {
+  return new RegExp(`\\b${colour}\\b`, "i").test(output) ? 1 : 0;
+}
+
+/** Stricter: the first colour word in the output is the right one. */
+export function firstColour(output: string): string | undefined {
+  const m = new RegExp(`\\b(${COLOURS.join("|")})\\b`, "i").exec(output);
+  return m?.[1]?.toLowerCase();
+}
+
+// --- Long generation (LongGenBench style) -------------------------------------------------------
+
+export interface LongGenQuestion {
+  text: string;
+  answer: number;
+}
+
+const NAMES = ["Anna", "Ben", "Chloe", "David", "Emma", "Felix", "Grace", "Hugo", "Iris", "Jack", "Kate", "Leo"];
+const THINGS = ["apples", "books", "coins", "marbles", "pencils", "stamps", "shells", "cards", "eggs", "flowers"];
+
+/** One two-step word problem: a person has x things, gets y more, gives z away. */
+export function longGenQuestion(rng: () => number): LongGenQuestion {
+  const who = NAMES[randInt(rng, 0, NAMES.length - 1)]!;
+  const what = THINGS[randInt(rng, 0, THINGS.length - 1)]!;
+  const x = randInt(rng, 5, 60), y = randInt(rng, 2, 40), z = randInt(rng, 1, x + y - 1);
+  return {
+    text: `${who} has ${x} ${what}, buys ${y} more and then gives away ${z}. How many ${what} does ${who} have now?`,
+    answer: x + y - z,
+  };
+}
+
+const worked = (q: string, x: number, y: number, z: number) =>
+  `Question: ${q}\nAnswer: First ${x} + ${y} = ${x + y}. Then ${x + y} - ${z} = ${x + y - z}. The answer is ${x + y - z}.`;
+
+export function longGenText(questions: LongGenQuestion[]): string {
+  const examples = [
+    worked("Mia has 12 shells, buys 7 more and then gives away 5. How many shells does Mia have now?", 12, 7, 5),
+    worked("Tom has 30 cards, buys 15 more and then gives away 20. How many cards does Tom have now?", 30, 15, 20),
+  ].join("\n\n");
+  const list = questions.map((q, i) => `Question ${i + 1}: ${q.text}`).join("\n");
+  return (
+    `Here are two worked examples.\n\n${examples}\n\n` +
+    `Now answer all ${questions.length} questions below, in order. For each question write ` +
+    `"Answer <i>:", work it out step by step as in the examples, and end with "The answer is <number>."\n\n${list}`
+  );
+}
+
+export function longGenTask(opts: { questions: number; seed: number; measure: Measure }): TaskPrompt & { questions: LongGenQuestion[] } {
+  const rng = seededRng(opts.seed);
+  const questions = Array.from({ length: opts.questions }, () => longGenQuestion(rng));
+  const user = longGenText(questions);
+  return {
+    task: "longgen",
+    user,
+    answerPrefix: "Answer 1: First",
+    answer: questions.map((q) => q.answer).join(","),
+    tokens: opts.measure(user),
+    meta: { questions: opts.questions, seed: opts.seed },
+    questions,
+  };
+}
+
+/**
+ * Long-generation score: the numbers after each "The answer is" in order, compared with the
+ * expected answers; the share of the K questions answered right (missing answers count wrong).
+ */
+export function scoreLongGen(output: string, answers: number[]): { score: number; answered: number } {
+  const got = [...output.matchAll(/The answer is\s*(-?\d+)/g)].map((m) => Number(m[1]));
+  let right = 0;
+  for (let i = 0; i < answers.length; i++) if (got[i] === answers[i]) right++;
+  return { score: answers.length === 0 ? 0 : right / answers.length, answered: Math.min(got.length, answers.length) };
+}
