@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "addon_policy.h"
 #include "engine_worker.h"
 #include "gguf.h"
 #include "model.h"
@@ -237,105 +238,11 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
     if (info.Length() != 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "setPolicy(policy) needs an object");
     Napi::Object o = info[0].As<Napi::Object>();
-    const Napi::Value kind = o.Get("kind");
-    if (!kind.IsString()) throw Napi::TypeError::New(env, "policy.kind must be a string");
-    const std::string k = kind.As<Napi::String>().Utf8Value();
-    const ModelConfig& mc = model_->config();
-    try {
-      if (k == "full") seq_->policy = AttentionPolicy{};
-      else if (k == "omnikv") seq_->policy = AttentionPolicy::make_omnikv(omnikv_config(o), mc);
-      else if (k == "scope") seq_->policy = AttentionPolicy::make_scope(scope_config(o), mc);
-      else if (k == "omnikv+scope") seq_->policy = AttentionPolicy::make_omnikv_scope(omnikv_config(o), scope_config(o), mc);
-      else if (k == "streaming") {
-        Napi::Object so = sub_object(o, "streaming");
-        StreamingConfig cfg;
-        cfg.sinks = int_option(so, "sinks", cfg.sinks, -(1 << 30), 1 << 30);
-        cfg.window = int_option(so, "window", cfg.window, -(1 << 30), 1 << 30);
-        seq_->policy = AttentionPolicy::make_streaming(cfg);
-      } else if (k == "h2o") {
-        Napi::Object ho = sub_object(o, "h2o");
-        H2oConfig cfg;
-        cfg.budget = int_option(ho, "budget", cfg.budget, -(1 << 30), 1 << 30);
-        cfg.recent = int_option(ho, "recent", cfg.recent, -(1 << 30), 1 << 30);
-        seq_->policy = AttentionPolicy::make_h2o(cfg);
-      } else {
-        throw Napi::TypeError::New(env, "policy.kind must be one of full, omnikv, scope, omnikv+scope, streaming, h2o");
-      }
-    } catch (const std::invalid_argument& e) {
-      throw Napi::RangeError::New(env, e.what());
-    }
+    seq_->policy = policy_from_js(o, model_->config());
     seq_->reset_policy_state();
     return env.Undefined();
   }
-  static Napi::Object sub_object(Napi::Object o, const char* key) {
-    const Napi::Value v = o.Get(key);
-    if (!v.IsObject()) throw Napi::TypeError::New(o.Env(), std::string("policy.") + key + " must be an object");
-    return v.As<Napi::Object>();
-  }
-  static OmniKvConfig omnikv_config(Napi::Object policy) {
-    Napi::Env env = policy.Env();
-    Napi::Object o = sub_object(policy, "omnikv");
-    OmniKvConfig cfg;
-    const Napi::Value fl = o.Get("filterLayers");
-    if (!fl.IsArray()) throw Napi::TypeError::New(env, "omnikv.filterLayers must be an array of layer indices");
-    const Napi::Array arr = fl.As<Napi::Array>();
-    for (uint32_t i = 0; i < arr.Length(); ++i) {
-      const Napi::Value v = arr.Get(i);
-      if (!v.IsNumber() || v.As<Napi::Number>().DoubleValue() != v.As<Napi::Number>().Int32Value())
-        throw Napi::TypeError::New(env, "omnikv.filterLayers must hold integers");
-      cfg.filter_layers.push_back(v.As<Napi::Number>().Int32Value());
-    }
-    cfg.budget = int_option(o, "budget", cfg.budget, -(1 << 30), 1 << 30);
-    const Napi::Value sel = o.Get("selector");
-    if (!sel.IsUndefined() && (!sel.IsString() || !parse_selector(sel.As<Napi::String>().Utf8Value(), &cfg.selector)))
-      throw Napi::TypeError::New(env, "omnikv.selector: unknown selector (supported: last, last_softmax)");
-    const Napi::Value guard = o.Get("guard");
-    if (!guard.IsUndefined()) {
-      if (!guard.IsBoolean()) throw Napi::TypeError::New(env, "omnikv.guard must be a boolean");
-      cfg.guard = guard.As<Napi::Boolean>().Value();
-    }
-    const Napi::Value lazy = o.Get("lazyIou");
-    if (!lazy.IsUndefined()) {
-      if (!lazy.IsNumber()) throw Napi::TypeError::New(env, "omnikv.lazyIou must be a number");
-      cfg.lazy_iou = lazy.As<Napi::Number>().FloatValue();
-    }
-    return cfg;
-  }
-  static ScopeConfig scope_config(Napi::Object policy) {
-    Napi::Env env = policy.Env();
-    Napi::Object o = sub_object(policy, "scope");
-    ScopeConfig cfg;
-    const Napi::Value mode = o.Get("mode");
-    if (!mode.IsUndefined()) {
-      const std::string m = mode.IsString() ? mode.As<Napi::String>().Utf8Value() : "";
-      if (m == "slide") cfg.mode = ScopeMode::Slide;
-      else if (m == "adaptive") cfg.mode = ScopeMode::Adaptive;
-      else if (m == "discontinuous") cfg.mode = ScopeMode::Discontinuous;
-      else throw Napi::TypeError::New(env, "scope.mode must be slide, adaptive or discontinuous");
-    }
-    cfg.beta1 = int_option(o, "beta1", cfg.beta1, -(1 << 30), 1 << 30);
-    cfg.beta2 = int_option(o, "beta2", cfg.beta2, -(1 << 30), 1 << 30);
-    cfg.max_output = int_option(o, "maxOutput", cfg.max_output, 1, 1 << 24);
-    return cfg;
-  }
-  Napi::Value PolicyStats(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Napi::Object o = Napi::Object::New(env);
-    const PolicyState& st = seq_->state;
-    o.Set("kind", seq_->policy.name());
-    o.Set("promptLength", st.prompt_len);
-    o.Set("selections", static_cast<double>(st.selections));
-    o.Set("lazyReuses", static_cast<double>(st.lazy_reuses));
-    Napi::Array sizes = Napi::Array::New(env, st.selected.size());
-    for (size_t i = 0; i < st.selected.size(); ++i) sizes.Set(static_cast<uint32_t>(i), static_cast<double>(st.selected[i].size()));
-    o.Set("selectedSizes", sizes);
-    // SCOPE: generated tokens kept per (layer, KV head), summed, and what full would keep.
-    double pooled = 0;
-    for (const auto& p : st.pool) pooled += static_cast<double>(p.size());
-    o.Set("decodePoolTokens", pooled);
-    o.Set("decodeTokens", st.prompt_len < 0 ? 0 : seq_->n_past() - st.prompt_len);
-    return o;
-  }
+  Napi::Value PolicyStats(const Napi::CallbackInfo& info) { return policy_stats_to_js(info.Env(), *seq_); }
   // release(): frees the cache's memory now instead of at garbage collection.
   Napi::Value Release(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();

@@ -1,0 +1,156 @@
+// Attention over the KV cache: dense query blocks and listed keys (sparse decode policies).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "engine.h"
+
+namespace ctx {
+
+// Causal attention of every token in the micro-batch over its sequence's cache (which already
+// holds this micro-batch's K/V). Query blocks of sequences that attend the whole cache run as
+// attend_rows tasks; decode steps under a sparse policy attend a key list per KV head
+// (attend_listed).
+void Engine::attention(int layer, const std::vector<Slice>& slices) {
+  const int hkv = config().n_head_kv;
+  // Few query blocks (a single decoding sequence): split by head so every thread has work.
+  bool probing = false;
+  for (const Slice& s : slices) probing |= s.item->probe != nullptr;
+  // Probes sum over every head of a token, so a probed token's heads stay in one task.
+  const int head_tasks =
+      probing || single_thread_ || static_cast<int>(qblocks_.size()) >= 2 * pool_.size() ? 1 : hkv;
+  attn_tasks_.clear();
+  for (int b = 0; b < static_cast<int>(qblocks_.size()); ++b) {
+    if (slice_keys_[qblocks_[b].slice])
+      for (int g = 0; g < hkv; ++g) attn_tasks_.push_back({b, g, 1});
+    else
+      for (int h = 0; h < head_tasks; ++h) attn_tasks_.push_back({b, h * (hkv / head_tasks), hkv / head_tasks});
+  }
+  parallel(static_cast<int>(attn_tasks_.size()), [&](int i, int thread) {
+    const AttnTask& task = attn_tasks_[i];
+    const QueryBlock& qb = qblocks_[task.block];
+    if (slice_keys_[qb.slice]) attend_listed(layer, slices[qb.slice], qb.t_begin, task.h0, attn_scratch_[thread]);
+    else attend_rows(layer, slices[qb.slice], qb, task.h0, task.n_heads, attn_scratch_[thread]);
+  });
+}
+
+// Softmax of each score row over its first valid[r] entries (in place); the rest become 0.
+void Engine::softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<int(int)> valid) {
+  for (int r = 0; r < rows; ++r) {
+    float* row = s + r * lds;
+    const int v = valid(r);
+    float mx = row[0];
+    for (int j = 1; j < v; ++j) mx = std::max(mx, row[j]);
+    const float inv = 1.0f / k_.exp_sum(row, v, mx);
+    for (int j = 0; j < v; ++j) row[j] *= inv;
+    std::fill(row + v, row + n_keys, 0.f);
+  }
+}
+
+// A block of consecutive tokens of one sequence against its whole cache, for KV heads
+// [h0, h0 + n_heads). Each block of keys is read once as whole rows (a token's heads are
+// contiguous, so the read streams), widened to f32 once and shared by all the task's query
+// heads. Scores are kept whole per row, so the softmax is exact.
+void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc) {
+  const ModelConfig& c = config();
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim(), width = n_heads * d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  KvCache& kv = s.item->seq->kv;
+  const int n_tok = qb.t_end - qb.t_begin, nq = n_tok * group;  // query rows per KV head
+  const int n_keys = pos_[qb.t_end - 1] + 1;
+  const size_t lds = static_cast<size_t>(n_keys);
+  auto q_rows = [&](int gl) { return &sc.q[static_cast<size_t>(gl) * nq * d]; };
+  auto s_rows = [&](int gl) { return &sc.scores[static_cast<size_t>(gl) * nq * lds]; };
+  auto o_rows = [&](int gl) { return &sc.out[static_cast<size_t>(gl) * nq * d]; };
+  for (int gl = 0; gl < n_heads; ++gl)
+    for (int t = 0; t < n_tok; ++t)
+      std::memcpy(q_rows(gl) + static_cast<size_t>(t) * group * d,
+                  &q_[static_cast<size_t>(qb.t_begin + t) * c.n_embd + static_cast<size_t>(h0 + gl) * group * d],
+                  sizeof(float) * group * d);
+  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, n_keys - k0);
+    k_.kv_to_f32(kv.k(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+    for (int gl = 0; gl < n_heads; ++gl)
+      k_.attn_scores(q_rows(gl), nq, sc.kv.data() + gl * d, width, nk, d, scale, s_rows(gl) + k0, lds);
+  }
+  for (int gl = 0; gl < n_heads; ++gl)  // causal: each token sees keys up to itself
+    softmax_rows(s_rows(gl), lds, nq, n_keys, [&](int r) { return pos_[qb.t_begin + r / group] + 1; });
+  if (float* probe = s.item->probe) {  // one token, all heads in this task (see attention())
+    float* out = probe + static_cast<size_t>(layer) * n_keys;
+    std::fill(out, out + n_keys, 0.f);
+    for (int gl = 0; gl < n_heads; ++gl)
+      for (int r = 0; r < nq; ++r)
+        for (int j = 0; j < n_keys; ++j) out[j] += s_rows(gl)[r * lds + j] / static_cast<float>(c.n_head);
+  }
+  std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(n_heads) * nq * d, 0.f);
+  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, n_keys - k0);
+    k_.kv_to_f32(kv.v(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+    for (int gl = 0; gl < n_heads; ++gl)
+      k_.attn_values(s_rows(gl) + k0, lds, nq, sc.kv.data() + gl * d, width, nk, d, o_rows(gl));
+  }
+  for (int gl = 0; gl < n_heads; ++gl)
+    for (int t = 0; t < n_tok; ++t)
+      std::memcpy(&attn_[static_cast<size_t>(qb.t_begin + t) * c.n_embd + static_cast<size_t>(h0 + gl) * group * d],
+                  o_rows(gl) + static_cast<size_t>(t) * group * d, sizeof(float) * group * d);
+}
+
+// One decode token (ubatch row t) of a sparse-policy sequence, KV head g, over that head's key
+// list (all listed keys precede the token, so no causal mask). Under SCOPE this step's attention
+// then decides which generated tokens the next step keeps.
+void Engine::attend_listed(int layer, const Slice& s, int t, int g, AttnScratch& sc) {
+  const ModelConfig& c = config();
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  Sequence& seq = *s.item->seq;
+  const std::vector<int32_t>& keys = seq.state.heads[g].keys;
+  const int n_keys = static_cast<int>(keys.size());
+  const float* q = &q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
+  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, n_keys - k0);
+    k_.kv_gather_f32(seq.kv.k(layer) + g * d, kv_dim, keys.data() + k0, nk, d, sc.kv.data());
+    k_.attn_scores(q, group, sc.kv.data(), d, nk, d, scale, &sc.scores[k0], n_keys);
+  }
+  softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return n_keys; });
+  std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(group) * d, 0.f);
+  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, n_keys - k0);
+    k_.kv_gather_f32(seq.kv.v(layer) + g * d, kv_dim, keys.data() + k0, nk, d, sc.kv.data());
+    k_.attn_values(&sc.scores[k0], n_keys, group, sc.kv.data(), d, nk, d, sc.out.data());
+  }
+  std::memcpy(&attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], sc.out.data(),
+              sizeof(float) * group * d);
+  if (seq.policy.uses_scope()) scope_update(layer, seq, g, sc.scores.data(), n_keys);
+  if (seq.policy.kind == AttentionPolicy::Kind::H2o) h2o_update(layer, seq, g, sc.scores.data(), n_keys);
+}
+
+// SCOPE after a step's attention at (layer, head g): the generated keys are the tail of the key
+// list; their importance is the mean probability over the head's query group.
+void Engine::scope_update(int layer, Sequence& seq, int g, const float* probs, int n_keys) {
+  const ModelConfig& c = config();
+  const int group = c.n_head / c.n_head_kv;
+  PolicyState& st = seq.state;
+  std::vector<int32_t>& pool = st.pool[static_cast<size_t>(layer) * c.n_head_kv + g];
+  PolicyState::Head& head = st.heads[g];
+  const int n_dec = static_cast<int>(pool.size()) + 1, first = n_keys - n_dec;
+  const int t = head.keys.back() - st.prompt_len;  // index of the current generated token
+  const ScopeConfig& cfg = seq.policy.scope;
+  if (!scope_reselects(cfg, t) || n_dec <= scope_budget(cfg, t)) {
+    pool.push_back(head.keys.back());  // keep everything this step
+    return;
+  }
+  // (layer, head) pairs are disjoint across attention tasks, so the head's scratch is safe here.
+  head.importance.resize(n_dec);
+  for (int j = 0; j < n_dec; ++j) {
+    float sum = 0;
+    for (int h = 0; h < group; ++h) sum += probs[static_cast<size_t>(h) * n_keys + first + j];
+    head.importance[j] = sum / static_cast<float>(group);
+  }
+  scope_select(head.importance.data(), head.keys.data() + first, n_dec, scope_budget(cfg, t), cfg.beta2, head.out,
+               head.scratch);
+  std::vector<int32_t>& out = head.out;
+  pool.swap(out);
+}
+
+}  // namespace ctx

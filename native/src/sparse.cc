@@ -1,0 +1,155 @@
+// Sparse decode policies in the forward pass: per-layer key lists (OmniKV selection, SCOPE
+// pools, streaming and H2O baselines) and the updates that follow a step's attention.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "engine.h"
+
+namespace ctx {
+
+// Baselines: StreamingLLM's sinks + recent window (the same for every head), or H2O's kept set
+// per (layer, head) plus the current token.
+void Engine::baseline_keys(int layer, Sequence& seq, int pos) {
+  PolicyState& st = seq.state;
+  const int hkv = config().n_head_kv;
+  for (int g = 0; g < hkv; ++g) {
+    std::vector<int32_t>& keys = st.heads[g].keys;
+    keys.clear();
+    if (seq.policy.kind == AttentionPolicy::Kind::Streaming) {
+      const StreamingConfig& c = seq.policy.streaming;
+      const int sinks = std::min(c.sinks, pos + 1), from = std::max(sinks, pos - c.window + 1);
+      for (int p = 0; p < sinks; ++p) keys.push_back(p);
+      for (int p = from; p <= pos; ++p) keys.push_back(p);
+    } else {
+      const auto& kept = st.pool[static_cast<size_t>(layer) * hkv + g];
+      keys.assign(kept.begin(), kept.end());
+      keys.push_back(pos);
+    }
+  }
+}
+
+// H2O after a step's attention at (layer, head g): add this step's attention (mean over the
+// head's query group) to every kept token's score, then evict the lowest-scoring tokens outside
+// the recent window down to the budget.
+void Engine::h2o_update(int layer, Sequence& seq, int g, const float* probs, int n_keys) {
+  const ModelConfig& c = config();
+  const int group = c.n_head / c.n_head_kv;
+  PolicyState& st = seq.state;
+  const size_t slot = static_cast<size_t>(layer) * c.n_head_kv + g;
+  std::vector<int32_t>& kept = st.pool[slot];
+  std::vector<float>& acc = st.acc[slot];
+  PolicyState::Head& head = st.heads[g];
+  kept.push_back(head.keys.back());
+  acc.push_back(0.f);
+  for (int j = 0; j < n_keys; ++j) {
+    float sum = 0;
+    for (int h = 0; h < group; ++h) sum += probs[static_cast<size_t>(h) * n_keys + j];
+    acc[j] += sum / static_cast<float>(group);
+  }
+  const H2oConfig& cfg = seq.policy.h2o;
+  if (n_keys <= cfg.budget) return;
+  const int older = n_keys - cfg.recent;
+  top_k_sorted(acc.data(), older, cfg.budget - cfg.recent, head.scratch);
+  size_t w = 0;
+  for (int32_t i : head.scratch) { kept[w] = kept[i]; acc[w] = acc[i]; ++w; }  // ascending: in place
+  for (int j = older; j < n_keys; ++j) { kept[w] = kept[j]; acc[w] = acc[j]; ++w; }
+  kept.resize(w);
+  acc.resize(w);
+}
+
+// Sets slice_keys_ for `layer`: for each decode step of a sequence with a sparse policy, the keys
+// each KV head attends to = a prompt part (everything, or OmniKV's selection on sparse layers)
+// plus a generated part (everything, or SCOPE's pool plus the current token). Filter layers run
+// OmniKV's selection first. nullptr = the whole cache (the faster dense path).
+void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
+  const int hkv = config().n_head_kv;
+  slice_keys_.assign(slices.size(), nullptr);
+  int t = 0;
+  for (size_t i = 0; i < slices.size(); t += slices[i].count, ++i) {
+    const Slice& s = slices[i];
+    Sequence& seq = *s.item->seq;
+    const AttentionPolicy& pol = seq.policy;
+    if (!pol.sparse_decode() || s.item->n_tokens != 1) continue;
+    PolicyState& st = seq.state;
+    if (st.prompt_len < 0) {  // first decode step after a prompt
+      st.prompt_len = s.pos0;
+      st.selected.assign(pol.uses_omnikv() ? pol.omnikv.filter_layers.size() : 0, {});
+      const bool pooled = pol.uses_scope() || pol.kind == AttentionPolicy::Kind::H2o;
+      st.pool.assign(pooled ? static_cast<size_t>(config().n_layer) * hkv : 0, {});
+      if (pol.kind == AttentionPolicy::Kind::H2o) {  // every prompt token starts as a candidate
+        for (auto& p : st.pool)
+          for (int j = 0; j < s.pos0; ++j) p.push_back(j);
+        st.acc.assign(st.pool.size(), std::vector<float>(s.pos0, 0.f));
+      }
+      st.heads.resize(hkv);
+    }
+    const std::vector<int32_t>* prompt_subset = nullptr;
+    if (pol.uses_omnikv()) {
+      const LayerRole role = pol.roles[layer];
+      if (role == LayerRole::Filter) {
+        const auto& f = pol.omnikv.filter_layers;
+        select_tokens(layer, seq, t, st.selected[std::find(f.begin(), f.end(), layer) - f.begin()]);
+      } else if (role == LayerRole::Sparse) {
+        prompt_subset = &st.selected[pol.group[layer]];
+      }
+    }
+    if (pol.kind == AttentionPolicy::Kind::Streaming || pol.kind == AttentionPolicy::Kind::H2o) {
+      baseline_keys(layer, seq, s.pos0);
+      slice_keys_[i] = &st.heads;
+      continue;
+    }
+    // A selection holding the whole prompt is the dense case: take the faster row-streaming path.
+    if (prompt_subset && static_cast<int>(prompt_subset->size()) == st.prompt_len) prompt_subset = nullptr;
+    if (!prompt_subset && !pol.uses_scope()) continue;  // this layer attends everything
+    for (int g = 0; g < hkv; ++g) {
+      std::vector<int32_t>& keys = st.heads[g].keys;
+      keys.clear();
+      if (prompt_subset) keys.assign(prompt_subset->begin(), prompt_subset->end());
+      else for (int p = 0; p < st.prompt_len; ++p) keys.push_back(p);
+      if (pol.uses_scope()) {
+        const auto& pool = st.pool[static_cast<size_t>(layer) * hkv + g];
+        keys.insert(keys.end(), pool.begin(), pool.end());
+        keys.push_back(s.pos0);
+      } else {
+        for (int p = st.prompt_len; p <= s.pos0; ++p) keys.push_back(p);  // generated: always attended
+      }
+    }
+    slice_keys_[i] = &st.heads;
+  }
+}
+
+// OmniKV selection on a filter layer: rank the prompt's tokens by the current query (every query
+// head, max over heads) and keep the top `budget`, ascending.
+void Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out) {
+  const ModelConfig& c = config();
+  const OmniKvConfig& cfg = seq.policy.omnikv;
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
+  const int n_cand = seq.state.prompt_len;
+  ++seq.state.selections;
+  if (cfg.budget >= n_cand) {  // the whole prompt fits the budget: nothing to rank
+    out.resize(n_cand);
+    std::iota(out.begin(), out.end(), 0);
+    return;
+  }
+  const int n_all = cfg.selector == Selector::Last ? n_cand : pos_[t] + 1;  // softmax needs every key
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  float* kbuf = attn_scratch_[0].kv.data();
+  for (int k0 = 0; k0 < n_all; k0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, n_all - k0);
+    k_.kv_to_f32(seq.kv.k(layer, k0), kv_dim, nk, kv_dim, kbuf);
+    for (int g = 0; g < c.n_head_kv; ++g)
+      k_.attn_scores(&q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], group, kbuf + g * d,
+                     kv_dim, nk, d, scale, &sel_raw_[static_cast<size_t>(g) * group * n_all + k0], n_all);
+  }
+  rank_candidates(cfg.selector, sel_raw_.data(), c.n_head, n_all, n_cand, sel_rank_.data());
+  top_k_sorted(sel_rank_.data(), n_cand, cfg.budget, sel_new_);
+  if (cfg.lazy_iou > 0.f && !out.empty() && iou(sel_new_, out) > cfg.lazy_iou) {
+    ++seq.state.lazy_reuses;  // close enough to the last set: keep it, skip the reload
+    return;
+  }
+  out.swap(sel_new_);
+}
+
+}  // namespace ctx
