@@ -24,6 +24,14 @@ export interface PolicyRun {
   maxKl: number;
   /** Teacher-forced: share of positions whose argmax is full's token. */
   tfTop1: number;
+  /** Full's top-1/top-2 logit gap at the first divergence (small = a near-tie flipped). */
+  fullGapAtDivergence?: number;
+  /** Full's output up to and including its first end-of-generation token (or all N). */
+  answerSpan?: number;
+  answerAgreement?: number;
+  /** No divergence inside the answer span. */
+  answerIdentical?: boolean;
+  tokens?: number[];
   decodeKv?: { decodePoolTokens: number; fullDecodeTokens: number; share: number | null; decodeTokens: number };
   eogAt?: number | null;
   output?: string;
@@ -76,6 +84,16 @@ export interface SummaryRow {
   meanKl: number;
   tfTop1: number;
   kvShare: number | null;
+  /** Share of prompts whose answer span (full's output to its first EOG) is reproduced exactly. */
+  answerSame: number | null;
+  /** Median of full's top-1/top-2 logit gap at the divergence points (diverged runs only). */
+  gapAtDiv: number | null;
+}
+
+function median(xs: number[]): number | null {
+  if (xs.length === 0) return null;
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 }
 
 export function summarize(r: FidelityResult): SummaryRow[] {
@@ -101,6 +119,8 @@ export function summarize(r: FidelityResult): SummaryRow[] {
         meanKl: mean(runs.map((x) => x.meanKl)),
         tfTop1: mean(runs.map((x) => x.tfTop1)),
         kvShare: shares.length ? mean(shares) : null,
+        answerSame: runs.every((x) => x.answerIdentical !== undefined) ? mean(runs.map((x) => (x.answerIdentical ? 1 : 0))) : null,
+        gapAtDiv: median(runs.map((x) => x.fullGapAtDivergence).filter((x): x is number => typeof x === "number")),
       });
     }
   return rows;
@@ -108,7 +128,7 @@ export function summarize(r: FidelityResult): SummaryRow[] {
 
 export function summaryTable(rows: SummaryRow[]): string {
   return markdownTable({
-    headers: ["group", "policy", "n", "score", "agreement", "first div (mean)", "mean KL", "TF top-1", "decode KV kept"],
+    headers: ["group", "policy", "n", "score", "agreement", "first div (mean)", "mean KL", "TF top-1", "answer same", "gap at div", "decode KV kept"],
     rows: rows.map((x) => [
       x.group,
       x.policy,
@@ -118,6 +138,8 @@ export function summaryTable(rows: SummaryRow[]): string {
       x.firstDivergence === null ? "—" : x.firstDivergence.toFixed(1),
       x.meanKl.toFixed(4),
       `${(x.tfTop1 * 100).toFixed(1)}%`,
+      x.answerSame === null ? "" : `${(x.answerSame * 100).toFixed(0)}%`,
+      x.gapAtDiv === null ? "" : x.gapAtDiv.toFixed(2),
       x.kvShare === null ? "" : `${(x.kvShare * 100).toFixed(1)}%`,
     ]),
     align: ["left", "left"],

@@ -7,6 +7,9 @@
 // Results are written after every prompt, so an interrupted run leaves its partial JSON behind.
 //
 //   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out results/fidelity.json]
+import { createHash } from "node:crypto";
+import { readFileSync, statSync } from "node:fs";
+import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 
 import { Engine, loadModel } from "../../shared/engine/engine.ts";
@@ -84,6 +87,12 @@ function grid(): GridItem[] {
 const twoStageTaskSized = (len: number, seed: number, measure: Measure) => twoStageTask({ targetTokens: len, seed, measure });
 
 const CHUNK = 512;
+
+/** Which native build ran (the working tree's native/ may be mid-edit by others). */
+function addonInfo(): { sha256: string; mtime: string } {
+  const path = fileURLToPath(new URL("../../native/build/Release/ctxbank_native.node", import.meta.url));
+  return { sha256: createHash("sha256").update(readFileSync(path)).digest("hex"), mtime: statSync(path).mtime.toISOString() };
+}
 const t00 = performance.now();
 const elapsed = () => `${((performance.now() - t00) / 1000).toFixed(0)}s`;
 const log = (msg: string) => console.error(`[fidelity ${elapsed()}] ${msg}`);
@@ -104,6 +113,16 @@ function promptTokens(user: string, answerPrefix: string): number[] {
   return [...(add ? [bos!] : []), ...tok.encode(text, { parseSpecial: true })];
 }
 
+/** Gap between the best and second-best logit (how close greedy is to a tie). */
+function top2Gap(logits: ArrayLike<number>): number {
+  let a = -Infinity, b = -Infinity;
+  for (let i = 0; i < logits.length; i++) {
+    const v = logits[i]!;
+    if (v > a) { b = a; a = v; } else if (v > b) b = v;
+  }
+  return a - b;
+}
+
 /** Output text up to (not including) the first end-of-generation token. */
 function outputText(ids: number[]): { text: string; eogAt: number | null } {
   const eogAt = ids.findIndex((id) => tok.isEog(id));
@@ -115,6 +134,8 @@ interface Decoded {
   tokens: number[];
   /** log-softmax per generated position 1..N-1 (position 0 comes from the prefill, same for all). */
   logps?: Float32Array[];
+  /** top-1/top-2 logit gap per position 1..N-1 (full only). */
+  gaps?: number[];
   /** KL(full || this) per position 1..d computed on the fly (teacher-forced prefix). */
   klPrefix: number[];
   tfTop1Prefix: number[];
@@ -124,13 +145,17 @@ interface Decoded {
 async function freeRun(seq: NativeSequence, first: number, n: number, ref?: { tokens: number[]; logps: Float32Array[] }): Promise<Decoded> {
   const tokens = [first];
   const logps: Float32Array[] = [];
+  const gaps: number[] = [];
   const klPrefix: number[] = [];
   const tfTop1Prefix: number[] = [];
   let diverged = false;
   for (let i = 1; i < n; i++) {
     const logits = (await engine.decode([seq], [tokens[i - 1]!]))[0]!;
     const next = argmax(logits);
-    if (!ref) logps.push(logSoftmax(logits));
+    if (!ref) {
+      logps.push(logSoftmax(logits));
+      gaps.push(top2Gap(logits));
+    }
     else if (!diverged) {
       // Inputs so far equal full's tokens: this step is a teacher-forced step too.
       klPrefix.push(klDivergence(ref.logps[i - 1]!, logSoftmax(logits)));
@@ -139,7 +164,7 @@ async function freeRun(seq: NativeSequence, first: number, n: number, ref?: { to
     tokens.push(next);
     if (ref && next !== ref.tokens[i]) diverged = true;
   }
-  return ref ? { tokens, klPrefix, tfTop1Prefix } : { tokens, logps, klPrefix, tfTop1Prefix };
+  return ref ? { tokens, klPrefix, tfTop1Prefix } : { tokens, logps, gaps, klPrefix, tfTop1Prefix };
 }
 
 /** Teacher-forced: feed full's tokens, KL(full || policy) and top-1 match at every position. */
@@ -171,7 +196,7 @@ const result: FidelityResult = {
   model: { name: model.config.name, fingerprint: model.fingerprint, nLayer, nHeadKv },
   filterLayers,
   policies: policies.map(({ id, family, budget, policy }) => ({ id, family, budget, policy })),
-  engine: { threads: 1, kernels: engine.native.info.kernels },
+  engine: { threads: 1, kernels: engine.native.info.kernels, addon: addonInfo() },
   machine: machineInfo(),
   git: gitInfo(new URL("../../", import.meta.url).pathname),
   date: new Date().toISOString(),
@@ -191,7 +216,7 @@ for (const [idx, item] of items.entries()) {
   const first = argmax(logits);
   log(`[${idx + 1}/${items.length}] ${item.label}: ${ids.length} prompt tokens, prefill ${(prefillMs / 1000).toFixed(1)}s, ${item.gen} tokens per policy`);
 
-  let ref: { tokens: number[]; logps: Float32Array[] } | undefined;
+  let ref: { tokens: number[]; logps: Float32Array[]; gaps: number[]; eogAt: number | null } | undefined;
   const runs: PolicyRun[] = [];
   for (const p of policies) {
     const t0 = performance.now();
@@ -204,7 +229,7 @@ for (const [idx, item] of items.entries()) {
     const sc = score(prompt, text);
     let run: PolicyRun;
     if (!ref) {
-      ref = { tokens: free.tokens, logps: free.logps! };
+      ref = { tokens: free.tokens, logps: free.logps!, gaps: [top2Gap(logits), ...free.gaps!], eogAt };
       run = { policy: p.id, family: p.family, budget: p.budget, score: sc.score, agreement: 1, firstDivergence: null, meanKl: 0, maxKl: 0, tfTop1: 1 };
     } else {
       const div = firstDivergence(ref.tokens, free.tokens);
@@ -228,7 +253,14 @@ for (const [idx, item] of items.entries()) {
         maxKl: kl.length ? Math.max(...kl) : 0,
         tfTop1: mean(top1),
       };
+      if (div !== null) run.fullGapAtDivergence = ref.gaps[div]!;
     }
+    // The answer span: full's tokens up to and including its first end-of-generation token.
+    const span = Math.min(item.gen, (ref.eogAt ?? item.gen - 1) + 1);
+    run.answerSpan = span;
+    run.answerAgreement = tokenAgreement(ref.tokens.slice(0, span), free.tokens.slice(0, span));
+    run.answerIdentical = run.firstDivergence === null || run.firstDivergence >= span;
+    run.tokens = free.tokens;
     const generated = stats.decodeTokens;
     run.decodeKv = {
       decodePoolTokens: stats.decodePoolTokens,
