@@ -33,7 +33,10 @@ export async function startService(role: "serve" | "prefill" | "decode", args: s
   child.stderr!.setEncoding("utf8").on("data", (d: string) => (out += d));
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
   const url = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`${role} did not start in ${timeoutMs} ms:\n${out}`)), timeoutMs);
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL");
+      reject(new Error(`${role} did not start in ${timeoutMs} ms:\n${out}`));
+    }, timeoutMs);
     const check = () => {
       const m = /"url":"(http:\/\/[^"]+)"[^\n]*"msg":"listening"/.exec(out);
       if (m) {
