@@ -14,6 +14,7 @@ import { HttpTransport } from "../../shared/transport/http.ts";
 import { ShmTransport } from "../../shared/transport/shm.ts";
 import type { KvTransport } from "../../shared/transport/types.ts";
 import type { Runtime } from "../runtime.ts";
+import { SocketHttpTransport } from "./socket-transport.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
 export class KvLoadError extends Error {
@@ -35,13 +36,16 @@ export interface KvLoadStats {
 }
 
 export class KvLoader {
-  readonly http: HttpTransport;
+  /** http:// owners: the socket transport (reads straight into the buffer); https:// owners: undici. */
+  readonly http: SocketHttpTransport;
+  readonly https: HttpTransport;
   readonly shm: ShmTransport;
   private readonly shape: KvShape;
   readonly totals = { loads: 0, chunks: 0, bytes: 0, failures: 0, ms: 0 };
 
   constructor(private readonly rt: Runtime) {
-    this.http = new HttpTransport({ connections: 8 });
+    this.http = new SocketHttpTransport({ maxIdle: 8 });
+    this.https = new HttpTransport({ connections: 8 });
     this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)] });
     this.shape = kvShape(rt.model.config);
   }
@@ -49,11 +53,12 @@ export class KvLoader {
   /** shm when the chunk's owner runs on this host (and it is allowed), else HTTP. */
   pick(loc: LeasedChunk["location"]): KvTransport {
     const mode = this.rt.config.transport;
-    if (mode === "http") return this.http;
     if (mode === "shm") return this.shm;
+    const http = loc.ownerBaseUrl.startsWith("https:") ? this.https : this.http;
+    if (mode === "http") return http;
     const sameHost = loc.ownerHostId === this.rt.config.hostId;
     const allowed = path.dirname(path.resolve(loc.shardPath)) === path.resolve(this.rt.config.shardDir);
-    return sameHost && allowed ? this.shm : this.http;
+    return sameHost && allowed ? this.shm : http;
   }
 
   /**
@@ -151,7 +156,7 @@ export class KvLoader {
   }
 
   async close(): Promise<void> {
-    await Promise.all([this.http.close(), this.shm.close()]);
+    await Promise.all([this.http.close(), this.https.close(), this.shm.close()]);
   }
 }
 
