@@ -146,6 +146,50 @@ export function summaryTable(rows: SummaryRow[]): string {
   });
 }
 
+/** The issue's targets, checked against whatever prompts the result holds. */
+export function targets(r: FidelityResult): string[] {
+  const lines: string[] = [];
+  const run = (p: PromptResult, id: string) => p.runs.find((x) => x.policy === id);
+  const pct = (x: number) => `${(x * 100).toFixed(1)}%`;
+  // 1. omnikv k=1024 at the longest passkey prompts (~8K): >= 97% agreement over 128 tokens, score = full's.
+  const longest = Math.max(0, ...r.prompts.filter((p) => p.task === "passkey").map((p) => p.promptTokens));
+  const at8k = r.prompts.filter((p) => p.task === "passkey" && p.promptTokens === longest && longest >= 6000);
+  if (at8k.length) {
+    const ag = at8k.map((p) => run(p, "omnikv k=1024")!.agreement);
+    const same = at8k.filter((p) => run(p, "omnikv k=1024")!.score === run(p, "full")!.score).length;
+    const ok = ag.every((a) => a >= 0.97) && same === at8k.length;
+    lines.push(
+      `omnikv k=1024 at ${longest} tokens (${at8k.length} passkey prompts, ${at8k[0]!.gen} tokens): agreement ${ag.map(pct).join(", ")} ` +
+        `(target >= 97% each); passkey score equal to full on ${same}/${at8k.length} -> ${ok ? "MET" : "NOT MET"}`,
+    );
+  } else lines.push("omnikv k=1024 at ~8K: no ~8K passkey prompt in this result");
+  // 2. omnikv beats h2o and streaming at equal budget on 2stage and passkey.
+  for (const task of ["passkey", "2stage"]) {
+    const ps = r.prompts.filter((p) => p.task === task);
+    if (!ps.length) continue;
+    for (const k of [256, 1024]) {
+      const m = (id: string, f: (x: PolicyRun) => number) => mean(ps.map((p) => f(run(p, id)!)));
+      const o = { s: m(`omnikv k=${k}`, (x) => x.score), a: m(`omnikv k=${k}`, (x) => x.agreement), kl: m(`omnikv k=${k}`, (x) => x.meanKl) };
+      const cmp = ["h2o", "streaming"].map((b) => {
+        const id = `${b} k=${k}`;
+        const bs = { s: m(id, (x) => x.score), a: m(id, (x) => x.agreement), kl: m(id, (x) => x.meanKl) };
+        const verdict = o.s > bs.s ? "beats" : o.s === bs.s ? "ties" : "loses to";
+        return `${verdict} ${b} on score (${o.s.toFixed(2)} vs ${bs.s.toFixed(2)}), agreement ${pct(o.a)} vs ${pct(bs.a)}, KL ${o.kl.toFixed(4)} vs ${bs.kl.toFixed(4)}`;
+      });
+      lines.push(`${task} (${ps.length} prompts) k=${k}: omnikv ${cmp.join("; ")}`);
+    }
+  }
+  // 3. scope over long outputs: >= 90% agreement at <= 40% decode-phase KV.
+  for (const p of r.prompts.filter((x) => x.task === "longgen"))
+    for (const id of p.runs.filter((x) => x.family === "scope" || x.family === "omnikv+scope").map((x) => x.policy)) {
+      const x = run(p, id)!;
+      const share = x.decodeKv?.share ?? NaN;
+      const ok = x.agreement >= 0.9 && share <= 0.4;
+      lines.push(`${id} over ${p.gen} generated tokens: agreement ${pct(x.agreement)} (target >= 90%), decode KV kept ${pct(share)} (target <= 40%) -> ${ok ? "MET" : "NOT MET"}`);
+    }
+  return lines;
+}
+
 const COLORS: Record<string, string> = {
   full: "#333333",
   omnikv: "#1f77b4",
@@ -191,7 +235,7 @@ export async function writeReport(r: FidelityResult, jsonPath: string): Promise<
   const rows = summarize(r);
   const table = summaryTable(rows);
   const tag = r.complete ? "" : ` (PARTIAL: ${r.prompts.length}/${r.plannedPrompts.length} prompts)`;
-  await writeFileAtomic(join(dir, "table.md"), `${table}\n`);
+  await writeFileAtomic(join(dir, "table.md"), `${table}\n\nTargets${tag}:\n\n${targets(r).map((l) => `- ${l}`).join("\n")}\n`);
   const tasks = ["passkey", "2stage", "longgen"];
   const sub = `${r.model.name}; filter layers ${r.filterLayers.join(", ")}; omnikv budget = prompt tokens kept (+ all generated), streaming/h2o = tokens kept in all, scope = b1+b2 generated${tag}`;
   for (const metric of ["score", "agreement"] as const) {

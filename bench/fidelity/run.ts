@@ -7,6 +7,7 @@
 // Results are written after every prompt, so an interrupted run leaves its partial JSON behind.
 //
 //   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out results/fidelity.json]
+//     [--policies "scope 256+256,omnikv k=1024+scope 256+256"] [--longgen-tokens 2048] [--longgen-questions 60]
 import { createHash } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
 import { fileURLToPath } from "node:url";
@@ -41,6 +42,10 @@ const { values: args } = parseArgs({
     quick: { type: "boolean" },
     tasks: { type: "string", default: "passkey,2stage,longgen" },
     out: { type: "string" },
+    /** Only these policy ids (comma-separated; "full" is always run first as the reference). */
+    policies: { type: "string" },
+    "longgen-tokens": { type: "string" },
+    "longgen-questions": { type: "string" },
   },
 });
 const QUICK = args.quick ?? false;
@@ -78,8 +83,9 @@ function grid(): GridItem[] {
       }
   if (TASKS.has("longgen")) {
     const s = 1000 + seed++;
-    const K = QUICK ? 4 : 40;
-    items.push({ label: `longgen K=${K}`, build: (measure) => longGenTask({ questions: K, seed: s, measure }), gen: QUICK ? 96 : 1024 });
+    const K = args["longgen-questions"] ? Number(args["longgen-questions"]) : QUICK ? 4 : 40;
+    const gen = args["longgen-tokens"] ? Number(args["longgen-tokens"]) : QUICK ? 96 : 1024;
+    items.push({ label: `longgen K=${K}`, build: (measure) => longGenTask({ questions: K, seed: s, measure }), gen });
   }
   return items;
 }
@@ -102,7 +108,9 @@ const model = await loadModel(modelPath);
 const tok = GgufTokenizer.fromGguf(modelPath);
 const template = ChatTemplate.fromGguf(modelPath, tok);
 const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [3, 17, 23];
-const policies = fidelityPolicies(filterLayers);
+const only = args.policies?.split(",").map((x) => x.trim());
+const policies = fidelityPolicies(filterLayers).filter((p) => !only || p.id === "full" || only.includes(p.id));
+if (only && policies.length !== new Set([...only, "full"]).size) throw new Error(`--policies: unknown id in ${args.policies}`);
 const engine = new Engine(model, { threads: 1, maxContext: 8192 });
 const { nLayer, nHeadKv } = model.config;
 
