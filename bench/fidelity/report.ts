@@ -199,7 +199,12 @@ const COLORS: Record<string, string> = {
   "omnikv+scope": "#9467bd",
 };
 
-function panels(rows: SummaryRow[], metric: "score" | "agreement", tasks: string[]): Panel[] {
+type Metric = "score" | "agreement" | "kl";
+const METRIC_TITLE: Record<Metric, string> = { score: "task score", agreement: "greedy agreement with full", kl: "mean KL(full || policy), teacher-forced" };
+const METRIC_Y: Record<Metric, string> = { score: "score (mean over prompts)", agreement: "agreement (%)", kl: "KL (nats / token)" };
+const metricOf = (x: SummaryRow, m: Metric) => (m === "score" ? x.score : m === "agreement" ? x.agreement * 100 : x.meanKl);
+
+function panels(rows: SummaryRow[], metric: Metric, tasks: string[]): Panel[] {
   const out: Panel[] = [];
   for (const task of tasks) {
     const tr = rows.filter((x) => x.group.startsWith(task));
@@ -212,15 +217,15 @@ function panels(rows: SummaryRow[], metric: "score" | "agreement", tasks: string
       const byBudget = new Map<number, number[]>();
       for (const x of fr) {
         const bs = x.budget === null ? budgets : [x.budget]; // full: a flat line across the budgets
-        for (const b of bs) byBudget.set(b, [...(byBudget.get(b) ?? []), metric === "score" ? x.score : x.agreement * 100]);
+        for (const b of bs) byBudget.set(b, [...(byBudget.get(b) ?? []), metricOf(x, metric)]);
       }
       const points = [...byBudget.entries()].sort((a, b) => a[0] - b[0]).map(([b, v]) => [b, mean(v)] as [number, number]);
       series.push({ name: fam === "scope" ? "scope (b1+b2)" : fam === "omnikv+scope" ? "omnikv+scope 256+256" : fam, color: COLORS[fam]!, dash: fam === "full" ? "6 4" : undefined, points });
     }
     out.push({
-      title: `${task}: ${metric === "score" ? "task score" : "greedy agreement with full"}`,
+      title: `${task}: ${metric === "kl" ? "mean KL vs full" : METRIC_TITLE[metric]}`,
       xLabel: "budget (tokens)",
-      yLabel: metric === "score" ? "score (mean over prompts)" : "agreement (%)",
+      yLabel: METRIC_Y[metric],
       xLog2: true,
       xTicks: budgets,
       series,
@@ -238,10 +243,10 @@ export async function writeReport(r: FidelityResult, jsonPath: string): Promise<
   await writeFileAtomic(join(dir, "table.md"), `${table}\n\nTargets${tag}:\n\n${targets(r).map((l) => `- ${l}`).join("\n")}\n`);
   const tasks = ["passkey", "2stage", "longgen"];
   const sub = `${r.model.name}; filter layers ${r.filterLayers.join(", ")}; omnikv budget = prompt tokens kept (+ all generated), streaming/h2o = tokens kept in all, scope = b1+b2 generated${tag}`;
-  for (const metric of ["score", "agreement"] as const) {
+  for (const metric of ["score", "agreement", "kl"] as const) {
     const ps = panels(rows, metric, tasks);
     if (ps.length === 0) continue;
-    await writeSvgAndPng(join(dir, `${metric}.svg`), renderChart(ps, { title: `Fidelity bench: ${metric === "score" ? "task score" : "greedy agreement with full"} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
+    await writeSvgAndPng(join(dir, `${metric}.svg`), renderChart(ps, { title: `Fidelity bench: ${METRIC_TITLE[metric]} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
   }
   return table;
 }
