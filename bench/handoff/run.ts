@@ -11,7 +11,8 @@
 //     (client → decode's /v1/completions → prefill process over HTTP → first token streamed),
 //     and the time to the second token, which is when the handed-over KV is first used.
 // Writes results/handoff.json, results/handoff.svg, results/handoff.md.
-import { readFileSync } from "node:fs";
+import { readdirSync, readFileSync, writeFileSync } from "node:fs";
+import os from "node:os";
 import { mkdtemp, rm } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -25,7 +26,7 @@ import { startPostgres } from "../../test/helpers/postgres.ts";
 import { startService, type ServiceProcess } from "../../test/helpers/services.ts";
 import { benchText } from "../engine/text.ts";
 import { writeFileAtomic, writeJson } from "../lib/json.ts";
-import { gitInfo, machineInfo } from "../lib/machine.ts";
+import { gitInfo, machineInfo, setProcessNice } from "../lib/machine.ts";
 import { renderChart, type Panel } from "../lib/svg-chart.ts";
 import { fmtNum, markdownTable } from "../lib/table.ts";
 import { CpuMeter, summarize, waitForQuiet, type Summary } from "../lib/timing.ts";
@@ -40,7 +41,9 @@ const HELP = `Usage: npm run bench:handoff -- [options]
   --ttft-reps N      colocated/disaggregated TTFT pairs per length up to 4K, best kept (default 2; 8K: 1)
   --threads N        engine threads for prefill, colocated and disaggregated alike (default 2)
   --block-tokens N   tokens per KV chunk (default 512)
+  --nice=N           run this process and the service processes at nice N (default -10; needs root)
   --quick            lengths 512,1024, 2 reps; writes to bench/handoff/tmp/
+  --render FILE      only redraw the chart and tables from a saved handoff.json
   --out DIR          results directory (default bench/handoff/results)
 `;
 
@@ -89,6 +92,8 @@ function parse() {
       threads: { type: "string" },
       "block-tokens": { type: "string" },
       quick: { type: "boolean" },
+      nice: { type: "string" },
+      render: { type: "string" },
       out: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -105,10 +110,23 @@ function parse() {
     threads: Number(values.threads ?? 2),
     blockTokens: Number(values["block-tokens"] ?? 512),
     out: resolve(values.out ?? join(here, quick ? "tmp" : "results")),
+    nice: Number(values.nice ?? -10),
+    render: values.render,
   };
 }
 
 const log = (msg: string) => process.stderr.write(`[handoff] ${msg}\n`);
+
+/** Sets the nice value of every thread of another process (and its autogroup). Best effort. */
+function reniceProcess(pid: number | undefined, nice: number): void {
+  if (pid === undefined) return;
+  try {
+    for (const tid of readdirSync(`/proc/${pid}/task`)) os.setPriority(Number(tid), nice);
+    writeFileSync(`/proc/${pid}/autogroup`, String(nice));
+  } catch {
+    // not Linux, or not allowed: the run is then just less protected from other load
+  }
+}
 
 /** Times SSE events of a streaming response: ms (from `t0`) at which each of the first `n` events arrived. */
 async function eventTimes(res: Response, t0: number, n: number): Promise<number[]> {
@@ -217,12 +235,34 @@ function memcpyBps(bytes: number): number {
 
 async function main(): Promise<void> {
   const opts = parse();
+  if (opts.render) {
+    const saved = JSON.parse(readFileSync(opts.render, "utf8")) as { points: LengthPoint[]; options: { threads: number } };
+    const dir = dirname(resolve(opts.render));
+    await writeFileAtomic(join(dir, "handoff.svg"), chart(saved.points, saved.options.threads));
+    await writeFileAtomic(join(dir, "handoff.md"), markdown(saved.points));
+    log(`redrew ${join(dir, "handoff.svg")} and handoff.md`);
+    return;
+  }
   const started = new Date().toISOString();
   log(`lengths ${opts.lengths.join(",")}, ${opts.reps} reps, ${opts.threads} threads, blocks of ${opts.blockTokens}`);
+  const niceError = setProcessNice(opts.nice);
+  if (niceError) log(`could not set nice ${opts.nice}: ${niceError}`);
   const pg = await startPostgres("ctxbank_bench");
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-");
   const procs: ServiceProcess[] = [];
   let rt: Runtime | undefined;
+  const cleanup = async () => {
+    await Promise.all(procs.map((p) => p.stop()));
+    await rt?.close();
+    await pg.stop();
+    await rm(shardDir, { recursive: true, force: true });
+  };
+  for (const sig of ["SIGINT", "SIGTERM"] as const) {
+    process.once(sig, () => {
+      log(`${sig}: stopping the services and PostgreSQL`);
+      void cleanup().finally(() => process.exit(130));
+    });
+  }
   try {
     const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", "3600000", "--kv-timeout-ms", "600000"];
     log("starting prefill and two decode processes against PostgreSQL 15");
@@ -233,6 +273,7 @@ async function main(): Promise<void> {
       startService("decode", [...common, "--threads", "1", "--transport", "http", "--instance-id", "bench-decode-http"]),
     ]);
     procs.push(viaShm, viaHttp);
+    for (const p of procs) reniceProcess(p.child.pid, opts.nice);
     const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: opts.threads, logLevel: "warn", kvTimeoutMs: 600_000 });
     rt = await openRuntime(config, createLogger(config));
     const loader = new KvLoader(rt);
@@ -329,14 +370,12 @@ async function main(): Promise<void> {
     log(`wrote ${join(opts.out, "handoff.json")}, handoff.svg, handoff.md`);
     await loader.close();
   } finally {
-    await Promise.all(procs.map((p) => p.stop()));
-    await rt?.close();
-    await pg.stop();
-    await rm(shardDir, { recursive: true, force: true });
+    await cleanup();
   }
 }
 
 const gbps = (bps: number) => `${(bps / 1e9).toFixed(2)} GB/s`;
+const medBest = (s: Summary) => `${gbps(s.median)} (${(s.max / 1e9).toFixed(2)})`;
 
 export function markdown(points: LengthPoint[]): string {
   const transfer = markdownTable({
@@ -345,10 +384,10 @@ export function markdown(points: LengthPoint[]): string {
       String(p.tokens),
       `${(p.kvBytes / 2 ** 20).toFixed(1)} MiB`,
       String(p.chunks),
-      gbps(p.transports.http.readBps.median),
-      gbps(p.transports.http.loadBps.median),
-      gbps(p.transports.shm.readBps.median),
-      gbps(p.transports.shm.loadBps.median),
+      medBest(p.transports.http.readBps),
+      medBest(p.transports.http.loadBps),
+      medBest(p.transports.shm.readBps),
+      medBest(p.transports.shm.loadBps),
       gbps(p.memcpyBps),
     ]),
   });
@@ -382,7 +421,8 @@ export function markdown(points: LengthPoint[]): string {
     ]),
   });
   return [
-    "### KV handoff throughput (median of the repetitions; GB = 10^9 bytes)",
+    "### KV handoff throughput (median of the repetitions, best in parentheses; GB = 10^9 bytes)",
+    "read = the transport alone, every chunk into a buffer; load = what decode does: lease, read, verify (crc32, fingerprint, shape), import into the cache, release.",
     transfer,
     "### CPU time per GB moved (all repetitions; reader = the decode side, owner = the prefill process serving the bytes)",
     "The last column is what the HTTP read would reach with the reader and the owner each on a core of its own.",
@@ -413,17 +453,24 @@ function chart(points: LengthPoint[], threads: number): string {
       note: "goal: http >= 1 GB/s on loopback",
     },
     {
-      title: "Time to first token",
+      title: "Time to first token, disaggregated / colocated",
       xLabel: "prompt tokens",
-      yLabel: "ms",
+      yLabel: "ratio",
       xLog2: true,
       xTicks: xs,
+      yMin: 0.9,
+      yTickFormat: (y) => y.toFixed(2),
       series: [
-        { name: "colocated (one process)", color: "#2ca02c", points: points.map((p) => [p.tokens, p.ttft.colocatedMs]), labels: true },
-        { name: "disaggregated (2 processes, HTTP + shm)", color: "#9467bd", dash: "5,3", points: points.map((p) => [p.tokens, p.ttft.disaggregatedMs]) },
-        { name: "disaggregated, 2nd token (after KV load)", color: "#8c564b", dash: "2,2", points: points.map((p) => [p.tokens, p.ttft.secondTokenMs.shm]) },
+        { name: "TTFT (first token streamed before the KV moves)", color: "#9467bd", points: points.map((p) => [p.tokens, p.ttft.ratio]), labels: true },
+        {
+          name: "2nd token (after the KV handoff over shm)",
+          color: "#8c564b",
+          dash: "2,2",
+          points: points.map((p) => [p.tokens, p.ttft.secondTokenMs.shm / p.ttft.colocatedSecondTokenMs]),
+        },
+        { name: "goal 1.05", color: "#999999", dash: "6,4", points: points.map((p) => [p.tokens, 1.05]) },
       ],
-      note: `goal: disaggregated <= 1.05x colocated at 4K; ${threads} engine threads`,
+      note: `colocated = the engine in one process; best of the runs; ${threads} engine threads`,
     },
   ];
   return renderChart(panels, { title: "ctxbank prefill/decode handoff", subtitle: "prefill and decode in separate processes on one 2-core host, PostgreSQL 15 registry" });
