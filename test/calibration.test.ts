@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 
 import {
+  coverage,
   filterCapability,
   kl,
   layerToLayerRoundKl,
@@ -33,11 +34,17 @@ describe("calibration", () => {
     expect(Number.isNaN(cap[2]!)).toBe(true);
   });
 
-  it("recommends separated peaks, skipping layer 0 and the last two", () => {
-    const cap = [0.99, 0.5, 0.9, 0.85, 0.2, 0.7, 0.6, 0.95, 0.99, Number.NaN];
-    expect(recommendFilterLayers(cap, 3, 2)).toEqual([2, 5, 7]);
-    expect(recommendFilterLayers(cap, 3, 3)).toEqual([2, 7]); // only two peaks are 3 apart
-    expect(recommendFilterLayers(cap, 2, 1)).toEqual([2, 7]);
+  it("recommends the filter layers that cover their own sparse layers best", () => {
+    // 8 layers; layer 1's top tokens cover layers 3-4 well, layer 5's cover layer 7.
+    const sim: number[][] = Array.from({ length: 8 }, (_, i) => Array.from({ length: 8 }, (_, j) => (i === j ? 1 : 0.2)));
+    sim[1]![3] = sim[1]![4] = 0.9;
+    sim[4]![6] = sim[4]![7] = 0.9;
+    // Sparse layers: 3 (served by 1; 2 is its guard, 4 the next filter), 6 and 7 (served by 4).
+    expect(coverage(sim, [1, 4])).toBeCloseTo(0.9);
+    expect(coverage(sim, [1, 5])).toBeCloseTo((0.9 + 0.9 + 0.2) / 3);
+    expect(recommendFilterLayers(sim, 2, 2)).toEqual([1, 4]);
+    // The first filter layer may not come later than maxFirst.
+    expect(recommendFilterLayers(sim, 1, 1)).toEqual([1]);
   });
 
   it("round distributions, KL and the watershed", () => {

@@ -13,6 +13,7 @@ import type { NativeSequence } from "../../shared/engine/native.ts";
 import { argmax } from "../../shared/engine/sampler.ts";
 import { resolveModel } from "../../shared/model/resolve.ts";
 import {
+  coverage,
   filterCapability,
   layerToLayerRoundKl,
   recommendFilterLayers,
@@ -33,7 +34,7 @@ import { multiRoundConversation } from "./conversation.ts";
 const SPAN = 12;             // capability: mean over the next 12 layers (OmniKV uses 8-16)
 const TOP_FRACTION = 0.067;  // top-n = OmniKV's default budget fraction of the context
 const FILTERS = 3;
-const MIN_GAP = 3;
+const MAX_FIRST = 2;         // at most 2 dense layers before the first filter layer (OmniKV's setting)
 const KL_THRESHOLD = 0.05;   // nats: consecutive layers' round distributions this close are "the same"
 
 const { values: args } = parseArgs({ options: { model: { type: "string" }, steps: { type: "string", default: "8" } } });
@@ -77,7 +78,7 @@ for (const [name, text] of Object.entries(documents)) {
 }
 const sim = similarityMatrix(docProbes, (n) => Math.max(16, Math.round(TOP_FRACTION * n)));
 const capability = filterCapability(sim, SPAN);
-const filterLayers = recommendFilterLayers(capability, FILTERS, MIN_GAP);
+const filterLayers = recommendFilterLayers(sim, FILTERS, MAX_FIRST);
 
 const conv = multiRoundConversation(tokenizer, chat);
 console.error(`[calibrate] conversation: ${conv.ids.length} tokens, ${conv.rounds.length} rounds`);
@@ -87,10 +88,12 @@ const watershed = watershedLayer(roundKl, KL_THRESHOLD);
 const name = model.config.name || "model";
 const result = {
   model: { name, path: modelPath, fingerprint: model.fingerprint, layers: L },
-  method: { steps, span: SPAN, topFraction: TOP_FRACTION, klThreshold: KL_THRESHOLD, documents: Object.keys(documents) },
+  method: { steps, span: SPAN, topFraction: TOP_FRACTION, maxFirst: MAX_FIRST, klThreshold: KL_THRESHOLD, documents: Object.keys(documents) },
   similarity: sim,
   capability,
   recommendedFilterLayers: filterLayers,
+  coverage: coverage(sim, filterLayers),
+  coverageOfOmniKvDefault: coverage(sim, [2, 8, 18]),
   roundKl,
   watershedLayer: watershed,
   date: new Date().toISOString(),
@@ -111,7 +114,7 @@ await writeSvgAndPng(
   renderChart(
     [
       {
-        title: `Filter capability (next ${SPAN} layers); picked ${filterLayers.join(", ")}`,
+        title: `Filter capability (next ${SPAN} layers); chosen ${filterLayers.join(", ")}`,
         xLabel: "layer",
         yLabel: "capability",
         series: [{ name: "capability", color: "#1f77b4", points: capability.flatMap((c, l) => (Number.isFinite(c) ? [[l, c]] : [])) as Array<[number, number]> }],

@@ -4,7 +4,8 @@
 //
 // - OmniKV's filter capability (antgroup/OmniKV tiny_runs/ana_motivation2.py): sim(l1, l2) =
 //   the share of layer l2's attention mass on layer l1's top-n tokens; capability(l1) = the mean
-//   of sim(l1, l2) over the next `span` layers. Good filter layers sit at the peaks.
+//   of sim(l1, l2) over the next `span` layers. The recommendation goes one step further than
+//   "pick the peaks": it picks the filter layers whose own serving ranges are covered best.
 // - Round Attention's watershed: each layer's attention summed per conversation round gives a
 //   distribution over rounds; after the watershed layer L_w it hardly changes from layer to layer
 //   (KL divergence between consecutive layers stays small).
@@ -47,21 +48,42 @@ export function filterCapability(sim: number[][], span: number): number[] {
 }
 
 /**
- * m filter layers at capability peaks, at least `minGap` apart, never layer 0 (nothing dense
- * before it) nor the last two (no sparse layer would follow), ascending.
+ * Mean coverage of a filter-layer choice: for every sparse layer (after a filter layer, past its
+ * guard layer, before the next filter layer) the share of its attention that falls on the top
+ * tokens of the filter layer that serves it. This is what OmniKV relies on at decode.
  */
-export function recommendFilterLayers(capability: number[], m: number, minGap: number): number[] {
-  const L = capability.length;
-  const candidates = capability
-    .map((c, l) => ({ c, l }))
-    .filter(({ c, l }) => l >= 1 && l <= L - 3 && Number.isFinite(c))
-    .sort((a, b) => b.c - a.c || a.l - b.l);
-  const picked: number[] = [];
-  for (const { l } of candidates) {
-    if (picked.length === m) break;
-    if (picked.every((p) => Math.abs(p - l) >= minGap)) picked.push(l);
-  }
-  return picked.sort((a, b) => a - b);
+export function coverage(sim: number[][], filters: number[], guard = true): number {
+  let total = 0, n = 0;
+  filters.forEach((f, i) => {
+    const next = filters[i + 1] ?? sim.length;
+    for (let l = f + (guard ? 2 : 1); l < next; l++) {
+      total += sim[f]![l]!;
+      n++;
+    }
+  });
+  return n === 0 ? 0 : total / n;
+}
+
+/**
+ * The m filter layers with the best coverage, the first at or before `maxFirst` (that bounds
+ * the dense layers before it: OmniKV's Llama-3-8B setting keeps 2 of 32 before its first filter
+ * layer). Exhaustive over ascending choices; ties go to the earlier layers.
+ */
+export function recommendFilterLayers(sim: number[][], m: number, maxFirst: number): number[] {
+  const L = sim.length;
+  let best: number[] = [], bestScore = -Infinity;
+  const pick = (chosen: number[]): void => {
+    if (chosen.length === m) {
+      const c = coverage(sim, chosen);
+      if (c > bestScore) [best, bestScore] = [chosen.slice(), c];
+      return;
+    }
+    const from = chosen.length === 0 ? 1 : chosen[chosen.length - 1]! + 2; // room for the guard layer
+    const to = chosen.length === 0 ? Math.min(maxFirst, L - 1) : L - 1;
+    for (let l = from; l <= to; l++) pick([...chosen, l]);
+  };
+  pick([]);
+  return best;
 }
 
 /** Each layer's attention summed over the token ranges [start, end) of the rounds, normalised. */
