@@ -17,6 +17,7 @@ import { TransportError } from "../shared/transport/errors.ts";
 import { HttpTransport } from "../shared/transport/http.ts";
 import type { ChunkLocation } from "../shared/transport/types.ts";
 import { SocketHttpTransport } from "../services/decode/socket-transport.ts";
+import { fastChunkRoutes } from "../services/prefill/chunk-route.ts";
 
 const MiB = 1 << 20;
 const soon = (ms = 5_000) => Date.now() + ms;
@@ -37,7 +38,10 @@ async function transportError(p: Promise<unknown>): Promise<TransportError> {
   return err as TransportError;
 }
 
-describe("SocketHttpTransport", () => {
+describe.each([
+  ["the shared chunk route", chunkRoutes],
+  ["the prefill's fast chunk route", fastChunkRoutes],
+] as const)("SocketHttpTransport against %s", (_name, routes) => {
   let dir: string;
   let shard: Shard;
   let server: http.Server;
@@ -56,7 +60,7 @@ describe("SocketHttpTransport", () => {
     encodeChunkFromLayers(chunk, meta, layers);
     const offset = shard.alloc(chunk.byteLength)!;
     await shard.write(offset, chunk);
-    server = serve({ fetch: chunkRoutes((id) => (id === "owner-a" ? shard : undefined), { pieceBytes: 64 << 10 }).fetch, port: 0, hostname: "127.0.0.1" }) as http.Server;
+    server = serve({ fetch: routes((id) => (id === "owner-a" ? shard : undefined), { pieceBytes: 64 << 10 }).fetch, port: 0, hostname: "127.0.0.1" }) as http.Server;
     server.on("connection", () => connections++);
     loc = { shardId: "owner-a", epoch: 4, shardPath: shard.path, ownerBaseUrl: `http://127.0.0.1:${await listen(server)}`, offset, length: chunk.byteLength };
   });

@@ -44,6 +44,7 @@ const HELP = `Usage: npm run bench:handoff -- [options]
   --nice=N           run this process and the service processes at nice N (default -10; needs root)
   --quick            lengths 512,1024, 2 reps; writes to bench/handoff/tmp/
   --render FILE      only redraw the chart and tables from a saved handoff.json
+  --transfer-only    skip the TTFT runs (prints the transfer numbers; writes nothing)
   --out DIR          results directory (default bench/handoff/results)
 `;
 
@@ -94,6 +95,7 @@ function parse() {
       quick: { type: "boolean" },
       nice: { type: "string" },
       render: { type: "string" },
+      "transfer-only": { type: "boolean" },
       out: { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -112,6 +114,7 @@ function parse() {
     out: resolve(values.out ?? join(here, quick ? "tmp" : "results")),
     nice: Number(values.nice ?? -10),
     render: values.render,
+    transferOnly: values["transfer-only"] ?? false,
   };
 }
 
@@ -288,7 +291,7 @@ async function main(): Promise<void> {
       const other: number[] = [];
       const quiet = async () => other.push((await waitForQuiet(0.5, 30_000)).otherCores ?? 0);
       const runs: LengthPoint["ttft"]["runs"] = [];
-      const ttftReps = n <= 4096 ? opts.ttftReps : 1;
+      const ttftReps = opts.transferOnly ? 0 : n <= 4096 ? opts.ttftReps : 1;
       for (let r = 0; r < ttftReps; r++) {
         log(`${n} tokens: colocated prefill (${r + 1}/${ttftReps})`);
         await quiet();
@@ -308,7 +311,7 @@ async function main(): Promise<void> {
         runs.push({ colocatedMs, disaggregatedMs: first!, disaggregatedSecondTokenMs: second!, colocatedSecondTokenMs: colocatedSecond });
         log(`${n} tokens: TTFT colocated ${fmtNum(colocatedMs)} ms, disaggregated ${fmtNum(first)} ms`);
       }
-      const best = (f: (r: (typeof runs)[number]) => number) => Math.min(...runs.map(f));
+      const best = (f: (r: (typeof runs)[number]) => number) => (runs.length ? Math.min(...runs.map(f)) : Number.NaN);
       const colocatedMs = best((r) => r.colocatedMs);
       const disaggMs = best((r) => r.disaggregatedMs);
 
@@ -352,6 +355,10 @@ async function main(): Promise<void> {
       );
     }
 
+    if (opts.transferOnly) {
+      process.stdout.write(markdown(points) + "\n");
+      return;
+    }
     const result = {
       benchmark: "handoff",
       command: `npm run bench:handoff -- ${process.argv.slice(2).join(" ")}`.trim(),

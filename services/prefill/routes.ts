@@ -4,7 +4,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { errorResponses } from "../../shared/http/errors.ts";
 import { HandleSchema, PrefillRequestSchema } from "../../shared/http/wire.ts";
-import { chunkRoutes } from "../../shared/transport/chunk-server.ts";
+import { fastChunkRoutes } from "./chunk-route.ts";
 import type { PrefillService } from "./service.ts";
 
 const prefillRoute = createRoute({
@@ -31,7 +31,7 @@ export function prefillRoutes(svc: PrefillService): ServiceApp {
   const app = newApp();
   app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log")), 200));
   app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
-  app.route("/", chunkRoutes((id) => svc.chunkSource(id)));
+  app.route("/", fastChunkRoutes((id) => svc.chunkSource(id)));
   app.openAPIRegistry.registerPath({
     method: "get",
     path: "/v1/chunks/{shardId}/{epoch}",
