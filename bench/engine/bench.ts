@@ -36,6 +36,8 @@ export interface BenchOptions {
   quietWaitS: number;
   /** Extra seconds the run may spend redoing contended measurements. */
   retryBudgetS: number;
+  /** Runs longer than this (seconds) are flagged when contended but not redone. */
+  retryMaxRunS: number;
   flashAttention: FlashAttention[];
   log: (line: string) => void;
 }
@@ -198,7 +200,8 @@ async function measureRep(
     }
     const contended = isContended(pcpu, threads, o) || decodeContended;
     const spent = performance.now() - tStart;
-    if (contended && retrySpent() + spent <= o.retryBudgetS * 1000 && attempts < 3) {
+    const retry = spent <= o.retryMaxRunS * 1000 && retrySpent() + spent <= o.retryBudgetS * 1000 && attempts < 3;
+    if (contended && retry) {
       addRetry(spent);
       o.log(
         `  (contended: others used ${fmtCores(pcpu.otherCores)} / ${fmtCores(decode?.cpu.otherCores)} cores, ` +

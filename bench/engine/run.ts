@@ -49,9 +49,9 @@ const HELP = `Usage: npm run bench:engine -- [options]
   --engines LIST          ours,llama (default both)
   --llama-fa LIST         llama.cpp flash attention: auto,on,off, one variant each (default auto)
   --quiet-threshold X     contention: others' load above cpus − threads + X cores, or we got < 85% of
-                          our threads' cores (default 0.35); contended runs are redone once
-  --quiet-wait S          wait up to S seconds for a quiet machine before each run (default 10)
-  --retry-budget S        seconds allowed for redoing contended runs (default 240)
+                          our threads' cores (default 0.35); short contended runs are redone
+  --quiet-wait S          wait up to S seconds for a quiet machine before each run (default 5)
+  --retry-budget S        seconds allowed for redoing contended runs ≤ 30 s long (default 150)
   --model PATH            GGUF to use (default: resolveModel(), i.e. CTXBANK_MODEL or the cache)
   --out DIR               results directory (default bench/engine/results; with --quick bench/engine/tmp/quick)
   --build                 (re)build the native addon first (cmake-js, incremental)
@@ -129,6 +129,8 @@ async function main(): Promise<void> {
     // Re-render tables, chart and markdown from a saved engine.json (no measurement).
     const report = JSON.parse(await readFile(a.render, "utf8")) as Report;
     await writeOutputs(report, resolve(a.out ?? dirname(a.render)), a["update-readme"]!);
+    // Keep the JSON's derived summary in step with the renderer (the measurements are untouched).
+    if (a.out === undefined) await writeJson(a.render, report);
     return;
   }
   const quick = a.quick!;
@@ -174,6 +176,11 @@ async function main(): Promise<void> {
     if (niceError) log(`warning: could not set nice ${n}: ${niceError}`);
   }
 
+  // Stamp the addon and the git state before anything runs: both may change on disk (another
+  // checkout user rebuilding or committing) while the benchmark runs.
+  const addonStamp = await fileStamp(addonPath);
+  const git = gitInfo(repoRoot, ["native", "shared/engine"]);
+
   const modelPath = await resolveModel({ path: a.model, progress: "lines" });
   log(`model: ${modelPath}`);
 
@@ -199,8 +206,9 @@ async function main(): Promise<void> {
     warmupSteps: quick ? 4 : 8,
     quietThreshold: num(a["quiet-threshold"], 0.35, "quiet-threshold"),
     cpus: machineInfo().cpus,
-    quietWaitS: num(a["quiet-wait"], quick ? 0 : 10, "quiet-wait"),
-    retryBudgetS: num(a["retry-budget"], quick ? 0 : 240, "retry-budget"),
+    quietWaitS: num(a["quiet-wait"], quick ? 0 : 5, "quiet-wait"),
+    retryBudgetS: num(a["retry-budget"], quick ? 0 : 150, "retry-budget"),
+    retryMaxRunS: 30,
     flashAttention: faList,
     log,
   };
@@ -242,7 +250,6 @@ async function main(): Promise<void> {
   const cpuBackends = mappedLibraries(/libggml-cpu[^/]*\.so/).map((p) => p.replace(/^.*\//, ""));
   const oursInfo = ours ? ours.info(opts.decodeThreads[0] ?? opts.prefillThreads[0] ?? 1) : undefined;
   const command = ["npm run bench:engine", ...(process.argv.length > 2 ? ["--", ...process.argv.slice(2)] : [])].join(" ");
-  const git = gitInfo(repoRoot, ["native", "shared/engine"]);
 
   const report = {
     schema: "ctxbank.bench.engine/1",
@@ -280,7 +287,8 @@ async function main(): Promise<void> {
               ubatch,
               maxContext,
               kvCache: "F16",
-              addon: await fileStamp(addonPath),
+              addon: addonStamp,
+              addonRebuiltDuringRun: (await fileStamp(addonPath)).sha256 !== addonStamp.sha256,
               api: "shared/engine Engine.prefill (per chunk) / Engine.decode + argmax in JS",
             },
           }
@@ -322,6 +330,7 @@ async function main(): Promise<void> {
       quietThreshold: opts.quietThreshold,
       quietWaitS: opts.quietWaitS,
       retryBudgetS: opts.retryBudgetS,
+      retryMaxRunS: opts.retryMaxRunS,
     },
     summary: summaryTables(bench.points, backends),
     chartSubtitle:
@@ -356,7 +365,7 @@ interface Report {
   durationS: number;
   command: string;
   variants: Variant[];
-  git: { commit?: string; dirty?: boolean };
+  git: { commit?: string; dirty?: boolean; changesUnder?: Record<string, string[]> };
   machine: { cpuModel: string; cpus: number };
   model: { path: string; name?: string };
   engines: { ours?: { kernels: string; ubatch: number }; llama?: { package: string; llamaCppRelease: { release: string }; variants: Array<{ id: string; flashAttentionRequested: string; flashAttentionResolved: string }> } };
@@ -369,6 +378,7 @@ interface Report {
 
 async function writeOutputs(report: Report, outDir: string, updateReadmeToo: boolean): Promise<void> {
   const variants = report.variants;
+  report.summary = summaryTables(report.points, variants); // recomputed: older JSONs lack the contention marks
   const chunk = report.options.chunk > 0 ? report.options.chunk : (report.engines.ours?.ubatch ?? 512);
   const tables = renderTables(report.summary, variants);
   const breakdownText = renderBreakdown(report.analysis, variants);
@@ -402,6 +412,8 @@ interface SummaryRow {
   threads: number;
   values: Record<string, number | undefined>;
   ratios: Record<string, number | undefined>;
+  /** Engines whose value at this point comes mostly from contended runs (more than half of the reps). */
+  contended?: string[];
 }
 
 function summaryTables(points: PointRecord[], backends: Variant[]) {
@@ -411,8 +423,9 @@ function summaryTables(points: PointRecord[], backends: Variant[]) {
       const v = kind === "prefill" ? p.prefill?.tokPerS.median : p.decode?.msPerToken.median;
       if (v === undefined) continue;
       const k = `${p.promptTokens}/${p.threads}`;
-      const row = rows.get(k) ?? { tokens: p.promptTokens, threads: p.threads, values: {}, ratios: {} };
+      const row = rows.get(k) ?? { tokens: p.promptTokens, threads: p.threads, values: {}, ratios: {}, contended: [] };
       row.values[p.engine] = v;
+      if (2 * p.reps.filter((r) => r.contended).length > p.reps.length) row.contended!.push(p.engine);
       rows.set(k, row);
     }
     for (const row of rows.values()) {
@@ -437,19 +450,26 @@ function renderTables(s: ReturnType<typeof summaryTables>, backends: Variant[]):
       ...backends.map((b) => (kind === "prefill" ? `${b.label} tok/s` : `${b.label} ms/tok`)),
       ...(backends.some((b) => b.id === "ours") ? llamas.map((b) => (llamas.length > 1 ? `ours/${b.id}` : "ours/llama")) : []),
     ],
-    rows: rows.map((r) => [
-      String(r.tokens),
-      String(r.threads),
-      ...backends.map((b) => fmtNum(r.values[b.id])),
-      ...(backends.some((b) => b.id === "ours") ? llamas.map((b) => fmtNum(r.ratios[b.id], 2)) : []),
-    ]),
+    rows: rows.map((r) => {
+      const star = (id: string) => (r.contended?.includes(id) ? "*" : "");
+      return [
+        String(r.tokens),
+        String(r.threads),
+        ...backends.map((b) => fmtNum(r.values[b.id]) + star(b.id)),
+        ...(backends.some((b) => b.id === "ours")
+          ? llamas.map((b) => fmtNum(r.ratios[b.id], 2) + (star("ours") || star(b.id) ? "*" : ""))
+          : []),
+      ];
+    }),
   });
+  const anyStar = [...s.prefillTokPerS, ...s.decodeMsPerToken].some((r) => (r.contended?.length ?? 0) > 0);
+  const star = anyStar ? " — * = most of the reps ran while other processes took CPU from it (see contendedRuns)" : "";
   const out: Array<{ title: string; table: Table }> = [];
   if (s.prefillTokPerS.length > 0)
-    out.push({ title: "Prefill throughput (tokens/s, median; higher is better; ratio >1 = ours faster)", table: mk(s.prefillTokPerS, "prefill") });
+    out.push({ title: `Prefill throughput (tokens/s, median; higher is better; ratio >1 = ours faster)${star}`, table: mk(s.prefillTokPerS, "prefill") });
   if (s.decodeMsPerToken.length > 0)
     out.push({
-      title: "Decode latency (ms/token: mean over the N greedy steps, median over runs; lower is better; ratio >1 = ours slower)",
+      title: `Decode latency (ms/token: mean over the N greedy steps, median over runs; lower is better; ratio >1 = ours slower)${star}`,
       table: mk(s.decodeMsPerToken, "decode"),
     });
   return out;
@@ -506,7 +526,9 @@ function renderBreakdown(an: { decode: ReturnType<typeof decodeBreakdown>; prefi
   const agree =
     an.greedyAgreement.length > 0
       ? `Greedy tokens agreeing with ours (first token + decode steps, worst rep): ` +
-        an.greedyAgreement.map((g) => `${g.context}: ${g.agreeingTokens}/${g.of}`).join(", ")
+        an.greedyAgreement
+          .map((g) => `${new Set(an.greedyAgreement.map((x) => x.engine)).size > 1 ? `${g.engine} ` : ""}${g.context}: ${g.agreeingTokens}/${g.of}`)
+          .join(", ")
       : "";
   const cont = an.contendedRuns.length > 0 ? `Runs still contended after retries: ${an.contendedRuns.join("; ")}` : "No run was contended by other processes (after retries).";
   const decTitle = "Decode breakdown: ms/token ≈ fixed + k·context (fit over the decode points; the context part is mostly attention)";
@@ -555,7 +577,7 @@ function chartPanels(points: PointRecord[], backends: Variant[], chunk: number):
           points: ps
             .sort((x, y) => x.promptTokens - y.promptTokens)
             .map((p) => [p.promptTokens, kind === "prefill" ? p.prefill!.tokPerS.median : p.decode!.msPerToken.median]),
-          labels: true,
+          labels: kind === "decode" || ts.length * backends.length <= 2,
         });
       });
     }
@@ -577,9 +599,8 @@ function chartPanels(points: PointRecord[], backends: Variant[], chunk: number):
   if (dec.length)
     panels.push({
       title: "Decode latency (lower is better)",
-      xLabel: "context at start of decode (tokens)",
+      xLabel: "context at start of decode (tokens; linear axis)",
       yLabel: "ms / token",
-      xLog2: true,
       series: dec,
       yTickFormat: (v) => (v >= 10 ? String(Math.round(v)) : String(Number(v.toFixed(1)))),
       xTickFormat: (v) => String(v),
@@ -619,7 +640,18 @@ function chunkTicks(maxPos: number, chunk: number): number[] {
 
 // ---------------------------------------------------------------------------------------------
 
-async function updateReadme(path: string, report: { command: string; date: string; git: { commit?: string; dirty?: boolean }; durationS: number }, md: string) {
+function engineSourceState(git: { dirty?: boolean; changesUnder?: Record<string, string[]> }): string {
+  const changed = Object.entries(git.changesUnder ?? {}).filter(([, lines]) => lines.length > 0).map(([p]) => p);
+  if (changed.length > 0) return ` with uncommitted changes under ${changed.join(", ")}`;
+  if (git.changesUnder) return ` (${Object.keys(git.changesUnder).join(" and ")} as committed)`;
+  return git.dirty ? " (with uncommitted changes)" : "";
+}
+
+async function updateReadme(
+  path: string,
+  report: { command: string; date: string; git: { commit?: string; dirty?: boolean; changesUnder?: Record<string, string[]> }; durationS: number },
+  md: string,
+) {
   const begin = "<!-- results:begin -->";
   const end = "<!-- results:end -->";
   const text = await readFile(path, "utf8");
@@ -629,7 +661,7 @@ async function updateReadme(path: string, report: { command: string; date: strin
   const body =
     `${begin}\n` +
     `Run ${report.date.slice(0, 16).replace("T", " ")} UTC at commit \`${report.git.commit?.slice(0, 10) ?? "?"}\`` +
-    `${report.git.dirty ? " (with uncommitted changes)" : ""}, ${Math.round(report.durationS / 60)} min, with:\n\n` +
+    `${engineSourceState(report.git)}, ${Math.round(report.durationS / 60)} min, with:\n\n` +
     "```sh\n" +
     `${report.command}\n` +
     "```\n\n" +
@@ -638,9 +670,15 @@ async function updateReadme(path: string, report: { command: string; date: strin
   await writeFileAtomic(path, text.slice(0, i) + body + text.slice(j + end.length));
 }
 
-main().catch((err: unknown) => {
-  console.error(err instanceof Error ? (err.stack ?? err.message) : err);
-  process.exit(1);
-});
+// Exit explicitly: with two native engines alive (one per thread count), the addon's engine
+// finalizers abort the process during Node's environment teardown (EngineWorker's destructor
+// releases its thread-safe function after libuv closed it). process.exit skips that teardown.
+main().then(
+  () => process.exit(0),
+  (err: unknown) => {
+    console.error(err instanceof Error ? (err.stack ?? err.message) : err);
+    process.exit(1);
+  },
+);
 
 export type { BenchResult };
