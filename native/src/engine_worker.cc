@@ -4,8 +4,12 @@
 
 namespace ctx {
 
-EngineWorker::EngineWorker(Napi::Env env) {
-  tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function(), "ctxbank-engine", 0, 1);
+EngineWorker::EngineWorker(Napi::Env env) : tsfn_closed_(std::make_shared<std::atomic<bool>>(false)) {
+  // At environment teardown Node finalizes the function itself; releasing it afterwards aborts.
+  // The flag outlives this object (a normal release finalizes later, asynchronously).
+  auto closed = tsfn_closed_;
+  tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function(), "ctxbank-engine", 0, 1,
+                                        [closed](Napi::Env) { closed->store(true); });
   tsfn_.Unref(env);  // an idle engine must not keep the process alive
   thread_ = std::thread([this] { loop(); });
 }
@@ -18,7 +22,7 @@ EngineWorker::~EngineWorker() {
   cv_.notify_all();
   thread_.join();
   for (Job* j : queue_) delete j;  // never started; their promises are unreachable by now
-  tsfn_.Release();
+  if (!tsfn_closed_->load()) tsfn_.Release();
 }
 
 Napi::Promise EngineWorker::submit(Napi::Env env, std::function<void()> run,

@@ -4,6 +4,7 @@
 #pragma once
 #include <napi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -39,6 +40,7 @@ class EngineWorker {
   static void deliver(Napi::Env env, Napi::Function, Job* job);
 
   Napi::ThreadSafeFunction tsfn_;
+  std::shared_ptr<std::atomic<bool>> tsfn_closed_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job*> queue_;
