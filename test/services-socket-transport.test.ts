@@ -4,7 +4,6 @@
 import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import http from "node:http";
-import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { serve } from "@hono/node-server";
@@ -18,25 +17,11 @@ import { HttpTransport } from "../shared/transport/http.ts";
 import type { ChunkLocation } from "../shared/transport/types.ts";
 import { SocketHttpTransport } from "../services/decode/socket-transport.ts";
 import { fastChunkRoutes } from "../services/prefill/chunk-route.ts";
+import { listen, transportError } from "./helpers/transport.ts";
 
 const MiB = 1 << 20;
 const soon = (ms = 5_000) => Date.now() + ms;
 
-function listen(server: http.Server): Promise<number> {
-  return new Promise((resolve) => {
-    if (server.listening) resolve((server.address() as AddressInfo).port);
-    else server.once("listening", () => resolve((server.address() as AddressInfo).port));
-  });
-}
-
-async function transportError(p: Promise<unknown>): Promise<TransportError> {
-  const err = await p.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(TransportError);
-  return err as TransportError;
-}
 
 describe.each([
   ["the shared chunk route", chunkRoutes],

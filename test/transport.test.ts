@@ -1,7 +1,6 @@
 import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import http from "node:http";
-import type { AddressInfo } from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { serve } from "@hono/node-server";
@@ -15,6 +14,7 @@ import { TransportError } from "../shared/transport/errors.ts";
 import { HttpTransport } from "../shared/transport/http.ts";
 import { ShmTransport } from "../shared/transport/shm.ts";
 import type { ChunkLocation, KvTransport } from "../shared/transport/types.ts";
+import { listen, transportError } from "./helpers/transport.ts";
 
 // The registry hands out locations the transports take as they are.
 const _registryLocationIsATransportLocation: ChunkLocation = {} as LeasedChunk["location"];
@@ -22,21 +22,6 @@ const _registryLocationIsATransportLocation: ChunkLocation = {} as LeasedChunk["
 const FP = "5e".repeat(32);
 const MiB = 1 << 20;
 
-function listen(server: http.Server): Promise<number> {
-  return new Promise((resolve) => {
-    if (server.listening) resolve((server.address() as AddressInfo).port);
-    else server.once("listening", () => resolve((server.address() as AddressInfo).port));
-  });
-}
-
-async function transportError(promise: Promise<unknown>): Promise<TransportError> {
-  const err = await promise.then(
-    () => undefined,
-    (e: unknown) => e,
-  );
-  expect(err).toBeInstanceOf(TransportError);
-  return err as TransportError;
-}
 
 const soon = (ms = 5_000) => Date.now() + ms;
 
