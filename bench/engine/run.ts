@@ -670,15 +670,9 @@ async function updateReadme(
   await writeFileAtomic(path, text.slice(0, i) + body + text.slice(j + end.length));
 }
 
-// Exit explicitly: with two native engines alive (one per thread count), the addon's engine
-// finalizers abort the process during Node's environment teardown (EngineWorker's destructor
-// releases its thread-safe function after libuv closed it). process.exit skips that teardown.
-main().then(
-  () => process.exit(0),
-  (err: unknown) => {
-    console.error(err instanceof Error ? (err.stack ?? err.message) : err);
-    process.exit(1);
-  },
-);
+main().catch((err: unknown) => {
+  console.error(err instanceof Error ? (err.stack ?? err.message) : err);
+  process.exitCode = 1;
+});
 
 export type { BenchResult };
