@@ -1,57 +1,79 @@
-// KV export/import between a sequence's cache layout and chunks: the fast transpose must give
-// exactly what chunk-pack.ts's reference pack/unpack gives, for aligned and unaligned buffers.
-import { describe, expect, it } from "vitest";
+// KV export/import between a sequence's cache and chunks: the native transpose (seq.exportRows /
+// importRows) must give exactly what chunk-pack.ts's reference pack/unpack gives over zero-copy
+// views of the cache, for aligned and unaligned payloads; and it refuses what does not fit.
+import { beforeAll, describe, expect, it } from "vitest";
+import { Engine, loadModel } from "../shared/engine/engine.ts";
+import type { NativeSequence } from "../shared/engine/native.ts";
 import { chunkByteLength, verifyChunk, type ChunkMeta } from "../shared/kv/chunk.ts";
 import { encodeChunkFromLayers, unpackKv } from "../shared/kv/chunk-pack.ts";
-import { coverageProblem, exportChunk, importChunk, layerViews, tokenBlocks } from "../shared/kv/seq-io.ts";
+import { coverageProblem, exportChunk, importChunk, kvShape, layerViews, tokenBlocks, type KvShape } from "../shared/kv/seq-io.ts";
+import { resolveModel } from "../shared/model/resolve.ts";
 
-const shape = { nLayer: 4, hkv: 3, headDim: 64 };
 const cap = 40;
-const kvDim = 192;
 const FP = "cd".repeat(32);
+let engine: Engine;
+let shape: KvShape;
 
-function cacheWith(fill: (i: number) => number) {
-  const buffer = new ArrayBuffer(shape.nLayer * 2 * cap * kvDim * 2);
-  new Uint16Array(buffer).forEach((_, i, a) => (a[i] = fill(i)));
-  return { buffer, capacity: cap };
+beforeAll(async () => {
+  const model = await loadModel(await resolveModel());
+  engine = new Engine(model, { threads: 1 });
+  shape = kvShape(model.config);
+});
+
+function seqWith(fill: (i: number) => number): NativeSequence {
+  const seq = engine.createSequence(cap);
+  new Uint16Array(seq.kvBuffer()).forEach((_, i, a) => (a[i] = fill(i)));
+  return seq;
 }
+const cacheOf = (seq: NativeSequence) => ({ buffer: seq.kvBuffer(), capacity: seq.capacity });
 
 describe("seq-io", () => {
-  const meta: ChunkMeta = { fingerprint: FP, dtype: "f16", layerIds: [1, 3], hkv: 3, headDim: 64, tokenStart: 7, tokenCount: 20 };
+  const meta = (): ChunkMeta => ({ fingerprint: FP, dtype: "f16", layerIds: [1, 3, 29], hkv: shape.hkv, headDim: shape.headDim, tokenStart: 7, tokenCount: 20 });
 
   it("export equals the reference encoder over zero-copy layer views", () => {
-    const cache = cacheWith((i) => (i * 2654435761) & 0xffff);
-    const ours = new Uint8Array(chunkByteLength(meta));
-    const ref = new Uint8Array(chunkByteLength(meta));
-    expect(exportChunk(ours, meta, cache, shape)).toBe(ours.byteLength);
-    encodeChunkFromLayers(ref, meta, layerViews(cache, shape, meta.layerIds, meta.tokenStart, meta.tokenCount));
+    const seq = seqWith((i) => (i * 2654435761) & 0xffff);
+    const m = meta();
+    const ours = new Uint8Array(chunkByteLength(m));
+    const ref = new Uint8Array(chunkByteLength(m));
+    expect(exportChunk(ours, m, seq, shape)).toBe(ours.byteLength);
+    encodeChunkFromLayers(ref, m, layerViews(cacheOf(seq), shape, m.layerIds, m.tokenStart, m.tokenCount));
     expect(Buffer.compare(ours, ref)).toBe(0);
     expect(verifyChunk(ours, { fingerprint: FP }).header.tokenStart).toBe(7);
+    seq.release();
   });
 
-  it.each([0, 2])("import writes exactly the rows the chunk covers (payload offset %i mod 8)", (shift) => {
-    const src = cacheWith((i) => (i * 40503) & 0xffff);
-    const bytes = new Uint8Array(chunkByteLength(meta) + shift).subarray(shift);
-    exportChunk(bytes, meta, src, shape);
+  it.each([0, 2, 5])("import writes exactly the rows the chunk covers (payload offset %i)", (shift) => {
+    const src = seqWith((i) => (i * 40503) & 0xffff);
+    const m = meta();
+    const bytes = new Uint8Array(chunkByteLength(m) + shift).subarray(shift);
+    exportChunk(bytes, m, src, shape);
     const { header, payload } = verifyChunk(bytes);
-    const dst = cacheWith(() => 0xaaaa);
+    const dst = seqWith(() => 0xaaaa);
     importChunk(payload, header, dst, shape);
-    const expected = cacheWith(() => 0xaaaa);
-    unpackKv(payload, header, layerViews(expected, shape, header.layerIds, header.tokenStart, header.tokenCount));
-    expect(Buffer.compare(new Uint8Array(dst.buffer), new Uint8Array(expected.buffer))).toBe(0);
+    const expected = seqWith(() => 0xaaaa);
+    unpackKv(payload, header, layerViews(cacheOf(expected), shape, header.layerIds, header.tokenStart, header.tokenCount));
+    expect(Buffer.compare(new Uint8Array(dst.kvBuffer()), new Uint8Array(expected.kvBuffer()))).toBe(0);
     // Rows outside the chunk are untouched; rows inside equal the source.
-    const view = (c: { buffer: ArrayBuffer }) => layerViews({ buffer: c.buffer, capacity: cap }, shape, [1], 7, 20)[0]!.k;
+    const view = (s: NativeSequence) => layerViews(cacheOf(s), shape, [3], 7, 20)[0]!.v;
     expect(view(dst)).toEqual(view(src));
-    expect(new Uint16Array(dst.buffer)[0]).toBe(0xaaaa);
+    expect(new Uint16Array(dst.kvBuffer())[0]).toBe(0xaaaa);
+    for (const s of [src, dst, expected]) s.release();
   });
 
   it("refuses chunks that do not fit the model or the sequence", () => {
-    const bytes = new Uint8Array(chunkByteLength(meta));
-    const cache = cacheWith(() => 0);
-    expect(() => exportChunk(bytes, { ...meta, tokenStart: 30 }, cache, shape)).toThrow(/exceed the sequence capacity/);
-    expect(() => exportChunk(bytes, { ...meta, layerIds: [5] }, cache, shape)).toThrow(/layer 5/);
-    expect(() => importChunk(new Uint8Array(10), meta, cache, shape)).toThrow(/payload has 10 bytes/);
-    expect(() => importChunk(bytes, { ...meta, hkv: 2 }, cache, shape)).toThrow(/Hkv=2/);
+    const m = meta();
+    const bytes = new Uint8Array(chunkByteLength(m));
+    const seq = seqWith(() => 0);
+    expect(() => exportChunk(bytes, { ...m, tokenStart: 30 }, seq, shape)).toThrow(/exceed the sequence capacity 40/);
+    expect(() => exportChunk(bytes, { ...m, layerIds: [1, 3, 30] }, seq, shape)).toThrow(/layer 30 is not in the model's 30 layers/);
+    expect(() => importChunk(new Uint8Array(10), m, seq, shape)).toThrow(/payload has 10 bytes/);
+    expect(() => importChunk(bytes, { ...m, hkv: 2 }, seq, shape)).toThrow(/Hkv=2/);
+    // The native checks, reached directly.
+    expect(() => seq.importRows(new Uint8Array(10), [0], 0, 1)).toThrow(/payload has 10 bytes, the rows need/);
+    expect(() => seq.importRows(new Uint8Array(768), [0, 0], 0, 1)).toThrow(/listed twice/);
+    expect(() => seq.exportRows(new Uint16Array(10) as unknown as Uint8Array, [0], 0, 1)).toThrow(TypeError);
+    expect(() => seq.importRows(new Uint8Array(768), [0.5], 0, 1)).toThrow(/integers/);
+    seq.release();
   });
 
   it("plans blocks and checks coverage", () => {

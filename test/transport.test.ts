@@ -74,6 +74,28 @@ describe("KV transports", () => {
     }
   });
 
+  it("shm maps the chunk in place: the same bytes, no copy, and refusals with the transport's codes", () => {
+    const t = track(shm());
+    const view = t.viewChunk(loc);
+    expect(Buffer.compare(view.bytes, chunk)).toBe(0);
+    expect(verifyChunk(view.bytes, { fingerprint: FP }).header.tokenCount).toBe(256);
+    view.release();
+    expect(view.bytes.byteLength).toBe(0); // unmapped and detached
+    view.release(); // twice is harmless
+    const code = (l: Partial<ChunkLocation>) => {
+      try {
+        t.viewChunk({ ...loc, ...l }).release();
+        return "ok";
+      } catch (e) {
+        return (e as TransportError).code;
+      }
+    };
+    expect(code({ epoch: 1 })).toBe("stale_epoch");
+    expect(code({ offset: 96 * MiB - 10, length: 11 })).toBe("out_of_range");
+    expect(code({ length: 0 })).toBe("invalid_request");
+    expect(code({ shardPath: "/etc/passwd" })).toBe("invalid_request");
+  });
+
   it("a wrong epoch is a clear stale_epoch on both", async () => {
     const stale = { ...loc, epoch: 1 };
     const viaHttp = await transportError(track(new HttpTransport()).readChunk(stale, new Uint8Array(loc.length), { deadlineMs: soon() }));

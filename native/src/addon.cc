@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "addon_kv_io.h"
 #include "addon_policy.h"
 #include "engine_worker.h"
 #include "gguf.h"
@@ -183,6 +184,8 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
                                     InstanceMethod<&NativeSequence::SetPolicy>("setPolicy"),
                                     InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
+                                    InstanceMethod<&NativeSequence::ImportRows>("importRows"),
+                                    InstanceMethod<&NativeSequence::ExportRows>("exportRows"),
                                     InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeSequence", f);
@@ -243,6 +246,27 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     return env.Undefined();
   }
   Napi::Value PolicyStats(const Napi::CallbackInfo& info) { return policy_stats_to_js(info.Env(), *seq_); }
+  // importRows(payload, layerIds, tokenStart, tokenCount): writes a token-major chunk payload
+  // ([token][layer][K|V][kv_dim] f16) into the cache rows it covers; setLength() then declares
+  // the length. exportRows(into, ...) is the reverse. RangeError when rows or sizes do not fit.
+  // Export may run while a forward pass extends the sequence (the prefill writes finished blocks
+  // while the next micro-batch computes): rows below the pass's start are never written again,
+  // and the caller only exports those.
+  Napi::Value ImportRows(const Napi::CallbackInfo& info) { return MoveRows(info, true); }
+  Napi::Value ExportRows(const Napi::CallbackInfo& info) { return MoveRows(info, false); }
+  Napi::Value MoveRows(const Napi::CallbackInfo& info, bool import) {
+    Napi::Env env = info.Env();
+    if (import && busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    const BytesArg bytes = bytes_arg(info, 0, import ? "payload" : "into");
+    const ChunkRows rows = chunk_rows_arg(info, 1);
+    try {
+      if (import) import_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
+      else export_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
+    } catch (const std::invalid_argument& e) {
+      throw Napi::RangeError::New(env, std::string(import ? "importRows: " : "exportRows: ") + e.what());
+    }
+    return env.Undefined();
+  }
   // release(): frees the cache's memory now instead of at garbage collection.
   Napi::Value Release(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -411,6 +435,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("readGgufMetadata", Napi::Function::New(env, ReadGgufMetadata));
   exports.Set("ggufInfo", Napi::Function::New(env, GgufInfo));
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
+  init_file_map(env, exports);
   NativeModel::Init(env, exports);
   NativeSequence::Init(env, exports);
   NativeEngine::Init(env, exports);

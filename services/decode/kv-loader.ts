@@ -9,10 +9,10 @@ import type { Handle } from "../../shared/http/wire.ts";
 import { ChunkError, verifyChunk } from "../../shared/kv/chunk.ts";
 import { coverageProblem, importChunk, kvShape, type KvShape } from "../../shared/kv/seq-io.ts";
 import { RegistryError, type LeasedChunk } from "../../shared/registry/registry.ts";
-import { TransportError } from "../../shared/transport/errors.ts";
+import { TransportError, chunkLabel } from "../../shared/transport/errors.ts";
 import { HttpTransport } from "../../shared/transport/http.ts";
 import { ShmTransport } from "../../shared/transport/shm.ts";
-import type { KvTransport } from "../../shared/transport/types.ts";
+import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "../../shared/transport/types.ts";
 import type { Runtime } from "../runtime.ts";
 import { SocketHttpTransport } from "./socket-transport.ts";
 
@@ -61,6 +61,27 @@ export class KvLoader {
     return sameHost && allowed ? this.shm : http;
   }
 
+  /** Checks a chunk (checksum, fingerprint, the registry row's shape) before the engine sees a byte, then imports it. */
+  private importVerified(bytes: Uint8Array, chunk: LeasedChunk["chunk"], seq: NativeSequence): void {
+    let verified;
+    try {
+      verified = verifyChunk(bytes, {
+        fingerprint: this.rt.model.fingerprint,
+        ...(chunk.checksum === null ? {} : { checksum: chunk.checksum }),
+        tokenStart: chunk.tokenStart,
+        tokenCount: chunk.tokenEnd - chunk.tokenStart,
+        layerIds: chunk.layerIds,
+        dtype: chunk.dtype,
+      });
+    } catch (e) {
+      if (e instanceof ChunkError) {
+        throw new KvLoadError(`chunk ${chunk.id} (tokens ${chunk.tokenStart}..${chunk.tokenEnd}) failed verification: ${e.code}: ${e.message}`, "corrupt", { cause: e });
+      }
+      throw e;
+    }
+    importChunk(verified.payload, verified.header, seq, this.shape);
+  }
+
   /**
    * Reads every chunk of `handle` into `seq` (capacity >= prompt tokens) and sets its length.
    * Throws ApiError for a bad or expired handle, KvLoadError when the bytes cannot be had.
@@ -88,7 +109,6 @@ export class KvLoader {
       );
       if (problem) throw new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids");
 
-      const cache = { buffer: seq.kvBuffer(), capacity: seq.capacity };
       const deadlineMs = Date.now() + config.kvTimeoutMs;
       const transports = new Set<string>();
       let bytes = 0;
@@ -97,35 +117,22 @@ export class KvLoader {
       const onAbort = () => stop.abort(signal.reason);
       signal.addEventListener("abort", onAbort, { once: true });
       const worker = async () => {
-        let buf = Buffer.allocUnsafe(0);
+        const scratch = { buf: Buffer.allocUnsafe(0) };
         while (nextIndex < leased.length && !stop.signal.aborted) {
           const { chunk, location } = leased[nextIndex++]!;
           const transport = this.pick(location);
           transports.add(transport.name);
-          if (buf.byteLength < location.length) buf = Buffer.allocUnsafe(location.length);
-          const view = buf.subarray(0, location.length);
+          let view: ChunkView;
           try {
-            await transport.readChunk(location, view, { deadlineMs, signal: stop.signal });
+            view = await fetchChunk(transport, location, scratch, { deadlineMs, signal: stop.signal });
           } catch (e) {
             throw transportError(e, signal);
           }
-          let verified;
           try {
-            verified = verifyChunk(view, {
-              fingerprint: model.fingerprint,
-              ...(chunk.checksum === null ? {} : { checksum: chunk.checksum }),
-              tokenStart: chunk.tokenStart,
-              tokenCount: chunk.tokenEnd - chunk.tokenStart,
-              layerIds: chunk.layerIds,
-              dtype: chunk.dtype,
-            });
-          } catch (e) {
-            if (e instanceof ChunkError) {
-              throw new KvLoadError(`chunk ${chunk.id} (tokens ${chunk.tokenStart}..${chunk.tokenEnd}) failed verification: ${e.code}: ${e.message}`, "corrupt", { cause: e });
-            }
-            throw e;
+            this.importVerified(view.bytes, chunk, seq);
+          } finally {
+            view.release();
           }
-          importChunk(verified.payload, verified.header, cache, this.shape);
           bytes += location.length;
         }
       };
@@ -161,6 +168,16 @@ export class KvLoader {
 }
 
 /** Prefer the error that started the failure over the aborts it caused in the other workers. */
+/** The chunk's bytes: mapped in place where the transport can (shm), else read into `scratch`. */
+async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: { buf: Buffer }, opts: ReadChunkOptions): Promise<ChunkView> {
+  if (opts.signal?.aborted) throw new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
+  if (transport.viewChunk) return transport.viewChunk(loc);
+  if (scratch.buf.byteLength < loc.length) scratch.buf = Buffer.allocUnsafe(loc.length);
+  const bytes = scratch.buf.subarray(0, loc.length);
+  await transport.readChunk(loc, bytes, opts);
+  return { bytes, release: () => {} };
+}
+
 function firstCause(settled: PromiseSettledResult<void>[], fallback: unknown): unknown {
   for (const s of settled) {
     if (s.status === "rejected" && !(s.reason instanceof KvLoadError && /aborted/.test(s.reason.message))) return s.reason;

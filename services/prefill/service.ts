@@ -11,7 +11,7 @@ import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
 import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../shared/kv/chunk.ts";
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
-import { exportChunk, kvShape, layerGroups, tokenBlocks, type CacheView, type KvShape } from "../../shared/kv/seq-io.ts";
+import { exportChunk, kvShape, layerGroups, tokenBlocks, type KvShape, type RowMover } from "../../shared/kv/seq-io.ts";
 import { Shard, shardFileName } from "../../shared/kv/shard.ts";
 import { RegistryError } from "../../shared/registry/registry.ts";
 import { chunks, shards } from "../../shared/registry/schema.ts";
@@ -205,7 +205,6 @@ export class PrefillService {
       await this.reserve(plan.flat(), shard);
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
-      const cache: CacheView = { buffer: seq.kvBuffer(), capacity: seq.capacity };
       const hasher = new PrefixHasher(model.fingerprint);
       const ubatch = engine.native.info.ubatch;
       let logits: Float32Array | undefined;
@@ -217,7 +216,7 @@ export class PrefillService {
         while (next < blocks.length && blocks[next]!.tokenEnd <= seq.nPast) {
           const b = blocks[next]!;
           hasher.push(tokens.slice(b.tokenStart, b.tokenEnd));
-          for (const p of plan[next]!) writes.push(this.writeChunk(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, cache, shard));
+          for (const p of plan[next]!) writes.push(this.writeChunk(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, seq, shard));
           next++;
         }
       }
@@ -298,7 +297,7 @@ export class PrefillService {
   }
 
   /** Registers, writes and commits one chunk, or takes a live chunk with the same key. Never rejects. */
-  private async writeChunk(p: PlannedChunk, key: string, requestId: string, req: PrefillRequest, cache: CacheView, shard: Shard): Promise<WriteResult> {
+  private async writeChunk(p: PlannedChunk, key: string, requestId: string, req: PrefillRequest, seq: RowMover, shard: Shard): Promise<WriteResult> {
     const { registry, model, config } = this.rt;
     const deadline = Date.now() + config.writeLeaseMs;
     try {
@@ -336,7 +335,7 @@ export class PrefillService {
         p.state = "registered";
         const bytes = Buffer.allocUnsafe(p.length);
         try {
-          exportChunk(bytes, p.meta, cache, this.shape);
+          exportChunk(bytes, p.meta, seq, this.shape);
           await shard.write(p.offset, bytes);
           await registry.chunks.commit(res.chunk.id, { checksum: bytes.readUInt32LE(8), retainMs: config.retainMs });
         } catch (err) {

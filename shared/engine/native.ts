@@ -1,5 +1,6 @@
-// Typed access to the native addon (native/build/Release/ctxbank_native.node). Everything heavy
-// returns a promise and runs on the engine's own thread; nothing here blocks the event loop.
+// Typed access to the native addon (native/build/Release/ctxbank_native.node, or the file
+// CTXBANK_ADDON names). Everything heavy returns a promise and runs on the engine's own thread;
+// nothing here blocks the event loop.
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
@@ -91,6 +92,14 @@ export interface NativeSequence {
   /** How decode steps attend (prefill is always full). Throws RangeError on a bad setting. */
   setPolicy(policy: AttentionPolicy): void;
   readonly policyStats: PolicyStats;
+  /**
+   * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, DESIGN.md) into the cache
+   * rows it covers; setLength() then declares the length. RangeError when the rows or the payload
+   * size do not fit the cache.
+   */
+  importRows(payload: Uint8Array, layerIds: readonly number[], tokenStart: number, tokenCount: number): void;
+  /** The reverse of importRows: cache rows into a token-major payload of exactly the right size. */
+  exportRows(into: Uint8Array, layerIds: readonly number[], tokenStart: number, tokenCount: number): void;
   /** Frees the cache's memory now (the sequence is empty afterwards). */
   release(): void;
   /** The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. */
@@ -126,10 +135,12 @@ interface Addon {
   readGgufMetadata(path: string): Record<string, unknown>;
   ggufInfo(path: string): GgufInfo;
   loadModel(path: string): Promise<NativeModel>;
+  mapFile(path: string, offset: number, length: number): ArrayBuffer;
+  unmapFile(buffer: ArrayBuffer): void;
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
-const addonPath = fileURLToPath(new URL("../../native/build/Release/ctxbank_native.node", import.meta.url));
+const addonPath = process.env.CTXBANK_ADDON ?? fileURLToPath(new URL("../../native/build/Release/ctxbank_native.node", import.meta.url));
 
 function loadAddon(): Addon {
   if (!existsSync(addonPath)) {
@@ -151,4 +162,17 @@ export function readGgufMetadata(path: string): Record<string, unknown> {
 
 export function ggufInfo(path: string): GgufInfo {
   return addon().ggufInfo(path);
+}
+
+/**
+ * A zero-copy view of bytes [offset, offset + length) of a file (mmap; private, so writes never
+ * reach the file). Throws an Error naming the file and the reason when it cannot be mapped. Hand
+ * the buffer to unmapFile() when done: that detaches it (views become empty) and unmaps at once.
+ */
+export function mapFile(path: string, offset: number, length: number): ArrayBuffer {
+  return addon().mapFile(path, offset, length);
+}
+
+export function unmapFile(buffer: ArrayBuffer): void {
+  addon().unmapFile(buffer);
 }

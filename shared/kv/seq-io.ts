@@ -1,8 +1,9 @@
 // Between a NativeSequence's f16 cache and KV chunks: the plan of chunks for a prompt (layer
-// groups x token blocks), zero-copy per-layer views of a token range of the cache, and export /
-// import of one chunk. The cache layout (native.ts): layer l's K starts at element
-// l*2*capacity*kvDim and its V at l*2*capacity*kvDim + capacity*kvDim; rows are [token][kvDim].
-import type { ModelConfig } from "../engine/native.ts";
+// groups x token blocks), zero-copy per-layer views of a token range of the cache (for reading
+// it from JS), and export / import of one chunk, whose token-major ⇄ layer-major transpose runs
+// natively (seq.exportRows / seq.importRows). The cache layout (native.ts): layer l's K starts at
+// element l*2*capacity*kvDim and its V at l*2*capacity*kvDim + capacity*kvDim; rows are [token][kvDim].
+import type { ModelConfig, NativeSequence } from "../engine/native.ts";
 import { ChunkError, chunkPayloadLength, sealChunk, writeChunkHeader, type ChunkMeta } from "./chunk.ts";
 import type { LayerKv } from "./chunk-pack.ts";
 
@@ -59,63 +60,42 @@ export function layerViews(cache: CacheView, shape: KvShape, layerIds: readonly 
   });
 }
 
-/** Encodes the chunk `meta` describes from the cache into `into`; returns the bytes written. */
-export function exportChunk(into: Uint8Array, meta: ChunkMeta, cache: CacheView, shape: KvShape): number {
-  if (meta.dtype !== "f16") throw new ChunkError("invalid_meta", "the engine's cache is f16");
-  if (meta.hkv !== shape.hkv || meta.headDim !== shape.headDim) throw new ChunkError("invalid_meta", "chunk shape differs from the model's");
+/** What export and import need of a sequence. */
+export type RowMover = Pick<NativeSequence, "exportRows" | "importRows">;
+
+/** Encodes the chunk `meta` describes from the sequence's cache into `into`; returns the bytes written. */
+export function exportChunk(into: Uint8Array, meta: ChunkMeta, seq: RowMover, shape: KvShape): number {
+  checkShape(meta, shape);
   const headerSize = writeChunkHeader(into, meta);
   const total = headerSize + chunkPayloadLength(meta);
-  copyRows(into.subarray(headerSize, total), meta, cache, shape, "export");
+  moveRows(() => seq.exportRows(into.subarray(headerSize, total), meta.layerIds, meta.tokenStart, meta.tokenCount));
   sealChunk(into.subarray(0, total));
   return total;
 }
 
 /** Writes a verified chunk's payload into the cache rows it covers. */
-export function importChunk(payload: Uint8Array, meta: ChunkMeta, cache: CacheView, shape: KvShape): void {
-  if (meta.dtype !== "f16") throw new ChunkError("invalid_meta", `cannot import ${meta.dtype} KV into the f16 cache`);
-  if (meta.hkv !== shape.hkv || meta.headDim !== shape.headDim) {
-    throw new ChunkError("invalid_meta", `chunk is Hkv=${meta.hkv} headDim=${meta.headDim}, the model has ${shape.hkv}x${shape.headDim}`);
-  }
+export function importChunk(payload: Uint8Array, meta: ChunkMeta, seq: RowMover, shape: KvShape): void {
+  checkShape(meta, shape);
   if (payload.byteLength !== chunkPayloadLength(meta)) {
     throw new ChunkError("invalid_meta", `payload has ${payload.byteLength} bytes, the shape needs ${chunkPayloadLength(meta)}`);
   }
-  copyRows(payload, meta, cache, shape, "import");
+  moveRows(() => seq.importRows(payload, meta.layerIds, meta.tokenStart, meta.tokenCount));
 }
 
-/**
- * The token-major ⇄ layer-major transpose, the same layout as chunk-pack.ts's packKv/unpackKv but
- * as plain indexed loops over the widest word the alignment allows (f64 for 8-byte aligned rows):
- * 2-2.5x faster here than a subarray + set per row, which allocates a view for every 384-byte row.
- * A native transpose would be faster still (see services/README.md).
- */
-function copyRows(payload: Uint8Array, meta: ChunkMeta, cache: CacheView, shape: KvShape, dir: "import" | "export"): void {
-  layerViews(cache, shape, meta.layerIds, meta.tokenStart, meta.tokenCount); // bounds checks
-  const rowBytes = shape.hkv * shape.headDim * 2;
-  const aligned8 = payload.byteOffset % 8 === 0 && rowBytes % 8 === 0;
-  const word = aligned8 ? 8 : 2;
-  const Words = aligned8 ? Float64Array : Uint16Array;
-  const p = new Words(payload.buffer as ArrayBuffer, payload.byteOffset, payload.byteLength / word);
-  const c = new Words(cache.buffer);
-  const rowW = rowBytes / word;
-  const capW = cache.capacity * rowW;
-  const layers = meta.layerIds;
-  let s = 0;
-  for (let t = 0; t < meta.tokenCount; t++) {
-    const row = (meta.tokenStart + t) * rowW;
-    for (let i = 0; i < layers.length; i++) {
-      const k = layers[i]! * 2 * capW + row;
-      const v = k + capW;
-      if (dir === "import") {
-        for (let j = 0; j < rowW; j++) c[k + j] = p[s + j]!;
-        s += rowW;
-        for (let j = 0; j < rowW; j++) c[v + j] = p[s + j]!;
-      } else {
-        for (let j = 0; j < rowW; j++) p[s + j] = c[k + j]!;
-        s += rowW;
-        for (let j = 0; j < rowW; j++) p[s + j] = c[v + j]!;
-      }
-      s += rowW;
-    }
+function checkShape(meta: ChunkMeta, shape: KvShape): void {
+  if (meta.dtype !== "f16") throw new ChunkError("invalid_meta", `the engine's cache is f16, the chunk is ${meta.dtype}`);
+  if (meta.hkv !== shape.hkv || meta.headDim !== shape.headDim) {
+    throw new ChunkError("invalid_meta", `chunk is Hkv=${meta.hkv} headDim=${meta.headDim}, the model has ${shape.hkv}x${shape.headDim}`);
+  }
+}
+
+/** The engine's RangeError (rows outside the cache, a layer the model lacks) as a ChunkError. */
+function moveRows(move: () => void): void {
+  try {
+    move();
+  } catch (e) {
+    if (e instanceof RangeError) throw new ChunkError("invalid_meta", e.message);
+    throw e;
   }
 }
 

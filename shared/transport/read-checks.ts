@@ -6,13 +6,18 @@ import type { ChunkLocation, ReadChunkOptions } from "./types.ts";
 // Any real wall-clock deadline is after 2001; a smaller number is a duration passed by mistake.
 const EARLIEST_DEADLINE = 1e12;
 
-export function checkReadArgs(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): void {
-  const bad = (what: string) => new TransportError("invalid_request", `cannot read chunk: ${what}`);
+const bad = (what: string) => new TransportError("invalid_request", `cannot read chunk: ${what}`);
+
+export function checkLocation(loc: ChunkLocation): void {
   if (typeof loc !== "object" || loc === null) throw bad("no location");
   if (typeof loc.shardId !== "string" || !SHARD_ID_PATTERN.test(loc.shardId)) throw bad(`bad shard id ${JSON.stringify(loc.shardId)}`);
   if (!Number.isInteger(loc.epoch) || loc.epoch < 1) throw bad(`bad epoch ${loc.epoch}`);
   if (!Number.isSafeInteger(loc.offset) || loc.offset < 0) throw bad(`bad offset ${loc.offset}`);
   if (!Number.isSafeInteger(loc.length) || loc.length < 1) throw bad(`bad length ${loc.length}`);
+}
+
+export function checkReadArgs(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): void {
+  checkLocation(loc);
   if (!(into instanceof Uint8Array)) throw bad("the target must be a Uint8Array");
   if (into.byteLength < loc.length) throw bad(`${chunkLabel(loc)} does not fit a ${into.byteLength}-byte buffer`);
   if (!Number.isFinite(opts?.deadlineMs)) throw bad("deadlineMs is required");

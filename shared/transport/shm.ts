@@ -1,12 +1,14 @@
-// Same-host transport: reads the chunk straight out of the owner's shard file (tmpfs pages) into
-// the caller's buffer — one copy, which is the floor without mmap. Node cannot map files; the
-// native addon will, and then viewChunk gives the bytes in place with no copy at all.
+// Same-host transport: the chunk's bytes straight out of the owner's shard file (tmpfs pages).
+// viewChunk maps the chunk's range (native mmap): the decode verifies and imports from the
+// owner's own pages, so the only copy is the one into the cache. readChunk copies into the
+// caller's buffer, for callers that need their own bytes.
 import { open, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import { parseShardFileName } from "../kv/shard.ts";
+import { mapFile, unmapFile } from "../engine/native.ts";
 import { TransportError, chunkLabel } from "./errors.ts";
-import { checkReadArgs, withDeadline } from "./read-checks.ts";
-import type { ChunkLocation, KvTransport, ReadChunkOptions } from "./types.ts";
+import { checkLocation, checkReadArgs, withDeadline } from "./read-checks.ts";
+import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "./types.ts";
 
 export interface ShmTransportOptions {
   /** Shard files are only opened inside these directories (the registry's paths are not trusted blindly). */
@@ -62,6 +64,29 @@ export class ShmTransport implements KvTransport {
         this.release(entry);
       }
     });
+  }
+
+  viewChunk(loc: ChunkLocation): ChunkView {
+    checkLocation(loc);
+    this.checkPath(loc);
+    let buffer: ArrayBuffer;
+    try {
+      buffer = mapFile(loc.shardPath, loc.offset, loc.length);
+    } catch (err) {
+      const message = (err as Error).message;
+      // A missing file means its owner restarted (the epoch is in the file name).
+      if (/No such file/.test(message)) throw staleEpoch(loc);
+      const code = /lie outside/.test(message) ? "out_of_range" : "io_error";
+      throw new TransportError(code, `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
+    }
+    let released = false;
+    return {
+      bytes: new Uint8Array(buffer),
+      release: () => {
+        if (!released) unmapFile(buffer);
+        released = true;
+      },
+    };
   }
 
   async close(): Promise<void> {

@@ -24,11 +24,17 @@ export interface KvTransport {
    */
   readChunk(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number>;
   /**
-   * A view of the chunk's bytes in place, without copying, where the transport can map the shard
-   * (the native addon's mmap, later). Absent where it cannot.
+   * The chunk's bytes in place, without copying, where the transport can map the shard (shm).
+   * Absent where it cannot. The caller must release() the view when done with it.
    */
-  viewChunk?(loc: ChunkLocation): Uint8Array;
+  viewChunk?(loc: ChunkLocation): ChunkView;
   close(): Promise<void>;
+}
+
+export interface ChunkView {
+  readonly bytes: Uint8Array;
+  /** Unmaps the bytes; every view of them becomes empty. */
+  release(): void;
 }
 
 export const CHUNK_ROUTE = "/v1/chunks/:shardId/:epoch";

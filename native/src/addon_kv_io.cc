@@ -1,0 +1,125 @@
+#include "addon_kv_io.h"
+
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include "file_map.h"
+
+namespace ctx {
+
+BytesArg bytes_arg(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsTypedArray() ||
+      info[i].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a Uint8Array");
+  Napi::Uint8Array a = info[i].As<Napi::Uint8Array>();
+  return {a.Data(), a.ByteLength()};
+}
+
+namespace {
+int int_arg(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a number");
+  const double v = info[i].As<Napi::Number>().DoubleValue();
+  if (v != static_cast<double>(static_cast<int>(v)))
+    throw Napi::RangeError::New(info.Env(), std::string(what) + " must be an integer in the int32 range");
+  return static_cast<int>(v);
+}
+}  // namespace
+
+ChunkRows chunk_rows_arg(const Napi::CallbackInfo& info, size_t i) {
+  Napi::Env env = info.Env();
+  ChunkRows rows;
+  if (info.Length() > i && info[i].IsArray()) {
+    Napi::Array a = info[i].As<Napi::Array>();
+    for (uint32_t j = 0; j < a.Length(); ++j) {
+      Napi::Value v = a.Get(j);
+      if (!v.IsNumber()) throw Napi::TypeError::New(env, "layerIds must hold numbers");
+      const double d = v.As<Napi::Number>().DoubleValue();
+      if (d != static_cast<double>(static_cast<int>(d))) throw Napi::RangeError::New(env, "layerIds must be integers");
+      rows.layers.push_back(static_cast<int>(d));
+    }
+  } else if (info.Length() > i && info[i].IsTypedArray() &&
+             info[i].As<Napi::TypedArray>().TypedArrayType() == napi_int32_array) {
+    Napi::Int32Array a = info[i].As<Napi::Int32Array>();
+    rows.layers.assign(a.Data(), a.Data() + a.ElementLength());
+  } else {
+    throw Napi::TypeError::New(env, "layerIds must be an array of layer numbers or an Int32Array");
+  }
+  rows.token_start = int_arg(info, i + 1, "tokenStart");
+  rows.token_count = int_arg(info, i + 2, "tokenCount");
+  return rows;
+}
+
+namespace {
+
+// Live mappings by the address JS sees, so unmapFile(buffer) can find its mapping. The finalizer
+// (at garbage collection) and unmapFile both run on JS threads; the lock covers worker threads.
+std::mutex maps_mutex;
+std::unordered_map<const void*, std::shared_ptr<FileMap>> live_maps;
+
+Napi::Value MapFile(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() != 3 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber())
+    throw Napi::TypeError::New(env, "mapFile(path, offset, length) needs a string and two numbers");
+  const double offset = info[1].As<Napi::Number>().DoubleValue();
+  const double length = info[2].As<Napi::Number>().DoubleValue();
+  constexpr double kMaxSafe = 9007199254740991.0;
+  if (!(offset >= 0 && offset <= kMaxSafe && offset == static_cast<double>(static_cast<uint64_t>(offset))) ||
+      !(length > 0 && length <= kMaxSafe && length == static_cast<double>(static_cast<uint64_t>(length))))
+    throw Napi::RangeError::New(env, "mapFile: offset must be a non-negative integer and length a positive integer");
+  std::shared_ptr<FileMap> map;
+  try {
+    map = std::make_shared<FileMap>(info[0].As<Napi::String>().Utf8Value(), static_cast<uint64_t>(offset),
+                                    static_cast<uint64_t>(length));
+  } catch (const std::exception& e) {
+    throw Napi::Error::New(env, e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lock(maps_mutex);
+    live_maps[map->data()] = map;
+  }
+  auto* hold = new std::shared_ptr<FileMap>(map);
+  return Napi::ArrayBuffer::New(
+      env, map->data(), map->size(),
+      [](Napi::Env, void* data, std::shared_ptr<FileMap>* h) {
+        {
+          std::lock_guard<std::mutex> lock(maps_mutex);
+          auto it = live_maps.find(data);
+          if (it != live_maps.end() && it->second == *h) live_maps.erase(it);
+        }
+        delete h;  // the last owner unmaps
+      },
+      hold);
+}
+
+// unmapFile(buffer): detaches the ArrayBuffer (every view of it becomes empty, so no JS code can
+// touch the pages afterwards) and unmaps it now rather than at some later garbage collection.
+Napi::Value UnmapFile(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() != 1 || !info[0].IsArrayBuffer()) throw Napi::TypeError::New(env, "unmapFile(buffer) needs an ArrayBuffer");
+  Napi::ArrayBuffer ab = info[0].As<Napi::ArrayBuffer>();
+  const void* data = ab.Data();
+  std::shared_ptr<FileMap> map;
+  {
+    std::lock_guard<std::mutex> lock(maps_mutex);
+    auto it = live_maps.find(data);
+    if (data == nullptr || it == live_maps.end())
+      throw Napi::Error::New(env, "unmapFile: the buffer is not a live mapping from mapFile()");
+    map = it->second;
+    live_maps.erase(it);
+  }
+  ab.Detach();
+  map->unmap();
+  return env.Undefined();
+}
+
+}  // namespace
+
+void init_file_map(Napi::Env env, Napi::Object exports) {
+  exports.Set("mapFile", Napi::Function::New(env, MapFile));
+  exports.Set("unmapFile", Napi::Function::New(env, UnmapFile));
+}
+
+}  // namespace ctx

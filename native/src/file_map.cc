@@ -1,0 +1,57 @@
+#include "file_map.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace ctx {
+
+namespace {
+[[noreturn]] void fail(const std::string& path, const std::string& why) {
+  throw std::runtime_error("cannot map " + path + ": " + why);
+}
+}  // namespace
+
+FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length) {
+  if (length == 0) fail(path, "the range is empty");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, "not a regular file");
+  }
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (offset > file_size || length > file_size - offset) {
+    ::close(fd);
+    fail(path, "bytes " + std::to_string(offset) + "+" + std::to_string(length) + " lie outside the " +
+                   std::to_string(file_size) + "-byte file");
+  }
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t start = offset - offset % page;
+  mapped_bytes_ = static_cast<size_t>(offset + length - start);
+  // No MAP_POPULATE: on a private writable mapping it would write-fault, copying every page.
+  // Read faults map the file's own pages (with fault-around, 16 pages per fault on tmpfs).
+  void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
+  const int err = errno;
+  ::close(fd);  // the mapping keeps the file's pages alive
+  if (p == MAP_FAILED) fail(path, std::strerror(err));
+  base_ = p;
+  data_ = static_cast<uint8_t*>(p) + (offset - start);
+  size_ = static_cast<size_t>(length);
+}
+
+void FileMap::unmap() {
+  if (base_) ::munmap(base_, mapped_bytes_);
+  base_ = nullptr;
+  data_ = nullptr;
+}
+
+FileMap::~FileMap() { unmap(); }
+
+}  // namespace ctx
