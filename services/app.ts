@@ -2,7 +2,9 @@
 // GET /ready (503 until registered, and while draining), the OpenAPI document and a docs page.
 import { swaggerUI } from "@hono/swagger-ui";
 import { createRoute, z } from "@hono/zod-openapi";
-import { createApp, type ServiceApp } from "../shared/http/app.ts";
+import type { Context } from "hono";
+import { createApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
+import type { ServiceMetrics } from "../shared/metrics/metrics.ts";
 import { decodeRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
 import type { DecodeService } from "./decode/service.ts";
@@ -17,8 +19,40 @@ export interface Services {
 
 const Health = z.object({ status: z.string(), services: z.record(z.string(), z.string()).optional() }).openapi("Health");
 
-export function buildApp(rt: Runtime, services: Services): ServiceApp {
-  const app = createApp({ log: rt.log, maxBodyBytes: rt.config.maxBodyBytes });
+/** The routes that run a generation: their error answers count as request failures. */
+const GENERATION_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/v1/decode"]);
+
+/**
+ * Counts a generation request answered with an error status as a failure, by the answer's code,
+ * unless the decode service counted it already (errors it threw are marked): this catches what
+ * never reached it (validation, unknown model, body too large).
+ */
+async function countErrorAnswer(metrics: ServiceMetrics, c: Context<AppEnv>): Promise<void> {
+  if (c.req.method !== "POST" || c.res.status < 400 || !GENERATION_ROUTES.has(c.req.path)) return;
+  let code = "internal_error";
+  try {
+    const body = (await c.res.clone().json()) as { error?: { code?: unknown } };
+    if (typeof body.error?.code === "string") code = body.error.code;
+  } catch {
+    // not our error shape: keep internal_error
+  }
+  metrics.responseFailed(code, c.error);
+}
+
+const metricsRoute = createRoute({
+  method: "get",
+  path: "/metrics",
+  tags: ["ops"],
+  summary: "Prometheus metrics of every service in this process (text exposition format)",
+  responses: { 200: { content: { "text/plain": { schema: z.string() } }, description: "Metrics; see services/README.md for each one" } },
+});
+
+export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics): ServiceApp {
+  const app = createApp({
+    log: rt.log,
+    maxBodyBytes: rt.config.maxBodyBytes,
+    onResponse: (c) => countErrorAnswer(metrics, c).catch((err: unknown) => rt.log.warn({ err }, "could not count a failed request")),
+  });
   const states = () => ({
     ...(services.prefill ? { prefill: services.prefill.ready ? "ready" : "not ready" } : {}),
     ...(services.decode ? { decode: services.decode.ready ? "ready" : "not ready" } : {}),
@@ -44,6 +78,7 @@ export function buildApp(rt: Runtime, services: Services): ServiceApp {
       return ready ? c.json({ status: "ready", services: s }, 200) : c.json({ status: "not ready", services: s }, 503);
     },
   );
+  app.openapi(metricsRoute, async (c) => c.body(await metrics.text(), 200, { "content-type": metrics.contentType }) as never);
   if (services.prefill) app.route("/", prefillRoutes(services.prefill));
   if (services.decode) {
     app.route("/", decodeRoutes(services.decode));
@@ -61,7 +96,7 @@ export function buildApp(rt: Runtime, services: Services): ServiceApp {
       { name: "openai", description: "OpenAI-compatible routes (decode service)" },
       { name: "decode", description: "Decode service" },
       { name: "prefill", description: "Prefill service" },
-      { name: "ops", description: "Health and readiness" },
+      { name: "ops", description: "Health, readiness and metrics" },
     ],
   });
   app.get("/docs", swaggerUI({ url: "/openapi.json", title: "ctxbank API" }));

@@ -4,14 +4,16 @@
 // KV and leases), retire the shard, leave the registry.
 import type { Config } from "../shared/config.ts";
 import { listen, type Listening } from "../shared/http/server.ts";
+import { ServiceMetrics } from "../shared/metrics/metrics.ts";
 import { buildApp, type Services } from "./app.ts";
 import { DecodeService } from "./decode/service.ts";
 import { PrefillService } from "./prefill/service.ts";
-import { openRuntime, type Runtime } from "./runtime.ts";
+import { openRuntime, sloTargets, type Runtime } from "./runtime.ts";
 
 export interface RunningServices {
   rt: Runtime;
   services: Services;
+  metrics: ServiceMetrics;
   http: Listening;
   url: string;
   /** Graceful: drain, then release everything. Safe to call more than once. */
@@ -22,9 +24,11 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   const runtime = rt ?? (await openRuntime(config));
   const base = config.instanceId;
   const services: Services = {};
-  if (config.role !== "decode") services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base);
-  if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base);
-  const app = buildApp(runtime, services);
+  // One registry for the process: `serve` exports both services' metrics on one /metrics.
+  const metrics = new ServiceMetrics({ model: runtime.modelId, slo: sloTargets(config) });
+  if (config.role !== "decode") services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics);
+  if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base, metrics);
+  const app = buildApp(runtime, services, metrics);
   const http = await listen(app.fetch, config.host, config.port);
   const url = (config.publicUrl ?? http.url).replace(/\/+$/, "");
   try {
@@ -40,6 +44,7 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   return {
     rt: runtime,
     services,
+    metrics,
     http,
     url,
     stop() {

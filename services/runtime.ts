@@ -5,6 +5,7 @@ import pino, { type Logger } from "pino";
 import type { Config } from "../shared/config.ts";
 import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
 import { ApiError } from "../shared/http/errors.ts";
+import type { SloTargets } from "../shared/metrics/slo.ts";
 import { resolveModel } from "../shared/model/resolve.ts";
 import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
 import { Registry } from "../shared/registry/registry.ts";
@@ -57,6 +58,11 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     registry: new Registry(db.db),
     close: () => db.close(),
   };
+}
+
+/** The SLO targets the configuration sets. */
+export function sloTargets(config: Pick<Config, "sloTtftMs" | "sloTpotMs" | "sloE2eMs">): SloTargets {
+  return { ttftMs: config.sloTtftMs, tpotMs: config.sloTpotMs, e2eMs: config.sloE2eMs };
 }
 
 export type PromptInput = { prompt?: string | undefined; messages?: ChatMessage[] | undefined; prompt_token_ids?: number[] | undefined };

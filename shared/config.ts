@@ -13,6 +13,7 @@ const MiB = 1 << 20;
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
 const ms = int(1, 7 * 24 * 3600 * 1000);
 const bytes = int(1, Number.MAX_SAFE_INTEGER);
+const sloMs = z.coerce.number().positive().max(24 * 3600 * 1000);
 
 export const ConfigSchema = z.object({
   host: z.string().min(1).default("127.0.0.1"),
@@ -57,6 +58,18 @@ export const ConfigSchema = z.object({
   /** Graceful shutdown: how long in-flight requests may take to finish. */
   drainMs: ms.default(30_000),
   logLevel: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+  /**
+   * SLOs every finished request is judged on (ms; fractions allowed). Defaults for a 2-core CPU
+   * box: a 1K-token prompt prefills in ~1.4 s, and decode runs ~6 ms/token alone, tens of ms in a
+   * full batch on shared cores.
+   */
+  sloTtftMs: sloMs.default(2_000),
+  sloTpotMs: sloMs.default(100),
+  /** Optional end-to-end objective; unset = not an objective. */
+  sloE2eMs: sloMs.optional(),
+  /** slo: the prefill refuses (429 slo_unattainable) a prompt whose predicted TTFT exceeds sloTtftMs × (1 + margin). */
+  admission: z.enum(["off", "slo"]).default("off"),
+  admissionMargin: z.coerce.number().min(0).max(100).default(0.5),
 });
 
 export type Config = z.output<typeof ConfigSchema> & { role: ServiceRole; instanceId: string; shardDir: string };
@@ -93,6 +106,11 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   kvConcurrency: { flag: "kv-concurrency", env: ["CTXBANK_KV_CONCURRENCY"], help: "chunk reads in flight per request" },
   drainMs: { flag: "drain-ms", env: ["CTXBANK_DRAIN_MS"], help: "graceful shutdown drain time" },
   logLevel: { flag: "log-level", env: ["CTXBANK_LOG_LEVEL", "LOG_LEVEL"], help: "pino level (info)" },
+  sloTtftMs: { flag: "slo-ttft-ms", env: ["CTXBANK_SLO_TTFT_MS"], help: "TTFT objective in ms (default 2000)" },
+  sloTpotMs: { flag: "slo-tpot-ms", env: ["CTXBANK_SLO_TPOT_MS"], help: "time-per-output-token objective in ms (default 100)" },
+  sloE2eMs: { flag: "slo-e2e-ms", env: ["CTXBANK_SLO_E2E_MS"], help: "end-to-end objective in ms (default: none)" },
+  admission: { flag: "admission", env: ["CTXBANK_ADMISSION"], help: "off | slo: refuse prompts whose predicted TTFT misses the SLO (default off)" },
+  admissionMargin: { flag: "admission-margin", env: ["CTXBANK_ADMISSION_MARGIN"], help: "slo admission refuses above slo-ttft × (1 + margin) (default 0.5)" },
 };
 
 export class ConfigError extends Error {

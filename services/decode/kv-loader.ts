@@ -13,6 +13,7 @@ import { TransportError, chunkLabel } from "../../shared/transport/errors.ts";
 import { HttpTransport } from "../../shared/transport/http.ts";
 import { ShmTransport } from "../../shared/transport/shm.ts";
 import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "../../shared/transport/types.ts";
+import type { ServiceMetrics } from "../../shared/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
 import { SocketHttpTransport } from "./socket-transport.ts";
 
@@ -43,7 +44,10 @@ export class KvLoader {
   private readonly shape: KvShape;
   readonly totals = { loads: 0, chunks: 0, bytes: 0, failures: 0, ms: 0 };
 
-  constructor(private readonly rt: Runtime) {
+  constructor(
+    private readonly rt: Runtime,
+    private readonly metrics?: ServiceMetrics,
+  ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
     this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)] });
@@ -93,7 +97,9 @@ export class KvLoader {
     try {
       leased = await registry.chunks.acquireRead(handle.chunk_ids, config.readLeaseMs);
     } catch (e) {
-      throw leaseError(e);
+      const err = leaseError(e);
+      this.countFailure("none", err);
+      throw err;
     }
     const ids = leased.map((l) => l.chunk.id);
     try {
@@ -134,6 +140,7 @@ export class KvLoader {
             view.release();
           }
           bytes += location.length;
+          this.metrics?.transferBytes(transport.name, location.length);
         }
       };
       const workers = Array.from({ length: Math.min(config.kvConcurrency, leased.length) }, () =>
@@ -153,13 +160,22 @@ export class KvLoader {
       this.totals.chunks += leased.length;
       this.totals.bytes += bytes;
       this.totals.ms += ms;
-      return { transport: transports.has("http") ? "http" : "shm", chunks: leased.length, bytes, ms };
+      const transport = transports.has("http") ? "http" : "shm";
+      this.metrics?.transferDone(transport, ms / 1000);
+      return { transport, chunks: leased.length, bytes, ms };
     } catch (e) {
       this.totals.failures++;
+      if (!signal.aborted) this.countFailure(leased.length > 0 ? this.pick(leased[0]!.location).name : "none", e);
       throw e;
     } finally {
       await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
     }
+  }
+
+  /** A load that failed for want of the bytes (not a bad handle, not a cancel): by transport and reason. */
+  private countFailure(transport: string, err: unknown): void {
+    if (err instanceof KvLoadError) this.metrics?.transferFailed(transport, err.reason);
+    else if (err instanceof ApiError && err.code === "handle_expired") this.metrics?.transferFailed(transport, "expired");
   }
 
   async close(): Promise<void> {

@@ -7,7 +7,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/http/errors.ts";
-import { SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
+import { CtxbankExtensionSchema, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
 import type { FinishReason } from "../../shared/generate.ts";
 import type { ChatMessage } from "../../shared/tokenizer/chat-template.ts";
 import type { Runtime } from "../runtime.ts";
@@ -63,6 +63,7 @@ const CompletionResponse = z
     model: z.string(),
     choices: z.array(z.object({ index: z.number(), text: z.string(), finish_reason: z.string().nullable(), logprobs: z.null() })),
     usage: Usage,
+    ctxbank: CtxbankExtensionSchema.openapi({ description: "extension: this request's timings and SLO verdicts" }),
   })
   .openapi("Completion");
 const ChatResponse = z
@@ -75,13 +76,18 @@ const ChatResponse = z
       z.object({ index: z.number(), message: z.object({ role: z.literal("assistant"), content: z.string() }), finish_reason: z.string().nullable(), logprobs: z.null() }),
     ),
     usage: Usage,
+    ctxbank: CtxbankExtensionSchema.openapi({ description: "extension: this request's timings and SLO verdicts" }),
   })
   .openapi("ChatCompletion");
 const ModelList = z
   .object({ object: z.literal("list"), data: z.array(z.object({ id: z.string(), object: z.literal("model"), created: z.number(), owned_by: z.string() })) })
   .openapi("ModelList");
 
-const stream = { "text/event-stream": { schema: z.string().openapi({ description: "data: <chunk JSON> lines, then data: [DONE]" }) } };
+const stream = {
+  "text/event-stream": {
+    schema: z.string().openapi({ description: "data: <chunk JSON> lines, then data: [DONE]; the last chunk before [DONE] carries `ctxbank` (CtxbankExtension)" }),
+  },
+};
 const errors = errorResponses(400, 404, 409, 413, 429, 499, 500, 502, 503);
 
 const completionsRoute = createRoute({
@@ -143,7 +149,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     const p = b.prompt;
     const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
     const ac = clientSignal(c);
-    const events = svc.complete(prompt, options(b, b.max_tokens, room(16)), ac.signal, c.get("log"));
+    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(16)), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
     const id = `cmpl-${crypto.randomUUID()}`;
     const base = { id, object: "text_completion" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -153,7 +159,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
       });
     }
     const { text, done } = await gather(events);
-    return c.json({ ...base, choices: [{ index: 0, text, finish_reason: openaiFinish(done.finish), logprobs: null }], usage: usage(done) }, 200);
+    return c.json({ ...base, choices: [{ index: 0, text, finish_reason: openaiFinish(done.finish), logprobs: null }], usage: usage(done), ctxbank: done.ctxbank }, 200);
   });
 
   app.openapi(chatRoute, async (c) => {
@@ -164,7 +170,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
       content: typeof m.content === "string" ? m.content : m.content.map((part) => part.text).join(""),
     }));
     const ac = clientSignal(c);
-    const events = svc.complete({ messages }, options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), ac.signal, c.get("log"));
+    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const base = { id, object: "chat.completion.chunk" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -185,6 +191,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
         object: "chat.completion" as const,
         choices: [{ index: 0, message: { role: "assistant" as const, content: text }, finish_reason: openaiFinish(done.finish), logprobs: null }],
         usage: usage(done),
+        ctxbank: done.ctxbank,
       },
       200,
     );
@@ -210,7 +217,8 @@ interface ChunkMaker {
 
 /**
  * OpenAI's stream: `data: <chunk>` per token as soon as it is sampled, then a chunk with empty
- * text and the finish_reason, an optional usage chunk, and `data: [DONE]`.
+ * text and the finish_reason, an optional usage chunk, and `data: [DONE]`. The last chunk before
+ * [DONE] carries the `ctxbank` extension (clients ignore fields they do not know).
  */
 function respondStream(c: Context, ac: AbortController, events: AsyncGenerator<DecodeEvent>, includeUsage: boolean, make: ChunkMaker) {
   return sse(c, ac, events, {
@@ -219,8 +227,9 @@ function respondStream(c: Context, ac: AbortController, events: AsyncGenerator<D
         await s.writeSSE({ data: JSON.stringify(make.chunk(ev.text, null)) });
         return;
       }
-      await s.writeSSE({ data: JSON.stringify(make.chunk("", openaiFinish(ev.finish))) });
-      if (includeUsage) await s.writeSSE({ data: JSON.stringify(make.usage(usage(ev))) });
+      const ext = { ctxbank: ev.ctxbank };
+      await s.writeSSE({ data: JSON.stringify({ ...make.chunk("", openaiFinish(ev.finish)), ...(includeUsage ? {} : ext) }) });
+      if (includeUsage) await s.writeSSE({ data: JSON.stringify({ ...make.usage(usage(ev)), ...ext }) });
     },
     error: (s, e) => s.writeSSE({ data: JSON.stringify(errorJson(e)) }),
     end: (s) => s.writeSSE({ data: "[DONE]" }),

@@ -48,7 +48,7 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
   app.openapi(decodeRoute, async (c) => {
     const body = c.req.valid("json");
     const ac = clientSignal(c);
-    const events = svc.decode(body.handle, decodeOptions(body), ac.signal, c.get("log"));
+    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
     if (body.stream) {
       return sse(c, ac, events, {
         event: (s, ev) =>
@@ -78,6 +78,7 @@ function result(ev: Extract<Awaited<ReturnType<typeof collect>>[number], { type:
     kv: ev.kv,
     ttft_ms: ev.ttftMs,
     total_ms: ev.totalMs,
+    ctxbank: ev.ctxbank,
   };
 }
 

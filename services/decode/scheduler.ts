@@ -29,6 +29,9 @@ export class Slot {
   private wake: (() => void) | undefined;
   cancelled = false;
   ended = false;
+  /** performance.now() when it was handed to the batch, and when it first joined a step. */
+  queuedAt: number | undefined;
+  joinedAt: number | undefined;
 
   constructor(
     readonly seq: NativeSequence,
@@ -42,6 +45,11 @@ export class Slot {
     const wake = this.wake;
     this.wake = undefined;
     wake?.();
+  }
+
+  /** How long it waited for a batch place (so far, if it has not joined yet). */
+  batchWaitMs(now: number = performance.now()): number {
+    return this.queuedAt === undefined ? 0 : (this.joinedAt ?? now) - this.queuedAt;
   }
 
   /** The next event; rejects with the signal's reason once the signal fires. */
@@ -130,6 +138,7 @@ export class DecodeScheduler {
 
   /** Hands a loaded sequence to the batch; it is released when it finishes or is cancelled. */
   start(slot: Slot): void {
+    slot.queuedAt = performance.now();
     this.waiting.push(slot);
     if (!this.looping) void this.loop();
   }
@@ -170,7 +179,11 @@ export class DecodeScheduler {
     this.looping = true;
     try {
       for (;;) {
-        while (this.running.length < this.options.maxBatch && this.waiting.length > 0) this.running.push(this.waiting.shift()!);
+        while (this.running.length < this.options.maxBatch && this.waiting.length > 0) {
+          const slot = this.waiting.shift()!;
+          slot.joinedAt = performance.now();
+          this.running.push(slot);
+        }
         if (this.running.length === 0) return;
         const batch = this.running.slice();
         this.maxBatchSeen = Math.max(this.maxBatchSeen, batch.length);

@@ -8,10 +8,13 @@ import type { Logger } from "pino";
 import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
 import type { FinishReason } from "../../shared/generate.ts";
 import { ApiError } from "../../shared/http/errors.ts";
-import { samplingOptions, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
+import { samplingOptions, type CtxbankExtension, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
+import { ctxbankExtension } from "../../shared/metrics/extension.ts";
+import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
+import { RequestClock } from "../../shared/metrics/timings.ts";
 import { requests } from "../../shared/registry/schema.ts";
 import { Membership } from "../membership.ts";
-import { checkContext, type Runtime } from "../runtime.ts";
+import { checkContext, sloTargets, type Runtime } from "../runtime.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { DecodeScheduler, Slot } from "./scheduler.ts";
@@ -27,6 +30,8 @@ export interface DecodeOptions {
   seed?: number | undefined;
   stop?: readonly string[] | undefined;
   onKvFailure?: "fail" | "recompute" | undefined;
+  /** performance.now() when the request arrived (TTFT and e2e start there); default: when decoding starts. */
+  arrivedAt?: number | undefined;
 }
 
 export interface KvSummary {
@@ -50,6 +55,8 @@ export type DecodeEvent =
       kv: KvSummary;
       ttftMs: number;
       totalMs: number;
+      /** The request's own timings and SLO verdicts (what the metrics recorded for it). */
+      ctxbank: CtxbankExtension;
     };
 
 const OPEN = ["queued", "prefilling", "decoding"] as const;
@@ -66,11 +73,18 @@ export class DecodeService {
   constructor(
     private readonly rt: Runtime,
     readonly instanceId: string = rt.config.instanceId,
+    readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
   ) {
     const c = rt.config;
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes }, rt.log);
-    this.loader = new KvLoader(rt);
+    this.loader = new KvLoader(rt, metrics);
     this.prefillClient = new PrefillClient(rt);
+    metrics.watchRequests("decode", () => {
+      const s = this.scheduler.status();
+      return { running: s.running, waiting: s.admitted - s.running };
+    });
+    metrics.watchKv("device", () => ({ inUse: this.scheduler.status().kv_reserved_bytes, capacity: c.kvBudgetBytes }));
+    metrics.watchKv("host", () => ({ inUse: 0, capacity: 0 })); // no offload tier in the engine yet
   }
 
   get ready(): boolean {
@@ -95,23 +109,29 @@ export class DecodeService {
 
   /** The OpenAI routes' path: prefill on a prefill instance, then decode the handle here. */
   async *complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
-    this.assertReady();
-    const t0 = performance.now();
-    const room = this.scheduler.status();
-    if (room.admitted >= this.scheduler.options.maxBatch + this.scheduler.options.maxQueue) {
-      throw new ApiError(429, "queue_full", `decode is full (${room.admitted} requests admitted); retry later`);
+    const t0 = opts.arrivedAt ?? performance.now();
+    let handle: Handle;
+    try {
+      this.assertReady();
+      const room = this.scheduler.status();
+      if (room.admitted >= this.scheduler.options.maxBatch + this.scheduler.options.maxQueue) {
+        throw new ApiError(429, "queue_full", `decode is full (${room.admitted} requests admitted); retry later`);
+      }
+      handle = await this.prefillClient.prefill(
+        {
+          ...prompt,
+          ...(opts.maxTokens === undefined ? {} : { max_tokens: opts.maxTokens }),
+          ...(opts.temperature === undefined ? {} : { temperature: opts.temperature }),
+          ...(opts.top_p === undefined ? {} : { top_p: opts.top_p }),
+          ...(opts.top_k === undefined ? {} : { top_k: opts.top_k }),
+          ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+        },
+        signal,
+      );
+    } catch (e) {
+      this.metrics.requestFailed(e); // decode() counts its own outcomes from here on
+      throw e;
     }
-    const handle = await this.prefillClient.prefill(
-      {
-        ...prompt,
-        ...(opts.maxTokens === undefined ? {} : { max_tokens: opts.maxTokens }),
-        ...(opts.temperature === undefined ? {} : { temperature: opts.temperature }),
-        ...(opts.top_p === undefined ? {} : { top_p: opts.top_p }),
-        ...(opts.top_k === undefined ? {} : { top_k: opts.top_k }),
-        ...(opts.seed === undefined ? {} : { seed: opts.seed }),
-      },
-      signal,
-    );
     yield* this.decode(handle, opts, signal, log, { owned: true, t0 });
   }
 
@@ -121,7 +141,8 @@ export class DecodeService {
    */
   async *decode(handle: Handle, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number } = {}): AsyncGenerator<DecodeEvent> {
     const { engine, model, registry } = this.rt;
-    const t0 = how.t0 ?? performance.now();
+    const t0 = how.t0 ?? opts.arrivedAt ?? performance.now();
+    const clock = new RequestClock(t0);
     const requestId = handle.request_id;
     const ac = new AbortController();
     const onAbort = () => ac.abort(new ApiError(499, "client_closed", "the client closed the request"));
@@ -132,6 +153,7 @@ export class DecodeService {
     let claimed = how.owned ?? false;
     let outcome: "done" | "cancelled" | "failed" = "failed";
     let errorText: string | undefined;
+    let failure: unknown;
     let reservation: ReturnType<DecodeScheduler["admit"]> | undefined;
     let seq: ReturnType<typeof engine.createSequence> | undefined;
     let slot: Slot | undefined;
@@ -156,7 +178,7 @@ export class DecodeService {
       // The first token came with the handle: stream it before the KV is even read.
       text = new TokenTextStream(this.rt.tokenizer, maxTokens, opts.stop ?? []);
       const first = text.push(handle.first_token);
-      const ttftMs = performance.now() - t0;
+      clock.token();
       yield { type: "token", id: handle.first_token, text: first.text, index: 0 };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
       let finish = first.finish;
@@ -176,10 +198,15 @@ export class DecodeService {
             finish = ev.finish;
             break;
           }
+          clock.token();
           yield ev;
         }
       }
       outcome = "done";
+      const endedAt = performance.now();
+      // Waiting for a place: the prefill's queue (from the handle) and the decode batch queue.
+      const timings = clock.finish(endedAt, (handle.queue_ms ?? 0) + (slot?.batchWaitMs(endedAt) ?? 0));
+      const verdict = this.metrics.requestFinished(finish, timings);
       yield {
         type: "done",
         requestId,
@@ -188,16 +215,19 @@ export class DecodeService {
         completionTokens: text.count,
         tokenIds: text.ids,
         kv,
-        ttftMs,
-        totalMs: performance.now() - t0,
+        ttftMs: timings.ttftMs,
+        totalMs: timings.e2eMs,
+        ctxbank: ctxbankExtension(timings, verdict),
       };
     } catch (e) {
       if (signal.aborted) {
         outcome = "cancelled";
         errorText = "cancelled by the client";
+        failure = signal.reason;
         throw signal.reason;
       }
       errorText = (e as Error).message ?? String(e);
+      failure = e;
       throw e;
     } finally {
       outer.removeEventListener("abort", onAbort);
@@ -205,7 +235,10 @@ export class DecodeService {
       if (outcome === "failed" && errorText === undefined) {
         outcome = "cancelled"; // the consumer stopped reading (its client went away)
         errorText = "the client stopped reading";
+        failure = new ApiError(499, "client_closed", errorText);
       }
+      if (outcome !== "done") this.metrics.requestFailed(failure);
+      if (reservation) this.metrics.tokens(handle.prompt_tokens, text?.count ?? 0);
       if (slot) this.scheduler.cancel(slot);
       if (seq) {
         seq.release();

@@ -13,11 +13,13 @@ import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../shared/kv
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
 import { exportChunk, kvShape, layerGroups, tokenBlocks, type KvShape, type RowMover } from "../../shared/kv/seq-io.ts";
 import { Shard, shardFileName } from "../../shared/kv/shard.ts";
+import { decideAdmission, PrefillThroughput } from "../../shared/metrics/admission.ts";
+import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
 import { RegistryError } from "../../shared/registry/registry.ts";
 import { chunks, shards } from "../../shared/registry/schema.ts";
 import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
-import { checkContext, encodePrompt, type Runtime } from "../runtime.ts";
+import { checkContext, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { Gate } from "./gate.ts";
 
 const ALIGN = 4096;
@@ -32,6 +34,14 @@ interface PlannedChunk {
 }
 
 type WriteResult = { id: string; reused: boolean } | { error: unknown };
+
+/** A prefill admitted (queued or running): its prompt tokens and how many are computed. */
+interface PrefillWork {
+  tokens: number;
+  done: number;
+  /** Time spent in forward passes (the rest of a prefill is its fixed cost). */
+  computeMs: number;
+}
 
 export interface PrefillStatus {
   state: string;
@@ -52,13 +62,20 @@ export class PrefillService {
   private readonly gate: Gate;
   private readonly shape: KvShape;
   private kvInFlight = 0;
+  /** Measured prefill throughput, and the work admitted: what SLO admission predicts TTFT from. */
+  private readonly throughput = new PrefillThroughput();
+  private readonly work = new Set<PrefillWork>();
   private readonly totals = { prefills: 0, prompt_tokens: 0, chunks_written: 0, chunks_reused: 0, bytes_written: 0, ranges_reclaimed: 0 };
 
   constructor(
     private readonly rt: Runtime,
     readonly instanceId: string = rt.config.instanceId,
+    readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
   ) {
     this.gate = new Gate(rt.config.maxPrefills, rt.config.maxPrefillQueue);
+    metrics.watchRequests("prefill", () => ({ running: this.gate.running, waiting: this.gate.queued }));
+    metrics.watchKv("shard", () => ({ inUse: this.shard?.bytesUsed ?? 0, capacity: this.shard?.sizeBytes ?? 0 }));
+    metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
   }
 
@@ -107,6 +124,7 @@ export class PrefillService {
       const shard = this.shard;
       if (!shard) return;
       const { expired, freed } = await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch });
+      this.metrics.leaseExpiries(expired);
       for (const f of freed) {
         try {
           shard.free(f.offset);
@@ -147,17 +165,43 @@ export class PrefillService {
       if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
       throw e;
     }
-    const leave = await this.gate.enter(signal).catch((e: unknown) => {
-      throw e instanceof ApiError ? e : clientClosed();
-    });
+    this.admit(tokens.length);
+    const work: PrefillWork = { tokens: tokens.length, done: 0, computeMs: 0 };
+    this.work.add(work);
     try {
-      const handle = await this.run(req, tokens, sampling, signal, log, t0);
-      this.totals.prefills++;
-      this.totals.prompt_tokens += tokens.length;
-      return handle;
+      const queuedAt = performance.now();
+      const leave = await this.gate.enter(signal).catch((e: unknown) => {
+        throw e instanceof ApiError ? e : clientClosed();
+      });
+      const startedAt = performance.now();
+      try {
+        const handle = await this.run(req, tokens, sampling, signal, log, t0, work);
+        this.totals.prefills++;
+        this.totals.prompt_tokens += tokens.length;
+        this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
+        return { ...handle, queue_ms: startedAt - queuedAt };
+      } finally {
+        leave();
+      }
     } finally {
-      leave();
+      this.work.delete(work);
     }
+  }
+
+  /** SLO admission: 429 slo_unattainable when this prompt's predicted TTFT misses the TTFT objective by more than the margin. */
+  private admit(promptTokens: number): void {
+    const { admission, sloTtftMs, admissionMargin } = this.rt.config;
+    let tokensAhead = 0;
+    for (const w of this.work) tokensAhead += w.tokens - w.done;
+    const { tokensPerSecond, overheadSeconds } = this.throughput;
+    const d = decideAdmission(admission, sloTtftMs, admissionMargin, { prefillsAhead: this.work.size, tokensAhead, promptTokens, tokensPerSecond, overheadSeconds });
+    if (d.admit) return;
+    throw new ApiError(
+      429,
+      "slo_unattainable",
+      `predicted time to first token ${Math.round(d.predictedMs!)} ms (${this.work.size} prefills with ${tokensAhead} prompt tokens ahead + ${promptTokens} at ~${Math.round(tokensPerSecond!)} tokens/s) ` +
+        `exceeds the ${sloTtftMs} ms objective by more than ${Math.round(admissionMargin * 100)}%; retry later or elsewhere`,
+    );
   }
 
   private async run(
@@ -167,6 +211,7 @@ export class PrefillService {
     signal: AbortSignal,
     log: Logger,
     t0: number,
+    work: PrefillWork,
   ): Promise<Handle> {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;
@@ -210,7 +255,12 @@ export class PrefillService {
       let logits: Float32Array | undefined;
       let next = 0;
       for (let i = 0; i < n; i += ubatch) {
-        logits = await engine.prefill(seq, tokens.slice(i, i + ubatch));
+        const batch = tokens.slice(i, i + ubatch);
+        const computeStart = performance.now();
+        logits = await engine.prefill(seq, batch);
+        work.computeMs += performance.now() - computeStart;
+        work.done += batch.length;
+        this.metrics.prefillTokens(batch.length);
         if (signal.aborted) throw clientClosed();
         // Blocks whose tokens are all computed are final (causal attention): write them now.
         while (next < blocks.length && blocks[next]!.tokenEnd <= seq.nPast) {

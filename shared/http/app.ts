@@ -10,12 +10,15 @@ import { requestId } from "hono/request-id";
 import type { Logger } from "pino";
 import { ApiError, errorBody } from "./errors.ts";
 
-export type AppEnv = { Variables: { requestId: string; log: Logger } };
+/** arrivedAt: performance.now() when the request reached the service (TTFT starts there). */
+export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number } };
 export type ServiceApp = OpenAPIHono<AppEnv>;
 
 export interface AppOptions {
   log: Logger;
   maxBodyBytes: number;
+  /** Called once the response is made (status and headers known; a stream may still be running), before the request's log line. */
+  onResponse?: (c: Context<AppEnv>) => void | Promise<void>;
 }
 
 /** A validation failure as a 400 naming the first offending field. */
@@ -43,7 +46,9 @@ export function createApp(options: AppOptions): ServiceApp {
     const start = performance.now();
     const log = options.log.child({ reqId: c.get("requestId") });
     c.set("log", log);
+    c.set("arrivedAt", start);
     await next();
+    await options.onResponse?.(c);
     const level = c.res.status >= 500 ? "error" : c.res.status >= 400 ? "warn" : "info";
     log[level]({ method: c.req.method, path: c.req.path, status: c.res.status, ms: Math.round(performance.now() - start) }, "request");
   });

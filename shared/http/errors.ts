@@ -19,6 +19,7 @@ export type ApiErrorCode =
   | "queue_full"
   | "kv_memory_full"
   | "shard_full"
+  | "slo_unattainable" // SLO admission: the predicted TTFT misses the TTFT objective
   | "client_closed"
   | "kv_load_failed" // the KV could not be read, or failed its checksum/fingerprint check
   | "prefill_failed" // the prefill instance answered with an error

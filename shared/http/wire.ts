@@ -63,6 +63,7 @@ export const HandleSchema = z
     block_tokens: z.number().int().min(1),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
+    queue_ms: z.number().min(0).optional().openapi({ description: "How long the prefill waited for a place before computing" }),
     expires_at: z.string().openapi({ description: "When unread chunks may be reclaimed (ISO 8601)" }),
   })
   .openapi("Handle");
@@ -97,6 +98,32 @@ export const KvLoadStatsSchema = z
   })
   .openapi("KvLoadStats");
 
+/** Per-request latency figures and SLO verdicts, on every finished generation (an extension to OpenAI's shapes). */
+export const CtxbankExtensionSchema = z
+  .object({
+    timings: z.object({
+      ttft_ms: z.number().openapi({ description: "Arrival at the route to the first token emitted" }),
+      tpot_ms: z.number().nullable().openapi({ description: "(e2e - ttft) / (tokens - 1); null with one token" }),
+      e2e_ms: z.number().openapi({ description: "Arrival to the last token" }),
+      queue_ms: z.number().openapi({ description: "Waiting for a place: prefill queue + decode batch queue" }),
+      itl_ms_mean: z.number().nullable().openapi({ description: "Inter-token gaps (tokens - 1 of them); null with one token" }),
+      itl_ms_p50: z.number().nullable(),
+      itl_ms_p90: z.number().nullable(),
+      itl_ms_max: z.number().nullable(),
+      output_tokens: z.number().int(),
+    }),
+    slo: z
+      .object({
+        ttft: z.boolean().optional(),
+        tpot: z.boolean().optional(),
+        e2e: z.boolean().optional(),
+        all: z.boolean().openapi({ description: "Every configured SLO met (what goodput counts)" }),
+      })
+      .openapi({ description: "Verdict per configured SLO: true = met. A one-token answer cannot miss the TPOT objective." }),
+  })
+  .openapi("CtxbankExtension");
+export type CtxbankExtension = z.infer<typeof CtxbankExtensionSchema>;
+
 export const DecodeResultSchema = z
   .object({
     request_id: z.string(),
@@ -107,6 +134,7 @@ export const DecodeResultSchema = z
     kv: KvLoadStatsSchema,
     ttft_ms: z.number(),
     total_ms: z.number(),
+    ctxbank: CtxbankExtensionSchema,
   })
   .openapi("DecodeResult");
 export type DecodeResult = z.infer<typeof DecodeResultSchema>;
