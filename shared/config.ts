@@ -4,6 +4,7 @@
 import { availableParallelism, hostname } from "node:os";
 import { z } from "zod";
 import { defaultShardDir } from "./kv/shard.ts";
+import { POLICY_KINDS } from "./policy/request.ts";
 
 export type ServiceRole = "serve" | "prefill" | "decode";
 
@@ -31,8 +32,8 @@ export const ConfigSchema = z.object({
   shardBytes: bytes.default(1024 * MiB),
   /** Tokens per KV chunk (per layer group). */
   blockTokens: int(1, 1 << 20).default(512),
-  /** Attention policy the prefill packs layer groups for; `full` = one group of every layer. */
-  policy: z.enum(["full"]).default("full"),
+  /** Attention policy for requests that name none (their chunks' layer groups, and how decode attends). */
+  policy: z.enum(POLICY_KINDS).default("full"),
   writeLeaseMs: ms.default(60_000),
   /** How long a written chunk waits for its decode before the reaper may reclaim it. */
   retainMs: ms.default(120_000),
@@ -88,7 +89,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   shardDir: { flag: "shard-dir", env: ["CTXBANK_SHARD_DIR"], help: "tmpfs directory for KV shards" },
   shardBytes: { flag: "shard-bytes", env: ["CTXBANK_SHARD_BYTES"], help: "KV shard size in bytes (default 1 GiB)" },
   blockTokens: { flag: "block-tokens", env: ["CTXBANK_BLOCK_TOKENS"], help: "tokens per KV chunk (default 512)" },
-  policy: { flag: "policy", env: ["CTXBANK_POLICY"], help: "attention policy for layer groups (full)" },
+  policy: { flag: "policy", env: ["CTXBANK_POLICY"], help: `default attention policy of requests that name none (${POLICY_KINDS.join(", ")}; with the model's calibrated defaults)` },
   writeLeaseMs: { flag: "write-lease-ms", env: ["CTXBANK_WRITE_LEASE_MS"], help: "chunk write lease" },
   retainMs: { flag: "retain-ms", env: ["CTXBANK_RETAIN_MS"], help: "how long an unread chunk is kept" },
   readLeaseMs: { flag: "read-lease-ms", env: ["CTXBANK_READ_LEASE_MS"], help: "chunk read lease" },

@@ -115,6 +115,16 @@ Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {
   for (const auto& p : st.pool) pooled += static_cast<double>(p.size());
   o.Set("decodePoolTokens", pooled);
   o.Set("decodeTokens", st.prompt_len < 0 ? 0 : seq.n_past() - st.prompt_len);
+  // OmniKV's per-layer roles and the filter layer (index into filterLayers) each sparse layer
+  // follows; empty under other policies. The prefill groups its KV chunks by them.
+  static const char* const kRoleNames[] = {"dense", "filter", "guard", "sparse"};
+  const AttentionPolicy& p = seq.policy;
+  Napi::Array roles = Napi::Array::New(env, p.roles.size());
+  Napi::Array groups = Napi::Array::New(env, p.group.size());
+  for (size_t l = 0; l < p.roles.size(); ++l) roles.Set(static_cast<uint32_t>(l), kRoleNames[static_cast<int>(p.roles[l])]);
+  for (size_t l = 0; l < p.group.size(); ++l) groups.Set(static_cast<uint32_t>(l), p.group[l]);
+  o.Set("layerRoles", roles);
+  o.Set("layerGroups", groups);
   return o;
 }
 

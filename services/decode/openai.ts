@@ -9,6 +9,7 @@ import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/http/errors.ts";
 import { CtxbankExtensionSchema, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
 import type { FinishReason } from "../../shared/generate.ts";
+import { PolicySpecSchema } from "../../shared/policy/request.ts";
 import type { ChatMessage } from "../../shared/tokenizer/chat-template.ts";
 import type { Runtime } from "../runtime.ts";
 import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
@@ -30,6 +31,7 @@ const Common = {
   presence_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
   frequency_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
   on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({ description: "extension: what to do when the KV cannot be loaded" }),
+  policy: PolicySpecSchema.optional().openapi({ description: "extension: how decode attends (full, omnikv, scope, ...); default: the server's --policy" }),
 };
 
 const CompletionRequest = z
@@ -125,6 +127,7 @@ function options(b: Common, maxTokens: number | null | undefined, defaultMax: nu
     seed: b.seed ?? undefined,
     stop: b.stop == null ? [] : typeof b.stop === "string" ? [b.stop] : b.stop,
     onKvFailure: b.on_kv_failure,
+    policy: b.policy,
   };
 }
 

@@ -40,6 +40,7 @@ export function decodeOptions(b: Omit<DecodeRequest, "handle" | "stream">): Deco
     seed: b.seed,
     stop: b.stop === undefined ? [] : typeof b.stop === "string" ? [b.stop] : b.stop,
     onKvFailure: b.on_kv_failure,
+    policy: b.policy,
   };
 }
 

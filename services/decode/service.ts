@@ -13,7 +13,9 @@ import { ctxbankExtension } from "../../shared/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
 import { RequestClock } from "../../shared/metrics/timings.ts";
 import { requests } from "../../shared/registry/schema.ts";
+import type { PolicySpec } from "../../shared/policy/request.ts";
 import { Membership } from "../membership.ts";
+import { planPolicy } from "../policy.ts";
 import { checkContext, sloTargets, type Runtime } from "../runtime.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
@@ -30,6 +32,8 @@ export interface DecodeOptions {
   seed?: number | undefined;
   stop?: readonly string[] | undefined;
   onKvFailure?: "fail" | "recompute" | undefined;
+  /** How decode steps attend; default: the handle's policy, else the server's --policy. */
+  policy?: PolicySpec | undefined;
   /** performance.now() when the request arrived (TTFT and e2e start there); default: when decoding starts. */
   arrivedAt?: number | undefined;
 }
@@ -125,6 +129,7 @@ export class DecodeService {
           ...(opts.top_p === undefined ? {} : { top_p: opts.top_p }),
           ...(opts.top_k === undefined ? {} : { top_k: opts.top_k }),
           ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+          ...(opts.policy === undefined ? {} : { policy: opts.policy }),
         },
         signal,
       );
@@ -169,6 +174,7 @@ export class DecodeService {
       const n = handle.prompt_tokens;
       const maxTokens = opts.maxTokens ?? Math.max(1, Math.min(DEFAULT_MAX_TOKENS, engine.maxContext - n));
       checkContext(engine.maxContext, n, maxTokens);
+      const { policy } = planPolicy(this.rt, opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
       if (!claimed) await this.claim(requestId);
@@ -184,6 +190,7 @@ export class DecodeService {
       let finish = first.finish;
       if (!finish) {
         seq = engine.createSequence(n + maxTokens);
+        seq.setPolicy(policy);
         this.scheduler.liveSequences++;
         kv = await this.loadOrRecompute(handle, seq, opts.onKvFailure ?? "fail", signal, log);
         // The KV is ours now: the prefill's shard space can be reclaimed.

@@ -11,7 +11,7 @@ import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
 import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../shared/kv/chunk.ts";
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
-import { exportChunk, kvShape, layerGroups, tokenBlocks, type KvShape, type RowMover } from "../../shared/kv/seq-io.ts";
+import { exportChunk, kvShape, tokenBlocks, type KvShape, type RowMover } from "../../shared/kv/seq-io.ts";
 import { Shard, shardFileName } from "../../shared/kv/shard.ts";
 import { decideAdmission, PrefillThroughput } from "../../shared/metrics/admission.ts";
 import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
@@ -19,6 +19,7 @@ import { RegistryError } from "../../shared/registry/registry.ts";
 import { chunks, shards } from "../../shared/registry/schema.ts";
 import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
+import { planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { Gate } from "./gate.ts";
 
@@ -158,6 +159,7 @@ export class PrefillService {
     const t0 = performance.now();
     const tokens = encodePrompt(this.rt, req);
     checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
+    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? 1);
     let sampling;
     try {
       sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
@@ -175,7 +177,7 @@ export class PrefillService {
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tokens, sampling, signal, log, t0, work);
+        const handle = await this.run(req, tokens, policy, sampling, signal, log, t0, work);
         this.totals.prefills++;
         this.totals.prompt_tokens += tokens.length;
         this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
@@ -207,6 +209,7 @@ export class PrefillService {
   private async run(
     req: PrefillRequest,
     tokens: number[],
+    policy: PlannedPolicy,
     sampling: { temperature: number; topK: number; topP: number; seed: number },
     signal: AbortSignal,
     log: Logger,
@@ -226,7 +229,7 @@ export class PrefillService {
       throw e;
     }
 
-    const groups = layerGroups(config.policy, model.config.nLayer);
+    const groups = policy.layerGroups;
     const blocks = tokenBlocks(n, config.blockTokens);
     const plan: PlannedChunk[][] = blocks.map((b) =>
       groups.map((layerIds, group) => {
@@ -291,6 +294,7 @@ export class PrefillService {
         prompt_tokens: n,
         prompt_token_ids: tokens,
         layer_groups: groups,
+        policy: policy.spec,
         block_tokens: config.blockTokens,
         sampling: { temperature: sampling.temperature, top_p: sampling.topP, top_k: sampling.topK, seed: sampling.seed },
         prefill_ms: prefillMs,

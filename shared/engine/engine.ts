@@ -3,7 +3,18 @@
 import { createHash } from "node:crypto";
 import { open } from "node:fs/promises";
 
-import { addon, ggufInfo, type EngineOptions, type ModelConfig, type NativeEngine, type NativeModel, type NativeSequence } from "./native.ts";
+import { PolicyError } from "../policy/request.ts";
+import {
+  addon,
+  ggufInfo,
+  type AttentionPolicy,
+  type EngineOptions,
+  type ModelConfig,
+  type NativeEngine,
+  type NativeModel,
+  type NativeSequence,
+  type PolicyStats,
+} from "./native.ts";
 
 export type { EngineOptions, ModelConfig, NativeSequence };
 
@@ -50,6 +61,24 @@ export class Engine {
 
   createSequence(capacity?: number): NativeSequence {
     return this.native.createSequence(capacity);
+  }
+
+  /**
+   * Validates `policy` against the model (as setPolicy would, on a throwaway sequence) and returns
+   * OmniKV's per-layer roles; PolicyError with the engine's reason when it is refused.
+   */
+  checkPolicy(policy: AttentionPolicy): Pick<PolicyStats, "layerRoles" | "layerGroups"> {
+    const seq = this.native.createSequence(1);
+    try {
+      seq.setPolicy(policy);
+      const { layerRoles, layerGroups } = seq.policyStats;
+      return { layerRoles, layerGroups };
+    } catch (e) {
+      if (e instanceof RangeError || e instanceof TypeError) throw new PolicyError(`invalid attention policy: ${e.message}`);
+      throw e;
+    } finally {
+      seq.release();
+    }
   }
 
   /** Appends `tokens` to `seq` and returns the logits of the token that would come next. */

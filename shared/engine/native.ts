@@ -80,6 +80,10 @@ export interface PolicyStats {
   /** SCOPE (generated tokens) or H2O (all tokens): tokens kept, summed over layers and KV heads. */
   decodePoolTokens: number;
   decodeTokens: number;
+  /** OmniKV: each layer's role; empty under other policies. */
+  layerRoles: Array<"dense" | "filter" | "guard" | "sparse">;
+  /** OmniKV: per layer, the index into filterLayers of the selection a sparse layer uses, else -1. */
+  layerGroups: number[];
 }
 
 export interface NativeSequence {

@@ -7,6 +7,7 @@ export type ApiStatus = 400 | 404 | 409 | 413 | 422 | 429 | 499 | 500 | 502 | 50
 
 export type ApiErrorCode =
   | "invalid_request" // the body or a parameter is malformed
+  | "invalid_policy" // the attention policy cannot run on this model (bad filter layer, budget, ...)
   | "context_length_exceeded" // prompt (+ max tokens) does not fit the model's context
   | "model_mismatch" // the handle was made with another model
   | "unknown_handle" // no such request / chunks

@@ -1,6 +1,7 @@
 // Wire schemas shared by the prefill and decode services: the prefill request, the handle it
 // answers with (what decode needs to find, verify and load the KV), and sampling options.
 import { z } from "@hono/zod-openapi";
+import { PolicySpecSchema } from "../policy/request.ts";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
@@ -40,6 +41,7 @@ export const PrefillRequestSchema = z
     max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({
       description: "Tokens the decode will generate; checked against the context before computing",
     }),
+    policy: PolicySpecSchema.optional().openapi({ description: "How the decode will attend; the KV chunks are grouped by its layer roles. Default: the server's --policy" }),
     ...SamplingFields,
   })
   .refine((b) => [b.prompt, b.messages, b.prompt_token_ids].filter((x) => x !== undefined).length === 1, {
@@ -60,6 +62,7 @@ export const HandleSchema = z
     prompt_tokens: z.number().int().min(1),
     prompt_token_ids: TokenIds.openapi({ description: "For a local recompute when the KV cannot be loaded" }),
     layer_groups: z.array(z.array(z.number().int().min(0))).min(1),
+    policy: PolicySpecSchema.optional().openapi({ description: "The policy the chunks were grouped for; decode uses it unless its request names another" }),
     block_tokens: z.number().int().min(1),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
@@ -78,6 +81,7 @@ export const DecodeRequestSchema = z
     ...SamplingFields,
     stop: StopSchema,
     stream: z.boolean().optional(),
+    policy: PolicySpecSchema.optional().openapi({ description: "How decode steps attend. Default: the handle's policy" }),
     on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({
       description: "fail (default): answer 502 kv_load_failed at once; recompute: prefill the handle's prompt locally",
     }),

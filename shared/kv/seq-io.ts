@@ -7,8 +7,6 @@ import type { ModelConfig, NativeSequence } from "../engine/native.ts";
 import { ChunkError, chunkPayloadLength, sealChunk, writeChunkHeader, type ChunkMeta } from "./chunk.ts";
 import type { LayerKv } from "./chunk-pack.ts";
 
-export type AttentionPolicy = "full";
-
 export interface KvShape {
   nLayer: number;
   hkv: number;
@@ -17,12 +15,6 @@ export interface KvShape {
 
 export function kvShape(config: Pick<ModelConfig, "nLayer" | "nHeadKv" | "headDim">): KvShape {
   return { nLayer: config.nLayer, hkv: config.nHeadKv, headDim: config.headDim };
-}
-
-/** Layer groups the prefill packs: under `full` one group of every layer. */
-export function layerGroups(policy: AttentionPolicy, nLayer: number): number[][] {
-  if (policy !== "full") throw new Error(`unknown attention policy ${policy as string}`);
-  return [Array.from({ length: nLayer }, (_, i) => i)];
 }
 
 export interface BlockRange {

@@ -1,0 +1,125 @@
+// The attention policy a request asks for, on the wire (snake_case, as the HTTP APIs take it),
+// and its resolution into the engine's AttentionPolicy: the model's calibrated filter layers
+// (model-defaults.json) fill in what the request leaves out, and a fractional budget becomes a
+// token count once the prompt length is known. The engine validates the result (setPolicy).
+import { z } from "@hono/zod-openapi";
+import type { AttentionPolicy } from "../engine/native.ts";
+
+export const POLICY_KINDS = ["full", "omnikv", "scope", "omnikv+scope", "streaming", "h2o"] as const;
+export type PolicyKind = (typeof POLICY_KINDS)[number];
+
+const Count = z.number().int().min(1).max(1 << 22);
+/** A token count, or a fraction of the prompt in (0, 1). */
+const Budget = z
+  .number()
+  .gt(0)
+  .max(1 << 22)
+  .refine((b) => b < 1 || Number.isInteger(b), "a budget is a whole number of tokens, or a fraction of the prompt in (0, 1)");
+
+const OmniKvSpec = z
+  .object({
+    filter_layers: z.array(z.number().int().min(0)).min(1).max(64).optional().openapi({ description: "Default: the model's calibrated filter layers" }),
+    budget: Budget.optional().openapi({ description: "Prompt tokens each filter layer keeps (default 1024), or a fraction of the prompt", example: 1024 }),
+    selector: z.enum(["last", "last_softmax"]).optional().openapi({ description: "How the filter layers score tokens (default last, OmniKV's). uniform and exp are not implemented yet" }),
+    guard: z.boolean().optional().openapi({ description: "The layer after each filter layer stays dense (default true)" }),
+    lazy_iou: z.number().min(0).max(1).optional().openapi({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
+  })
+  .strict();
+
+const ScopeSpec = z
+  .object({
+    mode: z.enum(["slide", "adaptive", "discontinuous"]).optional(),
+    beta1: Count.optional().openapi({ description: "Selected earlier generated tokens (default 256)" }),
+    beta2: Count.optional().openapi({ description: "Most recent generated tokens, always kept (default 256)" }),
+    max_output: Count.optional().openapi({ description: "T, the planned output length (default: the request's max_tokens)" }),
+  })
+  .strict();
+
+export const PolicySpecSchema = z
+  .union([
+    z.enum(POLICY_KINDS),
+    z
+      .object({
+        kind: z.enum(POLICY_KINDS),
+        omnikv: OmniKvSpec.optional(),
+        scope: ScopeSpec.optional(),
+        streaming: z.object({ sinks: z.number().int().min(0).max(1 << 22).optional(), window: Count.optional() }).strict().optional(),
+        h2o: z.object({ budget: Count.optional(), recent: z.number().int().min(0).max(1 << 22).optional() }).strict().optional(),
+      })
+      .strict(),
+  ])
+  .openapi("AttentionPolicy", {
+    description:
+      "How decode steps attend (prefill is always full): a kind with the model's defaults, or an object. omnikv: filter layers pick prompt tokens; scope: generated-token budget; streaming and h2o are baselines.",
+    example: { kind: "omnikv", omnikv: { budget: 1024 } },
+  });
+export type PolicySpec = z.infer<typeof PolicySpecSchema>;
+
+export class PolicyError extends Error {
+  override readonly name = "PolicyError";
+}
+
+export interface PolicyContext {
+  /** The model's calibrated OmniKV filter layers, if it has any. */
+  filterLayers?: readonly number[];
+  promptTokens: number;
+  maxTokens: number;
+}
+
+export function policyKind(spec: PolicySpec | undefined): PolicyKind {
+  return spec === undefined ? "full" : typeof spec === "string" ? spec : spec.kind;
+}
+
+/** The engine policy a request's spec means for this model and prompt; PolicyError when it cannot be made. */
+export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext): AttentionPolicy {
+  const o = typeof spec === "object" ? spec : { kind: policyKind(spec) };
+  const omnikv = () => {
+    const filterLayers = o.omnikv?.filter_layers ?? ctx.filterLayers;
+    if (!filterLayers) throw new PolicyError("this model has no calibrated OmniKV filter layers: give omnikv.filter_layers (npm run calibrate measures them)");
+    const b = o.omnikv?.budget ?? 1024;
+    return {
+      filterLayers: [...filterLayers],
+      budget: b < 1 ? Math.max(1, Math.round(b * ctx.promptTokens)) : b,
+      ...(o.omnikv?.selector ? { selector: o.omnikv.selector } : {}),
+      ...(o.omnikv?.guard === undefined ? {} : { guard: o.omnikv.guard }),
+      ...(o.omnikv?.lazy_iou === undefined ? {} : { lazyIou: o.omnikv.lazy_iou }),
+    };
+  };
+  const scope = () => ({
+    mode: o.scope?.mode ?? "slide",
+    beta1: o.scope?.beta1 ?? 256,
+    beta2: o.scope?.beta2 ?? 256,
+    maxOutput: o.scope?.max_output ?? ctx.maxTokens,
+  });
+  switch (o.kind) {
+    case "full":
+      return { kind: "full" };
+    case "omnikv":
+      return { kind: "omnikv", omnikv: omnikv() };
+    case "scope":
+      return { kind: "scope", scope: scope() };
+    case "omnikv+scope":
+      return { kind: "omnikv+scope", omnikv: omnikv(), scope: scope() };
+    case "streaming":
+      return { kind: "streaming", streaming: { sinks: o.streaming?.sinks ?? 4, window: o.streaming?.window ?? 1020 } };
+    case "h2o":
+      return { kind: "h2o", h2o: { budget: o.h2o?.budget ?? 1024, recent: o.h2o?.recent ?? 256 } };
+  }
+}
+
+/**
+ * The layer groups a prefill packs for a policy, from the engine's per-layer roles: under OmniKV
+ * one group of the layers that stay dense (dense, filter, guard) and one per filter layer of the
+ * sparse layers that follow it (what one packed gather per filter layer reads); otherwise one
+ * group of every layer.
+ */
+export function layerGroupsFromRoles(roles: readonly string[], groups: readonly number[], nLayer: number): number[][] {
+  const all = Array.from({ length: nLayer }, (_, i) => i);
+  if (roles.length === 0) return [all];
+  const dense = all.filter((l) => roles[l] !== "sparse");
+  const sparse = new Map<number, number[]>();
+  for (const l of all) {
+    if (roles[l] === "sparse") sparse.set(groups[l]!, [...(sparse.get(groups[l]!) ?? []), l]);
+  }
+  return [dense, ...[...sparse.keys()].sort((a, b) => a - b).map((g) => sparse.get(g)!)].filter((g) => g.length > 0);
+}

@@ -1,0 +1,118 @@
+// Attention policies through the services: a request's policy is resolved with the model's
+// calibrated defaults, validated by the engine (400 invalid_policy), groups the prefill's chunks
+// by OmniKV's layer roles, travels in the handle, and is what the decode's sequence attends with
+// (its greedy tokens equal the engine's under the same policy).
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { argmax } from "../shared/engine/sampler.ts";
+import type { AttentionPolicy } from "../shared/engine/native.ts";
+import { loadConfig } from "../shared/config.ts";
+import type { Handle } from "../shared/http/wire.ts";
+import { policyDefaultsFor } from "../shared/policy/defaults.ts";
+import { layerGroupsFromRoles, PolicyError, resolvePolicy } from "../shared/policy/request.ts";
+import { startServices, type RunningServices } from "../services/process.ts";
+import { postJson, tempShardDir } from "./helpers/services.ts";
+
+describe("policy specs", () => {
+  it("resolve with the model's filter layers, fractional budgets and SCOPE's planned length", () => {
+    const ctx = { filterLayers: [2, 7, 17], promptTokens: 1000, maxTokens: 64 };
+    expect(resolvePolicy(undefined, ctx)).toEqual({ kind: "full" });
+    expect(resolvePolicy("omnikv", ctx)).toEqual({ kind: "omnikv", omnikv: { filterLayers: [2, 7, 17], budget: 1024 } });
+    expect(resolvePolicy({ kind: "omnikv", omnikv: { budget: 0.25, selector: "last_softmax", guard: false } }, ctx)).toEqual({
+      kind: "omnikv",
+      omnikv: { filterLayers: [2, 7, 17], budget: 250, selector: "last_softmax", guard: false },
+    });
+    expect(resolvePolicy({ kind: "omnikv+scope", omnikv: { filter_layers: [4] }, scope: { beta1: 100 } }, ctx)).toEqual({
+      kind: "omnikv+scope",
+      omnikv: { filterLayers: [4], budget: 1024 },
+      scope: { mode: "slide", beta1: 100, beta2: 256, maxOutput: 64 },
+    });
+    expect(() => resolvePolicy("omnikv", { promptTokens: 10, maxTokens: 1 })).toThrow(PolicyError);
+  });
+
+  it("group layers as the roles say: the dense ones, then each filter layer's sparse run", () => {
+    const roles = ["dense", "dense", "filter", "guard", "sparse", "sparse", "filter", "guard", "sparse"];
+    const groups = [-1, -1, -1, -1, 0, 0, -1, -1, 1];
+    expect(layerGroupsFromRoles(roles, groups, 9)).toEqual([[0, 1, 2, 3, 6, 7], [4, 5], [8]]);
+    expect(layerGroupsFromRoles([], [], 3)).toEqual([[0, 1, 2]]);
+  });
+});
+
+describe("policies through the services", () => {
+  let shards: Awaited<ReturnType<typeof tempShardDir>>;
+  let s: RunningServices;
+  const prompt = "Once upon a time there was a lighthouse keeper who counted ships. ".repeat(12);
+
+  beforeAll(async () => {
+    shards = await tempShardDir();
+    const config = loadConfig("serve", {}, {}, { databaseUrl: "pglite://memory", port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 64, logLevel: "silent" });
+    s = await startServices(config);
+  });
+  afterAll(async () => {
+    await s?.stop();
+    await shards?.remove();
+  });
+
+  async function engineGreedy(ids: number[], policy: AttentionPolicy, n: number): Promise<number[]> {
+    const { engine } = s.rt;
+    const seq = engine.createSequence(ids.length + n);
+    seq.setPolicy(policy);
+    const out = [argmax(await engine.prefill(seq, ids))];
+    // Like the service: stop after an end-of-generation token.
+    while (out.length < n && !s.rt.tokenizer.isEog(out.at(-1)!)) out.push(argmax((await engine.decode([seq], [out.at(-1)!]))[0]!));
+    seq.release();
+    return out;
+  }
+
+  it("omnikv: chunks grouped by layer role, the handle carries the policy, decode attends with it", async () => {
+    const filterLayers = policyDefaultsFor(s.rt.model.fingerprint)!.filterLayers;
+    const spec = { kind: "omnikv" as const, omnikv: { budget: 16 } };
+    const res = await postJson(`${s.url}/v1/prefill`, { prompt, policy: spec });
+    expect(res.status).toBe(200);
+    const handle = res.body as Handle;
+    const roles = s.rt.engine.checkPolicy({ kind: "omnikv", omnikv: { filterLayers, budget: 16 } });
+    const groups = layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, 30);
+    expect(groups).toHaveLength(filterLayers.length + 1);
+    expect(handle.layer_groups).toEqual(groups);
+    expect(handle.policy).toEqual(spec);
+    const blocks = Math.ceil(handle.prompt_tokens / 64);
+    expect(handle.chunk_ids).toHaveLength(blocks * groups.length);
+    const rows = await s.rt.registry.chunks.ofRequest(handle.request_id);
+    expect(new Set(rows.map((r) => r.layerIds.join(",")))).toEqual(new Set(groups.map((g) => g.join(","))));
+
+    const out = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 24, temperature: 0 });
+    expect(out.status).toBe(200);
+    const sparse = await engineGreedy(handle.prompt_token_ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16 } }, 24);
+    const full = await engineGreedy(handle.prompt_token_ids, { kind: "full" }, 24);
+    expect(out.body.token_ids).toEqual(sparse);
+    expect(sparse).not.toEqual(full); // 16 of ~170 prompt tokens: the policy really changed the attention
+  });
+
+  it("the OpenAI routes take the policy as an extension field", async () => {
+    const res = await postJson(`${s.url}/v1/completions`, { model: s.rt.modelId, prompt, max_tokens: 8, temperature: 0, policy: { kind: "scope", scope: { beta1: 2, beta2: 2 } } });
+    expect(res.status).toBe(200);
+    const ids = s.rt.tokenizer.encode(prompt);
+    const expected = await engineGreedy(ids, { kind: "scope", scope: { mode: "slide", beta1: 2, beta2: 2, maxOutput: 8 } }, 8);
+    expect(res.body.choices[0].text).toBe(s.rt.tokenizer.decode(expected));
+  });
+
+  it("refuses policies the model cannot run, before any work", async () => {
+    const bad = [
+      [{ kind: "omnikv", omnikv: { filter_layers: [40] } }, "invalid_policy", /filter layer 40/],
+      [{ kind: "scope", scope: { beta1: 0 } }, "invalid_request", /beta1/],
+      [{ kind: "omnikv", omnikv: { budget: 1.5 } }, "invalid_request", /whole number/],
+      [{ kind: "omnikv", omnikv: { selector: "uniform" } }, "invalid_request", /selector/],
+      ["sparse", "invalid_request", /policy/],
+      [{ kind: "full", extra: 1 }, "invalid_request", /extra|policy/],
+    ] as const;
+    for (const [policy, code, message] of bad) {
+      const res = await postJson(`${s.url}/v1/prefill`, { prompt: "hi", policy });
+      expect(res.status, JSON.stringify(policy)).toBe(400);
+      expect(res.body.error.code, JSON.stringify(policy)).toBe(code);
+      expect(JSON.stringify(res.body.error), JSON.stringify(policy)).toMatch(message);
+    }
+    const viaOpenAi = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages: [{ role: "user", content: "hi" }], policy: { kind: "omnikv", omnikv: { filter_layers: [29, 3] } } });
+    expect(viaOpenAi.status).toBe(400);
+    expect(viaOpenAi.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
+    expect(s.services.prefill!.status().totals.prefills).toBe(2); // only the two tests above prefilled
+  });
+});
