@@ -7,6 +7,7 @@ import { createApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
 import type { ServiceMetrics } from "../shared/metrics/metrics.ts";
 import { decodeRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
+import { dashboardRoutes } from "./decode/dashboard/route.ts";
 import type { DecodeService } from "./decode/service.ts";
 import { prefillRoutes } from "./prefill/routes.ts";
 import type { PrefillService } from "./prefill/service.ts";
@@ -83,6 +84,7 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
   if (services.decode) {
     app.route("/", decodeRoutes(services.decode));
     app.route("/", openaiRoutes(rt, services.decode));
+    app.route("/", dashboardRoutes());
   }
   app.doc31("/openapi.json", {
     openapi: "3.1.0",

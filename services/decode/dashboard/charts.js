@@ -8,6 +8,8 @@ import { QUANTILE_MS, RATE_MS, SLOS, TIERS } from "./stats.js";
 const PALETTE = ["#2563eb", "#16a34a", "#dc2626", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
 const QUANTILE_COLORS = { p50: "#16a34a", p90: "#ea580c", p99: "#dc2626" };
 const TARGET = { color: "#475569", dash: [6, 4] };
+// A wide pale line drawn first, so that lines equal to it (goodput = requests, every SLO at 100%) stay visible on top.
+const UNDER = { color: "#93c5fd", width: 6 };
 const suffixed = (keys, prefix) => [...keys].filter((k) => k.startsWith(prefix)).map((k) => k.slice(prefix.length)).sort();
 const rateNote = `${RATE_MS / 1000} s rate`;
 const quantileNote = `over ${QUANTILE_MS / 1000} s`;
@@ -15,18 +17,22 @@ const quantileNote = `over ${QUANTILE_MS / 1000} s`;
 function latency(kind) {
   return (keys) => [
     ...["p50", "p90", "p99"].map((p) => ({ key: `${kind}.${p}`, label: p, color: QUANTILE_COLORS[p] })),
-    ...(keys.has(`target.${kind}`) ? [{ key: `target.${kind}`, label: "SLO target", ...TARGET }] : []),
+    ...(keys.has(`target.${kind}`) ? [{ key: `target.${kind}`, label: "SLO target", reference: true, ...TARGET }] : []),
   ];
 }
 
-/** Chart definitions: id, title, value formatter, fixed y range (else 0..max), lines from the keys present. */
+/**
+ * Chart definitions: id, title, value formatter, fixed y range (else 0..max), and the lines to draw
+ * given the series keys present ({key, label, color?, group? (shares a colour), dash?, reference?
+ * (a target or capacity, not data)}).
+ */
 export const CHARTS = [
   {
     id: "throughput",
     title: `Requests/s (${rateNote})`,
     fmt: perSecond,
     lines: () => [
-      { key: "requestRate", label: "requests" },
+      { key: "requestRate", label: "requests", ...UNDER },
       { key: "goodput", label: "goodput (all SLOs met)" },
       { key: "failureRate", label: "failures" },
     ],
@@ -36,7 +42,8 @@ export const CHARTS = [
     title: `SLO attainment (${quantileNote})`,
     fmt: percent,
     range: [0, 1.05],
-    lines: (keys) => SLOS.filter((slo) => keys.has(`attainment.${slo}`)).map((slo) => ({ key: `attainment.${slo}`, label: slo })),
+    lines: (keys) =>
+      SLOS.filter((slo) => keys.has(`attainment.${slo}`)).map((slo) => ({ key: `attainment.${slo}`, label: slo, ...(slo === "all" ? UNDER : {}) })),
   },
   { id: "ttft", title: `Time to first token (${quantileNote})`, fmt: duration, lines: latency("ttft") },
   { id: "tpot", title: `Time per output token (${quantileNote})`, fmt: duration, lines: latency("tpot") },
@@ -57,7 +64,7 @@ export const CHARTS = [
     lines: (keys) =>
       TIERS.filter((tier) => keys.has(`kv.${tier}`)).flatMap((tier, i) => [
         { key: `kv.${tier}`, label: tier, group: i },
-        ...(keys.has(`kvcap.${tier}`) ? [{ key: `kvcap.${tier}`, label: `${tier} capacity`, group: i, dash: [6, 4] }] : []),
+        ...(keys.has(`kvcap.${tier}`) ? [{ key: `kvcap.${tier}`, label: `${tier} capacity`, group: i, dash: [6, 4], reference: true }] : []),
       ]),
   },
   {
@@ -77,6 +84,9 @@ export const CHARTS = [
   },
 ];
 
+/** Seconds since the epoch as a local wall-clock time, 13:36:05. */
+const clock = (v) => (Number.isFinite(v) ? new Date(v * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false }) : "—");
+
 function options(def, lines, width) {
   return {
     width,
@@ -87,13 +97,16 @@ function options(def, lines, width) {
       x: { time: true },
       y: { range: def.range ? () => def.range : (_u, _min, max) => [0, max > 0 ? max * 1.15 : 1] },
     },
-    axes: [{}, { size: 72, values: (_u, splits) => splits.map((v) => def.fmt(v)) }],
+    axes: [
+      { space: 70, values: (_u, splits) => splits.map((v) => clock(v)) },
+      { size: 72, values: (_u, splits) => splits.map((v) => def.fmt(v)) },
+    ],
     series: [
-      {},
+      { value: (_u, v) => clock(v) },
       ...lines.map((l, i) => ({
         label: l.label,
         stroke: l.color ?? PALETTE[(l.group ?? i) % PALETTE.length],
-        width: 2,
+        width: l.width ?? 2,
         dash: l.dash,
         points: { show: false },
         value: (_u, v) => def.fmt(v),
@@ -126,9 +139,10 @@ export class Chart {
   update(t, series) {
     const lines = this.def.lines(new Set(series.keys()));
     const data = [t, ...lines.map((l) => series.get(l.key) ?? t.map(() => null))];
-    const hasData = t.length > 1 && data.slice(1).some((vs) => vs.some((v) => v !== null));
-    this.card.classList.toggle("no-data", !hasData);
-    this.card.dataset.points = String(data.slice(1).reduce((n, vs) => n + vs.filter((v) => v !== null).length, 0));
+    // Reference lines (SLO targets, capacities) alone are not data.
+    const points = lines.reduce((n, l, i) => n + (l.reference ? 0 : data[i + 1].filter((v) => v !== null).length), 0);
+    this.card.classList.toggle("no-data", points === 0);
+    this.card.dataset.points = String(points);
     const signature = lines.map((l) => l.key).join("|");
     if (signature !== this.signature || !this.plot) {
       this.plot?.destroy();
@@ -137,5 +151,7 @@ export class Chart {
     } else {
       this.plot.setData(data);
     }
+    // Without a cursor on the plot, the legend shows the latest values rather than dashes.
+    if (this.plot.cursor.idx == null && t.length > 0) this.plot.setLegend({ idx: t.length - 1 });
   }
 }

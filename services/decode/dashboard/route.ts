@@ -5,6 +5,7 @@ import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 import { newApp, type ServiceApp } from "../../../shared/http/app.ts";
+import { ApiError } from "../../../shared/http/errors.ts";
 
 const here = (name: string) => fileURLToPath(new URL(name, import.meta.url));
 const uplot = (name: string) => createRequire(import.meta.url).resolve(`uplot/dist/${name}`);
@@ -39,7 +40,7 @@ export function dashboardRoutes(): ServiceApp {
   app.get("/dashboard", (c) => c.body(page, 200, { ...HEADERS, "content-type": "text/html; charset=utf-8" }));
   app.get("/dashboard/:asset", (c) => {
     const asset = assets.get(c.req.param("asset"));
-    if (!asset) return c.notFound();
+    if (!asset) throw new ApiError(404, "not_found", `no dashboard file ${JSON.stringify(c.req.param("asset"))}`);
     return c.body(asset.body, 200, { ...HEADERS, "content-type": asset.type });
   });
   return app;
