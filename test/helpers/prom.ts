@@ -51,7 +51,7 @@ function parseLabels(text: string, line: string): Record<string, string> {
 function parseValue(v: string): number {
   if (v === "+Inf") return Infinity;
   if (v === "-Inf") return -Infinity;
-  if (v === "NaN") return NaN;
+  if (v.toLowerCase() === "nan") return NaN; // prom-client writes "Nan"; Prometheus parses it case-insensitively
   const n = Number(v);
   if (Number.isNaN(n)) throw new Error(`bad sample value ${v}`);
   return n;
