@@ -47,7 +47,7 @@ describe("dashboard in headless Chromium", () => {
     browser = await launchChromium();
     page = await browser.context.newPage();
     page.on("console", (m) => {
-      if (m.type() === "error" || m.type() === "warning") problems.push(`console ${m.type()}: ${m.text()}`);
+      if (m.type() === "error") problems.push(`console error: ${m.text()}`);
     });
     page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
     page.on("requestfailed", (r) => problems.push(`request failed: ${r.url()} ${r.failure()?.errorText}`));
