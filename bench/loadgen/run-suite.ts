@@ -1,0 +1,400 @@
+// npm run bench:loadgen -- --suite [options]   (also: npx tsx bench/loadgen/run-suite.ts)
+//
+// The committed load test of ctxbank on this machine: two workloads (short chat 256 in / 128 out,
+// long-document QA 4K in / 128 out) × two deployments (colocated `ctxbank serve`; disaggregated
+// `ctxbank prefill` + `ctxbank decode` on a PostgreSQL 15) × two decode policies (`full`, and
+// `omnikv` with the server's defaults), each swept for the highest Poisson rate with >= 90% SLO
+// attainment (DistServe's definition). Writes results/suite.json, suite.md, attainment.svg/png,
+// cdf.svg/png.
+import { readFileSync } from "node:fs";
+import { rm } from "node:fs/promises";
+import os from "node:os";
+import { join, resolve } from "node:path";
+import { parseArgs } from "node:util";
+import { resolveModel } from "../../shared/model/resolve.ts";
+import { writeFileAtomic, writeJson } from "../lib/json.ts";
+import { gitInfo, machineInfo, setProcessNice } from "../lib/machine.ts";
+import { writeSvgAndPng } from "../lib/png.ts";
+import { fmtNum, markdownTable } from "../lib/table.ts";
+import { StreamingClient } from "./client.ts";
+import { loadCorpus } from "./corpus.ts";
+import { startDeployment, type DeploymentKind } from "./deployments.ts";
+import { cpuSnapshot, cpuUse, type CpuUse } from "./machine-load.ts";
+import { PromptSource } from "./prompts.ts";
+import { attainmentPanel, cdfPanel, chart, compactResult } from "./report.ts";
+import { runLoad } from "./runner.ts";
+import type { RunStats } from "./stats.ts";
+import { runSweep } from "./sweep-run.ts";
+import type { SweepStop } from "./sweep.ts";
+import { policyValues } from "./target.ts";
+import type { RequestResult, Slo } from "./types.ts";
+import { describeWorkload, WorkloadFactory, type WorkloadSpec } from "./workloads.ts";
+
+const here = import.meta.dirname;
+const repoRoot = resolve(here, "../..");
+const log = (m: string) => process.stderr.write(`[suite] ${m}\n`);
+
+const HELP = `Usage: npm run bench:loadgen -- --suite [options]
+
+  --workloads LIST     short,long (default both)
+  --deployments LIST   colocated,disaggregated (default both)
+  --policies LIST      full,omnikv (default both; any ctxbank policy kind)
+  --nice=N             nice of this process and the services (default -10; needs root)
+  --quick              a smoke run: small points and budgets, long document at 1K; writes bench/loadgen/tmp/
+  --out DIR            results directory (default bench/loadgen/results)
+  --render FILE        only redraw charts and tables from a saved suite.json
+`;
+
+export interface WorkloadDef {
+  id: string;
+  name: string;
+  spec: WorkloadSpec;
+  slo: Slo;
+  /** Requests per sweep point. */
+  perPoint: number;
+  /** First rate = startFactor / unloaded TTFT (s). */
+  startFactor: number;
+  factor: number;
+  relTol: number;
+  maxPoints: number;
+  /** Wall-clock budget of one sweep, s. */
+  budgetS: number;
+  /** Lowest rate tried = first rate / minRateDiv. */
+  minRateDiv: number;
+}
+
+// SLOs for this 2-vCPU box and SmolLM2-135M, from unloaded single requests measured on it
+// (colocated, full, warmed up; see README): short chat TTFT ~0.4-0.6 s, TPOT ~9-12 ms; long
+// document TTFT ~14-20 s (a 4K prefill on 2 threads), TPOT ~25-45 ms. Each SLO is a few times
+// the unloaded figure, as DistServe sets them relative to the model's unloaded latency.
+export function workloads(quick: boolean): WorkloadDef[] {
+  return [
+    {
+      id: "short",
+      name: "short chat (256 in / 128 out)",
+      spec: { kind: "synthetic", endpoint: "chat", input: { kind: "fixed", value: 256 }, output: { kind: "fixed", value: quick ? 32 : 128 }, promptFormat: "text" },
+      slo: { ttftMs: 2000, tpotMs: 50 },
+      perPoint: quick ? 8 : 24,
+      startFactor: 0.5,
+      factor: 2,
+      relTol: 0.15,
+      maxPoints: quick ? 3 : 6,
+      budgetS: quick ? 60 : 170,
+      minRateDiv: 8,
+    },
+    {
+      id: "long",
+      name: `long document QA (${quick ? "1K" : "4K"} in / 128 out)`,
+      spec: { kind: "longdoc", endpoint: "chat", input: { kind: "fixed", value: quick ? 1024 : 4096 }, output: { kind: "fixed", value: quick ? 32 : 128 } },
+      slo: quick ? { ttftMs: 8000, tpotMs: 200 } : { ttftMs: 45_000, tpotMs: 150 },
+      perPoint: quick ? 3 : 6,
+      startFactor: 0.6,
+      factor: 1.5,
+      relTol: 0.25,
+      maxPoints: quick ? 2 : 4,
+      budgetS: quick ? 90 : 250,
+      minRateDiv: 4,
+    },
+  ];
+}
+
+/** Every request is greedy: outputs run to max_tokens far more often (ctxbank has no ignore_eos). */
+const REQUEST_FIELDS = { temperature: 0 };
+
+interface PointRecord {
+  rate: number;
+  attainment: number;
+  pass: boolean;
+  stats: RunStats;
+  cpu: CpuUse;
+  qa?: { checked: number; correct: number };
+  /** Per request (no text, no ITL gaps), kept for every point. */
+  requests: Array<Record<string, unknown>>;
+  /** Client-side TTFT minus the server's own (ctxbank extension), ms: network + client overhead. */
+  clientMinusServerTtftMs?: number;
+}
+
+export interface ConfigRecord {
+  workload: string;
+  deployment: DeploymentKind;
+  policy: string;
+  slo: Slo;
+  unloaded: { ttftMs?: number; tpotMs?: number; e2eMs?: number; outputTokens: number; promptTokens?: number };
+  startRate: number;
+  drainS: number;
+  maxRate?: number;
+  failRate?: number;
+  stoppedBy: SweepStop;
+  wallS: number;
+  points: PointRecord[];
+}
+
+function parse(argv: string[]) {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      workloads: { type: "string" },
+      deployments: { type: "string" },
+      policies: { type: "string" },
+      nice: { type: "string" },
+      quick: { type: "boolean" },
+      out: { type: "string" },
+      render: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+    strict: true,
+  });
+  const list = (v: string | undefined, def: string[], allowed?: string[]) => {
+    const xs = (v ?? def.join(",")).split(",").map((s) => s.trim()).filter(Boolean);
+    for (const x of xs) if (allowed && !allowed.includes(x)) throw new Error(`unknown value ${JSON.stringify(x)} (allowed: ${allowed.join(", ")})`);
+    return xs;
+  };
+  const quick = values.quick ?? false;
+  const nice = Number(values.nice ?? -10);
+  if (!Number.isInteger(nice) || nice < -20 || nice > 19) throw new Error("--nice must be an integer in [-20, 19]");
+  return {
+    help: values.help ?? false,
+    quick,
+    nice,
+    workloads: list(values.workloads, ["short", "long"], ["short", "long"]),
+    deployments: list(values.deployments, ["colocated", "disaggregated"], ["colocated", "disaggregated"]) as DeploymentKind[],
+    policies: list(values.policies, ["full", "omnikv"]),
+    out: resolve(values.out ?? join(here, quick ? "tmp" : "results")),
+    render: values.render,
+  };
+}
+
+const median = (xs: number[]) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? undefined : s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+};
+
+export async function suiteMain(argv: string[]): Promise<void> {
+  const o = parse(argv);
+  if (o.help) {
+    process.stdout.write(HELP);
+    return;
+  }
+  if (o.render) {
+    const saved = JSON.parse(readFileSync(o.render, "utf8")) as SuiteResult;
+    await writeOutputs(resolve(o.render, ".."), saved, false);
+    return;
+  }
+  const niceError = setProcessNice(o.nice);
+  if (niceError) log(`could not set nice ${o.nice}: ${niceError} (running at the default priority)`);
+  const defs = workloads(o.quick).filter((w) => o.workloads.includes(w.id));
+  const modelPath = await resolveModel();
+  log("corpus and tokenizer");
+  const corpus = loadCorpus(join(repoRoot, "node_modules"));
+  const prompts = PromptSource.fromGguf(modelPath, corpus.text);
+  const started = new Date().toISOString();
+  const t0 = performance.now();
+  const machineBefore = machineInfo();
+  const configs: ConfigRecord[] = [];
+  const result: SuiteResult = {
+    benchmark: "loadgen-suite",
+    command: `npm run bench:loadgen -- --suite ${argv.join(" ")}`.trim(),
+    started,
+    finished: "",
+    wallS: 0,
+    options: o,
+    requestFields: REQUEST_FIELDS,
+    workloads: defs.map((d) => ({ id: d.id, name: d.name, description: describeWorkload(d.spec), slo: d.slo, perPoint: d.perPoint, startFactor: d.startFactor, factor: d.factor, relTol: d.relTol, maxPoints: d.maxPoints, budgetS: d.budgetS })),
+    machine: machineBefore,
+    loadAvgBefore: os.loadavg(),
+    loadAvgAfter: [],
+    git: gitInfo(repoRoot, ["bench/loadgen", "services", "shared", "native/src"]),
+    model: modelPath,
+    configs,
+  };
+
+  // Ctrl-C / SIGTERM: stop the services of the deployment under test before exiting.
+  let current: { stop(): Promise<void> } | undefined;
+  for (const sig of ["SIGINT", "SIGTERM"] as const) {
+    process.once(sig, () => {
+      log(`${sig}: stopping the services`);
+      void (current?.stop() ?? Promise.resolve()).finally(() => process.exit(130));
+    });
+  }
+  for (const kind of o.deployments) {
+    log(`starting ${kind}`);
+    const dep = await startDeployment(kind, { prefillThreads: 2, decodeThreads: 1, nice: o.nice });
+    current = dep;
+    log(`${kind}: ${dep.baseUrl} (${dep.processes.map((p) => `${p.role} pid ${p.pid}, ${p.threads} threads`).join("; ")})`);
+    try {
+      for (const w of defs) {
+        for (const policy of o.policies) {
+          const path = new URL(dep.baseUrl).pathname + "/chat/completions";
+          if (policy !== "full") {
+            const allowed = await policyValues(dep.baseUrl, path);
+            if (!allowed?.includes(policy) && !allowed?.includes("*")) throw new Error(`the server does not take policy ${policy} (allowed: ${allowed?.join(", ") ?? "no /openapi.json"})`);
+          }
+          const client = new StreamingClient({ baseUrl: dep.baseUrl, model: "default", timeoutMs: 30 * 60_000, extraBody: { ...REQUEST_FIELDS, policy } });
+          try {
+            configs.push(await runConfig(client, new WorkloadFactory(w.spec, prompts), w, kind, policy, dep.processes.map((p) => p.pid)));
+            await writeJson(join(o.out, "suite.partial.json"), result);
+          } finally {
+            await client.close();
+          }
+        }
+      }
+    } finally {
+      await dep.stop();
+      current = undefined;
+    }
+  }
+  result.finished = new Date().toISOString();
+  result.wallS = (performance.now() - t0) / 1000;
+  result.loadAvgAfter = os.loadavg();
+  await writeOutputs(o.out, result, true);
+  await rm(join(o.out, "suite.partial.json"), { force: true });
+}
+
+async function runConfig(client: StreamingClient, factory: WorkloadFactory, w: WorkloadDef, deployment: DeploymentKind, policy: string, pids: number[]): Promise<ConfigRecord> {
+  const label = `${w.id}/${deployment}/${policy}`;
+  const t0 = performance.now();
+  // Warm-up: the first request after start pays JIT and first-forward allocations; the next two
+  // run alone and are the unloaded reference.
+  const warm = await runLoad(client, factory, { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: 3, durationS: 1e6, drainS: 0, warmup: 0, seed: 99, progress: false });
+  const ref = warm.results.slice(1).filter((r) => r.ok);
+  if (ref.length === 0) throw new Error(`${label}: unloaded requests failed: ${warm.results.map((r) => r.error).join("; ")}`);
+  const unloaded = {
+    ttftMs: median(ref.map((r) => r.ttftMs!)),
+    tpotMs: median(ref.filter((r) => r.tpotMs !== undefined).map((r) => r.tpotMs!)),
+    e2eMs: median(ref.map((r) => r.e2eMs!)),
+    outputTokens: median(ref.map((r) => r.outputTokens)) ?? 0,
+    promptTokens: median(ref.map((r) => r.promptTokens ?? r.promptTokensSent)),
+  };
+  const startRate = w.startFactor / (unloaded.ttftMs! / 1000);
+  log(`${label}: unloaded TTFT ${fmtNum(unloaded.ttftMs)} ms, TPOT ${fmtNum(unloaded.tpotMs)} ms, ${unloaded.outputTokens} tokens; sweep from ${startRate.toPrecision(3)} req/s`);
+  const points: PointRecord[] = [];
+  let snap = cpuSnapshot(pids);
+  const sw = await runSweep(client, factory, {
+    slo: w.slo,
+    startRate,
+    target: 0.9,
+    relTol: w.relTol,
+    factor: w.factor,
+    perPoint: w.perPoint,
+    maxPoints: w.maxPoints,
+    budgetS: w.budgetS,
+    maxOutputTokens: w.spec.output.kind === "fixed" ? w.spec.output.value : w.spec.output.max,
+    seed: 1,
+    minRate: startRate / w.minRateDiv,
+    label,
+    progress: true,
+    onPoint: (rate, run) => {
+      const now = cpuSnapshot(pids);
+      const ok = run.results.filter((r) => r.ok && r.server && r.ttftMs !== undefined);
+      const attainment = run.stats.slo?.attainment ?? 0;
+      points.push({
+        rate,
+        attainment,
+        pass: attainment >= 0.9,
+        stats: run.stats,
+        cpu: cpuUse(snap, now),
+        qa: run.qa,
+        requests: run.results.map((r) => compactResult(r, false)),
+        clientMinusServerTtftMs: median(ok.map((r) => r.ttftMs! - r.server!.ttftMs)),
+      });
+      snap = cpuSnapshot(pids);
+      log(`${label} @ ${rate.toPrecision(3)} req/s: attainment ${(100 * attainment).toFixed(0)}%, TTFT p90 ${fmtNum(run.stats.ttftMs.p90)} ms, TPOT p90 ${fmtNum(run.stats.tpotMs.p90)} ms, foreign load ${fmtNum(points.at(-1)!.cpu.foreignCores)} cores`);
+    },
+  });
+  const rec: ConfigRecord = { workload: w.id, deployment, policy, slo: w.slo, unloaded, startRate, drainS: sw.drainS, stoppedBy: sw.result.stoppedBy, wallS: (performance.now() - t0) / 1000, points };
+  if (sw.result.maxRate !== undefined) rec.maxRate = sw.result.maxRate;
+  if (sw.result.failRate !== undefined) rec.failRate = sw.result.failRate;
+  log(`${label}: max rate at >= 90% attainment ${rec.maxRate?.toPrecision(3) ?? "none"} req/s (lowest failing ${rec.failRate?.toPrecision(3) ?? "none"}; ${rec.stoppedBy}; ${fmtNum(rec.wallS)} s)`);
+  return rec;
+}
+
+export interface SuiteResult {
+  benchmark: "loadgen-suite";
+  command: string;
+  started: string;
+  finished: string;
+  wallS: number;
+  options: ReturnType<typeof parse>;
+  requestFields: Record<string, unknown>;
+  workloads: Array<{ id: string; name: string; description: string; slo: Slo; perPoint: number; startFactor: number; factor: number; relTol: number; maxPoints: number; budgetS: number }>;
+  machine: ReturnType<typeof machineInfo>;
+  loadAvgBefore: number[];
+  loadAvgAfter: number[];
+  git: ReturnType<typeof gitInfo>;
+  model: string;
+  configs: ConfigRecord[];
+}
+
+const configLabel = (c: ConfigRecord) => `${c.deployment}, ${c.policy}`;
+const rateText = (r: number | undefined) => (r === undefined ? "—" : r.toPrecision(3));
+
+/** The highest passing point (or the lowest-rate point when none passed): its requests for the CDFs. */
+function refPoint(c: ConfigRecord): PointRecord | undefined {
+  const passing = c.points.filter((p) => p.pass).sort((a, b) => b.rate - a.rate);
+  return passing[0] ?? [...c.points].sort((a, b) => a.rate - b.rate)[0];
+}
+
+export function suiteMarkdown(r: SuiteResult): string {
+  const rows = r.configs.map((c) => {
+    const p = refPoint(c);
+    const foreign = c.points.map((x) => x.cpu.foreignCores ?? 0);
+    return [
+      r.workloads.find((w) => w.id === c.workload)?.name ?? c.workload,
+      c.deployment,
+      c.policy,
+      `${fmtNum(c.slo.ttftMs / 1000)} s / ${c.slo.tpotMs} ms`,
+      `${fmtNum(c.unloaded.ttftMs)} / ${fmtNum(c.unloaded.tpotMs)}`,
+      `**${rateText(c.maxRate)}**`,
+      rateText(c.failRate),
+      c.points.map((x) => `${x.rate.toPrecision(2)}:${Math.round(100 * x.attainment)}%`).join(" "),
+      p ? `${fmtNum(p.stats.ttftMs.p90)} / ${fmtNum(p.stats.tpotMs.p90)}` : "—",
+      p ? fmtNum(p.stats.outputTokens.mean) : "—",
+      `${fmtNum(Math.min(...foreign), 2)}–${fmtNum(Math.max(...foreign), 2)}`,
+      `${c.stoppedBy}, ${fmtNum(c.wallS, 0)} s`,
+    ];
+  });
+  return markdownTable({
+    headers: ["workload", "deployment", "policy", "SLO TTFT / TPOT", "unloaded TTFT / TPOT ms", "max rate ≥90% (req/s)", "lowest failing", "points (rate:attainment)", "at max rate: TTFT p90 / TPOT p90 ms", "out tokens", "foreign load (cores)", "sweep"],
+    rows,
+  });
+}
+
+async function writeOutputs(dir: string, r: SuiteResult, writeData: boolean): Promise<void> {
+  if (writeData) await writeJson(join(dir, "suite.json"), r);
+  const md = [
+    `Run ${r.started} → ${r.finished} (${fmtNum(r.wallS / 60, 1)} min), load average before ${r.loadAvgBefore.map((x) => x.toFixed(2)).join(" ")}, after ${r.loadAvgAfter.map((x) => x.toFixed(2)).join(" ")}.`,
+    "",
+    suiteMarkdown(r),
+    "",
+  ].join("\n");
+  await writeFileAtomic(join(dir, "suite.md"), md);
+  const sub = `${r.machine.cpuModel}, ${r.machine.cpus} vCPUs shared with other work; Poisson arrivals; >= 90% of requests meeting both SLOs`;
+  const panels = r.workloads.map((w) => {
+    const cs = r.configs.filter((c) => c.workload === w.id);
+    return attainmentPanel(`${w.name}: SLO TTFT ${fmtNum(w.slo.ttftMs / 1000)} s, TPOT ${w.slo.tpotMs} ms`, cs.map((c) => ({ label: configLabel(c), points: c.points })), 0.9, `${w.perPoint} requests per point`);
+  });
+  await writeSvgAndPng(join(dir, "attainment.svg"), chart(panels, "ctxbank SLO attainment vs Poisson rate", sub));
+  const cdfs = r.workloads.flatMap((w) => {
+    const cs = r.configs.filter((c) => c.workload === w.id);
+    const vals = (key: "ttftMs" | "tpotMs") =>
+      cs.map((c) => {
+        const p = refPoint(c);
+        const reqs = (p?.requests ?? []) as unknown as RequestResult[];
+        return { label: `${configLabel(c)} @ ${p?.rate.toPrecision(2) ?? "?"} req/s`, values: reqs.filter((x) => x.ok && x[key] !== undefined).map((x) => x[key]!) };
+      });
+    return [
+      cdfPanel(`${w.name}: TTFT`, vals("ttftMs"), "TTFT (s)", true, `SLO ${fmtNum(w.slo.ttftMs / 1000)} s; at each configuration's max passing rate`),
+      cdfPanel(`${w.name}: TPOT`, vals("tpotMs"), "TPOT (ms)", false, `SLO ${w.slo.tpotMs} ms`),
+    ];
+  });
+  await writeSvgAndPng(join(dir, "cdf.svg"), chart(cdfs, "ctxbank latency CDFs at the highest passing rate", sub));
+  process.stdout.write(md);
+  log(`wrote ${dir}/suite.json, suite.md, attainment.svg/png, cdf.svg/png`);
+}
+
+if (process.argv[1]?.endsWith("run-suite.ts")) {
+  suiteMain(process.argv.slice(2)).catch((e: unknown) => {
+    process.stderr.write(`[suite] failed: ${(e as Error).stack ?? e}\n`);
+    process.exit(1);
+  });
+}
