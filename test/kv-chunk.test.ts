@@ -12,9 +12,33 @@ import {
 } from "../shared/kv/chunk.ts";
 import { encodeChunkFromLayers, packKv, unpackKv, type LayerKv } from "../shared/kv/chunk-pack.ts";
 import { PrefixHasher, chunkKey } from "../shared/kv/chunk-key.ts";
+import { crc32c } from "../shared/engine/native.ts";
 
 const FP = "0123456789abcdef".repeat(4);
 const OTHER_FP = "f".repeat(64);
+
+/** CRC-32C bit by bit, straight from the definition (reflected polynomial 0x82F63B78): the oracle. */
+function crc32cReference(bytes: Uint8Array): number {
+  let c = 0xffffffff;
+  for (const b of bytes) {
+    c ^= b;
+    for (let k = 0; k < 8; k++) c = c & 1 ? (c >>> 1) ^ 0x82f63b78 : c >>> 1;
+  }
+  return (c ^ 0xffffffff) >>> 0;
+}
+
+describe("chunk checksum", () => {
+  it("is CRC-32C: the standard check value, a bitwise reference at odd lengths, and chaining", () => {
+    expect(crc32c(new TextEncoder().encode("123456789"))).toBe(0xe3069283);
+    const bytes = randomBytes(4099);
+    for (const [off, n] of [[0, 0], [1, 7], [3, 64], [5, 4093]] as const) {
+      expect(crc32c(bytes.subarray(off, off + n))).toBe(crc32cReference(bytes.subarray(off, off + n)));
+    }
+    expect(crc32c(bytes.subarray(100), crc32c(bytes.subarray(0, 100)))).toBe(crc32c(bytes));
+    expect(() => crc32c(bytes, -1)).toThrow(RangeError);
+    expect(() => crc32c("x" as unknown as Uint8Array)).toThrow(TypeError);
+  });
+});
 
 function meta(over: Partial<ChunkMeta> = {}): ChunkMeta {
   return { fingerprint: FP, dtype: "f16", layerIds: [3, 4, 5], hkv: 3, headDim: 64, tokenStart: 256, tokenCount: 16, ...over };
@@ -69,7 +93,7 @@ describe("KV chunk format", () => {
         layerIds: [3, 4, 5],
         dtype,
       });
-      expect(header).toMatchObject({ ...m, layoutVersion: 1, headerSize: 128, payloadLength: chunkPayloadLength(m) });
+      expect(header).toMatchObject({ ...m, layoutVersion: 2, headerSize: 128, payloadLength: chunkPayloadLength(m) });
       expect(payload.byteOffset - bytes.byteOffset).toBe(128); // a view, not a copy
 
       // Layout: token t, layer index l, K then V, each one [Hkv][d] row.
@@ -123,7 +147,7 @@ describe("KV chunk format", () => {
       b[at] = value;
       return b;
     };
-    expect(chunkError(() => verifyChunk(withByte(4, 2))).code).toBe("bad_version");
+    expect(chunkError(() => verifyChunk(withByte(4, 1))).code).toBe("bad_version"); // layout 1 (zlib crc32)
     expect(chunkError(() => verifyChunk(withByte(12, 9))).code).toBe("bad_header"); // dtype
     expect(chunkError(() => verifyChunk(withByte(6, 64))).code).toBe("bad_header"); // header size
     expect(chunkError(() => verifyChunk(withByte(29, good[29]! ^ 1))).code).toBe("size_mismatch");
@@ -176,7 +200,7 @@ describe("chunk keys", () => {
       { layerIds: [3, 4] },
       { layerIds: [3, 4, 6] },
       { dtype: "f32" as const },
-      { layoutVersion: 2 },
+      { layoutVersion: 3 },
     ];
     const keys = variants.map((v) => chunkKey({ ...base, ...v }));
     expect(new Set([key, ...keys]).size).toBe(variants.length + 1);

@@ -435,7 +435,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("readGgufMetadata", Napi::Function::New(env, ReadGgufMetadata));
   exports.Set("ggufInfo", Napi::Function::New(env, GgufInfo));
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
-  init_file_map(env, exports);
+  init_kv_io(env, exports);
   NativeModel::Init(env, exports);
   NativeSequence::Init(env, exports);
   NativeEngine::Init(env, exports);

@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "crc32c.h"
 #include "file_map.h"
 
 namespace ctx {
@@ -115,11 +116,27 @@ Napi::Value UnmapFile(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// crc32c(bytes, prev = 0): continues a CRC-32C over bytes (chunk checksums).
+Napi::Value Crc32c(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const BytesArg bytes = bytes_arg(info, 0, "bytes");
+  uint32_t prev = 0;
+  if (info.Length() > 1 && !info[1].IsUndefined()) {
+    if (!info[1].IsNumber()) throw Napi::TypeError::New(env, "crc32c: prev must be a number");
+    const double d = info[1].As<Napi::Number>().DoubleValue();
+    if (!(d >= 0 && d <= 4294967295.0 && d == static_cast<double>(static_cast<uint32_t>(d))))
+      throw Napi::RangeError::New(env, "crc32c: prev must be a u32");
+    prev = static_cast<uint32_t>(d);
+  }
+  return Napi::Number::New(env, crc32c(prev, bytes.data, bytes.size));
+}
+
 }  // namespace
 
-void init_file_map(Napi::Env env, Napi::Object exports) {
+void init_kv_io(Napi::Env env, Napi::Object exports) {
   exports.Set("mapFile", Napi::Function::New(env, MapFile));
   exports.Set("unmapFile", Napi::Function::New(env, UnmapFile));
+  exports.Set("crc32c", Napi::Function::New(env, Crc32c));
 }
 
 }  // namespace ctx

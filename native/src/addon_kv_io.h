@@ -1,5 +1,5 @@
-// Bindings for moving KV bytes: argument parsing for a sequence's importRows/exportRows, and
-// mapFile/unmapFile, which give JS a zero-copy view of a byte range of a shard file.
+// Bindings for moving KV bytes: argument parsing for a sequence's importRows/exportRows,
+// mapFile/unmapFile (a zero-copy view of a byte range of a shard file) and crc32c (checksums).
 #pragma once
 #include <napi.h>
 
@@ -19,7 +19,8 @@ BytesArg bytes_arg(const Napi::CallbackInfo& info, size_t i, const char* what);
 // (layerIds: number[] | Int32Array, tokenStart: number, tokenCount: number) from info[i..i+2].
 ChunkRows chunk_rows_arg(const Napi::CallbackInfo& info, size_t i);
 
-// Adds mapFile(path, offset, length) -> ArrayBuffer and unmapFile(buffer) to `exports`.
-void init_file_map(Napi::Env env, Napi::Object exports);
+// Adds mapFile(path, offset, length) -> ArrayBuffer, unmapFile(buffer) and
+// crc32c(bytes, prev?) -> number to `exports`.
+void init_kv_io(Napi::Env env, Napi::Object exports);
 
 }  // namespace ctx

@@ -141,6 +141,7 @@ interface Addon {
   loadModel(path: string): Promise<NativeModel>;
   mapFile(path: string, offset: number, length: number): ArrayBuffer;
   unmapFile(buffer: ArrayBuffer): void;
+  crc32c(bytes: Uint8Array, prev?: number): number;
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
@@ -179,4 +180,9 @@ export function mapFile(path: string, offset: number, length: number): ArrayBuff
 
 export function unmapFile(buffer: ArrayBuffer): void {
   addon().unmapFile(buffer);
+}
+
+/** CRC-32C (Castagnoli) of `bytes`, continuing `prev` (a previous result; 0 to start), like zlib.crc32. */
+export function crc32c(bytes: Uint8Array, prev = 0): number {
+  return addon().crc32c(bytes, prev);
 }

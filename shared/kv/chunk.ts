@@ -1,4 +1,4 @@
-// The KV chunk binary format (layout version 1): a little-endian header, then the payload
+// The KV chunk binary format (layout version 2): a little-endian header, then the payload
 // token-major [token][layer][K|V][Hkv][headDim], so that gathering selected tokens reads every
 // layer of a token in one contiguous run.
 //
@@ -6,7 +6,7 @@
 //     0    4  magic "CXKV"
 //     4    2  layout version (u16)
 //     6    2  header size (u16): 64 + 2·nLayers rounded up to 64, so the payload is 64-byte aligned
-//     8    4  checksum (u32): crc32 of bytes [0, 8) then [12, end of payload)
+//     8    4  checksum (u32): CRC-32C of bytes [0, 8) then [12, end of payload)
 //    12    1  dtype: 0 f32, 1 f16
 //    13    1  reserved, 0
 //    14    2  nLayers (u16)
@@ -18,14 +18,15 @@
 //    32   32  model fingerprint (raw bytes; hex in the registry)
 //    64 2·nL  layer ids (u16, strictly increasing), then zero padding up to the header size
 //
-// Why crc32 and not a cryptographic hash: the checksum guards against accidental damage (a torn
-// or stale shard range, a transport bug), not an adversary inside the cluster. crc32 detects
-// every error burst up to 32 bits and runs at ~2.1 GiB/s here (zlib.crc32) vs ~0.85 GiB/s for
-// sha256, and it is checked on every transfer.
-import zlib from "node:zlib";
+// Why CRC-32C and not a cryptographic hash: the checksum guards against accidental damage (a torn
+// or stale shard range, a transport bug), not an adversary inside the cluster. CRC-32C detects
+// every error burst up to 32 bits and runs at ~8 GiB/s here with SSE4.2 (the engine's crc32c),
+// vs ~2.1 GiB/s for zlib.crc32 (layout version 1) and ~0.85 GiB/s for sha256; it is checked on
+// every transfer, so its speed is part of the handoff's.
+import { crc32c } from "../engine/native.ts";
 
 export const CHUNK_MAGIC = "CXKV";
-export const LAYOUT_VERSION = 1;
+export const LAYOUT_VERSION = 2;
 const FIXED_HEADER = 64;
 const HEADER_ALIGN = 64;
 const MAX_LAYERS = 4096;
@@ -281,7 +282,7 @@ export function verifyChunk(bytes: Uint8Array, expect: ChunkExpectation = {}): {
 }
 
 function computeChecksum(chunk: Uint8Array, total: number): number {
-  return zlib.crc32(chunk.subarray(12, total), zlib.crc32(chunk.subarray(0, 8)));
+  return crc32c(chunk.subarray(12, total), crc32c(chunk.subarray(0, 8)));
 }
 
 function dataView(bytes: Uint8Array): DataView {
