@@ -150,6 +150,34 @@ describe("dashboard in headless Chromium", () => {
     expect(problems).toEqual([]);
   });
 
+  it("shows a decode-only process's /metrics (no shard tier, no prefill series) without gaps or NaN", async () => {
+    // This process's real /metrics less what only a prefill reports, as a decode-only process has it.
+    const full = await (await fetch(`${s.url}/metrics`)).text();
+    const decodeOnly = full
+      .split("\n")
+      .filter((l) => !/tier="shard"|service="prefill"|ctxbank:prefill_tokens_total/.test(l))
+      .join("\n");
+    expect(decodeOnly).toMatch(/^ctxbank:kv_bytes_in_use\{[^}]*tier="device"/m);
+    expect(full).toMatch(/^ctxbank:kv_bytes_in_use\{[^}]*tier="shard"/m);
+    const other = await browser.context.newPage();
+    await other.route("**/metrics", (route) => route.fulfill({ status: 200, contentType: "text/plain", body: decodeOnly }));
+    const errors: string[] = [];
+    other.on("pageerror", (e) => errors.push(e.message));
+    other.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+    await other.goto(`${s.url}/dashboard`);
+    await expect.poll(() => status(other), POLL).toMatch(/^ok live · every 2 s · window \d+ s/);
+    await expect.poll(async () => (await tile(other, "requests")).value, POLL).not.toBeNull(); // two scrapes
+    const kv = await tile(other, "kv");
+    expect(kv.sub).toMatch(/^device .* of 2 GiB/);
+    expect(kv.sub).not.toContain("shard");
+    expect((await tile(other, "queues")).sub).toMatch(/^decode \d+\/\d+$/);
+    expect(await other.locator('[data-chart="kv"] .u-legend').innerText()).not.toContain("shard");
+    expect((await tile(other, "requests")).value).toBe(0); // the same text twice: nothing new
+    expect(await other.locator("body").innerText()).not.toMatch(/NaN|Infinity|undefined/);
+    expect(errors).toEqual([]);
+    await other.close();
+  });
+
   it("copes with a /metrics that has no ctxbank series at all", async () => {
     const other = await browser.context.newPage();
     await other.route("**/metrics", (route) => route.fulfill({ status: 200, contentType: "text/plain", body: "# TYPE up gauge\nup 1\n" }));
