@@ -1,0 +1,549 @@
+// Offline checks of deploy/: the Dockerfile against the repository, every kustomize overlay
+// against the Kubernetes, KEDA and prometheus-operator schemas, the manifests against each other
+// and against the services (settings, routes, metrics), and the Grafana dashboard. No Docker
+// engine or cluster is involved; see deploy/README.md for what that leaves unchecked.
+import { execFileSync } from "node:child_process";
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import path from "node:path";
+import { isDeepStrictEqual } from "node:util";
+import { parseAllDocuments } from "yaml";
+import { beforeAll, describe, expect, it } from "vitest";
+import { loadConfig, SETTINGS, type Config, type ServiceRole } from "../shared/config.ts";
+import { dashboardText } from "../deploy/grafana/build.ts";
+import { buildDashboard, SCHEMA_VERSION, type Panel } from "../deploy/grafana/dashboard.ts";
+import { containerEnv } from "./helpers/deploy/container-env.ts";
+import { copyPaths, execForm, isIgnored, parseDockerfile, parseDockerignore, type Stage } from "./helpers/deploy/dockerfile.ts";
+import { runtimeNeeds } from "./helpers/deploy/imports.ts";
+import { schemaErrors, typeErrors } from "./helpers/deploy/k8s-schema.ts";
+import { filesUsed, objectId, podContainers, readYamlDocs, render, type K8sObject } from "./helpers/deploy/kustomize.ts";
+import { exportedMetrics, seriesNames, type MetricInfo } from "./helpers/deploy/metric-names.ts";
+import { expandAdapter, expandGrafana, parsePromql } from "./helpers/deploy/promql.ts";
+import { parseQuantity } from "./helpers/deploy/quantity.ts";
+
+const root = path.resolve(import.meta.dirname, "..");
+const at = (...p: string[]) => path.join(root, ...p);
+const K8S = at("deploy/k8s");
+const OVERLAYS = ["base", "overlays/keda", "overlays/hpa", "overlays/keda-postgres"];
+const ADAPTER_VALUES = at("deploy/k8s/overlays/hpa/prometheus-adapter-values.yaml");
+/** Secrets the manifests use but never contain: created by the operator (deploy/README.md). */
+const EXTERNAL_SECRETS: Record<string, string[]> = { "ctxbank-database": ["DATABASE_URL"], "ctxbank-postgres": ["POSTGRES_PASSWORD"] };
+/** Labels the prometheus-operator puts on every target; a metric label of the same name clashes. */
+const TARGET_LABELS = ["namespace", "service", "pod", "container", "endpoint", "job", "instance"];
+const MiB = 2 ** 20;
+
+const rendered = new Map(OVERLAYS.map((o) => [o, render(path.join(K8S, o))]));
+const allObjects = [...rendered.values()].flat();
+const dockerfile = parseDockerfile(readFileSync(at("deploy/docker/Dockerfile"), "utf8"));
+const runtime = dockerfile.stages.at(-1)!;
+const settingEnvNames = new Set(Object.values(SETTINGS).flatMap((s) => s.env));
+
+let metrics: MetricInfo[];
+let series: Set<string>;
+beforeAll(async () => {
+  metrics = await exportedMetrics();
+  series = seriesNames(metrics);
+});
+
+const isCtxbankImage = (image: unknown) => typeof image === "string" && /(^|\/)ctxbank(:[^/]*)?$/.test(image);
+const workloads = (objects: K8sObject[]) => objects.filter((o) => o.kind === "Deployment" || o.kind === "StatefulSet");
+const podSpec = (o: K8sObject) => (o.spec as { template: { metadata: { labels: Record<string, string> }; spec: Record<string, any> } }).template;
+const matches = (selector: Record<string, string>, labels: Record<string, string> | undefined) =>
+  Object.keys(selector).length > 0 && Object.entries(selector).every(([k, v]) => labels?.[k] === v);
+
+/** The image's ENV (final stage), which every container starts from. */
+function imageEnv(stage: Stage): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const ins of stage.instructions.filter((i) => i.keyword === "ENV")) {
+    for (const m of ins.rest.matchAll(/([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)/g)) env[m[1]!] = m[2]!.replace(/^"|"$/g, "");
+  }
+  return env;
+}
+
+function queryMetrics(query: string, where: string): string[] {
+  const parsed = parsePromql(query);
+  expect(parsed.errors, `${where}: ${query}`).toEqual([]);
+  expect(parsed.metrics.length, `${where}: selects no metric`).toBeGreaterThan(0);
+  for (const m of parsed.metrics) expect(series.has(m), `${where}: ${m} is not a metric ctxbank exports`).toBe(true);
+  return parsed.metrics;
+}
+
+describe("Dockerfile", () => {
+  const ignore = parseDockerignore(readFileSync(at(".dockerignore"), "utf8"));
+  const stageNames = dockerfile.stages.map((s) => s.name);
+
+  it("builds on node:20-bookworm and runs on node:20-bookworm-slim", () => {
+    expect(dockerfile.stages.length).toBeGreaterThanOrEqual(2);
+    for (const s of dockerfile.stages.slice(0, -1)) expect(s.image, `stage ${s.name}`).toMatch(/^(node:20-bookworm|[a-z]+)$/);
+    expect(runtime.image).toBe("node:20-bookworm-slim");
+    // No compiler or package manager cache in the final stage: it only copies.
+    expect(runtime.instructions.filter((i) => i.keyword === "RUN").map((i) => i.rest).join("\n")).not.toMatch(/apt-get install|npm (ci|install)|cmake/);
+  });
+
+  it("copies only files that exist in the repository and that .dockerignore lets through", () => {
+    const sources = dockerfile.stages.flatMap((s) => s.instructions.filter((i) => (i.keyword === "COPY" || i.keyword === "ADD") && !("from" in i.flags)));
+    expect(sources.length).toBeGreaterThan(5);
+    for (const ins of sources) {
+      expect(ins.keyword, `line ${ins.line}: use COPY`).toBe("COPY");
+      for (const src of copyPaths(ins).sources) {
+        expect(existsSync(at(src)), `line ${ins.line}: ${src} does not exist`).toBe(true);
+        expect(isIgnored(src, ignore), `line ${ins.line}: ${src} is excluded by .dockerignore`).toBe(false);
+        if (statSync(at(src)).isDirectory()) {
+          // Something under a copied directory must survive (the exclusions are for build outputs).
+          const kept = readdirSync(at(src), { recursive: true, encoding: "utf8" }).filter((f) => !isIgnored(path.join(src, f), ignore));
+          expect(kept.length, `line ${ins.line}: everything under ${src} is excluded`).toBeGreaterThan(0);
+        }
+      }
+    }
+    for (const never of ["node_modules/tsx/package.json", "native/build/Release/ctxbank_native.node", "x/model.gguf", "bench/engine/run.ts", "test/deploy.test.ts"]) {
+      expect(isIgnored(never, ignore), `${never} must stay out of the build context`).toBe(true);
+    }
+  });
+
+  it("takes --from only from earlier stages", () => {
+    dockerfile.stages.forEach((stage, index) => {
+      for (const ins of stage.instructions) {
+        const from = ins.flags.from;
+        if (from === undefined) continue;
+        const at = stageNames.indexOf(from);
+        expect(at, `line ${ins.line}: no stage ${from}`).toBeGreaterThanOrEqual(0);
+        expect(at, `line ${ins.line}: ${from} is not an earlier stage`).toBeLessThan(index);
+      }
+    });
+    for (const s of dockerfile.stages.slice(1)) {
+      if (stageNames.includes(s.image)) expect(stageNames.indexOf(s.image)).toBeLessThan(dockerfile.stages.indexOf(s));
+    }
+  });
+
+  it("runs as a fixed numeric non-root user, exec-form ENTRYPOINT/CMD and HEALTHCHECK", () => {
+    const last = (k: string) => runtime.instructions.filter((i) => i.keyword === k).at(-1);
+    const user = last("USER")?.rest;
+    // Numeric, so the kubelet can verify runAsNonRoot without reading /etc/passwd.
+    expect(user).toMatch(/^\d+(:\d+)?$/);
+    expect(Number(user!.split(":")[0])).toBeGreaterThan(0);
+    const entrypoint = execForm(last("ENTRYPOINT")!.rest);
+    const cmd = execForm(last("CMD")!.rest);
+    expect(entrypoint?.[0], "exec form, node as PID 1 gets SIGTERM").toBe("node");
+    expect(cmd).toEqual(["serve"]);
+    const health = last("HEALTHCHECK")!.rest.replace(/^(--\S+\s+)*/, "");
+    expect(health.startsWith("CMD ")).toBe(true);
+    const healthCmd = execForm(health.slice(4));
+    expect(healthCmd?.[0]).toBe("node");
+    expect(healthCmd![1]).toMatch(/^\/app\//);
+    const stop = last("STOPSIGNAL")?.rest ?? "SIGTERM";
+    expect(stop).toBe("SIGTERM");
+    // The port the image listens on is the one it exposes and health-checks (CTXBANK_PORT).
+    expect(last("EXPOSE")?.rest).toBe(imageEnv(runtime).CTXBANK_PORT);
+    expect(imageEnv(runtime).CTXBANK_HOST).toBe("0.0.0.0");
+  });
+
+  it("holds every file the entry point loads, and only production packages", () => {
+    const workdir = runtime.instructions.filter((i) => i.keyword === "WORKDIR").at(-1)!.rest;
+    // What lands where: context copies (repo path -> image path) and copies from other stages.
+    const inImage: { from?: string; source: string; dest: string; dir: boolean }[] = [];
+    for (const ins of runtime.instructions.filter((i) => i.keyword === "COPY")) {
+      const { sources, dest } = copyPaths(ins);
+      const destAbs = path.posix.resolve(workdir, dest);
+      for (const source of sources) {
+        const dir = ins.flags.from === undefined && statSync(at(source)).isDirectory();
+        const into = dest.endsWith("/") || sources.length > 1 ? path.posix.join(destAbs, dir ? "" : path.posix.basename(source)) : destAbs;
+        inImage.push({ ...(ins.flags.from !== undefined ? { from: ins.flags.from } : {}), source, dest: into, dir });
+      }
+    }
+    const imagePath = (repoRel: string) => {
+      for (const c of inImage.filter((c) => c.from === undefined)) {
+        if (repoRel === c.source) return c.dest;
+        if (c.dir && repoRel.startsWith(c.source + "/")) return path.posix.join(c.dest, repoRel.slice(c.source.length + 1));
+      }
+      return undefined;
+    };
+    const entrypoint = execForm(runtime.instructions.filter((i) => i.keyword === "ENTRYPOINT").at(-1)!.rest)!;
+    const script = entrypoint.find((a) => a.endsWith(".ts"))!;
+    const scriptRepo = path.posix.relative(workdir, script);
+    expect(imagePath(scriptRepo), `${script} is not copied`).toBe(script);
+    expect(entrypoint).toContain("--import=tsx");
+
+    const needs = runtimeNeeds(at(scriptRepo));
+    for (const file of [...needs.modules, ...needs.assets]) {
+      const rel = path.relative(root, file);
+      if (rel === "native/build/Release/ctxbank_native.node") {
+        // Built in the native stage, copied to the same place relative to the code.
+        const addon = inImage.find((c) => c.from === "native");
+        expect(addon?.dest).toBe(path.posix.join(workdir, rel));
+        continue;
+      }
+      expect(imagePath(rel), `${rel} (loaded by the service) is not in the image`).toBe(path.posix.join(workdir, rel));
+    }
+    expect(imagePath("package.json"), "package.json (type: module) must be in the image").toBe(path.posix.join(workdir, "package.json"));
+
+    const pkg = JSON.parse(readFileSync(at("package.json"), "utf8")) as { dependencies: Record<string, string> };
+    for (const name of [...needs.packages, "tsx"]) expect(pkg.dependencies[name], `${name} is not a production dependency`).toBeDefined();
+  });
+
+  it("installs production dependencies with the optional ones .npmrc omits (tsx needs esbuild's binary)", () => {
+    const npm = dockerfile.stages.flatMap((s) => s.instructions).find((i) => i.keyword === "RUN" && /\bnpm (ci|install)\b/.test(i.rest))!.rest;
+    expect(npm).toMatch(/--omit=dev/);
+    if (/^omit=optional$/m.test(readFileSync(at(".npmrc"), "utf8"))) expect(npm).toMatch(/--include=optional/);
+    const lock = JSON.parse(readFileSync(at("package-lock.json"), "utf8")) as {
+      packages: Record<string, { dev?: boolean; optionalDependencies?: Record<string, string> }>;
+    };
+    expect(lock.packages["node_modules/@esbuild/linux-x64"]?.dev, "esbuild's binary must survive --omit=dev").not.toBe(true);
+    // `npm ci` refuses a lockfile that lacks optional packages of a package in it (node-llama-cpp's
+    // platform builds the registry does not serve); `npm install` follows the lockfile and skips them.
+    const missing = Object.entries(lock.packages).flatMap(([where, p]) =>
+      Object.keys(p.optionalDependencies ?? {}).filter((dep) => !(`${where}/node_modules/${dep}` in lock.packages) && !(`node_modules/${dep}` in lock.packages)),
+    );
+    if (missing.length > 0) expect(npm, `npm ci would fail on the lockfile (missing ${missing[0]})`).not.toMatch(/\bnpm ci\b/);
+  });
+});
+
+describe("Kubernetes manifests", () => {
+  it("every YAML file under deploy/k8s parses and is used by an overlay", () => {
+    const used = new Set(OVERLAYS.flatMap((o) => [...filesUsed(path.join(K8S, o))]));
+    const files = readdirSync(K8S, { recursive: true, encoding: "utf8" }).filter((f) => /\.ya?ml$/.test(f)).map((f) => path.join(K8S, f));
+    for (const f of files) {
+      expect(() => readYamlDocs(f), f).not.toThrow();
+      if (f !== ADAPTER_VALUES) expect(used.has(f), `${path.relative(root, f)} is not part of any overlay`).toBe(true);
+    }
+  });
+
+  it.skipIf(!hasKubectl())("renders every overlay exactly as `kubectl kustomize` does", () => {
+    for (const [overlay, objects] of rendered) {
+      const out = execFileSync("kubectl", ["kustomize", path.join(K8S, overlay)], { encoding: "utf8" });
+      const theirs = parseAllDocuments(out).map((d) => d.toJS() as K8sObject);
+      expect(objects.map(objectId).sort(), overlay).toEqual(theirs.map(objectId).sort());
+      const byId = new Map(theirs.map((o) => [objectId(o), o]));
+      for (const o of objects) expect(isDeepStrictEqual(o, byId.get(objectId(o))), `${overlay}: ${objectId(o)}`).toBe(true);
+    }
+  });
+
+  it("passes the Kubernetes, KEDA and prometheus-operator schemas, with no unknown fields", () => {
+    for (const [overlay, objects] of rendered) {
+      for (const o of objects) expect(schemaErrors(o), `${overlay}: ${objectId(o)}`).toEqual([]);
+    }
+    const unique = new Map(allObjects.map((o) => [objectId(o) + JSON.stringify(o), o]));
+    const labelled = [...unique.values()].map((o) => ({ label: objectId(o), object: o }));
+    expect(typeErrors(labelled, import.meta.filename)).toEqual([]);
+  }, 60_000);
+
+  it("puts every namespaced object in the ctxbank namespace", () => {
+    for (const [overlay, objects] of rendered) {
+      for (const o of objects) expect(o.kind === "Namespace" ? o.metadata.name : o.metadata.namespace, `${overlay}: ${objectId(o)}`).toBe("ctxbank");
+      expect(objects.some((o) => o.kind === "Namespace"), overlay).toBe(true);
+    }
+  });
+
+  it("Services, PDBs and ServiceMonitors select what exists, on ports it exposes", () => {
+    for (const [overlay, objects] of rendered) {
+      const pods = workloads(objects).map((w) => podSpec(w));
+      for (const svc of objects.filter((o) => o.kind === "Service")) {
+        const spec = svc.spec as { selector: Record<string, string>; ports: { name: string; targetPort: string | number }[] };
+        const selected = pods.filter((p) => matches(spec.selector, p.metadata.labels));
+        expect(selected.length, `${overlay}: Service ${svc.metadata.name} selects no pods`).toBeGreaterThan(0);
+        for (const port of spec.ports) {
+          for (const p of selected) {
+            const ports = (p.spec.containers as { ports?: { name?: string; containerPort: number }[] }[]).flatMap((c) => c.ports ?? []);
+            expect(ports.some((cp) => cp.name === port.targetPort || cp.containerPort === port.targetPort), `${overlay}: ${svc.metadata.name}:${port.name}`).toBe(true);
+          }
+        }
+      }
+      for (const pdb of objects.filter((o) => o.kind === "PodDisruptionBudget")) {
+        const sel = (pdb.spec as { selector: { matchLabels: Record<string, string> } }).selector.matchLabels;
+        expect(pods.filter((p) => matches(sel, p.metadata.labels)).length, `${overlay}: PDB ${pdb.metadata.name}`).toBe(1);
+      }
+      for (const sm of objects.filter((o) => o.kind === "ServiceMonitor")) {
+        const spec = sm.spec as { selector: { matchLabels: Record<string, string> }; endpoints: { port: string; path: string; honorLabels?: boolean }[] };
+        const services = objects.filter((o) => o.kind === "Service" && matches(spec.selector.matchLabels, o.metadata.labels));
+        expect(services.map((s) => s.metadata.name).sort(), overlay).toEqual(["ctxbank-decode", "ctxbank-prefill"]);
+        for (const ep of spec.endpoints) {
+          for (const s of services) expect((s.spec as { ports: { name: string }[] }).ports.map((p) => p.name)).toContain(ep.port);
+          expect(ep.path).toBe("/metrics");
+          // A ctxbank label named like a target label is renamed exported_<label> unless honoured.
+          const clashes = metrics.filter((m) => m.name.startsWith("ctxbank:") && m.labels.some((l) => TARGET_LABELS.includes(l)));
+          if (clashes.length > 0) expect(ep.honorLabels, `${clashes[0]!.name} has a label the operator also sets`).toBe(true);
+        }
+      }
+    }
+  });
+
+  it("probes hit container ports and routes the services serve", () => {
+    const appSource = readFileSync(at("services/app.ts"), "utf8");
+    const routes = new Set([...appSource.matchAll(/path: "(\/[^"]*)"/g)].map((m) => m[1]!));
+    for (const w of workloads(allObjects)) {
+      for (const c of podContainers(w) as Record<string, any>[]) {
+        const ports = (c.ports ?? []) as { name?: string; containerPort: number }[];
+        for (const kind of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+          const probe = c[kind];
+          if (isCtxbankImage(c.image)) expect(probe, `${w.metadata.name}/${c.name} needs a ${kind}`).toBeDefined();
+          const port = probe?.httpGet?.port ?? probe?.tcpSocket?.port;
+          if (port !== undefined) expect(ports.some((p) => p.name === port || p.containerPort === port), `${w.metadata.name} ${kind} port ${port}`).toBe(true);
+          if (isCtxbankImage(c.image)) expect(routes.has(probe.httpGet.path), `${w.metadata.name} ${kind} ${probe.httpGet.path} is not a route`).toBe(true);
+        }
+        if (isCtxbankImage(c.image)) {
+          expect(c.readinessProbe.httpGet.path).toBe("/ready");
+          expect(c.livenessProbe.httpGet.path).toBe("/health");
+        }
+      }
+    }
+  });
+
+  describe("ctxbank containers", () => {
+    const uid = Number(runtime.instructions.filter((i) => i.keyword === "USER").at(-1)!.rest.split(":")[0]);
+    const cases = workloads(allObjects).flatMap((w) =>
+      (podContainers(w) as Record<string, any>[]).filter((c) => isCtxbankImage(c.image)).map((c) => ({ w, c })),
+    );
+    const seen = new Set<string>();
+    const distinct = cases.filter(({ w }) => !seen.has(w.metadata.name) && seen.add(w.metadata.name));
+
+    it("are the prefill and decode Deployments", () => {
+      expect(distinct.map(({ w, c }) => `${w.kind}/${w.metadata.name}:${c.args?.[0]}`).sort()).toEqual([
+        "Deployment/ctxbank-decode:decode",
+        "Deployment/ctxbank-prefill:prefill",
+      ]);
+    });
+
+    function configOf(w: K8sObject, c: Record<string, any>): { config: Config; env: ReturnType<typeof containerEnv> } {
+      expect(c.command, "command would replace the image's ENTRYPOINT").toBeUndefined();
+      const role = c.args?.[0] as ServiceRole;
+      expect(["prefill", "decode"]).toContain(role);
+      const env = containerEnv(c, allObjects, imageEnv(runtime), (name, key) => {
+        expect(EXTERNAL_SECRETS[name], `secret ${name}`).toContain(key);
+        return key === "DATABASE_URL" ? "postgres://ctxbank:pw@ctxbank-postgres:5432/ctxbank" : "secret";
+      });
+      expect(env.problems, w.metadata.name).toEqual([]);
+      return { config: loadConfig(role, {}, env.env), env };
+    }
+
+    it("set only settings the services read, and the services accept them", () => {
+      for (const { w, c } of distinct) {
+        const { env } = configOf(w, c);
+        for (const name of env.names) {
+          // Helpers such as POD_IP exist only to be expanded into a setting.
+          expect(settingEnvNames.has(name) || env.referenced.has(name), `${w.metadata.name}: ${name} is not a ctxbank setting`).toBe(true);
+        }
+        expect(env.names.filter((n) => n.startsWith("CTXBANK_") && !settingEnvNames.has(n))).toEqual([]);
+      }
+    });
+
+    it("listen on the container port, register their pod IP, and fit CPU and memory", () => {
+      for (const { w, c } of distinct) {
+        const { config } = configOf(w, c);
+        const name = w.metadata.name;
+        expect(config.host, name).toBe("0.0.0.0");
+        expect(c.ports.find((p: { name: string }) => p.name === "http").containerPort, name).toBe(config.port);
+        const url = new URL(config.publicUrl!);
+        expect(url.hostname, `${name}: public URL from the pod IP`).toBe("10.1.2.3");
+        expect(Number(url.port), name).toBe(config.port);
+
+        const limits = c.resources?.limits ?? {};
+        expect(parseQuantity(limits.cpu), `${name}: engine threads need their cores`).toBeGreaterThanOrEqual(config.threads);
+        const held = config.role === "prefill" ? config.shardBytes : config.kvBudgetBytes;
+        expect(parseQuantity(limits.memory), `${name}: memory limit vs KV held`).toBeGreaterThanOrEqual(held + 512 * MiB);
+        if (config.role === "decode") expect(config.transport, "a decode pod cannot see a prefill pod's /dev/shm").toBe("http");
+      }
+    });
+
+    it("prefill's shard is on a memory emptyDir as large as --shard-bytes", () => {
+      const { w, c } = distinct.find(({ c }) => c.args[0] === "prefill")!;
+      const { config } = configOf(w, c);
+      const mount = (c.volumeMounts as { name: string; mountPath: string }[]).find((m) => config.shardDir === m.mountPath || config.shardDir.startsWith(m.mountPath + "/"));
+      expect(mount, `no volume holds ${config.shardDir}`).toBeDefined();
+      const volume = (podSpec(w).spec.volumes as { name: string; emptyDir?: { medium?: string; sizeLimit?: string } }[]).find((v) => v.name === mount!.name)!;
+      expect(volume.emptyDir?.medium).toBe("Memory");
+      expect(parseQuantity(volume.emptyDir!.sizeLimit!)).toBe(Math.ceil(config.shardBytes / 4096) * 4096);
+    });
+
+    it("run as the image's user, read-only, with a writable /tmp and no service links", () => {
+      for (const { w, c } of cases) {
+        const pod = podSpec(w).spec;
+        expect(pod.securityContext.runAsNonRoot).toBe(true);
+        expect(pod.securityContext.runAsUser, "the Dockerfile's USER").toBe(uid);
+        expect(pod.enableServiceLinks, "service links would add CTXBANK_*_PORT variables").toBe(false);
+        expect(pod.automountServiceAccountToken).toBe(false);
+        expect(c.securityContext.readOnlyRootFilesystem).toBe(true);
+        expect(c.securityContext.allowPrivilegeEscalation).toBe(false);
+        expect(c.securityContext.capabilities.drop).toEqual(["ALL"]);
+        const tmp = (c.volumeMounts as { name: string; mountPath: string }[]).find((m) => m.mountPath === "/tmp");
+        expect(tmp, "tsx caches compiled files in /tmp").toBeDefined();
+        expect((pod.volumes as { name: string; emptyDir?: object }[]).find((v) => v.name === tmp!.name)?.emptyDir).toBeDefined();
+      }
+    });
+
+    it("drain within the termination grace period", () => {
+      for (const { w, c } of distinct) {
+        const { config } = configOf(w, c);
+        const pod = podSpec(w).spec;
+        const preStop = c.lifecycle?.preStop?.exec?.command as string[] | undefined;
+        const sleep = preStop?.[0] === "sleep" ? Number(preStop[1]) : 0;
+        expect(sleep, "a preStop pause lets endpoints drop the pod first").toBeGreaterThan(0);
+        const needed = sleep + Math.ceil(config.drainMs / 1000) + 10; // + shard retirement and registry exit
+        expect(pod.terminationGracePeriodSeconds, w.metadata.name).toBeGreaterThanOrEqual(needed);
+        // Long enough for the model to load (5 min), short enough to notice a hang.
+        const startup = c.startupProbe.periodSeconds * c.startupProbe.failureThreshold;
+        expect(startup).toBeGreaterThanOrEqual(120);
+      }
+    });
+  });
+
+  it("uses no Secret but the documented external ones, each named in deploy/README.md", () => {
+    const readme = readFileSync(at("deploy/README.md"), "utf8");
+    const defined = new Set(allObjects.filter((o) => o.kind === "Secret").map((o) => o.metadata.name));
+    const used = new Set<string>();
+    for (const w of workloads(allObjects)) {
+      for (const c of podContainers(w) as Record<string, any>[]) {
+        for (const e of c.env ?? []) if (e.valueFrom?.secretKeyRef) used.add(e.valueFrom.secretKeyRef.name);
+      }
+    }
+    const external = [...used].filter((s) => !defined.has(s)).sort();
+    expect(external).toEqual(Object.keys(EXTERNAL_SECRETS).sort());
+    for (const s of external) expect(readme, `deploy/README.md must say how to create ${s}`).toContain(s);
+  });
+
+  describe("autoscaling", () => {
+    const prefill = workloads(allObjects).find((w) => w.metadata.name === "ctxbank-prefill")!;
+    const prefillContainer = podContainers(prefill)[0] as Record<string, any>;
+    /** The SLO a query's latency is judged against (seconds), if it is a latency query. */
+    const sloFor = (query: string): number | undefined => {
+      const slo = loadConfig("prefill", {}, containerEnv(prefillContainer, allObjects, imageEnv(runtime), () => "postgres://u@h/db").env);
+      if (query.includes("time_to_first_token_seconds")) return slo.sloTtftMs / 1000;
+      return query.includes("time_per_output_token_seconds") ? slo.sloTpotMs / 1000 : undefined;
+    };
+    const scaledObjects = rendered.get("overlays/keda")!.filter((o) => o.kind === "ScaledObject");
+    const hpas = rendered.get("overlays/hpa")!.filter((o) => o.kind === "HorizontalPodAutoscaler");
+    const deployments = new Set(workloads(allObjects).filter((w) => w.kind === "Deployment").map((w) => w.metadata.name));
+
+    it("scales prefill and decode independently, each on its own latency SLO", () => {
+      for (const set of [scaledObjects, hpas]) {
+        const targets = set.map((o) => (o.spec as { scaleTargetRef: { name: string; kind?: string } }).scaleTargetRef);
+        expect(targets.map((t) => t.name).sort()).toEqual(["ctxbank-decode", "ctxbank-prefill"]);
+        for (const t of targets) {
+          expect(deployments.has(t.name)).toBe(true);
+          expect(t.kind ?? "Deployment").toBe("Deployment");
+        }
+      }
+      const so = (name: string) => JSON.stringify(scaledObjects.find((o) => o.metadata.name === name)!.spec);
+      expect(so("ctxbank-prefill")).toContain("time_to_first_token_seconds");
+      expect(so("ctxbank-prefill")).not.toContain("time_per_output_token_seconds");
+      expect(so("ctxbank-decode")).toContain("time_per_output_token_seconds");
+      expect(so("ctxbank-decode")).toContain('tier=\\"device\\"');
+    });
+
+    it("KEDA triggers: valid PromQL over exported metrics, latency as Value under the SLO", () => {
+      for (const o of scaledObjects) {
+        const spec = o.spec as { minReplicaCount: number; maxReplicaCount: number; triggers: { type: string; name: string; metricType?: string; metadata: Record<string, string> }[] };
+        expect(spec.minReplicaCount, "a pod needs minutes to load; never scale to zero").toBeGreaterThanOrEqual(1);
+        expect(spec.maxReplicaCount).toBeGreaterThan(spec.minReplicaCount);
+        for (const t of spec.triggers) {
+          const where = `${o.metadata.name}/${t.name}`;
+          expect(t.type).toBe("prometheus");
+          expect(new URL(t.metadata.serverAddress!).protocol).toMatch(/^https?:$/);
+          const threshold = Number(t.metadata.threshold);
+          expect(threshold, where).toBeGreaterThan(0);
+          queryMetrics(t.metadata.query!, where);
+          const target = sloFor(t.metadata.query!);
+          if (target !== undefined) {
+            // A quantile does not add up over pods: AverageValue would divide it by the replicas.
+            expect(t.metricType, where).toBe("Value");
+            expect(threshold, `${where}: act before the SLO is missed`).toBeLessThanOrEqual(target);
+            expect(threshold, where).toBeGreaterThanOrEqual(target / 2);
+          }
+        }
+      }
+    });
+
+    it("HPA overlay: every metric is published by the prometheus-adapter rules, latency as Value under the SLO", () => {
+      const values = readYamlDocs(ADAPTER_VALUES)[0] as {
+        rules: { custom: AdapterRule[]; external: AdapterRule[] };
+      };
+      type AdapterRule = { seriesQuery: string; metricsQuery: string; name: { as: string } };
+      const published = new Map<string, { kind: "Pods" | "External"; rule: AdapterRule }>();
+      for (const [kind, rules] of [["Pods", values.rules.custom], ["External", values.rules.external]] as const) {
+        for (const rule of rules) {
+          const seriesMetrics = queryMetrics(rule.seriesQuery, `adapter ${rule.name.as} seriesQuery`);
+          queryMetrics(expandAdapter(rule.metricsQuery, seriesMetrics[0]!), `adapter ${rule.name.as} metricsQuery`);
+          expect(rule.name.as).toMatch(/^[a-z0-9_]+$/);
+          published.set(rule.name.as, { kind, rule });
+        }
+      }
+      for (const hpa of hpas) {
+        const spec = hpa.spec as { minReplicas: number; maxReplicas: number; metrics: { type: string; pods?: any; external?: any }[] };
+        expect(spec.minReplicas).toBeGreaterThanOrEqual(1);
+        for (const m of spec.metrics) {
+          const body = m.type === "Pods" ? m.pods : m.external;
+          const where = `${hpa.metadata.name}/${body.metric.name}`;
+          const rule = published.get(body.metric.name);
+          expect(rule?.kind, `${where} is not published by the adapter as a ${m.type} metric`).toBe(m.type);
+          const target = sloFor(rule!.rule.metricsQuery + rule!.rule.seriesQuery);
+          if (target !== undefined) {
+            expect(body.target.type, where).toBe("Value");
+            const value = parseQuantity(body.target.value);
+            expect(value, where).toBeLessThanOrEqual(target);
+            expect(value, where).toBeGreaterThanOrEqual(target / 2);
+          }
+        }
+      }
+    });
+  });
+});
+
+describe("Grafana dashboard", () => {
+  const file = readFileSync(at("deploy/grafana/ctxbank.json"), "utf8");
+  const dashboard = JSON.parse(file) as ReturnType<typeof buildDashboard> & { panels: Panel[]; templating: { list: { name: string; type: string; query: unknown }[] } };
+  const panels = dashboard.panels.filter((p) => p.type !== "row");
+
+  it("is what deploy/grafana/dashboard.ts builds (run `npx tsx deploy/grafana/build.ts`)", () => {
+    expect(file).toBe(dashboardText());
+  });
+
+  it("takes the Prometheus datasource from a template variable, on the current schema", () => {
+    expect(dashboard.schemaVersion).toBe(SCHEMA_VERSION);
+    const ds = dashboard.templating.list.find((v) => v.type === "datasource");
+    expect(ds?.query).toBe("prometheus");
+    const ref = { type: "prometheus", uid: `\${${ds!.name}}` };
+    for (const p of panels) {
+      expect(p.datasource, p.title as string).toEqual(ref);
+      for (const t of p.targets as { datasource: unknown }[]) expect(t.datasource).toEqual(ref);
+    }
+  });
+
+  it("queries parse and select only exported metrics, covering every ctxbank metric", () => {
+    const used = new Set<string>();
+    for (const p of panels) {
+      for (const t of p.targets as { expr: string; refId: string }[]) {
+        for (const m of queryMetrics(expandGrafana(t.expr), `${p.title as string}/${t.refId}`)) used.add(m.replace(/_(bucket|sum|count)$/, ""));
+      }
+    }
+    for (const v of dashboard.templating.list.filter((v) => v.type === "query")) {
+      const q = (v.query as { query: string }).query;
+      const inner = /^label_values\((.+),\s*\w+\)$/.exec(q);
+      expect(inner, q).not.toBeNull();
+      queryMetrics(inner![1]!, `variable ${v.name}`);
+    }
+    const missing = metrics.filter((m) => m.name.startsWith("ctxbank:") && !used.has(m.name)).map((m) => m.name);
+    expect(missing, "ctxbank metrics with no panel").toEqual([]);
+  });
+
+  it("lays panels out on the 24-column grid without overlaps, with unique ids", () => {
+    const ids = dashboard.panels.map((p) => p.id);
+    expect(new Set(ids).size).toBe(ids.length);
+    const cells = new Set<string>();
+    for (const p of dashboard.panels) {
+      const g = p.gridPos;
+      expect(g.x + g.w, p.title as string).toBeLessThanOrEqual(24);
+      for (let x = g.x; x < g.x + g.w; x++) {
+        for (let y = g.y; y < g.y + g.h; y++) {
+          expect(cells.has(`${x},${y}`), `${p.title as string} overlaps at ${x},${y}`).toBe(false);
+          cells.add(`${x},${y}`);
+        }
+      }
+    }
+  });
+});
+
+function hasKubectl(): boolean {
+  try {
+    execFileSync("kubectl", ["version", "--client"], { stdio: "ignore" });
+    return true;
+  } catch {
+    return false;
+  }
+}
