@@ -17,7 +17,7 @@ export interface Deployment {
   kind: DeploymentKind;
   /** OpenAI base URL (…/v1) of the process clients talk to. */
   baseUrl: string;
-  processes: Array<{ role: string; pid: number; threads: number }>;
+  processes: Array<{ role: string; pid: number; threads: number; reniced: boolean }>;
   stop(): Promise<void>;
 }
 
@@ -66,8 +66,8 @@ export async function startDeployment(kind: DeploymentKind, o: DeploymentOptions
       front = await startService("decode", [...db, "--threads", String(o.decodeThreads), "--instance-id", "loadgen-decode", ...slo]);
       procs.push({ role: "decode", p: front, threads: o.decodeThreads });
     }
-    if (o.nice !== undefined) for (const { p } of procs) reniceProcess(p.child.pid, o.nice);
-    return { kind, baseUrl: `${front.url}/v1`, processes: procs.map(({ role, p, threads }) => ({ role, pid: p.child.pid!, threads })), stop };
+    const reniced = procs.map(({ p }) => (o.nice !== undefined ? reniceProcess(p.child.pid, o.nice) : false));
+    return { kind, baseUrl: `${front.url}/v1`, processes: procs.map(({ role, p, threads }, i) => ({ role, pid: p.child.pid!, threads, reniced: reniced[i]! })), stop };
   } catch (e) {
     await stop();
     throw e;

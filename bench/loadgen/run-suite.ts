@@ -61,6 +61,8 @@ export interface WorkloadDef {
   budgetS: number;
   /** Lowest rate tried = first rate / minRateDiv. */
   minRateDiv: number;
+  /** Requests run alone before the sweep, the unloaded reference (their median). */
+  refRequests: number;
 }
 
 // SLOs for this 2-vCPU box and SmolLM2-135M, from unloaded single requests measured on it
@@ -81,6 +83,7 @@ export function workloads(quick: boolean): WorkloadDef[] {
       maxPoints: quick ? 3 : 6,
       budgetS: quick ? 60 : 170,
       minRateDiv: 8,
+      refRequests: 2,
     },
     {
       id: "long",
@@ -92,8 +95,9 @@ export function workloads(quick: boolean): WorkloadDef[] {
       factor: 1.5,
       relTol: 0.25,
       maxPoints: quick ? 2 : 4,
-      budgetS: quick ? 90 : 250,
+      budgetS: quick ? 90 : 240,
       minRateDiv: 4,
+      refRequests: 1,
     },
   ];
 }
@@ -199,12 +203,13 @@ export async function suiteMain(argv: string[]): Promise<void> {
     wallS: 0,
     options: o,
     requestFields: REQUEST_FIELDS,
-    workloads: defs.map((d) => ({ id: d.id, name: d.name, description: describeWorkload(d.spec), slo: d.slo, perPoint: d.perPoint, startFactor: d.startFactor, factor: d.factor, relTol: d.relTol, maxPoints: d.maxPoints, budgetS: d.budgetS })),
+    workloads: defs.map((d) => ({ id: d.id, name: d.name, description: describeWorkload(d.spec), slo: d.slo, perPoint: d.perPoint, startFactor: d.startFactor, factor: d.factor, relTol: d.relTol, maxPoints: d.maxPoints, budgetS: d.budgetS, refRequests: d.refRequests })),
     machine: machineBefore,
     loadAvgBefore: os.loadavg(),
     loadAvgAfter: [],
     git: gitInfo(repoRoot, ["bench/loadgen", "services", "shared", "native/src"]),
     model: modelPath,
+    deployments: [],
     configs,
   };
 
@@ -220,8 +225,17 @@ export async function suiteMain(argv: string[]): Promise<void> {
     log(`starting ${kind}`);
     const dep = await startDeployment(kind, { prefillThreads: 2, decodeThreads: 1, nice: o.nice });
     current = dep;
-    log(`${kind}: ${dep.baseUrl} (${dep.processes.map((p) => `${p.role} pid ${p.pid}, ${p.threads} threads`).join("; ")})`);
+    log(`${kind}: ${dep.baseUrl} (${dep.processes.map((p) => `${p.role} pid ${p.pid}, ${p.threads} threads${p.reniced ? `, nice ${o.nice}` : ""}`).join("; ")})`);
+    result.deployments.push({ kind, processes: dep.processes });
     try {
+      // Warm-up, not recorded: one request of each workload pays JIT, connection set-up and the
+      // engine's first-use allocations at both prompt sizes.
+      const warmClient = new StreamingClient({ baseUrl: dep.baseUrl, model: "default", timeoutMs: 30 * 60_000, extraBody: REQUEST_FIELDS });
+      for (const w of defs) {
+        const r = await runLoad(warmClient, new WorkloadFactory(w.spec, prompts), { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: 1, durationS: 1e6, drainS: 0, warmup: 0, seed: 98, progress: false });
+        if (!r.results[0]?.ok) throw new Error(`${kind}: warm-up request failed: ${r.results[0]?.error}`);
+      }
+      await warmClient.close();
       for (const w of defs) {
         for (const policy of o.policies) {
           const path = new URL(dep.baseUrl).pathname + "/chat/completions";
@@ -253,10 +267,9 @@ export async function suiteMain(argv: string[]): Promise<void> {
 async function runConfig(client: StreamingClient, factory: WorkloadFactory, w: WorkloadDef, deployment: DeploymentKind, policy: string, pids: number[]): Promise<ConfigRecord> {
   const label = `${w.id}/${deployment}/${policy}`;
   const t0 = performance.now();
-  // Warm-up: the first request after start pays JIT and first-forward allocations; the next two
-  // run alone and are the unloaded reference.
-  const warm = await runLoad(client, factory, { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: 3, durationS: 1e6, drainS: 0, warmup: 0, seed: 99, progress: false });
-  const ref = warm.results.slice(1).filter((r) => r.ok);
+  // The unloaded reference: requests one at a time on the warmed-up deployment.
+  const warm = await runLoad(client, factory, { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: w.refRequests, durationS: 1e6, drainS: 0, warmup: 0, seed: 99, progress: false });
+  const ref = warm.results.filter((r) => r.ok);
   if (ref.length === 0) throw new Error(`${label}: unloaded requests failed: ${warm.results.map((r) => r.error).join("; ")}`);
   const unloaded = {
     ttftMs: median(ref.map((r) => r.ttftMs!)),
@@ -316,12 +329,13 @@ export interface SuiteResult {
   wallS: number;
   options: ReturnType<typeof parse>;
   requestFields: Record<string, unknown>;
-  workloads: Array<{ id: string; name: string; description: string; slo: Slo; perPoint: number; startFactor: number; factor: number; relTol: number; maxPoints: number; budgetS: number }>;
+  workloads: Array<{ id: string; name: string; description: string; slo: Slo; perPoint: number; startFactor: number; factor: number; relTol: number; maxPoints: number; budgetS: number; refRequests: number }>;
   machine: ReturnType<typeof machineInfo>;
   loadAvgBefore: number[];
   loadAvgAfter: number[];
   git: ReturnType<typeof gitInfo>;
   model: string;
+  deployments: Array<{ kind: DeploymentKind; processes: Array<{ role: string; pid: number; threads: number; reniced: boolean }> }>;
   configs: ConfigRecord[];
 }
 
