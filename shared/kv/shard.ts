@@ -81,14 +81,16 @@ export class Shard {
     }
     const sizeBytes = Math.ceil(options.sizeBytes / alignment) * alignment;
     await mkdir(dir, { recursive: true, mode: 0o700 });
+    // A file of this shard id is left over from an earlier life (a crash, or an embedded database
+    // that restarted its epochs); nobody can rely on its contents. Remove it before measuring the
+    // free space: after a crash its pages still fill the tmpfs (a pod's /dev/shm survives a
+    // container restart), and the restarted process would never fit.
+    await removeShardFiles(dir, shardId);
     const fs = await statfs(dir);
     const available = fs.bavail * fs.bsize;
     if (sizeBytes > available) {
       throw new RangeError(`shard of ${sizeBytes} bytes does not fit in ${dir} (${available} bytes free)`);
     }
-    // A file with this name is left over from an earlier life (e.g. an embedded database that
-    // restarted its epochs); nobody can rely on its contents.
-    await removeShardFiles(dir, shardId);
     const filePath = path.join(dir, name);
     const file = await open(filePath, "wx+", 0o600);
     try {
