@@ -8,11 +8,20 @@ export function matches(labels, filter = {}) {
   return true;
 }
 
-function seriesKey(name, labels) {
-  return `${name}{${Object.keys(labels)
-    .sort()
-    .map((k) => `${k}=${JSON.stringify(labels[k])}`)
-    .join(",")}}`;
+// A sample's series identity (name and sorted labels), computed once per sample: a window of
+// scrapes compares the same samples again at every redraw.
+const keys = new WeakMap();
+function seriesKey(sample) {
+  let key = keys.get(sample);
+  if (key === undefined) {
+    const labels = sample.labels;
+    key = `${sample.name}{${Object.keys(labels)
+      .sort()
+      .map((k) => `${k}=${JSON.stringify(labels[k])}`)
+      .join(",")}}`;
+    keys.set(sample, key);
+  }
+  return key;
 }
 
 /** The family of `name`; a counter `x_total` is also found where its TYPE line names `x`. */
@@ -54,9 +63,9 @@ function increases(a, b, name, pick, filter, add) {
   const sb = samples(b, name, pick, filter);
   const sa = samples(a, name, pick, filter);
   if (!sb || !sa) return false;
-  const before = new Map(sa.map((s) => [seriesKey(s.name, s.labels), s.value]));
+  const before = new Map(sa.map((s) => [seriesKey(s), s.value]));
   for (const s of sb) {
-    const prev = before.get(seriesKey(s.name, s.labels)) ?? 0;
+    const prev = before.get(seriesKey(s)) ?? 0;
     add(s.labels, s.value >= prev ? s.value - prev : s.value);
   }
   return true;

@@ -40,8 +40,22 @@ function startIndex(scrapes, i, span) {
   return j;
 }
 
-/** Figures between two scrapes `a` (earlier) and `b`. */
+// Figures are memoised per scrape (and pair of scrapes): a redraw computes only the new point's.
+const betweenMemo = new WeakMap();
+const nowMemo = new WeakMap();
 function between(a, b) {
+  let byStart = betweenMemo.get(b);
+  if (!byStart) betweenMemo.set(b, (byStart = new Map()));
+  if (!byStart.has(a)) byStart.set(a, computeBetween(a, b));
+  return byStart.get(a);
+}
+function now(parsed) {
+  if (!nowMemo.has(parsed)) nowMemo.set(parsed, computeNow(parsed));
+  return nowMemo.get(parsed);
+}
+
+/** Figures between two scrapes `a` (earlier) and `b`. */
+function computeBetween(a, b) {
   const dt = (b.t - a.t) / 1000;
   const inc = (name, filter) => increase(a.parsed, b.parsed, name, filter);
   const requests = add(inc(M.success), inc(M.failure));
@@ -72,7 +86,7 @@ function between(a, b) {
 }
 
 /** Gauges and totals in one scrape. */
-function now(parsed) {
+function computeNow(parsed) {
   const gauge = (name, filter) => finite(sum(parsed, name, filter));
   // A counter family without series yet (prom-client writes a labelled series once touched) is 0.
   const total = (name, filter) => (family(parsed, name) ? (gauge(name, filter) ?? 0) : null);
