@@ -465,7 +465,7 @@ export function markdown(points: LengthPoint[]): string {
   });
   return [
     "### KV handoff throughput (median of the repetitions, best in parentheses; GB = 10^9 bytes)",
-    "read = the transport alone, every chunk into a buffer; load = what decode does: lease, read, verify (crc32, fingerprint, shape), import into the cache, release.",
+    "read = the transport alone, every chunk into a buffer; load = what decode does: lease, read, verify (checksum, fingerprint, shape), import into the cache, release.",
     transfer,
     "### CPU time per GB moved (all repetitions; reader = the decode side, owner = the prefill process serving the bytes)",
     "The last column is what the HTTP read would reach with the reader and the owner each on a core of its own.",
