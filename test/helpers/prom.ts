@@ -1,16 +1,13 @@
-// A small reader of the Prometheus text exposition format for tests: samples with their labels,
-// the TYPE and HELP of each family, and sums over samples whose labels match.
-
-export interface Sample {
-  name: string;
-  labels: Record<string, string>;
-  value: number;
-}
+// /metrics for tests, read with the dashboard's own parser (services/decode/dashboard/prom-parse.js)
+// but strictly: a line it cannot read fails the test. Adds what assertions want: every sample in
+// one list, and sums or single values over samples whose labels match.
+import { parsePrometheus, type Family, type Sample } from "../../services/decode/dashboard/prom-parse.js";
 
 export interface Scrape {
+  /** Families by name, with their TYPE and HELP (as the parser groups them). */
+  families: Map<string, Family>;
+  /** Every sample, in the order of the text. */
   samples: Sample[];
-  types: Map<string, string>;
-  help: Map<string, string>;
   /** Sum of the samples named `name` whose labels include every pair in `match` (0 when none). */
   sum(name: string, match?: Record<string, string>): number;
   /** The one sample named `name` matching `match`; throws unless there is exactly one. */
@@ -19,66 +16,15 @@ export interface Scrape {
   count(name: string, match?: Record<string, string>): number;
 }
 
-const SAMPLE = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+-?\d+)?$/;
-
-function parseLabels(text: string, line: string): Record<string, string> {
-  const labels: Record<string, string> = {};
-  let i = 0;
-  while (i < text.length) {
-    const m = /^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"/.exec(text.slice(i));
-    if (!m) {
-      if (/^\s*,?\s*$/.test(text.slice(i))) break;
-      throw new Error(`bad labels in: ${line}`);
-    }
-    i += m[0].length;
-    let value = "";
-    for (;;) {
-      const ch = text[i++];
-      if (ch === undefined) throw new Error(`unterminated label value in: ${line}`);
-      if (ch === '"') break;
-      if (ch === "\\") {
-        const next = text[i++];
-        value += next === "n" ? "\n" : next;
-      } else value += ch;
-    }
-    labels[m[1]!] = value;
-    const comma = /^\s*,?/.exec(text.slice(i))!;
-    i += comma[0].length;
-  }
-  return labels;
-}
-
-function parseValue(v: string): number {
-  if (v === "+Inf") return Infinity;
-  if (v === "-Inf") return -Infinity;
-  if (v.toLowerCase() === "nan") return NaN; // prom-client writes "Nan"; Prometheus parses it case-insensitively
-  const n = Number(v);
-  if (Number.isNaN(n)) throw new Error(`bad sample value ${v}`);
-  return n;
-}
-
 export function parseProm(text: string): Scrape {
-  const samples: Sample[] = [];
-  const types = new Map<string, string>();
-  const help = new Map<string, string>();
-  for (const line of text.split("\n")) {
-    if (line.trim() === "") continue;
-    const meta = /^#\s+(TYPE|HELP)\s+(\S+)\s*(.*)$/.exec(line);
-    if (meta) {
-      (meta[1] === "TYPE" ? types : help).set(meta[2]!, meta[3]!);
-      continue;
-    }
-    if (line.startsWith("#")) continue;
-    const m = SAMPLE.exec(line);
-    if (!m) throw new Error(`not a sample line: ${line}`);
-    samples.push({ name: m[1]!, labels: m[3] ? parseLabels(m[3], line) : {}, value: parseValue(m[4]!) });
-  }
+  const { families, errors } = parsePrometheus(text);
+  if (errors.length > 0) throw new Error(`unreadable /metrics text:\n${errors.join("\n")}`);
+  const samples = [...families.values()].flatMap((f) => f.samples);
   const matching = (name: string, match: Record<string, string> = {}) =>
     samples.filter((s) => s.name === name && Object.entries(match).every(([k, v]) => s.labels[k] === v));
   return {
+    families,
     samples,
-    types,
-    help,
     sum: (name, match) => matching(name, match).reduce((a, s) => a + s.value, 0),
     count: (name, match) => matching(name, match).length,
     get(name, match) {
