@@ -11,7 +11,7 @@ import type { CtxbankExtension } from "../shared/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { openRuntime, type Runtime } from "../services/runtime.ts";
 import { parseProm, scrape, type Scrape } from "./helpers/prom.ts";
-import { getJson, parseSse, postJson, tempShardDir } from "./helpers/services.ts";
+import { getJson, parseSse, postJson, tempShardDir, until } from "./helpers/services.ts";
 
 const FAMILIES: Record<string, string> = {
   "ctxbank:time_to_first_token_seconds": "histogram",
@@ -50,14 +50,6 @@ interface Answer {
 
 const sumOf = (answers: Answer[], f: (a: Answer) => number) => answers.reduce((s, a) => s + f(a), 0);
 const countOf = (answers: Answer[], f: (a: Answer) => boolean) => answers.filter(f).length;
-
-async function waitFor(what: string, check: () => boolean | Promise<boolean>, ms = 20_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
 
 describe("metrics on `serve` (both services, one registry)", () => {
   let shards: Awaited<ReturnType<typeof tempShardDir>>;
@@ -208,7 +200,7 @@ describe("metrics on `serve` (both services, one registry)", () => {
     const during = await scrape(url);
     expect(during.get("ctxbank:kv_bytes_in_use", { tier: "device" })).toBeGreaterThan(0);
     ac.abort();
-    await waitFor("the cancel", () => s.services.decode!.status().totals.cancelled === 1);
+    await until("the cancel is counted", () => s.services.decode!.status().totals.cancelled === 1, 20_000);
 
     const m = await scrape(url);
     const delta = (name: string, match?: Record<string, string>) => m.sum(name, match) - before.sum(name, match);
@@ -318,7 +310,7 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
     expect(handle.chunk_ids).toHaveLength(1);
     const shardUsed = (await scrape(prefill.url)).get("ctxbank:kv_bytes_in_use", { tier: "shard" });
     expect(shardUsed).toBeGreaterThan(0);
-    await waitFor("the lease expiry", async () => (await scrape(prefill.url)).get("ctxbank:lease_expiries_total") > before.get("ctxbank:lease_expiries_total"));
+    await until("the lease expiry is counted", async () => (await scrape(prefill.url)).get("ctxbank:lease_expiries_total") > before.get("ctxbank:lease_expiries_total"), 20_000);
     const after = await scrape(prefill.url);
     expect(after.get("ctxbank:lease_expiries_total") - before.get("ctxbank:lease_expiries_total")).toBe(1);
     expect(after.get("ctxbank:kv_bytes_in_use", { tier: "shard" })).toBeLessThan(shardUsed);

@@ -12,20 +12,12 @@ import type { Handle } from "../shared/http/wire.ts";
 import { chunkHeaderSize } from "../shared/kv/chunk.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { startPostgres } from "./helpers/postgres.ts";
-import { postJson, tempShardDir } from "./helpers/services.ts";
+import { postJson, tempShardDir, until } from "./helpers/services.ts";
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },
   { name: "PostgreSQL 15", start: startPostgres },
 ];
-
-async function until(what: string, check: () => Promise<boolean> | boolean, ms = 5_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error(`timed out waiting until ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
 
 describe.each(backends)("faults on $name", (backend) => {
   let db: { url: string; stop(): Promise<void> };

@@ -76,6 +76,15 @@ export async function tempShardDir(): Promise<{ dir: string; remove(): Promise<v
   return { dir, remove: () => rm(dir, { recursive: true, force: true }) };
 }
 
+/** Polls `check` every 25 ms until it holds; throws naming `what` after `ms`. */
+export async function until(what: string, check: () => Promise<boolean> | boolean, ms = 5_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error(`timed out waiting until ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
 /** POSTs JSON and returns status and parsed body. */
 export async function postJson(url: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
   const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
