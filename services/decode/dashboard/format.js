@@ -24,31 +24,23 @@ export const percent = (x) => (ok(x) ? `${fixed(x * 100, 1)}%` : NONE);
 /** Seconds as ms under a second: 850 ms, 1.25 s. */
 export const duration = (x) => (!ok(x) ? NONE : Math.abs(x) < 1 ? `${fixed(x * 1000)} ms` : `${fixed(x)} s`);
 
-const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
-/** Bytes in binary units: 11.3 MiB. */
-export function bytes(x) {
+/** x divided by `base` until it is below it, with the unit that many divisions name. */
+function scaled(x, base, units) {
   if (!ok(x)) return NONE;
   let i = 0;
   let v = x;
-  while (Math.abs(v) >= 1024 && i < UNITS.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return `${fixed(v, 2)} ${UNITS[i]}`;
-}
-
-/** Bytes per second in decimal units, as transfer rates are quoted: 1.2 GB/s. */
-export function byteRate(x) {
-  if (!ok(x)) return NONE;
-  const units = ["B/s", "kB/s", "MB/s", "GB/s"];
-  let i = 0;
-  let v = x;
-  while (Math.abs(v) >= 1000 && i < units.length - 1) {
-    v /= 1000;
+  while (Math.abs(v) >= base && i < units.length - 1) {
+    v /= base;
     i++;
   }
   return `${fixed(v, 2)} ${units[i]}`;
 }
+
+/** Bytes in binary units: 11.3 MiB. */
+export const bytes = (x) => scaled(x, 1024, ["B", "KiB", "MiB", "GiB", "TiB"]);
+
+/** Bytes per second in decimal units, as transfer rates are quoted: 1.2 GB/s. */
+export const byteRate = (x) => scaled(x, 1000, ["B/s", "kB/s", "MB/s", "GB/s"]);
 
 /** A span in seconds for labels: 42 s, 5 min. */
 export const span = (s) => (!ok(s) ? NONE : s < 90 ? `${Math.round(s)} s` : `${fixed(s / 60, 1)} min`);
