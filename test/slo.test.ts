@@ -60,6 +60,14 @@ describe("RequestClock", () => {
       slo: { ttft: true, tpot: false, all: false },
     });
   });
+
+  it("copes with more inter-token gaps than a function call takes arguments (a long generation)", () => {
+    const clock = new RequestClock(0);
+    for (let i = 1; i <= 200_000; i++) clock.token(i === 100_000 ? i + 0.5 : i);
+    const ext = ctxbankExtension(clock.finish(200_000, 0), { all: true });
+    expect(ext.timings.itl_ms_max).toBe(1.5);
+    expect(ext.timings.output_tokens).toBe(200_000);
+  });
 });
 
 describe("PrefillThroughput", () => {

@@ -18,7 +18,8 @@ export function ctxbankExtension(t: RequestTimings, slo: SloVerdict): CtxbankExt
       itl_ms_mean: gaps.length ? round(gaps.reduce((a, b) => a + b, 0) / gaps.length) : null,
       itl_ms_p50: maybe(quantile(gaps, 0.5)),
       itl_ms_p90: maybe(quantile(gaps, 0.9)),
-      itl_ms_max: gaps.length ? round(Math.max(...gaps)) : null,
+      // reduce, not Math.max(...gaps): a long generation has more gaps than a call may take arguments.
+      itl_ms_max: gaps.length ? round(gaps.reduce((a, b) => Math.max(a, b))) : null,
       output_tokens: t.outputTokens,
     },
     slo: { ...slo },
