@@ -183,7 +183,6 @@ export class KvLoader {
   }
 }
 
-/** Prefer the error that started the failure over the aborts it caused in the other workers. */
 /** The chunk's bytes: mapped in place where the transport can (shm), else read into `scratch`. */
 async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: { buf: Buffer }, opts: ReadChunkOptions): Promise<ChunkView> {
   if (opts.signal?.aborted) throw new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
@@ -194,6 +193,7 @@ async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: {
   return { bytes, release: () => {} };
 }
 
+/** Prefer the error that started the failure over the aborts it caused in the other workers. */
 function firstCause(settled: PromiseSettledResult<void>[], fallback: unknown): unknown {
   for (const s of settled) {
     if (s.status === "rejected" && !(s.reason instanceof KvLoadError && /aborted/.test(s.reason.message))) return s.reason;
