@@ -95,6 +95,12 @@ export function encodePrompt(rt: Pick<Runtime, "tokenizer" | "chat" | "model">, 
   return ids;
 }
 
+/** Tokens a decode request without max_tokens may generate: 256, or what the context leaves. */
+export const DEFAULT_MAX_TOKENS = 256;
+export function defaultMaxTokens(maxContext: number, promptTokens: number): number {
+  return Math.max(1, Math.min(DEFAULT_MAX_TOKENS, maxContext - promptTokens));
+}
+
 /** 413 when the prompt leaves no room to generate; 400 when prompt + max tokens exceed the context. */
 export function checkContext(maxContext: number, promptTokens: number, maxTokens: number | undefined): void {
   if (promptTokens >= maxContext) {

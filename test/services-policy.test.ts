@@ -95,6 +95,18 @@ describe("policies through the services", () => {
     expect(res.body.choices[0].text).toBe(s.rt.tokenizer.decode(expected));
   });
 
+  it("a prefill without max_tokens checks the policy against the decode's default length, not 1 token", async () => {
+    // adaptive SCOPE needs T (max_output = max_tokens) > beta2: true of the default 256, not of 1.
+    const policy = { kind: "scope", scope: { mode: "adaptive", beta1: 8, beta2: 8 } };
+    const res = await postJson(`${s.url}/v1/prefill`, { prompt: "hi", policy });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    const out = await postJson(`${s.url}/v1/decode`, { handle: res.body, max_tokens: 12, temperature: 0 });
+    expect(out.status, JSON.stringify(out.body)).toBe(200);
+    const short = await postJson(`${s.url}/v1/prefill`, { prompt: "hi", policy, max_tokens: 8 });
+    expect(short.status).toBe(400);
+    expect(short.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
+  });
+
   it("refuses policies the model cannot run, before any work", async () => {
     const bad = [
       [{ kind: "omnikv", omnikv: { filter_layers: [40] } }, "invalid_policy", /filter layer 40/],
@@ -113,6 +125,6 @@ describe("policies through the services", () => {
     const viaOpenAi = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages: [{ role: "user", content: "hi" }], policy: { kind: "omnikv", omnikv: { filter_layers: [29, 3] } } });
     expect(viaOpenAi.status).toBe(400);
     expect(viaOpenAi.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
-    expect(s.services.prefill!.status().totals.prefills).toBe(2); // only the two tests above prefilled
+    expect(s.services.prefill!.status().totals.prefills).toBe(3); // only the three tests above prefilled
   });
 });

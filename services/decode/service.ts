@@ -16,13 +16,11 @@ import { requests } from "../../shared/registry/schema.ts";
 import type { PolicySpec } from "../../shared/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy } from "../policy.ts";
-import { checkContext, sloTargets, type Runtime } from "../runtime.ts";
+import { checkContext, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { DecodeScheduler, Slot } from "./scheduler.ts";
 import { TokenTextStream } from "./text-stream.ts";
-
-export const DEFAULT_MAX_TOKENS = 256;
 
 export interface DecodeOptions {
   maxTokens?: number | undefined;
@@ -172,7 +170,7 @@ export class DecodeService {
         throw new ApiError(400, "invalid_request", "handle.prompt_token_ids must hold prompt_tokens ids", "handle.prompt_token_ids");
       }
       const n = handle.prompt_tokens;
-      const maxTokens = opts.maxTokens ?? Math.max(1, Math.min(DEFAULT_MAX_TOKENS, engine.maxContext - n));
+      const maxTokens = opts.maxTokens ?? defaultMaxTokens(engine.maxContext, n);
       checkContext(engine.maxContext, n, maxTokens);
       const { policy } = planPolicy(this.rt, opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);

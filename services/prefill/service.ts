@@ -20,7 +20,7 @@ import { chunks, shards } from "../../shared/registry/schema.ts";
 import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy, type PlannedPolicy } from "../policy.ts";
-import { checkContext, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
+import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { Gate } from "./gate.ts";
 
 const ALIGN = 4096;
@@ -159,7 +159,8 @@ export class PrefillService {
     const t0 = performance.now();
     const tokens = encodePrompt(this.rt, req);
     checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
-    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? 1);
+    // Checked against the length the decode will plan for (SCOPE's T is max_tokens, or decode's default).
+    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length));
     let sampling;
     try {
       sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
