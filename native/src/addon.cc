@@ -179,6 +179,8 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                    {InstanceAccessor<&NativeSequence::NPast>("nPast"),
                                     InstanceAccessor<&NativeSequence::Capacity>("capacity"),
                                     InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"),
+                                    InstanceAccessor<&NativeSequence::DeviceBytes>("deviceBytesUsed"),
+                                    InstanceAccessor<&NativeSequence::HostBytes>("hostBytesUsed"),
                                     InstanceMethod<&NativeSequence::Truncate>("truncate"),
                                     InstanceMethod<&NativeSequence::Release>("release"),
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
@@ -206,6 +208,13 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   Napi::Value Capacity(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), seq_->kv.capacity()); }
   Napi::Value BytesUsed(const Napi::CallbackInfo& info) {
     return Napi::Number::New(info.Env(), static_cast<double>(seq_->kv.bytes_used()));
+  }
+  // The two tiers: the device arena (device-tier KV + packed buffers at full budget) and the host bank.
+  Napi::Value DeviceBytes(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), static_cast<double>(seq_->device_bytes(seq_->n_past())));
+  }
+  Napi::Value HostBytes(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), static_cast<double>(seq_->kv.host_bytes_used()));
   }
   // truncate(n): forget every token from n on (rollback, or reuse of a shared prefix).
   Napi::Value Truncate(const Napi::CallbackInfo& info) {
@@ -241,8 +250,12 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
     if (info.Length() != 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "setPolicy(policy) needs an object");
     Napi::Object o = info[0].As<Napi::Object>();
-    seq_->policy = policy_from_js(o, model_->config());
-    seq_->reset_policy_state();
+    AttentionPolicy policy = policy_from_js(o, model_->config());
+    try {
+      seq_->set_policy(policy);
+    } catch (const std::invalid_argument& e) {
+      throw Napi::RangeError::New(env, e.what());
+    }
     return env.Undefined();
   }
   Napi::Value PolicyStats(const Napi::CallbackInfo& info) { return policy_stats_to_js(info.Env(), *seq_); }
@@ -316,6 +329,13 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     opts.n_threads_decode = int_option(o, "decodeThreads", 1, 1, 256);
     opts.ubatch = int_option(o, "ubatch", 512, 1, 8192);
     opts.max_context = int_option(o, "maxContext", 0, 0, 1 << 22);
+    const Napi::Value budget = o.Get("deviceBudgetBytes");
+    if (!budget.IsUndefined()) {
+      const double b = budget.IsNumber() ? budget.As<Napi::Number>().DoubleValue() : -1;
+      if (!(b >= 0 && b <= 9007199254740991.0 && b == static_cast<double>(static_cast<uint64_t>(b))))
+        throw Napi::RangeError::New(env, "deviceBudgetBytes must be a non-negative integer");
+      opts.device_budget_bytes = static_cast<size_t>(b);
+    }
     try {
       engine_ = std::make_shared<Engine>(NativeModel::Unwrap(info[0].As<Napi::Object>())->model(), opts);
     } catch (const std::exception& e) {
@@ -332,6 +352,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("decodeThreads", engine_->options().n_threads_decode);
     o.Set("ubatch", engine_->options().ubatch);
     o.Set("maxContext", engine_->max_context());
+    o.Set("deviceBudgetBytes", static_cast<double>(engine_->options().device_budget_bytes));
     return o;
   }
 
@@ -348,6 +369,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     }
     try {
       NativeSequence::SequenceInit init{std::make_shared<Sequence>(engine_->config(), capacity), engine_->model_ptr()};
+      init.seq->device_budget = engine_->options().device_budget_bytes;
       auto ext = Napi::External<NativeSequence::SequenceInit>::New(env, &init);
       return NativeSequence::ctor.New({ext});
     } catch (const std::exception& e) {

@@ -39,6 +39,11 @@ OmniKvConfig omnikv_config(Napi::Object policy) {
   const Napi::Value sel = o.Get("selector");
   if (!sel.IsUndefined() && (!sel.IsString() || !parse_selector(sel.As<Napi::String>().Utf8Value(), &cfg.selector)))
     throw Napi::TypeError::New(env, "omnikv.selector: unknown selector (supported: last, last_softmax)");
+  const Napi::Value offload = o.Get("offload");
+  if (!offload.IsUndefined()) {
+    if (!offload.IsBoolean()) throw Napi::TypeError::New(env, "omnikv.offload must be a boolean");
+    cfg.offload = offload.As<Napi::Boolean>().Value();
+  }
   const Napi::Value guard = o.Get("guard");
   if (!guard.IsUndefined()) {
     if (!guard.IsBoolean()) throw Napi::TypeError::New(env, "omnikv.guard must be a boolean");

@@ -30,7 +30,8 @@ void Engine::attention(int layer, const std::vector<Slice>& slices) {
   parallel(static_cast<int>(attn_tasks_.size()), [&](int i, int thread) {
     const AttnTask& task = attn_tasks_[i];
     const QueryBlock& qb = qblocks_[task.block];
-    if (slice_keys_[qb.slice]) attend_listed(layer, slices[qb.slice], qb.t_begin, task.h0, attn_scratch_[thread]);
+    if (slice_keys_[qb.slice])
+      attend_listed(layer, slices[qb.slice], slice_packed_[qb.slice], qb.t_begin, task.h0, attn_scratch_[thread]);
     else attend_rows(layer, slices[qb.slice], qb, task.h0, task.n_heads, attn_scratch_[thread]);
   });
 }
@@ -54,7 +55,7 @@ void Engine::softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRe
 // heads. Scores are kept whole per row, so the softmax is exact.
 void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc) {
   const ModelConfig& c = config();
-  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim(), width = n_heads * d;
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, width = n_heads * d;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   KvCache& kv = s.item->seq->kv;
   const int n_tok = qb.t_end - qb.t_begin, nq = n_tok * group;  // query rows per KV head
@@ -70,7 +71,7 @@ void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0
                   sizeof(float) * group * d);
   for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);
-    k_.kv_to_f32(kv.k(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+    k_.kv_to_f32(kv.k(layer, k0) + h0 * d, kv.ld(layer), nk, width, sc.kv.data());
     for (int gl = 0; gl < n_heads; ++gl)
       k_.attn_scores(q_rows(gl), nq, sc.kv.data() + gl * d, width, nk, d, scale, s_rows(gl) + k0, lds);
   }
@@ -86,7 +87,7 @@ void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0
   std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(n_heads) * nq * d, 0.f);
   for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);
-    k_.kv_to_f32(kv.v(layer, k0) + h0 * d, kv_dim, nk, width, sc.kv.data());
+    k_.kv_to_f32(kv.v(layer, k0) + h0 * d, kv.ld(layer), nk, width, sc.kv.data());
     for (int gl = 0; gl < n_heads; ++gl)
       k_.attn_values(s_rows(gl) + k0, lds, nq, sc.kv.data() + gl * d, width, nk, d, o_rows(gl));
   }
@@ -99,7 +100,7 @@ void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0
 // One decode token (ubatch row t) of a sparse-policy sequence, KV head g, over that head's key
 // list (all listed keys precede the token, so no causal mask). Under SCOPE this step's attention
 // then decides which generated tokens the next step keeps.
-void Engine::attend_listed(int layer, const Slice& s, int t, int g, AttnScratch& sc) {
+void Engine::attend_listed(int layer, const Slice& s, const Packed& packed, int t, int g, AttnScratch& sc) {
   const ModelConfig& c = config();
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -107,17 +108,25 @@ void Engine::attend_listed(int layer, const Slice& s, int t, int g, AttnScratch&
   const std::vector<int32_t>& keys = seq.state.heads[g].keys;
   const int n_keys = static_cast<int>(keys.size());
   const float* q = &q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
-  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
-    const int nk = std::min(kKeyBlock, n_keys - k0);
-    k_.kv_gather_f32(seq.kv.k(layer) + g * d, kv_dim, keys.data() + k0, nk, d, sc.kv.data());
-    k_.attn_scores(q, group, sc.kv.data(), d, nk, d, scale, &sc.scores[k0], n_keys);
+  // The first `packed.n` keys are rows 0.. of the packed buffer (offload); the rest are read from
+  // the cache where they live. Key blocks never straddle the two.
+  const size_t ld = seq.kv.ld(layer);
+  auto widen = [&](bool values, int k0, int nk) {
+    if (k0 < packed.n) k_.kv_to_f32(packed.k + (values ? kv_dim : 0) + g * d + k0 * packed.ld, packed.ld, nk, d, sc.kv.data());
+    else k_.kv_gather_f32((values ? seq.kv.v(layer) : seq.kv.k(layer)) + g * d, ld, keys.data() + k0, nk, d, sc.kv.data());
+  };
+  auto block_end = [&](int k0) { return std::min({k0 + kKeyBlock, n_keys, k0 < packed.n ? packed.n : n_keys}); };
+  for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
+    k1 = block_end(k0);
+    widen(false, k0, k1 - k0);
+    k_.attn_scores(q, group, sc.kv.data(), d, k1 - k0, d, scale, &sc.scores[k0], n_keys);
   }
   softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return n_keys; });
   std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(group) * d, 0.f);
-  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
-    const int nk = std::min(kKeyBlock, n_keys - k0);
-    k_.kv_gather_f32(seq.kv.v(layer) + g * d, kv_dim, keys.data() + k0, nk, d, sc.kv.data());
-    k_.attn_values(&sc.scores[k0], n_keys, group, sc.kv.data(), d, nk, d, sc.out.data());
+  for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
+    k1 = block_end(k0);
+    widen(true, k0, k1 - k0);
+    k_.attn_values(&sc.scores[k0], n_keys, group, sc.kv.data(), d, k1 - k0, d, sc.out.data());
   }
   std::memcpy(&attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], sc.out.data(),
               sizeof(float) * group * d);

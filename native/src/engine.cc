@@ -81,6 +81,27 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
 
 Engine::~Engine() = default;
 
+void Sequence::set_policy(const AttentionPolicy& p) {
+  const size_t packed = p.packed_rows() * kv.row_pair_bytes();
+  if (device_budget > 0 && packed > device_budget)
+    throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " +
+                                std::to_string(packed >> 20) + " MiB of packed rows, more than the device arena's " +
+                                std::to_string(device_budget >> 20) + " MiB");
+  if (p.offloads()) kv.offload(p.sparse_groups());
+  else kv.restore();
+  policy = p;
+  reset_policy_state();
+}
+
+size_t Sequence::device_bytes(int n_tokens) const {
+  const int device_layers = kv.n_layer() - [&] {
+    int banked = 0;
+    for (int l = 0; l < kv.n_layer(); ++l) banked += kv.bank_of(l) >= 0;
+    return banked;
+  }();
+  return kv.row_pair_bytes() * (static_cast<size_t>(n_tokens) * device_layers + policy.packed_rows());
+}
+
 void Engine::validate(const std::vector<BatchItem>& items) const {
   const ModelConfig& c = config();
   for (size_t i = 0; i < items.size(); ++i) {
@@ -94,6 +115,11 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
       throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) +
                                   " tokens exceed the context limit of " + std::to_string(limit) +
                                   (limit == max_ctx_ ? " (model context)" : " (sequence capacity)"));
+    const Sequence& seq = *it.seq;
+    if (seq.device_budget > 0 && seq.device_bytes(seq.n_past() + it.n_tokens) > seq.device_budget)
+      throw std::invalid_argument("forward: " + std::to_string(seq.n_past() + it.n_tokens) + " tokens need " +
+                                  std::to_string(seq.device_bytes(seq.n_past() + it.n_tokens) >> 20) +
+                                  " MiB of the device arena, which holds " + std::to_string(seq.device_budget >> 20) + " MiB");
     for (int t = 0; t < it.n_tokens; ++t)
       if (it.tokens[t] < 0 || it.tokens[t] >= c.n_vocab)
         throw std::invalid_argument("forward: token id " + std::to_string(it.tokens[t]) + " is outside the vocabulary");

@@ -22,6 +22,9 @@ struct EngineOptions {
   int n_threads_decode = 1;
   int ubatch = 512;       // tokens per micro-batch (bounds the scratch memory)
   int max_context = 0;    // longest sequence the engine accepts; 0 = the model's trained context
+  // The "device" arena one sequence may use: its device-tier KV plus OmniKV's packed buffers
+  // (KvCache, policy.h). 0 = no limit. A forward that would exceed it is refused.
+  size_t device_budget_bytes = 0;
 };
 
 class Sequence {
@@ -33,6 +36,13 @@ class Sequence {
   int n_past() const { return kv.size(); }
   // After the cache is rewound or replaced, decode-time selections start over.
   void reset_policy_state() { state.reset(); }
+  // Takes a validated policy; under OmniKV offload moves the sparse groups into the host bank
+  // (and back when offload ends). Throws std::invalid_argument if its packed buffers alone
+  // would not fit the device budget.
+  void set_policy(const AttentionPolicy& p);
+  // Device bytes with n tokens stored: the device-tier KV plus the packed buffers at full budget.
+  size_t device_bytes(int n_tokens) const;
+  size_t device_budget = 0;  // EngineOptions::device_budget_bytes at creation; 0 = none
 };
 
 struct BatchItem {
@@ -76,14 +86,18 @@ class Engine {
   struct AttnTask { int block, h0, n_heads; };
   void attention(int layer, const std::vector<Slice>& slices);
   void attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);
-  void attend_listed(int layer, const Slice& s, int t, int g, AttnScratch& sc);
+  // Offload: a sparse layer's selected rows in its group's packed buffer (n = 0: none).
+  struct Packed { const uint16_t* k = nullptr; size_t ld = 0; int n = 0; };
+  void attend_listed(int layer, const Slice& s, const Packed& packed, int t, int g, AttnScratch& sc);
   void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<int(int)> valid);
   void scope_update(int layer, Sequence& seq, int g, const float* probs, int n_keys);
   void baseline_keys(int layer, Sequence& seq, int pos);
   void h2o_update(int layer, Sequence& seq, int g, const float* probs, int n_keys);
   // Sparse decode (policy.h): the key list each slice attends at `layer` (nullptr = all).
   void prepare_sparse(int layer, const std::vector<Slice>& slices);
-  void select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out);
+  bool select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out);  // true: `out` changed
+  void refresh_packed(Sequence& seq, int filter_index);
+  Packed packed_for(int layer, const Sequence& seq) const;
   void for_tokens(int n, FunctionRef<void(int)> fn);
   void parallel(int n_tasks, FunctionRef<void(int, int)> fn) { pool_.parallel_for(n_tasks, fn, single_thread_); }
 
@@ -109,6 +123,7 @@ class Engine {
   std::vector<AttnTask> attn_tasks_;
   // Per slice, for the current layer: per-KV-head key lists of a sparse decode step, or nullptr.
   std::vector<const std::vector<PolicyState::Head>*> slice_keys_;
+  std::vector<Packed> slice_packed_;
   std::vector<float> sel_raw_, sel_rank_;                 // selection scratch: [n_head][ctx], [ctx]
   std::vector<int32_t> sel_new_;
   std::vector<AttnScratch> attn_scratch_;

@@ -1,6 +1,7 @@
 #include "kv_cache.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -17,13 +18,99 @@ KvCache::KvCache(int n_layer, int kv_dim, int capacity) : n_layer_(n_layer), kv_
   if (p == MAP_FAILED)
     throw std::runtime_error("kv cache: cannot reserve " + std::to_string(bytes_ >> 20) + " MiB: " + std::strerror(errno));
   base_ = static_cast<uint16_t*>(p);
+  bank_of_.assign(n_layer, -1);
+  slot_.assign(n_layer, -1);
 }
 
-KvCache::~KvCache() { munmap(base_, bytes_); }
+KvCache::~KvCache() {
+  for (const Bank& b : banks_) munmap(b.base, b.bytes);
+  munmap(base_, bytes_);
+}
 
 void KvCache::release() {
   madvise(base_, bytes_, MADV_DONTNEED);
+  for (const Bank& b : banks_) madvise(b.base, b.bytes, MADV_DONTNEED);
   size_ = 0;
+}
+
+void KvCache::move_rows(int layer, bool to_bank) {
+  uint16_t* dev_k = base_ + layer_offset(layer);
+  uint16_t* dev_v = dev_k + static_cast<size_t>(capacity_) * kv_dim_;
+  const size_t row = static_cast<size_t>(kv_dim_) * sizeof(uint16_t);
+  for (int t = 0; t < size_; ++t) {
+    uint16_t* dk = dev_k + static_cast<size_t>(t) * kv_dim_;
+    uint16_t* dv = dev_v + static_cast<size_t>(t) * kv_dim_;
+    if (to_bank) {
+      std::memcpy(k(layer, t), dk, row);
+      std::memcpy(v(layer, t), dv, row);
+    } else {
+      std::memcpy(dk, k(layer, t), row);
+      std::memcpy(dv, v(layer, t), row);
+    }
+  }
+}
+
+void KvCache::offload(const std::vector<std::vector<int>>& groups) {
+  std::vector<bool> seen(n_layer_, false);
+  for (const auto& g : groups) {
+    if (g.empty()) throw std::invalid_argument("kv cache: an offload group is empty");
+    for (int l : g) {
+      if (l < 0 || l >= n_layer_ || seen[l]) throw std::invalid_argument("kv cache: offload groups must hold distinct layers of the model");
+      seen[l] = true;
+    }
+  }
+  restore();
+  for (const auto& g : groups) {
+    Bank b;
+    b.n_layers = static_cast<int>(g.size());
+    b.bytes = static_cast<size_t>(capacity_) * b.n_layers * row_pair_bytes();
+    void* p = mmap(nullptr, b.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      restore();
+      throw std::runtime_error("kv cache: cannot reserve a host bank of " + std::to_string(b.bytes >> 20) + " MiB: " + std::strerror(errno));
+    }
+    b.base = static_cast<uint16_t*>(p);
+    banks_.push_back(b);
+  }
+  for (size_t bi = 0; bi < groups.size(); ++bi)
+    for (size_t j = 0; j < groups[bi].size(); ++j) {
+      const int l = groups[bi][j];
+      bank_of_[l] = static_cast<int>(bi);  // from here k()/v() address the bank
+      slot_[l] = static_cast<int>(j);
+      ++banked_layers_;
+    }
+  // Copy the stored rows over, then give the device pages back (K and V of a layer are adjacent).
+  for (int l = 0; l < n_layer_; ++l)
+    if (bank_of_[l] >= 0) {
+      move_rows(l, true);
+      release_pages(base_ + layer_offset(l), 2 * layer_bytes());
+    }
+}
+
+// MADV_DONTNEED on the whole pages inside [p, p + bytes) only: a layer's range need not start or
+// end on a page boundary, and the neighbouring layers' rows on a shared page must survive.
+void KvCache::release_pages(void* p, size_t bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+void KvCache::restore() {
+  if (banks_.empty()) return;
+  for (int l = 0; l < n_layer_; ++l)
+    if (bank_of_[l] >= 0) move_rows(l, false);
+  for (const Bank& b : banks_) munmap(b.base, b.bytes);
+  banks_.clear();
+  bank_of_.assign(n_layer_, -1);
+  slot_.assign(n_layer_, -1);
+  banked_layers_ = 0;
+}
+
+void KvCache::gather_bank(int bank, const int32_t* tokens, int n, uint16_t* out) const {
+  const Bank& b = banks_[bank];
+  const size_t run = static_cast<size_t>(b.n_layers) * 2 * kv_dim_;
+  for (int j = 0; j < n; ++j) std::memcpy(out + j * run, b.base + static_cast<size_t>(tokens[j]) * run, run * sizeof(uint16_t));
 }
 
 void KvCache::set_size(int n) {

@@ -2,9 +2,16 @@
 // the rows of layer l at token t are addressable for export and sparse attention. The whole
 // capacity is reserved up front as one anonymous mapping: the address never moves (JS views
 // stay valid) and the kernel commits pages only as tokens are written.
+//
+// Two memory tiers (OmniKV's context bank, DESIGN.md): offload() moves groups of layers out of
+// the "device" arena into a host bank, one mapping per group laid out token-major
+// ([token][layer of the group][K|V][kv_dim], the chunk payload's layout), so the rows of every
+// layer of a group for one token are one contiguous run and a gather over selected tokens reads
+// each token once. k()/v() and ld() address either tier, so readers and writers need not care.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace ctx {
 
@@ -25,22 +32,57 @@ class KvCache {
   void release();
   size_t row_elems() const { return static_cast<size_t>(kv_dim_); }
 
-  uint16_t* k(int layer, int token = 0) { return base_ + layer_offset(layer) + static_cast<size_t>(token) * kv_dim_; }
-  uint16_t* v(int layer, int token = 0) { return k(layer, token) + static_cast<size_t>(capacity_) * kv_dim_; }
+  uint16_t* k(int layer, int token = 0) {
+    const int b = bank_of_[layer];
+    if (b >= 0) return banks_[b].base + (static_cast<size_t>(token) * banks_[b].n_layers + slot_[layer]) * 2 * kv_dim_;
+    return base_ + layer_offset(layer) + static_cast<size_t>(token) * kv_dim_;
+  }
+  uint16_t* v(int layer, int token = 0) {
+    return k(layer, token) + (bank_of_[layer] >= 0 ? static_cast<size_t>(kv_dim_) : static_cast<size_t>(capacity_) * kv_dim_);
+  }
+  // Elements between the rows of consecutive tokens of a layer (K or V).
+  size_t ld(int layer) const { return bank_of_[layer] >= 0 ? static_cast<size_t>(banks_[bank_of_[layer]].n_layers) * 2 * kv_dim_ : kv_dim_; }
   const uint16_t* k(int layer, int token = 0) const { return const_cast<KvCache*>(this)->k(layer, token); }
   const uint16_t* v(int layer, int token = 0) const { return const_cast<KvCache*>(this)->v(layer, token); }
 
   size_t layer_bytes() const { return static_cast<size_t>(capacity_) * kv_dim_ * sizeof(uint16_t); }  // K or V
-  size_t bytes_used() const { return static_cast<size_t>(size_) * kv_dim_ * sizeof(uint16_t) * 2 * n_layer_; }
+  size_t bytes_used() const { return device_bytes_used() + host_bytes_used(); }
   size_t bytes_reserved() const { return bytes_; }
+  // Bytes of stored tokens in each tier.
+  size_t device_bytes_used() const { return row_pair_bytes() * size_ * (n_layer_ - banked_layers_); }
+  size_t host_bytes_used() const { return row_pair_bytes() * size_ * banked_layers_; }
+  size_t row_pair_bytes() const { return 2 * static_cast<size_t>(kv_dim_) * sizeof(uint16_t); }  // one token, one layer
+
+  // Moves each group's layers (distinct, each in at most one group) into a host bank, rows of
+  // stored tokens included, and returns their device pages. Replaces any earlier offload.
+  void offload(const std::vector<std::vector<int>>& groups);
+  void restore();  // every banked layer back into the device arena
+  int n_banks() const { return static_cast<int>(banks_.size()); }
+  int bank_of(int layer) const { return bank_of_[layer]; }  // -1: on the device
+  int slot_in_bank(int layer) const { return slot_[layer]; }
+  int bank_layers(int bank) const { return banks_[bank].n_layers; }
+  // OmniKV's packed load: for each of n tokens, the whole run of `bank`'s rows (every layer, K
+  // and V) copied to out + j * bank_layers * 2 * kv_dim, in one sequential pass per token.
+  void gather_bank(int bank, const int32_t* tokens, int n, uint16_t* out) const;
 
  private:
   size_t layer_offset(int layer) const { return static_cast<size_t>(layer) * 2 * capacity_ * kv_dim_; }
+
+  struct Bank {
+    uint16_t* base = nullptr;
+    size_t bytes = 0;
+    int n_layers = 0;
+  };
+  void move_rows(int layer, bool to_bank);
+  static void release_pages(void* p, size_t bytes);
 
   int n_layer_, kv_dim_, capacity_;
   int size_ = 0;
   uint16_t* base_ = nullptr;
   size_t bytes_ = 0;
+  std::vector<Bank> banks_;
+  std::vector<int> bank_of_, slot_;  // per layer: its bank and place in it, or -1
+  int banked_layers_ = 0;
 };
 
 }  // namespace ctx

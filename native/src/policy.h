@@ -33,6 +33,10 @@ struct OmniKvConfig {
   Selector selector = Selector::Last;
   bool guard = true;               // the layer after each filter layer stays dense
   float lazy_iou = 0.f;            // reuse the previous set when the new one overlaps it more (0 = off)
+  // Memory tiers: keep the sparse layers' KV in the host bank (KvCache::offload), and at each
+  // selection gather the selected tokens' rows of a filter layer's sparse group into one packed
+  // device buffer that those layers attend over.
+  bool offload = false;
 };
 
 enum class ScopeMode {
@@ -81,6 +85,12 @@ struct AttentionPolicy {
   bool sparse_decode() const { return kind != Kind::Full; }
   bool uses_omnikv() const { return kind == Kind::OmniKv || kind == Kind::OmniKvScope; }
   bool uses_scope() const { return kind == Kind::Scope || kind == Kind::OmniKvScope; }
+  bool offloads() const { return uses_omnikv() && omnikv.offload; }
+  // OmniKV: per filter layer (in order), the sparse layers that use its selection; the groups the
+  // host bank holds under offload.
+  std::vector<std::vector<int>> sparse_groups() const;
+  // Device bytes of the packed buffers at most (budget rows of every sparse group), per KV row pair.
+  size_t packed_rows() const;
   const char* name() const;
 };
 
@@ -96,8 +106,11 @@ struct PolicyState {
     std::vector<int32_t> scratch, out;
   };
   std::vector<Head> heads;
+  // Offload: per filter layer, its sparse group's rows for the selected tokens, token-major
+  // ([selected][layer of the group][K|V][kv_dim]), refreshed when the selection changes.
+  std::vector<std::vector<uint16_t>> packed;
   uint64_t selections = 0, lazy_reuses = 0;
-  void reset() { prompt_len = -1; selected.clear(); pool.clear(); acc.clear(); }
+  void reset() { prompt_len = -1; selected.clear(); pool.clear(); acc.clear(); packed.clear(); }
 };
 
 const char* selector_name(Selector s);

@@ -66,6 +66,7 @@ void Engine::h2o_update(int layer, Sequence& seq, int g, const float* probs, int
 void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
   const int hkv = config().n_head_kv;
   slice_keys_.assign(slices.size(), nullptr);
+  slice_packed_.assign(slices.size(), Packed{});
   int t = 0;
   for (size_t i = 0; i < slices.size(); t += slices[i].count, ++i) {
     const Slice& s = slices[i];
@@ -90,9 +91,12 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       const LayerRole role = pol.roles[layer];
       if (role == LayerRole::Filter) {
         const auto& f = pol.omnikv.filter_layers;
-        select_tokens(layer, seq, t, st.selected[std::find(f.begin(), f.end(), layer) - f.begin()]);
+        const int idx = static_cast<int>(std::find(f.begin(), f.end(), layer) - f.begin());
+        const bool changed = select_tokens(layer, seq, t, st.selected[idx]);
+        if (pol.offloads() && (changed || st.packed.empty() || st.packed[idx].empty())) refresh_packed(seq, idx);
       } else if (role == LayerRole::Sparse) {
         prompt_subset = &st.selected[pol.group[layer]];
+        slice_packed_[i] = packed_for(layer, seq);
       }
     }
     if (pol.kind == AttentionPolicy::Kind::Streaming || pol.kind == AttentionPolicy::Kind::H2o) {
@@ -101,7 +105,10 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       continue;
     }
     // A selection holding the whole prompt is the dense case: take the faster row-streaming path.
-    if (prompt_subset && static_cast<int>(prompt_subset->size()) == st.prompt_len) prompt_subset = nullptr;
+    if (prompt_subset && static_cast<int>(prompt_subset->size()) == st.prompt_len) {
+      prompt_subset = nullptr;
+      slice_packed_[i] = Packed{};
+    }
     if (!prompt_subset && !pol.uses_scope()) continue;  // this layer attends everything
     for (int g = 0; g < hkv; ++g) {
       std::vector<int32_t>& keys = st.heads[g].keys;
@@ -122,23 +129,24 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
 
 // OmniKV selection on a filter layer: rank the prompt's tokens by the current query (every query
 // head, max over heads) and keep the top `budget`, ascending.
-void Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out) {
+bool Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out) {
   const ModelConfig& c = config();
   const OmniKvConfig& cfg = seq.policy.omnikv;
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
   const int n_cand = seq.state.prompt_len;
   ++seq.state.selections;
   if (cfg.budget >= n_cand) {  // the whole prompt fits the budget: nothing to rank
+    const bool changed = static_cast<int>(out.size()) != n_cand;
     out.resize(n_cand);
     std::iota(out.begin(), out.end(), 0);
-    return;
+    return changed;
   }
   const int n_all = cfg.selector == Selector::Last ? n_cand : pos_[t] + 1;  // softmax needs every key
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   float* kbuf = attn_scratch_[0].kv.data();
   for (int k0 = 0; k0 < n_all; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_all - k0);
-    k_.kv_to_f32(seq.kv.k(layer, k0), kv_dim, nk, kv_dim, kbuf);
+    k_.kv_to_f32(seq.kv.k(layer, k0), seq.kv.ld(layer), nk, kv_dim, kbuf);
     for (int g = 0; g < c.n_head_kv; ++g)
       k_.attn_scores(&q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], group, kbuf + g * d,
                      kv_dim, nk, d, scale, &sel_raw_[static_cast<size_t>(g) * group * n_all + k0], n_all);
@@ -147,9 +155,36 @@ void Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
   top_k_sorted(sel_rank_.data(), n_cand, cfg.budget, sel_new_);
   if (cfg.lazy_iou > 0.f && !out.empty() && iou(sel_new_, out) > cfg.lazy_iou) {
     ++seq.state.lazy_reuses;  // close enough to the last set: keep it, skip the reload
-    return;
+    return false;
   }
   out.swap(sel_new_);
+  return true;
+}
+
+// OmniKV's packed load under offload: one gather from the host bank of the selected tokens'
+// rows of every sparse layer that uses filter layer `idx`'s selection.
+void Engine::refresh_packed(Sequence& seq, int idx) {
+  const AttentionPolicy& pol = seq.policy;
+  PolicyState& st = seq.state;
+  st.packed.resize(pol.omnikv.filter_layers.size());
+  int bank = -1;
+  for (int l = 0; l < config().n_layer && bank < 0; ++l)
+    if (pol.group[l] == idx) bank = seq.kv.bank_of(l);
+  const std::vector<int32_t>& sel = st.selected[idx];
+  if (bank < 0 || static_cast<int>(sel.size()) == st.prompt_len) {  // no sparse layers, or the dense case
+    st.packed[idx].clear();
+    return;
+  }
+  st.packed[idx].resize(sel.size() * seq.kv.bank_layers(bank) * 2 * seq.kv.row_elems());
+  seq.kv.gather_bank(bank, sel.data(), static_cast<int>(sel.size()), st.packed[idx].data());
+}
+
+Engine::Packed Engine::packed_for(int layer, const Sequence& seq) const {
+  const int bank = seq.kv.bank_of(layer), idx = seq.policy.group[layer];
+  if (bank < 0 || idx >= static_cast<int>(seq.state.packed.size()) || seq.state.packed[idx].empty()) return Packed{};
+  const size_t ld = static_cast<size_t>(seq.kv.bank_layers(bank)) * 2 * seq.kv.row_elems();
+  return {seq.state.packed[idx].data() + seq.kv.slot_in_bank(layer) * 2 * seq.kv.row_elems(), ld,
+          static_cast<int>(seq.state.selected[idx].size())};
 }
 
 }  // namespace ctx

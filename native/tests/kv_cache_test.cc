@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "kv_cache.h"
 
@@ -89,6 +90,90 @@ TEST(KvCache, LargeReservationIsLazy) {
   kv.k(29, 8191)[191] = 0x3C00;
   kv.v(29, 8191)[191] = 0x3C00;
   EXPECT_EQ(kv.v(29, 8191) + 192, kv.k(0) + kv.bytes_reserved() / 2);  // last element ends the block
+}
+
+// Offload: rows keep their values through k()/v() in either tier, the bank is token-major per
+// group (ld = group layers x K|V x kv_dim), the bytes move from the device tier to the host tier,
+// and restore() brings everything back.
+TEST(KvCache, OffloadMovesGroupsToATokenMajorBankAndBack) {
+  const int L = 6, D = 8, C = 12;
+  KvCache kv(L, D, C);
+  auto tag = [&](int l, int t, int which, int i) { return static_cast<uint16_t>(1 + ((l * C + t) * 2 + which) * D + i); };
+  kv.set_size(9);
+  for (int l = 0; l < L; ++l)
+    for (int t = 0; t < 9; ++t)
+      for (int i = 0; i < D; ++i) kv.k(l, t)[i] = tag(l, t, 0, i), kv.v(l, t)[i] = tag(l, t, 1, i);
+  const size_t pair = 2 * D * 2;
+  EXPECT_EQ(kv.device_bytes_used(), 9u * L * pair);
+  kv.offload({{1, 2, 4}, {5}});
+  EXPECT_EQ(kv.n_banks(), 2);
+  EXPECT_EQ(kv.bank_of(0), -1);
+  EXPECT_EQ(kv.bank_of(4), 0);
+  EXPECT_EQ(kv.slot_in_bank(4), 2);
+  EXPECT_EQ(kv.ld(0), static_cast<size_t>(D));
+  EXPECT_EQ(kv.ld(2), static_cast<size_t>(3 * 2 * D));
+  EXPECT_EQ(kv.ld(5), static_cast<size_t>(2 * D));
+  EXPECT_EQ(kv.device_bytes_used(), 9u * 2 * pair);
+  EXPECT_EQ(kv.host_bytes_used(), 9u * 4 * pair);
+  for (int l = 0; l < L; ++l)
+    for (int t = 0; t < 9; ++t)
+      for (int i = 0; i < D; ++i) {
+        ASSERT_EQ(kv.k(l, t)[i], tag(l, t, 0, i)) << l << " " << t;
+        ASSERT_EQ(kv.v(l, t)[i], tag(l, t, 1, i)) << l << " " << t;
+      }
+  // Token-major within the bank: token t's rows of layers 1, 2, 4 (K then V each) are one run.
+  EXPECT_EQ(kv.k(2, 3), kv.k(1, 3) + 2 * D);
+  EXPECT_EQ(kv.k(1, 4), kv.k(1, 3) + 3 * 2 * D);
+  kv.k(4, 10)[0] = 77;  // writes beyond the stored size land in the bank too
+  kv.restore();
+  EXPECT_EQ(kv.n_banks(), 0);
+  EXPECT_EQ(kv.host_bytes_used(), 0u);
+  for (int l = 0; l < L; ++l)
+    for (int t = 0; t < 9; ++t) ASSERT_EQ(kv.v(l, t)[D - 1], tag(l, t, 1, D - 1));
+  EXPECT_THROW(kv.offload({{1}, {1}}), std::invalid_argument);
+}
+
+// Offloading a layer returns its device pages without touching a neighbour's rows on a shared
+// page (layer ranges are not page-aligned in general).
+TEST(KvCache, OffloadLeavesNeighbouringLayersIntact) {
+  const int L = 4, D = 192, C = 617;  // 473,856-byte layers: some start on a page, none end on one
+  KvCache kv(L, D, C);
+  kv.set_size(C);
+  for (int l = 0; l < L; ++l)
+    for (int t = 0; t < C; ++t) kv.k(l, t)[0] = kv.v(l, t)[D - 1] = static_cast<uint16_t>(l * 1000 + t % 1000 + 1);
+  kv.offload({{0}, {2}});
+  for (int l = 0; l < L; ++l)
+    for (int t = 0; t < C; ++t) {
+      ASSERT_EQ(kv.k(l, t)[0], static_cast<uint16_t>(l * 1000 + t % 1000 + 1)) << l << " " << t;
+      ASSERT_EQ(kv.v(l, t)[D - 1], static_cast<uint16_t>(l * 1000 + t % 1000 + 1)) << l << " " << t;
+    }
+  EXPECT_THROW(kv.offload({{6}}), std::invalid_argument);
+  EXPECT_THROW(kv.offload({{}}), std::invalid_argument);
+}
+
+// OmniKV's packed load: one gather per group equals, row for row, gathering each layer of the
+// group on its own.
+TEST(KvCache, PackedGatherEqualsPerLayerGathers) {
+  const int L = 5, D = 16, C = 40;
+  KvCache kv(L, D, C);
+  kv.set_size(C);
+  uint16_t x = 1;
+  for (int l = 0; l < L; ++l)
+    for (int t = 0; t < C; ++t)
+      for (int i = 0; i < D; ++i) kv.k(l, t)[i] = x++, kv.v(l, t)[i] = x++;
+  const std::vector<int> group = {1, 3, 4};
+  kv.offload({group});
+  const std::vector<int32_t> sel = {0, 3, 4, 17, 39};
+  std::vector<uint16_t> packed(sel.size() * group.size() * 2 * D);
+  kv.gather_bank(0, sel.data(), static_cast<int>(sel.size()), packed.data());
+  for (size_t j = 0; j < sel.size(); ++j)
+    for (size_t s = 0; s < group.size(); ++s) {
+      const uint16_t* row = packed.data() + (j * group.size() + s) * 2 * D;
+      for (int i = 0; i < D; ++i) {
+        ASSERT_EQ(row[i], kv.k(group[s], sel[j])[i]);
+        ASSERT_EQ(row[D + i], kv.v(group[s], sel[j])[i]);
+      }
+    }
 }
 
 }  // namespace

@@ -51,6 +51,11 @@ export interface OmniKvOptions {
   guard?: boolean;
   /** Reuse the previous selection when the new one overlaps it more than this (0 = off). */
   lazyIou?: number;
+  /**
+   * Memory tiers: keep the sparse layers' KV in a host bank (token-major per filter layer's
+   * group) and gather the selected rows of a group into one packed device buffer per selection.
+   */
+  offload?: boolean;
 }
 
 export interface ScopeOptions {
@@ -90,6 +95,10 @@ export interface NativeSequence {
   readonly nPast: number;
   readonly capacity: number;
   readonly kvBytesUsed: number;
+  /** The device arena: device-tier KV of the stored tokens plus OmniKV's packed buffers at full budget. */
+  readonly deviceBytesUsed: number;
+  /** The host bank: the offloaded sparse layers' KV (0 without offload). */
+  readonly hostBytesUsed: number;
   truncate(n: number): void;
   /** Declares that the first n tokens' K/V were written into kvBuffer() (KV import). */
   setLength(n: number): void;
@@ -127,10 +136,12 @@ export interface EngineOptions {
   decodeThreads?: number;
   ubatch?: number;
   maxContext?: number;
+  /** The device arena one sequence may use (its deviceBytesUsed); 0 = no limit. */
+  deviceBudgetBytes?: number;
 }
 
 export interface NativeEngine {
-  readonly info: { kernels: string; threads: number; decodeThreads: number; ubatch: number; maxContext: number };
+  readonly info: { kernels: string; threads: number; decodeThreads: number; ubatch: number; maxContext: number; deviceBudgetBytes: number };
   createSequence(capacity?: number): NativeSequence;
   forward(items: ForwardItem[]): Promise<void>;
 }
