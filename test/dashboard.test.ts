@@ -56,6 +56,17 @@ describe("dashboard in headless Chromium", () => {
     });
   });
 
+  /** The dashboard in a new page whose /metrics answers `body`; its page and console errors collect in `errors`. */
+  async function dashboardOver(body: string): Promise<{ page: Page; errors: string[] }> {
+    const other = await browser.context.newPage();
+    await other.route("**/metrics", (route) => route.fulfill({ status: 200, contentType: "text/plain", body }));
+    const errors: string[] = [];
+    other.on("pageerror", (e) => errors.push(e.message));
+    other.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+    await other.goto(`${s.url}/dashboard`);
+    return { page: other, errors };
+  }
+
   afterAll(async () => {
     await browser?.close();
     await s?.stop();
@@ -124,9 +135,8 @@ describe("dashboard in headless Chromium", () => {
     // The page's TTFT p50 is histogram_quantile over the same buckets /metrics has now (the page's
     // window starts before the first request), and lies within what the client measured.
     const ttftFamily = parsePrometheus(await (await fetch(`${s.url}/metrics`)).text()).families.get(M.ttft!)!;
-    const byLe = new Map<number, number>();
-    for (const b of ttftFamily.samples.filter((x) => x.name.endsWith("_bucket"))) byLe.set(Number(b.labels.le!.replace("+Inf", "Infinity")), (byLe.get(Number(b.labels.le!.replace("+Inf", "Infinity"))) ?? 0) + b.value);
-    const expectedP50 = histogramQuantile(0.5, [...byLe].map(([le, count]) => ({ le, count })));
+    const buckets = ttftFamily.samples.filter((x) => x.name.endsWith("_bucket")).map((b) => ({ le: b.labels.le === "+Inf" ? Infinity : Number(b.labels.le), count: b.value }));
+    const expectedP50 = histogramQuantile(0.5, buckets); // sums the buckets of equal bound itself
     expect(ttft.value).toBeCloseTo(expectedP50, 9);
     expect(ttft.value!).toBeGreaterThan(0);
     expect(ttft.value!).toBeLessThan(Math.max(...latencies) * 2.5); // a bucket's upper bound may exceed the sample
@@ -159,12 +169,7 @@ describe("dashboard in headless Chromium", () => {
       .join("\n");
     expect(decodeOnly).toMatch(/^ctxbank:kv_bytes_in_use\{[^}]*tier="device"/m);
     expect(full).toMatch(/^ctxbank:kv_bytes_in_use\{[^}]*tier="shard"/m);
-    const other = await browser.context.newPage();
-    await other.route("**/metrics", (route) => route.fulfill({ status: 200, contentType: "text/plain", body: decodeOnly }));
-    const errors: string[] = [];
-    other.on("pageerror", (e) => errors.push(e.message));
-    other.on("console", (m) => m.type() === "error" && errors.push(m.text()));
-    await other.goto(`${s.url}/dashboard`);
+    const { page: other, errors } = await dashboardOver(decodeOnly);
     await expect.poll(() => status(other), POLL).toMatch(/^ok live · every 2 s · window \d+ s/);
     await expect.poll(async () => (await tile(other, "requests")).value, POLL).not.toBeNull(); // two scrapes
     const kv = await tile(other, "kv");
@@ -179,12 +184,7 @@ describe("dashboard in headless Chromium", () => {
   });
 
   it("copes with a /metrics that has no ctxbank series at all", async () => {
-    const other = await browser.context.newPage();
-    await other.route("**/metrics", (route) => route.fulfill({ status: 200, contentType: "text/plain", body: "# TYPE up gauge\nup 1\n" }));
-    const errors: string[] = [];
-    other.on("pageerror", (e) => errors.push(e.message));
-    other.on("console", (m) => m.type() === "error" && errors.push(m.text()));
-    await other.goto(`${s.url}/dashboard`);
+    const { page: other, errors } = await dashboardOver("# TYPE up gauge\nup 1\n");
     await expect.poll(() => status(other), POLL).toMatch(/^empty no ctxbank metrics in \/metrics · every 2 s · window \d+ s/);
     expect(await tile(other, "requests")).toMatchObject({ value: null, text: "—" });
     expect(await tile(other, "kv")).toMatchObject({ value: null, sub: "no KV gauges" });
