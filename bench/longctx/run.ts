@@ -14,6 +14,7 @@ import { policyDefaultsFor } from "../../shared/policy/defaults.ts";
 import { loadLlama, LlamaBackend } from "../engine/engines.ts";
 import { benchTokens } from "../engine/text.ts";
 import { writeJson } from "../lib/json.ts";
+import { fillSyntheticKv } from "../lib/synthetic-kv.ts";
 import { gitInfo, machineInfo } from "../lib/machine.ts";
 import { writeSvgAndPng } from "../lib/png.ts";
 import { renderChart, type Series } from "../lib/svg-chart.ts";
@@ -79,20 +80,7 @@ for (const length of REAL) {
 }
 for (const length of SYNTHETIC) {
   const seq = engine.createSequence(length + STEPS + 1);
-  // Random f16 values in [-1, 1) (exponent bits kept small so nothing overflows).
-  const kv = new Uint16Array(seq.kvBuffer());
-  const { nLayer, nHeadKv, headDim } = model.config;
-  const rowElems = nHeadKv * headDim, cap = seq.capacity;
-  let x = 12345;
-  for (let l = 0; l < nLayer; l++)
-    for (let part = 0; part < 2; part++) {
-      const base = (l * 2 + part) * cap * rowElems;
-      for (let i = 0; i < length * rowElems; i++) {
-        x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-        kv[base + i] = 0x3000 | (x >>> 22) | ((x & 1) << 15);
-      }
-    }
-  seq.setLength(length);
+  fillSyntheticKv(seq, model.config, length);
   rows.push({ context: length, synthetic: true, ours: await oursAt(seq, length, tokens[0]!) });
   seq.release();
 }
