@@ -1,27 +1,21 @@
-// Offline checks of deploy/: the Dockerfile against the repository, every kustomize overlay
-// against the Kubernetes, KEDA and prometheus-operator schemas, the manifests against each other
-// and against the services (settings, routes, metrics), and the Grafana dashboard. No Docker
-// engine or cluster is involved; see deploy/README.md for what that leaves unchecked.
+// Offline checks of deploy/k8s: every kustomize overlay against the Kubernetes, KEDA and
+// prometheus-operator schemas, the manifests against each other and against the services
+// (settings, routes, metrics, the image). No cluster is involved; see deploy/README.md for what
+// that leaves unchecked.
 import { execFileSync } from "node:child_process";
-import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { readdirSync, readFileSync } from "node:fs";
 import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
-import { beforeAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { loadConfig, SETTINGS, type Config, type ServiceRole } from "../shared/config.ts";
-import { dashboardText } from "../deploy/grafana/build.ts";
-import { buildDashboard, SCHEMA_VERSION, type Panel } from "../deploy/grafana/dashboard.ts";
 import { containerEnv } from "./helpers/deploy/container-env.ts";
-import { copyPaths, execForm, isIgnored, parseDockerfile, parseDockerignore, type Stage } from "./helpers/deploy/dockerfile.ts";
-import { runtimeNeeds } from "./helpers/deploy/imports.ts";
 import { schemaErrors, typeErrors } from "./helpers/deploy/k8s-schema.ts";
 import { filesUsed, objectId, podContainers, readYamlDocs, render, type K8sObject } from "./helpers/deploy/kustomize.ts";
-import { exportedMetrics, seriesNames, type MetricInfo } from "./helpers/deploy/metric-names.ts";
-import { expandAdapter, expandGrafana, parsePromql } from "./helpers/deploy/promql.ts";
+import { expandAdapter } from "./helpers/deploy/promql.ts";
 import { parseQuantity } from "./helpers/deploy/quantity.ts";
+import { at, exportedMetricsOnce, imageEnv, root, runtime } from "./helpers/deploy/setup.ts";
 
-const root = path.resolve(import.meta.dirname, "..");
-const at = (...p: string[]) => path.join(root, ...p);
 const K8S = at("deploy/k8s");
 const OVERLAYS = ["base", "overlays/keda", "overlays/hpa", "overlays/keda-postgres"];
 const ADAPTER_VALUES = at("deploy/k8s/overlays/hpa/prometheus-adapter-values.yaml");
@@ -33,168 +27,14 @@ const MiB = 2 ** 20;
 
 const rendered = new Map(OVERLAYS.map((o) => [o, render(path.join(K8S, o))]));
 const allObjects = [...rendered.values()].flat();
-const dockerfile = parseDockerfile(readFileSync(at("deploy/docker/Dockerfile"), "utf8"));
-const runtime = dockerfile.stages.at(-1)!;
 const settingEnvNames = new Set(Object.values(SETTINGS).flatMap((s) => s.env));
-
-let metrics: MetricInfo[];
-let series: Set<string>;
-beforeAll(async () => {
-  metrics = await exportedMetrics();
-  series = seriesNames(metrics);
-});
+const exported = exportedMetricsOnce();
 
 const isCtxbankImage = (image: unknown) => typeof image === "string" && /(^|\/)ctxbank(:[^/]*)?$/.test(image);
 const workloads = (objects: K8sObject[]) => objects.filter((o) => o.kind === "Deployment" || o.kind === "StatefulSet");
 const podSpec = (o: K8sObject) => (o.spec as { template: { metadata: { labels: Record<string, string> }; spec: Record<string, any> } }).template;
 const matches = (selector: Record<string, string>, labels: Record<string, string> | undefined) =>
   Object.keys(selector).length > 0 && Object.entries(selector).every(([k, v]) => labels?.[k] === v);
-
-/** The image's ENV (final stage), which every container starts from. */
-function imageEnv(stage: Stage): Record<string, string> {
-  const env: Record<string, string> = {};
-  for (const ins of stage.instructions.filter((i) => i.keyword === "ENV")) {
-    for (const m of ins.rest.matchAll(/([A-Za-z_][A-Za-z0-9_]*)=("[^"]*"|\S*)/g)) env[m[1]!] = m[2]!.replace(/^"|"$/g, "");
-  }
-  return env;
-}
-
-function queryMetrics(query: string, where: string): string[] {
-  const parsed = parsePromql(query);
-  expect(parsed.errors, `${where}: ${query}`).toEqual([]);
-  expect(parsed.metrics.length, `${where}: selects no metric`).toBeGreaterThan(0);
-  for (const m of parsed.metrics) expect(series.has(m), `${where}: ${m} is not a metric ctxbank exports`).toBe(true);
-  return parsed.metrics;
-}
-
-describe("Dockerfile", () => {
-  const ignore = parseDockerignore(readFileSync(at(".dockerignore"), "utf8"));
-  const stageNames = dockerfile.stages.map((s) => s.name);
-
-  it("builds on node:20-bookworm and runs on node:20-bookworm-slim", () => {
-    expect(dockerfile.stages.length).toBeGreaterThanOrEqual(2);
-    for (const s of dockerfile.stages.slice(0, -1)) expect(s.image, `stage ${s.name}`).toMatch(/^(node:20-bookworm|[a-z]+)$/);
-    expect(runtime.image).toBe("node:20-bookworm-slim");
-    // No compiler or package manager cache in the final stage: it only copies.
-    expect(runtime.instructions.filter((i) => i.keyword === "RUN").map((i) => i.rest).join("\n")).not.toMatch(/apt-get install|npm (ci|install)|cmake/);
-  });
-
-  it("copies only files that exist in the repository and that .dockerignore lets through", () => {
-    const sources = dockerfile.stages.flatMap((s) => s.instructions.filter((i) => (i.keyword === "COPY" || i.keyword === "ADD") && !("from" in i.flags)));
-    expect(sources.length).toBeGreaterThan(5);
-    for (const ins of sources) {
-      expect(ins.keyword, `line ${ins.line}: use COPY`).toBe("COPY");
-      for (const src of copyPaths(ins).sources) {
-        expect(existsSync(at(src)), `line ${ins.line}: ${src} does not exist`).toBe(true);
-        expect(isIgnored(src, ignore), `line ${ins.line}: ${src} is excluded by .dockerignore`).toBe(false);
-        if (statSync(at(src)).isDirectory()) {
-          // Something under a copied directory must survive (the exclusions are for build outputs).
-          const kept = readdirSync(at(src), { recursive: true, encoding: "utf8" }).filter((f) => !isIgnored(path.join(src, f), ignore));
-          expect(kept.length, `line ${ins.line}: everything under ${src} is excluded`).toBeGreaterThan(0);
-        }
-      }
-    }
-    for (const never of ["node_modules/tsx/package.json", "native/build/Release/ctxbank_native.node", "x/model.gguf", "bench/engine/run.ts", "test/deploy.test.ts"]) {
-      expect(isIgnored(never, ignore), `${never} must stay out of the build context`).toBe(true);
-    }
-  });
-
-  it("takes --from only from earlier stages", () => {
-    dockerfile.stages.forEach((stage, index) => {
-      for (const ins of stage.instructions) {
-        const from = ins.flags.from;
-        if (from === undefined) continue;
-        const at = stageNames.indexOf(from);
-        expect(at, `line ${ins.line}: no stage ${from}`).toBeGreaterThanOrEqual(0);
-        expect(at, `line ${ins.line}: ${from} is not an earlier stage`).toBeLessThan(index);
-      }
-    });
-    for (const s of dockerfile.stages.slice(1)) {
-      if (stageNames.includes(s.image)) expect(stageNames.indexOf(s.image)).toBeLessThan(dockerfile.stages.indexOf(s));
-    }
-  });
-
-  it("runs as a fixed numeric non-root user, exec-form ENTRYPOINT/CMD and HEALTHCHECK", () => {
-    const last = (k: string) => runtime.instructions.filter((i) => i.keyword === k).at(-1);
-    const user = last("USER")?.rest;
-    // Numeric, so the kubelet can verify runAsNonRoot without reading /etc/passwd.
-    expect(user).toMatch(/^\d+(:\d+)?$/);
-    expect(Number(user!.split(":")[0])).toBeGreaterThan(0);
-    const entrypoint = execForm(last("ENTRYPOINT")!.rest);
-    const cmd = execForm(last("CMD")!.rest);
-    expect(entrypoint?.[0], "exec form, node as PID 1 gets SIGTERM").toBe("node");
-    expect(cmd).toEqual(["serve"]);
-    const health = last("HEALTHCHECK")!.rest.replace(/^(--\S+\s+)*/, "");
-    expect(health.startsWith("CMD ")).toBe(true);
-    const healthCmd = execForm(health.slice(4));
-    expect(healthCmd?.[0]).toBe("node");
-    expect(healthCmd![1]).toMatch(/^\/app\//);
-    const stop = last("STOPSIGNAL")?.rest ?? "SIGTERM";
-    expect(stop).toBe("SIGTERM");
-    // The port the image listens on is the one it exposes and health-checks (CTXBANK_PORT).
-    expect(last("EXPOSE")?.rest).toBe(imageEnv(runtime).CTXBANK_PORT);
-    expect(imageEnv(runtime).CTXBANK_HOST).toBe("0.0.0.0");
-  });
-
-  it("holds every file the entry point loads, and only production packages", () => {
-    const workdir = runtime.instructions.filter((i) => i.keyword === "WORKDIR").at(-1)!.rest;
-    // What lands where: context copies (repo path -> image path) and copies from other stages.
-    const inImage: { from?: string; source: string; dest: string; dir: boolean }[] = [];
-    for (const ins of runtime.instructions.filter((i) => i.keyword === "COPY")) {
-      const { sources, dest } = copyPaths(ins);
-      const destAbs = path.posix.resolve(workdir, dest);
-      for (const source of sources) {
-        const dir = ins.flags.from === undefined && statSync(at(source)).isDirectory();
-        const into = dest.endsWith("/") || sources.length > 1 ? path.posix.join(destAbs, dir ? "" : path.posix.basename(source)) : destAbs;
-        inImage.push({ ...(ins.flags.from !== undefined ? { from: ins.flags.from } : {}), source, dest: into, dir });
-      }
-    }
-    const imagePath = (repoRel: string) => {
-      for (const c of inImage.filter((c) => c.from === undefined)) {
-        if (repoRel === c.source) return c.dest;
-        if (c.dir && repoRel.startsWith(c.source + "/")) return path.posix.join(c.dest, repoRel.slice(c.source.length + 1));
-      }
-      return undefined;
-    };
-    const entrypoint = execForm(runtime.instructions.filter((i) => i.keyword === "ENTRYPOINT").at(-1)!.rest)!;
-    const script = entrypoint.find((a) => a.endsWith(".ts"))!;
-    const scriptRepo = path.posix.relative(workdir, script);
-    expect(imagePath(scriptRepo), `${script} is not copied`).toBe(script);
-    expect(entrypoint).toContain("--import=tsx");
-
-    const needs = runtimeNeeds(at(scriptRepo));
-    for (const file of [...needs.modules, ...needs.assets]) {
-      const rel = path.relative(root, file);
-      if (rel === "native/build/Release/ctxbank_native.node") {
-        // Built in the native stage, copied to the same place relative to the code.
-        const addon = inImage.find((c) => c.from === "native");
-        expect(addon?.dest).toBe(path.posix.join(workdir, rel));
-        continue;
-      }
-      expect(imagePath(rel), `${rel} (loaded by the service) is not in the image`).toBe(path.posix.join(workdir, rel));
-    }
-    expect(imagePath("package.json"), "package.json (type: module) must be in the image").toBe(path.posix.join(workdir, "package.json"));
-
-    const pkg = JSON.parse(readFileSync(at("package.json"), "utf8")) as { dependencies: Record<string, string> };
-    for (const name of [...needs.packages, "tsx"]) expect(pkg.dependencies[name], `${name} is not a production dependency`).toBeDefined();
-  });
-
-  it("installs production dependencies with the optional ones .npmrc omits (tsx needs esbuild's binary)", () => {
-    const npm = dockerfile.stages.flatMap((s) => s.instructions).find((i) => i.keyword === "RUN" && /\bnpm (ci|install)\b/.test(i.rest))!.rest;
-    expect(npm).toMatch(/--omit=dev/);
-    if (/^omit=optional$/m.test(readFileSync(at(".npmrc"), "utf8"))) expect(npm).toMatch(/--include=optional/);
-    const lock = JSON.parse(readFileSync(at("package-lock.json"), "utf8")) as {
-      packages: Record<string, { dev?: boolean; optionalDependencies?: Record<string, string> }>;
-    };
-    expect(lock.packages["node_modules/@esbuild/linux-x64"]?.dev, "esbuild's binary must survive --omit=dev").not.toBe(true);
-    // `npm ci` refuses a lockfile that lacks optional packages of a package in it (node-llama-cpp's
-    // platform builds the registry does not serve); `npm install` follows the lockfile and skips them.
-    const missing = Object.entries(lock.packages).flatMap(([where, p]) =>
-      Object.keys(p.optionalDependencies ?? {}).filter((dep) => !(`${where}/node_modules/${dep}` in lock.packages) && !(`node_modules/${dep}` in lock.packages)),
-    );
-    if (missing.length > 0) expect(npm, `npm ci would fail on the lockfile (missing ${missing[0]})`).not.toMatch(/\bnpm ci\b/);
-  });
-});
 
 describe("Kubernetes manifests", () => {
   it("every YAML file under deploy/k8s parses and is used by an overlay", () => {
@@ -258,7 +98,7 @@ describe("Kubernetes manifests", () => {
           for (const s of services) expect((s.spec as { ports: { name: string }[] }).ports.map((p) => p.name)).toContain(ep.port);
           expect(ep.path).toBe("/metrics");
           // A ctxbank label named like a target label is renamed exported_<label> unless honoured.
-          const clashes = metrics.filter((m) => m.name.startsWith("ctxbank:") && m.labels.some((l) => TARGET_LABELS.includes(l)));
+          const clashes = exported.list().filter((m) => m.name.startsWith("ctxbank:") && m.labels.some((l) => TARGET_LABELS.includes(l)));
           if (clashes.length > 0) expect(ep.honorLabels, `${clashes[0]!.name} has a label the operator also sets`).toBe(true);
         }
       }
@@ -438,7 +278,7 @@ describe("Kubernetes manifests", () => {
           expect(new URL(t.metadata.serverAddress!).protocol).toMatch(/^https?:$/);
           const threshold = Number(t.metadata.threshold);
           expect(threshold, where).toBeGreaterThan(0);
-          queryMetrics(t.metadata.query!, where);
+          exported.query(t.metadata.query!, where);
           const target = sloFor(t.metadata.query!);
           if (target !== undefined) {
             // A quantile does not add up over pods: AverageValue would divide it by the replicas.
@@ -458,8 +298,8 @@ describe("Kubernetes manifests", () => {
       const published = new Map<string, { kind: "Pods" | "External"; rule: AdapterRule }>();
       for (const [kind, rules] of [["Pods", values.rules.custom], ["External", values.rules.external]] as const) {
         for (const rule of rules) {
-          const seriesMetrics = queryMetrics(rule.seriesQuery, `adapter ${rule.name.as} seriesQuery`);
-          queryMetrics(expandAdapter(rule.metricsQuery, seriesMetrics[0]!), `adapter ${rule.name.as} metricsQuery`);
+          const seriesMetrics = exported.query(rule.seriesQuery, `adapter ${rule.name.as} seriesQuery`);
+          exported.query(expandAdapter(rule.metricsQuery, seriesMetrics[0]!), `adapter ${rule.name.as} metricsQuery`);
           expect(rule.name.as).toMatch(/^[a-z0-9_]+$/);
           published.set(rule.name.as, { kind, rule });
         }
@@ -482,60 +322,6 @@ describe("Kubernetes manifests", () => {
         }
       }
     });
-  });
-});
-
-describe("Grafana dashboard", () => {
-  const file = readFileSync(at("deploy/grafana/ctxbank.json"), "utf8");
-  const dashboard = JSON.parse(file) as ReturnType<typeof buildDashboard> & { panels: Panel[]; templating: { list: { name: string; type: string; query: unknown }[] } };
-  const panels = dashboard.panels.filter((p) => p.type !== "row");
-
-  it("is what deploy/grafana/dashboard.ts builds (run `npx tsx deploy/grafana/build.ts`)", () => {
-    expect(file).toBe(dashboardText());
-  });
-
-  it("takes the Prometheus datasource from a template variable, on the current schema", () => {
-    expect(dashboard.schemaVersion).toBe(SCHEMA_VERSION);
-    const ds = dashboard.templating.list.find((v) => v.type === "datasource");
-    expect(ds?.query).toBe("prometheus");
-    const ref = { type: "prometheus", uid: `\${${ds!.name}}` };
-    for (const p of panels) {
-      expect(p.datasource, p.title as string).toEqual(ref);
-      for (const t of p.targets as { datasource: unknown }[]) expect(t.datasource).toEqual(ref);
-    }
-  });
-
-  it("queries parse and select only exported metrics, covering every ctxbank metric", () => {
-    const used = new Set<string>();
-    for (const p of panels) {
-      for (const t of p.targets as { expr: string; refId: string }[]) {
-        for (const m of queryMetrics(expandGrafana(t.expr), `${p.title as string}/${t.refId}`)) used.add(m.replace(/_(bucket|sum|count)$/, ""));
-      }
-    }
-    for (const v of dashboard.templating.list.filter((v) => v.type === "query")) {
-      const q = (v.query as { query: string }).query;
-      const inner = /^label_values\((.+),\s*\w+\)$/.exec(q);
-      expect(inner, q).not.toBeNull();
-      queryMetrics(inner![1]!, `variable ${v.name}`);
-    }
-    const missing = metrics.filter((m) => m.name.startsWith("ctxbank:") && !used.has(m.name)).map((m) => m.name);
-    expect(missing, "ctxbank metrics with no panel").toEqual([]);
-  });
-
-  it("lays panels out on the 24-column grid without overlaps, with unique ids", () => {
-    const ids = dashboard.panels.map((p) => p.id);
-    expect(new Set(ids).size).toBe(ids.length);
-    const cells = new Set<string>();
-    for (const p of dashboard.panels) {
-      const g = p.gridPos;
-      expect(g.x + g.w, p.title as string).toBeLessThanOrEqual(24);
-      for (let x = g.x; x < g.x + g.w; x++) {
-        for (let y = g.y; y < g.y + g.h; y++) {
-          expect(cells.has(`${x},${y}`), `${p.title as string} overlaps at ${x},${y}`).toBe(false);
-          cells.add(`${x},${y}`);
-        }
-      }
-    }
   });
 });
 
