@@ -87,7 +87,7 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(res.headers.get("content-type")).toMatch(/^text\/plain; version=0\.0\.4/);
     const m = parseProm(await res.text());
     for (const [name, type] of Object.entries(FAMILIES)) expect([name, m.families.get(name)?.type]).toEqual([name, type]);
-    expect(m.families.get("ctxbank:kv_bytes_in_use")?.help).toMatch(/host: .*always 0/);
+    expect(m.families.get("ctxbank:kv_bytes_in_use")?.help).toMatch(/host: the host-memory context bank of OmniKV offload/);
     expect(m.count("process_cpu_user_seconds_total")).toBe(1);
     expect(m.count("nodejs_eventloop_lag_seconds")).toBe(1);
     // Both services' gauges, every series labelled with the model.

@@ -107,6 +107,15 @@ describe("policies through the services", () => {
     expect(short.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
   });
 
+  it("omnikv with offload decodes the same tokens as without it", async () => {
+    const filterLayers = policyDefaultsFor(s.rt.model.fingerprint)!.filterLayers;
+    const res = await postJson(`${s.url}/v1/completions`, { model: s.rt.modelId, prompt, max_tokens: 8, temperature: 0, policy: { kind: "omnikv", omnikv: { budget: 16, offload: true } } });
+    expect(res.status).toBe(200);
+    const ids = s.rt.tokenizer.encode(prompt);
+    const expected = await engineGreedy(ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16 } }, 8);
+    expect(res.body.choices[0].text).toBe(s.rt.tokenizer.decode(expected));
+  });
+
   it("refuses policies the model cannot run, before any work", async () => {
     const bad = [
       [{ kind: "omnikv", omnikv: { filter_layers: [40] } }, "invalid_policy", /filter layer 40/],
@@ -125,6 +134,6 @@ describe("policies through the services", () => {
     const viaOpenAi = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages: [{ role: "user", content: "hi" }], policy: { kind: "omnikv", omnikv: { filter_layers: [29, 3] } } });
     expect(viaOpenAi.status).toBe(400);
     expect(viaOpenAi.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
-    expect(s.services.prefill!.status().totals.prefills).toBe(3); // only the three tests above prefilled
+    expect(s.services.prefill!.status().totals.prefills).toBe(4); // only the four tests above prefilled
   });
 });

@@ -150,6 +150,13 @@ export class DecodeScheduler {
     if (!this.inStep.has(slot)) this.remove(slot);
   }
 
+  /** Host-bank bytes (offloaded sparse layers) of the sequences in the batch and waiting for it. */
+  hostBytesInUse(): number {
+    let bytes = 0;
+    for (const list of [this.running, this.waiting]) for (const slot of list) bytes += slot.seq.hostBytesUsed;
+    return bytes;
+  }
+
   status(): SchedulerStatus {
     return {
       running: this.running.length,

@@ -86,7 +86,8 @@ export class DecodeService {
       return { running: s.running, waiting: s.admitted - s.running };
     });
     metrics.watchKv("device", () => ({ inUse: this.scheduler.status().kv_reserved_bytes, capacity: c.kvBudgetBytes }));
-    metrics.watchKv("host", () => ({ inUse: 0, capacity: 0 })); // no offload tier in the engine yet
+    // The host bank of OmniKV offload: what the sequences hold there (it has no fixed capacity).
+    metrics.watchKv("host", () => ({ inUse: this.scheduler.hostBytesInUse(), capacity: 0 }));
   }
 
   get ready(): boolean {

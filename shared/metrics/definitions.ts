@@ -79,7 +79,7 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
     kvInUse: gauge(
       "ctxbank:kv_bytes_in_use",
       "KV bytes in use by tier. device: decode KV reserved for live sequences (prompt + max_tokens each, held until the request ends); " +
-        "host: the host-memory context bank for offloaded sparse layers, always 0 (the engine has no offload yet); shard: prefill shard bytes allocated to chunks.",
+        "host: the host-memory context bank of OmniKV offload (sparse layers' KV of the sequences decoding under omnikv.offload); shard: prefill shard bytes allocated to chunks.",
       ["tier"],
       function () {
         for (const [tier, read] of sources.kv) this.set({ model, tier }, read().inUse);
@@ -87,7 +87,7 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
     ),
     kvCapacity: gauge(
       "ctxbank:kv_bytes_capacity",
-      "KV bytes available by tier. device: the decode KV budget (--kv-budget-bytes); host: 0 (no offload yet); shard: the prefill shard size (--shard-bytes).",
+      "KV bytes available by tier. device: the decode KV budget (--kv-budget-bytes); host: 0 (the bank has no fixed size); shard: the prefill shard size (--shard-bytes).",
       ["tier"],
       function () {
         for (const [tier, read] of sources.kv) this.set({ model, tier }, read().capacity);

@@ -23,6 +23,7 @@ const OmniKvSpec = z
     selector: z.enum(["last", "last_softmax"]).optional().openapi({ description: "How the filter layers score tokens (default last, OmniKV's). uniform and exp are not implemented yet" }),
     guard: z.boolean().optional().openapi({ description: "The layer after each filter layer stays dense (default true)" }),
     lazy_iou: z.number().min(0).max(1).optional().openapi({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
+    offload: z.boolean().optional().openapi({ description: "Keep the sparse layers' KV in the host bank; each selection is one packed gather per filter layer (default false)" }),
   })
   .strict();
 
@@ -83,6 +84,7 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
       ...(o.omnikv?.selector ? { selector: o.omnikv.selector } : {}),
       ...(o.omnikv?.guard === undefined ? {} : { guard: o.omnikv.guard }),
       ...(o.omnikv?.lazy_iou === undefined ? {} : { lazyIou: o.omnikv.lazy_iou }),
+      ...(o.omnikv?.offload === undefined ? {} : { offload: o.omnikv.offload }),
     };
   };
   const scope = () => ({
