@@ -29,6 +29,16 @@ describe("mapFile", () => {
 
   it("refuses missing files, bad ranges and foreign buffers", () => {
     expect(() => mapFile(path.join(dir, "missing"), 0, 1)).toThrow(/cannot map .*missing: No such file/);
+    const code = (fn: () => unknown) => {
+      try {
+        fn();
+      } catch (e) {
+        return (e as NodeJS.ErrnoException).code;
+      }
+    };
+    expect(code(() => mapFile(path.join(dir, "missing"), 0, 1))).toBe("ENOENT");
+    expect(code(() => mapFile(file, bytes.length, 1))).toBe("ERANGE");
+    expect(code(() => mapFile(dir, 0, 1))).toBe("EINVAL");
     expect(() => mapFile(dir, 0, 1)).toThrow(/not a regular file/);
     expect(() => mapFile(file, bytes.length - 1, 2)).toThrow(/lie outside the 12609-byte file/);
     expect(() => mapFile(file, -1, 2)).toThrow(RangeError);

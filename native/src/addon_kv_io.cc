@@ -74,8 +74,10 @@ Napi::Value MapFile(const Napi::CallbackInfo& info) {
   try {
     map = std::make_shared<FileMap>(info[0].As<Napi::String>().Utf8Value(), static_cast<uint64_t>(offset),
                                     static_cast<uint64_t>(length));
-  } catch (const std::exception& e) {
-    throw Napi::Error::New(env, e.what());
+  } catch (const FileMapError& e) {
+    Napi::Error err = Napi::Error::New(env, e.what());
+    err.Set("code", Napi::String::New(env, e.code));
+    throw err;
   }
   {
     std::lock_guard<std::mutex> lock(maps_mutex);

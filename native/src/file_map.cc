@@ -12,24 +12,25 @@
 namespace ctx {
 
 namespace {
-[[noreturn]] void fail(const std::string& path, const std::string& why) {
-  throw std::runtime_error("cannot map " + path + ": " + why);
+[[noreturn]] void fail(const std::string& path, const char* code, const std::string& why) {
+  throw FileMapError(code, "cannot map " + path + ": " + why);
 }
+const char* errno_name(int e) { return e == ENOENT ? "ENOENT" : e == EACCES ? "EACCES" : e == ENOMEM ? "ENOMEM" : "EIO"; }
 }  // namespace
 
 FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length) {
-  if (length == 0) fail(path, "the range is empty");
+  if (length == 0) fail(path, "EINVAL", "the range is empty");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, std::strerror(errno));
+  if (fd < 0) fail(path, errno_name(errno), std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail(path, "not a regular file");
+    fail(path, "EINVAL", "not a regular file");
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (offset > file_size || length > file_size - offset) {
     ::close(fd);
-    fail(path, "bytes " + std::to_string(offset) + "+" + std::to_string(length) + " lie outside the " +
+    fail(path, "ERANGE", "bytes " + std::to_string(offset) + "+" + std::to_string(length) + " lie outside the " +
                    std::to_string(file_size) + "-byte file");
   }
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -40,7 +41,7 @@ FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length) {
   void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
   const int err = errno;
   ::close(fd);  // the mapping keeps the file's pages alive
-  if (p == MAP_FAILED) fail(path, std::strerror(err));
+  if (p == MAP_FAILED) fail(path, errno_name(err), std::strerror(err));
   base_ = p;
   data_ = static_cast<uint8_t*>(p) + (offset - start);
   size_ = static_cast<size_t>(length);

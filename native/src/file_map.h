@@ -4,14 +4,22 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 namespace ctx {
 
+// Why a mapping failed: `code` is "ENOENT" (no such file), "ERANGE" (the range lies outside the
+// file), "EINVAL" (an empty range or not a regular file) or another errno name.
+struct FileMapError : std::runtime_error {
+  FileMapError(const std::string& code, const std::string& message) : std::runtime_error(message), code(code) {}
+  std::string code;
+};
+
 class FileMap {
  public:
-  // Maps [offset, offset + length) of the regular file at `path`; throws std::runtime_error
-  // (naming the file and the reason) when it is missing, not regular, or shorter than the range.
+  // Maps [offset, offset + length) of the regular file at `path`; throws FileMapError (naming
+  // the file and the reason) when it is missing, not regular, or shorter than the range.
   FileMap(const std::string& path, uint64_t offset, uint64_t length);
   ~FileMap();
   FileMap(const FileMap&) = delete;

@@ -53,8 +53,9 @@ TEST(FileMap, RefusesMissingFilesAndRangesOutsideTheFile) {
   try {
     ctx::FileMap(path, 900, 200);
     FAIL();
-  } catch (const std::runtime_error& e) {
+  } catch (const ctx::FileMapError& e) {
     EXPECT_NE(std::string(e.what()).find("bytes 900+200 lie outside the 1000-byte file"), std::string::npos) << e.what();
+    EXPECT_EQ(e.code, "ERANGE");
   }
   EXPECT_NO_THROW(ctx::FileMap(path, 999, 1));
   std::remove(path.c_str());

@@ -66,7 +66,7 @@ export const HandleSchema = z
     block_tokens: z.number().int().min(1),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
-    queue_ms: z.number().min(0).optional().openapi({ description: "How long the prefill waited for a place before computing" }),
+    queue_ms: z.number().min(0).max(86_400_000).optional().openapi({ description: "How long the prefill waited for a place before computing" }),
     expires_at: z.string().openapi({ description: "When unread chunks may be reclaimed (ISO 8601)" }),
   })
   .openapi("Handle");

@@ -73,11 +73,10 @@ export class ShmTransport implements KvTransport {
     try {
       buffer = mapFile(loc.shardPath, loc.offset, loc.length);
     } catch (err) {
-      const message = (err as Error).message;
+      const { code, message } = err as NodeJS.ErrnoException;
       // A missing file means its owner restarted (the epoch is in the file name).
-      if (/No such file/.test(message)) throw staleEpoch(loc);
-      const code = /lie outside/.test(message) ? "out_of_range" : "io_error";
-      throw new TransportError(code, `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
+      if (code === "ENOENT") throw staleEpoch(loc);
+      throw new TransportError(code === "ERANGE" ? "out_of_range" : "io_error", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
     }
     let released = false;
     return {
