@@ -121,7 +121,8 @@ describe("policies through the services", () => {
       [{ kind: "omnikv", omnikv: { filter_layers: [40] } }, "invalid_policy", /filter layer 40/],
       [{ kind: "scope", scope: { beta1: 0 } }, "invalid_request", /beta1/],
       [{ kind: "omnikv", omnikv: { budget: 1.5 } }, "invalid_request", /whole number/],
-      [{ kind: "omnikv", omnikv: { selector: "uniform" } }, "invalid_request", /selector/],
+      [{ kind: "omnikv", omnikv: { selector: "window" } }, "invalid_request", /selector/],
+      [{ kind: "omnikv", omnikv: { selector: "exp", window: 65 } }, "invalid_request", /window/],
       ["sparse", "invalid_request", /policy/],
       [{ kind: "full", extra: 1 }, "invalid_request", /extra|policy/],
     ] as const;

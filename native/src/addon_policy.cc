@@ -1,6 +1,8 @@
 // JS objects to attention policies and back, for NativeSequence.setPolicy / policyStats.
 #include "addon_policy.h"
 
+#include <algorithm>
+
 #include <stdexcept>
 #include <string>
 
@@ -38,7 +40,8 @@ OmniKvConfig omnikv_config(Napi::Object policy) {
   cfg.budget = int_field(o, "budget", cfg.budget);
   const Napi::Value sel = o.Get("selector");
   if (!sel.IsUndefined() && (!sel.IsString() || !parse_selector(sel.As<Napi::String>().Utf8Value(), &cfg.selector)))
-    throw Napi::TypeError::New(env, "omnikv.selector: unknown selector (supported: last, last_softmax)");
+    throw Napi::TypeError::New(env, "omnikv.selector: unknown selector (supported: last, last_softmax, uniform, exp)");
+  cfg.window = int_field(o, "window", cfg.window);
   const Napi::Value offload = o.Get("offload");
   if (!offload.IsUndefined()) {
     if (!offload.IsBoolean()) throw Napi::TypeError::New(env, "omnikv.offload must be a boolean");
@@ -115,6 +118,14 @@ Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {
   Napi::Array sizes = Napi::Array::New(env, st.selected.size());
   for (size_t i = 0; i < st.selected.size(); ++i) sizes.Set(static_cast<uint32_t>(i), static_cast<double>(st.selected[i].size()));
   o.Set("selectedSizes", sizes);
+  // OmniKV: the current selection of each filter layer (prompt positions, ascending).
+  Napi::Array selected = Napi::Array::New(env, st.selected.size());
+  for (size_t i = 0; i < st.selected.size(); ++i) {
+    Napi::Int32Array a = Napi::Int32Array::New(env, st.selected[i].size());
+    std::copy(st.selected[i].begin(), st.selected[i].end(), a.Data());
+    selected.Set(static_cast<uint32_t>(i), a);
+  }
+  o.Set("selected", selected);
   // SCOPE (generated tokens) and H2O (all tokens): kept per (layer, KV head), summed.
   double pooled = 0;
   for (const auto& p : st.pool) pooled += static_cast<double>(p.size());

@@ -59,6 +59,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   attn_tasks_.reserve(static_cast<size_t>(opts_.ubatch) * c.n_head_kv);
   sel_raw_.resize(static_cast<size_t>(c.n_head) * max_ctx_);
   sel_rank_.resize(max_ctx_);
+  sel_scratch_.reserve(max_ctx_);
   sel_new_.reserve(max_ctx_);
   slices_.reserve(opts_.ubatch);
   wanted_.reserve(opts_.ubatch);

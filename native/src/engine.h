@@ -97,6 +97,8 @@ class Engine {
   void prepare_sparse(int layer, const std::vector<Slice>& slices);
   bool select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out);  // true: `out` changed
   void refresh_packed(Sequence& seq, int filter_index);
+  PolicyState::Window& window_of(int layer, Sequence& seq);
+  void remember_query(int layer, Sequence& seq, int t);
   Packed packed_for(int layer, const Sequence& seq) const;
   void for_tokens(int n, FunctionRef<void(int)> fn);
   void parallel(int n_tasks, FunctionRef<void(int, int)> fn) { pool_.parallel_for(n_tasks, fn, single_thread_); }
@@ -124,7 +126,7 @@ class Engine {
   // Per slice, for the current layer: per-KV-head key lists of a sparse decode step, or nullptr.
   std::vector<const std::vector<PolicyState::Head>*> slice_keys_;
   std::vector<Packed> slice_packed_;
-  std::vector<float> sel_raw_, sel_rank_;                 // selection scratch: [n_head][ctx], [ctx]
+  std::vector<float> sel_raw_, sel_rank_, sel_scratch_;   // selection scratch: [n_head][ctx], [ctx], [ctx]
   std::vector<int32_t> sel_new_;
   std::vector<AttnScratch> attn_scratch_;
   std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]

@@ -19,13 +19,23 @@ const char* AttentionPolicy::name() const {
   return "?";
 }
 
-const char* selector_name(Selector s) { return s == Selector::Last ? "last" : "last_softmax"; }
+const char* selector_name(Selector s) {
+  switch (s) {
+    case Selector::Last: return "last";
+    case Selector::LastSoftmax: return "last_softmax";
+    case Selector::Uniform: return "uniform";
+    case Selector::Exp: return "exp";
+  }
+  return "?";
+}
 
 bool parse_selector(const std::string& name, Selector* out) {
-  if (name == "last") *out = Selector::Last;
-  else if (name == "last_softmax") *out = Selector::LastSoftmax;
-  else return false;
-  return true;
+  for (Selector s : {Selector::Last, Selector::LastSoftmax, Selector::Uniform, Selector::Exp})
+    if (name == selector_name(s)) {
+      *out = s;
+      return true;
+    }
+  return false;
 }
 
 AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const ModelConfig& model) {
@@ -41,6 +51,7 @@ AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const Mode
   }
   if (cfg.budget <= 0) throw std::invalid_argument("omnikv: budget must be a positive number of tokens");
   if (!(cfg.lazy_iou >= 0.f && cfg.lazy_iou < 1.f)) throw std::invalid_argument("omnikv: lazy_iou must be in [0, 1)");
+  if (cfg.window < 1 || cfg.window > 64) throw std::invalid_argument("omnikv: window must be in [1, 64] queries");
 
   AttentionPolicy p;
   p.kind = Kind::OmniKv;
@@ -140,6 +151,15 @@ void rank_candidates(Selector sel, const float* raw, int n_heads, int n_all, int
     for (int j = 0; j < n_cand; ++j) out[j] = std::max(out[j], std::exp(row[j] - mx) * inv);
   }
 }
+
+void accumulate_window_scores(const float* raw, int n_heads, int n_all, int n_cand, float weight, float* out,
+                              std::vector<float>& scratch) {
+  scratch.resize(n_cand);
+  rank_candidates(Selector::LastSoftmax, raw, n_heads, n_all, n_cand, scratch.data());
+  for (int j = 0; j < n_cand; ++j) out[j] += weight * scratch[j];
+}
+
+float window_weight(Selector sel, int j, int n) { return sel == Selector::Exp ? std::ldexp(1.0f, j - (n - 1)) : 1.0f; }
 
 void top_k_sorted(const float* scores, int n, int k, std::vector<int32_t>& out) {
   out.resize(n);

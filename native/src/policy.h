@@ -25,12 +25,16 @@ namespace ctx {
 enum class Selector {
   Last,         // raw logits of the current query, max over heads (OmniKV's default)
   LastSoftmax,  // softmax probabilities of the current query, max over heads
+  Uniform,      // sum over the last `window` queries of their softmax probabilities (max over heads)
+  Exp,          // the same sum, query j of the window (0 = oldest) weighted 2^(j - (window - 1))
 };
+inline bool is_window_selector(Selector s) { return s == Selector::Uniform || s == Selector::Exp; }
 
 struct OmniKvConfig {
   std::vector<int> filter_layers;  // strictly increasing, in [0, n_layer)
   int budget = 1024;               // prompt tokens kept per filter layer
   Selector selector = Selector::Last;
+  int window = 16;                 // queries the uniform and exp selectors combine (the current one included)
   bool guard = true;               // the layer after each filter layer stays dense
   float lazy_iou = 0.f;            // reuse the previous set when the new one overlaps it more (0 = off)
   // Memory tiers: keep the sparse layers' KV in the host bank (KvCache::offload), and at each
@@ -109,8 +113,13 @@ struct PolicyState {
   // Offload: per filter layer, its sparse group's rows for the selected tokens, token-major
   // ([selected][layer of the group][K|V][kv_dim]), refreshed when the selection changes.
   std::vector<std::vector<uint16_t>> packed;
+  // Window selectors: per filter layer, the queries (post-RoPE, [n_head * head_dim]) of the last
+  // window - 1 tokens before the current one, oldest first, and their positions. Prompt queries
+  // are kept when this engine ran the prefill; after a KV import only decode queries exist.
+  struct Window { std::vector<std::vector<float>> q; std::vector<int> pos; };
+  std::vector<Window> windows;
   uint64_t selections = 0, lazy_reuses = 0;
-  void reset() { prompt_len = -1; selected.clear(); pool.clear(); acc.clear(); packed.clear(); }
+  void reset() { prompt_len = -1; selected.clear(); pool.clear(); acc.clear(); packed.clear(); windows.clear(); }
 };
 
 const char* selector_name(Selector s);
@@ -120,6 +129,12 @@ bool parse_selector(const std::string& name, Selector* out);
 // raw: [n_heads][n_all] pre-softmax scores of the current query over keys 0..n_all-1; writes
 // the candidates' (first n_cand keys) ranking scores to out[n_cand].
 void rank_candidates(Selector sel, const float* raw, int n_heads, int n_all, int n_cand, float* out);
+// Window selectors: adds weight * (max over heads of each query's softmax probability) of each
+// candidate to out[n_cand] (rank_candidates with LastSoftmax, weighted and summed over queries).
+void accumulate_window_scores(const float* raw, int n_heads, int n_all, int n_cand, float weight, float* out,
+                              std::vector<float>& scratch);
+// The weight of query j (0 = oldest) of a window of n under `sel`: 1 (uniform), 2^(j - (n - 1)) (exp).
+float window_weight(Selector sel, int j, int n);
 // The k best of n scores (ties to the lower index), ascending by index; all n when k >= n.
 void top_k_sorted(const float* scores, int n, int k, std::vector<int32_t>& out);
 // |a & b| / |a | b| of two ascending index lists.

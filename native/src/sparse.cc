@@ -72,7 +72,12 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
     const Slice& s = slices[i];
     Sequence& seq = *s.item->seq;
     const AttentionPolicy& pol = seq.policy;
-    if (!pol.sparse_decode() || s.item->n_tokens != 1) continue;
+    if (s.item->n_tokens != 1) {  // prefill: window selectors keep the prompt's last queries
+      if (pol.uses_omnikv() && is_window_selector(pol.omnikv.selector) && pol.roles[layer] == LayerRole::Filter)
+        for (int j = std::max(0, s.count - (pol.omnikv.window - 1)); j < s.count; ++j) remember_query(layer, seq, t + j);
+      continue;
+    }
+    if (!pol.sparse_decode()) continue;
     PolicyState& st = seq.state;
     if (st.prompt_len < 0) {  // first decode step after a prompt
       st.prompt_len = s.pos0;
@@ -141,17 +146,40 @@ bool Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
     std::iota(out.begin(), out.end(), 0);
     return changed;
   }
-  const int n_all = cfg.selector == Selector::Last ? n_cand : pos_[t] + 1;  // softmax needs every key
+  // Raw scores [n_head][n_all] of query q over keys [0, n_all) of this layer.
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   float* kbuf = attn_scratch_[0].kv.data();
-  for (int k0 = 0; k0 < n_all; k0 += kKeyBlock) {
-    const int nk = std::min(kKeyBlock, n_all - k0);
-    k_.kv_to_f32(seq.kv.k(layer, k0), seq.kv.ld(layer), nk, kv_dim, kbuf);
-    for (int g = 0; g < c.n_head_kv; ++g)
-      k_.attn_scores(&q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], group, kbuf + g * d,
-                     kv_dim, nk, d, scale, &sel_raw_[static_cast<size_t>(g) * group * n_all + k0], n_all);
+  auto score = [&](const float* q, int n_all) {
+    for (int k0 = 0; k0 < n_all; k0 += kKeyBlock) {
+      const int nk = std::min(kKeyBlock, n_all - k0);
+      k_.kv_to_f32(seq.kv.k(layer, k0), seq.kv.ld(layer), nk, kv_dim, kbuf);
+      for (int g = 0; g < c.n_head_kv; ++g)
+        k_.attn_scores(q + static_cast<size_t>(g) * group * d, group, kbuf + g * d, kv_dim, nk, d, scale,
+                       &sel_raw_[static_cast<size_t>(g) * group * n_all + k0], n_all);
+    }
+  };
+  const float* q_now = &q_[static_cast<size_t>(t) * c.n_embd];
+  if (!is_window_selector(cfg.selector)) {
+    const int n_all = cfg.selector == Selector::Last ? n_cand : pos_[t] + 1;  // softmax needs every key
+    score(q_now, n_all);
+    rank_candidates(cfg.selector, sel_raw_.data(), c.n_head, n_all, n_cand, sel_rank_.data());
+  } else {
+    // The window: the remembered queries (oldest first), then the current one; each sees the keys
+    // up to its own position (causal) and adds its weighted probabilities of the candidates.
+    const PolicyState::Window& w = window_of(layer, seq);
+    const int n_win = static_cast<int>(w.q.size()) + 1;
+    std::fill(sel_rank_.begin(), sel_rank_.begin() + n_cand, 0.f);
+    for (int j = 0; j < n_win; ++j) {
+      const bool now = j == n_win - 1;
+      const int n_all = (now ? pos_[t] : w.pos[j]) + 1;
+      score(now ? q_now : w.q[j].data(), n_all);
+      accumulate_window_scores(sel_raw_.data(), c.n_head, n_all, std::min(n_cand, n_all),
+                               window_weight(cfg.selector, j, n_win), sel_rank_.data(), sel_scratch_);
+    }
+    // Prompt tokens still inside the window are always kept (the official code forces them in).
+    for (int p = std::max(0, pos_[t] - (cfg.window - 1)); p < n_cand; ++p) sel_rank_[p] = INFINITY;
+    remember_query(layer, seq, t);
   }
-  rank_candidates(cfg.selector, sel_raw_.data(), c.n_head, n_all, n_cand, sel_rank_.data());
   top_k_sorted(sel_rank_.data(), n_cand, cfg.budget, sel_new_);
   if (cfg.lazy_iou > 0.f && !out.empty() && iou(sel_new_, out) > cfg.lazy_iou) {
     ++seq.state.lazy_reuses;  // close enough to the last set: keep it, skip the reload
@@ -159,6 +187,28 @@ bool Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
   }
   out.swap(sel_new_);
   return true;
+}
+
+PolicyState::Window& Engine::window_of(int layer, Sequence& seq) {
+  const auto& f = seq.policy.omnikv.filter_layers;
+  seq.state.windows.resize(f.size());
+  return seq.state.windows[std::find(f.begin(), f.end(), layer) - f.begin()];
+}
+
+// Appends ubatch row t's query at filter `layer` to the sequence's window, keeping window - 1.
+void Engine::remember_query(int layer, Sequence& seq, int t) {
+  PolicyState::Window& w = window_of(layer, seq);
+  const size_t keep = static_cast<size_t>(seq.policy.omnikv.window - 1);
+  if (keep == 0) return;
+  const float* q = &q_[static_cast<size_t>(t) * config().n_embd];
+  if (w.q.size() == keep) {  // full: recycle the oldest row
+    std::rotate(w.q.begin(), w.q.begin() + 1, w.q.end());
+    w.pos.erase(w.pos.begin());
+    w.q.back().assign(q, q + config().n_embd);
+  } else {
+    w.q.emplace_back(q, q + config().n_embd);
+  }
+  w.pos.push_back(pos_[t]);
 }
 
 // OmniKV's packed load under offload: one gather from the host bank of the selected tokens'

@@ -97,6 +97,49 @@ TEST(Selection, RankCandidatesLastAndSoftmax) {
   }
 }
 
+TEST(Selection, WindowScoresSumWeightedSoftmaxMaxOverHeads) {
+  // Two queries, two heads, 5 keys of which the first 3 are candidates.
+  const int H = 2, N = 5, C = 3;
+  const std::vector<float> raw1 = {0.1f, 2.0f, -1.0f, 0.5f, 0.0f, 1.5f, 0.2f, 0.3f, -0.4f, 0.9f};
+  const std::vector<float> raw2 = {3.0f, 0.0f, 1.0f, 0.0f, 0.0f, -2.0f, 1.0f, 0.5f, 0.5f, 0.1f};
+  auto reference = [&](const std::vector<float>& raw, int j) {  // max over heads of softmax prob of key j
+    float best = -1;
+    for (int h = 0; h < H; ++h) {
+      double sum = 0;
+      for (int k = 0; k < N; ++k) sum += std::exp(raw[h * N + k]);
+      best = std::max(best, static_cast<float>(std::exp(raw[h * N + j]) / sum));
+    }
+    return best;
+  };
+  std::vector<float> out(C, 0.f), scratch;
+  const float w1 = window_weight(Selector::Exp, 0, 2), w2 = window_weight(Selector::Exp, 1, 2);
+  EXPECT_FLOAT_EQ(w1, 0.5f);
+  EXPECT_FLOAT_EQ(w2, 1.0f);
+  EXPECT_FLOAT_EQ(window_weight(Selector::Uniform, 0, 16), 1.0f);
+  EXPECT_FLOAT_EQ(window_weight(Selector::Exp, 0, 16), std::ldexp(1.0f, -15));
+  accumulate_window_scores(raw1.data(), H, N, C, w1, out.data(), scratch);
+  accumulate_window_scores(raw2.data(), H, N, C, w2, out.data(), scratch);
+  for (int j = 0; j < C; ++j) EXPECT_NEAR(out[j], w1 * reference(raw1, j) + w2 * reference(raw2, j), 1e-6) << j;
+}
+
+TEST(Selection, WindowSelectorsParseAndValidate) {
+  Selector s;
+  ASSERT_TRUE(parse_selector("uniform", &s));
+  EXPECT_EQ(s, Selector::Uniform);
+  ASSERT_TRUE(parse_selector("exp", &s));
+  EXPECT_EQ(s, Selector::Exp);
+  EXPECT_FALSE(parse_selector("window", &s));
+  OmniKvConfig cfg;
+  cfg.filter_layers = {2};
+  cfg.selector = Selector::Uniform;
+  cfg.window = 0;
+  EXPECT_THROW(AttentionPolicy::make_omnikv(cfg, thirty_layers()), std::invalid_argument);
+  cfg.window = 65;
+  EXPECT_THROW(AttentionPolicy::make_omnikv(cfg, thirty_layers()), std::invalid_argument);
+  cfg.window = 16;
+  EXPECT_NO_THROW(AttentionPolicy::make_omnikv(cfg, thirty_layers()));
+}
+
 TEST(Selection, Iou) {
   EXPECT_FLOAT_EQ(iou({1, 2, 3}, {2, 3, 4}), 0.5f);
   EXPECT_FLOAT_EQ(iou({}, {}), 1.f);

@@ -46,7 +46,10 @@ export interface OmniKvOptions {
   filterLayers: number[];
   /** Prompt tokens kept per filter layer. */
   budget: number;
-  selector?: "last" | "last_softmax";
+  /** last (OmniKV's default), last_softmax, or the window selectors uniform and exp over `window` queries. */
+  selector?: "last" | "last_softmax" | "uniform" | "exp";
+  /** Queries the window selectors combine, the current one included (default 16, at most 64). */
+  window?: number;
   /** The layer after each filter layer stays dense (default true). */
   guard?: boolean;
   /** Reuse the previous selection when the new one overlaps it more than this (0 = off). */
@@ -82,6 +85,8 @@ export interface PolicyStats {
   selections: number;
   lazyReuses: number;
   selectedSizes: number[];
+  /** OmniKV: each filter layer's current selection (prompt positions, ascending). */
+  selected: Int32Array[];
   /** SCOPE (generated tokens) or H2O (all tokens): tokens kept, summed over layers and KV heads. */
   decodePoolTokens: number;
   decodeTokens: number;

@@ -20,7 +20,8 @@ const OmniKvSpec = z
   .object({
     filter_layers: z.array(z.number().int().min(0)).min(1).max(64).optional().openapi({ description: "Default: the model's calibrated filter layers" }),
     budget: Budget.optional().openapi({ description: "Prompt tokens each filter layer keeps (default 1024), or a fraction of the prompt", example: 1024 }),
-    selector: z.enum(["last", "last_softmax"]).optional().openapi({ description: "How the filter layers score tokens (default last, OmniKV's). uniform and exp are not implemented yet" }),
+    selector: z.enum(["last", "last_softmax", "uniform", "exp"]).optional().openapi({ description: "How the filter layers score tokens: last (default, OmniKV's), last_softmax, or the window selectors uniform and exp" }),
+    window: z.number().int().min(1).max(64).optional().openapi({ description: "Queries the uniform and exp selectors combine, the current one included (default 16)" }),
     guard: z.boolean().optional().openapi({ description: "The layer after each filter layer stays dense (default true)" }),
     lazy_iou: z.number().min(0).max(1).optional().openapi({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
     offload: z.boolean().optional().openapi({ description: "Keep the sparse layers' KV in the host bank; each selection is one packed gather per filter layer (default false)" }),
@@ -82,6 +83,7 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
       filterLayers: [...filterLayers],
       budget: b < 1 ? Math.max(1, Math.round(b * ctx.promptTokens)) : b,
       ...(o.omnikv?.selector ? { selector: o.omnikv.selector } : {}),
+      ...(o.omnikv?.window === undefined ? {} : { window: o.omnikv.window }),
       ...(o.omnikv?.guard === undefined ? {} : { guard: o.omnikv.guard }),
       ...(o.omnikv?.lazy_iou === undefined ? {} : { lazyIou: o.omnikv.lazy_iou }),
       ...(o.omnikv?.offload === undefined ? {} : { offload: o.omnikv.offload }),
