@@ -74,6 +74,8 @@ ScopeConfig scope_config(Napi::Object policy) {
   cfg.beta1 = int_field(o, "beta1", cfg.beta1);
   cfg.beta2 = int_field(o, "beta2", cfg.beta2);
   cfg.max_output = int_field(o, "maxOutput", cfg.max_output);
+  cfg.alpha1 = int_field(o, "alpha1", cfg.alpha1);
+  cfg.alpha2 = int_field(o, "alpha2", cfg.alpha2);
   return cfg;
 }
 }  // namespace
@@ -130,6 +132,10 @@ Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {
   double pooled = 0;
   for (const auto& p : st.pool) pooled += static_cast<double>(p.size());
   o.Set("decodePoolTokens", pooled);
+  // SCOPE prompt compression: prompt tokens kept, summed over the (layer, KV head) pools computed so far.
+  double prompt_pool = 0;
+  for (const auto& p : st.prompt_pool) prompt_pool += static_cast<double>(p.size());
+  o.Set("promptPoolTokens", prompt_pool);
   o.Set("decodeTokens", st.prompt_len < 0 ? 0 : seq.n_past() - st.prompt_len);
   // OmniKV's per-layer roles and the filter layer (index into filterLayers) each sparse layer
   // follows; empty under other policies. The prefill groups its KV chunks by them.

@@ -99,6 +99,8 @@ class Engine {
   void refresh_packed(Sequence& seq, int filter_index);
   PolicyState::Window& window_of(int layer, Sequence& seq);
   void remember_query(int layer, Sequence& seq, int t);
+  void push_query(PolicyState::Window& w, int keep, int t);
+  void compute_prompt_pool(int layer, Sequence& seq);
   Packed packed_for(int layer, const Sequence& seq) const;
   void for_tokens(int n, FunctionRef<void(int)> fn);
   void parallel(int n_tasks, FunctionRef<void(int, int)> fn) { pool_.parallel_for(n_tasks, fn, single_thread_); }

@@ -78,6 +78,9 @@ AttentionPolicy AttentionPolicy::make_scope(const ScopeConfig& cfg, const ModelC
   if (cfg.beta1 < 0) throw std::invalid_argument("scope: beta2 must not exceed beta1 + beta2 (beta1 must be >= 0)");
   if (cfg.mode != ScopeMode::Slide && cfg.max_output <= cfg.beta2)
     throw std::invalid_argument("scope: max_output (T) must exceed beta2 for adaptive and discontinuous modes");
+  if (cfg.alpha1 < 0) throw std::invalid_argument("scope: alpha1 (prompt tokens selected) must be >= 0 (0 keeps the whole prompt)");
+  if (cfg.alpha1 > 0 && (cfg.alpha2 < 1 || cfg.alpha2 > 64))
+    throw std::invalid_argument("scope: alpha2 (the observation window of prompt tokens) must be in [1, 64]");
   AttentionPolicy p;
   p.kind = Kind::Scope;
   p.scope = cfg;
@@ -85,6 +88,7 @@ AttentionPolicy AttentionPolicy::make_scope(const ScopeConfig& cfg, const ModelC
 }
 
 AttentionPolicy AttentionPolicy::make_omnikv_scope(const OmniKvConfig& o, const ScopeConfig& s, const ModelConfig& model) {
+  if (s.alpha1 > 0) throw std::invalid_argument("omnikv+scope: OmniKV selects from the whole prompt; scope.alpha1 is for kind scope");
   AttentionPolicy p = make_omnikv(o, model);
   p.scope = make_scope(s, model).scope;
   p.kind = Kind::OmniKvScope;
@@ -160,6 +164,16 @@ void accumulate_window_scores(const float* raw, int n_heads, int n_all, int n_ca
 }
 
 float window_weight(Selector sel, int j, int n) { return sel == Selector::Exp ? std::ldexp(1.0f, j - (n - 1)) : 1.0f; }
+
+void snap_select(const float* importance, int n, int alpha1, int alpha2, std::vector<int32_t>& out) {
+  if (n <= alpha1 + alpha2) {
+    out.resize(n);
+    std::iota(out.begin(), out.end(), 0);
+    return;
+  }
+  top_k_sorted(importance, n - alpha2, alpha1, out);
+  for (int p = n - alpha2; p < n; ++p) out.push_back(p);
+}
 
 void top_k_sorted(const float* scores, int n, int k, std::vector<int32_t>& out) {
   out.resize(n);

@@ -54,12 +54,20 @@ struct ScopeConfig {
   int beta1 = 256;         // selected earlier generated tokens
   int beta2 = 256;         // most recent generated tokens, always kept
   int max_output = 4096;   // T: the planned output length (adaptive, discontinuous)
+  // Prompt pool (SnapKV-style, kind `scope` only): 0 = keep the whole prompt; else, per layer and
+  // KV head, the last alpha2 prompt tokens plus the alpha1 earlier ones those alpha2 tokens'
+  // queries attend to most (GQA: mean over the head's query group, summed over the window).
+  int alpha1 = 0;
+  int alpha2 = 8;
 };
 
 // SCOPE's rules (kv_utils.py), with t the index of the current generated token (0-based):
 // the pool budget W_t, and whether step t re-selects (otherwise the pool keeps everything).
 int scope_budget(const ScopeConfig& cfg, int t);
 bool scope_reselects(const ScopeConfig& cfg, int t);
+// SnapKV-style prompt pool: the last `alpha2` of n prompt positions plus the alpha1 earlier ones
+// with the highest importance (importance[0, n - alpha2)), ascending; all n when n <= alpha1 + alpha2.
+void snap_select(const float* importance, int n, int alpha1, int alpha2, std::vector<int32_t>& out);
 // Keeps the last `recent` of n generated positions plus the (budget - recent) earlier ones with
 // the highest importance, ascending; all n when n <= budget.
 void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
@@ -90,6 +98,7 @@ struct AttentionPolicy {
   bool uses_omnikv() const { return kind == Kind::OmniKv || kind == Kind::OmniKvScope; }
   bool uses_scope() const { return kind == Kind::Scope || kind == Kind::OmniKvScope; }
   bool offloads() const { return uses_omnikv() && omnikv.offload; }
+  bool compresses_prompt() const { return kind == Kind::Scope && scope.alpha1 > 0; }
   // OmniKV: per filter layer (in order), the sparse layers that use its selection; the groups the
   // host bank holds under offload.
   std::vector<std::vector<int>> sparse_groups() const;
@@ -118,8 +127,18 @@ struct PolicyState {
   // are kept when this engine ran the prefill; after a KV import only decode queries exist.
   struct Window { std::vector<std::vector<float>> q; std::vector<int> pos; };
   std::vector<Window> windows;
+  // SCOPE prompt compression: per layer, the last alpha2 prompt queries (kept while this engine
+  // prefills), and per (layer, KV head) the compressed prompt pool, computed at the first decode
+  // step (empty: not computed yet; a prompt whose queries are absent, after a KV import, is kept whole).
+  std::vector<Window> observed;
+  std::vector<std::vector<int32_t>> prompt_pool;
+  std::vector<bool> prompt_pool_done;
   uint64_t selections = 0, lazy_reuses = 0;
-  void reset() { prompt_len = -1; selected.clear(); pool.clear(); acc.clear(); packed.clear(); windows.clear(); }
+  void reset() {
+    prompt_len = -1;
+    selected.clear(); pool.clear(); acc.clear(); packed.clear(); windows.clear();
+    observed.clear(); prompt_pool.clear(); prompt_pool_done.clear();
+  }
 };
 
 const char* selector_name(Selector s);

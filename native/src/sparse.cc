@@ -72,9 +72,14 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
     const Slice& s = slices[i];
     Sequence& seq = *s.item->seq;
     const AttentionPolicy& pol = seq.policy;
-    if (s.item->n_tokens != 1) {  // prefill: window selectors keep the prompt's last queries
+    if (s.item->n_tokens != 1) {  // prefill: keep the prompt's last queries where a policy needs them
       if (pol.uses_omnikv() && is_window_selector(pol.omnikv.selector) && pol.roles[layer] == LayerRole::Filter)
         for (int j = std::max(0, s.count - (pol.omnikv.window - 1)); j < s.count; ++j) remember_query(layer, seq, t + j);
+      if (pol.compresses_prompt()) {
+        seq.state.observed.resize(config().n_layer);
+        for (int j = std::max(0, s.count - pol.scope.alpha2); j < s.count; ++j)
+          push_query(seq.state.observed[layer], pol.scope.alpha2, t + j);
+      }
       continue;
     }
     if (!pol.sparse_decode()) continue;
@@ -90,7 +95,10 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
         st.acc.assign(st.pool.size(), std::vector<float>(s.pos0, 0.f));
       }
       st.heads.resize(hkv);
+      st.prompt_pool.assign(pol.compresses_prompt() ? static_cast<size_t>(config().n_layer) * hkv : 0, {});
+      st.prompt_pool_done.assign(pol.compresses_prompt() ? config().n_layer : 0, false);
     }
+    if (pol.compresses_prompt() && !st.prompt_pool_done[layer]) compute_prompt_pool(layer, seq);
     const std::vector<int32_t>* prompt_subset = nullptr;
     if (pol.uses_omnikv()) {
       const LayerRole role = pol.roles[layer];
@@ -119,6 +127,7 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       std::vector<int32_t>& keys = st.heads[g].keys;
       keys.clear();
       if (prompt_subset) keys.assign(prompt_subset->begin(), prompt_subset->end());
+      else if (pol.compresses_prompt()) keys.assign(st.prompt_pool[static_cast<size_t>(layer) * hkv + g].begin(), st.prompt_pool[static_cast<size_t>(layer) * hkv + g].end());
       else for (int p = 0; p < st.prompt_len; ++p) keys.push_back(p);
       if (pol.uses_scope()) {
         const auto& pool = st.pool[static_cast<size_t>(layer) * hkv + g];
@@ -197,8 +206,12 @@ PolicyState::Window& Engine::window_of(int layer, Sequence& seq) {
 
 // Appends ubatch row t's query at filter `layer` to the sequence's window, keeping window - 1.
 void Engine::remember_query(int layer, Sequence& seq, int t) {
-  PolicyState::Window& w = window_of(layer, seq);
-  const size_t keep = static_cast<size_t>(seq.policy.omnikv.window - 1);
+  push_query(window_of(layer, seq), seq.policy.omnikv.window - 1, t);
+}
+
+// Appends ubatch row t's query (post-RoPE, every head) and position to `w`, keeping the last `keep`.
+void Engine::push_query(PolicyState::Window& w, int keep_count, int t) {
+  const size_t keep = static_cast<size_t>(keep_count);
   if (keep == 0) return;
   const float* q = &q_[static_cast<size_t>(t) * config().n_embd];
   if (w.q.size() == keep) {  // full: recycle the oldest row
@@ -209,6 +222,49 @@ void Engine::remember_query(int layer, Sequence& seq, int t) {
     w.q.emplace_back(q, q + config().n_embd);
   }
   w.pos.push_back(pos_[t]);
+}
+
+// SCOPE's prompt pool at `layer` (SnapKV-style): the importance of each earlier prompt token is
+// the attention the last alpha2 prompt tokens' queries pay it (softmax over the keys each query
+// sees, mean over a KV head's query group, summed over the queries); each KV head keeps its top
+// alpha1 plus the last alpha2. Without those queries (KV imported) the prompt is kept whole.
+void Engine::compute_prompt_pool(int layer, Sequence& seq) {
+  const ModelConfig& c = config();
+  PolicyState& st = seq.state;
+  const ScopeConfig& cfg = seq.policy.scope;
+  const int P = st.prompt_len, hkv = c.n_head_kv, group = c.n_head / hkv, d = c.head_dim, kv_dim = c.kv_dim();
+  st.prompt_pool_done[layer] = true;
+  const bool observed = layer < static_cast<int>(st.observed.size()) && !st.observed[layer].q.empty();
+  for (int g = 0; g < hkv; ++g) st.heads[g].importance.assign(P, 0.f);
+  if (observed && P > cfg.alpha1 + cfg.alpha2) {
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    float* kbuf = attn_scratch_[0].kv.data();
+    const PolicyState::Window& w = st.observed[layer];
+    for (size_t j = 0; j < w.q.size(); ++j) {
+      const int n_all = std::min(w.pos[j], P - 1) + 1;
+      for (int k0 = 0; k0 < n_all; k0 += kKeyBlock) {
+        const int nk = std::min(kKeyBlock, n_all - k0);
+        k_.kv_to_f32(seq.kv.k(layer, k0), seq.kv.ld(layer), nk, kv_dim, kbuf);
+        for (int g = 0; g < hkv; ++g)
+          k_.attn_scores(w.q[j].data() + static_cast<size_t>(g) * group * d, group, kbuf + g * d, kv_dim, nk, d, scale,
+                         &sel_raw_[static_cast<size_t>(g) * group * n_all + k0], n_all);
+      }
+      softmax_rows(sel_raw_.data(), n_all, c.n_head, n_all, [&](int) { return n_all; });
+      for (int g = 0; g < hkv; ++g)
+        for (int h = 0; h < group; ++h) {
+          const float* row = &sel_raw_[static_cast<size_t>(g * group + h) * n_all];
+          for (int k = 0; k < n_all; ++k) st.heads[g].importance[k] += row[k] / static_cast<float>(group);
+        }
+    }
+  }
+  for (int g = 0; g < hkv; ++g) {
+    std::vector<int32_t>& pool = st.prompt_pool[static_cast<size_t>(layer) * hkv + g];
+    if (observed) snap_select(st.heads[g].importance.data(), P, cfg.alpha1, cfg.alpha2, pool);
+    else {
+      pool.resize(P);
+      std::iota(pool.begin(), pool.end(), 0);
+    }
+  }
 }
 
 // OmniKV's packed load under offload: one gather from the host bank of the selected tokens'

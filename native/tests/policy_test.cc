@@ -207,6 +207,32 @@ TEST(Scope, SelectKeepsRecentAndTopImportance) {
   EXPECT_EQ(out, (std::vector<int32_t>{16, 17}));
 }
 
+TEST(Scope, SnapSelectKeepsTheObservationWindowAndTheMostAttended) {
+  // 10 prompt tokens, alpha2 = 3 (positions 7, 8, 9 always), alpha1 = 2 of positions 0..6.
+  const std::vector<float> importance = {0.5f, 0.1f, 0.9f, 0.2f, 0.9f, 0.05f, 0.3f, 9.f, 9.f, 9.f};
+  std::vector<int32_t> out;
+  snap_select(importance.data(), 10, 2, 3, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{2, 4, 7, 8, 9}));  // the tie at 0.9 keeps both; the window is kept whatever its scores
+  snap_select(importance.data(), 5, 2, 3, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 3, 4}));  // fits: everything
+  // Against a sort-based reference on random inputs.
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int trial = 0; trial < 50; ++trial) {
+    const int n = 20 + trial, a1 = 1 + trial % 7, a2 = 1 + trial % 5;
+    std::vector<float> imp(n);
+    for (float& x : imp) x = u(rng);
+    snap_select(imp.data(), n, a1, a2, out);
+    std::vector<int32_t> order(n - a2);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return imp[a] > imp[b]; });
+    std::set<int32_t> want(order.begin(), order.begin() + a1);
+    for (int p = n - a2; p < n; ++p) want.insert(p);
+    EXPECT_EQ(std::set<int32_t>(out.begin(), out.end()), want);
+    EXPECT_TRUE(std::is_sorted(out.begin(), out.end()));
+  }
+}
+
 TEST(Scope, RefuseBadConfigurations) {
   ModelConfig m;
   m.n_layer = 30;

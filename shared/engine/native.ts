@@ -67,6 +67,11 @@ export interface ScopeOptions {
   beta2: number;
   /** Planned output length T (adaptive and discontinuous). */
   maxOutput?: number;
+  /** Prompt pool (kind scope only): 0 (default) keeps the whole prompt; else, per layer and KV head,
+   *  the last alpha2 prompt tokens plus the alpha1 earlier ones they attend to most (SnapKV-style). */
+  alpha1?: number;
+  /** The observation window of the prompt compression (default 8, at most 64). */
+  alpha2?: number;
 }
 
 export type AttentionPolicy =
@@ -90,6 +95,8 @@ export interface PolicyStats {
   /** SCOPE (generated tokens) or H2O (all tokens): tokens kept, summed over layers and KV heads. */
   decodePoolTokens: number;
   decodeTokens: number;
+  /** SCOPE prompt compression: prompt tokens kept, summed over the (layer, KV head) pools. */
+  promptPoolTokens: number;
   /** OmniKV: each layer's role; empty under other policies. */
   layerRoles: Array<"dense" | "filter" | "guard" | "sparse">;
   /** OmniKV: per layer, the index into filterLayers of the selection a sparse layer uses, else -1. */

@@ -34,6 +34,8 @@ const ScopeSpec = z
     beta1: Count.optional().openapi({ description: "Selected earlier generated tokens (default 256)" }),
     beta2: Count.optional().openapi({ description: "Most recent generated tokens, always kept (default 256)" }),
     max_output: Count.optional().openapi({ description: "T, the planned output length (default: the request's max_tokens)" }),
+    alpha1: z.number().int().min(0).max(1 << 22).optional().openapi({ description: "Prompt pool (kind scope): 0 (default) keeps the whole prompt; else the alpha1 prompt tokens the last alpha2 attend to most, per layer and KV head. Needs the prompt's queries: after a KV handoff the prompt is kept whole" }),
+    alpha2: z.number().int().min(1).max(64).optional().openapi({ description: "The prompt pool's observation window (default 8)" }),
   })
   .strict();
 
@@ -94,6 +96,8 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
     beta1: o.scope?.beta1 ?? 256,
     beta2: o.scope?.beta2 ?? 256,
     maxOutput: o.scope?.max_output ?? ctx.maxTokens,
+    ...(o.scope?.alpha1 === undefined ? {} : { alpha1: o.scope.alpha1 }),
+    ...(o.scope?.alpha2 === undefined ? {} : { alpha2: o.scope.alpha2 }),
   });
   switch (o.kind) {
     case "full":
