@@ -68,7 +68,7 @@ export function sloTargets(config: Pick<Config, "sloTtftMs" | "sloTpotMs" | "slo
 export type PromptInput = { prompt?: string | undefined; messages?: ChatMessage[] | undefined; prompt_token_ids?: number[] | undefined };
 
 /** Token ids of a prompt given as text, a conversation, or ids; 400 when it cannot be. */
-export function encodePrompt(rt: Pick<Runtime, "tokenizer" | "chat" | "model">, input: PromptInput): number[] {
+export function encodePrompt(rt: Pick<Runtime, "tokenizer" | "chat" | "model">, input: PromptInput, render: { addGenerationPrompt?: boolean } = {}): number[] {
   const tok = rt.tokenizer;
   if (input.prompt_token_ids !== undefined) {
     const nVocab = rt.model.config.nVocab;
@@ -80,7 +80,7 @@ export function encodePrompt(rt: Pick<Runtime, "tokenizer" | "chat" | "model">, 
   if (input.messages !== undefined) {
     if (!rt.chat) throw new ApiError(400, "invalid_request", "this model has no chat template; send a plain prompt instead", "messages");
     try {
-      text = rt.chat.render(input.messages);
+      text = rt.chat.render(input.messages, render);
     } catch (e) {
       throw new ApiError(400, "invalid_request", (e as Error).message, "messages");
     }

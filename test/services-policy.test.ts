@@ -116,6 +116,42 @@ describe("policies through the services", () => {
     expect(res.body.choices[0].text).toBe(s.rt.tokenizer.decode(expected));
   });
 
+  it("rounds: a chat's user messages start the rounds; the handle carries them to the decode", async () => {
+    const messages = [
+      { role: "user", content: "My locker code is 4711. Please remember it." },
+      { role: "assistant", content: "I will remember that your locker code is 4711." },
+      { role: "user", content: "Tell me a fact about lighthouses." },
+      { role: "assistant", content: "Lighthouses guide ships with a bright lamp." },
+      { role: "user", content: "What is my locker code?" },
+    ];
+    const spec = { kind: "rounds", rounds: { watershed_layer: 12, top_k: 1 } };
+    const res = await postJson(`${s.url}/v1/prefill`, { messages, policy: spec });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    const handle = res.body as Handle;
+    const starts = (handle.policy as { rounds: { starts: number[] } }).rounds.starts;
+    expect(starts).toHaveLength(3);
+    expect(starts[0]).toBe(0);
+    // Each later round starts where the conversation up to that user message ends.
+    const upTo = (i: number) => s.rt.tokenizer.encode(s.rt.chat!.render(messages.slice(0, i), { addGenerationPrompt: false }), { parseSpecial: true }).length;
+    expect(starts.slice(1)).toEqual([upTo(2), upTo(4)]);
+    const out = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 8, temperature: 0 });
+    expect(out.status).toBe(200);
+    const expected = await engineGreedy(handle.prompt_token_ids, { kind: "rounds", rounds: { watershedLayer: 12, starts, topK: 1 } }, 8);
+    expect(out.body.token_ids).toEqual(expected);
+    const chat = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages, max_tokens: 4, temperature: 0, policy: spec });
+    expect(chat.status, JSON.stringify(chat.body)).toBe(200);
+    expect(chat.body.choices[0].message.content).toBe(s.rt.tokenizer.decode(expected.slice(0, 4)));
+    for (const [policy, message] of [
+      [{ kind: "rounds", rounds: { top_k: 1 } }, /no calibrated watershed layer/],
+      [{ kind: "rounds", rounds: { watershed_layer: 12 } }, /needs rounds.starts/],
+    ] as const) {
+      const bad = await postJson(`${s.url}/v1/prefill`, { prompt: "hi there", policy });
+      expect(bad.status).toBe(400);
+      expect(bad.body.error.code).toBe("invalid_policy");
+      expect(bad.body.error.message).toMatch(message);
+    }
+  });
+
   it("refuses policies the model cannot run, before any work", async () => {
     const bad = [
       [{ kind: "omnikv", omnikv: { filter_layers: [40] } }, "invalid_policy", /filter layer 40/],
@@ -135,6 +171,6 @@ describe("policies through the services", () => {
     const viaOpenAi = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages: [{ role: "user", content: "hi" }], policy: { kind: "omnikv", omnikv: { filter_layers: [29, 3] } } });
     expect(viaOpenAi.status).toBe(400);
     expect(viaOpenAi.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
-    expect(s.services.prefill!.status().totals.prefills).toBe(4); // only the four tests above prefilled
+    expect(s.services.prefill!.status().totals.prefills).toBe(6); // only the tests above prefilled
   });
 });

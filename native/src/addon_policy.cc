@@ -97,6 +97,22 @@ AttentionPolicy policy_from_js(Napi::Object o, const ModelConfig& mc) {
       cfg.window = int_field(so, "window", cfg.window);
       return AttentionPolicy::make_streaming(cfg);
     }
+    if (k == "rounds") {
+      Napi::Object ro = sub_object(o, "rounds");
+      RoundsConfig cfg;
+      cfg.watershed_layer = int_field(ro, "watershedLayer", cfg.watershed_layer);
+      cfg.top_k = int_field(ro, "topK", cfg.top_k);
+      const Napi::Value st = ro.Get("starts");
+      if (!st.IsArray()) throw Napi::TypeError::New(env, "rounds.starts must be an array of token positions");
+      const Napi::Array arr = st.As<Napi::Array>();
+      for (uint32_t i = 0; i < arr.Length(); ++i) {
+        const Napi::Value v = arr.Get(i);
+        if (!v.IsNumber() || v.As<Napi::Number>().DoubleValue() != v.As<Napi::Number>().Int32Value())
+          throw Napi::TypeError::New(env, "rounds.starts must hold integers");
+        cfg.starts.push_back(v.As<Napi::Number>().Int32Value());
+      }
+      return AttentionPolicy::make_rounds(cfg, mc);
+    }
     if (k == "h2o") {
       Napi::Object ho = sub_object(o, "h2o");
       H2oConfig cfg;
@@ -107,7 +123,7 @@ AttentionPolicy policy_from_js(Napi::Object o, const ModelConfig& mc) {
   } catch (const std::invalid_argument& e) {
     throw Napi::RangeError::New(env, e.what());
   }
-  throw Napi::TypeError::New(env, "policy.kind must be one of full, omnikv, scope, omnikv+scope, streaming, h2o");
+  throw Napi::TypeError::New(env, "policy.kind must be one of full, omnikv, scope, omnikv+scope, streaming, h2o, rounds");
 }
 
 Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {

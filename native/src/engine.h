@@ -101,6 +101,8 @@ class Engine {
   void remember_query(int layer, Sequence& seq, int t);
   void push_query(PolicyState::Window& w, int keep, int t);
   void compute_prompt_pool(int layer, Sequence& seq);
+  void select_rounds(int layer, Sequence& seq, const float* q_now, int pos_now,
+                     FunctionRef<void(const float*, int)> score, std::vector<int32_t>& out);
   Packed packed_for(int layer, const Sequence& seq) const;
   void for_tokens(int n, FunctionRef<void(int)> fn);
   void parallel(int n_tasks, FunctionRef<void(int, int)> fn) { pool_.parallel_for(n_tasks, fn, single_thread_); }

@@ -15,6 +15,7 @@ const char* AttentionPolicy::name() const {
     case Kind::OmniKvScope: return "omnikv+scope";
     case Kind::Streaming: return "streaming";
     case Kind::H2o: return "h2o";
+    case Kind::Rounds: return "rounds";
   }
   return "?";
 }
@@ -93,6 +94,43 @@ AttentionPolicy AttentionPolicy::make_omnikv_scope(const OmniKvConfig& o, const 
   p.scope = make_scope(s, model).scope;
   p.kind = Kind::OmniKvScope;
   return p;
+}
+
+AttentionPolicy AttentionPolicy::make_rounds(const RoundsConfig& cfg, const ModelConfig& model) {
+  if (cfg.watershed_layer < 0 || cfg.watershed_layer >= model.n_layer - 1)
+    throw std::invalid_argument("rounds: watershed layer " + std::to_string(cfg.watershed_layer) + " must be in [0, " +
+                                std::to_string(model.n_layer - 1) + ") (a layer must follow it)");
+  if (cfg.starts.empty() || cfg.starts[0] != 0) throw std::invalid_argument("rounds: starts must begin with 0 (the first round)");
+  for (size_t i = 1; i < cfg.starts.size(); ++i)
+    if (cfg.starts[i] <= cfg.starts[i - 1]) throw std::invalid_argument("rounds: starts must be strictly increasing");
+  if (cfg.top_k < 0) throw std::invalid_argument("rounds: top_k must be >= 0 (0 = adaptive)");
+  OmniKvConfig o;
+  o.filter_layers = {cfg.watershed_layer};
+  o.guard = false;
+  o.budget = 1 << 30;  // rounds are kept whole; the selection decides the size
+  o.window = 64;       // the current round's question queries remembered at the watershed layer
+  AttentionPolicy p = make_omnikv(o, model);
+  p.kind = Kind::Rounds;
+  p.rounds = cfg;
+  return p;
+}
+
+std::vector<int> choose_rounds(const std::vector<double>& mass, int top_k) {
+  const int n = static_cast<int>(mass.size());
+  std::vector<int> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  if (top_k > 0) {
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return mass[a] > mass[b]; });
+    order.resize(std::min(top_k, n));
+  } else {
+    double mean = 0, var = 0;
+    for (double m : mass) mean += m / n;
+    for (double m : mass) var += (m - mean) * (m - mean) / n;
+    const double cut = mean + std::sqrt(var);
+    order.erase(std::remove_if(order.begin(), order.end(), [&](int r) { return !(mass[r] > cut); }), order.end());
+  }
+  std::sort(order.begin(), order.end());
+  return order;
 }
 
 AttentionPolicy AttentionPolicy::make_streaming(const StreamingConfig& cfg) {

@@ -73,15 +73,28 @@ void snap_select(const float* importance, int n, int alpha1, int alpha2, std::ve
 void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
                   std::vector<int32_t>& out, std::vector<int32_t>& scratch);
 
+// Round Attention (SPEC §3): a multi-turn context is a list of rounds; at the watershed layer the
+// question's attention mass per earlier round picks the rounds that matter, once per round (at the
+// first decode step), and the layers above it attend only to those rounds plus the current one.
+struct RoundsConfig {
+  int watershed_layer = -1;        // L_w: layers <= L_w attend everything
+  std::vector<int> starts;         // first token of each round, strictly increasing from 0; the last is the current round
+  int top_k = 0;                   // earlier rounds kept; 0 = adaptive (mass > mean + std)
+};
+// Which earlier rounds to keep from their attention mass: the top_k largest (ties to the earlier
+// round), or with top_k = 0 those above mean + std (population std); ascending round indices.
+std::vector<int> choose_rounds(const std::vector<double>& mass, int top_k);
+
 struct StreamingConfig { int sinks = 4; int window = 1020; };
 struct H2oConfig { int budget = 1024; int recent = 256; };
 
 enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
 
 struct AttentionPolicy {
-  enum class Kind { Full, OmniKv, Scope, OmniKvScope, Streaming, H2o };
+  enum class Kind { Full, OmniKv, Scope, OmniKvScope, Streaming, H2o, Rounds };
   Kind kind = Kind::Full;
-  OmniKvConfig omnikv;
+  OmniKvConfig omnikv;  // Rounds: filter layer = the watershed, no guard, selection by round
+  RoundsConfig rounds;
   ScopeConfig scope;
   StreamingConfig streaming;
   H2oConfig h2o;
@@ -94,8 +107,9 @@ struct AttentionPolicy {
   static AttentionPolicy make_omnikv_scope(const OmniKvConfig& o, const ScopeConfig& s, const ModelConfig& model);
   static AttentionPolicy make_streaming(const StreamingConfig& cfg);
   static AttentionPolicy make_h2o(const H2oConfig& cfg);
+  static AttentionPolicy make_rounds(const RoundsConfig& cfg, const ModelConfig& model);
   bool sparse_decode() const { return kind != Kind::Full; }
-  bool uses_omnikv() const { return kind == Kind::OmniKv || kind == Kind::OmniKvScope; }
+  bool uses_omnikv() const { return kind == Kind::OmniKv || kind == Kind::OmniKvScope || kind == Kind::Rounds; }
   bool uses_scope() const { return kind == Kind::Scope || kind == Kind::OmniKvScope; }
   bool offloads() const { return uses_omnikv() && omnikv.offload; }
   bool compresses_prompt() const { return kind == Kind::Scope && scope.alpha1 > 0; }

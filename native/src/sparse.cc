@@ -9,6 +9,15 @@
 
 namespace ctx {
 
+namespace {
+// Selections pick among positions [0, candidate_end): the prompt (OmniKV), or the rounds before
+// the current one (Round Attention); every later position is always attended.
+int candidate_end(const Sequence& seq) {
+  const int prompt = seq.state.prompt_len;
+  return seq.policy.kind == AttentionPolicy::Kind::Rounds ? std::min(seq.policy.rounds.starts.back(), prompt) : prompt;
+}
+}  // namespace
+
 // Baselines: StreamingLLM's sinks + recent window (the same for every head), or H2O's kept set
 // per (layer, head) plus the current token.
 void Engine::baseline_keys(int layer, Sequence& seq, int pos) {
@@ -73,7 +82,8 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
     Sequence& seq = *s.item->seq;
     const AttentionPolicy& pol = seq.policy;
     if (s.item->n_tokens != 1) {  // prefill: keep the prompt's last queries where a policy needs them
-      if (pol.uses_omnikv() && is_window_selector(pol.omnikv.selector) && pol.roles[layer] == LayerRole::Filter)
+      const bool windowed = is_window_selector(pol.omnikv.selector) || pol.kind == AttentionPolicy::Kind::Rounds;
+      if (pol.uses_omnikv() && windowed && pol.roles[layer] == LayerRole::Filter)
         for (int j = std::max(0, s.count - (pol.omnikv.window - 1)); j < s.count; ++j) remember_query(layer, seq, t + j);
       if (pol.compresses_prompt()) {
         seq.state.observed.resize(config().n_layer);
@@ -118,7 +128,7 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       continue;
     }
     // A selection holding the whole prompt is the dense case: take the faster row-streaming path.
-    if (prompt_subset && static_cast<int>(prompt_subset->size()) == st.prompt_len) {
+    if (prompt_subset && static_cast<int>(prompt_subset->size()) == candidate_end(seq)) {
       prompt_subset = nullptr;
       slice_packed_[i] = Packed{};
     }
@@ -134,7 +144,7 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
         keys.insert(keys.end(), pool.begin(), pool.end());
         keys.push_back(s.pos0);
       } else {
-        for (int p = st.prompt_len; p <= s.pos0; ++p) keys.push_back(p);  // generated: always attended
+        for (int p = candidate_end(seq); p <= s.pos0; ++p) keys.push_back(p);  // generated (and the current round): always attended
       }
     }
     slice_keys_[i] = &st.heads;
@@ -147,9 +157,10 @@ bool Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
   const ModelConfig& c = config();
   const OmniKvConfig& cfg = seq.policy.omnikv;
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
-  const int n_cand = seq.state.prompt_len;
+  const int n_cand = candidate_end(seq);
   ++seq.state.selections;
-  if (cfg.budget >= n_cand) {  // the whole prompt fits the budget: nothing to rank
+  const bool rounds = seq.policy.kind == AttentionPolicy::Kind::Rounds;
+  if (!rounds && cfg.budget >= n_cand) {  // the whole prompt fits the budget: nothing to rank
     const bool changed = static_cast<int>(out.size()) != n_cand;
     out.resize(n_cand);
     std::iota(out.begin(), out.end(), 0);
@@ -168,6 +179,11 @@ bool Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
     }
   };
   const float* q_now = &q_[static_cast<size_t>(t) * c.n_embd];
+  if (rounds) {
+    if (!out.empty()) return false;  // chosen once per round, at its first decode step
+    select_rounds(layer, seq, q_now, pos_[t], score, out);
+    return true;
+  }
   if (!is_window_selector(cfg.selector)) {
     const int n_all = cfg.selector == Selector::Last ? n_cand : pos_[t] + 1;  // softmax needs every key
     score(q_now, n_all);
@@ -196,6 +212,37 @@ bool Engine::select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>
   }
   out.swap(sel_new_);
   return true;
+}
+
+// Round Attention's choice at the watershed layer: the attention mass the current round's queries
+// (its question, remembered at prefill, and the current token) pay each earlier round, summed
+// over heads and queries; the chosen rounds (top_k, or mean + std) are attended whole above it.
+void Engine::select_rounds(int layer, Sequence& seq, const float* q_now, int pos_now,
+                           FunctionRef<void(const float*, int)> score, std::vector<int32_t>& out) {
+  const ModelConfig& c = config();
+  const int cand = candidate_end(seq);
+  std::vector<int> bounds;  // earlier round r is [bounds[r], bounds[r + 1])
+  for (int start : seq.policy.rounds.starts)
+    if (start < cand) bounds.push_back(start);
+  bounds.push_back(cand);
+  std::vector<double> mass(bounds.size() - 1, 0.0);
+  auto add = [&](const float* q, int pos) {
+    const int n_all = pos + 1;
+    score(q, n_all);
+    softmax_rows(sel_raw_.data(), n_all, c.n_head, n_all, [&](int) { return n_all; });
+    for (int h = 0; h < c.n_head; ++h) {
+      const float* row = &sel_raw_[static_cast<size_t>(h) * n_all];
+      for (size_t r = 0; r + 1 < bounds.size(); ++r)
+        for (int j = bounds[r]; j < bounds[r + 1]; ++j) mass[r] += row[j];
+    }
+  };
+  const PolicyState::Window& w = window_of(layer, seq);
+  for (size_t j = 0; j < w.q.size(); ++j)
+    if (w.pos[j] >= cand) add(w.q[j].data(), w.pos[j]);
+  add(q_now, pos_now);
+  out.clear();
+  for (int r : choose_rounds(mass, seq.policy.rounds.top_k))
+    for (int p = bounds[r]; p < bounds[r + 1]; ++p) out.push_back(p);
 }
 
 PolicyState::Window& Engine::window_of(int layer, Sequence& seq) {
@@ -277,7 +324,7 @@ void Engine::refresh_packed(Sequence& seq, int idx) {
   for (int l = 0; l < config().n_layer && bank < 0; ++l)
     if (pol.group[l] == idx) bank = seq.kv.bank_of(l);
   const std::vector<int32_t>& sel = st.selected[idx];
-  if (bank < 0 || static_cast<int>(sel.size()) == st.prompt_len) {  // no sparse layers, or the dense case
+  if (bank < 0 || static_cast<int>(sel.size()) == candidate_end(seq)) {  // no sparse layers, or the dense case
     st.packed[idx].clear();
     return;
   }

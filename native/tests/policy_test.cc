@@ -140,6 +140,36 @@ TEST(Selection, WindowSelectorsParseAndValidate) {
   EXPECT_NO_THROW(AttentionPolicy::make_omnikv(cfg, thirty_layers()));
 }
 
+TEST(Rounds, ChooseTopKOrAboveMeanPlusStd) {
+  const std::vector<double> mass = {0.30, 0.05, 0.30, 0.02, 0.90};
+  EXPECT_EQ(choose_rounds(mass, 2), (std::vector<int>{0, 4}));     // ties go to the earlier round
+  EXPECT_EQ(choose_rounds(mass, 3), (std::vector<int>{0, 2, 4}));
+  EXPECT_EQ(choose_rounds(mass, 9), (std::vector<int>{0, 1, 2, 3, 4}));
+  // mean 0.314, population std 0.3156: only round 4 is above 0.63.
+  EXPECT_EQ(choose_rounds(mass, 0), (std::vector<int>{4}));
+  EXPECT_EQ(choose_rounds({0.5, 0.5}, 0), (std::vector<int>{}));  // nothing stands out
+  EXPECT_EQ(choose_rounds({}, 2), (std::vector<int>{}));
+}
+
+TEST(Rounds, RolesAndRefusals) {
+  RoundsConfig cfg;
+  cfg.watershed_layer = 10;
+  cfg.starts = {0, 40, 95};
+  const AttentionPolicy p = AttentionPolicy::make_rounds(cfg, thirty_layers());
+  EXPECT_EQ(p.kind, AttentionPolicy::Kind::Rounds);
+  for (int l = 0; l < 30; ++l) EXPECT_EQ(p.roles[l], l < 10 ? LayerRole::Dense : l == 10 ? LayerRole::Filter : LayerRole::Sparse) << l;
+  cfg.watershed_layer = 29;
+  EXPECT_THROW(AttentionPolicy::make_rounds(cfg, thirty_layers()), std::invalid_argument);
+  cfg.watershed_layer = 10;
+  cfg.starts = {5, 40};
+  EXPECT_THROW(AttentionPolicy::make_rounds(cfg, thirty_layers()), std::invalid_argument);
+  cfg.starts = {0, 40, 40};
+  EXPECT_THROW(AttentionPolicy::make_rounds(cfg, thirty_layers()), std::invalid_argument);
+  cfg.starts = {0};
+  cfg.top_k = -1;
+  EXPECT_THROW(AttentionPolicy::make_rounds(cfg, thirty_layers()), std::invalid_argument);
+}
+
 TEST(Selection, Iou) {
   EXPECT_FLOAT_EQ(iou({1, 2, 3}, {2, 3, 4}), 0.5f);
   EXPECT_FLOAT_EQ(iou({}, {}), 1.f);

@@ -173,7 +173,9 @@ export class DecodeService {
       const n = handle.prompt_tokens;
       const maxTokens = opts.maxTokens ?? defaultMaxTokens(engine.maxContext, n);
       checkContext(engine.maxContext, n, maxTokens);
-      const { policy } = planPolicy(this.rt, opts.policy ?? handle.policy, n, maxTokens);
+      // Our own prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat);
+      // a client's handle may be decoded under another policy the request names.
+      const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
       if (!claimed) await this.claim(requestId);

@@ -19,7 +19,8 @@ import { RegistryError } from "../../shared/registry/registry.ts";
 import { chunks, shards } from "../../shared/registry/schema.ts";
 import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
-import { planPolicy, type PlannedPolicy } from "../policy.ts";
+import { policyKind } from "../../shared/policy/request.ts";
+import { chatRoundStarts, planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { Gate } from "./gate.ts";
 
@@ -160,7 +161,9 @@ export class PrefillService {
     const tokens = encodePrompt(this.rt, req);
     checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
     // Checked against the length the decode will plan for (SCOPE's T is max_tokens, or decode's default).
-    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length));
+    const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
+    const roundStarts = wantsRounds && req.messages ? chatRoundStarts(this.rt, req.messages, tokens) ?? undefined : undefined;
+    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length), roundStarts);
     let sampling;
     try {
       sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });

@@ -82,7 +82,14 @@ export type AttentionPolicy =
   /** Baseline: the first `sinks` tokens plus the most recent `window`. */
   | { kind: "streaming"; streaming: { sinks: number; window: number } }
   /** Baseline: per layer and KV head, `recent` newest plus heavy hitters, `budget` in all. */
-  | { kind: "h2o"; h2o: { budget: number; recent: number } };
+  | { kind: "h2o"; h2o: { budget: number; recent: number } }
+  /**
+   * Round Attention: `starts` are the first tokens of the conversation's rounds (from 0; the last
+   * is the current round). At the first decode step the watershed layer weighs each earlier round
+   * by the attention the current round's queries pay it; the layers above attend only to the
+   * chosen rounds (`topK`, or 0 = those above mean + std) and the current round.
+   */
+  | { kind: "rounds"; rounds: { watershedLayer: number; starts: number[]; topK?: number } };
 
 export interface PolicyStats {
   kind: AttentionPolicy["kind"];

@@ -5,7 +5,7 @@
 import { z } from "@hono/zod-openapi";
 import type { AttentionPolicy } from "../engine/native.ts";
 
-export const POLICY_KINDS = ["full", "omnikv", "scope", "omnikv+scope", "streaming", "h2o"] as const;
+export const POLICY_KINDS = ["full", "omnikv", "scope", "omnikv+scope", "streaming", "h2o", "rounds"] as const;
 export type PolicyKind = (typeof POLICY_KINDS)[number];
 
 const Count = z.number().int().min(1).max(1 << 22);
@@ -49,12 +49,20 @@ export const PolicySpecSchema = z
         scope: ScopeSpec.optional(),
         streaming: z.object({ sinks: z.number().int().min(0).max(1 << 22).optional(), window: Count.optional() }).strict().optional(),
         h2o: z.object({ budget: Count.optional(), recent: z.number().int().min(0).max(1 << 22).optional() }).strict().optional(),
+        rounds: z
+          .object({
+            watershed_layer: z.number().int().min(0).max(4096).optional().openapi({ description: "L_w; default: the model's calibrated watershed (none is known for SmolLM2-135M)" }),
+            starts: z.array(z.number().int().min(0).max(1 << 22)).min(1).max(4096).optional().openapi({ description: "First token of each round, from 0; the last is the current round. Default: one round per user message of a chat request" }),
+            top_k: z.number().int().min(0).max(4096).optional().openapi({ description: "Earlier rounds kept; 0 (default) = adaptive, those above mean + std" }),
+          })
+          .strict()
+          .optional(),
       })
       .strict(),
   ])
   .openapi("AttentionPolicy", {
     description:
-      "How decode steps attend (prefill is always full): a kind with the model's defaults, or an object. omnikv: filter layers pick prompt tokens; scope: generated-token budget; streaming and h2o are baselines.",
+      "How decode steps attend (prefill is always full): a kind with the model's defaults, or an object. omnikv: filter layers pick prompt tokens; scope: generated-token budget; rounds: Round Attention picks whole earlier conversation rounds; streaming and h2o are baselines.",
     example: { kind: "omnikv", omnikv: { budget: 1024 } },
   });
 export type PolicySpec = z.infer<typeof PolicySpecSchema>;
@@ -66,6 +74,10 @@ export class PolicyError extends Error {
 export interface PolicyContext {
   /** The model's calibrated OmniKV filter layers, if it has any. */
   filterLayers?: readonly number[];
+  /** The model's calibrated Round Attention watershed layer, if one was found. */
+  watershedLayer?: number | null;
+  /** First token of each round of a chat prompt (one per user message), for `rounds`. */
+  roundStarts?: readonly number[];
   promptTokens: number;
   maxTokens: number;
 }
@@ -112,6 +124,13 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
       return { kind: "streaming", streaming: { sinks: o.streaming?.sinks ?? 4, window: o.streaming?.window ?? 1020 } };
     case "h2o":
       return { kind: "h2o", h2o: { budget: o.h2o?.budget ?? 1024, recent: o.h2o?.recent ?? 256 } };
+    case "rounds": {
+      const watershedLayer = o.rounds?.watershed_layer ?? ctx.watershedLayer ?? undefined;
+      if (watershedLayer === undefined) throw new PolicyError("this model has no calibrated watershed layer (npm run calibrate found none): give rounds.watershed_layer");
+      const starts = o.rounds?.starts ?? ctx.roundStarts;
+      if (!starts) throw new PolicyError("rounds needs rounds.starts (the first token of each round) or a chat request, whose user messages start the rounds");
+      return { kind: "rounds", rounds: { watershedLayer, starts: [...starts], topK: o.rounds?.top_k ?? 0 } };
+    }
   }
 }
 
