@@ -2,9 +2,9 @@
 #include "addon_policy.h"
 
 #include <algorithm>
-
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ctx {
 
@@ -18,6 +18,21 @@ int int_field(Napi::Object o, const char* key, int fallback) {
   return v.As<Napi::Number>().Int32Value();
 }
 
+// o[key] as an array of integers; `what` names it in the TypeError ("omnikv.filterLayers").
+std::vector<int> int_array_field(Napi::Object o, const char* key, const std::string& what) {
+  const Napi::Value v = o.Get(key);
+  if (!v.IsArray()) throw Napi::TypeError::New(o.Env(), what + " must be an array of integers");
+  const Napi::Array arr = v.As<Napi::Array>();
+  std::vector<int> out;
+  for (uint32_t i = 0; i < arr.Length(); ++i) {
+    const Napi::Value e = arr.Get(i);
+    if (!e.IsNumber() || e.As<Napi::Number>().DoubleValue() != e.As<Napi::Number>().Int32Value())
+      throw Napi::TypeError::New(o.Env(), what + " must hold integers");
+    out.push_back(e.As<Napi::Number>().Int32Value());
+  }
+  return out;
+}
+
 Napi::Object sub_object(Napi::Object o, const char* key) {
   const Napi::Value v = o.Get(key);
   if (!v.IsObject()) throw Napi::TypeError::New(o.Env(), std::string("policy.") + key + " must be an object");
@@ -28,15 +43,7 @@ OmniKvConfig omnikv_config(Napi::Object policy) {
   Napi::Env env = policy.Env();
   Napi::Object o = sub_object(policy, "omnikv");
   OmniKvConfig cfg;
-  const Napi::Value fl = o.Get("filterLayers");
-  if (!fl.IsArray()) throw Napi::TypeError::New(env, "omnikv.filterLayers must be an array of layer indices");
-  const Napi::Array arr = fl.As<Napi::Array>();
-  for (uint32_t i = 0; i < arr.Length(); ++i) {
-    const Napi::Value v = arr.Get(i);
-    if (!v.IsNumber() || v.As<Napi::Number>().DoubleValue() != v.As<Napi::Number>().Int32Value())
-      throw Napi::TypeError::New(env, "omnikv.filterLayers must hold integers");
-    cfg.filter_layers.push_back(v.As<Napi::Number>().Int32Value());
-  }
+  cfg.filter_layers = int_array_field(o, "filterLayers", "omnikv.filterLayers");
   cfg.budget = int_field(o, "budget", cfg.budget);
   const Napi::Value sel = o.Get("selector");
   if (!sel.IsUndefined() && (!sel.IsString() || !parse_selector(sel.As<Napi::String>().Utf8Value(), &cfg.selector)))
@@ -102,15 +109,7 @@ AttentionPolicy policy_from_js(Napi::Object o, const ModelConfig& mc) {
       RoundsConfig cfg;
       cfg.watershed_layer = int_field(ro, "watershedLayer", cfg.watershed_layer);
       cfg.top_k = int_field(ro, "topK", cfg.top_k);
-      const Napi::Value st = ro.Get("starts");
-      if (!st.IsArray()) throw Napi::TypeError::New(env, "rounds.starts must be an array of token positions");
-      const Napi::Array arr = st.As<Napi::Array>();
-      for (uint32_t i = 0; i < arr.Length(); ++i) {
-        const Napi::Value v = arr.Get(i);
-        if (!v.IsNumber() || v.As<Napi::Number>().DoubleValue() != v.As<Napi::Number>().Int32Value())
-          throw Napi::TypeError::New(env, "rounds.starts must hold integers");
-        cfg.starts.push_back(v.As<Napi::Number>().Int32Value());
-      }
+      cfg.starts = int_array_field(ro, "starts", "rounds.starts");
       return AttentionPolicy::make_rounds(cfg, mc);
     }
     if (k == "h2o") {
