@@ -2,6 +2,7 @@
 // micro-batch; Sequences own their KV caches. forward() runs any mix of prefill chunks and
 // single-token decode steps as one batch: the weights are read once for all of its tokens.
 #pragma once
+#include <algorithm>
 #include <initializer_list>
 #include <memory>
 #include <vector>
@@ -43,6 +44,11 @@ class Sequence {
   // Device bytes with n tokens stored: the device-tier KV plus the packed buffers at full budget.
   size_t device_bytes(int n_tokens) const;
   size_t device_budget = 0;  // EngineOptions::device_budget_bytes at creation; 0 = none
+  // Decode-time selections pick among positions [0, candidate_end()): the prompt (OmniKV), or the
+  // rounds before the current one (Round Attention); every later position is always attended.
+  int candidate_end() const {
+    return policy.kind == AttentionPolicy::Kind::Rounds ? std::min(policy.rounds.starts.back(), state.prompt_len) : state.prompt_len;
+  }
 };
 
 struct BatchItem {
