@@ -134,7 +134,11 @@ export interface NativeSequence {
   exportRows(into: Uint8Array, layerIds: readonly number[], tokenStart: number, tokenCount: number): void;
   /** Frees the cache's memory now (the sequence is empty afterwards). */
   release(): void;
-  /** The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. */
+  /**
+   * The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. Under
+   * omnikv offload the sparse layers live in the host bank instead (their range here reads as
+   * zeros): use exportRows/importRows, which address either tier.
+   */
   kvBuffer(): ArrayBuffer;
 }
 
