@@ -22,9 +22,10 @@ export interface Deployment {
 }
 
 export interface DeploymentOptions {
-  /** Engine threads of the process that prefills (serve, or prefill). */
+  /** Engine threads of `ctxbank serve` (colocated). */
+  serveThreads: number;
+  /** Engine threads of the disaggregated prefill and decode processes. */
   prefillThreads: number;
-  /** Engine threads of the disaggregated decode process. */
   decodeThreads: number;
   nice?: number;
   /** Passed to the services so their own SLO verdicts and /metrics use the same objectives. */
@@ -56,8 +57,8 @@ export async function startDeployment(kind: DeploymentKind, o: DeploymentOptions
   try {
     let front: ServiceProcess;
     if (kind === "colocated") {
-      front = await startService("serve", ["--threads", String(o.prefillThreads), "--shard-dir", shardDir, "--instance-id", "loadgen-serve", ...slo]);
-      procs.push({ role: "serve", p: front, threads: o.prefillThreads });
+      front = await startService("serve", ["--threads", String(o.serveThreads), "--shard-dir", shardDir, "--instance-id", "loadgen-serve", ...slo]);
+      procs.push({ role: "serve", p: front, threads: o.serveThreads });
     } else {
       pg = await startPostgres("ctxbank_loadgen");
       const db = ["--database-url", pg.url, "--shard-dir", shardDir];

@@ -67,8 +67,8 @@ export function attainmentPanel(title: string, curves: AttainmentCurve[], target
   };
 }
 
-/** Latency CDF panel (values in ms, or s when `seconds`). */
-export function cdfPanel(title: string, runs: Array<{ label: string; values: number[] }>, xLabel: string, seconds = false, note?: string): Panel {
+/** Latency CDF panel (values in ms, or s when `seconds`); `slo` (ms) is drawn as a dashed vertical line. */
+export function cdfPanel(title: string, runs: Array<{ label: string; values: number[] }>, xLabel: string, seconds = false, note?: string, slo?: number): Panel {
   const series: Series[] = runs
     .filter((r) => r.values.length > 0)
     .map((r, i) => ({
@@ -77,6 +77,10 @@ export function cdfPanel(title: string, runs: Array<{ label: string; values: num
       dash: DASHES[Math.floor(i / 2) % DASHES.length],
       points: cdfPoints(seconds ? r.values.map((v) => v / 1000) : r.values, 80).map(([x, y]) => [x, 100 * y] as [number, number]),
     }));
+  if (slo !== undefined) {
+    const x = seconds ? slo / 1000 : slo;
+    series.push({ name: "SLO", color: "#999999", dash: "4,4", points: [[x, 0], [x, 100]] });
+  }
   // Rendered x ticks: a few nice values, not every distinct sample.
   const xs = series.flatMap((s) => s.points.map(([x]) => x));
   const hi = xs.length ? Math.max(...xs) : 1;

@@ -29,12 +29,18 @@ export interface SweepRunOptions {
   progress?: boolean;
   /** Pause between points so the server finishes cleaning up, ms (default 2000). */
   pauseMs?: number;
-  onPoint?: (rate: number, run: RunResult) => void;
+  /** Runs before every attempt at a point (e.g. wait for other work on the machine to calm down). */
+  beforePoint?: () => Promise<void>;
+  /** A run that returns true was disturbed (e.g. by other load) and is repeated, up to `retries` times. */
+  disturbed?: (run: RunResult) => boolean;
+  retries?: number;
+  onPoint?: (rate: number, run: RunResult, attempt: number) => void;
 }
 
 export interface SweepRun {
   result: SweepResult;
-  runs: Array<{ rate: number; run: RunResult }>;
+  /** Every attempt; the search used the last attempt at each rate. */
+  runs: Array<{ rate: number; run: RunResult; attempt: number; disturbed: boolean }>;
   drainS: number;
 }
 
@@ -46,8 +52,9 @@ export async function runSweep(client: StreamingClient, factory: WorkloadFactory
   const drainS = sweepDrainS(o.slo, o.maxOutputTokens);
   const runs: SweepRun["runs"] = [];
   const deadlineMs = Date.now() + o.budgetS * 1000;
-  const evaluate = async (rate: number): Promise<number> => {
+  const attemptAt = async (rate: number, attempt: number): Promise<{ run: RunResult; disturbed: boolean }> => {
     if (runs.length > 0) await sleep(o.pauseMs ?? 2000);
+    await o.beforePoint?.();
     const run = await runLoad(client, factory, {
       arrivals: { kind: "poisson", rate },
       maxRequests: o.perPoint,
@@ -58,12 +65,18 @@ export async function runSweep(client: StreamingClient, factory: WorkloadFactory
       // Same seed at every point: the same prompts, arrival gaps scaled by 1/rate.
       seed: o.seed,
       slo: o.slo,
-      label: `${o.label ?? "sweep"} @ ${rate.toPrecision(3)} req/s`,
+      label: `${o.label ?? "sweep"} @ ${rate.toPrecision(3)} req/s${attempt > 0 ? ` (repeat ${attempt})` : ""}`,
       progress: o.progress ?? true,
     });
-    runs.push({ rate, run });
-    o.onPoint?.(rate, run);
-    return run.stats.slo?.attainment ?? 0;
+    const disturbed = o.disturbed?.(run) ?? false;
+    runs.push({ rate, run, attempt, disturbed });
+    o.onPoint?.(rate, run, attempt);
+    return { run, disturbed };
+  };
+  const evaluate = async (rate: number): Promise<number> => {
+    let r = await attemptAt(rate, 0);
+    for (let a = 1; r.disturbed && a <= (o.retries ?? 0) && Date.now() < deadlineMs; a++) r = await attemptAt(rate, a);
+    return r.run.stats.slo?.attainment ?? 0;
   };
   const result = await sweepMaxRate(evaluate, {
     startRate: o.startRate,

@@ -5,11 +5,14 @@
 //   decode       — ms per step at context n: batch 1 (median of 24 greedy steps) and batch 8
 //                  (the prefilled KV copied into 7 more sequences; median of 12 steps);
 //   memory       — resident memory (VmRSS) of the loaded model and of sequences of capacity
-//                  n + out with every KV page written, and how many such sequences fit a budget;
+//                  n + out with every KV page written, and how many such sequences fit a budget
+//                  (memory-fit.ts, in a fresh process);
 //   KV handoff   — through the services as deployed: `ctxbank prefill` + a `ctxbank decode` per
 //                  transport (shm, http) on a PostgreSQL 15; POST /v1/prefill, then /v1/decode of
 //                  the handle, whose answer reports the KV load's time and bytes.
-import { readFileSync } from "node:fs";
+import { execFile } from "node:child_process";
+import { join, resolve } from "node:path";
+import { promisify } from "node:util";
 import { mkdtemp, rm } from "node:fs/promises";
 import { Engine, loadModel, type NativeSequence } from "../../shared/engine/engine.ts";
 import { argmax } from "../../shared/engine/sampler.ts";
@@ -19,16 +22,12 @@ import { startService, type ServiceProcess } from "../../test/helpers/services.t
 import { benchText } from "../engine/text.ts";
 import { reniceProcess } from "../loadgen/deployments.ts";
 
+const run = promisify(execFile);
+
 const median = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
 };
-
-export function rssBytes(): number {
-  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync("/proc/self/status", "utf8"));
-  if (!m) throw new Error("no VmRSS in /proc/self/status (Linux only)");
-  return Number(m[1]) * 1024;
-}
 
 export function promptIds(modelPath: string, n: number): number[] {
   const tok = GgufTokenizer.fromGguf(modelPath);
@@ -45,26 +44,32 @@ export interface EngineMeasurement {
 }
 
 export interface MemoryMeasurement {
-  budgetBytes: number;
+  rssBeforeLoad: number;
+  rssAfterLoad: number;
   /** RSS growth from loading the model and one warm-up forward. */
   modelBytes: number;
-  perSequence: Array<{ tokens: number; bytes: number; fit: number }>;
+  budget: number;
+  fits: Array<{ tokens: number; fit: number; bytesPerSequence: number }>;
+}
+
+/** memory-fit.ts in a fresh process (see there). */
+export async function measureMemory(modelPath: string, threads: number, budgetBytes: number, tokens: number[]): Promise<MemoryMeasurement> {
+  const { stdout } = await run(process.execPath, ["--import", "tsx", join(import.meta.dirname, "memory-fit.ts"), modelPath, String(threads), String(budgetBytes), ...tokens.map(String)], {
+    cwd: resolve(import.meta.dirname, "../.."),
+    maxBuffer: 1 << 20,
+  });
+  return JSON.parse(stdout.trim().split("\n").pop()!) as MemoryMeasurement;
 }
 
 export class EngineBench {
-  private constructor(
-    readonly engine: Engine,
-    readonly rssBeforeLoad: number,
-    readonly rssAfterLoad: number,
-  ) {}
+  private constructor(readonly engine: Engine) {}
 
   static async open(modelPath: string, threads: number): Promise<EngineBench> {
-    const before = rssBytes();
     const engine = new Engine(await loadModel(modelPath), { threads });
     const warm = engine.createSequence(16);
     await engine.prefill(warm, promptIds(modelPath, 16));
     warm.release();
-    return new EngineBench(engine, before, rssBytes());
+    return new EngineBench(engine);
   }
 
   private async prefill(ids: number[], capacity: number): Promise<{ seq: NativeSequence; s: number; logits: Float32Array }> {
@@ -115,33 +120,6 @@ export class EngineBench {
     return { tokens: n, out, prefillS, decodeStepMs: { batch1: median(steps1), batch8: median(steps8) } };
   }
 
-  /**
-   * Sequences of capacity `tokens` with every KV page written (what prefill + decode write), added
-   * until the RSS growth since before the model was loaded passes `budgetBytes`: how many fit.
-   */
-  memoryFit(tokens: number, budgetBytes: number): { bytes: number; fit: number } {
-    const held: NativeSequence[] = [];
-    const deltas: number[] = [];
-    try {
-      for (;;) {
-        const before = rssBytes();
-        const s = this.engine.createSequence(tokens);
-        new Uint8Array(s.kvBuffer()).fill(1);
-        s.setLength(tokens);
-        const after = rssBytes();
-        if (after - this.rssBeforeLoad > budgetBytes) {
-          s.release();
-          break;
-        }
-        held.push(s);
-        deltas.push(after - before);
-        if (held.length > 100_000) throw new Error("memory probe did not stop");
-      }
-      return { bytes: deltas.length ? median(deltas) : Number.NaN, fit: held.length };
-    } finally {
-      for (const s of held) s.release();
-    }
-  }
 }
 
 export interface HandoffMeasurement {
@@ -178,13 +156,14 @@ export async function measureHandoff(modelPath: string, lengths: number[], o: { 
     // Warm-up through both decoders (connections, JIT, first imports).
     for (const t of ["shm", "http"] as const) {
       const h = await post(`${prefill.url}/v1/prefill`, { prompt_token_ids: promptIds(modelPath, 64), max_tokens: 2 });
-      await post(`${decoders[t].url}/v1/decode`, { handle: h, max_tokens: 1 });
+      await post(`${decoders[t].url}/v1/decode`, { handle: h, max_tokens: 2 });
     }
     for (const n of lengths) {
       const ids = promptIds(modelPath, n);
       for (const t of ["shm", "http"] as const) {
         const handle = await post(`${prefill.url}/v1/prefill`, { prompt_token_ids: ids, max_tokens: 2 });
-        const res = await post(`${decoders[t].url}/v1/decode`, { handle, max_tokens: 1 });
+        // max_tokens 2: the first token comes with the handle, the second is the first that needs the KV.
+        const res = await post(`${decoders[t].url}/v1/decode`, { handle, max_tokens: 2 });
         if (res.kv.transport !== t) throw new Error(`expected a ${t} load, got ${res.kv.transport}`);
         out.push({ tokens: n, transport: t, bytes: res.kv.bytes, chunks: res.kv.chunks, ms: res.kv.ms, prefillMs: handle.prefill_ms });
       }

@@ -1,6 +1,6 @@
 // Short probes of this machine for the planner's hardware inputs. What each one measures:
 //   flops   — a timed engine prefill of a 512-token prompt (one micro-batch, the engine's threads,
-//             best of 3 after a warm-up): the planner's prefill FLOPs of 512 tokens / its time.
+//             best of 5 after a warm-up): the planner's prefill FLOPs of 512 tokens / its time.
 //             So it is the engine's sustained matrix-product rate, attention at 512 included.
 //   memBw   — read bandwidth of one thread: Buffer.compare of two equal 256 MiB buffers (memcmp
 //             reads both: 512 MiB) — a decode step is one thread reading weights and KV.
@@ -113,7 +113,7 @@ export async function probeFlops(modelPath: string, facts: ModelFacts, threads: 
   };
   await run(); // warm-up: first-forward allocations
   let s = Infinity;
-  for (let i = 0; i < 3; i++) s = Math.min(s, await run());
+  for (let i = 0; i < 5; i++) s = Math.min(s, await run());
   return { flops: prefillFlops(facts, tokens) / s, seconds: s, tokens };
 }
 
