@@ -47,7 +47,7 @@ for (let i = 1; i < GEN; i++) {
   ref.push(argmax(l));
 }
 
-const omni = (budget: number, extra: Partial<{ selector: "last" | "last_softmax"; guard: boolean }> = {}): AttentionPolicy => ({
+const omni = (budget: number, extra: Partial<{ selector: "last" | "last_softmax" | "uniform" | "exp"; window: number; guard: boolean }> = {}): AttentionPolicy => ({
   kind: "omnikv",
   omnikv: { filterLayers, budget, ...extra },
 });
@@ -58,15 +58,26 @@ const configs: Array<[string, AttentionPolicy]> = [
   ["omnikv k=256 guard off", omni(256, { guard: false })],
   ["omnikv k=256 filter layers 2,8,18", { kind: "omnikv", omnikv: { filterLayers: [2, 8, 18], budget: 256 } }],
   ["omnikv k=1024 filter layers 2,8,18", { kind: "omnikv", omnikv: { filterLayers: [2, 8, 18], budget: 1024 } }],
+  // Window selectors need the prompt's own queries, which only a prefill under the policy keeps:
+  // these configs prefill again (the others reuse the full-attention prefill).
+  ["omnikv k=256 uniform w=16", omni(256, { selector: "uniform", window: 16 })],
+  ["omnikv k=256 exp w=16", omni(256, { selector: "exp", window: 16 })],
+  ["omnikv k=1024 uniform w=16", omni(1024, { selector: "uniform", window: 16 })],
+  ["omnikv k=1024 exp w=16", omni(1024, { selector: "exp", window: 16 })],
   ["streaming k=256", { kind: "streaming", streaming: { sinks: 4, window: 252 } }],
   ["h2o k=256", { kind: "h2o", h2o: { budget: 256, recent: 64 } }],
   ["streaming k=1024", { kind: "streaming", streaming: { sinks: 4, window: 1020 } }],
   ["h2o k=1024", { kind: "h2o", h2o: { budget: 1024, recent: 256 } }],
 ];
 const rows: Array<{ config: string; meanKl: number; firstStepKl: number; tfTop1: number }> = [];
+const windowed = (p: AttentionPolicy) => p.kind === "omnikv" && (p.omnikv.selector === "uniform" || p.omnikv.selector === "exp");
 for (const [name, policy] of configs) {
   seq.truncate(ids.length);
   seq.setPolicy(policy);
+  if (windowed(policy)) {
+    seq.truncate(0);
+    for (let i = 0; i < ids.length; i += 512) await engine.prefill(seq, ids.slice(i, i + 512));
+  }
   const kl: number[] = [];
   let top1 = 0;
   for (let i = 1; i < GEN; i++) {
