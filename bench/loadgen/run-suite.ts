@@ -45,6 +45,7 @@ const HELP = `Usage: npm run bench:loadgen -- --suite [options]
                        one core per phase — a 2-thread prefill next to a busy decode process stalls
                        at every barrier of its thread pool, see README)
   --nice=N             nice of this process and the services (default -10; needs root)
+  --budget-scale F     multiply every sweep's time budget by F (finer long-document sweeps need ~3)
   --quick              a smoke run: small points and budgets, long document at 1K; writes bench/loadgen/tmp/
   --out DIR            results directory (default bench/loadgen/results)
   --render FILE        only redraw charts and tables from a saved suite.json
@@ -157,6 +158,7 @@ function parse(argv: string[]) {
       nice: { type: "string" },
       "serve-threads": { type: "string" },
       "prefill-threads": { type: "string" },
+      "budget-scale": { type: "string" },
       quick: { type: "boolean" },
       out: { type: "string" },
       render: { type: "string" },
@@ -186,6 +188,11 @@ function parse(argv: string[]) {
     policies: list(values.policies, ["full", "omnikv"]),
     serveThreads: threads("serve-threads", values["serve-threads"], 2),
     prefillThreads: threads("prefill-threads", values["prefill-threads"], 1),
+    budgetScale: (() => {
+      const f = Number(values["budget-scale"] ?? 1);
+      if (!(f > 0 && f <= 100)) throw new Error("--budget-scale must be a number in (0, 100]");
+      return f;
+    })(),
     out: resolve(values.out ?? join(here, quick ? "tmp" : "results")),
     render: values.render,
   };
@@ -209,7 +216,9 @@ export async function suiteMain(argv: string[]): Promise<void> {
   }
   const niceError = setProcessNice(o.nice);
   if (niceError) log(`could not set nice ${o.nice}: ${niceError} (running at the default priority)`);
-  const defs = workloads(o.quick).filter((w) => o.workloads.includes(w.id));
+  const defs = workloads(o.quick)
+    .filter((w) => o.workloads.includes(w.id))
+    .map((w) => ({ ...w, budgetS: w.budgetS * o.budgetScale }));
   const modelPath = await resolveModel();
   log("corpus and tokenizer");
   const corpus = loadCorpus(join(repoRoot, "node_modules"));
