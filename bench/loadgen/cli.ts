@@ -115,6 +115,7 @@ async function main(argv: string[]): Promise<void> {
       }
       return;
     }
+    const label = describeArrivals(o.arrivals) + (o.workload.kind === "multiturn" && o.arrivals.kind !== "concurrency" ? " (sessions)" : "");
     const run = await runLoad(client, factory, {
       arrivals: o.arrivals,
       maxRequests: o.requests,
@@ -123,10 +124,10 @@ async function main(argv: string[]): Promise<void> {
       warmup: o.warmup,
       seed: o.seed,
       slo: o.slo,
-      label: describeArrivals(o.arrivals),
+      label,
       progress: o.progress,
     });
-    process.stdout.write(statsTable([{ label: describeArrivals(o.arrivals), stats: run.stats }]) + "\n");
+    process.stdout.write(statsTable([{ label, stats: run.stats }]) + "\n");
     if (run.sessions) process.stdout.write(`sessions: ${run.sessions.completed}/${run.sessions.started} completed, ${run.sessions.roundsPerS.toFixed(3)} rounds/s\n`);
     if (run.qa) process.stdout.write(`long-document QA: ${run.qa.correct}/${run.qa.checked} answers contain the reference code\n`);
     if (o.out) {
@@ -145,7 +146,7 @@ async function main(argv: string[]): Promise<void> {
         warmup: run.warmup,
         requests: run.results.map((x) => compactResult(x, o.itl)),
       });
-      await writeFileAtomic(join(out, "loadgen.md"), statsTable([{ label: describeArrivals(o.arrivals), stats: run.stats }]) + "\n");
+      await writeFileAtomic(join(out, "loadgen.md"), statsTable([{ label, stats: run.stats }]) + "\n");
       await writeSvgAndPng(
         join(out, "loadgen.svg"),
         chart(
@@ -158,7 +159,7 @@ async function main(argv: string[]): Promise<void> {
             cdfPanel("E2E", [{ label: "E2E", values: okValues(run, "e2eMs") }], "s", true),
           ],
           `loadgen: ${describeWorkload(o.workload)}`,
-          `${o.baseUrl} · ${describeArrivals(o.arrivals)}`,
+          `${o.baseUrl} · ${label}`,
           3,
         ),
       );

@@ -144,7 +144,9 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
   }
   const wallS = elapsed() / 1000;
   results.sort((a, b) => a.index - b.index);
-  const out: RunResult = { startedAt, wallS, warmup, results, stats: runStats(results, opts.slo, offeredRate(opts.arrivals)) };
+  // Open-loop sessions arrive at the process's rate; each brings `rounds` requests.
+  const jobsPerS = offeredRate(opts.arrivals);
+  const out: RunResult = { startedAt, wallS, warmup, results, stats: runStats(results, opts.slo, jobsPerS === undefined ? undefined : jobsPerS * roundsPerJob) };
   if (isSession) {
     out.sessions = { ...sessions, roundsPerS: results.filter((r) => r.ok).length / wallS, sessionsPerS: sessions.completed / wallS };
   }
