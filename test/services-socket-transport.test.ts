@@ -17,7 +17,7 @@ import { HttpTransport } from "../shared/transport/http.ts";
 import type { ChunkLocation } from "../shared/transport/types.ts";
 import { SocketHttpTransport } from "../services/decode/socket-transport.ts";
 import { fastChunkRoutes } from "../services/prefill/chunk-route.ts";
-import { listen, transportError } from "./helpers/transport.ts";
+import { listen, misbehavingOwner, transportError } from "./helpers/transport.ts";
 
 const MiB = 1 << 20;
 const soon = (ms = 5_000) => Date.now() + ms;
@@ -108,31 +108,13 @@ describe.each([
   });
 
   describe("owners that misbehave", () => {
-    let bad: http.Server;
+    let bad: Awaited<ReturnType<typeof misbehavingOwner>>;
     let url: string;
     beforeAll(async () => {
-      bad = http.createServer((req, res) => {
-        const route = req.url!.split("/")[1];
-        if (route === "half") {
-          res.writeHead(200, { "content-length": String(loc.length) });
-          res.write(Buffer.alloc(loc.length >> 1, 1));
-        } else if (route === "cut") {
-          res.writeHead(200, { "content-length": String(loc.length) });
-          res.write(Buffer.alloc(loc.length >> 1), () => res.socket?.destroy());
-        } else if (route === "declared") {
-          res.writeHead(200, { "content-length": String(loc.length + 1) });
-          res.end(Buffer.alloc(loc.length + 1));
-        } else if (route === "chunked") {
-          res.writeHead(200);
-          res.end(Buffer.alloc(loc.length));
-        }
-      });
-      url = `http://127.0.0.1:${await listen(bad.listen(0, "127.0.0.1"))}`;
+      bad = await misbehavingOwner(loc.length);
+      url = bad.url;
     });
-    afterAll(async () => {
-      bad.closeAllConnections();
-      await new Promise((r) => bad.close(r));
-    });
+    afterAll(() => bad.close());
 
     it.each([
       ["declared", "bad_response"],

@@ -14,7 +14,7 @@ import { TransportError } from "../shared/transport/errors.ts";
 import { HttpTransport } from "../shared/transport/http.ts";
 import { ShmTransport } from "../shared/transport/shm.ts";
 import type { ChunkLocation, KvTransport } from "../shared/transport/types.ts";
-import { listen, transportError } from "./helpers/transport.ts";
+import { listen, misbehavingOwner, transportError } from "./helpers/transport.ts";
 
 // The registry hands out locations the transports take as they are.
 const _registryLocationIsATransportLocation: ChunkLocation = {} as LeasedChunk["location"];
@@ -148,35 +148,13 @@ describe("KV transports", () => {
   });
 
   describe("deadlines and aborts", () => {
-    let stalling: http.Server;
+    let stalling: Awaited<ReturnType<typeof misbehavingOwner>>;
     let stallUrl: string;
     beforeAll(async () => {
-      // Owners that misbehave: /silent never answers; /half sends half the body, then stalls;
-      // /more and /fewer send a chunked body of the wrong size; /cut drops the connection
-      // mid-body; /declared announces the wrong length.
-      stalling = http.createServer((req, res) => {
-        const route = req.url!.split("/")[1];
-        if (route === "half") {
-          res.writeHead(200, { "content-length": String(loc.length) });
-          res.write(Buffer.alloc(loc.length >> 1, 1));
-        } else if (route === "more" || route === "fewer") {
-          res.writeHead(200);
-          res.end(Buffer.alloc(loc.length + (route === "more" ? 10 : -10)));
-        } else if (route === "cut") {
-          res.writeHead(200, { "content-length": String(loc.length) });
-          res.write(Buffer.alloc(loc.length >> 1), () => res.socket?.destroy());
-        } else if (route === "declared") {
-          res.writeHead(200, { "content-length": String(loc.length + 1) });
-          res.end(Buffer.alloc(loc.length + 1));
-        }
-      });
-      stalling.listen(0, "127.0.0.1");
-      stallUrl = `http://127.0.0.1:${await listen(stalling)}`;
+      stalling = await misbehavingOwner(loc.length);
+      stallUrl = stalling.url;
     });
-    afterAll(async () => {
-      stalling.closeAllConnections();
-      await new Promise((r) => stalling.close(r));
-    });
+    afterAll(() => stalling.close());
 
     for (const prefix of ["/silent", "/half"]) {
       it(`the deadline ends a read from an owner that stalls (${prefix})`, async () => {

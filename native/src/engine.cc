@@ -95,11 +95,7 @@ void Sequence::set_policy(const AttentionPolicy& p) {
 }
 
 size_t Sequence::device_bytes(int n_tokens) const {
-  const int device_layers = kv.n_layer() - [&] {
-    int banked = 0;
-    for (int l = 0; l < kv.n_layer(); ++l) banked += kv.bank_of(l) >= 0;
-    return banked;
-  }();
+  const size_t device_layers = static_cast<size_t>(kv.n_layer() - kv.banked_layers());
   return kv.row_pair_bytes() * (static_cast<size_t>(n_tokens) * device_layers + policy.packed_rows());
 }
 

@@ -58,6 +58,7 @@ class KvCache {
   void offload(const std::vector<std::vector<int>>& groups);
   void restore();  // every banked layer back into the device arena
   int n_banks() const { return static_cast<int>(banks_.size()); }
+  int banked_layers() const { return banked_layers_; }
   int bank_of(int layer) const { return bank_of_[layer]; }  // -1: on the device
   int slot_in_bank(int layer) const { return slot_[layer]; }
   int bank_layers(int bank) const { return banks_[bank].n_layers; }
