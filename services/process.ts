@@ -26,8 +26,13 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   const services: Services = {};
   // One registry for the process: `serve` exports both services' metrics on one /metrics.
   const metrics = new ServiceMetrics({ model: runtime.modelId, slo: sloTargets(config) });
-  if (config.role !== "decode") services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics);
   if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base, metrics);
+  if (config.role !== "decode") {
+    // Colocated, prompts share the decode steps so a long prompt never stalls the running decodes.
+    const scheduler = services.decode?.scheduler;
+    const compute = scheduler && config.prefillChunking === "slo" ? scheduler.prefill.bind(scheduler) : undefined;
+    services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics, compute);
+  }
   const app = buildApp(runtime, services, metrics);
   const http = await listen(app.fetch, config.host, config.port);
   const url = (config.publicUrl ?? http.url).replace(/\/+$/, "");

@@ -47,6 +47,12 @@ export const ConfigSchema = z.object({
   /** Sequences decoded together in one step (continuous batching) / waiting for a slot. */
   maxBatch: int(1, 256).default(8),
   maxQueue: int(0, 10_000).default(32),
+  /**
+   * `serve` only: slo = prompts are computed in the decode steps, in chunks sized so the running
+   * decodes keep 0.8 × sloTpotMs per token; off = each 512-token micro-batch runs whole, and the
+   * decodes wait for it.
+   */
+  prefillChunking: z.enum(["slo", "off"]).default("slo"),
   /** KV memory decode may hold for its sequences (reserved at admission); 429 beyond it. */
   kvBudgetBytes: bytes.default(2048 * MiB),
   maxBodyBytes: bytes.default(4 * MiB),
@@ -100,6 +106,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   maxPrefillQueue: { flag: "max-prefill-queue", env: ["CTXBANK_MAX_PREFILL_QUEUE"], help: "prefills waiting (then 429)" },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
+  prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },
   kvBudgetBytes: { flag: "kv-budget-bytes", env: ["CTXBANK_KV_BUDGET_BYTES"], help: "decode KV memory budget (then 429)" },
   maxBodyBytes: { flag: "max-body-bytes", env: ["CTXBANK_MAX_BODY_BYTES"], help: "largest request body (then 413)" },
   transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm" },

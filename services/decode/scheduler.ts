@@ -1,85 +1,41 @@
 // Continuous batching: every running sequence advances by one token per step, and one step is one
-// engine.decode() call over all of them (the weights are read once for the whole batch). Sequences
+// engine forward pass over all of them (the weights are read once for the whole batch). Sequences
 // join between steps as soon as their KV is loaded and leave as soon as they finish or their
 // client goes away, so a long generation never holds up a short one.
+//
+// Prompts computed on this engine (a colocated server's prefills, a recompute after a failed KV
+// load) go through the same steps: each step carries a chunk of the oldest prompt next to the
+// decode tokens, sized so the running decodes keep their pace (step-plan.ts). Without decodes a
+// step carries a whole micro-batch.
 //
 // Admission happens before any work: a request reserves its KV bytes (prompt + max tokens) and a
 // place; when the places (batch + queue) or the KV budget are used up it gets 429 at once.
 import type { Logger } from "pino";
 import type { Engine, NativeSequence } from "../../shared/engine/engine.ts";
-import type { Sampler } from "../../shared/engine/sampler.ts";
-import type { FinishReason } from "../../shared/generate.ts";
+import type { ForwardItem } from "../../shared/engine/native.ts";
 import { ApiError } from "../../shared/http/errors.ts";
-import type { TokenTextStream } from "./text-stream.ts";
-
-export type SlotEvent =
-  | { type: "token"; id: number; text: string; index: number }
-  | { type: "done"; finish: FinishReason }
-  | { type: "error"; error: unknown };
+import { Reservation, Slot } from "./slot.ts";
+import { prefillChunkTokens, StepCosts } from "./step-plan.ts";
 
 export interface SchedulerOptions {
   maxBatch: number;
   maxQueue: number;
   kvBudgetBytes: number;
+  /** Each running decode is paced to this many ms per token while prompts share its steps. */
+  tpotTargetMs: number;
+  /** The smallest prompt chunk a step carries, however late the decodes are. */
+  minPrefillChunk?: number;
 }
 
-/** A sequence being decoded: its cache, the token to feed next, its sampler and text stream. */
-export class Slot {
-  private readonly events: SlotEvent[] = [];
-  private wake: (() => void) | undefined;
-  cancelled = false;
-  ended = false;
-  /** performance.now() when it was handed to the batch, and when it first joined a step. */
-  queuedAt: number | undefined;
-  joinedAt: number | undefined;
-
-  constructor(
-    readonly seq: NativeSequence,
-    public last: number,
-    readonly sampler: Sampler,
-    readonly text: TokenTextStream,
-  ) {}
-
-  push(ev: SlotEvent): void {
-    this.events.push(ev);
-    const wake = this.wake;
-    this.wake = undefined;
-    wake?.();
-  }
-
-  /** How long it waited for a batch place (so far, if it has not joined yet). */
-  batchWaitMs(now: number = performance.now()): number {
-    return this.queuedAt === undefined ? 0 : (this.joinedAt ?? now) - this.queuedAt;
-  }
-
-  /** The next event; rejects with the signal's reason once the signal fires. */
-  async next(signal: AbortSignal): Promise<SlotEvent> {
-    while (this.events.length === 0) {
-      signal.throwIfAborted();
-      await new Promise<void>((resolve) => {
-        const onAbort = () => resolve();
-        this.wake = () => {
-          signal.removeEventListener("abort", onAbort);
-          resolve();
-        };
-        signal.addEventListener("abort", onAbort, { once: true });
-      });
-    }
-    return this.events.shift()!;
-  }
-}
-
-export class Reservation {
-  private released = false;
-  constructor(
-    private readonly scheduler: DecodeScheduler,
-    readonly bytes: number,
-  ) {}
-  release(): void {
-    if (this.released) return;
-    this.released = true;
-    this.scheduler.unreserve(this.bytes);
-  }
+/** A prompt being computed in the scheduler's steps. */
+interface PrefillJob {
+  seq: NativeSequence;
+  tokens: Int32Array;
+  done: number;
+  logits: Float32Array;
+  signal: AbortSignal | undefined;
+  resolve(logits: Float32Array): void;
+  reject(error: unknown): void;
 }
 
 export interface SchedulerStatus {
@@ -92,18 +48,26 @@ export interface SchedulerStatus {
   steps: number;
   tokens: number;
   max_batch_seen: number;
+  /** Prompts waiting for or in the steps; steps that carried prompt tokens next to decodes. */
+  prefills: number;
+  mixed_steps: number;
+  prefill_tokens: number;
 }
 
 export class DecodeScheduler {
   private readonly running: Slot[] = [];
   private readonly waiting: Slot[] = [];
   private readonly inStep = new Set<Slot>();
+  private readonly prefills: PrefillJob[] = [];
+  private readonly costs = new StepCosts();
   private admitted = 0;
   private reservedBytes = 0;
   private looping = false;
   private steps = 0;
   private tokens = 0;
   private maxBatchSeen = 0;
+  private mixedSteps = 0;
+  private prefillTokens = 0;
   /** Sequences created for requests and not yet released (whoever owns them). */
   liveSequences = 0;
 
@@ -143,6 +107,20 @@ export class DecodeScheduler {
     if (!this.looping) void this.loop();
   }
 
+  /**
+   * Appends `tokens` to `seq` in the coming steps and resolves with the next-token logits; rejects
+   * with the signal's reason if it fires first (the sequence then holds part of the prompt).
+   */
+  prefill(seq: NativeSequence, tokens: ArrayLike<number>, signal?: AbortSignal): Promise<Float32Array> {
+    this.engine.checkAppend(seq, tokens.length);
+    signal?.throwIfAborted();
+    return new Promise((resolve, reject) => {
+      const logits = new Float32Array(this.engine.model.config.nVocab);
+      this.prefills.push({ seq, tokens: Int32Array.from(tokens), done: 0, logits, signal, resolve, reject });
+      if (!this.looping) void this.loop();
+    });
+  }
+
   /** The client went away: the sequence leaves the batch and its memory is freed now (or right after the step in flight). */
   cancel(slot: Slot): void {
     if (slot.ended) return;
@@ -168,6 +146,9 @@ export class DecodeScheduler {
       steps: this.steps,
       tokens: this.tokens,
       max_batch_seen: this.maxBatchSeen,
+      prefills: this.prefills.length,
+      mixed_steps: this.mixedSteps,
+      prefill_tokens: this.prefillTokens,
     };
   }
 
@@ -182,6 +163,33 @@ export class DecodeScheduler {
     this.liveSequences--;
   }
 
+  /** The prompt chunks the next step carries beside `decodes` decode tokens. */
+  private planPrefill(decodes: Slot[]): { job: PrefillJob; n: number }[] {
+    for (const job of this.prefills.filter((j) => j.signal?.aborted)) this.endPrefill(job, job.signal!.reason);
+    const now = performance.now();
+    const pace = this.options.tpotTargetMs;
+    let room = prefillChunkTokens({
+      slackMs: decodes.map((s) => s.firstTokenAt + (s.generated + 1) * pace - now),
+      costs: this.costs,
+      maxTokens: this.engine.native.info.ubatch - decodes.length,
+      minChunk: this.options.minPrefillChunk ?? 16,
+    });
+    const plan: { job: PrefillJob; n: number }[] = [];
+    for (const job of this.prefills) {
+      if (room <= 0) break;
+      const n = Math.min(room, job.tokens.length - job.done);
+      plan.push({ job, n });
+      room -= n;
+    }
+    return plan;
+  }
+
+  private endPrefill(job: PrefillJob, error?: unknown): void {
+    this.prefills.splice(this.prefills.indexOf(job), 1);
+    if (error === undefined) job.resolve(job.logits);
+    else job.reject(error);
+  }
+
   private async loop(): Promise<void> {
     this.looping = true;
     try {
@@ -191,20 +199,24 @@ export class DecodeScheduler {
           slot.joinedAt = performance.now();
           this.running.push(slot);
         }
-        if (this.running.length === 0) return;
         const batch = this.running.slice();
+        const chunks = this.planPrefill(batch);
+        if (batch.length === 0 && chunks.length === 0) return;
         this.maxBatchSeen = Math.max(this.maxBatchSeen, batch.length);
         batch.forEach((s) => this.inStep.add(s));
-        let logits: Float32Array[];
+        const items: ForwardItem[] = batch.map((s) => ({ seq: s.seq, tokens: Int32Array.of(s.last), logits: new Float32Array(this.engine.model.config.nVocab) }));
+        for (const { job, n } of chunks) items.push({ seq: job.seq, tokens: job.tokens.subarray(job.done, job.done + n), logits: job.logits });
+        const prefillTokens = chunks.reduce((sum, c) => sum + c.n, 0);
+        const t0 = performance.now();
         try {
-          logits = await this.engine.decode(
-            batch.map((s) => s.seq),
-            batch.map((s) => s.last),
-          );
+          await this.engine.native.forward(items);
         } catch (error) {
-          this.log.error({ err: error, batch: batch.length }, "decode step failed");
-          for (const s of batch) {
-            this.inStep.delete(s);
+          this.log.error({ err: error, batch: batch.length, prefillTokens }, "engine step failed");
+          batch.forEach((s) => this.inStep.delete(s));
+          // The engine refuses a batch before computing any of it, so a step that carried prompt
+          // chunks is retried without them: the decodes fail only if they fail on their own.
+          if (chunks.length > 0) for (const { job } of chunks) this.endPrefill(job, error);
+          else for (const s of batch) {
             s.push({ type: "error", error });
             this.remove(s);
           }
@@ -212,15 +224,23 @@ export class DecodeScheduler {
         } finally {
           batch.forEach((s) => this.inStep.delete(s));
         }
+        this.costs.observe(batch.length, prefillTokens, performance.now() - t0);
         this.steps++;
+        if (batch.length > 0 && prefillTokens > 0) this.mixedSteps++;
+        this.prefillTokens += prefillTokens;
+        for (const { job, n } of chunks) {
+          job.done += n;
+          if (job.done === job.tokens.length) this.endPrefill(job);
+        }
         for (let i = 0; i < batch.length; i++) {
           const s = batch[i]!;
           if (s.cancelled) {
             this.remove(s);
             continue;
           }
-          const id = s.sampler.sample(logits[i]!);
+          const id = s.sampler.sample(items[i]!.logits!);
           s.last = id;
+          s.generated++;
           this.tokens++;
           const step = s.text.push(id);
           s.push({ type: "token", id, text: step.text, index: s.text.count - 1 });

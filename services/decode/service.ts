@@ -19,7 +19,8 @@ import { planPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
-import { DecodeScheduler, Slot } from "./scheduler.ts";
+import { DecodeScheduler } from "./scheduler.ts";
+import { Slot } from "./slot.ts";
 import { TokenTextStream } from "./text-stream.ts";
 
 export interface DecodeOptions {
@@ -62,6 +63,8 @@ export type DecodeEvent =
     };
 
 const OPEN = ["queued", "prefilling", "decoding"] as const;
+/** Decodes are paced a little under the TPOT objective, leaving room for the steps' jitter. */
+const TPOT_PACE = 0.8;
 
 export class DecodeService {
   readonly scheduler: DecodeScheduler;
@@ -78,7 +81,7 @@ export class DecodeService {
     readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
   ) {
     const c = rt.config;
-    this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes }, rt.log);
+    this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
     this.loader = new KvLoader(rt, metrics);
     this.prefillClient = new PrefillClient(rt);
     metrics.watchRequests("decode", () => {
@@ -186,6 +189,7 @@ export class DecodeService {
       text = new TokenTextStream(this.rt.tokenizer, maxTokens, opts.stop ?? []);
       const first = text.push(handle.first_token);
       clock.token();
+      const firstTokenAt = performance.now();
       yield { type: "token", id: handle.first_token, text: first.text, index: 0 };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
       let finish = first.finish;
@@ -196,7 +200,7 @@ export class DecodeService {
         kv = await this.loadOrRecompute(handle, seq, opts.onKvFailure ?? "fail", signal, log);
         // The KV is ours now: the prefill's shard space can be reclaimed.
         await registry.chunks.releaseRequest(requestId);
-        slot = new Slot(seq, handle.first_token, sampler, text);
+        slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
         seq = undefined; // the scheduler owns it from here
         this.scheduler.start(slot);
         for (;;) {
@@ -294,12 +298,8 @@ export class DecodeService {
       log.warn({ requestId: handle.request_id, err: message }, "KV load failed; recomputing the prefill locally");
       const t = performance.now();
       const ids = handle.prompt_token_ids;
-      const ub = this.rt.engine.native.info.ubatch;
       seq.truncate(0);
-      for (let i = 0; i < ids.length; i += ub) {
-        await this.rt.engine.prefill(seq, ids.slice(i, i + ub));
-        signal.throwIfAborted();
-      }
+      await this.scheduler.prefill(seq, ids, signal); // in the decode steps, so the batch keeps its pace
       this.totals.recomputed++;
       return { transport: "recompute", chunks: 0, bytes: 0, ms: performance.now() - t, recomputed: true, error: message };
     }

@@ -6,6 +6,7 @@ import { randomUUID } from "node:crypto";
 import path from "node:path";
 import { and, eq, inArray, sql } from "drizzle-orm";
 import type { Logger } from "pino";
+import type { NativeSequence } from "../../shared/engine/engine.ts";
 import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
@@ -36,6 +37,9 @@ interface PlannedChunk {
 }
 
 type WriteResult = { id: string; reused: boolean } | { error: unknown };
+
+/** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
+export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
 
 /** A prefill admitted (queued or running): its prompt tokens and how many are computed. */
 interface PrefillWork {
@@ -73,6 +77,8 @@ export class PrefillService {
     private readonly rt: Runtime,
     readonly instanceId: string = rt.config.instanceId,
     readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
+    /** A colocated server computes prompts in the decode scheduler's steps (chunked prefill). */
+    private readonly compute: PrefillCompute = (seq, tokens) => rt.engine.prefill(seq, tokens),
   ) {
     this.gate = new Gate(rt.config.maxPrefills, rt.config.maxPrefillQueue);
     metrics.watchRequests("prefill", () => ({ running: this.gate.running, waiting: this.gate.queued }));
@@ -264,7 +270,7 @@ export class PrefillService {
       for (let i = 0; i < n; i += ubatch) {
         const batch = tokens.slice(i, i + ubatch);
         const computeStart = performance.now();
-        logits = await engine.prefill(seq, batch);
+        logits = await this.compute(seq, batch, signal);
         work.computeMs += performance.now() - computeStart;
         work.done += batch.length;
         this.metrics.prefillTokens(batch.length);

@@ -81,13 +81,16 @@ export class Engine {
     }
   }
 
+  /** Throws unless `n` more tokens fit in `seq` (its capacity and the engine's context). */
+  checkAppend(seq: NativeSequence, n: number): void {
+    if (n === 0) throw new Error("prefill: the prompt is empty (it needs at least one token)");
+    const limit = Math.min(seq.capacity, this.maxContext);
+    if (seq.nPast + n > limit) throw new Error(`prefill: ${seq.nPast + n} tokens exceed the context limit of ${limit}`);
+  }
+
   /** Appends `tokens` to `seq` and returns the logits of the token that would come next. */
   async prefill(seq: NativeSequence, tokens: ArrayLike<number>): Promise<Float32Array> {
-    if (tokens.length === 0) throw new Error("prefill: the prompt is empty (it needs at least one token)");
-    const limit = Math.min(seq.capacity, this.maxContext);
-    if (seq.nPast + tokens.length > limit) {
-      throw new Error(`prefill: ${seq.nPast + tokens.length} tokens exceed the context limit of ${limit}`);
-    }
+    this.checkAppend(seq, tokens.length);
     const logits = new Float32Array(this.model.config.nVocab);
     await this.native.forward([{ seq, tokens: Int32Array.from(tokens), logits }]);
     return logits;

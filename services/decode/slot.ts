@@ -1,0 +1,75 @@
+// A request's place in the decode scheduler: the sequence being decoded and the events it sends
+// to its stream (Slot), and the KV memory and batch place it reserved (Reservation).
+import type { NativeSequence } from "../../shared/engine/engine.ts";
+import type { Sampler } from "../../shared/engine/sampler.ts";
+import type { FinishReason } from "../../shared/generate.ts";
+import type { TokenTextStream } from "./text-stream.ts";
+
+export type SlotEvent =
+  | { type: "token"; id: number; text: string; index: number }
+  | { type: "done"; finish: FinishReason }
+  | { type: "error"; error: unknown };
+
+/** A sequence being decoded: its cache, the token to feed next, its sampler and text stream. */
+export class Slot {
+  private readonly events: SlotEvent[] = [];
+  private wake: (() => void) | undefined;
+  cancelled = false;
+  ended = false;
+  /** performance.now() when it was handed to the batch, and when it first joined a step. */
+  queuedAt: number | undefined;
+  joinedAt: number | undefined;
+
+  /** Tokens sampled by the scheduler (after the first one, which came from the prefill). */
+  generated = 0;
+
+  constructor(
+    readonly seq: NativeSequence,
+    public last: number,
+    readonly sampler: Sampler,
+    readonly text: TokenTextStream,
+    /** performance.now() when the first token was sent: the pace of the next ones counts from here. */
+    readonly firstTokenAt: number = performance.now(),
+  ) {}
+
+  push(ev: SlotEvent): void {
+    this.events.push(ev);
+    const wake = this.wake;
+    this.wake = undefined;
+    wake?.();
+  }
+
+  /** How long it waited for a batch place (so far, if it has not joined yet). */
+  batchWaitMs(now: number = performance.now()): number {
+    return this.queuedAt === undefined ? 0 : (this.joinedAt ?? now) - this.queuedAt;
+  }
+
+  /** The next event; rejects with the signal's reason once the signal fires. */
+  async next(signal: AbortSignal): Promise<SlotEvent> {
+    while (this.events.length === 0) {
+      signal.throwIfAborted();
+      await new Promise<void>((resolve) => {
+        const onAbort = () => resolve();
+        this.wake = () => {
+          signal.removeEventListener("abort", onAbort);
+          resolve();
+        };
+        signal.addEventListener("abort", onAbort, { once: true });
+      });
+    }
+    return this.events.shift()!;
+  }
+}
+
+export class Reservation {
+  private released = false;
+  constructor(
+    private readonly scheduler: { unreserve(bytes: number): void },
+    readonly bytes: number,
+  ) {}
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    this.scheduler.unreserve(this.bytes);
+  }
+}
