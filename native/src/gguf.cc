@@ -164,6 +164,11 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
   return f;
 }
 
+void GgufFile::drop_resident_pages() const {
+  // The mapping is private and read-only, never written: dropping its pages loses nothing.
+  if (base_) madvise(const_cast<uint8_t*>(base_), size_, MADV_DONTNEED);
+}
+
 GgufFile::~GgufFile() {
   if (base_) munmap(const_cast<uint8_t*>(base_), size_);
 }

@@ -66,6 +66,11 @@ class GgufFile {
   // describes the model. Hashed for the model fingerprint.
   uint64_t header_bytes() const { return header_bytes_; }
   const uint8_t* bytes() const { return base_; }
+  // Unmaps the file's pages from this process (madvise DONTNEED; the mapping stays valid and a
+  // later read faults the page back in from the page cache). Once the model has repacked its
+  // weights it reads only the embedding rows and the norms from the file, so without this the
+  // file stayed resident beside the packed copy: the weights counted twice.
+  void drop_resident_pages() const;
 
   // Typed metadata access; the *_or variants return the fallback when the key is absent but
   // still throw when it is present with the wrong type.

@@ -54,7 +54,8 @@ Weight Model::weight(const std::string& name, int cols, int rows) const {
 void Model::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
 
 // Repacks every quantized matrix once at load (about as fast as reading it) into one aligned
-// allocation; the file mapping still serves the embedding lookups.
+// allocation; the file mapping still serves the embedding lookups and the norms, so its pages
+// are dropped afterwards and only those come back.
 void Model::pack_weights() {
   std::vector<Weight*> all = {&token_embd_};
   if (!config_.tied_output) all.push_back(&output_);
@@ -75,6 +76,7 @@ void Model::pack_weights() {
     buf += w->group_bytes * ((w->rows + kRowGroup - 1) / kRowGroup);
   }
   if (config_.tied_output) output_ = token_embd_;
+  file_->drop_resident_pages();
 }
 
 std::shared_ptr<Model> Model::load(const std::string& path) {

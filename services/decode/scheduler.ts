@@ -110,6 +110,7 @@ export class DecodeScheduler {
   /**
    * Appends `tokens` to `seq` in the coming steps and resolves with the next-token logits; rejects
    * with the signal's reason if it fires first (the sequence then holds part of the prompt).
+   * Throws at once when the tokens do not fit the sequence.
    */
   prefill(seq: NativeSequence, tokens: ArrayLike<number>, signal?: AbortSignal): Promise<Float32Array> {
     this.engine.checkAppend(seq, tokens.length);
