@@ -74,25 +74,41 @@ describe("the scheduler's mixed steps", () => {
     }
   }
 
-  async function startDecode(sched: DecodeScheduler, ids: number[], steps: number) {
+  /** The logits of `ids` prefilled alone. */
+  async function reference(ids: number[]): Promise<Float32Array> {
+    const seq = engine.createSequence(ids.length);
+    try {
+      return await engine.prefill(seq, ids);
+    } finally {
+      seq.release();
+    }
+  }
+
+  function expectSameLogits(got: Float32Array, want: Float32Array) {
+    expect(argmax(got)).toBe(argmax(want));
+    for (let i = 0; i < want.length; i += 997) expect(got[i]).toBeCloseTo(want[i]!, 3);
+  }
+
+  /** Prefills `ids` (outside the scheduler), then decodes greedily in it; resolves with every token. */
+  async function decodeIn(sched: DecodeScheduler, ids: number[], steps: number, o: { onToken?: (count: number) => void; firstToken?: number } = {}) {
     const seq = engine.createSequence(ids.length + steps + 1);
-    const first = argmax(await engine.prefill(seq, ids));
+    const first = o.firstToken ?? argmax(await engine.prefill(seq, ids));
     const text = new TokenTextStream({ createDetokenizer: () => tokenizer.createDetokenizer(), isEog: () => false }, steps, []);
     text.push(first);
     const slot = new Slot(seq, first, new Sampler({ temperature: 0 }), text);
     sched.liveSequences++;
     sched.start(slot);
     const tokens = [first];
-    const done = (async () => {
+    return (async () => {
       const signal = new AbortController().signal;
       for (;;) {
         const ev = await slot.next(signal);
         if (ev.type === "done") return tokens;
         if (ev.type === "error") throw ev.error;
         tokens.push(ev.id);
+        o.onToken?.(tokens.length);
       }
     })();
-    return done;
   }
 
   const options = (o: Partial<SchedulerOptions>): SchedulerOptions => ({ maxBatch: 4, maxQueue: 4, kvBudgetBytes: 1 << 30, tpotTargetMs: 100, ...o });
@@ -100,67 +116,108 @@ describe("the scheduler's mixed steps", () => {
   it("a late decode makes every shared step carry the minimum chunk; both get what they get alone", async () => {
     const [a, b] = [prompt(40, 1), prompt(700, 2)];
     const steps = 24;
-    const expectA = await alone(a, steps);
-    const seqB = engine.createSequence(b.length);
-    const refB = await engine.prefill(seqB, b);
-    seqB.release();
-
+    const [expectA, refB] = [await alone(a, steps), await reference(b)];
     // A pace of 0 ms per token: the decode is always late, so a shared step carries 16 tokens.
     const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 0, minPrefillChunk: 16 }), log);
-    const mixedB = engine.createSequence(b.length);
-    const decodeA = startDecode(sched, a, steps);
-    const prefillB = sched.prefill(mixedB, b);
-    const [tokensA, logitsB] = await Promise.all([decodeA, prefillB]);
+    const decodeA = await decodeIn(sched, a, steps); // its first step is already running, alone
+    const seqB = engine.createSequence(b.length);
+    const [tokensA, logitsB] = await Promise.all([decodeA, sched.prefill(seqB, b)]);
     expect(tokensA).toEqual(expectA);
-    expect(argmax(logitsB)).toBe(argmax(refB));
-    for (let i = 0; i < refB.length; i += 997) expect(logitsB[i]).toBeCloseTo(refB[i]!, 3);
+    expectSameLogits(logitsB, refB);
     const st = sched.status();
-    // Every one of A's steps after its first token shared the step with B (B's 700 tokens outlast
-    // 23 × 16), and B's remaining tokens ran alone in micro-batches of up to 128.
-    expect(st.mixed_steps).toBe(steps - 1);
+    // A's steps 2..23 carried 16 of B's tokens each (700 outlast 22 × 16); the other 348 ran after
+    // A finished, in micro-batches of up to 128.
+    expect(st.mixed_steps).toBe(steps - 2);
     expect(st.prefill_tokens).toBe(700);
-    expect(st.steps).toBe(steps - 1 + Math.ceil((700 - (steps - 1) * 16) / 128));
-    expect(mixedB.nPast).toBe(700);
-    mixedB.release();
+    expect(st.steps).toBe(steps - 1 + Math.ceil((700 - (steps - 2) * 16) / 128));
+    expect(seqB.nPast).toBe(700);
+    seqB.release();
     expect(st).toMatchObject({ running: 0, prefills: 0 });
   });
 
   it("a decode with time to spare lets the prompt take whole micro-batches", async () => {
+    const [a, b] = [prompt(30, 3), prompt(600, 4)];
+    const [expectA, refB] = [await alone(a, 8), await reference(b)];
     const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 1e6 }), log);
-    const seqB = engine.createSequence(600);
-    const decodeA = startDecode(sched, prompt(30, 3), 8);
-    const logits = await sched.prefill(seqB, prompt(600, 4));
-    await decodeA;
-    const st = sched.status();
-    // The first shared step has no measured costs and carries the minimum; from then on the
-    // decode's slack covers any chunk, so B's 600 tokens need few steps.
-    expect(st.prefill_tokens).toBe(600);
-    expect(st.mixed_steps).toBeLessThanOrEqual(Math.ceil((600 - 16) / (128 - 1)) + 1);
-    expect(argmax(logits)).toBeGreaterThanOrEqual(0);
+    const decodeA = await decodeIn(sched, a, 8);
+    const seqB = engine.createSequence(b.length);
+    const logitsB = await sched.prefill(seqB, b);
+    expect(await decodeA).toEqual(expectA);
+    expectSameLogits(logitsB, refB);
+    // A's first step ran alone (a decode step's cost measured); the first shared step knows no
+    // prompt cost yet and carries the minimum, 16; from then on A's slack covers a whole
+    // micro-batch less its own token: 127. 16 + 5 × 127 >= 600, all within A's 7 steps.
+    expect(sched.status()).toMatchObject({ steps: 7, mixed_steps: 6, prefill_tokens: 600 });
     seqB.release();
   });
 
-  it("an aborted prompt leaves the steps at once and the decode goes on", async () => {
+  it("several prompts share a step when there is room", async () => {
+    const [b, c] = [prompt(100, 8), prompt(60, 9)];
+    const [refB, refC] = [await reference(b), await reference(c)];
+    const sched = new DecodeScheduler(engine, options({}), log);
+    const [seqB, seqC] = [engine.createSequence(100), engine.createSequence(60)];
+    const [logitsB, logitsC] = await Promise.all([sched.prefill(seqB, b), sched.prefill(seqC, c)]);
+    expectSameLogits(logitsB, refB);
+    expectSameLogits(logitsC, refC);
+    expect(sched.status()).toMatchObject({ steps: 2, prefill_tokens: 160, mixed_steps: 0 }); // 100 + 28, then 32
+    expect(() => sched.prefill(seqB, [1])).toThrow(/exceed the context limit/);
+    seqB.release();
+    seqC.release();
+  });
+
+  it("an aborted prompt leaves the steps it shares at once, and the decode goes on", async () => {
     const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 0, minPrefillChunk: 16 }), log);
     const a = prompt(20, 5);
     const expectA = await alone(a, 16);
     const seqB = engine.createSequence(2000);
     const ac = new AbortController();
-    const decodeA = startDecode(sched, a, 16);
+    // Abort when A has its 5th token: A's steps 2-4 have carried B's chunks by then.
+    const decodeA = await decodeIn(sched, a, 16, { onToken: (n) => n === 5 && ac.abort(new Error("client gone")) });
     const prefillB = sched.prefill(seqB, prompt(2000, 6), ac.signal);
-    setTimeout(() => ac.abort(new Error("client gone")), 50);
     await expect(prefillB).rejects.toThrow("client gone");
+    expect(seqB.nPast % 16).toBe(0);
+    expect(seqB.nPast).toBeGreaterThanOrEqual(3 * 16);
     expect(seqB.nPast).toBeLessThan(2000);
     expect(await decodeA).toEqual(expectA);
     expect(sched.status().prefills).toBe(0);
     seqB.release();
   });
 
-  it("refuses a prompt that does not fit before it joins a step", async () => {
+  it("a failed shared step is blamed on whoever fails alone", async () => {
+    const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 0 }), log);
+    const nVocab = engine.model.config.nVocab;
+    // A prompt with a token outside the vocabulary: the engine refuses the step; the decode,
+    // retried alone, goes on with the tokens it gets alone, and only the prompt fails.
+    const a = prompt(20, 10);
+    const expectA = await alone(a, 10);
+    const decodeA = await decodeIn(sched, a, 10);
+    const bad = engine.createSequence(50);
+    await expect(sched.prefill(bad, [...prompt(49, 11), nVocab + 3])).rejects.toThrow(/outside the vocabulary/);
+    expect(await decodeA).toEqual(expectA);
+    bad.release();
+
+    // A decode fed a token outside the vocabulary fails; the prompt sharing its step goes on.
+    // The prompt goes first so that its second chunk shares the decode's first step.
+    const b = prompt(300, 12);
+    const refB = await reference(b);
+    const seqB = engine.createSequence(300);
+    const prefillB = sched.prefill(seqB, b);
+    const broken = (await decodeIn(sched, a, 10, { firstToken: nVocab + 5 })).catch((e: unknown) => e);
+    const [failure, logitsB] = await Promise.all([broken, prefillB]);
+    expect(String(failure)).toMatch(/outside the vocabulary/);
+    expectSameLogits(logitsB, refB);
+    expect(sched.status()).toMatchObject({ running: 0, prefills: 0, live_sequences: 0 });
+    seqB.release();
+  });
+
+  it("refuses a prompt that does not fit, or a second one for the same sequence, before it joins a step", async () => {
     const sched = new DecodeScheduler(engine, options({}), log);
     const seq = engine.createSequence(10);
     expect(() => sched.prefill(seq, prompt(11, 7))).toThrow(/exceed the context limit of 10/);
     expect(() => sched.prefill(seq, [])).toThrow(/empty/);
+    const first = sched.prefill(seq, [1, 2, 3]);
+    expect(() => sched.prefill(seq, [4])).toThrow(/already has a prompt/);
+    await first;
     expect(sched.status().prefills).toBe(0);
     seq.release();
   });

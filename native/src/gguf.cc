@@ -165,8 +165,9 @@ std::unique_ptr<GgufFile> GgufFile::open(const std::string& path) {
 }
 
 void GgufFile::drop_resident_pages() const {
-  // The mapping is private and read-only, never written: dropping its pages loses nothing.
-  if (base_) madvise(const_cast<uint8_t*>(base_), size_, MADV_DONTNEED);
+  // The mapping is private and read-only, never written: dropping its pages loses nothing. Best
+  // effort: if the kernel refuses, the pages just stay resident as before.
+  if (base_) (void)madvise(const_cast<uint8_t*>(base_), size_, MADV_DONTNEED);
 }
 
 GgufFile::~GgufFile() {

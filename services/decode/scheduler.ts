@@ -27,7 +27,7 @@ export interface SchedulerOptions {
   minPrefillChunk?: number;
 }
 
-/** A prompt being computed in the scheduler's steps. */
+/** A prompt being computed in the scheduler's steps (one per sequence at a time). */
 interface PrefillJob {
   seq: NativeSequence;
   tokens: Int32Array;
@@ -36,6 +36,12 @@ interface PrefillJob {
   signal: AbortSignal | undefined;
   resolve(logits: Float32Array): void;
   reject(error: unknown): void;
+}
+
+/** `n` tokens of a prompt, from where it stands, in the next step. */
+interface PrefillChunk {
+  job: PrefillJob;
+  n: number;
 }
 
 export interface SchedulerStatus {
@@ -110,10 +116,11 @@ export class DecodeScheduler {
   /**
    * Appends `tokens` to `seq` in the coming steps and resolves with the next-token logits; rejects
    * with the signal's reason if it fires first (the sequence then holds part of the prompt).
-   * Throws at once when the tokens do not fit the sequence.
+   * Throws at once when the tokens do not fit the sequence or it already has a prompt queued.
    */
   prefill(seq: NativeSequence, tokens: ArrayLike<number>, signal?: AbortSignal): Promise<Float32Array> {
     this.engine.checkAppend(seq, tokens.length);
+    if (this.prefills.some((j) => j.seq === seq)) throw new Error("prefill: this sequence already has a prompt in the steps");
     signal?.throwIfAborted();
     return new Promise((resolve, reject) => {
       const logits = new Float32Array(this.engine.model.config.nVocab);
@@ -165,17 +172,17 @@ export class DecodeScheduler {
   }
 
   /** The prompt chunks the next step carries beside `decodes` decode tokens. */
-  private planPrefill(decodes: Slot[]): { job: PrefillJob; n: number }[] {
+  private planPrefill(decodes: Slot[]): PrefillChunk[] {
     for (const job of this.prefills.filter((j) => j.signal?.aborted)) this.endPrefill(job, job.signal!.reason);
     const now = performance.now();
     const pace = this.options.tpotTargetMs;
     let room = prefillChunkTokens({
       slackMs: decodes.map((s) => s.firstTokenAt + (s.generated + 1) * pace - now),
       costs: this.costs,
-      maxTokens: this.engine.native.info.ubatch - decodes.length,
+      maxTokens: Math.max(1, this.engine.native.info.ubatch - decodes.length),
       minChunk: this.options.minPrefillChunk ?? 16,
     });
-    const plan: { job: PrefillJob; n: number }[] = [];
+    const plan: PrefillChunk[] = [];
     for (const job of this.prefills) {
       if (room <= 0) break;
       const n = Math.min(room, job.tokens.length - job.done);
@@ -186,7 +193,9 @@ export class DecodeScheduler {
   }
 
   private endPrefill(job: PrefillJob, error?: unknown): void {
-    this.prefills.splice(this.prefills.indexOf(job), 1);
+    const i = this.prefills.indexOf(job);
+    if (i < 0) return;
+    this.prefills.splice(i, 1);
     if (error === undefined) job.resolve(job.logits);
     else job.reject(error);
   }
@@ -204,55 +213,74 @@ export class DecodeScheduler {
         const chunks = this.planPrefill(batch);
         if (batch.length === 0 && chunks.length === 0) return;
         this.maxBatchSeen = Math.max(this.maxBatchSeen, batch.length);
-        batch.forEach((s) => this.inStep.add(s));
-        const items: ForwardItem[] = batch.map((s) => ({ seq: s.seq, tokens: Int32Array.of(s.last), logits: new Float32Array(this.engine.model.config.nVocab) }));
-        for (const { job, n } of chunks) items.push({ seq: job.seq, tokens: job.tokens.subarray(job.done, job.done + n), logits: job.logits });
-        const prefillTokens = chunks.reduce((sum, c) => sum + c.n, 0);
-        const t0 = performance.now();
-        try {
-          await this.engine.native.forward(items);
-        } catch (error) {
-          this.log.error({ err: error, batch: batch.length, prefillTokens }, "engine step failed");
-          batch.forEach((s) => this.inStep.delete(s));
-          // The engine refuses a batch before computing any of it, so a step that carried prompt
-          // chunks is retried without them: the decodes fail only if they fail on their own.
-          if (chunks.length > 0) for (const { job } of chunks) this.endPrefill(job, error);
-          else for (const s of batch) {
-            s.push({ type: "error", error });
-            this.remove(s);
-          }
-          continue;
-        } finally {
-          batch.forEach((s) => this.inStep.delete(s));
-        }
-        this.costs.observe(batch.length, prefillTokens, performance.now() - t0);
-        this.steps++;
-        if (batch.length > 0 && prefillTokens > 0) this.mixedSteps++;
-        this.prefillTokens += prefillTokens;
-        for (const { job, n } of chunks) {
-          job.done += n;
-          if (job.done === job.tokens.length) this.endPrefill(job);
-        }
-        for (let i = 0; i < batch.length; i++) {
-          const s = batch[i]!;
-          if (s.cancelled) {
-            this.remove(s);
-            continue;
-          }
-          const id = s.sampler.sample(items[i]!.logits!);
-          s.last = id;
-          s.generated++;
-          this.tokens++;
-          const step = s.text.push(id);
-          s.push({ type: "token", id, text: step.text, index: s.text.count - 1 });
-          if (step.finish) {
-            s.push({ type: "done", finish: step.finish });
-            this.remove(s);
-          }
+        const error = await this.step(batch, chunks);
+        if (error === undefined) continue;
+        this.log.error({ err: error, batch: batch.length, prefillTokens: chunks.reduce((sum, c) => sum + c.n, 0) }, "engine step failed");
+        if (batch.length > 0 && chunks.length > 0) {
+          // The engine checks a whole batch before computing any of it (a refusal changes
+          // nothing), so whose fault it was is found by running the decodes alone.
+          const alone = await this.step(batch, []);
+          if (alone === undefined) for (const { job } of chunks) this.endPrefill(job, error);
+          else this.failDecodes(batch, alone); // the prompts stay queued and try again
+        } else if (batch.length > 0) {
+          this.failDecodes(batch, error);
+        } else {
+          for (const { job } of chunks) this.endPrefill(job, error);
         }
       }
     } finally {
       this.looping = false;
+    }
+  }
+
+  /** One forward pass over `batch`'s next tokens and `chunks`; applies its results, or returns its error (nothing applied). */
+  private async step(batch: Slot[], chunks: PrefillChunk[]): Promise<unknown> {
+    const nVocab = this.engine.model.config.nVocab;
+    const items: ForwardItem[] = batch.map((s) => ({ seq: s.seq, tokens: Int32Array.of(s.last), logits: new Float32Array(nVocab) }));
+    // Only a prompt's last chunk needs logits (the next token's).
+    for (const { job, n } of chunks) items.push({ seq: job.seq, tokens: job.tokens.subarray(job.done, job.done + n), ...(job.done + n === job.tokens.length ? { logits: job.logits } : {}) });
+    const prefillTokens = chunks.reduce((sum, c) => sum + c.n, 0);
+    batch.forEach((s) => this.inStep.add(s));
+    const t0 = performance.now();
+    try {
+      await this.engine.native.forward(items);
+    } catch (error) {
+      return error ?? new Error("engine step failed");
+    } finally {
+      batch.forEach((s) => this.inStep.delete(s));
+    }
+    this.costs.observe(batch.length, prefillTokens, performance.now() - t0);
+    this.steps++;
+    if (batch.length > 0 && prefillTokens > 0) this.mixedSteps++;
+    this.prefillTokens += prefillTokens;
+    for (const { job, n } of chunks) {
+      job.done += n;
+      if (job.done === job.tokens.length) this.endPrefill(job);
+    }
+    for (let i = 0; i < batch.length; i++) {
+      const s = batch[i]!;
+      if (s.cancelled) {
+        this.remove(s);
+        continue;
+      }
+      const id = s.sampler.sample(items[i]!.logits!);
+      s.last = id;
+      s.generated++;
+      this.tokens++;
+      const step = s.text.push(id);
+      s.push({ type: "token", id, text: step.text, index: s.text.count - 1 });
+      if (step.finish) {
+        s.push({ type: "done", finish: step.finish });
+        this.remove(s);
+      }
+    }
+    return undefined;
+  }
+
+  private failDecodes(batch: Slot[], error: unknown): void {
+    for (const s of batch) {
+      s.push({ type: "error", error });
+      this.remove(s);
     }
   }
 }
