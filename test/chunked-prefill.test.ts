@@ -89,8 +89,11 @@ describe("the scheduler's mixed steps", () => {
     for (let i = 0; i < want.length; i += 997) expect(got[i]).toBeCloseTo(want[i]!, 3);
   }
 
-  /** Prefills `ids` (outside the scheduler), then decodes greedily in it; resolves with every token. */
-  async function decodeIn(sched: DecodeScheduler, ids: number[], steps: number, o: { onToken?: (count: number) => void; firstToken?: number } = {}) {
+  /**
+   * Prefills `ids` (outside the scheduler) and starts decoding it greedily in the scheduler;
+   * resolves once it is in the batch, with the promise of all its tokens.
+   */
+  async function decodeIn(sched: DecodeScheduler, ids: number[], steps: number, o: { onToken?: (count: number) => void; firstToken?: number } = {}): Promise<{ tokens: Promise<number[]> }> {
     const seq = engine.createSequence(ids.length + steps + 1);
     const first = o.firstToken ?? argmax(await engine.prefill(seq, ids));
     const text = new TokenTextStream({ createDetokenizer: () => tokenizer.createDetokenizer(), isEog: () => false }, steps, []);
@@ -99,7 +102,7 @@ describe("the scheduler's mixed steps", () => {
     sched.liveSequences++;
     sched.start(slot);
     const tokens = [first];
-    return (async () => {
+    const all = (async () => {
       const signal = new AbortController().signal;
       for (;;) {
         const ev = await slot.next(signal);
@@ -109,6 +112,7 @@ describe("the scheduler's mixed steps", () => {
         o.onToken?.(tokens.length);
       }
     })();
+    return { tokens: all };
   }
 
   const options = (o: Partial<SchedulerOptions>): SchedulerOptions => ({ maxBatch: 4, maxQueue: 4, kvBudgetBytes: 1 << 30, tpotTargetMs: 100, ...o });
@@ -121,7 +125,7 @@ describe("the scheduler's mixed steps", () => {
     const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 0, minPrefillChunk: 16 }), log);
     const decodeA = await decodeIn(sched, a, steps); // its first step is already running, alone
     const seqB = engine.createSequence(b.length);
-    const [tokensA, logitsB] = await Promise.all([decodeA, sched.prefill(seqB, b)]);
+    const [tokensA, logitsB] = await Promise.all([decodeA.tokens, sched.prefill(seqB, b)]);
     expect(tokensA).toEqual(expectA);
     expectSameLogits(logitsB, refB);
     const st = sched.status();
@@ -142,7 +146,7 @@ describe("the scheduler's mixed steps", () => {
     const decodeA = await decodeIn(sched, a, 8);
     const seqB = engine.createSequence(b.length);
     const logitsB = await sched.prefill(seqB, b);
-    expect(await decodeA).toEqual(expectA);
+    expect(await decodeA.tokens).toEqual(expectA);
     expectSameLogits(logitsB, refB);
     // A's first step ran alone (a decode step's cost measured); the first shared step knows no
     // prompt cost yet and carries the minimum, 16; from then on A's slack covers a whole
@@ -178,7 +182,7 @@ describe("the scheduler's mixed steps", () => {
     expect(seqB.nPast % 16).toBe(0);
     expect(seqB.nPast).toBeGreaterThanOrEqual(3 * 16);
     expect(seqB.nPast).toBeLessThan(2000);
-    expect(await decodeA).toEqual(expectA);
+    expect(await decodeA.tokens).toEqual(expectA);
     expect(sched.status().prefills).toBe(0);
     seqB.release();
   });
@@ -193,7 +197,7 @@ describe("the scheduler's mixed steps", () => {
     const decodeA = await decodeIn(sched, a, 10);
     const bad = engine.createSequence(50);
     await expect(sched.prefill(bad, [...prompt(49, 11), nVocab + 3])).rejects.toThrow(/outside the vocabulary/);
-    expect(await decodeA).toEqual(expectA);
+    expect(await decodeA.tokens).toEqual(expectA);
     bad.release();
 
     // A decode fed a token outside the vocabulary fails; the prompt sharing its step goes on.
@@ -202,7 +206,7 @@ describe("the scheduler's mixed steps", () => {
     const refB = await reference(b);
     const seqB = engine.createSequence(300);
     const prefillB = sched.prefill(seqB, b);
-    const broken = (await decodeIn(sched, a, 10, { firstToken: nVocab + 5 })).catch((e: unknown) => e);
+    const broken = (await decodeIn(sched, a, 10, { firstToken: nVocab + 5 })).tokens.catch((e: unknown) => e);
     const [failure, logitsB] = await Promise.all([broken, prefillB]);
     expect(String(failure)).toMatch(/outside the vocabulary/);
     expectSameLogits(logitsB, refB);

@@ -10,9 +10,8 @@ import type { NativeSequence } from "../../shared/engine/engine.ts";
 import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
-import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../shared/kv/chunk.ts";
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
-import { exportChunk, kvShape, tokenBlocks, type KvShape, type RowMover } from "../../shared/kv/seq-io.ts";
+import { kvShape, tokenBlocks, type KvShape } from "../../shared/kv/seq-io.ts";
 import { Shard, shardFileName } from "../../shared/kv/shard.ts";
 import { decideAdmission, PrefillThroughput } from "../../shared/metrics/admission.ts";
 import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
@@ -23,20 +22,8 @@ import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/policy/request.ts";
 import { chatRoundStarts, planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
+import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
 import { Gate } from "./gate.ts";
-
-const ALIGN = 4096;
-
-interface PlannedChunk {
-  meta: ChunkMeta;
-  group: number;
-  length: number;
-  offset: number;
-  /** reserved: our range, not in the registry; registered: the registry (reaper) owns it; freed. */
-  state: "reserved" | "registered" | "freed";
-}
-
-type WriteResult = { id: string; reused: boolean } | { error: unknown };
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
 export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -71,6 +58,7 @@ export class PrefillService {
   /** Measured prefill throughput, and the work admitted: what SLO admission predicts TTFT from. */
   private readonly throughput = new PrefillThroughput();
   private readonly work = new Set<PrefillWork>();
+  private readonly writer: ChunkWriter;
   private readonly totals = { prefills: 0, prompt_tokens: 0, chunks_written: 0, chunks_reused: 0, bytes_written: 0, ranges_reclaimed: 0 };
 
   constructor(
@@ -85,6 +73,7 @@ export class PrefillService {
     metrics.watchKv("shard", () => ({ inUse: this.shard?.bytesUsed ?? 0, capacity: this.shard?.sizeBytes ?? 0 }));
     metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
+    this.writer = new ChunkWriter(rt, this.shape, this.totals);
   }
 
   /** The shard id is the instance id: stable across restarts, so a restart starts its next epoch. */
@@ -108,14 +97,14 @@ export class PrefillService {
 
   private async newEpoch(): Promise<void> {
     const { shardDir } = this.rt.config;
-    const sizeBytes = Math.ceil(this.rt.config.shardBytes / ALIGN) * ALIGN;
+    const sizeBytes = Math.ceil(this.rt.config.shardBytes / SHARD_ALIGN) * SHARD_ALIGN;
     const row = await this.rt.registry.shards.create({
       id: this.shardId,
       instanceId: this.instanceId,
       sizeBytes,
       pathFor: (epoch) => path.join(shardDir, shardFileName(this.shardId, epoch)),
     });
-    const shard = await Shard.create({ shardId: this.shardId, epoch: row.epoch, sizeBytes, dir: shardDir, alignment: ALIGN });
+    const shard = await Shard.create({ shardId: this.shardId, epoch: row.epoch, sizeBytes, dir: shardDir, alignment: SHARD_ALIGN });
     const old = this.shard;
     this.shard = shard;
     await old?.destroy();
@@ -241,26 +230,13 @@ export class PrefillService {
 
     const groups = policy.layerGroups;
     const blocks = tokenBlocks(n, config.blockTokens);
-    const plan: PlannedChunk[][] = blocks.map((b) =>
-      groups.map((layerIds, group) => {
-        const meta: ChunkMeta = {
-          fingerprint: model.fingerprint,
-          dtype: "f16",
-          layerIds,
-          hkv: this.shape.hkv,
-          headDim: this.shape.headDim,
-          tokenStart: b.tokenStart,
-          tokenCount: b.tokenEnd - b.tokenStart,
-        };
-        return { meta, group, length: chunkByteLength(meta), offset: -1, state: "freed" as PlannedChunk["state"] };
-      }),
-    );
+    const plan = planChunks(blocks, groups, model.fingerprint, this.shape);
     const kvBytes = n * model.config.kvBytesPerToken;
     const writes: Promise<WriteResult>[] = [];
     let seq: ReturnType<typeof engine.createSequence> | undefined;
     this.kvInFlight += kvBytes;
     try {
-      await this.reserve(plan.flat(), shard);
+      await this.writer.reserve(plan.flat(), shard, () => this.reap());
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
       const hasher = new PrefixHasher(model.fingerprint);
@@ -279,7 +255,7 @@ export class PrefillService {
         while (next < blocks.length && blocks[next]!.tokenEnd <= seq.nPast) {
           const b = blocks[next]!;
           hasher.push(tokens.slice(b.tokenStart, b.tokenEnd));
-          for (const p of plan[next]!) writes.push(this.writeChunk(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, seq, shard));
+          for (const p of plan[next]!) writes.push(this.writer.write(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, seq, shard));
           next++;
         }
       }
@@ -331,87 +307,6 @@ export class PrefillService {
     } finally {
       seq?.release(); // nothing reads the cache any more: every write has settled
       this.kvInFlight -= kvBytes;
-    }
-  }
-
-  /** Reserves every chunk's shard range before computing, so a full shard is a 429 up front. */
-  private async reserve(all: PlannedChunk[], shard: Shard): Promise<void> {
-    const need = all.reduce((s, p) => s + Math.ceil(p.length / ALIGN) * ALIGN, 0);
-    for (let attempt = 0; attempt < 2; attempt++) {
-      const got: PlannedChunk[] = [];
-      for (const p of all) {
-        const offset = shard.alloc(p.length);
-        if (offset === null) break;
-        p.offset = offset;
-        p.state = "reserved";
-        got.push(p);
-      }
-      if (got.length === all.length) return;
-      for (const p of got) {
-        shard.free(p.offset);
-        p.state = "freed";
-      }
-      if (attempt === 0) await this.reap(); // expired chunks may free enough
-    }
-    throw new ApiError(
-      429,
-      "shard_full",
-      `the KV shard has ${shard.bytesFree} of ${shard.sizeBytes} bytes free (largest range ${shard.largestFree}); this prompt needs ${need}. Retry when earlier requests have been decoded`,
-    );
-  }
-
-  /** Registers, writes and commits one chunk, or takes a live chunk with the same key. Never rejects. */
-  private async writeChunk(p: PlannedChunk, key: string, requestId: string, req: PrefillRequest, seq: RowMover, shard: Shard): Promise<WriteResult> {
-    const { registry, model, config } = this.rt;
-    const deadline = Date.now() + config.writeLeaseMs;
-    try {
-      for (;;) {
-        const res = await registry.chunks.begin({
-          key,
-          requestId,
-          sessionId: req.session_id ?? null,
-          roundId: req.round_id ?? null,
-          layerGroup: p.group,
-          layerIds: [...p.meta.layerIds],
-          tokenStart: p.meta.tokenStart,
-          tokenEnd: p.meta.tokenStart + p.meta.tokenCount,
-          shardId: shard.shardId,
-          shardEpoch: shard.epoch,
-          offset: p.offset,
-          length: p.length,
-          dtype: "f16",
-          layoutVersion: LAYOUT_VERSION,
-          modelFingerprint: model.fingerprint,
-          writeLeaseMs: config.writeLeaseMs,
-        });
-        if (res.status === "reuse") {
-          shard.free(p.offset);
-          p.state = "freed";
-          this.totals.chunks_reused++;
-          return { id: res.chunk.id, reused: true };
-        }
-        if (res.status === "in_progress") {
-          // Another request is writing the same prefix right now: wait for it, then share it.
-          if (Date.now() > deadline) throw new Error(`chunk ${key.slice(0, 12)}… stayed in writing for ${config.writeLeaseMs} ms`);
-          await new Promise((r) => setTimeout(r, 20));
-          continue;
-        }
-        p.state = "registered";
-        const bytes = Buffer.allocUnsafe(p.length);
-        try {
-          exportChunk(bytes, p.meta, seq, this.shape);
-          await shard.write(p.offset, bytes);
-          await registry.chunks.commit(res.chunk.id, { checksum: bytes.readUInt32LE(8), retainMs: config.retainMs });
-        } catch (err) {
-          await registry.chunks.fail(res.chunk.id).catch(() => {});
-          throw err;
-        }
-        this.totals.chunks_written++;
-        this.totals.bytes_written += p.length;
-        return { id: res.chunk.id, reused: false };
-      }
-    } catch (error) {
-      return { error };
     }
   }
 
