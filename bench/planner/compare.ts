@@ -115,24 +115,32 @@ export async function runMeasurement(o: { modelPath: string; facts: ModelFacts; 
     }
   }
 
-  // Replica plans at the suite's SLOs, and one pair's predicted rate against the measured one.
-  const suitePath = join(repoRoot, "bench/loadgen/results/suite.json");
-  const suite = existsSync(suitePath) ? (JSON.parse(readFileSync(suitePath, "utf8")) as SuiteResult) : undefined;
+  // Replica plans at the suite's SLOs, and one pair's predicted rate against the measured one:
+  // from the suite's main run and from its long-document disaggregated run, if they exist.
+  const suites = ["bench/loadgen/results/suite.json", "bench/loadgen/results/long-disaggregated/suite.json"]
+    .map((f) => join(repoRoot, f))
+    .filter((f) => existsSync(f))
+    .map((f) => JSON.parse(readFileSync(f, "utf8")) as SuiteResult);
+  // A measured disaggregated configuration and the prefill threads its run gave the pair.
+  const pairs = suites.flatMap((suite) => suite.configs.filter((c) => c.deployment === "disaggregated").map((c) => ({ c, prefillThreads: suite.options.prefillThreads })));
   const plans = defs.map((w) => {
     const { n, out } = lengths[w.id]!;
-    const measured = suite?.configs.filter((c) => c.workload === w.id && c.deployment === "disaggregated");
-    const rate = measured?.find((c) => c.policy === "full")?.maxRate ?? 1;
+    const measured = pairs.filter(({ c }) => c.workload === w.id);
+    const rate = measured.find(({ c }) => c.policy === "full")?.c.maxRate ?? 1;
     const workload = { promptTokens: n, outputTokens: out, rate, sloTtftMs: w.slo.ttftMs, sloTpotMs: w.slo.tpotMs };
     // The handoff delays the second token; the shm handoff measured above is what the deployment uses.
     const handoffS = (handoff.find((x) => x.tokens === n && x.transport === "shm")?.ms ?? 0) / 1000;
-    // As the suite deploys the pair on this 2-core box: prefill and decode one thread each, the
-    // decode's KV budget (--kv-budget-bytes, 2 GiB) as its memory.
-    const pairHw: Hardware = { ...hw, flops: probe.flops1, memBytes: 2 * 2 ** 30 + m.weightBytes };
-    const plan = replicaPlan(m, pairHw, workload, { maxBatch: o.maxBatch, handoffS, attainment: o.attainment });
-    for (const c of measured ?? []) {
-      if (c.maxRate !== undefined) rows.push(row(w.id, `max rate, 1 prefill + 1 decode, ${c.policy} (load suite, >= 90% SLO attainment)`, "req/s", plan.onePairMaxRate, c.maxRate, `measured: passes at ${c.maxRate.toPrecision(3)}, fails at ${c.failRate?.toPrecision(3) ?? "—"}; predicted with 1-thread FLOP/s for both phases`));
+    // As the suite deploys the pair on this 2-core box: the prefill on its run's threads (the
+    // probe's 1- or 2-thread FLOP/s), the decode on one, the decode's KV budget
+    // (--kv-budget-bytes, 2 GiB) as its memory.
+    const pairPlan = (prefillThreads: number) =>
+      replicaPlan(m, { ...hw, flops: prefillThreads === 1 ? probe.flops1 : probe.flops, memBytes: 2 * 2 ** 30 + m.weightBytes }, workload, { maxBatch: o.maxBatch, handoffS, attainment: o.attainment });
+    for (const { c, prefillThreads } of measured) {
+      if (c.maxRate === undefined) continue;
+      const quantity = `max rate, 1 prefill (${prefillThreads} thread${prefillThreads === 1 ? "" : "s"}) + 1 decode, ${c.policy} (load suite, >= 90% SLO attainment)`;
+      rows.push(row(w.id, quantity, "req/s", pairPlan(prefillThreads).onePairMaxRate, c.maxRate, `measured: passes at ${c.maxRate.toPrecision(3)}, fails at ${c.failRate?.toPrecision(3) ?? "—"}; predicted with the prefill's ${prefillThreads}-thread FLOP/s`));
     }
-    return { workload: w.id, ...workload, handoffS, plan };
+    return { workload: w.id, ...workload, handoffS, plan: pairPlan(measured[0]?.prefillThreads ?? 1) };
   });
 
   const result = {
