@@ -93,12 +93,13 @@ describe("the scheduler's mixed steps", () => {
    * Prefills `ids` (outside the scheduler) and starts decoding it greedily in the scheduler;
    * resolves once it is in the batch, with the promise of all its tokens.
    */
-  async function decodeIn(sched: DecodeScheduler, ids: number[], steps: number, o: { onToken?: (count: number) => void; firstToken?: number } = {}): Promise<{ tokens: Promise<number[]> }> {
+  async function decodeIn(sched: DecodeScheduler, ids: number[], steps: number, o: { onToken?: (count: number) => void; feedToken?: number } = {}): Promise<{ tokens: Promise<number[]> }> {
     const seq = engine.createSequence(ids.length + steps + 1);
-    const first = o.firstToken ?? argmax(await engine.prefill(seq, ids));
+    const first = argmax(await engine.prefill(seq, ids));
     const text = new TokenTextStream({ createDetokenizer: () => tokenizer.createDetokenizer(), isEog: () => false }, steps, []);
     text.push(first);
-    const slot = new Slot(seq, first, new Sampler({ temperature: 0 }), text);
+    // `feedToken` replaces the token the first step is fed (a bad id makes that step fail).
+    const slot = new Slot(seq, o.feedToken ?? first, new Sampler({ temperature: 0 }), text);
     sched.liveSequences++;
     sched.start(slot);
     const tokens = [first];
@@ -188,7 +189,10 @@ describe("the scheduler's mixed steps", () => {
   });
 
   it("a failed shared step is blamed on whoever fails alone", async () => {
-    const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 0 }), log);
+    // The scheduler logs each refused step (not the decodes' retry alone).
+    const failedSteps: string[] = [];
+    const errors = pino({ level: "error" }, { write: (line: string) => void failedSteps.push(line) });
+    const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 0 }), errors);
     const nVocab = engine.model.config.nVocab;
     // A prompt with a token outside the vocabulary: the engine refuses the step; the decode,
     // retried alone, goes on with the tokens it gets alone, and only the prompt fails.
@@ -198,17 +202,21 @@ describe("the scheduler's mixed steps", () => {
     const bad = engine.createSequence(50);
     await expect(sched.prefill(bad, [...prompt(49, 11), nVocab + 3])).rejects.toThrow(/outside the vocabulary/);
     expect(await decodeA.tokens).toEqual(expectA);
+    expect(failedSteps.map((l) => JSON.parse(l) as { batch: number; prefillTokens: number })).toMatchObject([{ batch: 1, prefillTokens: 2 }]);
     bad.release();
 
     // A decode fed a token outside the vocabulary fails; the prompt sharing its step goes on.
-    // The prompt goes first so that its second chunk shares the decode's first step.
-    const b = prompt(300, 12);
+    // The prompt goes first and is long, so the decode joins while it still has chunks to run.
+    failedSteps.length = 0;
+    const b = prompt(1000, 12);
     const refB = await reference(b);
-    const seqB = engine.createSequence(300);
+    const seqB = engine.createSequence(1000);
     const prefillB = sched.prefill(seqB, b);
-    const broken = (await decodeIn(sched, a, 10, { firstToken: nVocab + 5 })).tokens.catch((e: unknown) => e);
+    const broken = (await decodeIn(sched, a, 10, { feedToken: nVocab + 5 })).tokens.catch((e: unknown) => e);
     const [failure, logitsB] = await Promise.all([broken, prefillB]);
     expect(String(failure)).toMatch(/outside the vocabulary/);
+    // One refusal logged, of a shared step (16 prompt tokens): the decode then failed alone too.
+    expect(failedSteps.map((l) => (JSON.parse(l) as { prefillTokens: number }).prefillTokens)).toEqual([16]);
     expectSameLogits(logitsB, refB);
     expect(sched.status()).toMatchObject({ running: 0, prefills: 0, live_sequences: 0 });
     seqB.release();
