@@ -177,7 +177,8 @@ export class DecodeScheduler {
     const now = performance.now();
     const pace = this.options.tpotTargetMs;
     let room = prefillChunkTokens({
-      slackMs: decodes.map((s) => s.firstTokenAt + (s.generated + 1) * pace - now),
+      // A slot's text holds every token sent so far, the first included: the next is token text.count.
+      slackMs: decodes.map((s) => s.firstTokenAt + s.text.count * pace - now),
       costs: this.costs,
       maxTokens: Math.max(1, this.engine.native.info.ubatch - decodes.length),
       minChunk: this.options.minPrefillChunk ?? 16,
@@ -265,7 +266,6 @@ export class DecodeScheduler {
       }
       const id = s.sampler.sample(items[i]!.logits!);
       s.last = id;
-      s.generated++;
       this.tokens++;
       const step = s.text.push(id);
       s.push({ type: "token", id, text: step.text, index: s.text.count - 1 });

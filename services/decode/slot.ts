@@ -20,9 +20,6 @@ export class Slot {
   queuedAt: number | undefined;
   joinedAt: number | undefined;
 
-  /** Tokens sampled by the scheduler (after the first one, which came from the prefill). */
-  generated = 0;
-
   constructor(
     readonly seq: NativeSequence,
     public last: number,
