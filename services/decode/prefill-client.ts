@@ -3,20 +3,28 @@
 // into a validated handle. A refused or broken connection moves on to the next instance; an
 // instance's 4xx is the client's error and is passed on as it is.
 import { Pool } from "undici";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import type { InternalAuth } from "../../shared/auth/capability.ts";
 import { ApiError, type ApiErrorCode, type ApiStatus } from "../../shared/http/errors.ts";
 import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
 import type { InstanceRow } from "../../shared/registry/registry.ts";
 import type { Runtime } from "../runtime.ts";
 
 const PASS_THROUGH = new Set([400, 404, 409, 413, 429]);
+/** How long a prefill capability is valid: it only has to reach the instance. */
+const CAPABILITY_MS = 60_000;
 
 export class PrefillClient {
   private readonly pools = new Map<string, Pool>();
   private turn = 0;
 
-  constructor(private readonly rt: Runtime) {}
+  constructor(
+    private readonly rt: Runtime,
+    private readonly auth?: InternalAuth,
+  ) {}
 
-  async prefill(body: PrefillRequest, signal: AbortSignal): Promise<Handle> {
+  /** Prefills on an instance's internal listener, for `tenant` (a signed capability says so). */
+  async prefill(body: PrefillRequest, signal: AbortSignal, tenant: string = LOCAL_TENANT): Promise<Handle> {
     const alive = await this.rt.registry.instances.findAlive("prefill", this.rt.config.heartbeatTimeoutMs);
     if (alive.length === 0) {
       throw new ApiError(503, "no_prefill_instance", "no prefill instance is alive in the registry; start one (ctxbank prefill) or retry");
@@ -29,7 +37,10 @@ export class PrefillClient {
         res = await this.poolFor(inst.baseUrl).request({
           method: "POST",
           path: new URL(inst.baseUrl).pathname.replace(/\/+$/, "") + "/v1/prefill",
-          headers: { "content-type": "application/json" },
+          headers: {
+            "content-type": "application/json",
+            ...(this.auth ? { authorization: `Bearer ${this.auth.sign({ route: "prefill", tenant, exp: Date.now() + CAPABILITY_MS })}` } : {}),
+          },
           body: JSON.stringify(body),
           signal,
         });

@@ -49,7 +49,7 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
   app.openapi(decodeRoute, async (c) => {
     const body = c.req.valid("json");
     const ac = clientSignal(c);
-    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
+    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt"), tenant: c.get("tenant") }, ac.signal, c.get("log"));
     if (body.stream) {
       return sse(c, ac, events, {
         event: (s, ev) =>
@@ -65,6 +65,12 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
     const text = all.map((e) => (e.type === "token" ? e.text : "")).join("");
     return c.json(result(done, text), 200);
   });
+  return app;
+}
+
+/** GET /v1/decode/status: on the internal listener only (it names batch and KV internals). */
+export function decodeStatusRoutes(svc: DecodeService): ServiceApp {
+  const app = newApp();
   app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
   return app;
 }

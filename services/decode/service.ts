@@ -17,6 +17,9 @@ import type { PolicySpec } from "../../shared/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import type { InternalAuth } from "../../shared/auth/capability.ts";
+import { ownsRequest } from "../../shared/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { DecodeScheduler } from "./scheduler.ts";
@@ -35,6 +38,8 @@ export interface DecodeOptions {
   policy?: PolicySpec | undefined;
   /** performance.now() when the request arrived (TTFT and e2e start there); default: when decoding starts. */
   arrivedAt?: number | undefined;
+  /** Who the request is for (the API key's id; "local" keyless): only its own handles can be decoded. */
+  tenant?: string | undefined;
 }
 
 export interface KvSummary {
@@ -79,11 +84,13 @@ export class DecodeService {
     private readonly rt: Runtime,
     readonly instanceId: string = rt.config.instanceId,
     readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
+    /** Signs the capabilities of its prefill calls and chunk reads (the services' shared secret). */
+    auth?: InternalAuth,
   ) {
     const c = rt.config;
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
-    this.loader = new KvLoader(rt, metrics);
-    this.prefillClient = new PrefillClient(rt);
+    this.loader = new KvLoader(rt, metrics, auth);
+    this.prefillClient = new PrefillClient(rt, auth);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
       return { running: s.running, waiting: s.admitted - s.running };
@@ -134,6 +141,7 @@ export class DecodeService {
           ...(opts.policy === undefined ? {} : { policy: opts.policy }),
         },
         signal,
+        opts.tenant ?? LOCAL_TENANT,
       );
     } catch (e) {
       this.metrics.requestFailed(e); // decode() counts its own outcomes from here on
@@ -180,6 +188,8 @@ export class DecodeService {
       // a client's handle may be decoded under another policy the request names.
       const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);
+      // Another key's handle is answered exactly like an unknown one: its existence is not told.
+      if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
       if (!claimed) await this.claim(requestId);
       claimed = true;
@@ -277,7 +287,7 @@ export class DecodeService {
       .returning({ id: requests.id });
     if (rows.length > 0) return;
     const row = await this.rt.registry.requests.get(requestId);
-    if (!row) throw new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
+    if (!row) throw unknownHandle(requestId);
     const why = (OPEN as readonly string[]).includes(row.state) ? "is already being decoded" : `already ended (${row.state})`;
     throw new ApiError(409, "handle_released", `request ${requestId} ${why}; a handle is decoded once`, "handle.request_id");
   }
@@ -322,6 +332,10 @@ export class DecodeService {
     await this.membership?.leave();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);
   }
+}
+
+function unknownHandle(requestId: string): ApiError {
+  return new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
 }
 
 /** The decode's sampler, continuing the one that sampled the handle's first token. */

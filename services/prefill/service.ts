@@ -11,6 +11,8 @@ import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sa
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import { chunkKeySalt, namespacedRequestId } from "../../shared/auth/tenant.ts";
 import { kvShape, tokenBlocks, type KvShape } from "../../shared/kv/seq-io.ts";
 import { Shard, shardFileName } from "../../shared/kv/shard.ts";
 import { decideAdmission, PrefillThroughput } from "../../shared/metrics/admission.ts";
@@ -148,7 +150,8 @@ export class PrefillService {
     };
   }
 
-  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger): Promise<Handle> {
+  /** `tenant`: the API key the request came with (shared/auth/tenant.ts: its request ids and chunk keys are its own). */
+  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<Handle> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
@@ -176,7 +179,7 @@ export class PrefillService {
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tokens, policy, sampling, signal, log, t0, work);
+        const handle = await this.run(req, tenant, tokens, policy, sampling, signal, log, t0, work);
         this.totals.prefills++;
         this.totals.prompt_tokens += tokens.length;
         this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
@@ -207,6 +210,7 @@ export class PrefillService {
 
   private async run(
     req: PrefillRequest,
+    tenant: string,
     tokens: number[],
     policy: PlannedPolicy,
     sampling: { temperature: number; topK: number; topP: number; seed: number },
@@ -218,12 +222,12 @@ export class PrefillService {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;
     const n = tokens.length;
-    const requestId = req.request_id ?? `req-${randomUUID()}`;
+    const requestId = namespacedRequestId(tenant, req.request_id ?? `req-${randomUUID()}`);
     try {
       await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n });
     } catch (e) {
       if (e instanceof RegistryError && e.code === "conflict") {
-        throw new ApiError(409, "request_id_conflict", `request id ${requestId} was used before; pick a new one`, "request_id");
+        throw new ApiError(409, "request_id_conflict", `request id ${req.request_id ?? requestId} was used before; pick a new one`, "request_id");
       }
       throw e;
     }
@@ -239,7 +243,7 @@ export class PrefillService {
       await this.writer.reserve(plan.flat(), shard, () => this.reap());
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
-      const hasher = new PrefixHasher(model.fingerprint);
+      const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
       const ubatch = engine.native.info.ubatch;
       let logits: Float32Array | undefined;
       let next = 0;
