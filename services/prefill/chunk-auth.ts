@@ -20,11 +20,20 @@ export function chunkReadAuth(auth: InternalAuth, registry: Registry): Middlewar
     if (!cap) {
       return c.json(errorBody(401, "unauthorized", "chunk reads need a capability from the decode that leased the chunk"), 401, { "www-authenticate": 'Bearer realm="ctxbank-internal"' });
     }
-    const { shardId, epoch } = c.req.param() as { shardId: string; epoch: string };
+    // Mounted on /v1/chunks/*, so the route's params are not parsed yet: read them from the path.
+    const m = /^\/v1\/chunks\/([^/]+)\/([^/]+)$/.exec(c.req.path);
+    let shardId = "";
+    try {
+      shardId = m ? decodeURIComponent(m[1]!) : "";
+    } catch {
+      // a malformed escape names no shard
+    }
+    const epoch = m?.[2] ?? "";
     const offset = c.req.query("offset") ?? "";
     const length = c.req.query("length") ?? "";
     const exact =
       cap.route === "chunk" &&
+      shardId !== "" &&
       cap.shard === shardId &&
       DIGITS.test(epoch) &&
       DIGITS.test(offset) &&
