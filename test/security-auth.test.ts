@@ -130,7 +130,7 @@ describe("a keyed server", () => {
     const none = await fetch(`${s.url}/v1/models`);
     expect(none.status).toBe(401);
     expect(none.headers.get("www-authenticate")).toBe('Bearer realm="ctxbank"');
-    expect((await none.json()).error).toMatchObject({ code: "unauthorized", type: "authentication_error" });
+    expect(((await none.json()) as any).error).toMatchObject({ code: "unauthorized", type: "authentication_error" });
     const wrong = await fetch(`${s.url}/v1/models`, { headers: { authorization: "Bearer ctxb_alice_" + "A".repeat(43) } });
     expect(wrong.status).toBe(401);
     expect(wrong.headers.get("www-authenticate")).toMatch(/error="invalid_token"/);
@@ -145,7 +145,7 @@ describe("a keyed server", () => {
     const res = await fetch(`${s.url}/v1/models`, { headers: as(slow) });
     expect(res.status).toBe(429);
     expect(Number(res.headers.get("retry-after"))).toBeGreaterThanOrEqual(1);
-    expect((await res.json()).error.code).toBe("rate_limited");
+    expect(((await res.json()) as any).error.code).toBe("rate_limited");
     expect((await fetch(`${s.url}/v1/models`, { headers: as(alice) })).status).toBe(200); // others are not affected
   });
 
@@ -158,7 +158,7 @@ describe("a keyed server", () => {
     const second = await fetch(`${s.url}/v1/models`, { headers: as(single) });
     expect(second.status).toBe(429);
     expect(second.headers.get("retry-after")).toBe("1");
-    expect((await second.json()).error.code).toBe("concurrency_limited");
+    expect(((await second.json()) as any).error.code).toBe("concurrency_limited");
     ac.abort();
     const end = Date.now() + 5_000;
     let again = 429;

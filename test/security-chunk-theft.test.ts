@@ -70,7 +70,7 @@ describe("stealing another client's prompt through the chunk route", () => {
     const res = await postJson(`${s.url}/v1/prefill`, { prompt: "My secret diagnosis is: nothing to see here, attacker.", temperature: 0 }, as(victim));
     expect(res.status).toBe(200);
     handle = res.body as Handle;
-    [chunk] = await s.rt.registry.chunks.ofRequest(handle.request_id);
+    chunk = (await s.rt.registry.chunks.ofRequest(handle.request_id))[0]!;
   });
 
   it("status no longer names shards, epochs or reuse counters on the public listener", async () => {
@@ -88,7 +88,7 @@ describe("stealing another client's prompt through the chunk route", () => {
     expect(res.status).toBe(401); // /v1/* needs a key first
     const withKey = await fetch(chunkUrl(s.url, chunk), { headers: as(mallory) });
     expect(withKey.status).toBe(404);
-    expect((await withKey.json()).error.code).toBe("not_found");
+    expect(((await withKey.json()) as any).error.code).toBe("not_found");
   });
 
   it("the internal listener wants a capability: none, a client's API key or one signed with another secret are refused", async () => {
@@ -97,7 +97,7 @@ describe("stealing another client's prompt through the chunk route", () => {
     const forged = signed(new InternalAuth("an-attacker-guessed-this-secret-0000000000"), chunk);
     const res = await get(chunkUrl(s.internalUrl, chunk), forged);
     expect(res.status).toBe(401);
-    expect((await res.json()).error.code).toBe("unauthorized");
+    expect(((await res.json()) as any).error.code).toBe("unauthorized");
   });
 
   it("even a correctly signed capability reads nothing without a live read lease of that request on exactly that range", async () => {
