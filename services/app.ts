@@ -51,6 +51,7 @@ const metricsRoute = createRoute({
   method: "get",
   path: "/metrics",
   tags: ["ops"],
+  security: [],
   summary: "Prometheus metrics of every service in this process (text exposition format)",
   responses: { 200: { content: { "text/plain": { schema: z.string() } }, description: "Metrics; see services/README.md for each one" } },
 });
@@ -63,7 +64,7 @@ function opsRoutes(services: Services, metrics: ServiceMetrics): ServiceApp {
     ...(services.decode ? { decode: services.decode.ready ? "ready" : "not ready" } : {}),
   });
   app.openapi(
-    createRoute({ method: "get", path: "/health", tags: ["ops"], summary: "Liveness", responses: { 200: { content: { "application/json": { schema: Health } }, description: "Alive" } } }),
+    createRoute({ method: "get", path: "/health", tags: ["ops"], security: [], summary: "Liveness", responses: { 200: { content: { "application/json": { schema: Health } }, description: "Alive" } } }),
     (c) => c.json({ status: "ok" }, 200),
   );
   app.openapi(
@@ -71,6 +72,7 @@ function opsRoutes(services: Services, metrics: ServiceMetrics): ServiceApp {
       method: "get",
       path: "/ready",
       tags: ["ops"],
+      security: [],
       summary: "Readiness: every service in this process is registered and not draining",
       responses: {
         200: { content: { "application/json": { schema: Health } }, description: "Ready" },
@@ -104,6 +106,7 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
   }
   app.doc31("/openapi.json", {
     openapi: "3.1.0",
+    security: [{ apiKey: [] }],
     info: {
       title: "ctxbank",
       version: "0.1.0",

@@ -241,6 +241,9 @@ function checkSecurity(role: ServiceRole, c: z.output<typeof ConfigSchema>): voi
         `bind to 127.0.0.1, or pass --insecure to serve anyone who can reach the port`,
     );
   }
+  if (c.internalPort !== 0 && c.internalPort === c.port) {
+    throw new ConfigError(`--internal-port ${c.internalPort} is also --port: the internal listener needs a port of its own`);
+  }
   const hasSecret = c.internalSecret !== undefined || c.internalSecretFile !== undefined;
   if (!hasSecret && role !== "serve") {
     throw new ConfigError(

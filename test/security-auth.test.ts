@@ -87,6 +87,7 @@ describe("what the services refuse to start with", () => {
     expect(() => loadConfig("decode", {}, { ...pg, CTXBANK_INTERNAL_SECRET: "too short" })).toThrow(/at least 32/);
     expect(loadConfig("decode", {}, { ...pg, CTXBANK_INTERNAL_SECRET: "x".repeat(32) }).role).toBe("decode");
     expect(() => loadConfig("serve", { "internal-host": "0.0.0.0" }, {})).toThrow(/internal listener on 0.0.0.0 without a shared secret/);
+    expect(() => loadConfig("serve", { port: "9000", "internal-port": "9000" }, {})).toThrow(/a port of its own/);
   });
 });
 

@@ -8,12 +8,13 @@ import type { MiddlewareHandler } from "hono";
 import type { InternalAuth } from "../../shared/auth/capability.ts";
 import { bearer } from "../../shared/auth/middleware.ts";
 import { ownsRequest } from "../../shared/auth/tenant.ts";
+import type { AppEnv } from "../../shared/http/app.ts";
 import { errorBody } from "../../shared/http/errors.ts";
 import type { Registry } from "../../shared/registry/registry.ts";
 
 const DIGITS = /^(0|[1-9][0-9]{0,15})$/;
 
-export function chunkReadAuth(auth: InternalAuth, registry: Registry): MiddlewareHandler {
+export function chunkReadAuth(auth: InternalAuth, registry: Registry): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
     const token = bearer(c);
     const cap = token === undefined ? undefined : auth.verify(token);
@@ -48,6 +49,7 @@ export function chunkReadAuth(auth: InternalAuth, registry: Registry): Middlewar
     if (!leased) {
       return c.json(errorBody(403, "forbidden", "the capability does not allow this read: not exactly a chunk its request holds a live read lease on"), 403);
     }
+    c.set("tenant", cap.tenant);
     return next();
   };
 }
