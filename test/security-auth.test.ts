@@ -4,6 +4,7 @@
 // docs page that loads nothing from a CDN.
 import http from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { KeysUsageError, keysCommand } from "../bin/keys.ts";
 import { ApiKeyError, ApiKeys, newApiKey, parseApiKeys } from "../shared/auth/api-keys.ts";
 import { InternalAuth } from "../shared/auth/capability.ts";
 import { AllowedHosts } from "../shared/auth/hosts.ts";
@@ -29,8 +30,19 @@ describe("API keys", () => {
     expect(keys.verify("")).toBeUndefined();
   });
 
+  it("`ctxbank keys new` prints the key on stdout and the line on stderr, which the server accepts", () => {
+    const out: string[] = [];
+    const err: string[] = [];
+    expect(keysCommand(["new", "team-1", "--rate", "3", "--concurrency", "2"], (x) => out.push(x), (x) => err.push(x))).toBe(0);
+    const key = out.join("").trim();
+    const keys = ApiKeys.load({ inline: err.join("") }, DEFAULTS);
+    expect(keys.verify(key)).toMatchObject({ id: "team-1", limits: { rate: 3, burst: 20, concurrency: 2 } });
+    expect(() => keysCommand(["new", "bad_id"], () => {}, () => {})).toThrow(KeysUsageError);
+    expect(() => keysCommand(["new", "x", "--rate", "-1"], () => {}, () => {})).toThrow(/--rate/);
+  });
+
   it("refuses malformed lines with the entry named", () => {
-    expect(() => parseApiKeys("alice md5:abc", DEFAULTS, "f")).toThrow(/f, entry 1: the hash must be sha256/);
+    expect(() => parseApiKeys("alice md5:abc", DEFAULTS, "f")).toThrow(/f, line 1: the hash must be sha256/);
     expect(() => parseApiKeys(`local sha256:${"0".repeat(64)}`, DEFAULTS, "f")).toThrow(ApiKeyError);
     expect(() => parseApiKeys(`a:b sha256:${"0".repeat(64)}`, DEFAULTS, "f")).toThrow(/bad key id/);
     expect(() => parseApiKeys(`a sha256:${"0".repeat(64)} speed=3`, DEFAULTS, "f")).toThrow(/bad option/);

@@ -6,7 +6,7 @@
 // bodies) and maps every failure to the same TransportError codes as the undici transport,
 // which stays the fallback for https owners.
 import net from "node:net";
-import { TransportError, chunkLabel, type TransportErrorCode } from "../../shared/transport/errors.ts";
+import { TransportError, chunkLabel, errorMessage, type TransportErrorCode } from "../../shared/transport/errors.ts";
 import { checkReadArgs, withDeadline } from "../../shared/transport/read-checks.ts";
 import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkOptions } from "../../shared/transport/types.ts";
 
@@ -165,7 +165,7 @@ class Connection {
     const text = Buffer.concat(this.errorBody).subarray(0, Math.min(this.bodyLength, MAX_ERROR_BODY)).toString("utf8");
     let detail = text.slice(0, 300);
     try {
-      detail = (JSON.parse(text) as { message?: string }).message ?? detail;
+      detail = errorMessage(JSON.parse(text)) ?? detail;
     } catch {
       // not JSON: keep the text
     }

@@ -29,3 +29,9 @@ export class TransportError extends Error {
 export function chunkLabel(loc: ChunkLocation): string {
   return `chunk ${loc.shardId}@${loc.epoch}[${loc.offset}+${loc.length}]`;
 }
+
+/** The message of an owner's error answer (the shared shape {error: {message}}), if it has one. */
+export function errorMessage(body: unknown): string | undefined {
+  const m = (body as { error?: { message?: unknown } } | null)?.error?.message;
+  return typeof m === "string" ? m : undefined;
+}
