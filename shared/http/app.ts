@@ -1,5 +1,5 @@
 // The Hono app every service starts from: request ids, one structured log line per request,
-// a body limit whose 413 closes the connection (see NOTES §6), uniform validation errors, and an
+// a body limit whose 413 closes the connection (so a pooled client does not reuse a half-read socket), uniform validation errors, and an
 // error handler that turns anything thrown into the shared error shape.
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Context } from "hono";
