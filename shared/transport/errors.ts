@@ -7,6 +7,7 @@ export type TransportErrorCode =
   | "unreachable" // no connection to the owner (refused, reset, unknown host)
   | "not_found" // the owner does not have that shard, or that range is no longer allocated
   | "stale_epoch" // the shard was restarted: the chunk's epoch is gone
+  | "file_mismatch" // the file at the shard's path is not the one its owner registered (planted or replaced)
   | "out_of_range" // the range lies outside the shard
   | "short_read" // fewer bytes arrived than asked for
   | "bad_response" // the owner answered something unexpected
