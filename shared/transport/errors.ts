@@ -29,3 +29,18 @@ export class TransportError extends Error {
 export function chunkLabel(loc: ChunkLocation): string {
   return `chunk ${loc.shardId}@${loc.epoch}[${loc.offset}+${loc.length}]`;
 }
+
+/**
+ * The sentence in an owner's error body: the shared shape's `error.message` (or an older owner's
+ * top-level `message`), else the start of the text.
+ */
+export function ownerErrorMessage(body: string): string {
+  try {
+    const parsed = JSON.parse(body) as { error?: { message?: unknown }; message?: unknown };
+    const message = typeof parsed.error === "object" && parsed.error !== null ? parsed.error.message : parsed.message;
+    if (typeof message === "string") return message.slice(0, 300);
+  } catch {
+    // not JSON: keep the text
+  }
+  return body.slice(0, 300);
+}
