@@ -60,8 +60,11 @@ export class Sweeper {
       const st = await lstat(file, { bigint: true }).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
       if (!st || !st.isFile() || `${st.dev}:${st.ino}` !== s.fileId) continue;
       // A decode that still maps it keeps its pages until it unmaps; nobody new can open it.
-      await unlink(file).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
-      removed.push(file);
+      const gone = await unlink(file).then(
+        () => true,
+        (e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? false : Promise.reject(e)), // another sweeper was first
+      );
+      if (gone) removed.push(file);
     }
     return removed;
   }
