@@ -352,7 +352,8 @@ export class PrefillService {
     this.state = "draining";
     await this.membership?.drain();
     while (Date.now() < deadline && this.gate.running + this.gate.queued > 0) await sleep(50);
-    while (Date.now() < deadline && (await this.readersOnShard()) > 0) await sleep(100);
+    // An unreachable registry cannot tell: stop waiting rather than fail the shutdown.
+    while (Date.now() < deadline && (await this.readersOnShard().catch(() => 0)) > 0) await sleep(100);
   }
 
   /** Part two: retire the shard (its chunks fail: the bytes die with us), delete it, leave. */
