@@ -1,10 +1,13 @@
 // One HTTP app over whichever services this process runs: their routes, GET /health (liveness),
-// GET /ready (503 until registered, and while draining), the OpenAPI document and a docs page.
+// GET /ready (503 until registered, while draining, and while the registry database does not
+// answer), the OpenAPI document and a docs page.
 import { swaggerUI } from "@hono/swagger-ui";
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { createApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
+import { ApiError } from "../shared/http/errors.ts";
 import type { ServiceMetrics } from "../shared/metrics/metrics.ts";
+import { DbProbe, isDatabaseUnavailable } from "../shared/registry/db-probe.ts";
 import { decodeRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
 import { dashboardRoutes } from "./decode/dashboard/route.ts";
@@ -18,7 +21,13 @@ export interface Services {
   decode?: DecodeService;
 }
 
-const Health = z.object({ status: z.string(), services: z.record(z.string(), z.string()).optional() }).openapi("Health");
+const Health = z
+  .object({
+    status: z.string(),
+    services: z.record(z.string(), z.string()).optional(),
+    database: z.enum(["reachable", "unreachable"]).optional().openapi({ description: "The registry database answered `select 1` within a second (checked at most every 2 s)" }),
+  })
+  .openapi("Health");
 
 /** The routes that run a generation: their error answers count as request failures. */
 const GENERATION_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/v1/decode"]);
@@ -53,7 +62,10 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
     log: rt.log,
     maxBodyBytes: rt.config.maxBodyBytes,
     onResponse: (c) => countErrorAnswer(metrics, c).catch((err: unknown) => rt.log.warn({ err }, "could not count a failed request")),
+    classifyError: (err) =>
+      isDatabaseUnavailable(err) ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err }) : undefined,
   });
+  const dbProbe = new DbProbe(rt.db);
   const states = () => ({
     ...(services.prefill ? { prefill: services.prefill.ready ? "ready" : "not ready" } : {}),
     ...(services.decode ? { decode: services.decode.ready ? "ready" : "not ready" } : {}),
@@ -67,16 +79,18 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
       method: "get",
       path: "/ready",
       tags: ["ops"],
-      summary: "Readiness: every service in this process is registered and not draining",
+      summary: "Readiness: every service in this process is registered and not draining, and the registry database answers",
       responses: {
         200: { content: { "application/json": { schema: Health } }, description: "Ready" },
-        503: { content: { "application/json": { schema: Health } }, description: "Starting or draining" },
+        503: { content: { "application/json": { schema: Health } }, description: "Starting, draining, or the database is unreachable" },
       },
     }),
-    (c) => {
+    async (c) => {
       const s = states();
-      const ready = Object.values(s).every((v) => v === "ready");
-      return ready ? c.json({ status: "ready", services: s }, 200) : c.json({ status: "not ready", services: s }, 503);
+      const db = await dbProbe.check();
+      const database = db.ok ? ("reachable" as const) : ("unreachable" as const);
+      const ready = db.ok && Object.values(s).every((v) => v === "ready");
+      return ready ? c.json({ status: "ready", services: s, database }, 200) : c.json({ status: "not ready", services: s, database }, 503);
     },
   );
   app.openapi(metricsRoute, async (c) => c.body(await metrics.text(), 200, { "content-type": metrics.contentType }) as never);

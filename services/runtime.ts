@@ -1,9 +1,10 @@
 // What a service process holds: config, logger, the loaded model and engine, tokenizer and chat
 // template, the registry database. `ctxbank serve` builds one and gives it to both services.
 import path from "node:path";
-import pino, { type Logger } from "pino";
+import pino, { type DestinationStream, type Logger } from "pino";
 import type { Config } from "../shared/config.ts";
 import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
+import { boundedError } from "../shared/http/error-log.ts";
 import { ApiError } from "../shared/http/errors.ts";
 import type { SloTargets } from "../shared/metrics/slo.ts";
 import { resolveModel } from "../shared/model/resolve.ts";
@@ -27,8 +28,10 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
-export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanceId">): Logger {
-  return pino({ level: config.logLevel, base: { svc: config.role, instance: config.instanceId } });
+/** The services' logger: errors are logged bounded and without SQL parameters (shared/http/error-log.ts). */
+export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanceId">, destination?: DestinationStream): Logger {
+  const options = { level: config.logLevel, base: { svc: config.role, instance: config.instanceId }, serializers: { err: boundedError } };
+  return destination ? pino(options, destination) : pino(options);
 }
 
 export async function openRuntime(config: Config, log: Logger = createLogger(config)): Promise<Runtime> {

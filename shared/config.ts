@@ -41,6 +41,10 @@ export const ConfigSchema = z.object({
   heartbeatMs: ms.default(2_000),
   heartbeatTimeoutMs: ms.default(10_000),
   reapMs: ms.default(1_000),
+  /** How often a prefill sweeps dead instances' shard files, chunks and open requests. */
+  sweepMs: ms.default(10_000),
+  /** Ended request rows (and instances dead this long) are deleted after this. */
+  requestRetentionMs: ms.default(24 * 3600 * 1000),
   /** Prefills computed at once / waiting; beyond that a prefill gets 429. */
   maxPrefills: int(1, 64).default(1),
   maxPrefillQueue: int(0, 10_000).default(16),
@@ -102,6 +106,8 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   heartbeatMs: { flag: "heartbeat-ms", env: ["CTXBANK_HEARTBEAT_MS"], help: "heartbeat period" },
   heartbeatTimeoutMs: { flag: "heartbeat-timeout-ms", env: ["CTXBANK_HEARTBEAT_TIMEOUT_MS"], help: "silence before an instance is dead" },
   reapMs: { flag: "reap-ms", env: ["CTXBANK_REAP_MS"], help: "expired-chunk reaper period" },
+  sweepMs: { flag: "sweep-ms", env: ["CTXBANK_SWEEP_MS"], help: "how often a prefill sweeps dead instances' shard files, chunks and requests (default 10000)" },
+  requestRetentionMs: { flag: "request-retention-ms", env: ["CTXBANK_REQUEST_RETENTION_MS"], help: "ended request rows are deleted after this (default 86400000 = 24 h)" },
   maxPrefills: { flag: "max-prefills", env: ["CTXBANK_MAX_PREFILLS"], help: "prefills computed at once" },
   maxPrefillQueue: { flag: "max-prefill-queue", env: ["CTXBANK_MAX_PREFILL_QUEUE"], help: "prefills waiting (then 429)" },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },

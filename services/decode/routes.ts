@@ -83,6 +83,7 @@ function result(ev: Extract<Awaited<ReturnType<typeof collect>>[number], { type:
   };
 }
 
+/** The error body for a failure inside a stream; anything but an ApiError is an internal error whose details stay in the log. */
 export function errorJson(e: unknown) {
-  return e instanceof ApiError ? e.toJSON() : errorBody(500, "internal_error", (e as Error)?.message ?? "internal error");
+  return e instanceof ApiError ? e.toJSON() : errorBody(500, "internal_error", "internal error; see the service log");
 }

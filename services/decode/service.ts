@@ -7,6 +7,7 @@ import { and, eq, inArray, isNull } from "drizzle-orm";
 import type { Logger } from "pino";
 import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
 import type { FinishReason } from "../../shared/generate.ts";
+import { safeErrorMessage } from "../../shared/http/error-log.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import { samplingOptions, type CtxbankExtension, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
 import { ctxbankExtension } from "../../shared/metrics/extension.ts";
@@ -181,7 +182,10 @@ export class DecodeService {
       const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
-      if (!claimed) await this.claim(requestId);
+      // Our own prefill's handle is ours already; record that this decode holds it (should we
+      // die, the sweep ends the row) without keeping the first token waiting.
+      const adopting = claimed ? this.adopt(requestId, log) : this.claim(requestId);
+      if (!claimed) await adopting;
       claimed = true;
       this.totals.requests++;
 
@@ -238,7 +242,7 @@ export class DecodeService {
         failure = signal.reason;
         throw signal.reason;
       }
-      errorText = (e as Error).message ?? String(e);
+      errorText = safeErrorMessage(e, 4000);
       failure = e;
       throw e;
     } finally {
@@ -272,14 +276,30 @@ export class DecodeService {
   private async claim(requestId: string): Promise<void> {
     const rows = await this.rt.db.db
       .update(requests)
-      .set({ firstTokenAt: new Date(), state: "decoding" })
+      .set({ firstTokenAt: new Date(), state: "decoding", decodeInstanceId: this.instanceId })
       .where(and(eq(requests.id, requestId), isNull(requests.firstTokenAt), inArray(requests.state, [...OPEN])))
       .returning({ id: requests.id });
     if (rows.length > 0) return;
     const row = await this.rt.registry.requests.get(requestId);
     if (!row) throw new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
+    if (row.state === "failed" && row.firstTokenAt === null && row.decodeInstanceId === null && row.prefillEndAt !== null) {
+      // The sweep ended it: nobody took the handle while its chunks were kept.
+      throw new ApiError(409, "handle_expired", `request ${requestId} was never decoded and has expired (${row.error ?? "abandoned"})`, "handle.request_id");
+    }
     const why = (OPEN as readonly string[]).includes(row.state) ? "is already being decoded" : `already ended (${row.state})`;
     throw new ApiError(409, "handle_released", `request ${requestId} ${why}; a handle is decoded once`, "handle.request_id");
+  }
+
+  /** Records this decode on a request it started itself (a failure only costs the sweep's help). */
+  private adopt(requestId: string, log: Logger): Promise<void> {
+    return this.rt.db.db
+      .update(requests)
+      .set({ firstTokenAt: new Date(), decodeInstanceId: this.instanceId })
+      .where(and(eq(requests.id, requestId), inArray(requests.state, [...OPEN])))
+      .then(
+        () => undefined,
+        (err: unknown) => log.warn({ err }, "could not record the decode on its request"),
+      );
   }
 
   private async loadOrRecompute(handle: Handle, seq: NonNullable<ReturnType<Runtime["engine"]["createSequence"]>>, onFailure: "fail" | "recompute", signal: AbortSignal, log: Logger): Promise<KvSummary> {

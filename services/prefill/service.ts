@@ -8,6 +8,7 @@ import { and, eq, inArray, sql } from "drizzle-orm";
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/engine/engine.ts";
 import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
+import { safeErrorMessage } from "../../shared/http/error-log.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
@@ -24,6 +25,7 @@ import { chatRoundStarts, planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
 import { Gate } from "./gate.ts";
+import { Sweeper } from "./sweeper.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
 export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -51,6 +53,9 @@ export class PrefillService {
   private membership: Membership | undefined;
   private reaper: NodeJS.Timeout | undefined;
   private reaping: Promise<void> | undefined;
+  private sweepTimer: NodeJS.Timeout | undefined;
+  private sweeping: Promise<void> | undefined;
+  readonly sweeper: Sweeper;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly gate: Gate;
   private readonly shape: KvShape;
@@ -74,6 +79,19 @@ export class PrefillService {
     metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
     this.writer = new ChunkWriter(rt, this.shape, this.totals);
+    const c = rt.config;
+    this.sweeper = new Sweeper(
+      rt.registry,
+      {
+        hostId: c.hostId,
+        shardDir: c.shardDir,
+        // Twice the timeout: decodes first see the owner's chunks as failed (502, or a recompute).
+        graceMs: 2 * c.heartbeatTimeoutMs,
+        unclaimedMs: c.retainMs + c.heartbeatTimeoutMs,
+        retentionMs: c.requestRetentionMs,
+      },
+      rt.log,
+    );
   }
 
   /** The shard id is the instance id: stable across restarts, so a restart starts its next epoch. */
@@ -91,6 +109,8 @@ export class PrefillService {
     await this.newEpoch();
     this.reaper = setInterval(() => void this.reap().catch((err) => this.rt.log.warn({ err }, "reaper failed")), this.rt.config.reapMs);
     this.reaper.unref();
+    this.sweepTimer = setInterval(() => void this.sweep(), this.rt.config.sweepMs);
+    this.sweepTimer.unref();
     this.state = "ready";
     this.rt.log.info({ shard: this.shardId, epoch: this.shard!.epoch, bytes: this.shard!.sizeBytes, path: this.shard!.path }, "prefill ready");
   }
@@ -105,6 +125,12 @@ export class PrefillService {
       pathFor: (epoch) => path.join(shardDir, shardFileName(this.shardId, epoch)),
     });
     const shard = await Shard.create({ shardId: this.shardId, epoch: row.epoch, sizeBytes, dir: shardDir, alignment: SHARD_ALIGN });
+    try {
+      await this.rt.registry.shards.recordFile(this.shardId, row.epoch, shard.fileId);
+    } catch (err) {
+      await shard.destroy();
+      throw err;
+    }
     const old = this.shard;
     this.shard = shard;
     await old?.destroy();
@@ -133,6 +159,16 @@ export class PrefillService {
       if (expired > 0 || freed.length > 0) this.rt.log.debug({ expired, freed: freed.length }, "reaped chunks");
     })().finally(() => (this.reaping = undefined));
     return this.reaping;
+  }
+
+  /** Sweeps dead instances' shard files, chunks and open requests, and prunes old rows (see sweeper.ts). */
+  sweep(): Promise<void> {
+    this.sweeping ??= this.sweeper
+      .sweep()
+      .then(() => undefined)
+      .catch((err: unknown) => this.rt.log.warn({ err }, "sweep failed"))
+      .finally(() => (this.sweeping = undefined));
+    return this.sweeping;
   }
 
   status(): PrefillStatus {
@@ -220,7 +256,7 @@ export class PrefillService {
     const n = tokens.length;
     const requestId = req.request_id ?? `req-${randomUUID()}`;
     try {
-      await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n });
+      await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n, prefillInstanceId: this.instanceId });
     } catch (e) {
       if (e instanceof RegistryError && e.code === "conflict") {
         throw new ApiError(409, "request_id_conflict", `request id ${requestId} was used before; pick a new one`, "request_id");
@@ -297,7 +333,7 @@ export class PrefillService {
       const cancelled = signal.aborted;
       await registry.chunks.releaseRequest(requestId).catch((e) => log.warn({ err: e }, "could not release the request's chunks"));
       await registry.requests
-        .finish(requestId, { state: cancelled ? "cancelled" : "failed", error: (err as Error).message?.slice(0, 4000) ?? String(err) })
+        .finish(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) })
         .catch((e) => log.warn({ err: e }, "could not finish the request row"));
       if (cancelled) throw clientClosed();
       if (err instanceof RegistryError && err.code === "stale_epoch") {
@@ -316,7 +352,8 @@ export class PrefillService {
     this.state = "draining";
     await this.membership?.drain();
     while (Date.now() < deadline && this.gate.running + this.gate.queued > 0) await sleep(50);
-    while (Date.now() < deadline && (await this.readersOnShard()) > 0) await sleep(100);
+    // An unreachable registry cannot tell: stop waiting rather than fail the shutdown.
+    while (Date.now() < deadline && (await this.readersOnShard().catch(() => 0)) > 0) await sleep(100);
   }
 
   /** Part two: retire the shard (its chunks fail: the bytes die with us), delete it, leave. */
@@ -324,7 +361,9 @@ export class PrefillService {
     if (this.state === "stopped") return;
     this.state = "stopped";
     clearInterval(this.reaper);
+    clearInterval(this.sweepTimer);
     await this.reaping?.catch(() => {});
+    await this.sweeping;
     const shard = this.shard;
     if (shard) {
       await this.rt.db.db

@@ -19,6 +19,8 @@ export interface AppOptions {
   maxBodyBytes: number;
   /** Called once the response is made (status and headers known; a stream may still be running), before the request's log line. */
   onResponse?: (c: Context<AppEnv>) => void | Promise<void>;
+  /** Turns an error the routes did not expect into an answer (a database outage into a 503, say). */
+  classifyError?: (err: Error) => ApiError | undefined;
 }
 
 /** A validation failure as a 400 naming the first offending field. */
@@ -66,6 +68,11 @@ export function createApp(options: AppOptions): ServiceApp {
       const status = err.status;
       const message = status === 400 && /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";
       return c.json(errorBody(status, status === 413 ? "payload_too_large" : "invalid_request", message), status);
+    }
+    const known = options.classifyError?.(err);
+    if (known) {
+      (c.get("log") ?? options.log).warn({ err }, known.message);
+      return c.json(known.toJSON(), known.status as ContentfulStatusCode);
     }
     (c.get("log") ?? options.log).error({ err }, "unhandled error");
     return c.json(errorBody(500, "internal_error", "internal error; see the service log"), 500);

@@ -33,6 +33,7 @@ const TYPES: Record<number, string> = {
   400: "invalid_request_error",
   404: "not_found_error",
   409: "conflict_error",
+  410: "not_found_error",
   413: "invalid_request_error",
   429: "rate_limit_error",
   499: "client_closed",
