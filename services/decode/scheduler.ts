@@ -13,7 +13,8 @@
 import type { Logger } from "pino";
 import type { Engine, NativeSequence } from "../../shared/engine/engine.ts";
 import type { ForwardItem } from "../../shared/engine/native.ts";
-import { ApiError } from "../../shared/http/errors.ts";
+import { ApiError, retryAfter } from "../../shared/http/errors.ts";
+import { queueFull } from "../../shared/queue/fair-queue.ts";
 import { Reservation, Slot } from "./slot.ts";
 import { prefillChunkTokens, StepCosts } from "./step-plan.ts";
 
@@ -76,6 +77,8 @@ export class DecodeScheduler {
   private prefillTokens = 0;
   /** Sequences created for requests and not yet released (whoever owns them). */
   liveSequences = 0;
+  /** Requests refused with 429 queue_full for want of a place, since the start. */
+  rejected = 0;
 
   constructor(
     private readonly engine: Engine,
@@ -87,14 +90,15 @@ export class DecodeScheduler {
   admit(bytes: number): Reservation {
     const { maxBatch, maxQueue, kvBudgetBytes } = this.options;
     if (this.admitted >= maxBatch + maxQueue) {
-      throw new ApiError(429, "queue_full", `decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry later`);
+      this.rejected++;
+      throw queueFull(`decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry later`, 1);
     }
     if (this.reservedBytes + bytes > kvBudgetBytes) {
-      throw new ApiError(
+      throw retryAfter(1, new ApiError(
         429,
         "kv_memory_full",
         `not enough KV memory: this request needs ${bytes} bytes, ${kvBudgetBytes - this.reservedBytes} of ${kvBudgetBytes} are free; retry later or ask for fewer tokens`,
-      );
+      ));
     }
     this.admitted++;
     this.reservedBytes += bytes;
