@@ -42,7 +42,10 @@ export const ConfigSchema = z.object({
    * abandoned handle holds shard bytes for half a minute, not two.
    */
   retainMs: ms.default(30_000),
-  /** Shard bytes one key (tenant) may hold at once (then 429 shard_full); default half of shardBytes. */
+  /**
+   * Shard bytes one key (tenant) may hold at once (then 429 shard_full). Default: half of
+   * shardBytes for each API key, no cap for the keyless "local" tenant (it has nobody to share with).
+   */
   maxShardBytesPerKey: bytes.optional(),
   readLeaseMs: ms.default(60_000),
   heartbeatMs: ms.default(2_000),
@@ -120,7 +123,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   policy: { flag: "policy", env: ["CTXBANK_POLICY"], help: `default attention policy of requests that name none (${POLICY_KINDS.join(", ")}; with the model's calibrated defaults)` },
   writeLeaseMs: { flag: "write-lease-ms", env: ["CTXBANK_WRITE_LEASE_MS"], help: "chunk write lease" },
   retainMs: { flag: "retain-ms", env: ["CTXBANK_RETAIN_MS"], help: "how long an unread chunk is kept (default 30 000)" },
-  maxShardBytesPerKey: { flag: "max-shard-bytes-per-key", env: ["CTXBANK_MAX_SHARD_BYTES_PER_KEY"], help: "shard bytes one API key may hold (then 429; default half the shard)" },
+  maxShardBytesPerKey: { flag: "max-shard-bytes-per-key", env: ["CTXBANK_MAX_SHARD_BYTES_PER_KEY"], help: "shard bytes one API key may hold (then 429; default half the shard, keyless: none)" },
   readLeaseMs: { flag: "read-lease-ms", env: ["CTXBANK_READ_LEASE_MS"], help: "chunk read lease" },
   heartbeatMs: { flag: "heartbeat-ms", env: ["CTXBANK_HEARTBEAT_MS"], help: "heartbeat period" },
   heartbeatTimeoutMs: { flag: "heartbeat-timeout-ms", env: ["CTXBANK_HEARTBEAT_TIMEOUT_MS"], help: "silence before an instance is dead" },

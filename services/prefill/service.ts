@@ -73,7 +73,13 @@ export class PrefillService {
   ) {
     const c = rt.config;
     this.gate = new FairQueue({ stage: "prefill", limit: c.maxPrefills, capacity: c.maxPrefillQueue });
-    this.quota = new ShardQuota(c.maxShardBytesPerKey ?? Math.floor(c.shardBytes / 2), Math.min(60, Math.ceil(c.retainMs / 1000)));
+    // The default cap (half the shard) is for API keys; a keyless server has one tenant, "local",
+    // with nobody to share the shard with. An explicit --max-shard-bytes-per-key applies to all.
+    this.quota = new ShardQuota(
+      c.maxShardBytesPerKey ?? Math.floor(c.shardBytes / 2),
+      new Set(c.maxShardBytesPerKey === undefined ? ["local"] : []),
+      Math.min(60, Math.ceil(c.retainMs / 1000)),
+    );
     metrics.watchRequests("prefill", () => ({ running: this.gate.running, waiting: this.gate.queued }));
     metrics.watchQueue("prefill", () => ({ queued: this.gate.queued, rejected: this.gate.rejected }));
     metrics.watchKv("shard", () => ({ inUse: this.shard?.bytesUsed ?? 0, capacity: this.shard?.sizeBytes ?? 0 }));

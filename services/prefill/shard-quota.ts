@@ -17,6 +17,8 @@ export class ShardQuota {
   constructor(
     /** Bytes one tenant may hold. */
     readonly capBytes: number,
+    /** Tenants the cap does not apply to (the keyless "local" one under the default cap). */
+    private readonly exempt: ReadonlySet<string>,
     /** Seconds a refused tenant is told to wait (its unclaimed ranges expire within the retention). */
     private readonly retryAfterS: number,
   ) {}
@@ -36,6 +38,7 @@ export class ShardQuota {
 
   /** 429 shard_full when `need` more bytes would take `tenant` over its cap. */
   check(tenant: string, need: number, shard: Shard): void {
+    if (this.exempt.has(tenant)) return;
     const used = this.used(tenant, shard);
     if (used + need <= this.capBytes) return;
     throw retryAfter(
