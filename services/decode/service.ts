@@ -211,6 +211,7 @@ export class DecodeService {
         // The KV is ours now: the prefill's shard space can be reclaimed.
         await registry.chunks.releaseRequest(requestId);
         slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
+        slot.tenant = opts.tenant ?? "local";
         seq = undefined; // the scheduler owns it from here
         this.scheduler.start(slot);
         for (;;) {
