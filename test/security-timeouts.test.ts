@@ -1,13 +1,17 @@
 // Listener intake limits (shared/http/server.ts) on the real app middleware, no model needed:
 // slow-body connections get 408 and are closed after the body idle timeout, a connection that
 // never finishes its headers is closed, connections over the cap are refused, and none of it
-// cuts a streaming response that runs longer than every timeout.
+// cuts a streaming response that runs longer than every timeout. And the registry's PostgreSQL
+// calls: a server that stops answering fails them at the query deadline instead of hanging.
 import net from "node:net";
 import { streamSSE } from "hono/streaming";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createApp } from "../shared/http/app.ts";
 import { listen, type Listening } from "../shared/http/server.ts";
+import { openDatabase } from "../shared/registry/db.ts";
+import { Registry } from "../shared/registry/registry.ts";
+import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
 
 const LIMITS = { headersTimeoutMs: 600, requestTimeoutMs: 4_000, bodyIdleTimeoutMs: 500, keepAliveTimeoutMs: 1_000, maxConnections: 30 };
 const STREAM_MS = 2_500; // longer than every limit above but the request timeout, which covers only the request
@@ -119,5 +123,58 @@ describe("listener timeouts and connection cap", () => {
     }
     // Under the cap again: served.
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
+  });
+});
+
+describe("registry calls to a hung PostgreSQL end at --db-timeout-ms", () => {
+  let pgServer: TestPostgres;
+  let proxy: net.Server;
+  let frozen = false;
+  const sockets = new Set<net.Socket>();
+
+  beforeAll(async () => {
+    pgServer = await startPostgres("ctxbank_timeouts");
+    const target = new URL(pgServer.url);
+    // A TCP proxy in front of the server that can freeze: bytes stop flowing, sockets stay open
+    // (what a SIGSTOPped or wedged server looks like to its clients).
+    proxy = net.createServer((client) => {
+      const upstream = net.connect(Number(target.port), target.hostname);
+      for (const [from, to] of [[client, upstream], [upstream, client]] as const) {
+        sockets.add(from);
+        from.on("data", (d) => {
+          if (!frozen) to.write(d);
+        });
+        from.on("error", () => to.destroy());
+        from.on("close", () => to.destroy());
+      }
+    });
+    await new Promise<void>((r) => proxy.listen(0, "127.0.0.1", r));
+  });
+  afterAll(async () => {
+    for (const s of sockets) s.destroy();
+    await new Promise((r) => proxy?.close(r));
+    await pgServer?.stop();
+  });
+
+  it("a query on a connection that stops answering, and a new connection, both fail within the deadline", async () => {
+    const url = new URL(pgServer.url);
+    url.port = String((proxy.address() as net.AddressInfo).port);
+    const timeoutMs = 800;
+    const db = await openDatabase(url.toString(), { timeoutMs });
+    const registry = new Registry(db.db);
+    try {
+      expect(await registry.instances.findAlive("prefill", 10_000)).toEqual([]);
+      frozen = true;
+      const t0 = performance.now();
+      const err = (await registry.instances.findAlive("prefill", 10_000).catch((e: unknown) => e)) as Error;
+      expect(`${err.message} ${(err.cause as Error | undefined)?.message}`).toMatch(/timeout/i);
+      expect(performance.now() - t0).toBeLessThan(timeoutMs + 1_000);
+      const t1 = performance.now();
+      await expect(openDatabase(url.toString(), { timeoutMs })).rejects.toThrow(/cannot open PostgreSQL/);
+      expect(performance.now() - t1).toBeLessThan(timeoutMs + 1_000);
+    } finally {
+      frozen = false;
+      await db.close().catch(() => {});
+    }
   });
 });
