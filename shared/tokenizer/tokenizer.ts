@@ -166,6 +166,12 @@ export class GgufTokenizer {
     return t === TokenType.CONTROL || t === TokenType.UNKNOWN;
   }
 
+  /** The first control (or unknown-type) token's text found in `text`, if any. */
+  controlTextIn(text: string): string | undefined {
+    for (const id of this.specialAll) if (this.isControl(id) && text.includes(this.tokens[id]!)) return this.tokens[id]!;
+    return undefined;
+  }
+
   encode(text: string, opts: EncodeOptions = {}): number[] {
     return this.encodeParts([{ text, parseSpecial: opts.parseSpecial ?? false }], opts).ids;
   }
