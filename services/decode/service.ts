@@ -18,7 +18,7 @@ import { requests } from "../../shared/registry/schema.ts";
 import type { PolicySpec } from "../../shared/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy } from "../policy.ts";
-import { checkContext, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
+import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { DecodeScheduler } from "./scheduler.ts";
@@ -187,6 +187,11 @@ export class DecodeService {
       const n = handle.prompt_tokens;
       const maxTokens = opts.maxTokens ?? defaultMaxTokens(engine.maxContext, n);
       checkContext(engine.maxContext, n, maxTokens);
+      // A client's handle is input like any other: ids outside the vocabulary are its fault (400), not ours.
+      checkTokenIds(handle.prompt_token_ids, model.config.nVocab, "handle.prompt_token_ids");
+      if (handle.first_token >= model.config.nVocab) {
+        throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${model.config.nVocab})`, "handle.first_token");
+      }
       // Our own prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat);
       // a client's handle may be decoded under another policy the request names.
       const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);

@@ -21,7 +21,7 @@ import { chunks, shards } from "../../shared/registry/schema.ts";
 import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/policy/request.ts";
-import { chatRoundStarts, planPolicy, type PlannedPolicy } from "../policy.ts";
+import { checkPolicyBeforeWork, planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
 import { FairQueue } from "../../shared/queue/fair-queue.ts";
@@ -201,12 +201,8 @@ export class PrefillService {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
     const t0 = performance.now();
-    const tokens = encodePrompt(this.rt, req);
-    checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
-    // Checked against the length the decode will plan for (SCOPE's T is max_tokens, or decode's default).
-    const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
-    const roundStarts = wantsRounds && req.messages ? chatRoundStarts(this.rt, req.messages, tokens) ?? undefined : undefined;
-    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length), roundStarts);
+    // Every field is checked before any work; then the prompt is tokenized (off the event loop,
+    // stopping past the context), with a chat's rounds found in the same pass.
     let sampling;
     try {
       sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
@@ -214,6 +210,13 @@ export class PrefillService {
       if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
       throw e;
     }
+    checkPolicyBeforeWork(this.rt, req.policy, { maxTokens: req.max_tokens, chat: req.messages !== undefined });
+    const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
+    const { ids: tokens, roundStarts: starts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined });
+    checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
+    const roundStarts = starts ?? undefined;
+    // Checked against the length the decode will plan for (SCOPE's T is max_tokens, or decode's default).
+    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length), roundStarts);
     this.admit(tokens.length);
     const work: PrefillWork = { tokens: tokens.length, done: 0, computeMs: 0 };
     this.work.add(work);

@@ -24,7 +24,7 @@ export interface AppOptions {
   classifyError?: (err: Error) => ApiError | undefined;
 }
 
-/** A validation failure as a 400 naming the first offending field. */
+/** A validation failure as a 400 naming the first offending field (invalid_policy when it is in the policy). */
 function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string }[] } }, c: Context) {
   if (result.success || !result.error) return;
   const issues = result.error.issues;
@@ -34,7 +34,9 @@ function validationHook(result: { success: boolean; error?: { issues: { path: Pr
     .slice(0, 5)
     .map((i) => (i.path.length ? `${i.path.map(String).join(".")}: ${i.message}` : i.message))
     .join("; ");
-  return c.json(errorBody(400, "invalid_request", `invalid request: ${message}`, param, issues), 400);
+  // A malformed attention policy (unknown kind, field out of range) is invalid_policy, like one the model cannot run.
+  const code = first?.path.includes("policy") ? "invalid_policy" : "invalid_request";
+  return c.json(errorBody(400, code, `invalid request: ${message}`, param, issues), 400);
 }
 
 export function newApp(): ServiceApp {
