@@ -136,6 +136,8 @@ interface Session {
   stop: string[];
 }
 
+// The CLI's prompts come from the local user running it, so control tokens written in them
+// (`<|im_start|>`…) are parsed, as llama.cpp's CLI does; the services never parse them in user text.
 function withBos(tok: GgufTokenizer, text: string): number[] {
   const bos = tok.special.bos;
   const add = tok.addBos && bos !== undefined && !text.startsWith(tok.tokenText(bos));

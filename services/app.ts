@@ -2,13 +2,16 @@
 // /v1/prefill and /v1/decode behind an API key, GET /health, /ready, /metrics, the OpenAPI
 // document, the docs page and the dashboard. Internal (a separate listener, for the other
 // services): the decode's prefill calls and the chunk bytes behind signed capabilities, status
-// behind the shared secret.
+// behind the shared secret. GET /ready is 503 until registered, while draining, and while the
+// registry database does not answer.
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { apiKeyAuth, hostCheck } from "../shared/auth/middleware.ts";
 import type { Security } from "../shared/auth/security.ts";
 import { createApp, newApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
+import { ApiError } from "../shared/http/errors.ts";
 import type { ServiceMetrics } from "../shared/metrics/metrics.ts";
+import { DbProbe, isDatabaseUnavailable } from "../shared/registry/db-probe.ts";
 import { docsRoutes } from "./docs.ts";
 import { decodeRoutes, decodeStatusRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
@@ -25,7 +28,13 @@ export interface Services {
   decode?: DecodeService;
 }
 
-const Health = z.object({ status: z.string(), services: z.record(z.string(), z.string()).optional() }).openapi("Health");
+const Health = z
+  .object({
+    status: z.string(),
+    services: z.record(z.string(), z.string()).optional(),
+    database: z.enum(["reachable", "unreachable"]).optional().openapi({ description: "The registry database answered `select 1` within a second (checked at most every 2 s)" }),
+  })
+  .openapi("Health");
 
 /** The routes that run a generation: their error answers count as request failures. */
 const GENERATION_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/v1/decode"]);
@@ -57,7 +66,7 @@ const metricsRoute = createRoute({
 });
 
 /** /health, /ready and /metrics: on both listeners. */
-function opsRoutes(services: Services, metrics: ServiceMetrics): ServiceApp {
+function opsRoutes(services: Services, metrics: ServiceMetrics, dbProbe: DbProbe): ServiceApp {
   const app = newApp();
   const states = () => ({
     ...(services.prefill ? { prefill: services.prefill.ready ? "ready" : "not ready" } : {}),
@@ -73,31 +82,39 @@ function opsRoutes(services: Services, metrics: ServiceMetrics): ServiceApp {
       path: "/ready",
       tags: ["ops"],
       security: [],
-      summary: "Readiness: every service in this process is registered and not draining",
+      summary: "Readiness: every service in this process is registered and not draining, and the registry database answers",
       responses: {
         200: { content: { "application/json": { schema: Health } }, description: "Ready" },
-        503: { content: { "application/json": { schema: Health } }, description: "Starting or draining" },
+        503: { content: { "application/json": { schema: Health } }, description: "Starting, draining, or the database is unreachable" },
       },
     }),
-    (c) => {
+    async (c) => {
       const s = states();
-      const ready = Object.values(s).every((v) => v === "ready");
-      return ready ? c.json({ status: "ready", services: s }, 200) : c.json({ status: "not ready", services: s }, 503);
+      const db = await dbProbe.check();
+      const database = db.ok ? ("reachable" as const) : ("unreachable" as const);
+      const ready = db.ok && Object.values(s).every((v) => v === "ready");
+      return ready ? c.json({ status: "ready", services: s, database }, 200) : c.json({ status: "not ready", services: s, database }, 503);
     },
   );
   app.openapi(metricsRoute, async (c) => c.body(await metrics.text(), 200, { "content-type": metrics.contentType }) as never);
   return app;
 }
 
-export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
+/** A registry outage answers 503 not_ready, not 500. */
+function classifyError(err: Error): ApiError | undefined {
+  return isDatabaseUnavailable(err) ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err }) : undefined;
+}
+
+export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security, dbProbe: DbProbe = new DbProbe(rt.db)): ServiceApp {
   const app = createApp({
     log: rt.log,
     maxBodyBytes: rt.config.maxBodyBytes,
     onResponse: (c) => countErrorAnswer(metrics, c).catch((err: unknown) => rt.log.warn({ err }, "could not count a failed request")),
+    classifyError,
   });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/*", apiKeyAuth(security.keys, security.limiter));
-  app.route("/", opsRoutes(services, metrics));
+  app.route("/", opsRoutes(services, metrics, dbProbe));
   if (services.prefill) app.route("/", prefillRoutes(services.prefill));
   if (services.decode) {
     app.route("/", decodeRoutes(services.decode));
@@ -127,14 +144,14 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
 }
 
 /** The internal listener's app: what only the other services (and operators holding the secret) call. */
-export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
-  const app = createApp({ log: rt.log, maxBodyBytes: rt.config.maxBodyBytes });
+export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security, dbProbe: DbProbe = new DbProbe(rt.db)): ServiceApp {
+  const app = createApp({ log: rt.log, maxBodyBytes: rt.config.maxBodyBytes, classifyError });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/prefill", prefillCapability(security.internal));
   app.use("/v1/chunks/*", chunkReadAuth(security.internal, rt.registry));
   app.use("/v1/prefill/status", internalSecret(security.internal));
   app.use("/v1/decode/status", internalSecret(security.internal));
-  app.route("/", opsRoutes(services, metrics));
+  app.route("/", opsRoutes(services, metrics, dbProbe));
   if (services.prefill) {
     app.route("/", prefillRoutes(services.prefill));
     app.route("/", prefillStatusRoutes(services.prefill));

@@ -54,7 +54,7 @@ export class KvLoader {
   ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
-    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)] });
+    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true });
     this.shape = kvShape(rt.model.config);
   }
 

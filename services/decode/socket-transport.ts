@@ -6,7 +6,7 @@
 // bodies) and maps every failure to the same TransportError codes as the undici transport,
 // which stays the fallback for https owners.
 import net from "node:net";
-import { TransportError, chunkLabel, errorMessage, type TransportErrorCode } from "../../shared/transport/errors.ts";
+import { TransportError, chunkLabel, ownerErrorMessage, type TransportErrorCode } from "../../shared/transport/errors.ts";
 import { checkReadArgs, withDeadline } from "../../shared/transport/read-checks.ts";
 import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkOptions } from "../../shared/transport/types.ts";
 
@@ -163,12 +163,7 @@ class Connection {
     this.errorGot += piece.length;
     if (this.errorGot < this.bodyLength) return;
     const text = Buffer.concat(this.errorBody).subarray(0, Math.min(this.bodyLength, MAX_ERROR_BODY)).toString("utf8");
-    let detail = text.slice(0, 300);
-    try {
-      detail = errorMessage(JSON.parse(text)) ?? detail;
-    } catch {
-      // not JSON: keep the text
-    }
+    const detail = ownerErrorMessage(text);
     const err = new TransportError(STATUS_CODES[this.status] ?? "bad_response", `${chunkLabel(p.loc)}: owner answered ${this.status}: ${detail}`, this.status);
     if (this.errorGot > this.bodyLength) this.closeAfter = true;
     this.state = "head";

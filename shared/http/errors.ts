@@ -28,7 +28,8 @@ export type ApiErrorCode =
   | "slo_unattainable" // SLO admission: the predicted TTFT misses the TTFT objective
   | "client_closed"
   | "kv_load_failed" // the KV could not be read, or failed its checksum/fingerprint check
-  | "prefill_failed" // the prefill instance answered with an error
+  | "prefill_failed" // the prefill instance answered with an error, or was declared dead during the call
+  | "prefill_timeout" // the prefill call ran past its deadline
   | "no_prefill_instance"
   | "not_ready"
   | "draining"
@@ -41,6 +42,7 @@ const TYPES: Record<number, string> = {
   404: "not_found_error",
   421: "invalid_request_error",
   409: "conflict_error",
+  410: "not_found_error",
   413: "invalid_request_error",
   429: "rate_limit_error",
   499: "client_closed",
@@ -51,6 +53,8 @@ const TYPES: Record<number, string> = {
 
 export class ApiError extends Error {
   override readonly name = "ApiError";
+  /** Response headers the answer carries (e.g. retry-after on a 429). */
+  readonly headers: Record<string, string> = {};
   constructor(
     readonly status: ApiStatus,
     readonly code: ApiErrorCode,
@@ -65,6 +69,12 @@ export class ApiError extends Error {
   toJSON(): ErrorBody {
     return errorBody(this.status, this.code, this.message, this.param, this.details);
   }
+}
+
+/** Sets the Retry-After (seconds) a 429 or 503 answer carries; returns the error. */
+export function retryAfter(seconds: number, err: ApiError): ApiError {
+  err.headers["retry-after"] = String(Math.max(1, Math.ceil(seconds)));
+  return err;
 }
 
 export interface ErrorBody {

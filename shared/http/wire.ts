@@ -2,6 +2,7 @@
 // answers with (what decode needs to find, verify and load the KV), and sampling options.
 import { z } from "@hono/zod-openapi";
 import { PolicySpecSchema } from "../policy/request.ts";
+import { MAX_HANDLE_CHUNKS } from "../registry/errors.ts";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
@@ -57,7 +58,11 @@ export const HandleSchema = z
   .object({
     request_id: Identifier,
     first_token: z.number().int().min(0).openapi({ description: "Sampled from the prefill's last logits" }),
-    chunk_ids: z.array(z.uuid()).min(1).max(100_000),
+    chunk_ids: z
+      .array(z.uuid())
+      .min(1)
+      .max(MAX_HANDLE_CHUNKS)
+      .openapi({ description: `At most ${MAX_HANDLE_CHUNKS} (layer groups x token blocks)` }),
     shard_id: Identifier,
     shard_epoch: z.number().int().min(1),
     model_fingerprint: z.string().regex(/^[0-9a-f]{64}$/),

@@ -66,7 +66,7 @@ export function chunkRoutes(lookup: (shardId: string) => ChunkSource | undefined
   return app;
 }
 
-/** The shared error shape ({error: {message, type, code, param}}); `details` carries the shard's epoch on a 409. */
+/** The services' error shape, `{error: {message, type, code, param}}`; `details` carries extras (the current epoch). */
 function fail(c: Context, status: 400 | 404 | 409 | 410 | 416, code: string, message: string, details?: object) {
   return c.json(errorBody(status, code, message, null, details), status);
 }

@@ -1,7 +1,7 @@
 // Cross-host transport: GET the byte range from the owner's chunk route over a keep-alive undici
 // pool per origin, streaming the body straight into the caller's buffer.
 import { Pool } from "undici";
-import { TransportError, chunkLabel, errorMessage, type TransportErrorCode } from "./errors.ts";
+import { TransportError, chunkLabel, ownerErrorMessage, type TransportErrorCode } from "./errors.ts";
 import { checkReadArgs, withDeadline } from "./read-checks.ts";
 import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkOptions } from "./types.ts";
 
@@ -137,11 +137,6 @@ function networkError(loc: ChunkLocation, err: unknown): TransportError {
 }
 
 function statusError(loc: ChunkLocation, status: number, body: string): TransportError {
-  let detail = body.slice(0, 300);
-  try {
-    detail = errorMessage(JSON.parse(body)) ?? detail;
-  } catch {
-    // not JSON: keep the text
-  }
+  const detail = ownerErrorMessage(body);
   return new TransportError(STATUS_CODES[status] ?? "bad_response", `${chunkLabel(loc)}: owner answered ${status}: ${detail}`, status);
 }

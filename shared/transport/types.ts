@@ -6,6 +6,8 @@ export interface ChunkLocation {
   epoch: number;
   shardPath: string; // the shard file, for a reader on the owner's host
   ownerBaseUrl: string; // the owner's HTTP base URL, for a reader elsewhere
+  /** "device:inode" of the owner's shard file as the registry recorded it: shm reads only that file. */
+  fileId?: string | null;
   offset: number;
   length: number;
   /** The capability the owner's chunk route wants (shared/auth/capability.ts), sent as a bearer token; HTTP only. */
