@@ -106,6 +106,33 @@ export const ConfigSchema = z.object({
   /** slo: the prefill refuses (429 slo_unattainable) a prompt whose predicted TTFT exceeds sloTtftMs × (1 + margin). */
   admission: z.enum(["off", "slo"]).default("off"),
   admissionMargin: z.coerce.number().min(0).max(100).default(0.5),
+  // Security (services/README.md#security).
+  /** API keys: a file of `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines, and/or the same lines inline. */
+  apiKeysFile: z.string().min(1).optional(),
+  apiKeys: z.string().min(1).optional(),
+  /** Per-key defaults: requests/s (0 = unlimited), bucket size, requests in flight (0 = unlimited). */
+  keyRate: z.coerce.number().min(0).max(1e6).default(10),
+  keyBurst: int(1, 1_000_000).default(20),
+  keyConcurrency: int(0, 1_000_000).default(8),
+  /** Run without API keys on a non-loopback bind. */
+  insecure: z.stringbool().default(false),
+  /** The internal listener (chunks, the decode's prefill calls, status): host, port (0 = any free one), and the URL peers use. */
+  internalHost: z.string().min(1).default("127.0.0.1"),
+  internalPort: int(0, 65_535).default(0),
+  internalUrl: z.url({ protocol: /^https?$/ }).optional(),
+  /** Shared secret of the services' capabilities (>= 32 chars), or a file holding it. */
+  internalSecret: z.string().min(32, "at least 32 characters").optional(),
+  internalSecretFile: z.string().min(1).optional(),
+  /** Extra Host names the listeners answer for (comma-separated; * = any). */
+  allowedHosts: z
+    .string()
+    .default("")
+    .transform((v) =>
+      v
+        .split(",")
+        .map((h) => h.trim())
+        .filter((h) => h !== ""),
+    ),
 });
 
 export type Config = z.output<typeof ConfigSchema> & { role: ServiceRole; instanceId: string; shardDir: string };
@@ -160,6 +187,18 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   sloE2eMs: { flag: "slo-e2e-ms", env: ["CTXBANK_SLO_E2E_MS"], help: "end-to-end objective in ms (default: none)" },
   admission: { flag: "admission", env: ["CTXBANK_ADMISSION"], help: "off | slo: refuse prompts whose predicted TTFT misses the SLO (default off)" },
   admissionMargin: { flag: "admission-margin", env: ["CTXBANK_ADMISSION_MARGIN"], help: "slo admission refuses above slo-ttft × (1 + margin) (default 0.5)" },
+  apiKeysFile: { flag: "api-keys-file", env: ["CTXBANK_API_KEYS_FILE"], help: "API keys file: `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines (ctxbank keys new <id>)" },
+  apiKeys: { flag: "api-keys", env: ["CTXBANK_API_KEYS"], help: "API key lines inline (as in the file; separated by newlines or ;)" },
+  keyRate: { flag: "key-rate", env: ["CTXBANK_KEY_RATE"], help: "default requests/s per API key (default 10; 0 = unlimited)" },
+  keyBurst: { flag: "key-burst", env: ["CTXBANK_KEY_BURST"], help: "default burst per API key (default 20)" },
+  keyConcurrency: { flag: "key-concurrency", env: ["CTXBANK_KEY_CONCURRENCY"], help: "default requests in flight per API key (default 8; 0 = unlimited)" },
+  insecure: { flag: "insecure", env: ["CTXBANK_INSECURE"], help: "allow a non-loopback bind without API keys" },
+  internalHost: { flag: "internal-host", env: ["CTXBANK_INTERNAL_HOST"], help: "interface of the internal listener (default 127.0.0.1)" },
+  internalPort: { flag: "internal-port", env: ["CTXBANK_INTERNAL_PORT"], help: "port of the internal listener (default 0 = any free port)" },
+  internalUrl: { flag: "internal-url", env: ["CTXBANK_INTERNAL_URL"], help: "URL other services reach the internal listener at" },
+  internalSecret: { flag: "internal-secret", env: ["CTXBANK_INTERNAL_SECRET"], help: "shared secret between services, >= 32 chars (prefer the env or the file)" },
+  internalSecretFile: { flag: "internal-secret-file", env: ["CTXBANK_INTERNAL_SECRET_FILE"], help: "file holding the shared secret" },
+  allowedHosts: { flag: "allowed-hosts", env: ["CTXBANK_ALLOWED_HOSTS"], help: "extra Host names to answer for, comma-separated (* = any)" },
 };
 
 export class ConfigError extends Error {
@@ -167,9 +206,12 @@ export class ConfigError extends Error {
 }
 
 /** parseArgs option descriptors for every setting (all strings). */
-export function configFlags(): Record<string, { type: "string" }> {
-  return Object.fromEntries(Object.values(SETTINGS).map((s) => [s.flag, { type: "string" as const }]));
+export function configFlags(): Record<string, { type: "string" | "boolean" }> {
+  return Object.fromEntries(Object.values(SETTINGS).map((s) => [s.flag, { type: BOOLEAN_FLAGS.has(s.flag) ? ("boolean" as const) : ("string" as const) }]));
 }
+
+/** Flags given without a value (`--insecure`). */
+const BOOLEAN_FLAGS = new Set(["insecure"]);
 
 export function configHelp(): string {
   return Object.values(SETTINGS)
@@ -191,8 +233,8 @@ export function loadConfig(
   const source: Record<string, string> = {};
   for (const [key, s] of Object.entries(SETTINGS) as [Key, (typeof SETTINGS)[Key]][]) {
     const flag = flags[s.flag];
-    if (typeof flag === "string") {
-      raw[key] = flag;
+    if (typeof flag === "string" || typeof flag === "boolean") {
+      raw[key] = String(flag);
       source[key] = `--${s.flag}`;
       continue;
     }
@@ -219,6 +261,7 @@ export function loadConfig(
         ` (got ${c.databaseUrl.startsWith("pglite") ? c.databaseUrl : "a non-postgres URL"}); use \`ctxbank serve\` for one process with PGlite`,
     );
   }
+  checkSecurity(role, c);
   if (c.heartbeatTimeoutMs <= c.heartbeatMs) {
     throw new ConfigError(`heartbeat timeout (${c.heartbeatTimeoutMs} ms) must be longer than the heartbeat period (${c.heartbeatMs} ms)`);
   }
@@ -228,6 +271,38 @@ export function loadConfig(
     instanceId: c.instanceId ?? sanitizeId(`${role === "serve" ? "local" : role}-${c.hostId}-${c.port || process.pid}`),
     shardDir: c.shardDir ?? defaultShardDir(),
   };
+}
+
+/** Refuses configurations that would expose the API or the internal routes without credentials. */
+function checkSecurity(role: ServiceRole, c: z.output<typeof ConfigSchema>): void {
+  const hasKeys = c.apiKeysFile !== undefined || c.apiKeys !== undefined;
+  if (!hasKeys && !c.insecure && !isLoopbackHost(c.host)) {
+    throw new ConfigError(
+      `refusing to listen on ${c.host} without API keys: give --api-keys-file (or CTXBANK_API_KEYS; \`ctxbank keys new <id>\` makes one), ` +
+        `bind to 127.0.0.1, or pass --insecure to serve anyone who can reach the port`,
+    );
+  }
+  if (c.internalPort !== 0 && c.internalPort === c.port) {
+    throw new ConfigError(`--internal-port ${c.internalPort} is also --port: the internal listener needs a port of its own`);
+  }
+  const hasSecret = c.internalSecret !== undefined || c.internalSecretFile !== undefined;
+  if (!hasSecret && role !== "serve") {
+    throw new ConfigError(
+      `ctxbank ${role} talks to the other services over the internal listener and needs their shared secret: ` +
+        `set CTXBANK_INTERNAL_SECRET (>= 32 chars, the same in every process) or --internal-secret-file`,
+    );
+  }
+  if (!hasSecret && !isLoopbackHost(c.internalHost)) {
+    throw new ConfigError(
+      `refusing to open the internal listener on ${c.internalHost} without a shared secret: set CTXBANK_INTERNAL_SECRET (>= 32 chars, the same in every process) or --internal-secret-file`,
+    );
+  }
+}
+
+/** 127.0.0.0/8, ::1 and localhost: reachable only from this host. */
+export function isLoopbackHost(host: string): boolean {
+  const h = host.toLowerCase().replace(/^\[(.*)\]$/, "$1");
+  return h === "localhost" || h === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(h);
 }
 
 function sanitizeId(s: string): string {

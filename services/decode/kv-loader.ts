@@ -3,6 +3,8 @@
 // model fingerprint, the registry row's shape) before the engine sees a byte, and import it into
 // the cache as it arrives, several chunks in flight at once.
 import path from "node:path";
+import type { InternalAuth } from "../../shared/auth/capability.ts";
+import { tenantOf } from "../../shared/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/engine/engine.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle } from "../../shared/http/wire.ts";
@@ -47,6 +49,8 @@ export class KvLoader {
   constructor(
     private readonly rt: Runtime,
     private readonly metrics?: ServiceMetrics,
+    /** Signs the chunk-read capabilities HTTP owners want (without it, HTTP reads are refused). */
+    private readonly auth?: InternalAuth,
   ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
@@ -103,6 +107,12 @@ export class KvLoader {
     }
     const ids = leased.map((l) => l.chunk.id);
     try {
+      // A handle is the client's to send: every chunk it names must be one its own request holds.
+      const held = new Set((await registry.chunks.ofRequest(handle.request_id)).map((c) => c.id));
+      if (ids.some((id) => !held.has(id))) {
+        throw new ApiError(400, "invalid_request", "the handle names chunks its request does not hold", "handle.chunk_ids");
+      }
+      for (const l of leased) l.location = { ...l.location, capability: this.capability(l, handle.request_id) };
       for (const { chunk } of leased) {
         if (chunk.modelFingerprint !== model.fingerprint) {
           throw new ApiError(400, "model_mismatch", `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`, "handle");
@@ -170,6 +180,22 @@ export class KvLoader {
     } finally {
       await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
     }
+  }
+
+  /** The capability for reading exactly this leased chunk, valid while its lease is. */
+  private capability({ chunk, location }: LeasedChunk, requestId: string): string | undefined {
+    if (!this.auth) return undefined;
+    return this.auth.sign({
+      route: "chunk",
+      tenant: tenantOf(requestId),
+      request: requestId,
+      chunk: chunk.id,
+      shard: location.shardId,
+      epoch: location.epoch,
+      offset: location.offset,
+      length: location.length,
+      exp: Math.min(chunk.leaseExpiresAt.getTime(), Date.now() + this.rt.config.kvTimeoutMs),
+    });
   }
 
   /** A load that failed for want of the bytes (not a bad handle, not a cancel): by transport and reason. */

@@ -6,10 +6,11 @@
 // Calls wait their turn in a bounded queue that is fair across keys (a full one answers 429
 // queue_full with Retry-After), so waiting is visible here rather than hidden in the pool. Each
 // call has a deadline (504 prefill_timeout) and is aborted as soon as the registry declares its
-// instance dead (502 prefill_failed). The key is forwarded so the prefill's own queue is fair too.
+// instance dead (502 prefill_failed). The key travels in the call's signed capability, so the prefill's own queue is fair too.
 import { Pool } from "undici";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import type { InternalAuth } from "../../shared/auth/capability.ts";
 import { ApiError, type ApiErrorCode, type ApiStatus } from "../../shared/http/errors.ts";
-import { TENANT_HEADER } from "../../shared/http/tenant.ts";
 import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
 import { FairQueue } from "../../shared/queue/fair-queue.ts";
 import type { InstanceRow } from "../../shared/registry/registry.ts";
@@ -17,6 +18,8 @@ import type { Runtime } from "../runtime.ts";
 import { PeerWatch } from "./peer-watch.ts";
 
 const PASS_THROUGH = new Set([400, 404, 409, 413, 429]);
+/** How long a prefill capability is valid: it only has to reach the instance. */
+const CAPABILITY_MS = 60_000;
 
 /** The default deadline of a prefill call: a minute of queueing plus a full context at ~50 tokens/s. */
 export function defaultPrefillTimeoutMs(maxContext: number): number {
@@ -30,15 +33,18 @@ export class PrefillClient {
   private readonly peers: PeerWatch;
   readonly timeoutMs: number;
 
-  constructor(private readonly rt: Runtime) {
+  constructor(
+    private readonly rt: Runtime,
+    private readonly auth?: InternalAuth,
+  ) {
     const c = rt.config;
     this.queue = new FairQueue({ stage: "prefill_calls", limit: c.maxPrefillCalls, capacity: c.maxPrefillCallQueue });
     this.peers = new PeerWatch(rt);
     this.timeoutMs = c.prefillTimeoutMs ?? defaultPrefillTimeoutMs(rt.engine.maxContext);
   }
 
-  /** Prefills `body` on some instance for `tenant`; `signal` is the client's. */
-  async prefill(body: PrefillRequest, signal: AbortSignal, tenant = "local"): Promise<Handle> {
+  /** Prefills `body` on some instance's internal listener for `tenant` (a signed capability says so); `signal` is the client's. */
+  async prefill(body: PrefillRequest, signal: AbortSignal, tenant: string = LOCAL_TENANT): Promise<Handle> {
     const deadline = AbortSignal.timeout(this.timeoutMs);
     const bounded = AbortSignal.any([signal, deadline]);
     const timedOut = () => new ApiError(504, "prefill_timeout", `the prefill did not answer within ${this.timeoutMs} ms (--prefill-timeout-ms); retry later`);
@@ -79,7 +85,10 @@ export class PrefillClient {
           res = await this.poolFor(inst.baseUrl).request({
             method: "POST",
             path: new URL(inst.baseUrl).pathname.replace(/\/+$/, "") + "/v1/prefill",
-            headers: { "content-type": "application/json", [TENANT_HEADER]: tenant },
+            headers: {
+              "content-type": "application/json",
+              ...(this.auth ? { authorization: `Bearer ${this.auth.sign({ route: "prefill", tenant, exp: Date.now() + CAPABILITY_MS })}` } : {}),
+            },
             body: JSON.stringify(body),
             signal: ac.signal,
           });

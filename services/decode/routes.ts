@@ -66,6 +66,12 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
     const text = all.map((e) => (e.type === "token" ? e.text : "")).join("");
     return c.json(result(done, text), 200);
   });
+  return app;
+}
+
+/** GET /v1/decode/status: on the internal listener only (it names batch and KV internals). */
+export function decodeStatusRoutes(svc: DecodeService): ServiceApp {
+  const app = newApp();
   app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
   return app;
 }

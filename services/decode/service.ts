@@ -19,6 +19,9 @@ import type { PolicySpec } from "../../shared/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy } from "../policy.ts";
 import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import type { InternalAuth } from "../../shared/auth/capability.ts";
+import { ownsRequest } from "../../shared/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { DecodeScheduler } from "./scheduler.ts";
@@ -37,7 +40,7 @@ export interface DecodeOptions {
   policy?: PolicySpec | undefined;
   /** performance.now() when the request arrived (TTFT and e2e start there); default: when decoding starts. */
   arrivedAt?: number | undefined;
-  /** Who asks (the API key id; "local" when keyless): fair queuing of the prefill calls. */
+  /** Who the request is for (the API key's id; "local" keyless): fair queuing of its prefill call, and only its own handles can be decoded. */
   tenant?: string | undefined;
 }
 
@@ -83,11 +86,13 @@ export class DecodeService {
     private readonly rt: Runtime,
     readonly instanceId: string = rt.config.instanceId,
     readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
+    /** Signs the capabilities of its prefill calls and chunk reads (the services' shared secret). */
+    auth?: InternalAuth,
   ) {
     const c = rt.config;
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
-    this.loader = new KvLoader(rt, metrics);
-    this.prefillClient = new PrefillClient(rt);
+    this.loader = new KvLoader(rt, metrics, auth);
+    this.prefillClient = new PrefillClient(rt, auth);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
       // Waiting: admitted but not in the batch, and queued for a call to a prefill instance.
@@ -144,7 +149,7 @@ export class DecodeService {
           ...(opts.policy === undefined ? {} : { policy: opts.policy }),
         },
         signal,
-        opts.tenant ?? "local",
+        opts.tenant ?? LOCAL_TENANT,
       );
     } catch (e) {
       this.metrics.requestFailed(e); // decode() counts its own outcomes from here on
@@ -196,6 +201,8 @@ export class DecodeService {
       // a client's handle may be decoded under another policy the request names.
       const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);
+      // Another key's handle is answered exactly like an unknown one: its existence is not told.
+      if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
       // Our own prefill's handle is ours already; record that this decode holds it (should we
       // die, the sweep ends the row) without keeping the first token waiting.
@@ -297,7 +304,7 @@ export class DecodeService {
       .returning({ id: requests.id });
     if (rows.length > 0) return;
     const row = await this.rt.registry.requests.get(requestId);
-    if (!row) throw new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
+    if (!row) throw unknownHandle(requestId);
     if (row.state === "failed" && row.firstTokenAt === null && row.decodeInstanceId === null && row.prefillEndAt !== null) {
       // The sweep ended it: nobody took the handle while its chunks were kept.
       throw new ApiError(409, "handle_expired", `request ${requestId} was never decoded and has expired (${row.error ?? "abandoned"})`, "handle.request_id");
@@ -358,6 +365,10 @@ export class DecodeService {
     await this.membership?.leave();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);
   }
+}
+
+function unknownHandle(requestId: string): ApiError {
+  return new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
 }
 
 /** The decode's sampler, continuing the one that sampled the handle's first token. */

@@ -12,6 +12,8 @@ import { safeErrorMessage } from "../../shared/http/error-log.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import { chunkKeySalt, namespacedRequestId } from "../../shared/auth/tenant.ts";
 import { kvShape, tokenBlocks, type KvShape } from "../../shared/kv/seq-io.ts";
 import { Shard, shardFileName } from "../../shared/kv/shard.ts";
 import { decideAdmission, PrefillThroughput } from "../../shared/metrics/admission.ts";
@@ -195,8 +197,8 @@ export class PrefillService {
     };
   }
 
-  /** Prefills `req` for `tenant` (the API key id, "local" when keyless): its place in the fair queue and its shard cap. */
-  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant = "local"): Promise<Handle> {
+  /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/auth/tenant.ts). */
+  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<Handle> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
@@ -227,7 +229,7 @@ export class PrefillService {
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tokens, policy, sampling, signal, log, t0, work, tenant);
+        const handle = await this.run(req, tenant, tokens, policy, sampling, signal, log, t0, work);
         this.totals.prefills++;
         this.totals.prompt_tokens += tokens.length;
         this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
@@ -258,6 +260,7 @@ export class PrefillService {
 
   private async run(
     req: PrefillRequest,
+    tenant: string,
     tokens: number[],
     policy: PlannedPolicy,
     sampling: { temperature: number; topK: number; topP: number; seed: number },
@@ -265,17 +268,16 @@ export class PrefillService {
     log: Logger,
     t0: number,
     work: PrefillWork,
-    tenant: string,
   ): Promise<Handle> {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;
     const n = tokens.length;
-    const requestId = req.request_id ?? `req-${randomUUID()}`;
+    const requestId = namespacedRequestId(tenant, req.request_id ?? `req-${randomUUID()}`);
     try {
       await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n, prefillInstanceId: this.instanceId });
     } catch (e) {
       if (e instanceof RegistryError && e.code === "conflict") {
-        throw new ApiError(409, "request_id_conflict", `request id ${requestId} was used before; pick a new one`, "request_id");
+        throw new ApiError(409, "request_id_conflict", `request id ${req.request_id ?? requestId} was used before; pick a new one`, "request_id");
       }
       throw e;
     }
@@ -291,7 +293,7 @@ export class PrefillService {
       await this.writer.reserve(plan.flat(), shard, () => this.reap(), tenant, this.quota);
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
-      const hasher = new PrefixHasher(model.fingerprint);
+      const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
       const ubatch = engine.native.info.ubatch;
       let logits: Float32Array | undefined;
       let next = 0;

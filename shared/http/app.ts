@@ -10,8 +10,11 @@ import { requestId } from "hono/request-id";
 import type { Logger } from "pino";
 import { ApiError, errorBody } from "./errors.ts";
 
-/** arrivedAt: performance.now() when the request reached the service (TTFT starts there). */
-/** tenant: who is asking (the API key id; "local" when keyless): fair queuing and per-key caps. */
+/**
+ * arrivedAt: performance.now() when the request reached the service (TTFT starts there).
+ * tenant: who the request is for — the API key's id, a capability's tenant on the internal
+ * listener, or "local" on a keyless server (shared/auth/).
+ */
 export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number; tenant: string } };
 export type ServiceApp = OpenAPIHono<AppEnv>;
 

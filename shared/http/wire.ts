@@ -6,6 +6,8 @@ import { MAX_HANDLE_CHUNKS } from "../registry/errors.ts";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
+/** A client's own request id: no ':' (that separates the API key's namespace from it, see shared/auth/tenant.ts). */
+export const ClientRequestId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "1-64 chars of letters, digits and . _ - (not starting with a symbol)");
 export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1);
 
 export const ChatMessageSchema = z
@@ -36,7 +38,7 @@ export const PrefillRequestSchema = z
     prompt: z.string().min(1).optional().openapi({ description: "Plain text, tokenized as is (no chat template)", example: "Once upon a time" }),
     messages: z.array(ChatMessageSchema).min(1).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
     prompt_token_ids: TokenIds.optional().openapi({ description: "Token ids, used as they are" }),
-    request_id: Identifier.optional().openapi({ description: "Default: a fresh id" }),
+    request_id: ClientRequestId.optional().openapi({ description: "Default: a fresh id. Kept in the API key's namespace: the handle's request_id is `<key id>:<request_id>` (unchanged on a keyless server)" }),
     session_id: Identifier.optional(),
     round_id: z.number().int().min(0).max(0x7fff_ffff).optional(),
     max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({

@@ -67,6 +67,8 @@ export interface LeasedChunk {
     fileId: string | null;
     offset: number;
     length: number;
+    /** Set by the reader: the capability the owner's chunk route wants. */
+    capability?: string | undefined;
   };
 }
 
@@ -328,6 +330,32 @@ export class ChunkStore {
         .returning({ id: chunks.id, key: chunks.key, offset: chunks.offset, length: chunks.length, state: chunks.state });
       return { expired: expired.length, freed: freed as FreedRange[] };
     });
+  }
+
+  /**
+   * Whether `read` is exactly a chunk's range that is being read right now (state `reading`, lease
+   * not expired) and that `read.requestId` holds: what the chunk route checks before it serves a
+   * byte, so nothing but a live, leased chunk of the caller's own request can be read.
+   */
+  async isLeasedRead(read: { chunkId: string; requestId: string; shardId: string; epoch: number; offset: number; length: number }): Promise<boolean> {
+    if (!chunkId.safeParse(read.chunkId).success || !identifier.safeParse(read.requestId).success) return false;
+    const now = this.clock();
+    const rows = await this.db
+      .select({ id: chunks.id })
+      .from(chunks)
+      .innerJoin(chunkRefs, and(eq(chunkRefs.chunkId, chunks.id), eq(chunkRefs.requestId, read.requestId)))
+      .where(
+        and(
+          eq(chunks.id, read.chunkId),
+          eq(chunks.shardId, read.shardId),
+          eq(chunks.shardEpoch, read.epoch),
+          eq(chunks.offset, read.offset),
+          eq(chunks.length, read.length),
+          eq(chunks.state, "reading"),
+          gt(chunks.leaseExpiresAt, now),
+        ),
+      );
+    return rows.length === 1;
   }
 
   async get(id: string): Promise<ChunkRow | undefined> {

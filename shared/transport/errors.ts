@@ -5,6 +5,7 @@ export type TransportErrorCode =
   | "deadline_exceeded"
   | "aborted" // the caller's signal fired
   | "unreachable" // no connection to the owner (refused, reset, unknown host)
+  | "unauthorized" // the owner refused the capability (none, wrong secret, or no live lease on exactly this range)
   | "not_found" // the owner does not have that shard, or that range is no longer allocated
   | "stale_epoch" // the shard was restarted: the chunk's epoch is gone
   | "file_mismatch" // the file at the shard's path is not the one its owner registered (planted or replaced)

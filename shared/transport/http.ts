@@ -12,6 +12,8 @@ export interface HttpTransportOptions {
 
 const STATUS_CODES: Record<number, TransportErrorCode> = {
   400: "invalid_request",
+  401: "unauthorized",
+  403: "unauthorized",
   404: "not_found",
   409: "stale_epoch",
   410: "not_found",
@@ -42,7 +44,8 @@ export class HttpTransport implements KvTransport {
     return withDeadline(loc, opts, async (signal) => {
       let res;
       try {
-        res = await pool.request({ method: "GET", path: prefix + chunkRequestPath(loc), signal });
+        const headers = loc.capability === undefined ? {} : { authorization: `Bearer ${loc.capability}` };
+        res = await pool.request({ method: "GET", path: prefix + chunkRequestPath(loc), headers, signal });
       } catch (err) {
         throw networkError(loc, err);
       }

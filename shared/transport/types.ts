@@ -10,7 +10,12 @@ export interface ChunkLocation {
   fileId?: string | null;
   offset: number;
   length: number;
+  /** The capability the owner's chunk route wants (shared/auth/capability.ts), sent as a bearer token; HTTP only. */
+  capability?: string | undefined;
 }
+
+/** A capability is base64url "." base64url: safe in a header line as it is. */
+export const CAPABILITY_TOKEN = /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/;
 
 export interface ReadChunkOptions {
   /** Absolute wall-clock deadline in ms since the epoch (Date.now() + budget), shared by a batch of reads. */
