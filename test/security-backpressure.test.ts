@@ -3,8 +3,9 @@
 // queue_full with Retry-After and show their depth on /metrics; the prefill gate serves keys in
 // turn, so one key's burst of long prompts does not hold another key's 2-token prompt behind
 // all of it; and one key's unclaimed handles cannot take the whole shard (429 shard_full for it,
-// room for the others). Keys are given as the tenant a decode forwards (x-ctxbank-tenant).
+// room for the others). Each tenant is an API key of its own.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { newApiKey } from "../shared/auth/api-keys.ts";
 import { loadConfig } from "../shared/config.ts";
 import type { Handle } from "../shared/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
@@ -18,8 +19,12 @@ interface Answer {
   at: number;
 }
 
-async function post(url: string, body: unknown, tenant?: string): Promise<Answer> {
-  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...(tenant ? { "x-ctxbank-tenant": tenant } : {}) }, body: JSON.stringify(body) });
+/** One API key per tenant the tests use (generous limits: the queues are what is tested). */
+const KEYS = Object.fromEntries(["burst", "chat", "caller", "hog", "other"].map((id) => [id, newApiKey(id, { rate: 1000, burst: 1000, concurrency: 100 })]));
+const KEY_LINES = Object.values(KEYS).map((k) => k.line).join("\n");
+
+async function post(url: string, body: unknown, tenant = "caller"): Promise<Answer> {
+  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${KEYS[tenant]!.key}` }, body: JSON.stringify(body) });
   const text = await res.text();
   return { status: res.status, retryAfter: res.headers.get("retry-after"), body: JSON.parse(text), at: performance.now() };
 }
@@ -43,6 +48,7 @@ describe("bounded fair queues (serve, PGlite)", () => {
         maxPrefillQueue: 4,
         maxPrefillCalls: 1,
         maxPrefillCallQueue: 2,
+        apiKeys: KEY_LINES,
         logLevel: "silent",
       }),
     );
@@ -109,7 +115,7 @@ describe("per-key shard cap (serve, PGlite)", () => {
   beforeAll(async () => {
     shards = await tempShardDir();
     s = await startServices(
-      loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 16 << 20, blockTokens: 32, maxShardBytesPerKey: perKey, reapMs: 50, logLevel: "silent" }),
+      loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 16 << 20, blockTokens: 32, maxShardBytesPerKey: perKey, reapMs: 50, apiKeys: KEY_LINES, logLevel: "silent" }),
     );
   });
   afterAll(async () => {
@@ -138,7 +144,7 @@ describe("per-key shard cap (serve, PGlite)", () => {
     expect(other.status, JSON.stringify(other.body)).toBe(200);
 
     // The hog decodes one of its handles: its chunks are released and reclaimed, and it fits again.
-    const decoded = await postJson(`${s.url}/v1/decode`, { handle: held[0], max_tokens: 1 });
+    const decoded = await postJson(`${s.url}/v1/decode`, { handle: held[0], max_tokens: 1 }, { authorization: `Bearer ${KEYS.hog!.key}` });
     expect(decoded.status, JSON.stringify(decoded.body)).toBe(200);
     await until("the decoded handle's ranges are reclaimed", async () => (await post(url, { prompt_token_ids: ids(100, 500) }, "hog")).status === 200, 10_000);
   });

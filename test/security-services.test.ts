@@ -10,6 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { DrizzleQueryError } from "drizzle-orm/errors";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { chunkRoutes } from "../services/prefill/routes.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { createLogger, openRuntime } from "../services/runtime.ts";
 import { KvLoadError } from "../services/decode/kv-loader.ts";
@@ -77,10 +78,16 @@ describe("services under hostile input and a database outage", () => {
   });
 
   it("/v1/chunks answers errors in the shared error shape", async () => {
-    const res = await fetch(`${s.url}/v1/chunks/nope/1?offset=0&length=1`);
+    // On the internal listener, a read without a capability is refused before the route runs.
+    const refused = await fetch(`${s.internalUrl}/v1/chunks/nope/1?offset=0&length=1`);
+    expect(refused.status).toBe(401);
+    expect(await refused.json()).toMatchObject({ error: { code: "unauthorized", type: expect.any(String), param: null } });
+    // The route's own answers (what an authorised read of a bad range gets), in the same shape.
+    const route = chunkRoutes(s.services.prefill!);
+    const res = await route.request("/v1/chunks/nope/1?offset=0&length=1");
     expect(res.status).toBe(404);
     expect(await res.json()).toEqual({ error: { message: "no shard nope here", type: "not_found_error", code: "unknown_shard", param: null } });
-    const bad = await fetch(`${s.url}/v1/chunks/nope/1?offset=-1&length=1`);
+    const bad = await route.request("/v1/chunks/nope/1?offset=-1&length=1");
     expect(bad.status).toBe(400);
     expect(await bad.json()).toMatchObject({ error: { code: "invalid_request", type: "invalid_request_error", param: null } });
   });
