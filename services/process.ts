@@ -34,7 +34,7 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
     services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics, compute);
   }
   const app = buildApp(runtime, services, metrics);
-  const http = await listen(app.fetch, config.host, config.port);
+  const http = await listen(app.fetch, config.host, config.port, config);
   const url = (config.publicUrl ?? http.url).replace(/\/+$/, "");
   try {
     await services.prefill?.start(url);

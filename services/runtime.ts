@@ -46,7 +46,7 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     if (!(e instanceof ChatTemplateError && e.code === "NO_TEMPLATE")) throw e;
     log.warn("the model has no chat template: chat requests will be refused");
   }
-  const db = await openDatabase(config.databaseUrl);
+  const db = await openDatabase(config.databaseUrl, { timeoutMs: config.dbTimeoutMs });
   log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");
   return {
     config,

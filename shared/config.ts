@@ -35,8 +35,18 @@ export const ConfigSchema = z.object({
   /** Attention policy for requests that name none (their chunks' layer groups, and how decode attends). */
   policy: z.enum(POLICY_KINDS).default("full"),
   writeLeaseMs: ms.default(60_000),
-  /** How long a written chunk waits for its decode before the reaper may reclaim it. */
-  retainMs: ms.default(120_000),
+  /**
+   * How long a written chunk waits for its decode before the reaper may reclaim it. The decode
+   * that asked for a prefill reads it within milliseconds; 30 s leaves a client's own
+   * /v1/prefill → /v1/decode handoff a slow round trip and a few retries after a 429, while an
+   * abandoned handle holds shard bytes for half a minute, not two.
+   */
+  retainMs: ms.default(30_000),
+  /**
+   * Shard bytes one key (tenant) may hold at once (then 429 shard_full). Default: half of
+   * shardBytes for each API key, no cap for the keyless "local" tenant (it has nobody to share with).
+   */
+  maxShardBytesPerKey: bytes.optional(),
   readLeaseMs: ms.default(60_000),
   heartbeatMs: ms.default(2_000),
   heartbeatTimeoutMs: ms.default(10_000),
@@ -48,6 +58,21 @@ export const ConfigSchema = z.object({
   /** Prefills computed at once / waiting; beyond that a prefill gets 429. */
   maxPrefills: int(1, 64).default(1),
   maxPrefillQueue: int(0, 10_000).default(16),
+  /** Decode: calls to prefill instances in flight at once / waiting (fair across keys); beyond that 429. */
+  maxPrefillCalls: int(1, 1024).default(8),
+  maxPrefillCallQueue: int(0, 10_000).default(32),
+  /** Decode: deadline of one prefill call, queue wait included; default 60 s + 20 ms per context token. */
+  prefillTimeoutMs: ms.optional(),
+  /** Registry (PostgreSQL) deadline per query and per connection attempt. */
+  dbTimeoutMs: ms.default(15_000),
+  /** Every listener: time to receive a request's headers / gap allowed between body bytes (then 408, closed). */
+  headersTimeoutMs: ms.default(10_000),
+  requestTimeoutMs: ms.default(120_000),
+  bodyIdleTimeoutMs: ms.default(10_000),
+  /** Every listener: an idle keep-alive connection is closed after this. */
+  keepAliveTimeoutMs: ms.default(5_000),
+  /** Every listener: open connections at most; more are refused (closed at once). */
+  maxConnections: int(1, 1_000_000).default(1024),
   /** Sequences decoded together in one step (continuous batching) / waiting for a slot. */
   maxBatch: int(1, 256).default(8),
   maxQueue: int(0, 10_000).default(32),
@@ -101,7 +126,8 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   blockTokens: { flag: "block-tokens", env: ["CTXBANK_BLOCK_TOKENS"], help: "tokens per KV chunk (default 512)" },
   policy: { flag: "policy", env: ["CTXBANK_POLICY"], help: `default attention policy of requests that name none (${POLICY_KINDS.join(", ")}; with the model's calibrated defaults)` },
   writeLeaseMs: { flag: "write-lease-ms", env: ["CTXBANK_WRITE_LEASE_MS"], help: "chunk write lease" },
-  retainMs: { flag: "retain-ms", env: ["CTXBANK_RETAIN_MS"], help: "how long an unread chunk is kept" },
+  retainMs: { flag: "retain-ms", env: ["CTXBANK_RETAIN_MS"], help: "how long an unread chunk is kept (default 30 000)" },
+  maxShardBytesPerKey: { flag: "max-shard-bytes-per-key", env: ["CTXBANK_MAX_SHARD_BYTES_PER_KEY"], help: "shard bytes one API key may hold (then 429; default half the shard, keyless: none)" },
   readLeaseMs: { flag: "read-lease-ms", env: ["CTXBANK_READ_LEASE_MS"], help: "chunk read lease" },
   heartbeatMs: { flag: "heartbeat-ms", env: ["CTXBANK_HEARTBEAT_MS"], help: "heartbeat period" },
   heartbeatTimeoutMs: { flag: "heartbeat-timeout-ms", env: ["CTXBANK_HEARTBEAT_TIMEOUT_MS"], help: "silence before an instance is dead" },
@@ -110,6 +136,15 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   requestRetentionMs: { flag: "request-retention-ms", env: ["CTXBANK_REQUEST_RETENTION_MS"], help: "ended request rows are deleted after this (default 86400000 = 24 h)" },
   maxPrefills: { flag: "max-prefills", env: ["CTXBANK_MAX_PREFILLS"], help: "prefills computed at once" },
   maxPrefillQueue: { flag: "max-prefill-queue", env: ["CTXBANK_MAX_PREFILL_QUEUE"], help: "prefills waiting (then 429)" },
+  maxPrefillCalls: { flag: "max-prefill-calls", env: ["CTXBANK_MAX_PREFILL_CALLS"], help: "decode: prefill calls in flight (default 8)" },
+  maxPrefillCallQueue: { flag: "max-prefill-call-queue", env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"], help: "decode: prefill calls waiting (then 429; default 32)" },
+  prefillTimeoutMs: { flag: "prefill-timeout-ms", env: ["CTXBANK_PREFILL_TIMEOUT_MS"], help: "decode: deadline of a prefill call (default 60 s + 20 ms per context token)" },
+  dbTimeoutMs: { flag: "db-timeout-ms", env: ["CTXBANK_DB_TIMEOUT_MS"], help: "PostgreSQL query and connect deadline (default 15 000)" },
+  headersTimeoutMs: { flag: "headers-timeout-ms", env: ["CTXBANK_HEADERS_TIMEOUT_MS"], help: "time to send a request's headers (default 10 000)" },
+  requestTimeoutMs: { flag: "request-timeout-ms", env: ["CTXBANK_REQUEST_TIMEOUT_MS"], help: "time to receive a whole request, headers and body, then 408 (default 120 000; responses are not limited)" },
+  bodyIdleTimeoutMs: { flag: "body-idle-timeout-ms", env: ["CTXBANK_BODY_IDLE_TIMEOUT_MS"], help: "longest pause inside a request body, then 408 (default 10 000)" },
+  keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 5 000)" },
+  maxConnections: { flag: "max-connections", env: ["CTXBANK_MAX_CONNECTIONS"], help: "open connections per listener (default 1024)" },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
   prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },

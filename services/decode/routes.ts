@@ -2,6 +2,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { ApiError, errorBody, errorResponses } from "../../shared/http/errors.ts";
+import { requestTenant } from "../../shared/http/tenant.ts";
 import { DecodeRequestSchema, DecodeResultSchema, type DecodeRequest, type DecodeResult } from "../../shared/http/wire.ts";
 import type { DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
@@ -49,7 +50,7 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
   app.openapi(decodeRoute, async (c) => {
     const body = c.req.valid("json");
     const ac = clientSignal(c);
-    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
+    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     if (body.stream) {
       return sse(c, ac, events, {
         event: (s, ev) =>

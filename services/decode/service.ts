@@ -9,6 +9,7 @@ import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sa
 import type { FinishReason } from "../../shared/generate.ts";
 import { safeErrorMessage } from "../../shared/http/error-log.ts";
 import { ApiError } from "../../shared/http/errors.ts";
+import { queueFull } from "../../shared/queue/fair-queue.ts";
 import { samplingOptions, type CtxbankExtension, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
 import { ctxbankExtension } from "../../shared/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
@@ -36,6 +37,8 @@ export interface DecodeOptions {
   policy?: PolicySpec | undefined;
   /** performance.now() when the request arrived (TTFT and e2e start there); default: when decoding starts. */
   arrivedAt?: number | undefined;
+  /** Who asks (the API key id; "local" when keyless): fair queuing of the prefill calls. */
+  tenant?: string | undefined;
 }
 
 export interface KvSummary {
@@ -87,8 +90,13 @@ export class DecodeService {
     this.prefillClient = new PrefillClient(rt);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
-      return { running: s.running, waiting: s.admitted - s.running };
+      // Waiting: admitted but not in the batch, and queued for a call to a prefill instance.
+      return { running: s.running, waiting: s.admitted - s.running + this.prefillClient.queue.queued };
     });
+    const calls = this.prefillClient.queue;
+    metrics.watchQueue("prefill_calls", () => ({ queued: calls.queued, rejected: calls.rejected }));
+    // The decode stage's queue: sequences with their KV loaded, waiting for a batch place.
+    metrics.watchQueue("decode", () => ({ queued: this.scheduler.status().waiting, rejected: this.scheduler.rejected }));
     metrics.watchKv("device", () => ({ inUse: this.scheduler.status().kv_reserved_bytes, capacity: c.kvBudgetBytes }));
     // The host bank of OmniKV offload: what the sequences hold there (it has no fixed capacity).
     metrics.watchKv("host", () => ({ inUse: this.scheduler.hostBytesInUse(), capacity: 0 }));
@@ -122,7 +130,8 @@ export class DecodeService {
       this.assertReady();
       const room = this.scheduler.status();
       if (room.admitted >= this.scheduler.options.maxBatch + this.scheduler.options.maxQueue) {
-        throw new ApiError(429, "queue_full", `decode is full (${room.admitted} requests admitted); retry later`);
+        this.scheduler.rejected++;
+        throw queueFull(`decode is full (${room.admitted} requests admitted); retry later`, 1);
       }
       handle = await this.prefillClient.prefill(
         {
@@ -135,6 +144,7 @@ export class DecodeService {
           ...(opts.policy === undefined ? {} : { policy: opts.policy }),
         },
         signal,
+        opts.tenant ?? "local",
       );
     } catch (e) {
       this.metrics.requestFailed(e); // decode() counts its own outcomes from here on
@@ -205,6 +215,7 @@ export class DecodeService {
         // The KV is ours now: the prefill's shard space can be reclaimed.
         await registry.chunks.releaseRequest(requestId);
         slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
+        slot.tenant = opts.tenant ?? "local";
         seq = undefined; // the scheduler owns it from here
         this.scheduler.start(slot);
         for (;;) {

@@ -3,6 +3,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { errorResponses } from "../../shared/http/errors.ts";
+import { forwardedTenant } from "../../shared/http/tenant.ts";
 import { HandleSchema, PrefillRequestSchema } from "../../shared/http/wire.ts";
 import { fastChunkRoutes } from "./chunk-route.ts";
 import type { PrefillService } from "./service.ts";
@@ -29,7 +30,7 @@ const statusRoute = createRoute({
 
 export function prefillRoutes(svc: PrefillService): ServiceApp {
   const app = newApp();
-  app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log")), 200));
+  app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log"), forwardedTenant(c)), 200));
   app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
   app.route("/", fastChunkRoutes((id) => svc.chunkSource(id)));
   app.openAPIRegistry.registerPath({

@@ -24,7 +24,8 @@ import { policyKind } from "../../shared/policy/request.ts";
 import { chatRoundStarts, planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
-import { Gate } from "./gate.ts";
+import { FairQueue } from "../../shared/queue/fair-queue.ts";
+import { ShardQuota } from "./shard-quota.ts";
 import { Sweeper } from "./sweeper.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
@@ -57,7 +58,9 @@ export class PrefillService {
   private sweeping: Promise<void> | undefined;
   readonly sweeper: Sweeper;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
-  private readonly gate: Gate;
+  /** Prefill places, fair across keys: `--max-prefills` running, `--max-prefill-queue` waiting. */
+  private readonly gate: FairQueue;
+  private readonly quota: ShardQuota;
   private readonly shape: KvShape;
   private kvInFlight = 0;
   /** Measured prefill throughput, and the work admitted: what SLO admission predicts TTFT from. */
@@ -73,13 +76,21 @@ export class PrefillService {
     /** A colocated server computes prompts in the decode scheduler's steps (chunked prefill). */
     private readonly compute: PrefillCompute = (seq, tokens) => rt.engine.prefill(seq, tokens),
   ) {
-    this.gate = new Gate(rt.config.maxPrefills, rt.config.maxPrefillQueue);
+    const c = rt.config;
+    this.gate = new FairQueue({ stage: "prefill", limit: c.maxPrefills, capacity: c.maxPrefillQueue });
+    // The default cap (half the shard) is for API keys; a keyless server has one tenant, "local",
+    // with nobody to share the shard with. An explicit --max-shard-bytes-per-key applies to all.
+    this.quota = new ShardQuota(
+      c.maxShardBytesPerKey ?? Math.floor(c.shardBytes / 2),
+      new Set(c.maxShardBytesPerKey === undefined ? ["local"] : []),
+      Math.min(60, Math.ceil(c.retainMs / 1000)),
+    );
     metrics.watchRequests("prefill", () => ({ running: this.gate.running, waiting: this.gate.queued }));
+    metrics.watchQueue("prefill", () => ({ queued: this.gate.queued, rejected: this.gate.rejected }));
     metrics.watchKv("shard", () => ({ inUse: this.shard?.bytesUsed ?? 0, capacity: this.shard?.sizeBytes ?? 0 }));
     metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
     this.writer = new ChunkWriter(rt, this.shape, this.totals);
-    const c = rt.config;
     this.sweeper = new Sweeper(
       rt.registry,
       {
@@ -184,7 +195,8 @@ export class PrefillService {
     };
   }
 
-  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger): Promise<Handle> {
+  /** Prefills `req` for `tenant` (the API key id, "local" when keyless): its place in the fair queue and its shard cap. */
+  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant = "local"): Promise<Handle> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
@@ -207,12 +219,12 @@ export class PrefillService {
     this.work.add(work);
     try {
       const queuedAt = performance.now();
-      const leave = await this.gate.enter(signal).catch((e: unknown) => {
+      const leave = await this.gate.enter(tenant, signal).catch((e: unknown) => {
         throw e instanceof ApiError ? e : clientClosed();
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tokens, policy, sampling, signal, log, t0, work);
+        const handle = await this.run(req, tokens, policy, sampling, signal, log, t0, work, tenant);
         this.totals.prefills++;
         this.totals.prompt_tokens += tokens.length;
         this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
@@ -250,6 +262,7 @@ export class PrefillService {
     log: Logger,
     t0: number,
     work: PrefillWork,
+    tenant: string,
   ): Promise<Handle> {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;
@@ -272,7 +285,7 @@ export class PrefillService {
     let seq: ReturnType<typeof engine.createSequence> | undefined;
     this.kvInFlight += kvBytes;
     try {
-      await this.writer.reserve(plan.flat(), shard, () => this.reap());
+      await this.writer.reserve(plan.flat(), shard, () => this.reap(), tenant, this.quota);
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
       const hasher = new PrefixHasher(model.fingerprint);

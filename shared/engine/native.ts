@@ -127,7 +127,7 @@ export interface NativeSequence {
   setPolicy(policy: AttentionPolicy): void;
   readonly policyStats: PolicyStats;
   /**
-   * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, DESIGN.md) into the cache
+   * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, docs/kv-format.md) into the cache
    * rows it covers; setLength() then declares the length. RangeError when the rows or the payload
    * size do not fit the cache.
    */

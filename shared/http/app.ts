@@ -1,5 +1,5 @@
 // The Hono app every service starts from: request ids, one structured log line per request,
-// a body limit whose 413 closes the connection (see NOTES §6), uniform validation errors, and an
+// a body limit whose 413 closes the connection (so a pooled client does not reuse a half-read socket), uniform validation errors, and an
 // error handler that turns anything thrown into the shared error shape.
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Context } from "hono";
@@ -11,7 +11,8 @@ import type { Logger } from "pino";
 import { ApiError, errorBody } from "./errors.ts";
 
 /** arrivedAt: performance.now() when the request reached the service (TTFT starts there). */
-export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number } };
+/** tenant: who is asking (the API key id; "local" when keyless): fair queuing and per-key caps. */
+export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number; tenant: string } };
 export type ServiceApp = OpenAPIHono<AppEnv>;
 
 export interface AppOptions {
@@ -63,7 +64,11 @@ export function createApp(options: AppOptions): ServiceApp {
     }),
   );
   app.onError((err, c) => {
-    if (err instanceof ApiError) return c.json(err.toJSON(), err.status as ContentfulStatusCode);
+    if (err instanceof ApiError) {
+      // Every 429 says when to come back; a stage that cannot estimate it says one second.
+      const headers = err.status === 429 && !err.headers["retry-after"] ? { ...err.headers, "retry-after": "1" } : err.headers;
+      return c.json(err.toJSON(), err.status as ContentfulStatusCode, headers);
+    }
     if (err instanceof HTTPException) {
       const status = err.status;
       const message = status === 400 && /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";

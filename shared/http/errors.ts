@@ -23,7 +23,8 @@ export type ApiErrorCode =
   | "slo_unattainable" // SLO admission: the predicted TTFT misses the TTFT objective
   | "client_closed"
   | "kv_load_failed" // the KV could not be read, or failed its checksum/fingerprint check
-  | "prefill_failed" // the prefill instance answered with an error
+  | "prefill_failed" // the prefill instance answered with an error, or was declared dead during the call
+  | "prefill_timeout" // the prefill call ran past its deadline
   | "no_prefill_instance"
   | "not_ready"
   | "draining"
@@ -44,6 +45,8 @@ const TYPES: Record<number, string> = {
 
 export class ApiError extends Error {
   override readonly name = "ApiError";
+  /** Response headers the answer carries (e.g. retry-after on a 429). */
+  readonly headers: Record<string, string> = {};
   constructor(
     readonly status: ApiStatus,
     readonly code: ApiErrorCode,
@@ -58,6 +61,12 @@ export class ApiError extends Error {
   toJSON(): ErrorBody {
     return errorBody(this.status, this.code, this.message, this.param, this.details);
   }
+}
+
+/** Sets the Retry-After (seconds) a 429 or 503 answer carries; returns the error. */
+export function retryAfter(seconds: number, err: ApiError): ApiError {
+  err.headers["retry-after"] = String(Math.max(1, Math.ceil(seconds)));
+  return err;
 }
 
 export interface ErrorBody {

@@ -131,6 +131,11 @@ export class Shard {
     return length;
   }
 
+  /** The length of the allocation that starts at `offset`, if one does. */
+  allocatedAt(offset: number): number | undefined {
+    return this.ranges.lengthAt(offset);
+  }
+
   /** Whether [offset, offset + length) lies inside one allocated range. */
   holds(offset: number, length: number): boolean {
     return this.ranges.contains(offset, length);

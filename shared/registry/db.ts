@@ -29,18 +29,27 @@ const MIGRATIONS_DIR = fileURLToPath(new URL("../../migrations", import.meta.url
 // Arbitrary constant: serialises migrations of services that start at the same time.
 const MIGRATION_LOCK_KEY = 0x6374_7862; // "ctxb"
 
+export interface DatabaseOptions {
+  /**
+   * PostgreSQL: deadline of one query (client side, so a hung or stopped server cannot hold a
+   * request forever) and of one connection attempt. Default 15 s.
+   */
+  timeoutMs?: number;
+}
+
 export async function openDatabase(
   url: string = process.env.DATABASE_URL ?? DEFAULT_DATABASE_URL,
+  options: DatabaseOptions = {},
 ): Promise<OpenedDatabase> {
-  if (/^postgres(ql)?:\/\//.test(url)) return openPostgres(url);
+  if (/^postgres(ql)?:\/\//.test(url)) return openPostgres(url, options.timeoutMs ?? 15_000);
   if (url.startsWith("pglite://")) return openPglite(url);
   throw new Error(
     `unsupported database URL "${redactDatabaseUrl(url)}": use postgres://…, postgresql://…, pglite://memory or pglite:///absolute/dir`,
   );
 }
 
-async function openPostgres(url: string): Promise<OpenedDatabase> {
-  const pool = new pg.Pool({ connectionString: url, max: 10 });
+async function openPostgres(url: string, timeoutMs: number): Promise<OpenedDatabase> {
+  const pool = new pg.Pool({ connectionString: url, max: 10, connectionTimeoutMillis: timeoutMs, query_timeout: timeoutMs });
   // An idle client whose server went away emits 'error' on the pool; unhandled, that kills the
   // process. The next query reports the failure to its caller instead.
   pool.on("error", () => {});
