@@ -18,6 +18,7 @@ import { loadConfig } from "../shared/config.ts";
 import { loadModel } from "../shared/engine/engine.ts";
 import type { Handle } from "../shared/http/wire.ts";
 import { openDatabase } from "../shared/registry/db.ts";
+import { isDatabaseUnavailable } from "../shared/registry/db-probe.ts";
 import { redactDatabaseUrl } from "../shared/registry/redact-url.ts";
 import { tinyLlama } from "./helpers/gguf-writer.ts";
 import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
@@ -146,6 +147,20 @@ describe("services under hostile input and a database outage", () => {
     expect(prefill.status, JSON.stringify(prefill.body)).toBe(503);
     expect(prefill.body).toMatchObject({ error: { code: "not_ready", message: expect.stringMatching(/database is unreachable/) } });
     expect((await fetch(`${s.url}/health`)).status).toBe(200);
+  });
+});
+
+describe("database outage classification", () => {
+  it("refused, broken and timed-out connections are outages (503); other errors are not", () => {
+    const wrap = (cause: Error) => new DrizzleQueryError("select 1", [], cause);
+    const coded = (message: string, code: string) => Object.assign(new Error(message), { code });
+    expect(isDatabaseUnavailable(wrap(coded("connect ECONNREFUSED 127.0.0.1:5432", "ECONNREFUSED")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(coded("terminating connection due to administrator command", "57P01")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(new Error("Query read timeout")))).toBe(true); // pg's query_timeout: a hung server
+    expect(isDatabaseUnavailable(wrap(new Error("timeout exceeded when trying to connect")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(new Error("Connection terminated unexpectedly")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(coded('duplicate key value violates unique constraint "x"', "23505")))).toBe(false);
+    expect(isDatabaseUnavailable(new TypeError("x is undefined"))).toBe(false);
   });
 });
 
