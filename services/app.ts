@@ -1,9 +1,9 @@
 // The two HTTP apps over whichever services this process runs. Public: the OpenAI routes,
 // /v1/prefill and /v1/decode behind an API key, GET /health, /ready, /metrics, the OpenAPI
-// document, the docs page and the dashboard. Internal (a separate listener, for the other
+// document, the docs page and the dashboard. /ready is 503 until registered, while draining,
+// and while the registry database does not answer. Internal (a separate listener, for the other
 // services): the decode's prefill calls and the chunk bytes behind signed capabilities, status
-// behind the shared secret. GET /ready is 503 until registered, while draining, and while the
-// registry database does not answer.
+// behind the shared secret.
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { apiKeyAuth, hostCheck } from "../shared/auth/middleware.ts";
@@ -35,6 +35,11 @@ const Health = z
     database: z.enum(["reachable", "unreachable"]).optional().openapi({ description: "The registry database answered `select 1` within a second (checked at most every 2 s)" }),
   })
   .openapi("Health");
+
+/** A registry outage is a 503 the client may retry, not an internal error. */
+function classifyError(err: unknown): ApiError | undefined {
+  return isDatabaseUnavailable(err) ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err }) : undefined;
+}
 
 /** The routes that run a generation: their error answers count as request failures. */
 const GENERATION_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/v1/decode"]);
@@ -100,12 +105,7 @@ function opsRoutes(services: Services, metrics: ServiceMetrics, dbProbe: DbProbe
   return app;
 }
 
-/** A registry outage answers 503 not_ready, not 500. */
-function classifyError(err: Error): ApiError | undefined {
-  return isDatabaseUnavailable(err) ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err }) : undefined;
-}
-
-export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security, dbProbe: DbProbe = new DbProbe(rt.db)): ServiceApp {
+export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
   const app = createApp({
     log: rt.log,
     maxBodyBytes: rt.config.maxBodyBytes,
@@ -114,7 +114,7 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
   });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/*", apiKeyAuth(security.keys, security.limiter));
-  app.route("/", opsRoutes(services, metrics, dbProbe));
+  app.route("/", opsRoutes(services, metrics, new DbProbe(rt.db)));
   if (services.prefill) app.route("/", prefillRoutes(services.prefill));
   if (services.decode) {
     app.route("/", decodeRoutes(services.decode));
@@ -144,14 +144,14 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
 }
 
 /** The internal listener's app: what only the other services (and operators holding the secret) call. */
-export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security, dbProbe: DbProbe = new DbProbe(rt.db)): ServiceApp {
+export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
   const app = createApp({ log: rt.log, maxBodyBytes: rt.config.maxBodyBytes, classifyError });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/prefill", prefillCapability(security.internal));
   app.use("/v1/chunks/*", chunkReadAuth(security.internal, rt.registry));
   app.use("/v1/prefill/status", internalSecret(security.internal));
   app.use("/v1/decode/status", internalSecret(security.internal));
-  app.route("/", opsRoutes(services, metrics, dbProbe));
+  app.route("/", opsRoutes(services, metrics, new DbProbe(rt.db)));
   if (services.prefill) {
     app.route("/", prefillRoutes(services.prefill));
     app.route("/", prefillStatusRoutes(services.prefill));

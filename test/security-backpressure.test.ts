@@ -3,8 +3,7 @@
 // queue_full with Retry-After and show their depth on /metrics; the prefill gate serves keys in
 // turn, so one key's burst of long prompts does not hold another key's 2-token prompt behind
 // all of it; and one key's unclaimed handles cannot take the whole shard (429 shard_full for it,
-// room for the others). Each client has its own API key (unlimited rate and concurrency, so only
-// the queues push back).
+// room for the others). Each tenant is an API key of its own.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { newApiKey } from "../shared/auth/api-keys.ts";
 import { loadConfig } from "../shared/config.ts";
@@ -20,14 +19,12 @@ interface Answer {
   at: number;
 }
 
-const KEYS = Object.fromEntries(["burst", "chat", "calls", "hog", "other"].map((id) => [id, newApiKey(id, { rate: 0, concurrency: 0 })]));
-const apiKeys = Object.values(KEYS)
-  .map((k) => k.line)
-  .join("\n");
-const as = (tenant: string) => ({ authorization: `Bearer ${KEYS[tenant]!.key}` });
+/** One API key per tenant the tests use (generous limits: the queues are what is tested). */
+const KEYS = Object.fromEntries(["burst", "chat", "caller", "hog", "other"].map((id) => [id, newApiKey(id, { rate: 1000, burst: 1000, concurrency: 100 })]));
+const KEY_LINES = Object.values(KEYS).map((k) => k.line).join("\n");
 
-async function post(url: string, body: unknown, tenant = "calls"): Promise<Answer> {
-  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...as(tenant) }, body: JSON.stringify(body) });
+async function post(url: string, body: unknown, tenant = "caller"): Promise<Answer> {
+  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${KEYS[tenant]!.key}` }, body: JSON.stringify(body) });
   const text = await res.text();
   return { status: res.status, retryAfter: res.headers.get("retry-after"), body: JSON.parse(text), at: performance.now() };
 }
@@ -51,7 +48,7 @@ describe("bounded fair queues (serve, PGlite)", () => {
         maxPrefillQueue: 4,
         maxPrefillCalls: 1,
         maxPrefillCallQueue: 2,
-        apiKeys,
+        apiKeys: KEY_LINES,
         logLevel: "silent",
       }),
     );
@@ -118,7 +115,7 @@ describe("per-key shard cap (serve, PGlite)", () => {
   beforeAll(async () => {
     shards = await tempShardDir();
     s = await startServices(
-      loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 16 << 20, blockTokens: 32, maxShardBytesPerKey: perKey, reapMs: 50, apiKeys, logLevel: "silent" }),
+      loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 16 << 20, blockTokens: 32, maxShardBytesPerKey: perKey, reapMs: 50, apiKeys: KEY_LINES, logLevel: "silent" }),
     );
   });
   afterAll(async () => {
@@ -147,7 +144,7 @@ describe("per-key shard cap (serve, PGlite)", () => {
     expect(other.status, JSON.stringify(other.body)).toBe(200);
 
     // The hog decodes one of its handles: its chunks are released and reclaimed, and it fits again.
-    const decoded = await postJson(`${s.url}/v1/decode`, { handle: held[0], max_tokens: 1 }, as("hog"));
+    const decoded = await postJson(`${s.url}/v1/decode`, { handle: held[0], max_tokens: 1 }, { authorization: `Bearer ${KEYS.hog!.key}` });
     expect(decoded.status, JSON.stringify(decoded.body)).toBe(200);
     await until("the decoded handle's ranges are reclaimed", async () => (await post(url, { prompt_token_ids: ids(100, 500) }, "hog")).status === 200, 10_000);
   });

@@ -10,6 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { DrizzleQueryError } from "drizzle-orm/errors";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { chunkRoutes } from "../services/prefill/routes.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { createLogger, openRuntime } from "../services/runtime.ts";
 import { KvLoadError } from "../services/decode/kv-loader.ts";
@@ -17,6 +18,7 @@ import { loadConfig } from "../shared/config.ts";
 import { loadModel } from "../shared/engine/engine.ts";
 import type { Handle } from "../shared/http/wire.ts";
 import { openDatabase } from "../shared/registry/db.ts";
+import { isDatabaseUnavailable } from "../shared/registry/db-probe.ts";
 import { redactDatabaseUrl } from "../shared/registry/redact-url.ts";
 import { tinyLlama } from "./helpers/gguf-writer.ts";
 import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
@@ -77,14 +79,18 @@ describe("services under hostile input and a database outage", () => {
   });
 
   it("/v1/chunks answers errors in the shared error shape", async () => {
-    // Not on the public listener any more (the route's own answers: test/transport.test.ts).
-    const res = await fetch(`${s.url}/v1/chunks/nope/1?offset=0&length=1`);
+    // On the internal listener, a read without a capability is refused before the route runs.
+    const refused = await fetch(`${s.internalUrl}/v1/chunks/nope/1?offset=0&length=1`);
+    expect(refused.status).toBe(401);
+    expect(await refused.json()).toMatchObject({ error: { code: "unauthorized", type: expect.any(String), param: null } });
+    // The route's own answers (what an authorised read of a bad range gets), in the same shape.
+    const route = chunkRoutes(s.services.prefill!);
+    const res = await route.request("/v1/chunks/nope/1?offset=0&length=1");
     expect(res.status).toBe(404);
-    expect(await res.json()).toMatchObject({ error: { type: "not_found_error", code: "not_found", param: null } });
-    // On the internal listener, without a capability.
-    const bad = await fetch(`${s.internalUrl}/v1/chunks/nope/1?offset=-1&length=1`);
-    expect(bad.status).toBe(401);
-    expect(await bad.json()).toMatchObject({ error: { code: "unauthorized", type: "authentication_error", param: null } });
+    expect(await res.json()).toEqual({ error: { message: "no shard nope here", type: "not_found_error", code: "unknown_shard", param: null } });
+    const bad = await route.request("/v1/chunks/nope/1?offset=-1&length=1");
+    expect(bad.status).toBe(400);
+    expect(await bad.json()).toMatchObject({ error: { code: "invalid_request", type: "invalid_request_error", param: null } });
   });
 
   it("a stream whose KV load fails after the first token ends with an error event, then [DONE]", async () => {
@@ -141,6 +147,20 @@ describe("services under hostile input and a database outage", () => {
     expect(prefill.status, JSON.stringify(prefill.body)).toBe(503);
     expect(prefill.body).toMatchObject({ error: { code: "not_ready", message: expect.stringMatching(/database is unreachable/) } });
     expect((await fetch(`${s.url}/health`)).status).toBe(200);
+  });
+});
+
+describe("database outage classification", () => {
+  it("refused, broken and timed-out connections are outages (503); other errors are not", () => {
+    const wrap = (cause: Error) => new DrizzleQueryError("select 1", [], cause);
+    const coded = (message: string, code: string) => Object.assign(new Error(message), { code });
+    expect(isDatabaseUnavailable(wrap(coded("connect ECONNREFUSED 127.0.0.1:5432", "ECONNREFUSED")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(coded("terminating connection due to administrator command", "57P01")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(new Error("Query read timeout")))).toBe(true); // pg's query_timeout: a hung server
+    expect(isDatabaseUnavailable(wrap(new Error("timeout exceeded when trying to connect")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(new Error("Connection terminated unexpectedly")))).toBe(true);
+    expect(isDatabaseUnavailable(wrap(coded('duplicate key value violates unique constraint "x"', "23505")))).toBe(false);
+    expect(isDatabaseUnavailable(new TypeError("x is undefined"))).toBe(false);
   });
 });
 

@@ -6,8 +6,7 @@
 // Calls wait their turn in a bounded queue that is fair across keys (a full one answers 429
 // queue_full with Retry-After), so waiting is visible here rather than hidden in the pool. Each
 // call has a deadline (504 prefill_timeout) and is aborted as soon as the registry declares its
-// instance dead (502 prefill_failed). The key travels in the signed capability, so the prefill's own
-// queue, shard cap, request ids and chunk keys are the client's.
+// instance dead (502 prefill_failed). The key travels in the call's signed capability, so the prefill's own queue is fair too.
 import { Pool } from "undici";
 import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/auth/capability.ts";
@@ -36,7 +35,6 @@ export class PrefillClient {
 
   constructor(
     private readonly rt: Runtime,
-    /** Signs the prefill capability (route, tenant, expiry) the instance's internal listener wants. */
     private readonly auth?: InternalAuth,
   ) {
     const c = rt.config;
@@ -45,7 +43,7 @@ export class PrefillClient {
     this.timeoutMs = c.prefillTimeoutMs ?? defaultPrefillTimeoutMs(rt.engine.maxContext);
   }
 
-  /** Prefills `body` on some instance for `tenant`; `signal` is the client's. */
+  /** Prefills `body` on some instance's internal listener for `tenant` (a signed capability says so); `signal` is the client's. */
   async prefill(body: PrefillRequest, signal: AbortSignal, tenant: string = LOCAL_TENANT): Promise<Handle> {
     const deadline = AbortSignal.timeout(this.timeoutMs);
     const bounded = AbortSignal.any([signal, deadline]);
@@ -87,7 +85,6 @@ export class PrefillClient {
           res = await this.poolFor(inst.baseUrl).request({
             method: "POST",
             path: new URL(inst.baseUrl).pathname.replace(/\/+$/, "") + "/v1/prefill",
-            // The tenant travels inside the signed capability, never in a header a client could set.
             headers: {
               "content-type": "application/json",
               ...(this.auth ? { authorization: `Bearer ${this.auth.sign({ route: "prefill", tenant, exp: Date.now() + CAPABILITY_MS })}` } : {}),

@@ -40,7 +40,7 @@ export interface DecodeOptions {
   policy?: PolicySpec | undefined;
   /** performance.now() when the request arrived (TTFT and e2e start there); default: when decoding starts. */
   arrivedAt?: number | undefined;
-  /** Who the request is for (the API key's id; "local" keyless): only its own handles can be decoded; fair queuing of the prefill calls. */
+  /** Who the request is for (the API key's id; "local" keyless): fair queuing of its prefill call, and only its own handles can be decoded. */
   tenant?: string | undefined;
 }
 
@@ -149,7 +149,7 @@ export class DecodeService {
           ...(opts.policy === undefined ? {} : { policy: opts.policy }),
         },
         signal,
-        opts.tenant ?? "local",
+        opts.tenant ?? LOCAL_TENANT,
       );
     } catch (e) {
       this.metrics.requestFailed(e); // decode() counts its own outcomes from here on

@@ -1,8 +1,8 @@
 // Running a decode generator behind an HTTP response. The first event is awaited before the
 // response starts, so admission, prefill and handle errors are plain JSON errors with their
 // status; after that, errors go into the stream as an error event, and the stream still ends
-// normally (OpenAI's: `data: [DONE]` after the error chunk, as vLLM does). A client that goes away aborts the generator,
-// which frees the sequence, its KV and its leases.
+// normally (OpenAI's: `data: [DONE]` after the error chunk, as vLLM does). A client that goes
+// away aborts the generator, which frees the sequence, its KV and its leases.
 import type { Context } from "hono";
 import type { Logger } from "pino";
 import { streamSSE, type SSEStreamingApi } from "hono/streaming";

@@ -4,7 +4,6 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { errorResponses } from "../../shared/http/errors.ts";
-import { requestTenant } from "../../shared/http/tenant.ts";
 import { HandleSchema, PrefillRequestSchema } from "../../shared/http/wire.ts";
 import { fastChunkRoutes } from "./chunk-route.ts";
 import type { PrefillService } from "./service.ts";
@@ -31,7 +30,7 @@ const statusRoute = createRoute({
 
 export function prefillRoutes(svc: PrefillService): ServiceApp {
   const app = newApp();
-  app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log"), requestTenant(c)), 200));
+  app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log"), c.get("tenant")), 200));
   return app;
 }
 

@@ -197,10 +197,7 @@ export class PrefillService {
     };
   }
 
-  /**
-   * Prefills `req` for `tenant` (the API key id, "local" when keyless): its place in the fair
-   * queue, its shard cap, and its own namespace of request ids and chunk keys (shared/auth/tenant.ts).
-   */
+  /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/auth/tenant.ts). */
   async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<Handle> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
@@ -232,7 +229,7 @@ export class PrefillService {
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tokens, policy, sampling, signal, log, t0, work, tenant);
+        const handle = await this.run(req, tenant, tokens, policy, sampling, signal, log, t0, work);
         this.totals.prefills++;
         this.totals.prompt_tokens += tokens.length;
         this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
@@ -263,6 +260,7 @@ export class PrefillService {
 
   private async run(
     req: PrefillRequest,
+    tenant: string,
     tokens: number[],
     policy: PlannedPolicy,
     sampling: { temperature: number; topK: number; topP: number; seed: number },
@@ -270,7 +268,6 @@ export class PrefillService {
     log: Logger,
     t0: number,
     work: PrefillWork,
-    tenant: string,
   ): Promise<Handle> {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;

@@ -62,14 +62,17 @@ const NETWORK_CODES = new Set(["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EHOST
 
 /**
  * Whether an error (or one it wraps: drizzle wraps the driver's) says the database cannot be
- * reached: a refused or broken connection, or PostgreSQL's connection-exception (08xxx) and
- * shutting-down (57P01-57P03) codes. Such a failure is a 503, not a bug (500).
+ * reached: a refused or broken connection, a connect or query deadline that ran out, or
+ * PostgreSQL's connection-exception (08xxx) and shutting-down (57P01-57P03) codes. Such a failure
+ * is a 503, not a bug (500).
  */
 export function isDatabaseUnavailable(err: unknown): boolean {
   for (let e = err, depth = 0; e instanceof Error && depth < 5; e = e.cause, depth++) {
     const code = (e as { code?: unknown }).code;
     if (typeof code === "string" && (NETWORK_CODES.has(code) || code.startsWith("08") || /^57P0[123]$/.test(code))) return true;
-    if (/^Connection terminated|connection timeout|Client has encountered a connection error/i.test(e.message)) return true;
+    // pg's messages for a broken connection, a connect deadline and the client-side query deadline
+    // (a stopped or hung server).
+    if (/^Connection terminated|connection timeout|Client has encountered a connection error|timeout exceeded when trying to connect|^Query read timeout/i.test(e.message)) return true;
   }
   return false;
 }
