@@ -65,8 +65,11 @@ export const ConfigSchema = z.object({
   headersTimeoutMs: ms.default(10_000),
   requestTimeoutMs: ms.default(120_000),
   bodyIdleTimeoutMs: ms.default(10_000),
-  /** Every listener: an idle keep-alive connection is closed after this. */
-  keepAliveTimeoutMs: ms.default(5_000),
+  /**
+   * Every listener: an idle keep-alive connection is closed after this. Longer than the usual
+   * load balancer idle timeout (60 s), so a balancer never reuses a connection being closed.
+   */
+  keepAliveTimeoutMs: ms.default(65_000),
   /** Every listener: open connections at most; more are refused (closed at once). */
   maxConnections: int(1, 1_000_000).default(1024),
   /** Sequences decoded together in one step (continuous batching) / waiting for a slot. */
@@ -137,7 +140,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   headersTimeoutMs: { flag: "headers-timeout-ms", env: ["CTXBANK_HEADERS_TIMEOUT_MS"], help: "time to send a request's headers (default 10 000)" },
   requestTimeoutMs: { flag: "request-timeout-ms", env: ["CTXBANK_REQUEST_TIMEOUT_MS"], help: "time to receive a whole request, headers and body, then 408 (default 120 000; responses are not limited)" },
   bodyIdleTimeoutMs: { flag: "body-idle-timeout-ms", env: ["CTXBANK_BODY_IDLE_TIMEOUT_MS"], help: "longest pause inside a request body, then 408 (default 10 000)" },
-  keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 5 000)" },
+  keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 65 000)" },
   maxConnections: { flag: "max-connections", env: ["CTXBANK_MAX_CONNECTIONS"], help: "open connections per listener (default 1024)" },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
@@ -212,6 +215,9 @@ export function loadConfig(
       `ctxbank ${role} runs as a separate process and needs a shared PostgreSQL: set DATABASE_URL (or --database-url) to postgres://…` +
         ` (got ${c.databaseUrl.startsWith("pglite") ? c.databaseUrl : "a non-postgres URL"}); use \`ctxbank serve\` for one process with PGlite`,
     );
+  }
+  if (c.headersTimeoutMs > c.requestTimeoutMs) {
+    throw new ConfigError(`the headers timeout (${c.headersTimeoutMs} ms) must not be longer than the request timeout (${c.requestTimeoutMs} ms), which includes it`);
   }
   if (c.heartbeatTimeoutMs <= c.heartbeatMs) {
     throw new ConfigError(`heartbeat timeout (${c.heartbeatTimeoutMs} ms) must be longer than the heartbeat period (${c.heartbeatMs} ms)`);

@@ -7,6 +7,7 @@ import net from "node:net";
 import { streamSSE } from "hono/streaming";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ConfigError, loadConfig } from "../shared/config.ts";
 import { createApp } from "../shared/http/app.ts";
 import { listen, type Listening } from "../shared/http/server.ts";
 import { openDatabase } from "../shared/registry/db.ts";
@@ -176,5 +177,16 @@ describe("registry calls to a hung PostgreSQL end at --db-timeout-ms", () => {
       frozen = false;
       await db.close().catch(() => {});
     }
+  });
+});
+
+describe("listener limit flags", () => {
+  it("are read from flags and the environment, with defaults, and a headers timeout over the request timeout is refused", () => {
+    const d = loadConfig("serve", {}, {});
+    expect([d.headersTimeoutMs, d.requestTimeoutMs, d.bodyIdleTimeoutMs, d.keepAliveTimeoutMs, d.maxConnections]).toEqual([10_000, 120_000, 10_000, 65_000, 1024]);
+    const c = loadConfig("serve", { "body-idle-timeout-ms": "2500", "max-connections": "64" }, { CTXBANK_HEADERS_TIMEOUT_MS: "3000" });
+    expect([c.bodyIdleTimeoutMs, c.maxConnections, c.headersTimeoutMs]).toEqual([2500, 64, 3000]);
+    expect(() => loadConfig("serve", { "headers-timeout-ms": "5000", "request-timeout-ms": "1000" }, {})).toThrow(ConfigError);
+    expect(() => loadConfig("serve", { "max-connections": "0" }, {})).toThrow(/--max-connections/);
   });
 });

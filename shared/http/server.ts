@@ -38,7 +38,7 @@ export const DEFAULT_LIMITS: ListenLimits = {
   headersTimeoutMs: 10_000,
   requestTimeoutMs: 120_000,
   bodyIdleTimeoutMs: 10_000,
-  keepAliveTimeoutMs: 5_000,
+  keepAliveTimeoutMs: 65_000,
   maxConnections: 1024,
 };
 
