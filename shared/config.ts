@@ -54,9 +54,13 @@ export const ConfigSchema = z.object({
   /** Prefills computed at once / waiting; beyond that a prefill gets 429. */
   maxPrefills: int(1, 64).default(1),
   maxPrefillQueue: int(0, 10_000).default(16),
-  /** Decode: calls to prefill instances in flight at once / waiting (fair across keys); beyond that 429. */
-  maxPrefillCalls: int(1, 1024).default(8),
-  maxPrefillCallQueue: int(0, 10_000).default(32),
+  /**
+   * Decode: calls to prefill instances in flight at once / waiting (fair across keys); beyond that
+   * 429. In flight: enough to keep a few prefill instances busy with a short queue each (raise it
+   * with more instances); waiting: about what one prefill's own queue holds.
+   */
+  maxPrefillCalls: int(1, 1024).default(4),
+  maxPrefillCallQueue: int(0, 10_000).default(16),
   /** Decode: deadline of one prefill call, queue wait included; default 60 s + 20 ms per context token. */
   prefillTimeoutMs: ms.optional(),
   /** Registry (PostgreSQL) deadline per query and per connection attempt. */
@@ -133,8 +137,8 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   reapMs: { flag: "reap-ms", env: ["CTXBANK_REAP_MS"], help: "expired-chunk reaper period" },
   maxPrefills: { flag: "max-prefills", env: ["CTXBANK_MAX_PREFILLS"], help: "prefills computed at once" },
   maxPrefillQueue: { flag: "max-prefill-queue", env: ["CTXBANK_MAX_PREFILL_QUEUE"], help: "prefills waiting (then 429)" },
-  maxPrefillCalls: { flag: "max-prefill-calls", env: ["CTXBANK_MAX_PREFILL_CALLS"], help: "decode: prefill calls in flight (default 8)" },
-  maxPrefillCallQueue: { flag: "max-prefill-call-queue", env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"], help: "decode: prefill calls waiting (then 429; default 32)" },
+  maxPrefillCalls: { flag: "max-prefill-calls", env: ["CTXBANK_MAX_PREFILL_CALLS"], help: "decode: prefill calls in flight (default 4; raise with more prefill instances)" },
+  maxPrefillCallQueue: { flag: "max-prefill-call-queue", env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"], help: "decode: prefill calls waiting (then 429; default 16)" },
   prefillTimeoutMs: { flag: "prefill-timeout-ms", env: ["CTXBANK_PREFILL_TIMEOUT_MS"], help: "decode: deadline of a prefill call (default 60 s + 20 ms per context token)" },
   dbTimeoutMs: { flag: "db-timeout-ms", env: ["CTXBANK_DB_TIMEOUT_MS"], help: "PostgreSQL query and connect deadline (default 15 000)" },
   headersTimeoutMs: { flag: "headers-timeout-ms", env: ["CTXBANK_HEADERS_TIMEOUT_MS"], help: "time to send a request's headers (default 10 000)" },
