@@ -13,11 +13,12 @@ export function requestTenant(c: Context<AppEnv>): string {
 }
 
 /**
- * For internal routes a decode calls on a client's behalf: the forwarded tenant when the header
- * holds a well-formed one, else the caller's own. (Only callers that can reach the internal
- * routes can set it; it steers fairness and quotas, not access.)
+ * For internal routes a decode calls on a client's behalf: the tenant forwarded in TENANT_HEADER
+ * when the caller has no key of its own (keyless, or a service caller the auth layer leaves
+ * unkeyed), else the caller's own key, so a client with a key cannot charge its work to another.
  */
 export function forwardedTenant(c: Context<AppEnv>): string {
+  const own = requestTenant(c);
   const h = c.req.header(TENANT_HEADER);
-  return h !== undefined && TENANT.test(h) ? h : requestTenant(c);
+  return own === "local" && h !== undefined && TENANT.test(h) ? h : own;
 }
