@@ -13,6 +13,7 @@ import { listen, type Listening } from "../shared/http/server.ts";
 import { openDatabase } from "../shared/registry/db.ts";
 import { Registry } from "../shared/registry/registry.ts";
 import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
+import { until } from "./helpers/services.ts";
 
 const LIMITS = { headersTimeoutMs: 600, requestTimeoutMs: 2_000, bodyIdleTimeoutMs: 500, keepAliveTimeoutMs: 1_000, maxConnections: 30 };
 const STREAM_MS = 2_500; // longer than every limit above: they bound receiving a request, never a response
@@ -51,9 +52,11 @@ function raw(port: number, head: string, opts: { drip?: { every: number; times: 
 
 describe("listener timeouts and connection cap", () => {
   let server: Listening;
+  const logged: { status?: number; path?: string; msg?: string }[] = [];
 
   beforeAll(async () => {
-    const app = createApp({ log: pino({ level: "silent" }), maxBodyBytes: 1 << 20 });
+    const log = pino({ level: "info" }, { write: (line: string) => void logged.push(JSON.parse(line)) });
+    const app = createApp({ log, maxBodyBytes: 1 << 20 });
     app.post("/v1/echo", async (c) => c.json({ got: await c.req.json() }));
     app.get("/v1/stream", (c) =>
       streamSSE(c, async (s) => {
@@ -79,6 +82,9 @@ describe("listener timeouts and connection cap", () => {
     const health = await fetch(`${server.url}/health`);
     expect(health.status).toBe(200);
     const results = await Promise.all(slow.map((s) => s.done));
+    // Each handler ended with the 408 (its body read failed), logged like any other request.
+    await until("every stalled request is logged", () => logged.filter((l) => l.msg === "request" && l.status === 408).length === 20);
+    expect(logged.filter((l) => l.msg === "unhandled error")).toEqual([]);
     for (const r of results) {
       expect(r.text).toMatch(/^HTTP\/1\.1 408 /);
       expect(r.text).toContain('"code":"request_timeout"');
