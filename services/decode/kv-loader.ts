@@ -15,6 +15,7 @@ import { ShmTransport } from "../../shared/transport/shm.ts";
 import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "../../shared/transport/types.ts";
 import type { ServiceMetrics } from "../../shared/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
+import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 import { SocketHttpTransport } from "./socket-transport.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
@@ -47,6 +48,8 @@ export class KvLoader {
   constructor(
     private readonly rt: Runtime,
     private readonly metrics?: ServiceMetrics,
+    /** Aborts reads from an owner the registry declares dead (HTTP reads; shm reads cannot hang). */
+    private readonly peers?: PeerWatch,
   ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
@@ -122,6 +125,9 @@ export class KvLoader {
       const stop = new AbortController();
       const onAbort = () => stop.abort(signal.reason);
       signal.addEventListener("abort", onAbort, { once: true });
+      const ownerDead = new AbortController();
+      ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
+      const untrack = await this.watchOwners(leased, ownerDead);
       const worker = async () => {
         const scratch = { buf: Buffer.allocUnsafe(0) };
         while (nextIndex < leased.length && !stop.signal.aborted) {
@@ -132,6 +138,7 @@ export class KvLoader {
           try {
             view = await fetchChunk(transport, location, scratch, { deadlineMs, signal: stop.signal });
           } catch (e) {
+            if (ownerDead.signal.aborted && !signal.aborted) throw ownerGone(ownerDead.signal.reason);
             throw transportError(e, signal);
           }
           try {
@@ -151,6 +158,7 @@ export class KvLoader {
       );
       const settled = await Promise.allSettled(workers);
       signal.removeEventListener("abort", onAbort);
+      untrack();
       const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
       if (failure) throw firstCause(settled, failure.reason);
       signal.throwIfAborted();
@@ -170,6 +178,22 @@ export class KvLoader {
     } finally {
       await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
     }
+  }
+
+  /** Watches the owners of the chunks read over HTTP; returns the function that stops watching. */
+  private async watchOwners(leased: LeasedChunk[], ac: AbortController): Promise<() => void> {
+    const peers = this.peers;
+    if (!peers) return () => {};
+    const shardsRead = new Map<string, { shardId: string; epoch: number }>();
+    for (const { location: loc } of leased) {
+      if (this.pick(loc) !== this.shm) shardsRead.set(`${loc.shardId}/${loc.epoch}`, { shardId: loc.shardId, epoch: loc.epoch });
+    }
+    const untracks: Array<() => void> = [];
+    for (const { shardId, epoch } of shardsRead.values()) {
+      const row = await this.rt.registry.shards.get(shardId, epoch).catch(() => undefined);
+      if (row) untracks.push(peers.track(row.instanceId, ac));
+    }
+    return () => untracks.forEach((f) => f());
   }
 
   /** A load that failed for want of the bytes (not a bad handle, not a cancel): by transport and reason. */
@@ -212,6 +236,11 @@ function leaseError(e: unknown): unknown {
     return new ApiError(409, "handle_expired", `the handle's KV is no longer available: ${e.message}`, "handle", details, { cause: e });
   }
   return e;
+}
+
+function ownerGone(reason: unknown): KvLoadError {
+  const why = reason instanceof PeerDeadError ? reason.message : String(reason);
+  return new KvLoadError(`the KV's owner is gone: ${why}`, "failed_owner", { cause: reason });
 }
 
 function transportError(e: unknown, signal: AbortSignal): unknown {
