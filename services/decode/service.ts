@@ -23,6 +23,7 @@ import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/auth/capability.ts";
 import { ownsRequest } from "../../shared/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
+import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
@@ -77,6 +78,7 @@ export class DecodeService {
   readonly scheduler: DecodeScheduler;
   readonly loader: KvLoader;
   readonly prefillClient: PrefillClient;
+  private readonly peers: PeerWatch;
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
@@ -91,8 +93,11 @@ export class DecodeService {
   ) {
     const c = rt.config;
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
-    this.loader = new KvLoader(rt, metrics, auth);
-    this.prefillClient = new PrefillClient(rt, auth);
+    // One watch over the peers decode calls (prefill instances, chunk owners): a call to a peer
+    // the registry declares dead is aborted at once.
+    this.peers = new PeerWatch(rt);
+    this.loader = new KvLoader(rt, metrics, auth, this.peers);
+    this.prefillClient = new PrefillClient(rt, auth, this.peers);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
       // Waiting: admitted but not in the batch, and queued for a call to a prefill instance.
@@ -363,6 +368,7 @@ export class DecodeService {
     for (const ac of this.active) ac.abort(new ApiError(503, "draining", "the decode service is shutting down"));
     while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
     await this.membership?.leave();
+    this.peers.stop();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);
   }
 }

@@ -9,6 +9,7 @@ import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
 import type { Logger } from "pino";
 import { ApiError, errorBody } from "./errors.ts";
+import { bodyTimedOut } from "./server.ts";
 
 /**
  * arrivedAt: performance.now() when the request reached the service (TTFT starts there).
@@ -69,6 +70,10 @@ export function createApp(options: AppOptions): ServiceApp {
     }),
   );
   app.onError((err, c) => {
+    // The listener found the body stalled and failed its read (server.ts): whatever the read's
+    // error became on the way (a JSON or validation error), the answer is 408 and a closed connection.
+    const stalled = bodyTimedOut((c.env as { incoming?: unknown } | undefined)?.incoming);
+    if (stalled !== undefined) return c.json(errorBody(408, "request_timeout", stalled), 408, { connection: "close" });
     if (err instanceof ApiError) {
       // Every 429 says when to come back; a stage that cannot estimate it says one second.
       const headers = err.status === 429 && !err.headers["retry-after"] ? { ...err.headers, "retry-after": "1" } : err.headers;
