@@ -14,7 +14,7 @@ import { bodyTimedOut } from "./server.ts";
 /**
  * arrivedAt: performance.now() when the request reached the service (TTFT starts there).
  * tenant: who the request is for — the API key's id, a capability's tenant on the internal
- * listener, or "local" on a keyless server (shared/auth/).
+ * listener, or "local" on a keyless server (shared/auth/); fair queuing and per-key caps use it too.
  */
 export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number; tenant: string } };
 export type ServiceApp = OpenAPIHono<AppEnv>;
