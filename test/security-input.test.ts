@@ -1,0 +1,149 @@
+// Bounded work before validation: prompts are size-checked before tokenizing, tokenized off the
+// event loop and only up to the context; every policy field is bounded before any work; a
+// handle's token ids are checked like any other input (400 naming the field, never a 500).
+import { monitorEventLoopDelay } from "node:perf_hooks";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { loadConfig } from "../shared/config.ts";
+import type { Handle } from "../shared/http/wire.ts";
+import { maxPromptChars } from "../services/runtime.ts";
+import { startServices, type RunningServices } from "../services/process.ts";
+import { getJson, postJson, tempShardDir } from "./helpers/services.ts";
+
+/** Runs `fn` and reports how long it took and the event loop's longest stall meanwhile. */
+async function watched<T>(fn: () => Promise<T>): Promise<{ result: T; ms: number; maxStallMs: number }> {
+  const h = monitorEventLoopDelay({ resolution: 10 });
+  h.enable();
+  const t = performance.now();
+  const result = await fn();
+  const ms = performance.now() - t;
+  h.disable();
+  return { result, ms, maxStallMs: h.max / 1e6 };
+}
+
+describe("bounded input", () => {
+  let shards: Awaited<ReturnType<typeof tempShardDir>>;
+  let s: RunningServices;
+  let maxContext: number;
+
+  beforeAll(async () => {
+    shards = await tempShardDir();
+    const config = loadConfig("serve", {}, {}, { databaseUrl: "pglite://memory", port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 64, logLevel: "silent" });
+    s = await startServices(config);
+    maxContext = s.rt.engine.maxContext;
+    // The first requests compile the routes' code (a stall of its own): measure after them.
+    await postJson(`${s.url}/v1/prefill`, { prompt: "warm up", max_tokens: 1 });
+    await postJson(`${s.url}/v1/prefill`, { prompt: "x".repeat(100_000) });
+  });
+  afterAll(async () => {
+    await s?.stop();
+    await shards?.remove();
+  });
+
+  const prefills = () => s.services.prefill!.status().totals.prefills;
+
+  it("a 4 MB prompt of digits is refused at once, without stalling the event loop", async () => {
+    const digits = "7".repeat(4_000_000);
+    for (const [route, body] of [
+      ["/v1/prefill", { prompt: digits }],
+      ["/v1/completions", { model: "default", prompt: digits, max_tokens: 1 }],
+    ] as const) {
+      const { result, ms, maxStallMs } = await watched(() => postJson(`${s.url}${route}`, body));
+      expect(result.status, JSON.stringify(result.body)).toBe(413);
+      expect(result.body.error).toMatchObject({ code: "context_length_exceeded", param: "prompt" });
+      expect(result.body.error.message).toMatch(/characters/);
+      expect(ms).toBeLessThan(2000); // was ~7 s of tokenizing
+      expect(maxStallMs).toBeLessThan(100);
+    }
+  });
+
+  it("a prompt under the character cap but past the context is tokenized off the loop, only up to the context", async () => {
+    const digits = "7".repeat(maxPromptChars(s.rt) - 10); // ~660k characters, one token each
+    const health = (async () => {
+      // Health checks keep answering while it is tokenized.
+      const answers: number[] = [];
+      for (let i = 0; i < 5; i++) answers.push((await getJson(`${s.url}/health`)).status);
+      return answers;
+    })();
+    const { result, ms, maxStallMs } = await watched(() => postJson(`${s.url}/v1/prefill`, { prompt: digits }));
+    expect(result.status, JSON.stringify(result.body)).toBe(413);
+    expect(result.body.error.message).toMatch(new RegExp(`more than ${maxContext} tokens`));
+    expect(ms).toBeLessThan(3000);
+    expect(maxStallMs).toBeLessThan(100);
+    expect(await health).toEqual([200, 200, 200, 200, 200]);
+  });
+
+  it("too many messages, message characters or token ids are refused before tokenizing", async () => {
+    const many = Array.from({ length: maxContext + 1 }, () => ({ role: "user", content: "" }));
+    const tooMany = await postJson(`${s.url}/v1/prefill`, { messages: many });
+    expect(tooMany.status).toBe(413);
+    expect(tooMany.body.error).toMatchObject({ code: "context_length_exceeded", param: "messages" });
+    const long = await postJson(`${s.url}/v1/prefill`, { messages: [{ role: "user", content: "x".repeat(maxPromptChars(s.rt) + 1) }] });
+    expect(long.status).toBe(413);
+    expect(long.body.error).toMatchObject({ code: "context_length_exceeded", param: "messages" });
+    const ids = await postJson(`${s.url}/v1/prefill`, { prompt_token_ids: new Array(maxContext).fill(1) });
+    expect(ids.status).toBe(413);
+    expect(ids.body.error).toMatchObject({ code: "context_length_exceeded", param: "prompt_token_ids" });
+  });
+
+  it("absurd policy budgets, unknown kinds and layers the model lacks answer invalid_policy naming the field, before any work", async () => {
+    const before = prefills();
+    const huge = 4_000_000;
+    const bad: [unknown, string, RegExp][] = [
+      [{ kind: "omnikv", omnikv: { budget: huge } }, "policy.omnikv.budget", /context/],
+      [{ kind: "scope", scope: { max_output: huge } }, "policy.scope.max_output", /context/],
+      [{ kind: "scope", scope: { beta1: huge } }, "policy.scope.beta1", /context/],
+      [{ kind: "streaming", streaming: { window: huge } }, "policy.streaming.window", /context/],
+      [{ kind: "h2o", h2o: { budget: huge, recent: 8 } }, "policy.h2o.budget", /context/],
+      [{ kind: "rounds", rounds: { watershed_layer: 12, starts: [0, huge] } }, "policy.rounds.starts", /context/],
+      [{ kind: "rounds", rounds: { watershed_layer: 40 } }, "policy.rounds.watershed_layer", /watershed layer 40/],
+      [{ kind: "h2o", h2o: { recent: 0 } }, "policy.h2o.recent", /recent/],
+      [{ kind: "h2o", h2o: { budget: 100, recent: 200 } }, "policy", /budget larger than recent/],
+      [{ kind: "omnikv", omnikv: { lazy_iou: 1 } }, "policy.omnikv.lazy_iou", /lazy_iou/],
+      ["sparse", "policy", /unknown policy/],
+      [{ kind: "sparse" }, "policy", /unknown policy/],
+    ];
+    for (const [policy, param, message] of bad) {
+      const res = await postJson(`${s.url}/v1/prefill`, { prompt: "hi", policy });
+      expect(res.status, JSON.stringify(policy)).toBe(400);
+      expect(res.body.error, JSON.stringify(policy)).toMatchObject({ code: "invalid_policy", param });
+      expect(res.body.error.message, JSON.stringify(policy)).toMatch(message);
+    }
+    const chat = await postJson(`${s.url}/v1/chat/completions`, { model: "default", messages: [{ role: "user", content: "hi" }], policy: { kind: "omnikv", omnikv: { budget: huge } } });
+    expect(chat.status).toBe(400);
+    expect(chat.body.error).toMatchObject({ code: "invalid_policy", param: "policy.omnikv.budget" });
+    expect(prefills()).toBe(before);
+  });
+
+  it("a long chat's policy is validated before its prompt is tokenized and its rounds found", async () => {
+    // 1,300 one-letter user messages (~7,800 tokens, within the context): finding their rounds took
+    // ~11 s before the policy was checked.
+    const messages = Array.from({ length: 1300 }, () => ({ role: "user", content: "q" }));
+    const { result, ms } = await watched(() => postJson(`${s.url}/v1/prefill`, { messages, policy: { kind: "rounds", rounds: { watershed_layer: 29 } } }));
+    expect(result.status).toBe(400);
+    expect(result.body.error).toMatchObject({ code: "invalid_policy" });
+    expect(result.body.error.message).toMatch(/watershed layer 29/);
+    expect(ms).toBeLessThan(1000);
+  });
+
+  it("a handle whose first_token or prompt_token_ids are outside the vocabulary is a 400, and the real handle still decodes", async () => {
+    const res = await postJson(`${s.url}/v1/prefill`, { prompt: "The lighthouse keeper counted ships.", max_tokens: 2, temperature: 0 });
+    expect(res.status).toBe(200);
+    const handle = res.body as Handle;
+    const nVocab = s.rt.model.config.nVocab;
+    const ids = [...handle.prompt_token_ids];
+    ids[2] = nVocab + 5;
+    for (const [forged, param] of [
+      [{ ...handle, first_token: nVocab }, "handle.first_token"],
+      [{ ...handle, prompt_token_ids: ids }, "handle.prompt_token_ids"],
+    ] as const) {
+      const out = await postJson(`${s.url}/v1/decode`, { handle: forged, max_tokens: 2 });
+      expect(out.status, JSON.stringify(out.body)).toBe(400);
+      expect(out.body.error).toMatchObject({ code: "invalid_request", param });
+    }
+    const absurd = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 2, policy: { kind: "omnikv", omnikv: { budget: 4_000_000 } } });
+    expect(absurd.status).toBe(400);
+    expect(absurd.body.error).toMatchObject({ code: "invalid_policy", param: "policy.omnikv.budget" });
+    const ok = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 2 });
+    expect(ok.status, JSON.stringify(ok.body)).toBe(200);
+  });
+});
