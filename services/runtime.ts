@@ -50,11 +50,15 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     log.warn("the model has no chat template: chat requests will be refused");
   }
   const prompts = new TokenizerPool(meta);
-  let db: OpenedDatabase;
+  const threadReady = prompts.ready(); // starts while the database opens
+  let db: OpenedDatabase | undefined;
   try {
     db = await openDatabase(config.databaseUrl);
+    await threadReady;
   } catch (e) {
+    await threadReady.catch(() => {});
     await prompts.close();
+    await db?.close();
     throw e;
   }
   log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");

@@ -6,8 +6,12 @@ import { ApiError } from "../shared/http/errors.ts";
 import type { PromptJob, PromptJobResult } from "../shared/tokenizer/prompt-job.ts";
 import type { GgufMetadata } from "../shared/tokenizer/tokenizer.ts";
 
-/** Threads: tokenizing a prompt within the context takes milliseconds, so two are plenty. */
-export const TOKENIZER_THREADS = 2;
+/**
+ * Threads. Tokenizing a whole context takes milliseconds (tens at worst: a single 600k-character
+ * word), far less than prefilling it, so one keeps up with the engine; each costs ~65 MB (its own
+ * vocabulary, merges and module copies).
+ */
+export const TOKENIZER_THREADS = 1;
 /** Prompts waiting for a thread before new ones get 429. */
 export const TOKENIZER_QUEUE = 1024;
 
@@ -35,6 +39,12 @@ export class TokenizerPool {
       }
       throw e;
     }
+  }
+
+  /** Resolves once a thread has started and tokenized (a failure to start surfaces here, at startup). */
+  async ready(): Promise<void> {
+    const r = await this.run({ kind: "text", text: "ready", maxTokens: 8 });
+    if (!r.ok || r.ids.length === 0) throw new Error("the tokenizer thread could not tokenize");
   }
 
   close(): Promise<void> {
