@@ -72,6 +72,22 @@ describe("bounded input", () => {
     expect(await health).toEqual([200, 200, 200, 200, 200]);
   });
 
+  it("a body full of token ids or messages is refused without validating each element", async () => {
+    const ids = new Array(1_500_000).fill(0); // "0," each: a 3 MB body
+    const messages = new Array(120_000).fill({ role: "user", content: "" });
+    for (const [route, body, param] of [
+      ["/v1/prefill", { prompt_token_ids: ids }, "prompt_token_ids"],
+      ["/v1/completions", { model: "default", prompt: ids }, "prompt"],
+      ["/v1/prefill", { messages }, "messages"],
+      ["/v1/chat/completions", { model: "default", messages }, "messages"],
+    ] as const) {
+      const { result, maxStallMs } = await watched(() => postJson(`${s.url}${route}`, body));
+      expect(maxStallMs, route).toBeLessThan(100);
+      expect(result.status, `${route} ${JSON.stringify(result.body).slice(0, 300)}`).toBe(400);
+      expect(result.body.error.param, route).toBe(param);
+    }
+  });
+
   it("too many messages, message characters or token ids are refused before tokenizing", async () => {
     const many = Array.from({ length: maxContext + 1 }, () => ({ role: "user", content: "" }));
     const tooMany = await postJson(`${s.url}/v1/prefill`, { messages: many });

@@ -7,7 +7,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/http/errors.ts";
-import { CtxbankExtensionSchema, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
+import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
 import type { FinishReason } from "../../shared/generate.ts";
 import { PolicySpecSchema } from "../../shared/policy/request.ts";
 import type { ChatMessage } from "../../shared/tokenizer/chat-template.ts";
@@ -50,8 +50,9 @@ const ChatRequest = z
     ...Common,
     max_completion_tokens: z.number().int().min(1).nullish(),
     messages: z
-      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart)]) }))
-      .min(1),
+      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart).max(1024)]) }))
+      .min(1)
+      .max(MAX_WIRE_MESSAGES),
     logprobs: z.literal(false).nullish(),
   })
   .openapi("ChatCompletionRequest");
