@@ -50,7 +50,8 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     log.warn("the model has no chat template: chat requests will be refused");
   }
   const prompts = new TokenizerPool(meta);
-  const threadReady = prompts.ready(); // starts while the database opens
+  // Services that tokenize start their thread while the database opens (a decode-only one never does).
+  const threadReady = config.role === "decode" ? Promise.resolve() : prompts.ready();
   let db: OpenedDatabase | undefined;
   try {
     db = await openDatabase(config.databaseUrl);
