@@ -53,11 +53,16 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     log.warn("the model has no chat template: chat requests will be refused");
   }
   const prompts = new TokenizerPool(meta);
-  let db: OpenedDatabase;
+  // Services that tokenize start their thread while the database opens (a decode-only one never does).
+  const threadReady = config.role === "decode" ? Promise.resolve() : prompts.ready();
+  let db: OpenedDatabase | undefined;
   try {
     db = await openDatabase(config.databaseUrl, { timeoutMs: config.dbTimeoutMs });
+    await threadReady;
   } catch (e) {
+    await threadReady.catch(() => {});
     await prompts.close();
+    await db?.close();
     throw e;
   }
   log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");
@@ -110,33 +115,43 @@ export function maxPromptChars(rt: Pick<Runtime, "engine" | "tokenizer">): numbe
  */
 export async function encodePrompt(rt: Pick<Runtime, "tokenizer" | "prompts" | "model" | "engine">, input: PromptInput, opts: { rounds?: boolean } = {}): Promise<EncodedPrompt> {
   const maxContext = rt.engine.maxContext;
+  checkPromptSize(rt, input);
   if (input.prompt_token_ids !== undefined) {
-    const ids = input.prompt_token_ids;
-    if (ids.length >= maxContext) tooLong(`the prompt has ${ids.length} tokens; the model's context is ${maxContext} tokens`, "prompt_token_ids");
-    checkTokenIds(ids, rt.model.config.nVocab, "prompt_token_ids");
-    return { ids };
+    checkTokenIds(input.prompt_token_ids, rt.model.config.nVocab, "prompt_token_ids");
+    return { ids: input.prompt_token_ids };
   }
-  const maxChars = maxPromptChars(rt);
-  const limitNote = `at most ${maxChars} characters fit the model's context of ${maxContext} tokens`;
-  let result;
-  if (input.messages !== undefined) {
-    const messages = input.messages;
-    // Every message takes at least one token of the template.
-    if (messages.length > maxContext) tooLong(`${messages.length} messages cannot fit the model's context of ${maxContext} tokens`, "messages");
-    let chars = 0;
-    for (const m of messages) chars += typeof m?.content === "string" ? m.content.length : 0;
-    if (chars > maxChars) tooLong(`the messages have ${chars} characters; ${limitNote}`, "messages");
-    result = await rt.prompts.run({ kind: "chat", messages, maxTokens: maxContext, ...(opts.rounds ? { rounds: true } : {}) });
-  } else {
-    const text = input.prompt ?? "";
-    if (text.length > maxChars) tooLong(`the prompt has ${text.length} characters; ${limitNote}`, "prompt");
-    result = await rt.prompts.run({ kind: "text", text, maxTokens: maxContext });
-  }
+  const result =
+    input.messages !== undefined
+      ? await rt.prompts.run({ kind: "chat", messages: input.messages, maxTokens: maxContext, ...(opts.rounds ? { rounds: true } : {}) })
+      : await rt.prompts.run({ kind: "text", text: input.prompt ?? "", maxTokens: maxContext });
   if (!result.ok) throw new ApiError(400, "invalid_request", result.message, result.param);
   const param = input.messages !== undefined ? "messages" : "prompt";
   if (result.ids.length > maxContext) tooLong(`the prompt has more than ${maxContext} tokens, the model's context`, param);
   if (result.ids.length === 0) throw new ApiError(400, "invalid_request", "the prompt is empty after tokenization", param);
   return result.roundStarts === undefined ? { ids: result.ids } : { ids: result.ids, roundStarts: result.roundStarts };
+}
+
+/** 413 context_length_exceeded, before any tokenizing, when the prompt's size alone shows it cannot fit the context. */
+export function checkPromptSize(rt: Pick<Runtime, "tokenizer" | "engine">, input: PromptInput): void {
+  const maxContext = rt.engine.maxContext;
+  if (input.prompt_token_ids !== undefined) {
+    const n = input.prompt_token_ids.length;
+    if (n >= maxContext) tooLong(`the prompt has ${n} tokens; the model's context is ${maxContext} tokens`, "prompt_token_ids");
+    return;
+  }
+  const maxChars = maxPromptChars(rt);
+  const limit = `at most ${maxChars} characters fit the model's context of ${maxContext} tokens`;
+  if (input.messages !== undefined) {
+    // Every message takes at least one token of the template.
+    const n = input.messages.length;
+    if (n > maxContext) tooLong(`${n} messages cannot fit the model's context of ${maxContext} tokens`, "messages");
+    let chars = 0;
+    for (const m of input.messages) chars += typeof m?.content === "string" ? m.content.length : 0;
+    if (chars > maxChars) tooLong(`the messages have ${chars} characters; ${limit}`, "messages");
+    return;
+  }
+  const n = input.prompt?.length ?? 0;
+  if (n > maxChars) tooLong(`the prompt has ${n} characters; ${limit}`, "prompt");
 }
 
 function tooLong(message: string, param: string): never {

@@ -199,8 +199,9 @@ export class DecodeService {
       checkContext(engine.maxContext, n, maxTokens);
       // A client's handle is input like any other: ids outside the vocabulary are its fault (400), not ours.
       checkTokenIds(handle.prompt_token_ids, model.config.nVocab, "handle.prompt_token_ids");
-      if (handle.first_token >= model.config.nVocab) {
-        throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${model.config.nVocab})`, "handle.first_token");
+      const nFirst = Math.min(model.config.nVocab, this.rt.tokenizer.vocabSize); // it is detokenized too
+      if (handle.first_token >= nFirst) {
+        throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
       }
       // Our own prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat);
       // a client's handle may be decoded under another policy the request names.
