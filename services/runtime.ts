@@ -65,7 +65,9 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     await db?.close();
     throw e;
   }
-  log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");
+  // Computed here (a pass over the vocabulary) rather than on the first request's event loop turn.
+  const promptChars = maxPromptChars({ engine, tokenizer });
+  log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind, maxPromptChars: promptChars }, "runtime ready");
   return {
     config,
     log,
