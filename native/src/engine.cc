@@ -58,9 +58,6 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   slice_keys_.reserve(opts_.ubatch);
   attn_tasks_.reserve(static_cast<size_t>(opts_.ubatch) * c.n_head_kv);
   sel_raw_.resize(static_cast<size_t>(c.n_head) * max_ctx_);
-  sel_rank_.resize(max_ctx_);
-  sel_scratch_.reserve(max_ctx_);
-  sel_new_.reserve(max_ctx_);
   slices_.reserve(opts_.ubatch);
   wanted_.reserve(opts_.ubatch);
 
@@ -83,20 +80,19 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
 Engine::~Engine() = default;
 
 void Sequence::set_policy(const AttentionPolicy& p) {
-  const size_t packed = p.packed_rows() * kv.row_pair_bytes();
+  std::unique_ptr<DecodePolicy> next = make_decode_policy(p);
+  const size_t packed = next->packed_rows() * kv.row_pair_bytes();
   if (device_budget > 0 && packed > device_budget)
     throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " +
                                 std::to_string(packed >> 20) + " MiB of packed rows, more than the device arena's " +
                                 std::to_string(device_budget >> 20) + " MiB");
-  if (p.offloads()) kv.offload(p.sparse_groups());
-  else kv.restore();
-  policy = p;
-  reset_policy_state();
+  kv.offload(next->host_groups());  // none: every layer back on the device
+  policy = std::move(next);
 }
 
 size_t Sequence::device_bytes(int n_tokens) const {
   const size_t device_layers = static_cast<size_t>(kv.n_layer() - kv.banked_layers());
-  return kv.row_pair_bytes() * (static_cast<size_t>(n_tokens) * device_layers + policy.packed_rows());
+  return kv.row_pair_bytes() * (static_cast<size_t>(n_tokens) * device_layers + policy->packed_rows());
 }
 
 void Engine::validate(const std::vector<BatchItem>& items) const {
@@ -106,7 +102,7 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
     if (!it.seq) throw std::invalid_argument("forward: batch item without a sequence");
     if (it.n_tokens < 1) throw std::invalid_argument("forward: empty token list (a prompt needs at least one token)");
     const int limit = std::min(it.seq->kv.capacity(), max_ctx_);
-    if (it.probe && (it.n_tokens != 1 || it.seq->policy.sparse_decode()))
+    if (it.probe && (it.n_tokens != 1 || !it.seq->policy->attends_everything()))
       throw std::invalid_argument("forward: an attention probe needs a one-token item under full attention");
     if (it.seq->n_past() + it.n_tokens > limit)
       throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) +
@@ -253,8 +249,8 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
   const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
   int n = 0;
   for (const Slice& s : slices) {
+    s.item->seq->policy->begin(policy_step(s, n));
     n += s.count;
-    if (s.item->n_tokens > 1) s.item->seq->state.prompt_len = -1;  // new prompt tokens: re-pick candidates
   }
   single_thread_ = n <= kSmallBatch && opts_.n_threads_decode == 1;
   n = 0;
