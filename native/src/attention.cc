@@ -106,6 +106,13 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   Sequence& seq = *s.item->seq;
   const std::vector<int32_t>& keys = (*listed.heads)[g];
+  // Reclaiming: the positions' rows for this (layer, head).
+  const int32_t* rows = keys.data();
+  if (KvSlots* slots = seq.slots.get()) {
+    sc.rows.resize(keys.size());
+    for (size_t j = 0; j < keys.size(); ++j) sc.rows[j] = slots->row(layer, g, keys[j]);
+    rows = sc.rows.data();
+  }
   const PackedRows& packed = listed.packed;
   const int n_keys = static_cast<int>(keys.size());
   const float* q = &q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
@@ -114,7 +121,7 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
   const size_t ld = seq.kv.ld(layer);
   auto widen = [&](bool values, int k0, int nk) {
     if (k0 < packed.n) k_.kv_to_f32(packed.k + (values ? kv_dim : 0) + g * d + k0 * packed.ld, packed.ld, nk, d, sc.kv.data());
-    else k_.kv_gather_f32((values ? seq.kv.v(layer) : seq.kv.k(layer)) + g * d, ld, keys.data() + k0, nk, d, sc.kv.data());
+    else k_.kv_gather_f32((values ? seq.kv.v(layer) : seq.kv.k(layer)) + g * d, ld, rows + k0, nk, d, sc.kv.data());
   };
   auto block_end = [&](int k0) { return std::min({k0 + kKeyBlock, n_keys, k0 < packed.n ? packed.n : n_keys}); };
   for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
@@ -131,7 +138,13 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
   }
   std::memcpy(&attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], sc.out.data(),
               sizeof(float) * group * d);
-  seq.policy->update(layer, g, sc.scores.data(), n_keys);
+  if (KvSlots* slots = seq.slots.get()) {  // free the rows no later step of (layer, g) attends
+    sc.evicted.clear();
+    seq.policy->update(layer, g, sc.scores.data(), n_keys, &sc.evicted);
+    for (int32_t p : sc.evicted) slots->free(layer, g, p);
+  } else {
+    seq.policy->update(layer, g, sc.scores.data(), n_keys, nullptr);
+  }
 }
 
 }  // namespace ctx

@@ -109,8 +109,12 @@ class DecodePolicy {
   virtual LayerKeys keys(int layer, const PolicyStep& step) = 0;
   // After a decode step's attention at (layer, KV head g) over keys(layer).heads[g]: the
   // softmax probabilities [n_head / n_head_kv][n_keys]. Calls for different heads of one layer
-  // may run concurrently; a policy keeps per-head state apart.
-  virtual void update(int layer, int g, const float* probs, int n_keys) {}
+  // may run concurrently; a policy keeps per-head state apart. If `evicted` is given, the policy
+  // appends the positions no later step of (layer, g) will attend, so the backend can free them.
+  virtual void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>* evicted) {}
+  // Whether its evictions are final and it reads no evicted KV again (not even for scores), so
+  // the backend may reuse their rows (kv_slots.h): SCOPE, H2O, streaming.
+  virtual bool reclaims() const { return false; }
 
   virtual PolicyStats stats() const = 0;
   // Host bytes of the policy's own state (selections, pools, remembered queries, packed rows).

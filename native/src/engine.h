@@ -11,6 +11,7 @@
 #include "function_ref.h"
 #include "kernels.h"
 #include "kv_cache.h"
+#include "kv_slots.h"
 #include "model.h"
 #include "policy.h"
 #include "thread_pool.h"
@@ -32,7 +33,7 @@ struct EngineOptions {
 class Sequence {
  public:
   Sequence(const ModelConfig& c, int capacity)
-      : kv(c.n_layer, c.kv_dim(), capacity), policy(make_decode_policy(AttentionPolicy{})) {}
+      : kv(c.n_layer, c.kv_dim(), capacity), policy(make_decode_policy(AttentionPolicy{})), n_head_kv_(c.n_head_kv) {}
   KvCache kv;
   std::unique_ptr<DecodePolicy> policy;  // how decode steps attend (prefill is always full); never null
   int n_past() const { return kv.size(); }
@@ -45,6 +46,13 @@ class Sequence {
   // Device bytes with n tokens stored: the device-tier KV plus the packed buffers at full budget.
   size_t device_bytes(int n_tokens) const;
   size_t device_budget = 0;  // EngineOptions::device_budget_bytes at creation; 0 = none
+  // Free the KV rows of evicted tokens for reuse (kv_slots.h) under policies that allow it; read
+  // by set_policy. Off: evicted tokens are only masked.
+  bool reclaim = false;
+  std::unique_ptr<KvSlots> slots;  // set while reclaiming: every layer and head's position -> row
+
+ private:
+  int n_head_kv_;
 };
 
 struct BatchItem {
@@ -85,7 +93,10 @@ class Engine : private PolicyBackend {
   void matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k);
   void rope(float* x, int n_heads, const int* pos, int n);
   struct QueryBlock { int slice, t_begin, t_end; };
-  struct AttnScratch { std::vector<float> q, out, kv, scores; };  // per thread
+  struct AttnScratch {  // per thread
+    std::vector<float> q, out, kv, scores;
+    std::vector<int32_t> rows, evicted;  // listed keys' cache rows (reclaiming), a step's evictions
+  };
   struct AttnTask { int block, h0, n_heads; };
   void attention(int layer, const std::vector<Slice>& slices);
   void attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);

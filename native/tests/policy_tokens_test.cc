@@ -3,7 +3,8 @@
 // kinds were branches in the engine). Any change to what a policy attends to shows up here as a
 // different token sequence. Each case decodes alone and, once more, in one batch with all the
 // others (different policies share every forward), on two threads; besides the tokens, a hash
-// of every step's logits must match bit for bit.
+// of every step's logits must match bit for bit. The policies that can free evicted KV rows run a
+// third time with Sequence::reclaim on, to the same values.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -143,13 +144,15 @@ void hash_logits(Run& r, const std::vector<float>& logits) {
   for (size_t i = 0; i < logits.size() * sizeof(float); ++i) r.logits_hash = (r.logits_hash ^ bytes[i]) * 1099511628211ull;
 }
 
-std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vector<int32_t>& prompt, bool batched) {
+std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vector<int32_t>& prompt, bool batched,
+                          bool reclaim = false) {
   const ModelConfig& m = e.config();
   std::vector<std::unique_ptr<Sequence>> seqs;
   std::vector<std::vector<float>> logits(cs.size(), std::vector<float>(m.n_vocab));
   std::vector<Run> runs(cs.size());
   for (size_t i = 0; i < cs.size(); ++i) {
     seqs.push_back(std::make_unique<Sequence>(m, static_cast<int>(prompt.size()) + kGenerate + 1));
+    seqs[i]->reclaim = reclaim;
     seqs[i]->set_policy(cs[i].policy);
     e.forward({{seqs[i].get(), prompt.data(), static_cast<int>(prompt.size()), logits[i].data()}});
     runs[i].tokens.push_back(argmax(logits[i]));
@@ -206,6 +209,16 @@ TEST(PolicyTokens, GreedyTokensUnderEveryPolicyAreUnchanged) {
   check(cs, alone, kExpected, std::size(kExpected), "alone");
   // The same in one batch of every policy per decode step.
   check(cs, generate(e, cs, prompt, true), kExpected, std::size(kExpected), "batched");
+  // Reclaiming evicted KV rows (kv_slots.h) changes nothing either, for the policies that do it.
+  std::vector<Case> reclaiming;
+  std::vector<Expected> want;
+  for (size_t i = 0; i < cs.size(); ++i)
+    if (make_decode_policy(cs[i].policy)->reclaims()) {
+      reclaiming.push_back(cs[i]);
+      want.push_back(kExpected[i]);
+    }
+  ASSERT_EQ(reclaiming.size(), 6u);  // four scope cases, streaming, h2o
+  check(reclaiming, generate(e, reclaiming, prompt, false, true), want.data(), want.size(), "reclaiming");
   // The test can fail: the sparse policies' budgets are small enough to change every policy's logits.
   for (size_t i = 1; i < cs.size(); ++i) EXPECT_NE(alone[i].logits_hash, alone[0].logits_hash) << cs[i].name;
 }

@@ -49,7 +49,9 @@ class H2oPolicy final : public DecodePolicy {
 
   // Add this step's attention (mean over the head's query group) to every kept token's score,
   // then evict the lowest-scoring tokens outside the recent window down to the budget.
-  void update(int layer, int g, const float* probs, int n_keys) override {
+  bool reclaims() const override { return true; }
+
+  void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>* evicted) override {
     std::vector<int32_t>& kept = kept_[slot(layer, g)];
     std::vector<float>& acc = acc_[slot(layer, g)];
     kept.push_back(keys_[g].back());
@@ -64,6 +66,11 @@ class H2oPolicy final : public DecodePolicy {
     const int older = n_keys - cfg.recent;
     std::vector<int32_t>& top = top_[g];
     top_k_sorted(acc.data(), older, cfg.budget - cfg.recent, top);
+    if (evicted)  // the older tokens not among the heavy hitters
+      for (int i = 0, k = 0; i < older; ++i) {
+        if (k < static_cast<int>(top.size()) && top[k] == i) ++k;
+        else evicted->push_back(kept[i]);
+      }
     size_t w = 0;
     for (int32_t i : top) { kept[w] = kept[i]; acc[w] = acc[i]; ++w; }  // ascending: in place
     for (int j = older; j < n_keys; ++j) { kept[w] = kept[j]; acc[w] = acc[j]; ++w; }

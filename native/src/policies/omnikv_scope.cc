@@ -15,8 +15,9 @@ class OmniKvScopePolicy final : public OmniKvPolicy {
     OmniKvPolicy::reset();
     pool_.clear();
   }
-  void update(int layer, int g, const float* probs, int n_keys) override {
-    pool_.update(layer, g, keys_[g], prompt_len_, probs, n_keys);
+  // Not reclaiming: the softmax and window selectors score every generated key, evicted ones too.
+  void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>*) override {
+    pool_.update(layer, g, keys_[g], prompt_len_, probs, n_keys, nullptr);
   }
   PolicyStats stats() const override {
     PolicyStats s = OmniKvPolicy::stats();

@@ -64,9 +64,10 @@ class ScopePolicy final : public DecodePolicy {
     return LayerKeys{&keys_, PackedRows{}};
   }
 
-  void update(int layer, int g, const float* probs, int n_keys) override {
-    pool_.update(layer, g, keys_[g], prompt_len_, probs, n_keys);
+  void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>* evicted) override {
+    pool_.update(layer, g, keys_[g], prompt_len_, probs, n_keys, evicted);
   }
+  bool reclaims() const override { return true; }
 
   PolicyStats stats() const override {
     PolicyStats s;

@@ -18,7 +18,7 @@ void ScopePool::append(int layer, int g, int pos, std::vector<int32_t>& keys) co
 }
 
 void ScopePool::update(int layer, int g, const std::vector<int32_t>& keys, int prompt_len, const float* probs,
-                       int n_keys) {
+                       int n_keys, std::vector<int32_t>* evicted) {
   std::vector<int32_t>& pool = pool_[static_cast<size_t>(layer) * n_head_kv_ + g];
   Scratch& sc = scratch_[g];
   const int n_dec = static_cast<int>(pool.size()) + 1, first = n_keys - n_dec;
@@ -34,6 +34,12 @@ void ScopePool::update(int layer, int g, const std::vector<int32_t>& keys, int p
     sc.importance[j] = sum / static_cast<float>(group_);
   }
   scope_select(sc.importance.data(), keys.data() + first, n_dec, scope_budget(cfg_, t), cfg_.beta2, sc.out, sc.top);
+  if (evicted)  // the candidates (ascending) not kept (an ascending subset of them)
+    for (int j = 0, k = 0; j < n_dec; ++j) {
+      const int32_t p = keys[first + j];
+      if (k < static_cast<int>(sc.out.size()) && sc.out[k] == p) ++k;
+      else evicted->push_back(p);
+    }
   pool.swap(sc.out);
 }
 

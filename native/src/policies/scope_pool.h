@@ -19,7 +19,9 @@ class ScopePool {
   // After the step's attention at (layer, head g) over `keys` (the pool is their tail, then the
   // current token): keep the current token, and past the budget re-select by importance (the
   // mean probability over the head's query group).
-  void update(int layer, int g, const std::vector<int32_t>& keys, int prompt_len, const float* probs, int n_keys);
+  // The generated tokens dropped from the pool are appended to `evicted` when given.
+  void update(int layer, int g, const std::vector<int32_t>& keys, int prompt_len, const float* probs, int n_keys,
+              std::vector<int32_t>* evicted);
   double tokens() const;
   size_t bytes() const;
 
