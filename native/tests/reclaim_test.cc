@@ -1,5 +1,5 @@
 // Physical reclamation (kv_slots.h) on a tiny generated model, always run: a long generation
-// under scope, h2o and streaming with Sequence::reclaim gives the same tokens and bit-identical
+// under scope (with and without the compressed prompt), h2o and streaming with Sequence::reclaim gives the same tokens and bit-identical
 // logits as the masking implementation, while the KV rows it touches (device_bytes, what
 // seq.deviceBytesUsed reports) stay within the policy's bound instead of growing with the output.
 #include <gtest/gtest.h>
@@ -67,9 +67,15 @@ std::vector<Case> cases() {
   ScopeConfig s;
   s.beta1 = 16;
   s.beta2 = 16;
+  ScopeConfig snap = s;  // with the prompt compressed to 16 + 8 tokens per layer and head
+  snap.alpha1 = 16;
+  snap.alpha2 = 8;
   return {
       // The prompt, the pool, and the token being decoded (written before its step's eviction).
       {"scope", AttentionPolicy::make_scope(s, m), kPrompt + s.beta1 + s.beta2 + 1},
+      // The dropped prompt tokens' rows are reused (16 + 8 + 32 + 1 live rows fit in the prompt's);
+      // only the first decode token needs a new row, written before the first step's evictions.
+      {"scope_prompt_pool", AttentionPolicy::make_scope(snap, m), kPrompt + 1},
       // Every prompt token starts as a candidate; after that the budget plus the current token.
       {"h2o", AttentionPolicy::make_h2o({48, 16}), std::max(kPrompt + 1, 48 + 1)},
       {"streaming", AttentionPolicy::make_streaming({4, 28}), std::max(kPrompt + 1, 4 + 28)},

@@ -23,6 +23,7 @@ class ScopePolicy final : public DecodePolicy {
     observed_.clear();
     prompt_pool_.clear();
     prompt_pool_done_.clear();
+    prompt_dropped_.clear();
   }
 
   void begin(const PolicyStep& step) override {
@@ -37,6 +38,7 @@ class ScopePolicy final : public DecodePolicy {
     keys_.resize(c.n_head_kv);
     prompt_pool_.assign(compresses() ? static_cast<size_t>(c.n_layer) * c.n_head_kv : 0, {});
     prompt_pool_done_.assign(compresses() ? c.n_layer : 0, false);
+    prompt_dropped_.assign(prompt_pool_.size(), 0);
   }
 
   // Prompt compression: each layer keeps the prompt's last alpha2 queries.
@@ -66,6 +68,17 @@ class ScopePolicy final : public DecodePolicy {
 
   void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>* evicted) override {
     pool_.update(layer, g, keys_[g], prompt_len_, probs, n_keys, evicted);
+    if (!evicted || !compresses()) return;
+    // The prompt tokens the compressed pool dropped, once: no later step reads them (the pool is
+    // computed from this layer's rows before its first update).
+    const size_t i = static_cast<size_t>(layer) * keys_.size() + g;
+    if (prompt_dropped_[i]) return;
+    prompt_dropped_[i] = 1;
+    const std::vector<int32_t>& kept = prompt_pool_[i];
+    for (int p = 0, k = 0; p < prompt_len_; ++p) {
+      if (k < static_cast<int>(kept.size()) && kept[k] == p) ++k;
+      else evicted->push_back(p);
+    }
   }
   bool reclaims() const override { return true; }
 
@@ -130,6 +143,7 @@ class ScopePolicy final : public DecodePolicy {
   std::vector<QueryWindow> observed_;
   std::vector<std::vector<int32_t>> prompt_pool_;
   std::vector<bool> prompt_pool_done_;
+  std::vector<uint8_t> prompt_dropped_;  // per (layer, KV head): dropped prompt reported as evicted
   std::vector<std::vector<float>> importance_;  // per KV head, scratch
 };
 
