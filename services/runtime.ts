@@ -34,7 +34,7 @@ export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanc
 export async function openRuntime(config: Config, log: Logger = createLogger(config)): Promise<Runtime> {
   const modelPath = await resolveModel(config.model !== undefined ? { path: config.model } : {});
   const model = await loadModel(modelPath);
-  const engine = new Engine(model, { threads: config.threads });
+  const engine = new Engine(model, { threads: config.threads, device: config.device });
   const tokenizer = GgufTokenizer.fromGguf(modelPath);
   let chat: ChatTemplate | undefined;
   try {
@@ -44,7 +44,7 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     log.warn("the model has no chat template: chat requests will be refused");
   }
   const db = await openDatabase(config.databaseUrl);
-  log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");
+  log.info({ model: path.basename(modelPath), device: engine.native.info.deviceDescription, kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");
   return {
     config,
     log,
