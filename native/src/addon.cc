@@ -316,6 +316,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
     seq_->kv.release();
+    if (seq_->device_kv) seq_->device_kv->release();
     seq_->reset_policy_state();
     return env.Undefined();
   }

@@ -46,6 +46,8 @@ class DeviceKv {
  public:
   virtual ~DeviceKv() = default;
   virtual size_t bytes_reserved() const = 0;
+  // Frees the GPU memory now (Sequence release()); the next use allocates it again.
+  virtual void release() = 0;
   // Copies rows [t0, t0 + n) of `layer` (K and V) between the GPU cache and the same rows of a
   // host KvCache (which then stages exportRows/importRows through the existing chunk code).
   virtual void download(KvCache& host, int layer, int t0, int n) const = 0;

@@ -199,6 +199,15 @@ TEST(CudaEngine, RefusesWhatItCannotRun) {
   EXPECT_THROW(gseq->set_policy(scope), std::invalid_argument);
   EXPECT_EQ(gpu.device_name(), "cuda:0");
   EXPECT_GT(gpu.device()->weight_bytes(), 0u);
+  // release() frees the GPU cache now; the sequence is usable again afterwards.
+  EXPECT_GT(gseq->device_kv->bytes_reserved(), 0u);
+  gseq->device_kv->release();
+  gseq->kv.set_size(0);
+  EXPECT_EQ(gseq->device_kv->bytes_reserved(), 0u);
+  std::vector<float> lg(300), lc(300);
+  gpu.forward({{gseq.get(), &t, 1, lg.data()}});
+  cpu.forward({{cseq.get(), &t, 1, lc.data()}});
+  expect_same_logits(lg, lc, kRel, "after release()");
 }
 
 TEST(CudaEngine, RealModelLogitsAndGreedyTokens) {

@@ -53,7 +53,11 @@ struct DevBuf {
   DevBuf() = default;
   DevBuf(const DevBuf&) = delete;
   DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() { if (p) cudaFree(p); }
+  ~DevBuf() { free(); }
+  void free() {
+    if (p) cudaFree(p);
+    p = nullptr;
+  }
   void alloc(size_t count, const char* what) {
     n = count;
     const cudaError_t e = cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T));
@@ -78,10 +82,18 @@ struct PinnedBuf {
 class CudaKv : public DeviceKv {
  public:
   CudaKv(int device, int n_layer, int kv_dim, int capacity) : device_(device), n_layer_(n_layer), kv_dim_(kv_dim), cap_(capacity) {
-    CTX_CUDA(cudaSetDevice(device_));
-    buf_.alloc(static_cast<size_t>(n_layer) * 2 * capacity * kv_dim, "the KV cache of a sequence");
+    ensure();
   }
-  size_t bytes_reserved() const override { return buf_.n * sizeof(__half); }
+  size_t bytes_reserved() const override { return buf_.p ? buf_.n * sizeof(__half) : 0; }
+  void release() override { buf_.free(); }
+  // (Re)allocates after a release(), zeroed like the CPU cache's fresh pages (rows declared by
+  // setLength without an import then read as zeros, not as leftover bytes).
+  void ensure() {
+    if (buf_.p) return;
+    CTX_CUDA(cudaSetDevice(device_));
+    buf_.alloc(static_cast<size_t>(n_layer_) * 2 * cap_ * kv_dim_, "the KV cache of a sequence");
+    CTX_CUDA(cudaMemset(buf_.p, 0, buf_.n * sizeof(__half)));
+  }
   __half* base() const { return buf_.p; }
   int capacity() const { return cap_; }
   void download(KvCache& host, int layer, int t0, int n) const override { copy(host, layer, t0, n, false); }
@@ -92,6 +104,7 @@ class CudaKv : public DeviceKv {
   // GPU sequence never offloads (full attention only), so no bank addressing is needed here.
   void copy(KvCache& host, int layer, int t0, int n, bool to_device) const {
     if (n <= 0) return;
+    const_cast<CudaKv*>(this)->ensure();
     CTX_CUDA(cudaSetDevice(device_));
     const size_t row = static_cast<size_t>(kv_dim_) * sizeof(__half);
     __half* k = buf_.p + static_cast<size_t>(layer) * 2 * cap_ * kv_dim_ + static_cast<size_t>(t0) * kv_dim_;
@@ -358,7 +371,8 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
   const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
   int n = 0;
   for (const Slice& s : slices) {
-    const CudaKv* kv = static_cast<const CudaKv*>(s.item->seq->device_kv.get());
+    CudaKv* kv = static_cast<CudaKv*>(s.item->seq->device_kv.get());
+    kv->ensure();
     for (int i = 0; i < s.count; ++i, ++n) {
       h_tokens_.p[n] = s.item->tokens[s.offset + i];
       h_pos_.p[n] = s.pos0 + i;
