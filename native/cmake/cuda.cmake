@@ -44,7 +44,8 @@ if(CTXBANK_WITH_CUDA)
   message(STATUS "ctxbank: CUDA backend ON (${CMAKE_CUDA_COMPILER}, architectures ${CMAKE_CUDA_ARCHITECTURES})")
   file(GLOB CTXBANK_CUDA_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/cuda/*.cu)
   add_library(ctxbank_cuda STATIC ${CTXBANK_CUDA_SOURCES})
-  target_include_directories(ctxbank_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  # The CUDA headers too: host-compiled tests include kernels.cuh (cuda_fp16.h) for the host-side types.
+  target_include_directories(ctxbank_cuda PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/src ${CMAKE_CUDA_TOOLKIT_INCLUDE_DIRECTORIES})
   set_target_properties(ctxbank_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_RUNTIME_LIBRARY Static)
   target_compile_options(ctxbank_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-O3 -lineinfo -Xcompiler=-fPIC>)
   # The host side of the static runtime needs dl, rt and pthread; the CXX targets that link this

@@ -3,7 +3,7 @@
 // (scalar kernel table, dequantize_row, engine.cc's RMSNorm/RoPE/SwiGLU formulas), else a
 // double-precision computation here. Shapes cross every tile boundary of the kernels: matvec
 // rows in groups of 4 and tokens in groups of 8, GEMM tiles of 64 x 64 x 32, attention tiles of
-// 16 queries x 64 keys, and decode splits of 256+ keys.
+// 16 queries x 64 keys, and decode splits of 256+ keys (up to 128 of them).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -260,7 +260,8 @@ TEST(CudaKernels, AttentionMatchesADoublePrecisionReference) {
       {1, 1000, 6, 2, 64, "decode split 3 ways"},
       {4, 5000, 8, 1, 128, "4-token step split 19 ways, d 128, MQA"},
       {5, 3000, 6, 2, 64, "5 tokens: one unsplit tile over 3005 keys"},
-      {1, 20000, 6, 3, 64, "decode split 32 ways"},
+      {1, 20000, 6, 3, 64, "decode split 78 ways"},
+      {2, 40000, 6, 3, 64, "2-token step split the most ways (128)"},
   };
   for (const Case& c : cases) {
     const int cap = c.pos0 + c.n + 3, kv_dim = c.n_head_kv * c.d;

@@ -5,12 +5,21 @@
 
 namespace ctx::cuda {
 
-int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb) {
+int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb, int max_parts) {
+  // Every token needs one partial row; the rest of the budget is shared by the decode tokens.
+  int tokens = 0, decode_tokens = 0;
+  for (int i = 0; i < n_slices; ++i) {
+    tokens += slices[i].count;
+    if (slices[i].count <= kSplitTokens) decode_tokens += slices[i].count;
+  }
+  const int extra_per_token = decode_tokens > 0 ? std::max(0, max_parts - tokens) / decode_tokens : 0;
   int n_works = 0, part = 0;
   for (int i = 0; i < n_slices; ++i) {
     const AttnSlice& s = slices[i];
     const int n_keys = s.pos0 + s.count;  // the last query sees every key up to its own
-    const int splits = s.count <= kSplitTokens ? std::min(kMaxSplits, std::max(1, n_keys / kSplitKeys)) : 1;
+    const int splits = s.count <= kSplitTokens
+                           ? std::max(1, std::min({kMaxSplits, n_keys / kSplitKeys, 1 + extra_per_token}))
+                           : 1;
     if (splits > 1) {
       const int chunk = (n_keys + splits - 1) / splits;
       for (int sp = 0; sp < splits; ++sp) {

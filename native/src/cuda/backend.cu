@@ -232,9 +232,10 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions
   act_s_.alloc(kMatvecTokens * wide / 32, "activations");
   act_isum_.alloc(kMatvecTokens * wide / 32, "activations");
   act_ = {act_qs_.p, act_d_.p, act_s_.p, act_isum_.p, 0};
-  // Attention partials: one row per query, plus (kMaxSplits - 1) more per token of a split slice.
-  max_parts_ = U * kMaxSplits;
-  max_works_ = U * kMaxSplits + U;
+  // Attention partials: one row per query and split (plan_attention keeps within the budget);
+  // every work item has at least one query, so works never outnumber partial rows.
+  max_parts_ = U * kPartsPerToken;
+  max_works_ = max_parts_;
   part_o_.alloc(max_parts_ * c.n_head * c.head_dim, "attention partials");
   part_ml_.alloc(max_parts_ * c.n_head * 2, "attention partials");
   logits_x_.alloc(kLogitRows * E, "logits input");
@@ -363,7 +364,8 @@ void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
     attn_slices_.push_back({kv->base(), kv->capacity(), t, s.count, s.pos0});
     t += s.count;
   }
-  n_works_ = cuda::plan_attention(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p);
+  n_works_ = cuda::plan_attention(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
+                                  static_cast<int>(max_parts_));
 }
 
 void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {

@@ -67,12 +67,14 @@ struct AttnSlice {
 // Fills the work list and per-token combine entries of a micro-batch; returns the number of work
 // items. Prefill slices: tiles of kAttnQueries queries, each over every key it may see. Decode
 // slices (at most kSplitTokens queries): their keys split into up to kMaxSplits ranges of at least
-// kSplitKeys keys (flash-decoding), merged by attention_combine. `works` holds at least
-// n_tokens * (kMaxSplits + 1) entries, `comb` n_tokens; partial rows used < n_tokens * kMaxSplits.
-int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb);
+// kSplitKeys keys (flash-decoding), merged by attention_combine, with fewer splits when the
+// batch's partial rows would exceed `max_parts` (at least the batch's token count). `works` and
+// the partial buffers hold max_parts entries/rows, `comb` one per token.
+int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb, int max_parts);
 constexpr int kSplitTokens = 4;
 constexpr int kSplitKeys = 256;
-constexpr int kMaxSplits = 32;
+constexpr int kMaxSplits = 128;
+constexpr int kPartsPerToken = 32;  // partial-row budget per micro-batch token (scratch size)
 
 constexpr int kAttnQueries = 16;  // queries per attention work item (a prefill tile)
 constexpr int kAttnKeys = 64;     // keys per shared-memory tile

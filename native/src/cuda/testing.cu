@@ -98,13 +98,14 @@ std::vector<float> attention(const std::vector<float>& q, const std::vector<uint
   Dev<uint16_t> dcache(cache);
   Dev<float> dq(q);
   const AttnSlice slice{reinterpret_cast<const __half*>(dcache.p), cap, 0, n, pos0};
-  std::vector<AttnWork> works(static_cast<size_t>(n) * (kMaxSplits + 1));
+  // The forward pass's budget for a micro-batch of 512 tokens, so one sequence gets every split.
+  const size_t parts = static_cast<size_t>(512) * kPartsPerToken;
+  std::vector<AttnWork> works(parts);
   std::vector<AttnCombine> comb(n);
-  const int n_works = plan_attention(&slice, 1, works.data(), comb.data());
+  const int n_works = plan_attention(&slice, 1, works.data(), comb.data(), static_cast<int>(parts));
   works.resize(n_works);
   Dev<AttnWork> dworks(works);
   Dev<AttnCombine> dcomb(comb);
-  const size_t parts = static_cast<size_t>(n) * kMaxSplits;
   Dev<float> part_o(parts * n_head * head_dim), part_ml(parts * n_head * 2), out(static_cast<size_t>(n) * n_head * head_dim);
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   cuda::attention(dq.p, dworks.p, n_works, n_head, n_head_kv, head_dim, 0, scale, part_o.p, part_ml.p, nullptr);
