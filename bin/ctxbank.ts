@@ -13,10 +13,12 @@ import { generate, GenerateError, type DoneEvent } from "../shared/generate.ts";
 import { ModelResolveError, resolveModel } from "../shared/model/resolve.ts";
 import { ChatTemplate, ChatTemplateError, validateMessages, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { KeysUsageError, keysCommand } from "./keys.ts";
 import { SERVICE_COMMANDS, ServiceUsageError, serviceCommand } from "./serve.ts";
 
 const USAGE = `Usage: ctxbank generate [options]
        ctxbank serve | prefill | decode [options]   (the HTTP services; see ctxbank serve --help)
+       ctxbank keys new <id>                        (an API key for the services; see ctxbank keys --help)
 
 Prompt (one of):
   --prompt TEXT          a user message (wrapped in the model's chat template unless --raw)
@@ -144,6 +146,8 @@ interface Session {
   stop: string[];
 }
 
+// The CLI's prompts come from the local user running it, so control tokens written in them
+// (`<|im_start|>`…) are parsed, as llama.cpp's CLI does; the services never parse them in user text.
 function withBos(tok: GgufTokenizer, text: string): number[] {
   const bos = tok.special.bos;
   const add = tok.addBos && bos !== undefined && !text.startsWith(tok.tokenText(bos));
@@ -228,6 +232,7 @@ async function main(argv: string[]): Promise<number> {
     return 0;
   }
   if (SERVICE_COMMANDS.includes(argv[0]!)) return serviceCommand(argv[0] as "serve" | "prefill" | "decode", argv.slice(1));
+  if (argv[0] === "keys") return keysCommand(argv.slice(1));
   const { values: f, positionals } = parse(argv);
   if (f.help) {
     process.stdout.write(USAGE);
@@ -279,7 +284,7 @@ process.stdout.on("error", (e: NodeJS.ErrnoException) => process.exit(e.code ===
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (e: unknown) => {
-    const usage = e instanceof UsageError || e instanceof ServiceUsageError;
+    const usage = e instanceof UsageError || e instanceof ServiceUsageError || e instanceof KeysUsageError;
     const msg = (e instanceof Error ? e.message : String(e)).replace(/\s*\n\s*/g, " ");
     process.stderr.write(`ctxbank: ${msg}${usage ? " (see ctxbank --help)" : ""}\n`);
     process.exit(usage ? 2 : 1);

@@ -1,15 +1,25 @@
-// One HTTP app over whichever services this process runs: their routes, GET /health (liveness),
-// GET /ready (503 until registered, and while draining), the OpenAPI document and a docs page.
-import { swaggerUI } from "@hono/swagger-ui";
+// The two HTTP apps over whichever services this process runs. Public: the OpenAI routes,
+// /v1/prefill and /v1/decode behind an API key, GET /health, /ready, /metrics, the OpenAPI
+// document, the docs page and the dashboard. /ready is 503 until registered, while draining,
+// and while the registry database does not answer. Internal (a separate listener, for the other
+// services): the decode's prefill calls and the chunk bytes behind signed capabilities, status
+// behind the shared secret.
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import { createApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
+import { apiKeyAuth, hostCheck } from "../shared/auth/middleware.ts";
+import type { Security } from "../shared/auth/security.ts";
+import { createApp, newApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
+import { ApiError } from "../shared/http/errors.ts";
 import type { ServiceMetrics } from "../shared/metrics/metrics.ts";
-import { decodeRoutes } from "./decode/routes.ts";
+import { DbProbe, isDatabaseUnavailable } from "../shared/registry/db-probe.ts";
+import { docsRoutes } from "./docs.ts";
+import { decodeRoutes, decodeStatusRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
 import { dashboardRoutes } from "./decode/dashboard/route.ts";
 import type { DecodeService } from "./decode/service.ts";
-import { prefillRoutes } from "./prefill/routes.ts";
+import { internalSecret, prefillCapability } from "./internal-auth.ts";
+import { chunkReadAuth } from "./prefill/chunk-auth.ts";
+import { chunkRoutes, prefillRoutes, prefillStatusRoutes } from "./prefill/routes.ts";
 import type { PrefillService } from "./prefill/service.ts";
 import type { Runtime } from "./runtime.ts";
 
@@ -18,7 +28,18 @@ export interface Services {
   decode?: DecodeService;
 }
 
-const Health = z.object({ status: z.string(), services: z.record(z.string(), z.string()).optional() }).openapi("Health");
+const Health = z
+  .object({
+    status: z.string(),
+    services: z.record(z.string(), z.string()).optional(),
+    database: z.enum(["reachable", "unreachable"]).optional().openapi({ description: "The registry database answered `select 1` within a second (checked at most every 2 s)" }),
+  })
+  .openapi("Health");
+
+/** A registry outage is a 503 the client may retry, not an internal error. */
+function classifyError(err: unknown): ApiError | undefined {
+  return isDatabaseUnavailable(err) ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err }) : undefined;
+}
 
 /** The routes that run a generation: their error answers count as request failures. */
 const GENERATION_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/v1/decode"]);
@@ -26,7 +47,7 @@ const GENERATION_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/
 /**
  * Counts a generation request answered with an error status as a failure, by the answer's code,
  * unless the decode service counted it already (errors it threw are marked): this catches what
- * never reached it (validation, unknown model, body too large).
+ * never reached it (validation, unknown model, body too large, a refused key).
  */
 async function countErrorAnswer(metrics: ServiceMetrics, c: Context<AppEnv>): Promise<void> {
   if (c.req.method !== "POST" || c.res.status < 400 || !GENERATION_ROUTES.has(c.req.path)) return;
@@ -44,22 +65,20 @@ const metricsRoute = createRoute({
   method: "get",
   path: "/metrics",
   tags: ["ops"],
+  security: [],
   summary: "Prometheus metrics of every service in this process (text exposition format)",
   responses: { 200: { content: { "text/plain": { schema: z.string() } }, description: "Metrics; see services/README.md for each one" } },
 });
 
-export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics): ServiceApp {
-  const app = createApp({
-    log: rt.log,
-    maxBodyBytes: rt.config.maxBodyBytes,
-    onResponse: (c) => countErrorAnswer(metrics, c).catch((err: unknown) => rt.log.warn({ err }, "could not count a failed request")),
-  });
+/** /health, /ready and /metrics: on both listeners. */
+function opsRoutes(services: Services, metrics: ServiceMetrics, dbProbe: DbProbe): ServiceApp {
+  const app = newApp();
   const states = () => ({
     ...(services.prefill ? { prefill: services.prefill.ready ? "ready" : "not ready" } : {}),
     ...(services.decode ? { decode: services.decode.ready ? "ready" : "not ready" } : {}),
   });
   app.openapi(
-    createRoute({ method: "get", path: "/health", tags: ["ops"], summary: "Liveness", responses: { 200: { content: { "application/json": { schema: Health } }, description: "Alive" } } }),
+    createRoute({ method: "get", path: "/health", tags: ["ops"], security: [], summary: "Liveness", responses: { 200: { content: { "application/json": { schema: Health } }, description: "Alive" } } }),
     (c) => c.json({ status: "ok" }, 200),
   );
   app.openapi(
@@ -67,19 +86,35 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
       method: "get",
       path: "/ready",
       tags: ["ops"],
-      summary: "Readiness: every service in this process is registered and not draining",
+      security: [],
+      summary: "Readiness: every service in this process is registered and not draining, and the registry database answers",
       responses: {
         200: { content: { "application/json": { schema: Health } }, description: "Ready" },
-        503: { content: { "application/json": { schema: Health } }, description: "Starting or draining" },
+        503: { content: { "application/json": { schema: Health } }, description: "Starting, draining, or the database is unreachable" },
       },
     }),
-    (c) => {
+    async (c) => {
       const s = states();
-      const ready = Object.values(s).every((v) => v === "ready");
-      return ready ? c.json({ status: "ready", services: s }, 200) : c.json({ status: "not ready", services: s }, 503);
+      const db = await dbProbe.check();
+      const database = db.ok ? ("reachable" as const) : ("unreachable" as const);
+      const ready = db.ok && Object.values(s).every((v) => v === "ready");
+      return ready ? c.json({ status: "ready", services: s, database }, 200) : c.json({ status: "not ready", services: s, database }, 503);
     },
   );
   app.openapi(metricsRoute, async (c) => c.body(await metrics.text(), 200, { "content-type": metrics.contentType }) as never);
+  return app;
+}
+
+export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
+  const app = createApp({
+    log: rt.log,
+    maxBodyBytes: rt.config.maxBodyBytes,
+    onResponse: (c) => countErrorAnswer(metrics, c).catch((err: unknown) => rt.log.warn({ err }, "could not count a failed request")),
+    classifyError,
+  });
+  app.use("*", hostCheck(security.hosts));
+  app.use("/v1/*", apiKeyAuth(security.keys, security.limiter));
+  app.route("/", opsRoutes(services, metrics, new DbProbe(rt.db)));
   if (services.prefill) app.route("/", prefillRoutes(services.prefill));
   if (services.decode) {
     app.route("/", decodeRoutes(services.decode));
@@ -88,11 +123,12 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
   }
   app.doc31("/openapi.json", {
     openapi: "3.1.0",
+    security: [{ apiKey: [] }],
     info: {
       title: "ctxbank",
       version: "0.1.0",
       description:
-        "Disaggregated prefill and decode over a native engine. Errors are `{ error: { message, type, code, param } }` with a machine-readable `code`.",
+        "Disaggregated prefill and decode over a native engine. `/v1/*` takes `Authorization: Bearer <API key>` when the server has keys. Errors are `{ error: { message, type, code, param } }` with a machine-readable `code`.",
     },
     tags: [
       { name: "openai", description: "OpenAI-compatible routes (decode service)" },
@@ -101,7 +137,26 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
       { name: "ops", description: "Health, readiness and metrics" },
     ],
   });
-  app.get("/docs", swaggerUI({ url: "/openapi.json", title: "ctxbank API" }));
+  app.openAPIRegistry.registerComponent("securitySchemes", "apiKey", { type: "http", scheme: "bearer" });
+  app.route("/", docsRoutes());
   app.get("/", (c) => c.redirect("/docs"));
+  return app;
+}
+
+/** The internal listener's app: what only the other services (and operators holding the secret) call. */
+export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
+  const app = createApp({ log: rt.log, maxBodyBytes: rt.config.maxBodyBytes, classifyError });
+  app.use("*", hostCheck(security.hosts));
+  app.use("/v1/prefill", prefillCapability(security.internal));
+  app.use("/v1/chunks/*", chunkReadAuth(security.internal, rt.registry));
+  app.use("/v1/prefill/status", internalSecret(security.internal));
+  app.use("/v1/decode/status", internalSecret(security.internal));
+  app.route("/", opsRoutes(services, metrics, new DbProbe(rt.db)));
+  if (services.prefill) {
+    app.route("/", prefillRoutes(services.prefill));
+    app.route("/", prefillStatusRoutes(services.prefill));
+    app.route("/", chunkRoutes(services.prefill));
+  }
+  if (services.decode) app.route("/", decodeStatusRoutes(services.decode));
   return app;
 }

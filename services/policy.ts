@@ -4,9 +4,8 @@
 import type { AttentionPolicy } from "../shared/engine/native.ts";
 import { ApiError } from "../shared/http/errors.ts";
 import { policyDefaultsFor } from "../shared/policy/defaults.ts";
-import { PolicyError, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/policy/request.ts";
-import type { ChatMessage } from "../shared/tokenizer/chat-template.ts";
-import { encodePrompt, type Runtime } from "./runtime.ts";
+import { checkPolicyLimits, PolicyError, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/policy/request.ts";
+import { DEFAULT_MAX_TOKENS, type Runtime } from "./runtime.ts";
 
 export interface PlannedPolicy {
   spec: PolicySpec;
@@ -29,6 +28,7 @@ export function planPolicy(
 ): PlannedPolicy {
   const chosen = spec ?? rt.config.policy;
   try {
+    checkPolicyLimits(chosen, { maxContext: rt.engine.maxContext, nLayer: rt.model.config.nLayer });
     const defaults = policyDefaultsFor(rt.model.fingerprint);
     const policy = resolvePolicy(chosen, {
       ...(defaults ? { filterLayers: defaults.filterLayers, watershedLayer: defaults.watershedLayer } : {}),
@@ -41,24 +41,16 @@ export function planPolicy(
       policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK ?? 0 } } : chosen;
     return { spec: resolved, policy, layerGroups: layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, rt.model.config.nLayer) };
   } catch (e) {
-    if (e instanceof PolicyError) throw new ApiError(400, "invalid_policy", e.message, "policy");
+    if (e instanceof PolicyError) throw new ApiError(400, "invalid_policy", e.message, e.param);
     throw e;
   }
 }
 
 /**
- * Round Attention's rounds of a chat prompt: round 0 from token 0, then one round per later user
- * message, starting at the first token of that message's turn. Found by tokenizing the rendered
- * conversation up to each user message; null when that is not a prefix of the whole prompt's
- * tokens (a template that rewrites earlier turns), in which case the request must give starts.
+ * The policy checked before a prompt is tokenized: its limits, and the engine's own checks with
+ * what the prompt cannot make worse (a one-token prompt, the longest default answer, a chat's
+ * rounds still to be found). What depends on the prompt is checked again by planPolicy.
  */
-export function chatRoundStarts(rt: Pick<Runtime, "tokenizer" | "chat" | "model">, messages: ChatMessage[], tokens: readonly number[]): number[] | null {
-  const starts = [0];
-  for (let i = 1; i < messages.length; i++) {
-    if (messages[i]!.role !== "user") continue;
-    const before = encodePrompt(rt, { messages: messages.slice(0, i) }, { addGenerationPrompt: false });
-    if (before.length >= tokens.length || before.some((t, j) => t !== tokens[j])) return null;
-    starts.push(before.length);
-  }
-  return starts;
+export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "config">, spec: PolicySpec | undefined, opts: { maxTokens?: number | undefined; chat: boolean }): void {
+  planPolicy(rt, spec, 1, opts.maxTokens ?? DEFAULT_MAX_TOKENS, opts.chat ? [0] : undefined);
 }

@@ -5,7 +5,8 @@
 import type { Config } from "../shared/config.ts";
 import { listen, type Listening } from "../shared/http/server.ts";
 import { ServiceMetrics } from "../shared/metrics/metrics.ts";
-import { buildApp, type Services } from "./app.ts";
+import { openSecurity, type Security } from "../shared/auth/security.ts";
+import { buildApp, buildInternalApp, type Services } from "./app.ts";
 import { DecodeService } from "./decode/service.ts";
 import { PrefillService } from "./prefill/service.ts";
 import { openRuntime, sloTargets, type Runtime } from "./runtime.ts";
@@ -16,35 +17,51 @@ export interface RunningServices {
   metrics: ServiceMetrics;
   http: Listening;
   url: string;
+  /** The internal listener (chunks, prefill calls from decodes, status) and the URL peers use. */
+  internal: Listening;
+  internalUrl: string;
+  security: Security;
   /** Graceful: drain, then release everything. Safe to call more than once. */
   stop(): Promise<void>;
 }
 
 export async function startServices(config: Config, rt?: Runtime): Promise<RunningServices> {
+  const security = openSecurity(config); // before the model loads: a bad key file fails fast
   const runtime = rt ?? (await openRuntime(config));
   const base = config.instanceId;
   const services: Services = {};
   // One registry for the process: `serve` exports both services' metrics on one /metrics.
   const metrics = new ServiceMetrics({ model: runtime.modelId, slo: sloTargets(config), device: runtime.engine.device });
-  if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base, metrics);
+  if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base, metrics, security.internal);
   if (config.role !== "decode") {
     // Colocated, prompts share the decode steps so a long prompt never stalls the running decodes.
     const scheduler = services.decode?.scheduler;
     const compute = scheduler && config.prefillChunking === "slo" ? scheduler.prefill.bind(scheduler) : undefined;
     services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics, compute);
   }
-  const app = buildApp(runtime, services, metrics);
-  const http = await listen(app.fetch, config.host, config.port);
-  const url = (config.publicUrl ?? http.url).replace(/\/+$/, "");
+  const app = buildApp(runtime, services, metrics, security);
+  const internalApp = buildInternalApp(runtime, services, metrics, security);
+  const http = await listen(app.fetch, config.host, config.port, config);
+  let internal: Listening;
   try {
-    await services.prefill?.start(url);
-    await services.decode?.start(url);
+    internal = await listen(internalApp.fetch, config.internalHost, config.internalPort, config);
   } catch (err) {
     await http.close(0);
     if (!rt) await runtime.close();
     throw err;
   }
-  runtime.log.info({ url, role: config.role, docs: `${url}/docs` }, "listening");
+  const url = (config.publicUrl ?? http.url).replace(/\/+$/, "");
+  const internalUrl = (config.internalUrl ?? internal.url).replace(/\/+$/, "");
+  try {
+    // The registry names the internal URL: that is where peers call prefills and read chunks.
+    await services.prefill?.start(internalUrl);
+    await services.decode?.start(internalUrl);
+  } catch (err) {
+    await Promise.all([http.close(0), internal.close(0)]);
+    if (!rt) await runtime.close();
+    throw err;
+  }
+  runtime.log.info({ url, internalUrl, role: config.role, keys: security.keys ? security.keys.size : "none (keyless: tenant local)", docs: `${url}/docs` }, "listening");
   let stopping: Promise<void> | undefined;
   return {
     rt: runtime,
@@ -52,13 +69,16 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
     metrics,
     http,
     url,
+    internal,
+    internalUrl,
+    security,
     stop() {
       stopping ??= (async () => {
         const deadline = Date.now() + config.drainMs;
         runtime.log.info({ inFlight: http.inFlight }, "draining");
         await Promise.all([services.decode?.drain(deadline), services.prefill?.drain(deadline)]);
         await services.decode?.stop();
-        await http.close(Math.max(0, deadline - Date.now()));
+        await Promise.all([http.close(Math.max(0, deadline - Date.now())), internal.close(Math.max(0, deadline - Date.now()))]);
         await services.prefill?.stop();
         if (!rt) await runtime.close();
         runtime.log.info("stopped");

@@ -1,9 +1,11 @@
 // What a service process holds: config, logger, the loaded model and engine, tokenizer and chat
 // template, the registry database. `ctxbank serve` builds one and gives it to both services.
 import path from "node:path";
-import pino, { type Logger } from "pino";
+import pino, { type DestinationStream, type Logger } from "pino";
 import type { Config } from "../shared/config.ts";
 import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
+import { readGgufMetadata } from "../shared/engine/native.ts";
+import { boundedError } from "../shared/http/error-log.ts";
 import { ApiError } from "../shared/http/errors.ts";
 import type { SloTargets } from "../shared/metrics/slo.ts";
 import { resolveModel } from "../shared/model/resolve.ts";
@@ -11,6 +13,7 @@ import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
 import { Registry } from "../shared/registry/registry.ts";
 import { ChatTemplate, ChatTemplateError, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { TokenizerPool } from "./tokenizer-pool.ts";
 
 export interface Runtime {
   config: Config;
@@ -20,30 +23,48 @@ export interface Runtime {
   modelId: string;
   model: LoadedModel;
   engine: Engine;
+  /** For detokenizing and the model's special ids; prompts are tokenized on `prompts`. */
   tokenizer: GgufTokenizer;
   chat: ChatTemplate | undefined;
+  /** The tokenizer threads encodePrompt uses. */
+  prompts: TokenizerPool;
   db: OpenedDatabase;
   registry: Registry;
   close(): Promise<void>;
 }
 
-export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanceId">): Logger {
-  return pino({ level: config.logLevel, base: { svc: config.role, instance: config.instanceId } });
+/** The services' logger: errors are logged bounded and without SQL parameters (shared/http/error-log.ts). */
+export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanceId">, destination?: DestinationStream): Logger {
+  const options = { level: config.logLevel, base: { svc: config.role, instance: config.instanceId }, serializers: { err: boundedError } };
+  return destination ? pino(options, destination) : pino(options);
 }
 
 export async function openRuntime(config: Config, log: Logger = createLogger(config)): Promise<Runtime> {
   const modelPath = await resolveModel(config.model !== undefined ? { path: config.model } : {});
   const model = await loadModel(modelPath);
   const engine = new Engine(model, { threads: config.threads, device: config.device });
-  const tokenizer = GgufTokenizer.fromGguf(modelPath);
+  const meta = readGgufMetadata(modelPath);
+  const tokenizer = GgufTokenizer.fromMetadata(meta);
   let chat: ChatTemplate | undefined;
   try {
-    chat = ChatTemplate.fromGguf(modelPath, tokenizer);
+    chat = ChatTemplate.fromMetadata(meta, tokenizer);
   } catch (e) {
     if (!(e instanceof ChatTemplateError && e.code === "NO_TEMPLATE")) throw e;
     log.warn("the model has no chat template: chat requests will be refused");
   }
-  const db = await openDatabase(config.databaseUrl);
+  const prompts = new TokenizerPool(meta);
+  // Services that tokenize start their thread while the database opens (a decode-only one never does).
+  const threadReady = config.role === "decode" ? Promise.resolve() : prompts.ready();
+  let db: OpenedDatabase | undefined;
+  try {
+    db = await openDatabase(config.databaseUrl, { timeoutMs: config.dbTimeoutMs });
+    await threadReady;
+  } catch (e) {
+    await threadReady.catch(() => {});
+    await prompts.close();
+    await db?.close();
+    throw e;
+  }
   log.info({ model: path.basename(modelPath), device: engine.native.info.deviceDescription, kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");
   return {
     config,
@@ -54,9 +75,13 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     engine,
     tokenizer,
     chat,
+    prompts,
     db,
     registry: new Registry(db.db),
-    close: () => db.close(),
+    close: async () => {
+      await prompts.close();
+      await db.close();
+    },
   };
 }
 
@@ -67,32 +92,80 @@ export function sloTargets(config: Pick<Config, "sloTtftMs" | "sloTpotMs" | "slo
 
 export type PromptInput = { prompt?: string | undefined; messages?: ChatMessage[] | undefined; prompt_token_ids?: number[] | undefined };
 
-/** Token ids of a prompt given as text, a conversation, or ids; 400 when it cannot be. */
-export function encodePrompt(rt: Pick<Runtime, "tokenizer" | "chat" | "model">, input: PromptInput, render: { addGenerationPrompt?: boolean } = {}): number[] {
-  const tok = rt.tokenizer;
+export interface EncodedPrompt {
+  ids: number[];
+  /** With `rounds`: the chat's round starts (null when they cannot be found; see encodeChat). */
+  roundStarts?: number[] | null;
+}
+
+/**
+ * The most characters a prompt may have: the context times the longest token's bytes. A longer
+ * text cannot fit (each token covers at most that many bytes, and a UTF-16 unit is at least one
+ * UTF-8 byte), so it is refused before any tokenizing. For SmolLM2: 8192 × 81 ≈ 660k characters.
+ */
+export function maxPromptChars(rt: Pick<Runtime, "engine" | "tokenizer">): number {
+  return rt.engine.maxContext * rt.tokenizer.maxTokenBytes;
+}
+
+/**
+ * Token ids of a prompt given as text, a conversation, or ids, with bounded work: sizes are
+ * checked before tokenizing (413 context_length_exceeded), tokenizing runs on the tokenizer threads
+ * and stops just past the context, user text never yields control tokens. 400 when it cannot be
+ * encoded. `rounds`: also find a chat's Round Attention rounds (in the same pass).
+ */
+export async function encodePrompt(rt: Pick<Runtime, "tokenizer" | "prompts" | "model" | "engine">, input: PromptInput, opts: { rounds?: boolean } = {}): Promise<EncodedPrompt> {
+  const maxContext = rt.engine.maxContext;
+  checkPromptSize(rt, input);
   if (input.prompt_token_ids !== undefined) {
-    const nVocab = rt.model.config.nVocab;
-    const bad = input.prompt_token_ids.findIndex((t) => t >= nVocab);
-    if (bad >= 0) throw new ApiError(400, "invalid_request", `prompt_token_ids[${bad}] = ${input.prompt_token_ids[bad]} is not a token id in [0, ${nVocab})`, "prompt_token_ids");
-    return input.prompt_token_ids;
+    checkTokenIds(input.prompt_token_ids, rt.model.config.nVocab, "prompt_token_ids");
+    return { ids: input.prompt_token_ids };
   }
-  let text: string;
+  const result =
+    input.messages !== undefined
+      ? await rt.prompts.run({ kind: "chat", messages: input.messages, maxTokens: maxContext, ...(opts.rounds ? { rounds: true } : {}) })
+      : await rt.prompts.run({ kind: "text", text: input.prompt ?? "", maxTokens: maxContext });
+  if (!result.ok) throw new ApiError(400, "invalid_request", result.message, result.param);
+  const param = input.messages !== undefined ? "messages" : "prompt";
+  if (result.ids.length > maxContext) tooLong(`the prompt has more than ${maxContext} tokens, the model's context`, param);
+  if (result.ids.length === 0) throw new ApiError(400, "invalid_request", "the prompt is empty after tokenization", param);
+  return result.roundStarts === undefined ? { ids: result.ids } : { ids: result.ids, roundStarts: result.roundStarts };
+}
+
+/** 413 context_length_exceeded, before any tokenizing, when the prompt's size alone shows it cannot fit the context. */
+export function checkPromptSize(rt: Pick<Runtime, "tokenizer" | "engine">, input: PromptInput): void {
+  const maxContext = rt.engine.maxContext;
+  if (input.prompt_token_ids !== undefined) {
+    const n = input.prompt_token_ids.length;
+    if (n >= maxContext) tooLong(`the prompt has ${n} tokens; the model's context is ${maxContext} tokens`, "prompt_token_ids");
+    return;
+  }
+  const maxChars = maxPromptChars(rt);
+  const limit = `at most ${maxChars} characters fit the model's context of ${maxContext} tokens`;
   if (input.messages !== undefined) {
-    if (!rt.chat) throw new ApiError(400, "invalid_request", "this model has no chat template; send a plain prompt instead", "messages");
-    try {
-      text = rt.chat.render(input.messages, render);
-    } catch (e) {
-      throw new ApiError(400, "invalid_request", (e as Error).message, "messages");
-    }
-  } else {
-    text = input.prompt ?? "";
+    // Every message takes at least one token of the template.
+    const n = input.messages.length;
+    if (n > maxContext) tooLong(`${n} messages cannot fit the model's context of ${maxContext} tokens`, "messages");
+    let chars = 0;
+    for (const m of input.messages) chars += typeof m?.content === "string" ? m.content.length : 0;
+    if (chars > maxChars) tooLong(`the messages have ${chars} characters; ${limit}`, "messages");
+    return;
   }
-  const bos = tok.special.bos;
-  const addBos = tok.addBos && bos !== undefined && !text.startsWith(tok.tokenText(bos));
-  // Control tokens written as text (<|im_start|>…) are parsed, as the CLI and llama.cpp's server do.
-  const ids = [...(addBos ? [bos!] : []), ...tok.encode(text, { parseSpecial: true })];
-  if (ids.length === 0) throw new ApiError(400, "invalid_request", "the prompt is empty after tokenization", "prompt");
-  return ids;
+  const n = input.prompt?.length ?? 0;
+  if (n > maxChars) tooLong(`the prompt has ${n} characters; ${limit}`, "prompt");
+}
+
+function tooLong(message: string, param: string): never {
+  throw new ApiError(413, "context_length_exceeded", message, param);
+}
+
+/** 400 naming `param` (e.g. "handle.first_token") when an id is not in the model's vocabulary. */
+export function checkTokenIds(ids: readonly number[], nVocab: number, param: string): void {
+  for (let i = 0; i < ids.length; i++) {
+    const t = ids[i]!;
+    if (!Number.isInteger(t) || t < 0 || t >= nVocab) {
+      throw new ApiError(400, "invalid_request", `${param}[${i}] = ${t} is not a token id in [0, ${nVocab})`, param);
+    }
+  }
 }
 
 /** Tokens a decode request without max_tokens may generate: 256, or what the context leaves. */

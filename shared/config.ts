@@ -42,15 +42,51 @@ export const ConfigSchema = z.object({
   /** Attention policy for requests that name none (their chunks' layer groups, and how decode attends). */
   policy: z.enum(POLICY_KINDS).default("full"),
   writeLeaseMs: ms.default(60_000),
-  /** How long a written chunk waits for its decode before the reaper may reclaim it. */
-  retainMs: ms.default(120_000),
+  /**
+   * How long a written chunk waits for its decode before the reaper may reclaim it. The decode
+   * that asked for a prefill reads it within milliseconds; 30 s leaves a client's own
+   * /v1/prefill → /v1/decode handoff a slow round trip and a few retries after a 429, while an
+   * abandoned handle holds shard bytes for half a minute, not two.
+   */
+  retainMs: ms.default(30_000),
+  /**
+   * Shard bytes one key (tenant) may hold at once (then 429 shard_full). Default: half of
+   * shardBytes for each API key, no cap for the keyless "local" tenant (it has nobody to share with).
+   */
+  maxShardBytesPerKey: bytes.optional(),
   readLeaseMs: ms.default(60_000),
   heartbeatMs: ms.default(2_000),
   heartbeatTimeoutMs: ms.default(10_000),
   reapMs: ms.default(1_000),
+  /** How often a prefill sweeps dead instances' shard files, chunks and open requests. */
+  sweepMs: ms.default(10_000),
+  /** Ended request rows (and instances dead this long) are deleted after this. */
+  requestRetentionMs: ms.default(24 * 3600 * 1000),
   /** Prefills computed at once / waiting; beyond that a prefill gets 429. */
   maxPrefills: int(1, 64).default(1),
   maxPrefillQueue: int(0, 10_000).default(16),
+  /**
+   * Decode: calls to prefill instances in flight at once / waiting (fair across keys); beyond that
+   * 429. In flight: enough to keep a few prefill instances busy with a short queue each (raise it
+   * with more instances); waiting: about what one prefill's own queue holds.
+   */
+  maxPrefillCalls: int(1, 1024).default(4),
+  maxPrefillCallQueue: int(0, 10_000).default(16),
+  /** Decode: deadline of one prefill call, queue wait included; default 60 s + 20 ms per context token. */
+  prefillTimeoutMs: ms.optional(),
+  /** Registry (PostgreSQL) deadline per query and per connection attempt. */
+  dbTimeoutMs: ms.default(15_000),
+  /** Every listener: time to receive a request's headers / gap allowed between body bytes (then 408, closed). */
+  headersTimeoutMs: ms.default(10_000),
+  requestTimeoutMs: ms.default(120_000),
+  bodyIdleTimeoutMs: ms.default(10_000),
+  /**
+   * Every listener: an idle keep-alive connection is closed after this. Longer than the usual
+   * load balancer idle timeout (60 s), so a balancer never reuses a connection being closed.
+   */
+  keepAliveTimeoutMs: ms.default(65_000),
+  /** Every listener: open connections at most; more are refused (closed at once). */
+  maxConnections: int(1, 1_000_000).default(1024),
   /** Sequences decoded together in one step (continuous batching) / waiting for a slot. */
   maxBatch: int(1, 256).default(8),
   maxQueue: int(0, 10_000).default(32),
@@ -84,6 +120,33 @@ export const ConfigSchema = z.object({
   /** slo: the prefill refuses (429 slo_unattainable) a prompt whose predicted TTFT exceeds sloTtftMs × (1 + margin). */
   admission: z.enum(["off", "slo"]).default("off"),
   admissionMargin: z.coerce.number().min(0).max(100).default(0.5),
+  // Security (services/README.md#security).
+  /** API keys: a file of `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines, and/or the same lines inline. */
+  apiKeysFile: z.string().min(1).optional(),
+  apiKeys: z.string().min(1).optional(),
+  /** Per-key defaults: requests/s (0 = unlimited), bucket size, requests in flight (0 = unlimited). */
+  keyRate: z.coerce.number().min(0).max(1e6).default(10),
+  keyBurst: int(1, 1_000_000).default(20),
+  keyConcurrency: int(0, 1_000_000).default(8),
+  /** Run without API keys on a non-loopback bind. */
+  insecure: z.stringbool().default(false),
+  /** The internal listener (chunks, the decode's prefill calls, status): host, port (0 = any free one), and the URL peers use. */
+  internalHost: z.string().min(1).default("127.0.0.1"),
+  internalPort: int(0, 65_535).default(0),
+  internalUrl: z.url({ protocol: /^https?$/ }).optional(),
+  /** Shared secret of the services' capabilities (>= 32 chars), or a file holding it. */
+  internalSecret: z.string().min(32, "at least 32 characters").optional(),
+  internalSecretFile: z.string().min(1).optional(),
+  /** Extra Host names the listeners answer for (comma-separated; * = any). */
+  allowedHosts: z
+    .string()
+    .default("")
+    .transform((v) =>
+      v
+        .split(",")
+        .map((h) => h.trim())
+        .filter((h) => h !== ""),
+    ),
 });
 
 export type Config = z.output<typeof ConfigSchema> & { role: ServiceRole; instanceId: string; shardDir: string };
@@ -105,13 +168,25 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   blockTokens: { flag: "block-tokens", env: ["CTXBANK_BLOCK_TOKENS"], help: "tokens per KV chunk (default 512)" },
   policy: { flag: "policy", env: ["CTXBANK_POLICY"], help: `default attention policy of requests that name none (${POLICY_KINDS.join(", ")}; with the model's calibrated defaults)` },
   writeLeaseMs: { flag: "write-lease-ms", env: ["CTXBANK_WRITE_LEASE_MS"], help: "chunk write lease" },
-  retainMs: { flag: "retain-ms", env: ["CTXBANK_RETAIN_MS"], help: "how long an unread chunk is kept" },
+  retainMs: { flag: "retain-ms", env: ["CTXBANK_RETAIN_MS"], help: "how long an unread chunk is kept (default 30 000)" },
+  maxShardBytesPerKey: { flag: "max-shard-bytes-per-key", env: ["CTXBANK_MAX_SHARD_BYTES_PER_KEY"], help: "shard bytes one API key may hold (then 429; default half the shard, keyless: none)" },
   readLeaseMs: { flag: "read-lease-ms", env: ["CTXBANK_READ_LEASE_MS"], help: "chunk read lease" },
   heartbeatMs: { flag: "heartbeat-ms", env: ["CTXBANK_HEARTBEAT_MS"], help: "heartbeat period" },
   heartbeatTimeoutMs: { flag: "heartbeat-timeout-ms", env: ["CTXBANK_HEARTBEAT_TIMEOUT_MS"], help: "silence before an instance is dead" },
   reapMs: { flag: "reap-ms", env: ["CTXBANK_REAP_MS"], help: "expired-chunk reaper period" },
+  sweepMs: { flag: "sweep-ms", env: ["CTXBANK_SWEEP_MS"], help: "how often a prefill sweeps dead instances' shard files, chunks and requests (default 10000)" },
+  requestRetentionMs: { flag: "request-retention-ms", env: ["CTXBANK_REQUEST_RETENTION_MS"], help: "ended request rows are deleted after this (default 86400000 = 24 h)" },
   maxPrefills: { flag: "max-prefills", env: ["CTXBANK_MAX_PREFILLS"], help: "prefills computed at once" },
   maxPrefillQueue: { flag: "max-prefill-queue", env: ["CTXBANK_MAX_PREFILL_QUEUE"], help: "prefills waiting (then 429)" },
+  maxPrefillCalls: { flag: "max-prefill-calls", env: ["CTXBANK_MAX_PREFILL_CALLS"], help: "decode: prefill calls in flight (default 4; raise with more prefill instances)" },
+  maxPrefillCallQueue: { flag: "max-prefill-call-queue", env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"], help: "decode: prefill calls waiting (then 429; default 16)" },
+  prefillTimeoutMs: { flag: "prefill-timeout-ms", env: ["CTXBANK_PREFILL_TIMEOUT_MS"], help: "decode: deadline of a prefill call (default 60 s + 20 ms per context token)" },
+  dbTimeoutMs: { flag: "db-timeout-ms", env: ["CTXBANK_DB_TIMEOUT_MS"], help: "PostgreSQL query and connect deadline (default 15 000)" },
+  headersTimeoutMs: { flag: "headers-timeout-ms", env: ["CTXBANK_HEADERS_TIMEOUT_MS"], help: "time to send a request's headers (default 10 000)" },
+  requestTimeoutMs: { flag: "request-timeout-ms", env: ["CTXBANK_REQUEST_TIMEOUT_MS"], help: "time to receive a whole request, headers and body, then 408 (default 120 000; responses are not limited)" },
+  bodyIdleTimeoutMs: { flag: "body-idle-timeout-ms", env: ["CTXBANK_BODY_IDLE_TIMEOUT_MS"], help: "longest pause inside a request body, then 408 (default 10 000)" },
+  keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 65 000)" },
+  maxConnections: { flag: "max-connections", env: ["CTXBANK_MAX_CONNECTIONS"], help: "open connections per listener (default 1024)" },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
   prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },
@@ -127,6 +202,18 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   sloE2eMs: { flag: "slo-e2e-ms", env: ["CTXBANK_SLO_E2E_MS"], help: "end-to-end objective in ms (default: none)" },
   admission: { flag: "admission", env: ["CTXBANK_ADMISSION"], help: "off | slo: refuse prompts whose predicted TTFT misses the SLO (default off)" },
   admissionMargin: { flag: "admission-margin", env: ["CTXBANK_ADMISSION_MARGIN"], help: "slo admission refuses above slo-ttft × (1 + margin) (default 0.5)" },
+  apiKeysFile: { flag: "api-keys-file", env: ["CTXBANK_API_KEYS_FILE"], help: "API keys file: `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines (ctxbank keys new <id>)" },
+  apiKeys: { flag: "api-keys", env: ["CTXBANK_API_KEYS"], help: "API key lines inline (as in the file; separated by newlines or ;)" },
+  keyRate: { flag: "key-rate", env: ["CTXBANK_KEY_RATE"], help: "default requests/s per API key (default 10; 0 = unlimited)" },
+  keyBurst: { flag: "key-burst", env: ["CTXBANK_KEY_BURST"], help: "default burst per API key (default 20)" },
+  keyConcurrency: { flag: "key-concurrency", env: ["CTXBANK_KEY_CONCURRENCY"], help: "default requests in flight per API key (default 8; 0 = unlimited)" },
+  insecure: { flag: "insecure", env: ["CTXBANK_INSECURE"], help: "allow a non-loopback bind without API keys" },
+  internalHost: { flag: "internal-host", env: ["CTXBANK_INTERNAL_HOST"], help: "interface of the internal listener (default 127.0.0.1)" },
+  internalPort: { flag: "internal-port", env: ["CTXBANK_INTERNAL_PORT"], help: "port of the internal listener (default 0 = any free port)" },
+  internalUrl: { flag: "internal-url", env: ["CTXBANK_INTERNAL_URL"], help: "URL other services reach the internal listener at" },
+  internalSecret: { flag: "internal-secret", env: ["CTXBANK_INTERNAL_SECRET"], help: "shared secret between services, >= 32 chars (prefer the env or the file)" },
+  internalSecretFile: { flag: "internal-secret-file", env: ["CTXBANK_INTERNAL_SECRET_FILE"], help: "file holding the shared secret" },
+  allowedHosts: { flag: "allowed-hosts", env: ["CTXBANK_ALLOWED_HOSTS"], help: "extra Host names to answer for, comma-separated (* = any)" },
 };
 
 export class ConfigError extends Error {
@@ -134,9 +221,12 @@ export class ConfigError extends Error {
 }
 
 /** parseArgs option descriptors for every setting (all strings). */
-export function configFlags(): Record<string, { type: "string" }> {
-  return Object.fromEntries(Object.values(SETTINGS).map((s) => [s.flag, { type: "string" as const }]));
+export function configFlags(): Record<string, { type: "string" | "boolean" }> {
+  return Object.fromEntries(Object.values(SETTINGS).map((s) => [s.flag, { type: BOOLEAN_FLAGS.has(s.flag) ? ("boolean" as const) : ("string" as const) }]));
 }
+
+/** Flags given without a value (`--insecure`). */
+const BOOLEAN_FLAGS = new Set(["insecure"]);
 
 export function configHelp(): string {
   return Object.values(SETTINGS)
@@ -158,8 +248,8 @@ export function loadConfig(
   const source: Record<string, string> = {};
   for (const [key, s] of Object.entries(SETTINGS) as [Key, (typeof SETTINGS)[Key]][]) {
     const flag = flags[s.flag];
-    if (typeof flag === "string") {
-      raw[key] = flag;
+    if (typeof flag === "string" || typeof flag === "boolean") {
+      raw[key] = String(flag);
       source[key] = `--${s.flag}`;
       continue;
     }
@@ -186,6 +276,10 @@ export function loadConfig(
         ` (got ${c.databaseUrl.startsWith("pglite") ? c.databaseUrl : "a non-postgres URL"}); use \`ctxbank serve\` for one process with PGlite`,
     );
   }
+  checkSecurity(role, c);
+  if (c.headersTimeoutMs > c.requestTimeoutMs) {
+    throw new ConfigError(`the headers timeout (${c.headersTimeoutMs} ms) must not be longer than the request timeout (${c.requestTimeoutMs} ms), which includes it`);
+  }
   if (c.heartbeatTimeoutMs <= c.heartbeatMs) {
     throw new ConfigError(`heartbeat timeout (${c.heartbeatTimeoutMs} ms) must be longer than the heartbeat period (${c.heartbeatMs} ms)`);
   }
@@ -195,6 +289,38 @@ export function loadConfig(
     instanceId: c.instanceId ?? sanitizeId(`${role === "serve" ? "local" : role}-${c.hostId}-${c.port || process.pid}`),
     shardDir: c.shardDir ?? defaultShardDir(),
   };
+}
+
+/** Refuses configurations that would expose the API or the internal routes without credentials. */
+function checkSecurity(role: ServiceRole, c: z.output<typeof ConfigSchema>): void {
+  const hasKeys = c.apiKeysFile !== undefined || c.apiKeys !== undefined;
+  if (!hasKeys && !c.insecure && !isLoopbackHost(c.host)) {
+    throw new ConfigError(
+      `refusing to listen on ${c.host} without API keys: give --api-keys-file (or CTXBANK_API_KEYS; \`ctxbank keys new <id>\` makes one), ` +
+        `bind to 127.0.0.1, or pass --insecure to serve anyone who can reach the port`,
+    );
+  }
+  if (c.internalPort !== 0 && c.internalPort === c.port) {
+    throw new ConfigError(`--internal-port ${c.internalPort} is also --port: the internal listener needs a port of its own`);
+  }
+  const hasSecret = c.internalSecret !== undefined || c.internalSecretFile !== undefined;
+  if (!hasSecret && role !== "serve") {
+    throw new ConfigError(
+      `ctxbank ${role} talks to the other services over the internal listener and needs their shared secret: ` +
+        `set CTXBANK_INTERNAL_SECRET (>= 32 chars, the same in every process) or --internal-secret-file`,
+    );
+  }
+  if (!hasSecret && !isLoopbackHost(c.internalHost)) {
+    throw new ConfigError(
+      `refusing to open the internal listener on ${c.internalHost} without a shared secret: set CTXBANK_INTERNAL_SECRET (>= 32 chars, the same in every process) or --internal-secret-file`,
+    );
+  }
+}
+
+/** 127.0.0.0/8, ::1 and localhost: reachable only from this host. */
+export function isLoopbackHost(host: string): boolean {
+  const h = host.toLowerCase().replace(/^\[(.*)\]$/, "$1");
+  return h === "localhost" || h === "::1" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(h);
 }
 
 function sanitizeId(s: string): string {

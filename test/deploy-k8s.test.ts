@@ -8,6 +8,7 @@ import path from "node:path";
 import { isDeepStrictEqual } from "node:util";
 import { parseAllDocuments } from "yaml";
 import { describe, expect, it } from "vitest";
+import { newApiKey } from "../shared/auth/api-keys.ts";
 import { loadConfig, SETTINGS, type Config, type ServiceRole } from "../shared/config.ts";
 import { containerEnv } from "./helpers/deploy/container-env.ts";
 import { schemaErrors, typeErrors } from "./helpers/deploy/k8s-schema.ts";
@@ -20,7 +21,18 @@ const K8S = at("deploy/k8s");
 const OVERLAYS = ["base", "overlays/keda", "overlays/hpa", "overlays/keda-postgres"];
 const ADAPTER_VALUES = at("deploy/k8s/overlays/hpa/prometheus-adapter-values.yaml");
 /** Secrets the manifests use but never contain: created by the operator (deploy/README.md). */
-const EXTERNAL_SECRETS: Record<string, string[]> = { "ctxbank-database": ["DATABASE_URL"], "ctxbank-postgres": ["POSTGRES_PASSWORD"] };
+const EXTERNAL_SECRETS: Record<string, string[]> = {
+  "ctxbank-database": ["DATABASE_URL"],
+  "ctxbank-postgres": ["POSTGRES_PASSWORD"],
+  "ctxbank-internal": ["CTXBANK_INTERNAL_SECRET"],
+  "ctxbank-api-keys": ["CTXBANK_API_KEYS"],
+};
+/** What the operator's Secrets hold, as the services would read them. */
+const SECRET_VALUES: Record<string, string> = {
+  DATABASE_URL: "postgres://ctxbank:pw@ctxbank-postgres:5432/ctxbank",
+  CTXBANK_INTERNAL_SECRET: "an-operator-made-secret-of-at-least-32-chars",
+  CTXBANK_API_KEYS: newApiKey("client-a").line,
+};
 /** Labels the prometheus-operator puts on every target; a metric label of the same name clashes. */
 const TARGET_LABELS = ["namespace", "service", "pod", "container", "endpoint", "job", "instance"];
 const MiB = 2 ** 20;
@@ -147,7 +159,7 @@ describe("Kubernetes manifests", () => {
       expect(["prefill", "decode"]).toContain(role);
       const env = containerEnv(c, allObjects, imageEnv(runtime), (name, key) => {
         expect(EXTERNAL_SECRETS[name], `secret ${name}`).toContain(key);
-        return key === "DATABASE_URL" ? "postgres://ctxbank:pw@ctxbank-postgres:5432/ctxbank" : "secret";
+        return SECRET_VALUES[key] ?? "secret";
       });
       expect(env.problems, w.metadata.name).toEqual([]);
       return { config: loadConfig(role, {}, env.env), env };
@@ -173,6 +185,15 @@ describe("Kubernetes manifests", () => {
         const url = new URL(config.publicUrl!);
         expect(url.hostname, `${name}: public URL from the pod IP`).toBe("10.1.2.3");
         expect(Number(url.port), name).toBe(config.port);
+        // The internal listener: its own container port, registered at the pod IP, behind the shared secret.
+        expect(config.internalHost, name).toBe("0.0.0.0");
+        expect(c.ports.find((p: { name: string }) => p.name === "internal").containerPort, name).toBe(config.internalPort);
+        expect(config.internalPort, name).not.toBe(config.port);
+        const internal = new URL(config.internalUrl!);
+        expect([internal.hostname, Number(internal.port)], `${name}: internal URL from the pod IP`).toEqual(["10.1.2.3", config.internalPort]);
+        expect(config.internalSecret, `${name}: the shared secret`).toBeDefined();
+        expect(config.apiKeys, `${name}: API keys on a non-loopback bind`).toBeDefined();
+        expect(config.insecure, name).toBe(false);
 
         const limits = c.resources?.limits ?? {};
         expect(parseQuantity(limits.cpu), `${name}: engine threads need their cores`).toBeGreaterThanOrEqual(config.threads);
@@ -243,7 +264,7 @@ describe("Kubernetes manifests", () => {
     const prefillContainer = podContainers(prefill)[0] as Record<string, any>;
     /** The SLO a query's latency is judged against (seconds), if it is a latency query. */
     const sloFor = (query: string): number | undefined => {
-      const slo = loadConfig("prefill", {}, containerEnv(prefillContainer, allObjects, imageEnv(runtime), () => "postgres://u@h/db").env);
+      const slo = loadConfig("prefill", {}, containerEnv(prefillContainer, allObjects, imageEnv(runtime), (_, key) => SECRET_VALUES[key] ?? "secret").env);
       if (query.includes("time_to_first_token_seconds")) return slo.sloTtftMs / 1000;
       return query.includes("time_per_output_token_seconds") ? slo.sloTpotMs / 1000 : undefined;
     };

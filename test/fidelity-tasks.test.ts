@@ -32,7 +32,7 @@ describe("seeded RNG", () => {
 });
 
 describe("passkey", () => {
-  it("uses the SPEC text, a 5-digit key, and fits the token target tightly", () => {
+  it("uses the InfiniteBench text, a 5-digit key, and fits the token target tightly", () => {
     const t = passkeyTask({ targetTokens: 600, depth: 0.5, seed: 7, measure });
     expect(t.answer).toMatch(/^\d{5}$/);
     expect(t.user.startsWith("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n\n")).toBe(true);
@@ -71,7 +71,7 @@ describe("passkey", () => {
 });
 
 describe("2StageRetr", () => {
-  it("builds a dict whose key is a + b, with distinct keys and SPEC colours", () => {
+  it("builds a dict whose key is a + b, with distinct keys and the task's colours", () => {
     for (const seed of [1, 2, 3]) {
       const d = twoStageDict(50, seed);
       expect(d.entries).toHaveLength(50);

@@ -11,7 +11,7 @@ import type { CtxbankExtension } from "../shared/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { openRuntime, type Runtime } from "../services/runtime.ts";
 import { parseProm, scrape, type Scrape } from "./helpers/prom.ts";
-import { getJson, parseSse, postJson, tempShardDir, until } from "./helpers/services.ts";
+import { TEST_INTERNAL_SECRET, getJson, parseSse, postJson, tempShardDir, until } from "./helpers/services.ts";
 
 const FAMILIES: Record<string, string> = {
   "ctxbank:time_to_first_token_seconds": "histogram",
@@ -168,7 +168,7 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(m.get("ctxbank:slo_missed_total", { slo: "tpot" })).toBeGreaterThan(0);
 
     // Every KV load was over shm (one process), and moved exactly the bytes the prefill wrote.
-    const written = (await getJson(`${url}/v1/prefill/status`)).body.totals.bytes_written as number;
+    const written = (await getJson(`${s.internalUrl}/v1/prefill/status`, { authorization: `Bearer ${s.security.internalSecret}` })).body.totals.bytes_written as number;
     const loads = countOf(answers, (a) => a.usage.completion_tokens > 1);
     expect(written).toBeGreaterThan(0);
     expect(m.get("ctxbank:kv_transfer_bytes_total", { transport: "shm" })).toBe(written);
@@ -202,6 +202,8 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(during.get("ctxbank:kv_bytes_in_use", { tier: "device" })).toBeGreaterThan(0);
     ac.abort();
     await until("the cancel is counted", () => s.services.decode!.status().totals.cancelled === 1, 20_000);
+    // The sequence leaves the batch at the end of the step in flight when the cancel came.
+    await until("the cancelled sequence leaves the batch", () => s.services.decode!.status().running === 0);
 
     const m = await scrape(url);
     const delta = (name: string, match?: Record<string, string>) => m.sum(name, match) - before.sum(name, match);
@@ -264,6 +266,7 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
       retainMs: 1_500,
       reapMs: 100,
       logLevel: "silent",
+      internalSecret: TEST_INTERNAL_SECRET, // two services: one shared secret
     });
     rt = await openRuntime(base);
     prefill = await startServices({ ...base, role: "prefill", instanceId: "metrics-prefill" }, rt);
@@ -298,7 +301,7 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
     expect(d.get("ctxbank:request_success_total", { finished_reason: "length" }) + d.get("ctxbank:request_success_total", { finished_reason: "stop" })).toBe(2);
     expect(d.samples.filter((x) => x.name === "ctxbank:num_requests_running").map((x) => x.labels.service)).toEqual(["decode"]);
     expect(d.samples.filter((x) => x.name === "ctxbank:kv_bytes_in_use").map((x) => x.labels.tier).sort()).toEqual(["device", "host"]);
-    const written = (await getJson(`${prefill.url}/v1/prefill/status`)).body.totals.bytes_written as number;
+    const written = (await getJson(`${prefill.internalUrl}/v1/prefill/status`, { authorization: `Bearer ${TEST_INTERNAL_SECRET}` })).body.totals.bytes_written as number;
     expect(written).toBeGreaterThan(0);
     expect(d.get("ctxbank:kv_transfer_bytes_total", { transport: "http" })).toBe(written);
     expect(d.get("ctxbank:kv_transfer_bytes_total", { transport: "shm" })).toBe(0);

@@ -1,4 +1,4 @@
-// bench/planner's formulas: model facts from GGUF metadata, Fu's four costs (SPEC §4), the M/D/1
+// bench/planner's formulas: model facts from GGUF metadata, Fu's four costs (docs/algorithms.md), the M/D/1
 // prefill queue, the continuous-batching decode instance and the replica plan.
 import { describe, expect, it } from "vitest";
 import {
@@ -48,7 +48,7 @@ const smolMeta = {
 describe("model facts", () => {
   it("KV bytes per token, block and output parameters from the GGUF", () => {
     const m = factsFromGguf(smolMeta, smolTensors);
-    expect(m.kvBytesPerToken).toBe(23_040); // SPEC §1: 2 · 30 · 3 · 64 · 2
+    expect(m.kvBytesPerToken).toBe(23_040); // 2 · 30 · 3 · 64 · 2 (docs/algorithms.md)
     expect(m.headDim).toBe(64);
     expect(m.blockParams).toBe(30 * (2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536));
     expect(m.outputParams).toBe(576 * 49152); // tied: the embedding is the output head

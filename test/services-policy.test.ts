@@ -155,12 +155,12 @@ describe("policies through the services", () => {
   it("refuses policies the model cannot run, before any work", async () => {
     const bad = [
       [{ kind: "omnikv", omnikv: { filter_layers: [40] } }, "invalid_policy", /filter layer 40/],
-      [{ kind: "scope", scope: { beta1: 0 } }, "invalid_request", /beta1/],
-      [{ kind: "omnikv", omnikv: { budget: 1.5 } }, "invalid_request", /whole number/],
-      [{ kind: "omnikv", omnikv: { selector: "window" } }, "invalid_request", /selector/],
-      [{ kind: "omnikv", omnikv: { selector: "exp", window: 65 } }, "invalid_request", /window/],
-      ["sparse", "invalid_request", /policy/],
-      [{ kind: "full", extra: 1 }, "invalid_request", /extra|policy/],
+      [{ kind: "scope", scope: { beta1: 0 } }, "invalid_policy", /beta1/],
+      [{ kind: "omnikv", omnikv: { budget: 1.5 } }, "invalid_policy", /whole number/],
+      [{ kind: "omnikv", omnikv: { selector: "window" } }, "invalid_policy", /selector/],
+      [{ kind: "omnikv", omnikv: { selector: "exp", window: 65 } }, "invalid_policy", /window/],
+      ["sparse", "invalid_policy", /unknown policy/],
+      [{ kind: "full", extra: 1 }, "invalid_policy", /extra|policy/],
     ] as const;
     for (const [policy, code, message] of bad) {
       const res = await postJson(`${s.url}/v1/prefill`, { prompt: "hi", policy });

@@ -131,7 +131,7 @@ describe("tokenizer metadata", () => {
     expect(tok.special.eos).toBe(model.tokens.eos);
     expect(tok.special.eot).toBe(model.tokens.eot);
     expect(tok.special.nl).toBe(model.tokens.nl);
-    // The facts NOTES.md §1.2 quotes, read from the file rather than hard-coded in the tokenizer.
+    // The model's published facts, read from the file rather than hard-coded in the tokenizer.
     expect(tok.special).toMatchObject({ bos: 1, eos: 2, unk: 0, pad: 2, eot: 0, nl: 198 });
     expect(tok.tokenText(1)).toBe("<|im_start|>");
     expect(tok.tokenText(2)).toBe("<|im_end|>");

@@ -116,7 +116,7 @@ describe("KV transports", () => {
     for (const query of ["offset=-1&length=1", "offset=0&length=0", "offset=1e3&length=1", "offset=0", `offset=0&length=${MiB + 1}`]) {
       const res = await app.request(`/v1/chunks/prefill-a/2?${query}`);
       expect(res.status, query).toBe(400);
-      expect(await res.json()).toMatchObject({ error: "invalid_request" });
+      expect(await res.json()).toMatchObject({ error: { code: "invalid_request", type: "invalid_request_error", param: null } });
     }
     expect((await app.request("/v1/chunks/prefill-a/x?offset=0&length=1")).status).toBe(400);
     expect((await app.request(`/v1/chunks/${encodeURIComponent("../etc")}/2?offset=0&length=1`)).status).toBe(400);

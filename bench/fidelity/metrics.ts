@@ -1,4 +1,4 @@
-// Fidelity of a decode policy against full attention (SPEC §6): greedy-token agreement, first
+// Fidelity of a decode policy against full attention (docs/algorithms.md, evaluation tasks): greedy-token agreement, first
 // divergence, and next-token KL(full || policy) under teacher forcing.
 
 /** Share of positions where the two greedy sequences hold the same token (over `ref`'s length). */

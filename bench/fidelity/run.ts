@@ -1,4 +1,4 @@
-// Fidelity of the sparse decode policies against full attention on the SPEC §6 tasks: passkey,
+// Fidelity of the sparse decode policies against full attention on the evaluation tasks of docs/algorithms.md: passkey,
 // 2StageRetr and LongGenBench-style long generation. Each prompt is prefilled once (full
 // attention, 1 thread); then for each policy the cache is rolled back to the prompt and the policy
 // decodes N greedy tokens free-running (task score, token agreement, first divergence), and, if

@@ -1,4 +1,4 @@
-// Task generators for the fidelity bench (SPEC §6): passkey, 2StageRetr and LongGenBench-style
+// Task generators for the fidelity bench (docs/algorithms.md, evaluation tasks): passkey, 2StageRetr and LongGenBench-style
 // long generation. Pure functions: the only outside input is `measure`, which returns the token
 // count of a user message as the model will see it (chat template included), so prompts can be
 // sized to a target token count with the real tokenizer (tests pass a fake one).
@@ -52,7 +52,7 @@ function fitCount(build: (n: number) => string, measure: Measure, target: number
   return n;
 }
 
-// --- Passkey (InfiniteBench style; SPEC §6 text verbatim) ---------------------------------------
+// --- Passkey (InfiniteBench style; InfiniteBench's text) ---------------------------------------
 
 export const PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n";
 export const PASSKEY_QUESTION = "What is the pass key?";
@@ -143,7 +143,7 @@ export function twoStageTask(opts: { targetTokens: number; seed: number; measure
   };
 }
 
-/** SPEC score: the colour appears in the output (word match, case-insensitive). */
+/** Score: the colour appears in the output (word match, case-insensitive). */
 export function scoreTwoStage(output: string, colour: string): number {
   return new RegExp(`\\b${colour}\\b`, "i").test(output) ? 1 : 0;
 }

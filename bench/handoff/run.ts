@@ -23,7 +23,8 @@ import type { Handle } from "../../shared/http/wire.ts";
 import { KvLoader } from "../../services/decode/kv-loader.ts";
 import { createLogger, openRuntime, type Runtime } from "../../services/runtime.ts";
 import { startPostgres } from "../../test/helpers/postgres.ts";
-import { startService, type ServiceProcess } from "../../test/helpers/services.ts";
+import { InternalAuth } from "../../shared/auth/capability.ts";
+import { TEST_INTERNAL_SECRET, startService, type ServiceProcess } from "../../test/helpers/services.ts";
 import { benchText } from "../engine/text.ts";
 import { writeFileAtomic, writeJson } from "../lib/json.ts";
 import { gitInfo, machineInfo, setProcessNice } from "../lib/machine.ts";
@@ -313,7 +314,8 @@ async function main(): Promise<void> {
     for (const p of procs) reniceProcess(p.child.pid, opts.nice);
     const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: opts.threads, logLevel: "warn", kvTimeoutMs: 600_000 });
     rt = await openRuntime(config, createLogger(config));
-    const loader = new KvLoader(rt);
+    // The bench's own reads carry capabilities signed with the services' shared secret.
+    const loader = new KvLoader(rt, undefined, new InternalAuth(TEST_INTERNAL_SECRET));
     const tok = rt.tokenizer;
     const allIds = tok.encode(benchText(Math.ceil(Math.max(...opts.lengths) / 500) + 1));
 

@@ -3,6 +3,7 @@
 // applies (measured by rendering it the way services/runtime.ts encodePrompt does); for another
 // server's model the counts are approximate, and the server's usage.prompt_tokens is recorded
 // next to them.
+import { encodeChat, needsBos } from "../../shared/tokenizer/chat-encode.ts";
 import { ChatTemplate, type ChatMessage } from "../../shared/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/tokenizer/tokenizer.ts";
 import { uniformInt, type Rng } from "./random.ts";
@@ -31,18 +32,15 @@ export class PromptSource {
     return new PromptSource(tok, corpus, chat);
   }
 
-  /** Tokens of a raw prompt as the server encodes it (BOS added when the model asks). */
+  /** Tokens of a raw prompt as the server encodes it (user text: no control tokens; BOS added when the model asks). */
   textTokens(text: string): number {
-    const tok = this.tokenizer;
-    const bos = tok.special.bos;
-    const addBos = tok.addBos && bos !== undefined && !text.startsWith(tok.tokenText(bos));
-    return (addBos ? 1 : 0) + tok.encode(text, { parseSpecial: true }).length;
+    return needsBos(this.tokenizer, "").length + this.tokenizer.encode(text).length;
   }
 
   /** Tokens of a conversation rendered with the chat template (generation prompt included). */
   chatTokens(messages: ChatMessage[]): number {
     if (!this.chat) throw new Error("the tokenizer's model has no chat template: use --endpoint completions");
-    return this.textTokens(this.chat.render(messages));
+    return encodeChat(this.tokenizer, this.chat, messages).ids.length;
   }
 
   /** `n` consecutive corpus tokens from a random offset (the corpus wraps around). */

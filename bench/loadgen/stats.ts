@@ -1,4 +1,4 @@
-// Latency statistics and SLO accounting (SPEC §4): percentiles, per-metric summaries, SLO
+// Latency statistics and SLO accounting (docs/algorithms.md, serving figures): percentiles, per-metric summaries, SLO
 // attainment (share of requests meeting both the TTFT and the TPOT SLO, failures counted as
 // misses) and goodput (requests meeting both SLOs per second).
 import type { ErrorKind, RequestResult, Slo } from "./types.ts";

@@ -73,7 +73,7 @@ export function formatPlan(m: ModelFacts, hw: Hardware, w: Workload, maxBatch: n
     `hardware: ${g(hw.flops)}FLOP/s prefill${hw.decodeFlops ? `, ${g(hw.decodeFlops.rate)}FLOP/s decode steps <= ${hw.decodeFlops.upToBatch}` : ""}, memory ${g(hw.memBw)}B/s, ${fmtNum(hw.memBytes / 2 ** 30)} GiB, link ${g(hw.linkBw)}B/s`,
     `workload: ${w.promptTokens} in / ${w.outputTokens} out at ${w.rate} req/s; SLO TTFT ${w.sloTtftMs} ms, TPOT ${w.sloTpotMs} ms (${100 * attainment}% of requests)`,
     "",
-    "Four costs (SPEC §4):",
+    "Four costs (Fu; docs/algorithms.md):",
     `  concurrency (memory):    floor((${fmtNum(hw.memBytes / 2 ** 20)} MiB − ${fmtNum(m.weightBytes / 2 ** 20)} MiB) / KV(${w.promptTokens + w.outputTokens}) = ${fmtNum((w.promptTokens + w.outputTokens) * m.kvBytesPerToken / 2 ** 20)} MiB) = ${c.concurrency} sequences`,
     `  prefill (FLOP/s):        ${fmtNum(c.prefillS * 1000)} ms for ${w.promptTokens} tokens`,
     `  decode (bandwidth):      ${fmtNum(mem, 2)} ms/token at batch 1 (compute side ${fmtNum(cmp, 2)} ms; step = the larger)`,

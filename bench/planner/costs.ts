@@ -1,4 +1,4 @@
-// Fu's four costs of long context (SPEC §4) for a model on given hardware, and a DistServe-style
+// Fu's four costs of long context (docs/algorithms.md, serving figures) for a model on given hardware, and a DistServe-style
 // replica plan: how many prefill and decode instances a workload needs at a rate under its SLOs.
 // Pure functions; every input is explicit.
 import type { ModelFacts } from "./model.ts";

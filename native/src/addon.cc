@@ -123,7 +123,8 @@ class NativeModel : public Napi::ObjectWrap<NativeModel> {
  public:
   static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports) {
-    Napi::Function f = DefineClass(env, "NativeModel", {InstanceAccessor<&NativeModel::Config>("config")});
+    Napi::Function f = DefineClass(env, "NativeModel", {InstanceAccessor<&NativeModel::Config>("config"),
+                                                       InstanceAccessor<&NativeModel::WeightsCrc32c>("weightsCrc32c")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeModel", f);
   }
@@ -135,6 +136,7 @@ class NativeModel : public Napi::ObjectWrap<NativeModel> {
   std::shared_ptr<Model> model() const { return model_; }
 
  private:
+  Napi::Value WeightsCrc32c(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), model_->weights_crc32c()); }
   Napi::Value Config(const Napi::CallbackInfo& info) {
     const ModelConfig& c = model_->config();
     Napi::Object o = Napi::Object::New(info.Env());

@@ -1,5 +1,7 @@
 #include "addon_kv_io.h"
 
+#include <cerrno>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -62,8 +64,10 @@ std::unordered_map<const void*, std::shared_ptr<FileMap>> live_maps;
 
 Napi::Value MapFile(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() != 3 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber())
-    throw Napi::TypeError::New(env, "mapFile(path, offset, length) needs a string and two numbers");
+  if (info.Length() < 3 || info.Length() > 4 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber() ||
+      (info.Length() == 4 && !info[3].IsString() && !info[3].IsUndefined()))
+    throw Napi::TypeError::New(env, "mapFile(path, offset, length, expectId?) needs a string, two numbers and an optional string");
+  const std::string expect_id = info.Length() == 4 && info[3].IsString() ? info[3].As<Napi::String>().Utf8Value() : "";
   const double offset = info[1].As<Napi::Number>().DoubleValue();
   const double length = info[2].As<Napi::Number>().DoubleValue();
   constexpr double kMaxSafe = 9007199254740991.0;
@@ -73,7 +77,7 @@ Napi::Value MapFile(const Napi::CallbackInfo& info) {
   std::shared_ptr<FileMap> map;
   try {
     map = std::make_shared<FileMap>(info[0].As<Napi::String>().Utf8Value(), static_cast<uint64_t>(offset),
-                                    static_cast<uint64_t>(length));
+                                    static_cast<uint64_t>(length), expect_id);
   } catch (const FileMapError& e) {
     Napi::Error err = Napi::Error::New(env, e.what());
     err.Set("code", Napi::String::New(env, e.code));
@@ -133,12 +137,37 @@ Napi::Value Crc32c(const Napi::CallbackInfo& info) {
   return Napi::Number::New(env, crc32c(prev, bytes.data, bytes.size));
 }
 
+// punchHole(fd, offset, length) -> boolean: returns the whole pages inside the range of the open
+// file to the system (a shard's freed chunk range on tmpfs). false where the file system cannot
+// punch holes; throws on any other failure (a bad descriptor, say).
+Napi::Value PunchHole(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() != 3 || !info[0].IsNumber() || !info[1].IsNumber() || !info[2].IsNumber())
+    throw Napi::TypeError::New(env, "punchHole(fd, offset, length) needs three numbers");
+  const double fd = info[0].As<Napi::Number>().DoubleValue();
+  const double offset = info[1].As<Napi::Number>().DoubleValue();
+  const double length = info[2].As<Napi::Number>().DoubleValue();
+  constexpr double kMaxSafe = 9007199254740991.0;
+  auto is_count = [&](double v) { return v >= 0 && v <= kMaxSafe && v == static_cast<double>(static_cast<uint64_t>(v)); };
+  if (!(fd >= 0 && fd <= 2147483647.0 && fd == static_cast<double>(static_cast<int>(fd))) || !is_count(offset) || !is_count(length))
+    throw Napi::RangeError::New(env, "punchHole: fd, offset and length must be non-negative integers");
+  const int err = punch_hole(static_cast<int>(fd), static_cast<uint64_t>(offset), static_cast<uint64_t>(length));
+  if (err == EOPNOTSUPP) return Napi::Boolean::New(env, false);
+  if (err != 0) {
+    Napi::Error e = Napi::Error::New(env, std::string("punchHole: ") + std::strerror(err));
+    e.Set("errno", Napi::Number::New(env, err));
+    throw e;
+  }
+  return Napi::Boolean::New(env, true);
+}
+
 }  // namespace
 
 void init_kv_io(Napi::Env env, Napi::Object exports) {
   exports.Set("mapFile", Napi::Function::New(env, MapFile));
   exports.Set("unmapFile", Napi::Function::New(env, UnmapFile));
   exports.Set("crc32c", Napi::Function::New(env, Crc32c));
+  exports.Set("punchHole", Napi::Function::New(env, PunchHole));
 }
 
 }  // namespace ctx

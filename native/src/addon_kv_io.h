@@ -1,5 +1,6 @@
 // Bindings for moving KV bytes: argument parsing for a sequence's importRows/exportRows,
-// mapFile/unmapFile (a zero-copy view of a byte range of a shard file) and crc32c (checksums).
+// mapFile/unmapFile (a zero-copy view of a byte range of a shard file), crc32c (checksums) and
+// punchHole (returning a freed shard range's pages).
 #pragma once
 #include <napi.h>
 
@@ -19,8 +20,8 @@ BytesArg bytes_arg(const Napi::CallbackInfo& info, size_t i, const char* what);
 // (layerIds: number[] | Int32Array, tokenStart: number, tokenCount: number) from info[i..i+2].
 ChunkRows chunk_rows_arg(const Napi::CallbackInfo& info, size_t i);
 
-// Adds mapFile(path, offset, length) -> ArrayBuffer, unmapFile(buffer) and
-// crc32c(bytes, prev?) -> number to `exports`.
+// Adds mapFile(path, offset, length, expectId?) -> ArrayBuffer, unmapFile(buffer),
+// crc32c(bytes, prev?) -> number and punchHole(fd, offset, length) -> boolean to `exports`.
 void init_kv_io(Napi::Env env, Napi::Object exports);
 
 }  // namespace ctx

@@ -1,6 +1,7 @@
 #include "file_map.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,7 +19,21 @@ namespace {
 const char* errno_name(int e) { return e == ENOENT ? "ENOENT" : e == EACCES ? "EACCES" : e == ENOMEM ? "ENOMEM" : "EIO"; }
 }  // namespace
 
-FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length) {
+std::string file_identity(uint64_t dev, uint64_t ino) { return std::to_string(dev) + ":" + std::to_string(ino); }
+
+int punch_hole(int fd, uint64_t offset, uint64_t length) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (length > UINT64_MAX - offset) return EINVAL;
+  const uint64_t start = (offset + page - 1) / page * page;
+  const uint64_t end = (offset + length) / page * page;
+  if (end <= start) return 0;  // no whole page inside the range
+  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
+                  static_cast<off_t>(end - start)) != 0)
+    return errno;
+  return 0;
+}
+
+FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id) {
   if (length == 0) fail(path, "EINVAL", "the range is empty");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, errno_name(errno), std::strerror(errno));
@@ -26,6 +41,13 @@ FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length) {
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
     fail(path, "EINVAL", "not a regular file");
+  }
+  if (!expect_id.empty()) {
+    const std::string id = file_identity(static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino));
+    if (id != expect_id) {
+      ::close(fd);
+      fail(path, "ESTALE", "the file is " + id + " (device:inode), not the registered " + expect_id);
+    }
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (offset > file_size || length > file_size - offset) {

@@ -10,7 +10,8 @@
 namespace ctx {
 
 // Why a mapping failed: `code` is "ENOENT" (no such file), "ERANGE" (the range lies outside the
-// file), "EINVAL" (an empty range or not a regular file) or another errno name.
+// file), "EINVAL" (an empty range or not a regular file), "ESTALE" (the file is not the one
+// expected: another device:inode) or another errno name.
 struct FileMapError : std::runtime_error {
   FileMapError(const std::string& code, const std::string& message) : std::runtime_error(message), code(code) {}
   std::string code;
@@ -19,8 +20,11 @@ struct FileMapError : std::runtime_error {
 class FileMap {
  public:
   // Maps [offset, offset + length) of the regular file at `path`; throws FileMapError (naming
-  // the file and the reason) when it is missing, not regular, or shorter than the range.
-  FileMap(const std::string& path, uint64_t offset, uint64_t length);
+  // the file and the reason) when it is missing, not regular, or shorter than the range. With
+  // `expect_id` ("device:inode", as file_identity gives), the opened file must be that one, so a
+  // file planted at the path (or a later file with the same name) is refused, checked on the
+  // descriptor that is mapped (no window between the check and the map).
+  FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id = "");
   ~FileMap();
   FileMap(const FileMap&) = delete;
   FileMap& operator=(const FileMap&) = delete;
@@ -36,5 +40,14 @@ class FileMap {
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
 };
+
+// "device:inode" of a stat result, in decimal: what the registry records for a shard file.
+std::string file_identity(uint64_t dev, uint64_t ino);
+
+// Returns the pages of [offset, offset + length) of the open file `fd` to the system
+// (fallocate PUNCH_HOLE | KEEP_SIZE), shrunk inward to whole pages; the file keeps its size and
+// reads of the range give zeros. Returns 0 or the errno (EOPNOTSUPP where the file system
+// cannot punch holes).
+int punch_hole(int fd, uint64_t offset, uint64_t length);
 
 }  // namespace ctx

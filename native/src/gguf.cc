@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "crc32c.h"
 #include "ggml_types.h"
 
 namespace ctx {
@@ -242,6 +243,7 @@ void GgufFile::parse() {
 
   const uint64_t data_start = (c.pos() + alignment_ - 1) / alignment_ * alignment_;
   if (data_start > size_ && n_tensors > 0) throw GgufError("gguf: file is truncated before the tensor data");
+  data_start_ = std::min(data_start, size_);
   // Tensors must lie inside the file and must not overlap each other.
   std::vector<const GgufTensorInfo*> by_offset;
   for (auto& t : tensors_) {
@@ -255,6 +257,10 @@ void GgufFile::parse() {
   for (size_t k = 1; k < by_offset.size(); ++k)
     if (by_offset[k - 1]->offset + by_offset[k - 1]->n_bytes > by_offset[k]->offset)
       throw GgufError("gguf: tensors '" + by_offset[k - 1]->name + "' and '" + by_offset[k]->name + "' overlap");
+}
+
+uint32_t GgufFile::tensor_data_crc32c() const {
+  return crc32c(0, base_ + data_start_, static_cast<size_t>(size_ - data_start_));
 }
 
 const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {

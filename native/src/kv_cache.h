@@ -3,7 +3,7 @@
 // capacity is reserved up front as one anonymous mapping: the address never moves (JS views
 // stay valid) and the kernel commits pages only as tokens are written.
 //
-// Two memory tiers (OmniKV's context bank, DESIGN.md): offload() moves groups of layers out of
+// Two memory tiers (OmniKV's context bank, docs/architecture.md): offload() moves groups of layers out of
 // the "device" arena into a host bank, one mapping per group laid out token-major
 // ([token][layer of the group][K|V][kv_dim], the chunk payload's layout), so the rows of every
 // layer of a group for one token are one contiguous run and a gather over selected tokens reads

@@ -1,5 +1,5 @@
 // Moves KV rows between a sequence's layer-major cache and a chunk payload, which is token-major:
-// for each token, for each listed layer, K then V rows of kv_dim f16 values (DESIGN.md). This is
+// for each token, for each listed layer, K then V rows of kv_dim f16 values (docs/kv-format.md). This is
 // the transpose that a KV import (decode) and export (prefill) need; done here with memcpy per row
 // instead of in JS, and straight from a mapped shard file, so a same-host import copies once.
 #pragma once

@@ -139,6 +139,8 @@ std::shared_ptr<Model> Model::load(const std::string& path) {
     lw.w_down = m->weight(p + "ffn_down.weight", c.n_ff, c.n_embd);
     m->layers_.push_back(lw);
   }
+  // Before packing drops the file's pages: packing faults them in again anyway.
+  m->weights_crc32c_ = f.tensor_data_crc32c();
   m->pack_weights();
   return m;
 }

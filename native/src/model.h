@@ -62,6 +62,9 @@ class Model {
   const Weight& token_embd() const { return token_embd_; }
   const Weight& output() const { return output_; }
   const float* output_norm() const { return output_norm_; }
+  // CRC-32C of the file's whole tensor data, taken at load: the services' model fingerprint
+  // includes it, so weights that differ in any byte give another fingerprint.
+  uint32_t weights_crc32c() const { return weights_crc32c_; }
 
  private:
   Model() = default;
@@ -74,6 +77,7 @@ class Model {
   Weight token_embd_, output_;
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
+  uint32_t weights_crc32c_ = 0;
   struct FreeAligned { void operator()(uint8_t* p) const; };
   std::unique_ptr<uint8_t, FreeAligned> packed_;  // every packed weight, one allocation
 };

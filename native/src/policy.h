@@ -73,7 +73,7 @@ void snap_select(const float* importance, int n, int alpha1, int alpha2, std::ve
 void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
                   std::vector<int32_t>& out, std::vector<int32_t>& scratch);
 
-// Round Attention (SPEC §3): a multi-turn context is a list of rounds; at the watershed layer the
+// Round Attention (docs/algorithms.md): a multi-turn context is a list of rounds; at the watershed layer the
 // question's attention mass per earlier round picks the rounds that matter, once per round (at the
 // first decode step), and the layers above it attend only to those rounds plus the current one.
 struct RoundsConfig {

@@ -8,6 +8,12 @@
 #include <string>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
 #include "file_map.h"
 
 namespace {
@@ -58,6 +64,58 @@ TEST(FileMap, RefusesMissingFilesAndRangesOutsideTheFile) {
     EXPECT_EQ(e.code, "ERANGE");
   }
   EXPECT_NO_THROW(ctx::FileMap(path, 999, 1));
+  std::remove(path.c_str());
+}
+
+// A mapping that names the file it expects (device:inode, as the registry records a shard file)
+// refuses another file at the same path: one planted after the owner created its shard.
+TEST(FileMap, RefusesAFileThatIsNotTheExpectedOne) {
+  const std::string path = temp_file(std::vector<uint8_t>(8192, 5));
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  const std::string id = ctx::file_identity(st.st_dev, st.st_ino);
+  EXPECT_NO_THROW(ctx::FileMap(path, 0, 100, id));
+  {
+    // Renamed over the path while the original still exists, so it surely has another inode
+    // (a file created after the original's removal may reuse its inode number).
+    std::ofstream planted(path + ".planted", std::ios::binary);
+    planted << std::string(8192, 'x');
+  }
+  ASSERT_EQ(std::rename((path + ".planted").c_str(), path.c_str()), 0);
+  try {
+    ctx::FileMap(path, 0, 100, id);
+    FAIL() << "a planted file was mapped";
+  } catch (const ctx::FileMapError& e) {
+    EXPECT_EQ(e.code, "ESTALE");
+    EXPECT_NE(std::string(e.what()).find("not the registered " + id), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+}
+
+// Punching a freed range returns its pages (the file's allocated blocks go down) and keeps the
+// size; the bytes outside the range are untouched, those inside read as zeros.
+TEST(FileMap, PunchHoleReturnsWholePagesOnly) {
+  std::vector<uint8_t> bytes(16 * 4096, 7);
+  const std::string path = temp_file(bytes);
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  struct stat before {}, after {};
+  ASSERT_EQ(::fstat(fd, &before), 0);
+  const int err = ctx::punch_hole(fd, 4096 + 10, 8 * 4096);  // pages 2..8 whole; 1 and 9 partly
+  if (err == EOPNOTSUPP) GTEST_SKIP() << "this file system cannot punch holes";
+  ASSERT_EQ(err, 0);
+  ASSERT_EQ(::fstat(fd, &after), 0);
+  EXPECT_EQ(after.st_size, before.st_size);
+  EXPECT_LT(after.st_blocks, before.st_blocks);
+  uint8_t b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, 4096 + 10), 1);
+  EXPECT_EQ(b, 7);  // the partial page is kept
+  ASSERT_EQ(::pread(fd, &b, 1, 2 * 4096), 1);
+  EXPECT_EQ(b, 0);
+  ASSERT_EQ(::pread(fd, &b, 1, 9 * 4096 + 9), 1);
+  EXPECT_EQ(b, 7);
+  EXPECT_EQ(ctx::punch_hole(fd, 10, 100), 0);  // no whole page: nothing to do
+  ::close(fd);
   std::remove(path.c_str());
 }
 

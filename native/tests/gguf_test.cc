@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <regex>
 
+#include "crc32c.h"
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "model.h"
@@ -376,6 +377,20 @@ TEST_F(ModelLoadTest, LoadsTinyLlama) {
   EXPECT_FALSE(m->config().tied_output);
   EXPECT_EQ(m->output().type, ctx::GgmlType::Q8_0);
   EXPECT_EQ(m->output().row_bytes, 34u);
+}
+
+// The weights' CRC-32C (part of the services' model fingerprint) covers every byte of the tensor
+// data: one flipped bit in a weight gives another value; the same bytes give the same value.
+TEST_F(ModelLoadTest, WeightsCrcCoversEveryTensorByte) {
+  auto bytes = build(tiny_llama_spec(TinyLlama())).bytes;
+  const auto a = ctx::Model::load(dir.write("a.gguf", bytes));
+  const auto again = ctx::Model::load(dir.write("again.gguf", bytes));
+  EXPECT_EQ(a->weights_crc32c(), again->weights_crc32c());
+  EXPECT_EQ(a->weights_crc32c(), ctx::crc32c(0, a->file().bytes() + a->file().data_start(),
+                                             a->file().file_size() - a->file().data_start()));
+  bytes[bytes.size() - 3] ^= 0x10;  // a bit in the last tensor's data
+  const auto flipped = ctx::Model::load(dir.write("flipped.gguf", bytes));
+  EXPECT_NE(a->weights_crc32c(), flipped->weights_crc32c());
 }
 
 TEST_F(ModelLoadTest, RefusesWrongArchitecture) {

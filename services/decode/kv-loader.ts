@@ -3,6 +3,8 @@
 // model fingerprint, the registry row's shape) before the engine sees a byte, and import it into
 // the cache as it arrives, several chunks in flight at once.
 import path from "node:path";
+import type { InternalAuth } from "../../shared/auth/capability.ts";
+import { tenantOf } from "../../shared/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/engine/engine.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle } from "../../shared/http/wire.ts";
@@ -15,6 +17,7 @@ import { ShmTransport } from "../../shared/transport/shm.ts";
 import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "../../shared/transport/types.ts";
 import type { ServiceMetrics } from "../../shared/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
+import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 import { SocketHttpTransport } from "./socket-transport.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
@@ -47,10 +50,14 @@ export class KvLoader {
   constructor(
     private readonly rt: Runtime,
     private readonly metrics?: ServiceMetrics,
+    /** Signs the chunk-read capabilities HTTP owners want (without it, HTTP reads are refused). */
+    private readonly auth?: InternalAuth,
+    /** Aborts reads from an owner the registry declares dead (HTTP reads; shm reads cannot hang). */
+    private readonly peers?: PeerWatch,
   ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
-    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)] });
+    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true });
     this.shape = kvShape(rt.model.config);
   }
 
@@ -103,6 +110,12 @@ export class KvLoader {
     }
     const ids = leased.map((l) => l.chunk.id);
     try {
+      // A handle is the client's to send: every chunk it names must be one its own request holds.
+      const held = new Set((await registry.chunks.ofRequest(handle.request_id)).map((c) => c.id));
+      if (ids.some((id) => !held.has(id))) {
+        throw new ApiError(400, "invalid_request", "the handle names chunks its request does not hold", "handle.chunk_ids");
+      }
+      for (const l of leased) l.location = { ...l.location, capability: this.capability(l, handle.request_id) };
       for (const { chunk } of leased) {
         if (chunk.modelFingerprint !== model.fingerprint) {
           throw new ApiError(400, "model_mismatch", `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`, "handle");
@@ -122,6 +135,9 @@ export class KvLoader {
       const stop = new AbortController();
       const onAbort = () => stop.abort(signal.reason);
       signal.addEventListener("abort", onAbort, { once: true });
+      const ownerDead = new AbortController();
+      ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
+      const untrack = await this.watchOwners(leased, ownerDead);
       const worker = async () => {
         const scratch = { buf: Buffer.allocUnsafe(0) };
         while (nextIndex < leased.length && !stop.signal.aborted) {
@@ -132,6 +148,7 @@ export class KvLoader {
           try {
             view = await fetchChunk(transport, location, scratch, { deadlineMs, signal: stop.signal });
           } catch (e) {
+            if (ownerDead.signal.aborted && !signal.aborted) throw ownerGone(ownerDead.signal.reason);
             throw transportError(e, signal);
           }
           try {
@@ -151,6 +168,7 @@ export class KvLoader {
       );
       const settled = await Promise.allSettled(workers);
       signal.removeEventListener("abort", onAbort);
+      untrack();
       const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
       if (failure) throw firstCause(settled, failure.reason);
       signal.throwIfAborted();
@@ -170,6 +188,38 @@ export class KvLoader {
     } finally {
       await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
     }
+  }
+
+  /** The capability for reading exactly this leased chunk, valid while its lease is. */
+  private capability({ chunk, location }: LeasedChunk, requestId: string): string | undefined {
+    if (!this.auth) return undefined;
+    return this.auth.sign({
+      route: "chunk",
+      tenant: tenantOf(requestId),
+      request: requestId,
+      chunk: chunk.id,
+      shard: location.shardId,
+      epoch: location.epoch,
+      offset: location.offset,
+      length: location.length,
+      exp: Math.min(chunk.leaseExpiresAt.getTime(), Date.now() + this.rt.config.kvTimeoutMs),
+    });
+  }
+
+  /** Watches the owners of the chunks read over HTTP; returns the function that stops watching. */
+  private async watchOwners(leased: LeasedChunk[], ac: AbortController): Promise<() => void> {
+    const peers = this.peers;
+    if (!peers) return () => {};
+    const shardsRead = new Map<string, { shardId: string; epoch: number }>();
+    for (const { location: loc } of leased) {
+      if (this.pick(loc) !== this.shm) shardsRead.set(`${loc.shardId}/${loc.epoch}`, { shardId: loc.shardId, epoch: loc.epoch });
+    }
+    const untracks: Array<() => void> = [];
+    for (const { shardId, epoch } of shardsRead.values()) {
+      const row = await this.rt.registry.shards.get(shardId, epoch).catch(() => undefined);
+      if (row) untracks.push(peers.track(row.instanceId, ac));
+    }
+    return () => untracks.forEach((f) => f());
   }
 
   /** A load that failed for want of the bytes (not a bad handle, not a cancel): by transport and reason. */
@@ -212,6 +262,11 @@ function leaseError(e: unknown): unknown {
     return new ApiError(409, "handle_expired", `the handle's KV is no longer available: ${e.message}`, "handle", details, { cause: e });
   }
   return e;
+}
+
+function ownerGone(reason: unknown): KvLoadError {
+  const why = reason instanceof PeerDeadError ? reason.message : String(reason);
+  return new KvLoadError(`the KV's owner is gone: ${why}`, "failed_owner", { cause: reason });
 }
 
 function transportError(e: unknown, signal: AbortSignal): unknown {

@@ -7,11 +7,12 @@ import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/http/errors.ts";
-import { CtxbankExtensionSchema, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
+import { requestTenant } from "../../shared/http/tenant.ts";
+import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
 import type { FinishReason } from "../../shared/generate.ts";
 import { PolicySpecSchema } from "../../shared/policy/request.ts";
 import type { ChatMessage } from "../../shared/tokenizer/chat-template.ts";
-import type { Runtime } from "../runtime.ts";
+import { checkPromptSize, type Runtime } from "../runtime.ts";
 import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
 import { errorJson } from "./routes.ts";
@@ -50,8 +51,9 @@ const ChatRequest = z
     ...Common,
     max_completion_tokens: z.number().int().min(1).nullish(),
     messages: z
-      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart)]) }))
-      .min(1),
+      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart).max(1024)]) }))
+      .min(1)
+      .max(MAX_WIRE_MESSAGES),
     logprobs: z.literal(false).nullish(),
   })
   .openapi("ChatCompletionRequest");
@@ -163,8 +165,9 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     checkModel(b.model);
     const p = b.prompt;
     const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
+    checkPromptSize(rt, prompt); // here too, so an oversized prompt is not sent on to a prefill
     const ac = clientSignal(c);
-    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(16)), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
+    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(16)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `cmpl-${crypto.randomUUID()}`;
     const base = { id, object: "text_completion" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -184,8 +187,9 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
       role: m.role === "developer" ? "system" : m.role,
       content: typeof m.content === "string" ? m.content : m.content.map((part) => part.text).join(""),
     }));
+    checkPromptSize(rt, { messages });
     const ac = clientSignal(c);
-    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
+    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const base = { id, object: "chat.completion.chunk" as const, created: now(), model: rt.modelId };
     if (b.stream) {

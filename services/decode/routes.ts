@@ -2,6 +2,7 @@
 import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { ApiError, errorBody, errorResponses } from "../../shared/http/errors.ts";
+import { requestTenant } from "../../shared/http/tenant.ts";
 import { DecodeRequestSchema, DecodeResultSchema, type DecodeRequest, type DecodeResult } from "../../shared/http/wire.ts";
 import type { DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
@@ -49,7 +50,7 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
   app.openapi(decodeRoute, async (c) => {
     const body = c.req.valid("json");
     const ac = clientSignal(c);
-    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt") }, ac.signal, c.get("log"));
+    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     if (body.stream) {
       return sse(c, ac, events, {
         event: (s, ev) =>
@@ -65,6 +66,12 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
     const text = all.map((e) => (e.type === "token" ? e.text : "")).join("");
     return c.json(result(done, text), 200);
   });
+  return app;
+}
+
+/** GET /v1/decode/status: on the internal listener only (it names batch and KV internals). */
+export function decodeStatusRoutes(svc: DecodeService): ServiceApp {
+  const app = newApp();
   app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
   return app;
 }
@@ -83,6 +90,7 @@ function result(ev: Extract<Awaited<ReturnType<typeof collect>>[number], { type:
   };
 }
 
+/** The error body for a failure inside a stream; anything but an ApiError is an internal error whose details stay in the log. */
 export function errorJson(e: unknown) {
-  return e instanceof ApiError ? e.toJSON() : errorBody(500, "internal_error", (e as Error)?.message ?? "internal error");
+  return e instanceof ApiError ? e.toJSON() : errorBody(500, "internal_error", "internal error; see the service log");
 }

@@ -13,7 +13,8 @@
 import type { Logger } from "pino";
 import type { Engine, NativeSequence } from "../../shared/engine/engine.ts";
 import type { ForwardItem } from "../../shared/engine/native.ts";
-import { ApiError } from "../../shared/http/errors.ts";
+import { ApiError, retryAfter } from "../../shared/http/errors.ts";
+import { queueFull } from "../../shared/queue/fair-queue.ts";
 import { Reservation, Slot } from "./slot.ts";
 import { prefillChunkTokens, StepCosts } from "./step-plan.ts";
 
@@ -76,6 +77,11 @@ export class DecodeScheduler {
   private prefillTokens = 0;
   /** Sequences created for requests and not yet released (whoever owns them). */
   liveSequences = 0;
+  /** Requests refused with 429 queue_full for want of a place, since the start. */
+  rejected = 0;
+  /** When each key last had a sequence join the batch (a join counter): the round-robin turn. */
+  private readonly lastJoined = new Map<string, number>();
+  private joins = 0;
 
   constructor(
     private readonly engine: Engine,
@@ -87,14 +93,15 @@ export class DecodeScheduler {
   admit(bytes: number): Reservation {
     const { maxBatch, maxQueue, kvBudgetBytes } = this.options;
     if (this.admitted >= maxBatch + maxQueue) {
-      throw new ApiError(429, "queue_full", `decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry later`);
+      this.rejected++;
+      throw queueFull(`decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry later`, 1);
     }
     if (this.reservedBytes + bytes > kvBudgetBytes) {
-      throw new ApiError(
+      throw retryAfter(1, new ApiError(
         429,
         "kv_memory_full",
         `not enough KV memory: this request needs ${bytes} bytes, ${kvBudgetBytes - this.reservedBytes} of ${kvBudgetBytes} are free; retry later or ask for fewer tokens`,
-      );
+      ));
     }
     this.admitted++;
     this.reservedBytes += bytes;
@@ -171,6 +178,29 @@ export class DecodeScheduler {
     this.liveSequences--;
   }
 
+  /**
+   * The next sequence to join the batch: the oldest waiting one of the key that joined least
+   * recently (round robin over keys), so one key's burst does not hold the others' behind it.
+   */
+  private nextWaiting(): Slot {
+    let best = 0;
+    let bestTurn = Infinity;
+    for (let i = 0; i < this.waiting.length; i++) {
+      const turn = this.lastJoined.get(this.waiting[i]!.tenant) ?? -1;
+      if (turn < bestTurn) {
+        best = i;
+        bestTurn = turn;
+      }
+    }
+    const [slot] = this.waiting.splice(best, 1);
+    this.lastJoined.delete(slot!.tenant); // re-inserted last: the map stays small and ordered
+    this.lastJoined.set(slot!.tenant, this.joins++);
+    if (this.lastJoined.size > 4 * (this.options.maxBatch + this.options.maxQueue)) {
+      this.lastJoined.delete(this.lastJoined.keys().next().value!); // forget the key that joined longest ago
+    }
+    return slot!;
+  }
+
   /** The prompt chunks the next step carries beside `decodes` decode tokens. */
   private planPrefill(decodes: Slot[]): PrefillChunk[] {
     for (const job of this.prefills.filter((j) => j.signal?.aborted)) this.endPrefill(job, job.signal!.reason);
@@ -206,7 +236,7 @@ export class DecodeScheduler {
     try {
       for (;;) {
         while (this.running.length < this.options.maxBatch && this.waiting.length > 0) {
-          const slot = this.waiting.shift()!;
+          const slot = this.nextWaiting();
           slot.joinedAt = performance.now();
           this.running.push(slot);
         }

@@ -7,7 +7,9 @@ import { and, eq, inArray, isNull } from "drizzle-orm";
 import type { Logger } from "pino";
 import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
 import type { FinishReason } from "../../shared/generate.ts";
+import { safeErrorMessage } from "../../shared/http/error-log.ts";
 import { ApiError } from "../../shared/http/errors.ts";
+import { queueFull } from "../../shared/queue/fair-queue.ts";
 import { samplingOptions, type CtxbankExtension, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
 import { ctxbankExtension } from "../../shared/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
@@ -16,8 +18,12 @@ import { requests } from "../../shared/registry/schema.ts";
 import type { PolicySpec } from "../../shared/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy } from "../policy.ts";
-import { checkContext, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
+import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import type { InternalAuth } from "../../shared/auth/capability.ts";
+import { ownsRequest } from "../../shared/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
+import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
@@ -35,6 +41,8 @@ export interface DecodeOptions {
   policy?: PolicySpec | undefined;
   /** performance.now() when the request arrived (TTFT and e2e start there); default: when decoding starts. */
   arrivedAt?: number | undefined;
+  /** Who the request is for (the API key's id; "local" keyless): fair queuing of its prefill call, and only its own handles can be decoded. */
+  tenant?: string | undefined;
 }
 
 export interface KvSummary {
@@ -70,6 +78,7 @@ export class DecodeService {
   readonly scheduler: DecodeScheduler;
   readonly loader: KvLoader;
   readonly prefillClient: PrefillClient;
+  private readonly peers: PeerWatch;
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
@@ -79,15 +88,25 @@ export class DecodeService {
     private readonly rt: Runtime,
     readonly instanceId: string = rt.config.instanceId,
     readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
+    /** Signs the capabilities of its prefill calls and chunk reads (the services' shared secret). */
+    auth?: InternalAuth,
   ) {
     const c = rt.config;
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
-    this.loader = new KvLoader(rt, metrics);
-    this.prefillClient = new PrefillClient(rt);
+    // One watch over the peers decode calls (prefill instances, chunk owners): a call to a peer
+    // the registry declares dead is aborted at once.
+    this.peers = new PeerWatch(rt);
+    this.loader = new KvLoader(rt, metrics, auth, this.peers);
+    this.prefillClient = new PrefillClient(rt, auth, this.peers);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
-      return { running: s.running, waiting: s.admitted - s.running };
+      // Waiting: admitted but not in the batch, and queued for a call to a prefill instance.
+      return { running: s.running, waiting: s.admitted - s.running + this.prefillClient.queue.queued };
     });
+    const calls = this.prefillClient.queue;
+    metrics.watchQueue("prefill_calls", () => ({ queued: calls.queued, rejected: calls.rejected }));
+    // The decode stage's queue: sequences with their KV loaded, waiting for a batch place.
+    metrics.watchQueue("decode", () => ({ queued: this.scheduler.status().waiting, rejected: this.scheduler.rejected }));
     metrics.watchKv("device", () => ({ inUse: this.scheduler.status().kv_reserved_bytes, capacity: c.kvBudgetBytes }));
     // The host bank of OmniKV offload: what the sequences hold there (it has no fixed capacity).
     metrics.watchKv("host", () => ({ inUse: this.scheduler.hostBytesInUse(), capacity: 0 }));
@@ -121,7 +140,8 @@ export class DecodeService {
       this.assertReady();
       const room = this.scheduler.status();
       if (room.admitted >= this.scheduler.options.maxBatch + this.scheduler.options.maxQueue) {
-        throw new ApiError(429, "queue_full", `decode is full (${room.admitted} requests admitted); retry later`);
+        this.scheduler.rejected++;
+        throw queueFull(`decode is full (${room.admitted} requests admitted); retry later`, 1);
       }
       handle = await this.prefillClient.prefill(
         {
@@ -134,6 +154,7 @@ export class DecodeService {
           ...(opts.policy === undefined ? {} : { policy: opts.policy }),
         },
         signal,
+        opts.tenant ?? LOCAL_TENANT,
       );
     } catch (e) {
       this.metrics.requestFailed(e); // decode() counts its own outcomes from here on
@@ -176,12 +197,23 @@ export class DecodeService {
       const n = handle.prompt_tokens;
       const maxTokens = opts.maxTokens ?? defaultMaxTokens(engine.maxContext, n);
       checkContext(engine.maxContext, n, maxTokens);
+      // A client's handle is input like any other: ids outside the vocabulary are its fault (400), not ours.
+      checkTokenIds(handle.prompt_token_ids, model.config.nVocab, "handle.prompt_token_ids");
+      const nFirst = Math.min(model.config.nVocab, this.rt.tokenizer.vocabSize); // it is detokenized too
+      if (handle.first_token >= nFirst) {
+        throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
+      }
       // Our own prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat);
       // a client's handle may be decoded under another policy the request names.
       const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);
+      // Another key's handle is answered exactly like an unknown one: its existence is not told.
+      if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
-      if (!claimed) await this.claim(requestId);
+      // Our own prefill's handle is ours already; record that this decode holds it (should we
+      // die, the sweep ends the row) without keeping the first token waiting.
+      const adopting = claimed ? this.adopt(requestId, log) : this.claim(requestId);
+      if (!claimed) await adopting;
       claimed = true;
       this.totals.requests++;
 
@@ -201,6 +233,7 @@ export class DecodeService {
         // The KV is ours now: the prefill's shard space can be reclaimed.
         await registry.chunks.releaseRequest(requestId);
         slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
+        slot.tenant = opts.tenant ?? "local";
         seq = undefined; // the scheduler owns it from here
         this.scheduler.start(slot);
         for (;;) {
@@ -238,7 +271,7 @@ export class DecodeService {
         failure = signal.reason;
         throw signal.reason;
       }
-      errorText = (e as Error).message ?? String(e);
+      errorText = safeErrorMessage(e, 4000);
       failure = e;
       throw e;
     } finally {
@@ -272,14 +305,30 @@ export class DecodeService {
   private async claim(requestId: string): Promise<void> {
     const rows = await this.rt.db.db
       .update(requests)
-      .set({ firstTokenAt: new Date(), state: "decoding" })
+      .set({ firstTokenAt: new Date(), state: "decoding", decodeInstanceId: this.instanceId })
       .where(and(eq(requests.id, requestId), isNull(requests.firstTokenAt), inArray(requests.state, [...OPEN])))
       .returning({ id: requests.id });
     if (rows.length > 0) return;
     const row = await this.rt.registry.requests.get(requestId);
-    if (!row) throw new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
+    if (!row) throw unknownHandle(requestId);
+    if (row.state === "failed" && row.firstTokenAt === null && row.decodeInstanceId === null && row.prefillEndAt !== null) {
+      // The sweep ended it: nobody took the handle while its chunks were kept.
+      throw new ApiError(409, "handle_expired", `request ${requestId} was never decoded and has expired (${row.error ?? "abandoned"})`, "handle.request_id");
+    }
     const why = (OPEN as readonly string[]).includes(row.state) ? "is already being decoded" : `already ended (${row.state})`;
     throw new ApiError(409, "handle_released", `request ${requestId} ${why}; a handle is decoded once`, "handle.request_id");
+  }
+
+  /** Records this decode on a request it started itself (a failure only costs the sweep's help). */
+  private adopt(requestId: string, log: Logger): Promise<void> {
+    return this.rt.db.db
+      .update(requests)
+      .set({ firstTokenAt: new Date(), decodeInstanceId: this.instanceId })
+      .where(and(eq(requests.id, requestId), inArray(requests.state, [...OPEN])))
+      .then(
+        () => undefined,
+        (err: unknown) => log.warn({ err }, "could not record the decode on its request"),
+      );
   }
 
   private async loadOrRecompute(handle: Handle, seq: NonNullable<ReturnType<Runtime["engine"]["createSequence"]>>, onFailure: "fail" | "recompute", signal: AbortSignal, log: Logger): Promise<KvSummary> {
@@ -320,8 +369,13 @@ export class DecodeService {
     for (const ac of this.active) ac.abort(new ApiError(503, "draining", "the decode service is shutting down"));
     while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
     await this.membership?.leave();
+    this.peers.stop();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);
   }
+}
+
+function unknownHandle(requestId: string): ApiError {
+  return new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
 }
 
 /** The decode's sampler, continuing the one that sampled the handle's first token. */

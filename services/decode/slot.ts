@@ -19,6 +19,8 @@ export class Slot {
   /** performance.now() when it was handed to the batch, and when it first joined a step. */
   queuedAt: number | undefined;
   joinedAt: number | undefined;
+  /** Whose request it is (the API key id): batch places go to the keys in turn. */
+  tenant = "local";
 
   constructor(
     readonly seq: NativeSequence,

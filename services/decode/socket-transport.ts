@@ -6,11 +6,11 @@
 // bodies) and maps every failure to the same TransportError codes as the undici transport,
 // which stays the fallback for https owners.
 import net from "node:net";
-import { TransportError, chunkLabel, type TransportErrorCode } from "../../shared/transport/errors.ts";
+import { TransportError, chunkLabel, ownerErrorMessage, type TransportErrorCode } from "../../shared/transport/errors.ts";
 import { checkReadArgs, withDeadline } from "../../shared/transport/read-checks.ts";
 import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkOptions } from "../../shared/transport/types.ts";
 
-const STATUS_CODES: Record<number, TransportErrorCode> = { 400: "invalid_request", 404: "not_found", 409: "stale_epoch", 410: "not_found", 416: "out_of_range" };
+const STATUS_CODES: Record<number, TransportErrorCode> = { 400: "invalid_request", 401: "unauthorized", 403: "unauthorized", 404: "not_found", 409: "stale_epoch", 410: "not_found", 416: "out_of_range" };
 const MAX_HEAD = 16 << 10;
 const MAX_ERROR_BODY = 4096;
 
@@ -71,7 +71,9 @@ class Connection {
       this.state = "head";
       this.head = [];
       this.headBytes = 0;
-      this.socket.write(`GET ${path} HTTP/1.1\r\nhost: ${host}\r\naccept: application/octet-stream\r\n\r\n`);
+      // checkReadArgs has held the capability to base64url.base64url: nothing can break the header.
+      const auth = loc.capability === undefined ? "" : `authorization: Bearer ${loc.capability}\r\n`;
+      this.socket.write(`GET ${path} HTTP/1.1\r\nhost: ${host}\r\naccept: application/octet-stream\r\n${auth}\r\n`);
     });
   }
 
@@ -161,12 +163,7 @@ class Connection {
     this.errorGot += piece.length;
     if (this.errorGot < this.bodyLength) return;
     const text = Buffer.concat(this.errorBody).subarray(0, Math.min(this.bodyLength, MAX_ERROR_BODY)).toString("utf8");
-    let detail = text.slice(0, 300);
-    try {
-      detail = (JSON.parse(text) as { message?: string }).message ?? detail;
-    } catch {
-      // not JSON: keep the text
-    }
+    const detail = ownerErrorMessage(text);
     const err = new TransportError(STATUS_CODES[this.status] ?? "bad_response", `${chunkLabel(p.loc)}: owner answered ${this.status}: ${detail}`, this.status);
     if (this.errorGot > this.bodyLength) this.closeAfter = true;
     this.state = "head";

@@ -1,8 +1,10 @@
 // Running a decode generator behind an HTTP response. The first event is awaited before the
 // response starts, so admission, prefill and handle errors are plain JSON errors with their
-// status; after that, errors go into the stream. A client that goes away aborts the generator,
-// which frees the sequence, its KV and its leases.
+// status; after that, errors go into the stream as an error event, and the stream still ends
+// normally (OpenAI's: `data: [DONE]` after the error chunk, as vLLM does). A client that goes
+// away aborts the generator, which frees the sequence, its KV and its leases.
 import type { Context } from "hono";
+import type { Logger } from "pino";
 import { streamSSE, type SSEStreamingApi } from "hono/streaming";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { DecodeEvent } from "./service.ts";
@@ -26,7 +28,9 @@ export async function collect(events: AsyncGenerator<DecodeEvent>): Promise<Deco
 
 export interface SseWriter {
   event(stream: SSEStreamingApi, ev: DecodeEvent): Promise<void>;
+  /** Writes the error event of a request that failed mid-stream; `end` follows it. */
   error(stream: SSEStreamingApi, err: unknown): Promise<void>;
+  /** The stream's last event, after the result or after an error event (OpenAI: data: [DONE]). */
   end?(stream: SSEStreamingApi): Promise<void>;
 }
 
@@ -48,7 +52,12 @@ export async function sse(c: Context, ac: AbortController, events: AsyncGenerato
       }
       if (!stream.aborted && !stream.closed) await writer.end?.(stream);
     } catch (e) {
-      if (!ac.signal.aborted && !stream.closed) await writer.error(stream, e).catch(() => {});
+      if (!(e instanceof ApiError)) (c.get("log") as Logger | undefined)?.error({ err: e }, "a stream failed");
+      // The client learns why, and the stream still ends the way the protocol ends one.
+      if (!ac.signal.aborted && !stream.closed) {
+        await writer.error(stream, e).catch(() => {});
+        await writer.end?.(stream).catch(() => {});
+      }
     } finally {
       await events.return(undefined).catch(() => {});
     }

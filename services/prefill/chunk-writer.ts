@@ -1,12 +1,13 @@
 // A prefill's KV chunks: one per layer group per token block (planChunks); every shard range
 // reserved before any compute, so a full shard is a 429 up front; each chunk registered, written
 // and committed two-phase in the registry as soon as its block is computed (ChunkWriter.write).
-import { ApiError } from "../../shared/http/errors.ts";
+import { ApiError, retryAfter } from "../../shared/http/errors.ts";
 import type { PrefillRequest } from "../../shared/http/wire.ts";
 import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../shared/kv/chunk.ts";
 import { exportChunk, type BlockRange, type KvShape, type RowMover } from "../../shared/kv/seq-io.ts";
 import type { Shard } from "../../shared/kv/shard.ts";
 import type { Runtime } from "../runtime.ts";
+import type { ShardQuota } from "./shard-quota.ts";
 
 /** Shard ranges (and the shard's size) are multiples of a page. */
 export const SHARD_ALIGN = 4096;
@@ -45,10 +46,20 @@ export class ChunkWriter {
     private readonly totals: ChunkTotals,
   ) {}
 
-  /** Reserves every chunk's shard range before computing, so a full shard is a 429 up front; `reap` may free expired ones. */
-  async reserve(all: PlannedChunk[], shard: Shard, reap: () => Promise<void>): Promise<void> {
+  /**
+   * Reserves every chunk's shard range before computing, so a full shard (or `tenant` over its
+   * share) is a 429 up front; `reap` may free expired ones.
+   */
+  async reserve(all: PlannedChunk[], shard: Shard, reap: () => Promise<void>, tenant: string, quota: ShardQuota): Promise<void> {
     const need = all.reduce((s, p) => s + Math.ceil(p.length / SHARD_ALIGN) * SHARD_ALIGN, 0);
     for (let attempt = 0; attempt < 2; attempt++) {
+      try {
+        quota.check(tenant, need, shard);
+      } catch (e) {
+        if (attempt > 0) throw e;
+        await reap(); // the tenant's expired chunks may bring it under its cap
+        continue;
+      }
       const got: PlannedChunk[] = [];
       for (const p of all) {
         const offset = shard.alloc(p.length);
@@ -57,18 +68,21 @@ export class ChunkWriter {
         p.state = "reserved";
         got.push(p);
       }
-      if (got.length === all.length) return;
+      if (got.length === all.length) {
+        quota.charge(tenant, shard, all.map((p) => ({ offset: p.offset, length: Math.ceil(p.length / SHARD_ALIGN) * SHARD_ALIGN })));
+        return;
+      }
       for (const p of got) {
         shard.free(p.offset);
         p.state = "freed";
       }
       if (attempt === 0) await reap(); // expired chunks may free enough
     }
-    throw new ApiError(
+    throw retryAfter(1, new ApiError(
       429,
       "shard_full",
       `the KV shard has ${shard.bytesFree} of ${shard.sizeBytes} bytes free (largest range ${shard.largestFree}); this prompt needs ${need}. Retry when earlier requests have been decoded`,
-    );
+    ));
   }
 
   /** Registers, writes and commits one chunk, or takes a live chunk with the same key. Never rejects. */

@@ -1,5 +1,6 @@
-// HTTP surface of the prefill service: POST /v1/prefill, the chunk byte route decode instances
-// read from, and GET /v1/prefill/status.
+// HTTP surface of the prefill service: POST /v1/prefill (public behind an API key, and on the
+// internal listener for decodes), the chunk byte route decode instances read from and
+// GET /v1/prefill/status (internal listener only).
 import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { errorResponses } from "../../shared/http/errors.ts";
@@ -29,26 +30,18 @@ const statusRoute = createRoute({
 
 export function prefillRoutes(svc: PrefillService): ServiceApp {
   const app = newApp();
-  app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log")), 200));
-  app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
-  app.route("/", fastChunkRoutes((id) => svc.chunkSource(id)));
-  app.openAPIRegistry.registerPath({
-    method: "get",
-    path: "/v1/chunks/{shardId}/{epoch}",
-    tags: ["prefill"],
-    summary: "Bytes of one chunk (a range of a shard), for decode instances on other hosts",
-    request: {
-      params: z.object({ shardId: z.string(), epoch: z.string() }),
-      query: z.object({ offset: z.string(), length: z.string() }),
-    },
-    responses: {
-      200: { description: "The chunk's bytes", content: { "application/octet-stream": { schema: z.string().openapi({ format: "binary" }) } } },
-      400: { description: "Malformed query" },
-      404: { description: "No such shard here" },
-      409: { description: "Stale epoch: the shard restarted" },
-      410: { description: "The range is not allocated (freed or never written)" },
-      416: { description: "Range outside the shard" },
-    },
-  });
+  app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log"), c.get("tenant")), 200));
   return app;
+}
+
+/** GET /v1/prefill/status: on the internal listener only (it names the shard, its epoch and reuse counters). */
+export function prefillStatusRoutes(svc: PrefillService): ServiceApp {
+  const app = newApp();
+  app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
+  return app;
+}
+
+/** The chunk byte route, on the internal listener behind chunkReadAuth (services/prefill/chunk-auth.ts). */
+export function chunkRoutes(svc: PrefillService) {
+  return fastChunkRoutes((id) => svc.chunkSource(id));
 }

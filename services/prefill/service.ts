@@ -8,9 +8,12 @@ import { and, eq, inArray, sql } from "drizzle-orm";
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/engine/engine.ts";
 import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
+import { safeErrorMessage } from "../../shared/http/error-log.ts";
 import { ApiError } from "../../shared/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
 import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
+import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
+import { chunkKeySalt, namespacedRequestId } from "../../shared/auth/tenant.ts";
 import { kvShape, tokenBlocks, type KvShape } from "../../shared/kv/seq-io.ts";
 import { Shard, shardFileName } from "../../shared/kv/shard.ts";
 import { decideAdmission, PrefillThroughput } from "../../shared/metrics/admission.ts";
@@ -20,10 +23,12 @@ import { chunks, shards } from "../../shared/registry/schema.ts";
 import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/policy/request.ts";
-import { chatRoundStarts, planPolicy, type PlannedPolicy } from "../policy.ts";
+import { checkPolicyBeforeWork, planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
-import { Gate } from "./gate.ts";
+import { FairQueue } from "../../shared/queue/fair-queue.ts";
+import { ShardQuota } from "./shard-quota.ts";
+import { Sweeper } from "./sweeper.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
 export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -51,8 +56,13 @@ export class PrefillService {
   private membership: Membership | undefined;
   private reaper: NodeJS.Timeout | undefined;
   private reaping: Promise<void> | undefined;
+  private sweepTimer: NodeJS.Timeout | undefined;
+  private sweeping: Promise<void> | undefined;
+  readonly sweeper: Sweeper;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
-  private readonly gate: Gate;
+  /** Prefill places, fair across keys: `--max-prefills` running, `--max-prefill-queue` waiting. */
+  private readonly gate: FairQueue;
+  private readonly quota: ShardQuota;
   private readonly shape: KvShape;
   private kvInFlight = 0;
   /** Measured prefill throughput, and the work admitted: what SLO admission predicts TTFT from. */
@@ -68,12 +78,33 @@ export class PrefillService {
     /** A colocated server computes prompts in the decode scheduler's steps (chunked prefill). */
     private readonly compute: PrefillCompute = (seq, tokens) => rt.engine.prefill(seq, tokens),
   ) {
-    this.gate = new Gate(rt.config.maxPrefills, rt.config.maxPrefillQueue);
+    const c = rt.config;
+    this.gate = new FairQueue({ stage: "prefill", limit: c.maxPrefills, capacity: c.maxPrefillQueue });
+    // The default cap (half the shard) is for API keys; a keyless server has one tenant, "local",
+    // with nobody to share the shard with. An explicit --max-shard-bytes-per-key applies to all.
+    this.quota = new ShardQuota(
+      c.maxShardBytesPerKey ?? Math.floor(c.shardBytes / 2),
+      new Set(c.maxShardBytesPerKey === undefined ? ["local"] : []),
+      Math.min(60, Math.ceil(c.retainMs / 1000)),
+    );
     metrics.watchRequests("prefill", () => ({ running: this.gate.running, waiting: this.gate.queued }));
+    metrics.watchQueue("prefill", () => ({ queued: this.gate.queued, rejected: this.gate.rejected }));
     metrics.watchKv("shard", () => ({ inUse: this.shard?.bytesUsed ?? 0, capacity: this.shard?.sizeBytes ?? 0 }));
     metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
     this.writer = new ChunkWriter(rt, this.shape, this.totals);
+    this.sweeper = new Sweeper(
+      rt.registry,
+      {
+        hostId: c.hostId,
+        shardDir: c.shardDir,
+        // Twice the timeout: decodes first see the owner's chunks as failed (502, or a recompute).
+        graceMs: 2 * c.heartbeatTimeoutMs,
+        unclaimedMs: c.retainMs + c.heartbeatTimeoutMs,
+        retentionMs: c.requestRetentionMs,
+      },
+      rt.log,
+    );
   }
 
   /** The shard id is the instance id: stable across restarts, so a restart starts its next epoch. */
@@ -91,6 +122,8 @@ export class PrefillService {
     await this.newEpoch();
     this.reaper = setInterval(() => void this.reap().catch((err) => this.rt.log.warn({ err }, "reaper failed")), this.rt.config.reapMs);
     this.reaper.unref();
+    this.sweepTimer = setInterval(() => void this.sweep(), this.rt.config.sweepMs);
+    this.sweepTimer.unref();
     this.state = "ready";
     this.rt.log.info({ shard: this.shardId, epoch: this.shard!.epoch, bytes: this.shard!.sizeBytes, path: this.shard!.path }, "prefill ready");
   }
@@ -105,6 +138,12 @@ export class PrefillService {
       pathFor: (epoch) => path.join(shardDir, shardFileName(this.shardId, epoch)),
     });
     const shard = await Shard.create({ shardId: this.shardId, epoch: row.epoch, sizeBytes, dir: shardDir, alignment: SHARD_ALIGN });
+    try {
+      await this.rt.registry.shards.recordFile(this.shardId, row.epoch, shard.fileId);
+    } catch (err) {
+      await shard.destroy();
+      throw err;
+    }
     const old = this.shard;
     this.shard = shard;
     await old?.destroy();
@@ -135,6 +174,16 @@ export class PrefillService {
     return this.reaping;
   }
 
+  /** Sweeps dead instances' shard files, chunks and open requests, and prunes old rows (see sweeper.ts). */
+  sweep(): Promise<void> {
+    this.sweeping ??= this.sweeper
+      .sweep()
+      .then(() => undefined)
+      .catch((err: unknown) => this.rt.log.warn({ err }, "sweep failed"))
+      .finally(() => (this.sweeping = undefined));
+    return this.sweeping;
+  }
+
   status(): PrefillStatus {
     const s = this.shard;
     return {
@@ -148,17 +197,14 @@ export class PrefillService {
     };
   }
 
-  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger): Promise<Handle> {
+  /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/auth/tenant.ts). */
+  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<Handle> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
     const t0 = performance.now();
-    const tokens = encodePrompt(this.rt, req);
-    checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
-    // Checked against the length the decode will plan for (SCOPE's T is max_tokens, or decode's default).
-    const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
-    const roundStarts = wantsRounds && req.messages ? chatRoundStarts(this.rt, req.messages, tokens) ?? undefined : undefined;
-    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length), roundStarts);
+    // Every field is checked before any work; then the prompt is tokenized (off the event loop,
+    // stopping past the context), with a chat's rounds found in the same pass.
     let sampling;
     try {
       sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
@@ -166,17 +212,24 @@ export class PrefillService {
       if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
       throw e;
     }
+    checkPolicyBeforeWork(this.rt, req.policy, { maxTokens: req.max_tokens, chat: req.messages !== undefined });
+    const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
+    const { ids: tokens, roundStarts: starts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined });
+    checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
+    const roundStarts = starts ?? undefined;
+    // Checked against the length the decode will plan for (SCOPE's T is max_tokens, or decode's default).
+    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length), roundStarts);
     this.admit(tokens.length);
     const work: PrefillWork = { tokens: tokens.length, done: 0, computeMs: 0 };
     this.work.add(work);
     try {
       const queuedAt = performance.now();
-      const leave = await this.gate.enter(signal).catch((e: unknown) => {
+      const leave = await this.gate.enter(tenant, signal).catch((e: unknown) => {
         throw e instanceof ApiError ? e : clientClosed();
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tokens, policy, sampling, signal, log, t0, work);
+        const handle = await this.run(req, tenant, tokens, policy, sampling, signal, log, t0, work);
         this.totals.prefills++;
         this.totals.prompt_tokens += tokens.length;
         this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
@@ -207,6 +260,7 @@ export class PrefillService {
 
   private async run(
     req: PrefillRequest,
+    tenant: string,
     tokens: number[],
     policy: PlannedPolicy,
     sampling: { temperature: number; topK: number; topP: number; seed: number },
@@ -218,12 +272,12 @@ export class PrefillService {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;
     const n = tokens.length;
-    const requestId = req.request_id ?? `req-${randomUUID()}`;
+    const requestId = namespacedRequestId(tenant, req.request_id ?? `req-${randomUUID()}`);
     try {
-      await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n });
+      await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n, prefillInstanceId: this.instanceId });
     } catch (e) {
       if (e instanceof RegistryError && e.code === "conflict") {
-        throw new ApiError(409, "request_id_conflict", `request id ${requestId} was used before; pick a new one`, "request_id");
+        throw new ApiError(409, "request_id_conflict", `request id ${req.request_id ?? requestId} was used before; pick a new one`, "request_id");
       }
       throw e;
     }
@@ -236,10 +290,10 @@ export class PrefillService {
     let seq: ReturnType<typeof engine.createSequence> | undefined;
     this.kvInFlight += kvBytes;
     try {
-      await this.writer.reserve(plan.flat(), shard, () => this.reap());
+      await this.writer.reserve(plan.flat(), shard, () => this.reap(), tenant, this.quota);
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
-      const hasher = new PrefixHasher(model.fingerprint);
+      const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
       const ubatch = engine.native.info.ubatch;
       let logits: Float32Array | undefined;
       let next = 0;
@@ -297,7 +351,7 @@ export class PrefillService {
       const cancelled = signal.aborted;
       await registry.chunks.releaseRequest(requestId).catch((e) => log.warn({ err: e }, "could not release the request's chunks"));
       await registry.requests
-        .finish(requestId, { state: cancelled ? "cancelled" : "failed", error: (err as Error).message?.slice(0, 4000) ?? String(err) })
+        .finish(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) })
         .catch((e) => log.warn({ err: e }, "could not finish the request row"));
       if (cancelled) throw clientClosed();
       if (err instanceof RegistryError && err.code === "stale_epoch") {
@@ -316,7 +370,8 @@ export class PrefillService {
     this.state = "draining";
     await this.membership?.drain();
     while (Date.now() < deadline && this.gate.running + this.gate.queued > 0) await sleep(50);
-    while (Date.now() < deadline && (await this.readersOnShard()) > 0) await sleep(100);
+    // An unreachable registry cannot tell: stop waiting rather than fail the shutdown.
+    while (Date.now() < deadline && (await this.readersOnShard().catch(() => 0)) > 0) await sleep(100);
   }
 
   /** Part two: retire the shard (its chunks fail: the bytes die with us), delete it, leave. */
@@ -324,7 +379,9 @@ export class PrefillService {
     if (this.state === "stopped") return;
     this.state = "stopped";
     clearInterval(this.reaper);
+    clearInterval(this.sweepTimer);
     await this.reaping?.catch(() => {});
+    await this.sweeping;
     const shard = this.shard;
     if (shard) {
       await this.rt.db.db

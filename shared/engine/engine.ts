@@ -24,20 +24,25 @@ export interface LoadedModel {
   path: string;
   native: NativeModel;
   config: ModelConfig;
-  /** sha256 over the GGUF header (metadata + tensor table) and the file size. */
+  /** sha256 over the GGUF header (metadata + tensor table), the file size and the weights' CRC-32C. */
   fingerprint: string;
 }
 
-/** sha256 of the GGUF's descriptive header plus its size: same fingerprint, same model. */
-export async function modelFingerprint(path: string): Promise<string> {
+/**
+ * The model's identity for KV compatibility (chunk headers, chunk keys, handles): sha256 of the
+ * GGUF's descriptive header, its size and the CRC-32C of all its tensor data (taken by the engine
+ * at load), so the same architecture with any weight byte changed is another model.
+ */
+export async function modelFingerprint(path: string, weightsCrc32c: number): Promise<string> {
   const info = ggufInfo(path);
   const fh = await open(path, "r");
   try {
     const header = Buffer.alloc(info.headerBytes);
     await fh.read(header, 0, header.length, 0);
-    const size = Buffer.alloc(8);
-    size.writeBigUInt64LE(BigInt(info.fileSize));
-    return createHash("sha256").update(header).update(size).digest("hex");
+    const tail = Buffer.alloc(12);
+    tail.writeBigUInt64LE(BigInt(info.fileSize));
+    tail.writeUInt32LE(weightsCrc32c >>> 0, 8);
+    return createHash("sha256").update(header).update(tail).digest("hex");
   } finally {
     await fh.close();
   }
@@ -45,7 +50,7 @@ export async function modelFingerprint(path: string): Promise<string> {
 
 export async function loadModel(path: string): Promise<LoadedModel> {
   const native = await addon().loadModel(path);
-  return { path, native, config: native.config, fingerprint: await modelFingerprint(path) };
+  return { path, native, config: native.config, fingerprint: await modelFingerprint(path, native.weightsCrc32c) };
 }
 
 export class Engine {

@@ -40,6 +40,8 @@ export interface GgufInfo {
 
 export interface NativeModel {
   readonly config: ModelConfig;
+  /** CRC-32C of the GGUF's whole tensor data, taken at load (part of the model fingerprint). */
+  readonly weightsCrc32c: number;
 }
 
 export interface OmniKvOptions {
@@ -125,7 +127,7 @@ export interface NativeSequence {
   setPolicy(policy: AttentionPolicy): void;
   readonly policyStats: PolicyStats;
   /**
-   * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, DESIGN.md) into the cache
+   * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, docs/kv-format.md) into the cache
    * rows it covers; setLength() then declares the length. RangeError when the rows or the payload
    * size do not fit the cache.
    */
@@ -224,7 +226,8 @@ interface Addon {
   readGgufMetadata(path: string): Record<string, unknown>;
   ggufInfo(path: string): GgufInfo;
   loadModel(path: string): Promise<NativeModel>;
-  mapFile(path: string, offset: number, length: number): ArrayBuffer;
+  mapFile(path: string, offset: number, length: number, expectId?: string): ArrayBuffer;
+  punchHole(fd: number, offset: number, length: number): boolean;
   unmapFile(buffer: ArrayBuffer): void;
   crc32c(bytes: Uint8Array, prev?: number): number;
   cudaStatus(): CudaStatus;
@@ -264,8 +267,17 @@ export function ggufInfo(path: string): GgufInfo {
  * reach the file). Throws an Error naming the file and the reason when it cannot be mapped. Hand
  * the buffer to unmapFile() when done: that detaches it (views become empty) and unmaps at once.
  */
-export function mapFile(path: string, offset: number, length: number): ArrayBuffer {
-  return addon().mapFile(path, offset, length);
+export function mapFile(path: string, offset: number, length: number, expectId?: string): ArrayBuffer {
+  return expectId === undefined ? addon().mapFile(path, offset, length) : addon().mapFile(path, offset, length, expectId);
+}
+
+/**
+ * Returns the whole pages inside [offset, offset + length) of the open file `fd` to the system
+ * (fallocate punch hole, size kept; the range then reads as zeros). false where the file system
+ * cannot punch holes.
+ */
+export function punchHole(fd: number, offset: number, length: number): boolean {
+  return addon().punchHole(fd, offset, length);
 }
 
 export function unmapFile(buffer: ArrayBuffer): void {

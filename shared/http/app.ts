@@ -1,5 +1,5 @@
 // The Hono app every service starts from: request ids, one structured log line per request,
-// a body limit whose 413 closes the connection (see NOTES §6), uniform validation errors, and an
+// a body limit whose 413 closes the connection (so a pooled client does not reuse a half-read socket), uniform validation errors, and an
 // error handler that turns anything thrown into the shared error shape.
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Context } from "hono";
@@ -9,9 +9,14 @@ import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
 import type { Logger } from "pino";
 import { ApiError, errorBody } from "./errors.ts";
+import { bodyTimedOut } from "./server.ts";
 
-/** arrivedAt: performance.now() when the request reached the service (TTFT starts there). */
-export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number } };
+/**
+ * arrivedAt: performance.now() when the request reached the service (TTFT starts there).
+ * tenant: who the request is for — the API key's id, a capability's tenant on the internal
+ * listener, or "local" on a keyless server (shared/auth/); fair queuing and per-key caps use it too.
+ */
+export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number; tenant: string } };
 export type ServiceApp = OpenAPIHono<AppEnv>;
 
 export interface AppOptions {
@@ -19,9 +24,11 @@ export interface AppOptions {
   maxBodyBytes: number;
   /** Called once the response is made (status and headers known; a stream may still be running), before the request's log line. */
   onResponse?: (c: Context<AppEnv>) => void | Promise<void>;
+  /** Turns an error the routes did not expect into an answer (a database outage into a 503, say). */
+  classifyError?: (err: Error) => ApiError | undefined;
 }
 
-/** A validation failure as a 400 naming the first offending field. */
+/** A validation failure as a 400 naming the first offending field (invalid_policy when it is in the policy). */
 function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string }[] } }, c: Context) {
   if (result.success || !result.error) return;
   const issues = result.error.issues;
@@ -31,7 +38,9 @@ function validationHook(result: { success: boolean; error?: { issues: { path: Pr
     .slice(0, 5)
     .map((i) => (i.path.length ? `${i.path.map(String).join(".")}: ${i.message}` : i.message))
     .join("; ");
-  return c.json(errorBody(400, "invalid_request", `invalid request: ${message}`, param, issues), 400);
+  // A malformed attention policy (unknown kind, field out of range) is invalid_policy, like one the model cannot run.
+  const code = first?.path.includes("policy") ? "invalid_policy" : "invalid_request";
+  return c.json(errorBody(400, code, `invalid request: ${message}`, param, issues), 400);
 }
 
 export function newApp(): ServiceApp {
@@ -61,11 +70,24 @@ export function createApp(options: AppOptions): ServiceApp {
     }),
   );
   app.onError((err, c) => {
-    if (err instanceof ApiError) return c.json(err.toJSON(), err.status as ContentfulStatusCode);
+    // The listener found the body stalled and failed its read (server.ts): whatever the read's
+    // error became on the way (a JSON or validation error), the answer is 408 and a closed connection.
+    const stalled = bodyTimedOut((c.env as { incoming?: unknown } | undefined)?.incoming);
+    if (stalled !== undefined) return c.json(errorBody(408, "request_timeout", stalled), 408, { connection: "close" });
+    if (err instanceof ApiError) {
+      // Every 429 says when to come back; a stage that cannot estimate it says one second.
+      const headers = err.status === 429 && !err.headers["retry-after"] ? { ...err.headers, "retry-after": "1" } : err.headers;
+      return c.json(err.toJSON(), err.status as ContentfulStatusCode, headers);
+    }
     if (err instanceof HTTPException) {
       const status = err.status;
       const message = status === 400 && /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";
       return c.json(errorBody(status, status === 413 ? "payload_too_large" : "invalid_request", message), status);
+    }
+    const known = options.classifyError?.(err);
+    if (known) {
+      (c.get("log") ?? options.log).warn({ err }, known.message);
+      return c.json(known.toJSON(), known.status as ContentfulStatusCode);
     }
     (c.get("log") ?? options.log).error({ err }, "unhandled error");
     return c.json(errorBody(500, "internal_error", "internal error; see the service log"), 500);

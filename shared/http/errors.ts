@@ -3,10 +3,15 @@
 // `code` is the machine-readable part; `message` is a sentence a person understands.
 import { z } from "@hono/zod-openapi";
 
-export type ApiStatus = 400 | 404 | 409 | 413 | 422 | 429 | 499 | 500 | 502 | 503 | 504;
+export type ApiStatus = 400 | 401 | 403 | 404 | 409 | 413 | 421 | 422 | 429 | 499 | 500 | 502 | 503 | 504;
 
 export type ApiErrorCode =
   | "invalid_request" // the body or a parameter is malformed
+  | "unauthorized" // no API key / capability, or a wrong one
+  | "forbidden" // a valid capability that does not allow this (another range, an expired lease)
+  | "misdirected_request" // the Host header names no host this server answers for
+  | "rate_limited" // the API key's request rate is spent
+  | "concurrency_limited" // the API key has its maximum of requests in flight
   | "invalid_policy" // the attention policy cannot run on this model (bad filter layer, budget, ...)
   | "context_length_exceeded" // prompt (+ max tokens) does not fit the model's context
   | "model_mismatch" // the handle was made with another model
@@ -17,13 +22,15 @@ export type ApiErrorCode =
   | "handle_released" // the request already finished, was cancelled, or is being decoded elsewhere
   | "request_id_conflict"
   | "payload_too_large"
+  | "request_timeout" // the request body stalled, or the whole request took too long (408)
   | "queue_full"
   | "kv_memory_full"
   | "shard_full"
   | "slo_unattainable" // SLO admission: the predicted TTFT misses the TTFT objective
   | "client_closed"
   | "kv_load_failed" // the KV could not be read, or failed its checksum/fingerprint check
-  | "prefill_failed" // the prefill instance answered with an error
+  | "prefill_failed" // the prefill instance answered with an error, or was declared dead during the call
+  | "prefill_timeout" // the prefill call ran past its deadline
   | "no_prefill_instance"
   | "not_ready"
   | "draining"
@@ -31,8 +38,13 @@ export type ApiErrorCode =
 
 const TYPES: Record<number, string> = {
   400: "invalid_request_error",
+  401: "authentication_error",
+  403: "permission_error",
   404: "not_found_error",
+  421: "invalid_request_error",
   409: "conflict_error",
+  408: "timeout_error",
+  410: "not_found_error",
   413: "invalid_request_error",
   429: "rate_limit_error",
   499: "client_closed",
@@ -43,6 +55,8 @@ const TYPES: Record<number, string> = {
 
 export class ApiError extends Error {
   override readonly name = "ApiError";
+  /** Response headers the answer carries (e.g. retry-after on a 429). */
+  readonly headers: Record<string, string> = {};
   constructor(
     readonly status: ApiStatus,
     readonly code: ApiErrorCode,
@@ -57,6 +71,12 @@ export class ApiError extends Error {
   toJSON(): ErrorBody {
     return errorBody(this.status, this.code, this.message, this.param, this.details);
   }
+}
+
+/** Sets the Retry-After (seconds) a 429 or 503 answer carries; returns the error. */
+export function retryAfter(seconds: number, err: ApiError): ApiError {
+  err.headers["retry-after"] = String(Math.max(1, Math.ceil(seconds)));
+  return err;
 }
 
 export interface ErrorBody {
@@ -85,10 +105,11 @@ export const ErrorSchema = z
 export function errorResponses(...statuses: ApiStatus[]) {
   const descriptions: Record<number, string> = {
     400: "Malformed request (code invalid_request, context_length_exceeded, model_mismatch)",
+    401: "No API key, or an unknown one (code unauthorized)",
     404: "Unknown handle or resource",
     409: "The handle expired, was released, or is already being decoded",
     413: "Body or prompt too large",
-    429: "Queue or KV memory full; retry later",
+    429: "Queue or KV memory full, or the API key's rate or concurrency limit reached; retry after Retry-After",
     499: "The client went away",
     500: "Internal error",
     502: "KV load or upstream prefill failed",

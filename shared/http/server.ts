@@ -1,9 +1,25 @@
 // Listening and closing: an @hono/node-server bound to host:port (0 = any free port) with
-// SSE-friendly timeouts, and a close that stops accepting, lets in-flight requests finish within
+// bounded request intake and a close that stops accepting, lets in-flight requests finish within
 // a deadline, then drops whatever is left.
+//
+// Intake limits (ListenLimits): a connection cap (more connections are dropped at accept), a
+// deadline for a request's headers and one for the whole request (Node's own, answered 408),
+// a body idle timeout (no body byte for that long: 408 and the connection closed; a sweep over
+// the requests whose body is still arriving), and a keep-alive idle timeout. None of them touches
+// a response: once a request is received, an SSE stream runs as long as it needs.
 import type http from "node:http";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
+import { errorBody } from "./errors.ts";
+
+/** Set on a request (node's IncomingMessage) whose body stalled: the reason, for the 408. */
+export const BODY_TIMED_OUT = Symbol("ctxbank.bodyTimedOut");
+type TimedOut = http.IncomingMessage & { [BODY_TIMED_OUT]?: string };
+
+/** The stall reason when `incoming` (node's request) timed out reading its body. */
+export function bodyTimedOut(incoming: unknown): string | undefined {
+  return (incoming as TimedOut | undefined)?.[BODY_TIMED_OUT];
+}
 
 export interface Listening {
   server: http.Server;
@@ -16,13 +32,48 @@ export interface Listening {
   close(drainMs?: number): Promise<void>;
 }
 
-export async function listen(fetch: (req: Request) => Response | Promise<Response>, host: string, port: number): Promise<Listening> {
+export interface ListenLimits {
+  /** Time from a connection's (or a keep-alive request's) first byte to the end of its headers. */
+  headersTimeoutMs: number;
+  /** Time to receive a whole request, headers and body. */
+  requestTimeoutMs: number;
+  /** Longest pause between two body bytes before the request is answered 408 and its connection closed. */
+  bodyIdleTimeoutMs: number;
+  keepAliveTimeoutMs: number;
+  /** Connections open at once; one more is closed as soon as it is accepted. */
+  maxConnections: number;
+}
+
+export const DEFAULT_LIMITS: ListenLimits = {
+  headersTimeoutMs: 10_000,
+  requestTimeoutMs: 120_000,
+  bodyIdleTimeoutMs: 10_000,
+  keepAliveTimeoutMs: 65_000,
+  maxConnections: 1024,
+};
+
+export async function listen(
+  fetch: (req: Request) => Response | Promise<Response>,
+  host: string,
+  port: number,
+  limits: ListenLimits = DEFAULT_LIMITS,
+): Promise<Listening> {
   let inFlight = 0;
   const idle: Array<() => void> = [];
-  const server = serve({ fetch, hostname: host, port }) as http.Server;
-  server.requestTimeout = 0; // long generations and SSE streams
-  server.headersTimeout = 30_000;
-  server.keepAliveTimeout = 65_000;
+  const server = serve({
+    fetch,
+    hostname: host,
+    port,
+    serverOptions: {
+      headersTimeout: limits.headersTimeoutMs,
+      requestTimeout: limits.requestTimeoutMs,
+      keepAliveTimeout: limits.keepAliveTimeoutMs,
+      // How often Node checks the headers and request deadlines (its default is 30 s).
+      connectionsCheckingInterval: Math.max(100, Math.min(1_000, limits.headersTimeoutMs / 4)),
+    },
+  }) as http.Server;
+  server.maxConnections = limits.maxConnections;
+  const bodies = watchBodies(server, limits.bodyIdleTimeoutMs);
   server.on("request", (_req, res) => {
     inFlight++;
     res.once("close", () => {
@@ -47,6 +98,7 @@ export async function listen(fetch: (req: Request) => Response | Promise<Respons
     },
     close(drainMs = 10_000) {
       closing ??= (async () => {
+        bodies.stop();
         const closed = new Promise<void>((r) => server.close(() => r()));
         server.closeIdleConnections();
         if (inFlight > 0) {
@@ -58,4 +110,62 @@ export async function listen(fetch: (req: Request) => Response | Promise<Respons
       return closing;
     },
   };
+}
+
+/**
+ * The body idle timeout: every request whose body is still arriving is checked a few times per
+ * timeout; one whose connection read nothing for the whole timeout is answered 408 and closed.
+ */
+function watchBodies(server: http.Server, idleMs: number): { stop(): void } {
+  const arriving = new Map<http.IncomingMessage, { res: http.ServerResponse; bytes: number; at: number }>();
+  server.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    if (req.complete) return;
+    arriving.set(req, { res, bytes: req.socket.bytesRead, at: performance.now() });
+    res.once("close", () => arriving.delete(req));
+  });
+  const sweep = setInterval(
+    () => {
+      const now = performance.now();
+      for (const [req, w] of arriving) {
+        if (req.complete || req.socket.destroyed) {
+          arriving.delete(req);
+          continue;
+        }
+        const bytes = req.socket.bytesRead;
+        if (bytes !== w.bytes) {
+          w.bytes = bytes;
+          w.at = now;
+          continue;
+        }
+        if (now - w.at < idleMs) continue;
+        arriving.delete(req);
+        requestTimedOut(req, w.res, idleMs);
+      }
+    },
+    Math.max(50, Math.min(1_000, idleMs / 4)),
+  );
+  sweep.unref();
+  return { stop: () => clearInterval(sweep) };
+}
+
+/**
+ * A request whose body stalled. When a handler is reading the body, the read fails and the app
+ * answers 408 itself (app.ts maps a marked request's error to it), so the handler ends and logs
+ * like any other; otherwise, or if nothing is answered within a second, the 408 is written here.
+ * Either way the connection is closed.
+ */
+function requestTimedOut(req: http.IncomingMessage, res: http.ServerResponse, idleMs: number): void {
+  const message = `no request body byte arrived for ${idleMs} ms; the connection is closed`;
+  (req as TimedOut)[BODY_TIMED_OUT] = message;
+  res.shouldKeepAlive = false;
+  res.once("finish", () => req.socket.end());
+  if (req.listenerCount("error") > 0) req.emit("error", Object.assign(new Error(message), { code: "ERR_BODY_IDLE_TIMEOUT" }));
+  setTimeout(() => {
+    if (!res.headersSent) {
+      const body = JSON.stringify(errorBody(408, "request_timeout", message));
+      res.writeHead(408, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" });
+      res.end(body);
+    }
+    setTimeout(() => req.socket.destroy(), 1_000).unref(); // a client that does not read its answer is not waited for
+  }, 1_000).unref();
 }

@@ -2,10 +2,20 @@
 // answers with (what decode needs to find, verify and load the KV), and sampling options.
 import { z } from "@hono/zod-openapi";
 import { PolicySpecSchema } from "../policy/request.ts";
+import { MAX_HANDLE_CHUNKS } from "../registry/errors.ts";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
-export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1);
+/** A client's own request id: no ':' (that separates the API key's namespace from it, see shared/auth/tenant.ts). */
+export const ClientRequestId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "1-64 chars of letters, digits and . _ - (not starting with a symbol)");
+/**
+ * Caps on arrays, checked before their elements (zod sizes an array first), so a 4 MiB body of
+ * ids or messages costs no per-element validation: the largest context the wire carries (the
+ * model's own context is checked after), and messages well past what any context holds.
+ */
+export const MAX_WIRE_TOKENS = 1 << 17;
+export const MAX_WIRE_MESSAGES = 1 << 16;
+export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1).max(MAX_WIRE_TOKENS);
 
 export const ChatMessageSchema = z
   .object({
@@ -33,9 +43,9 @@ export type WireSampling = z.infer<typeof SamplingSchema>;
 export const PrefillRequestSchema = z
   .object({
     prompt: z.string().min(1).optional().openapi({ description: "Plain text, tokenized as is (no chat template)", example: "Once upon a time" }),
-    messages: z.array(ChatMessageSchema).min(1).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
+    messages: z.array(ChatMessageSchema).min(1).max(MAX_WIRE_MESSAGES).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
     prompt_token_ids: TokenIds.optional().openapi({ description: "Token ids, used as they are" }),
-    request_id: Identifier.optional().openapi({ description: "Default: a fresh id" }),
+    request_id: ClientRequestId.optional().openapi({ description: "Default: a fresh id. Kept in the API key's namespace: the handle's request_id is `<key id>:<request_id>` (unchanged on a keyless server)" }),
     session_id: Identifier.optional(),
     round_id: z.number().int().min(0).max(0x7fff_ffff).optional(),
     max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({
@@ -55,7 +65,11 @@ export const HandleSchema = z
   .object({
     request_id: Identifier,
     first_token: z.number().int().min(0).openapi({ description: "Sampled from the prefill's last logits" }),
-    chunk_ids: z.array(z.uuid()).min(1).max(100_000),
+    chunk_ids: z
+      .array(z.uuid())
+      .min(1)
+      .max(MAX_HANDLE_CHUNKS)
+      .openapi({ description: `At most ${MAX_HANDLE_CHUNKS} (layer groups x token blocks)` }),
     shard_id: Identifier,
     shard_epoch: z.number().int().min(1),
     model_fingerprint: z.string().regex(/^[0-9a-f]{64}$/),

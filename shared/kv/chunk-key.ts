@@ -5,6 +5,9 @@
 //   "ctxbank/chunk-key/v1\0", fingerprint (32 bytes), dtype (u8), layout version (u16),
 //   every token of the prefix [0, tokenEnd) as u32 LE,
 //   tokenStart (u32), tokenEnd (u32), each layer id (u16), layer count (u16).
+// With a tenant salt (API key id, shared/auth/tenant.ts) the domain is "ctxbank/chunk-key/v1+salt\0"
+// followed by the salt's length (u16) and UTF-8 bytes, so tenants never share a key (or a chunk)
+// for the same prefix; without one the key is exactly the unsalted v1 key.
 // Read from the end, the trailer fixes the layer count, the ids and tokenEnd, and so where the
 // token list ends: the encoding is injective, so different chunks never share a key by layout.
 // The prefix comes first so that PrefixHasher can hash a long prompt once, block by block
@@ -13,18 +16,27 @@ import { createHash, type Hash } from "node:crypto";
 import { ChunkError, DTYPE_CODE, LAYOUT_VERSION, fingerprintBytes, type KvDtype } from "./chunk.ts";
 
 const DOMAIN = Buffer.from("ctxbank/chunk-key/v1\0", "latin1");
+const SALTED_DOMAIN = Buffer.from("ctxbank/chunk-key/v1+salt\0", "latin1");
 
 export class PrefixHasher {
   private readonly hash: Hash;
   private tokens = 0;
 
-  constructor(fingerprint: string, options: { dtype?: KvDtype; layoutVersion?: number } = {}) {
-    const { dtype = "f16", layoutVersion = LAYOUT_VERSION } = options;
+  constructor(fingerprint: string, options: { dtype?: KvDtype; layoutVersion?: number; salt?: string | undefined } = {}) {
+    const { dtype = "f16", layoutVersion = LAYOUT_VERSION, salt } = options;
     if (!(dtype in DTYPE_CODE)) throw new ChunkError("invalid_meta", `unknown dtype "${dtype}"`);
     const head = Buffer.alloc(3);
     head.writeUInt8(DTYPE_CODE[dtype], 0);
     head.writeUInt16LE(layoutVersion, 1);
-    this.hash = createHash("sha256").update(DOMAIN).update(fingerprintBytes(fingerprint)).update(head);
+    this.hash = createHash("sha256").update(salt === undefined ? DOMAIN : SALTED_DOMAIN);
+    if (salt !== undefined) {
+      const bytes = Buffer.from(salt, "utf8");
+      if (bytes.length === 0 || bytes.length > 0xffff) throw new ChunkError("invalid_meta", "a chunk key salt must be 1..65535 bytes");
+      const len = Buffer.alloc(2);
+      len.writeUInt16LE(bytes.length, 0);
+      this.hash.update(len).update(bytes);
+    }
+    this.hash.update(fingerprintBytes(fingerprint)).update(head);
   }
 
   /** Number of tokens hashed so far: the end of the prefix the next key covers. */
@@ -75,6 +87,7 @@ export function chunkKey(input: {
   layerIds: readonly number[];
   dtype?: KvDtype;
   layoutVersion?: number;
+  salt?: string;
 }): string {
   return new PrefixHasher(input.fingerprint, input).push(input.prefixTokens).keyFor(input.tokenStart, input.layerIds);
 }

@@ -2,10 +2,12 @@
 // process for one epoch, with a range allocator for the chunks written into it. Being a file,
 // a co-located decode can open it by path, and a restarted owner finds (and removes) the old one.
 import { accessSync, constants } from "node:fs";
-import { mkdir, open, readdir, statfs, unlink, type FileHandle } from "node:fs/promises";
+import { open, readdir, statfs, unlink, type FileHandle } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
+import { punchHole } from "../engine/native.ts";
 import { RangeAllocator } from "./range-allocator.ts";
+import { ensureShardDir, fileIdentity } from "./shard-dir.ts";
 
 const SHM_ROOT = "/dev/shm";
 /** Shard ids become file names and URL path segments: no slashes, no leading dot. */
@@ -60,6 +62,8 @@ export async function removeShardFiles(dir: string, shardId: string, except?: nu
 export class Shard {
   private readonly ranges: RangeAllocator;
   private closed = false;
+  /** Cleared when the file system cannot punch holes (freed pages then stay until the file goes). */
+  private punching = true;
 
   private constructor(
     readonly shardId: string,
@@ -68,6 +72,8 @@ export class Shard {
     readonly sizeBytes: number,
     private readonly file: FileHandle,
     alignment: number,
+    /** "device:inode" of the file: what the registry records, so readers map only this file. */
+    readonly fileId: string,
   ) {
     this.ranges = new RangeAllocator(sizeBytes, alignment);
   }
@@ -80,7 +86,7 @@ export class Shard {
       throw new RangeError(`shard size must be a positive integer, got ${options.sizeBytes}`);
     }
     const sizeBytes = Math.ceil(options.sizeBytes / alignment) * alignment;
-    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await ensureShardDir(dir);
     // A file of this shard id is left over from an earlier life (a crash, or an embedded database
     // that restarted its epochs); nobody can rely on its contents. Remove it before measuring the
     // free space: after a crash its pages still fill the tmpfs (a pod's /dev/shm survives a
@@ -95,7 +101,7 @@ export class Shard {
     const file = await open(filePath, "wx+", 0o600);
     try {
       await file.truncate(sizeBytes); // sparse on tmpfs: pages are committed as chunks are written
-      return new Shard(shardId, epoch, filePath, sizeBytes, file, alignment);
+      return new Shard(shardId, epoch, filePath, sizeBytes, file, alignment, await fileIdentity(file));
     } catch (err) {
       await file.close();
       await unlink(filePath).catch(() => {});
@@ -108,9 +114,26 @@ export class Shard {
     return this.ranges.alloc(length);
   }
 
-  /** Frees the range starting at `offset` (as returned by the registry reaper). */
+  /**
+   * Frees the range starting at `offset` (as returned by the registry reaper) and returns its
+   * pages to the system: without that, a tmpfs shard keeps every page it ever wrote.
+   */
   free(offset: number): number {
-    return this.ranges.free(offset);
+    const length = this.ranges.free(offset);
+    if (this.punching && !this.closed) {
+      try {
+        this.punching = punchHole(this.file.fd, offset, length);
+      } catch (err) {
+        this.punching = false;
+        process.emitWarning(`cannot return freed pages of shard ${this.path}: ${(err as Error).message}`, { code: "CTXBANK_PUNCH_HOLE" });
+      }
+    }
+    return length;
+  }
+
+  /** The length of the allocation that starts at `offset`, if one does. */
+  allocatedAt(offset: number): number | undefined {
+    return this.ranges.lengthAt(offset);
   }
 
   /** Whether [offset, offset + length) lies inside one allocated range. */

@@ -18,6 +18,8 @@ export interface GaugeSources {
   requests: Map<Service, () => { running: number; waiting: number }>;
   kv: Map<KvTier, () => { inUse: number; capacity: number }>;
   prefillTokensPerSecond?: () => number | undefined;
+  /** Each stage's bounded queue: requests waiting now, and refused (429 queue_full) since the start. */
+  queues?: Map<string, () => { queued: number; rejected: number }>;
 }
 
 export function defineMetrics(registers: Registry[], model: string, sources: GaugeSources) {
@@ -94,6 +96,27 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
         for (const [tier, read] of sources.kv) this.set({ model, tier }, read().capacity);
       },
     ),
+    queueDepth: gauge(
+      "ctxbank:queue_depth",
+      "Requests waiting in each stage's bounded queue: prefill (for a prefill place), prefill_calls (decode's calls to prefill instances), decode (loaded, for a batch place).",
+      ["stage"],
+      function () {
+        for (const [stage, read] of sources.queues ?? []) this.set({ model, stage }, read().queued);
+      },
+    ),
+    queueRejections: new Counter({
+      name: "ctxbank:queue_rejections_total",
+      help: "Requests each stage refused with 429 queue_full because its queue was full.",
+      labelNames: ["model", "stage"],
+      registers,
+      collect() {
+        for (const [stage, read] of sources.queues ?? []) {
+          // The stages count their refusals; the counter shows the count at each scrape.
+          this.remove({ model, stage });
+          this.inc({ model, stage }, read().rejected);
+        }
+      },
+    }),
     prefillThroughput: gauge(
       "ctxbank:prefill_tokens_per_second",
       "The prefill throughput estimate SLO admission predicts TTFT with (EWMA of measured prefills; absent until the first one).",

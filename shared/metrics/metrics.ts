@@ -26,7 +26,7 @@ export class ServiceMetrics {
   readonly model: string;
   readonly slo: SloTargets;
   private readonly m: MetricSet;
-  private readonly sources: GaugeSources = { requests: new Map(), kv: new Map() };
+  private readonly sources: GaugeSources & { queues: NonNullable<GaugeSources["queues"]> } = { requests: new Map(), kv: new Map(), queues: new Map() };
   /** Errors whose request is already counted as a failure (so the HTTP layer does not count it again). */
   private readonly counted = new WeakSet<object>();
 
@@ -68,6 +68,11 @@ export class ServiceMetrics {
   /** A KV tier's bytes in use and capacity, read at every scrape. */
   watchKv(tier: KvTier, read: () => { inUse: number; capacity: number }): void {
     this.sources.kv.set(tier, read);
+  }
+
+  /** A stage's bounded queue: waiting now and refused so far, read at every scrape. */
+  watchQueue(stage: string, read: () => { queued: number; rejected: number }): void {
+    this.sources.queues.set(stage, read);
   }
 
   watchPrefillThroughput(read: () => number | undefined): void {

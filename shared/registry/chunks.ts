@@ -63,8 +63,12 @@ export interface LeasedChunk {
     shardPath: string;
     ownerBaseUrl: string;
     ownerHostId: string;
+    /** "device:inode" of the owner's shard file (null for a shard registered before it was recorded). */
+    fileId: string | null;
     offset: number;
     length: number;
+    /** Set by the reader: the capability the owner's chunk route wants. */
+    capability?: string | undefined;
   };
 }
 
@@ -208,14 +212,14 @@ export class ChunkStore {
         .returning({ id: chunks.id });
       if (leased.length < ids.length) throw await unavailable(tx, ids, leased, now, "lease");
       const rows = await tx
-        .select({ chunk: chunks, shardPath: shards.path, ownerBaseUrl: instances.baseUrl, ownerHostId: instances.hostId })
+        .select({ chunk: chunks, shardPath: shards.path, fileId: shards.fileId, ownerBaseUrl: instances.baseUrl, ownerHostId: instances.hostId })
         .from(chunks)
         .innerJoin(shards, and(eq(chunks.shardId, shards.id), eq(chunks.shardEpoch, shards.epoch)))
         .innerJoin(instances, eq(shards.instanceId, instances.id))
         .where(inArray(chunks.id, ids));
       const byId = new Map(rows.map((r) => [r.chunk.id, r]));
       return ids.map((id) => {
-        const { chunk, shardPath, ownerBaseUrl, ownerHostId } = byId.get(id)!;
+        const { chunk, shardPath, fileId, ownerBaseUrl, ownerHostId } = byId.get(id)!;
         return {
           chunk,
           location: {
@@ -224,6 +228,7 @@ export class ChunkStore {
             shardPath,
             ownerBaseUrl,
             ownerHostId,
+            fileId,
             offset: chunk.offset,
             length: chunk.length,
           },
@@ -325,6 +330,32 @@ export class ChunkStore {
         .returning({ id: chunks.id, key: chunks.key, offset: chunks.offset, length: chunks.length, state: chunks.state });
       return { expired: expired.length, freed: freed as FreedRange[] };
     });
+  }
+
+  /**
+   * Whether `read` is exactly a chunk's range that is being read right now (state `reading`, lease
+   * not expired) and that `read.requestId` holds: what the chunk route checks before it serves a
+   * byte, so nothing but a live, leased chunk of the caller's own request can be read.
+   */
+  async isLeasedRead(read: { chunkId: string; requestId: string; shardId: string; epoch: number; offset: number; length: number }): Promise<boolean> {
+    if (!chunkId.safeParse(read.chunkId).success || !identifier.safeParse(read.requestId).success) return false;
+    const now = this.clock();
+    const rows = await this.db
+      .select({ id: chunks.id })
+      .from(chunks)
+      .innerJoin(chunkRefs, and(eq(chunkRefs.chunkId, chunks.id), eq(chunkRefs.requestId, read.requestId)))
+      .where(
+        and(
+          eq(chunks.id, read.chunkId),
+          eq(chunks.shardId, read.shardId),
+          eq(chunks.shardEpoch, read.epoch),
+          eq(chunks.offset, read.offset),
+          eq(chunks.length, read.length),
+          eq(chunks.state, "reading"),
+          gt(chunks.leaseExpiresAt, now),
+        ),
+      );
+    return rows.length === 1;
   }
 
   async get(id: string): Promise<ChunkRow | undefined> {

@@ -10,6 +10,7 @@ import { drizzle as drizzlePglite } from "drizzle-orm/pglite";
 import { migrate as migratePglite } from "drizzle-orm/pglite/migrator";
 import type { PgDatabase, PgQueryResultHKT } from "drizzle-orm/pg-core";
 import pg from "pg";
+import { redactDatabaseUrl } from "./redact-url.ts";
 import * as schema from "./schema.ts";
 
 export type Database = PgDatabase<PgQueryResultHKT, typeof schema>;
@@ -18,6 +19,8 @@ export type DatabaseKind = "postgres" | "pglite";
 export interface OpenedDatabase {
   db: Database;
   kind: DatabaseKind;
+  /** A cheap round trip (`select 1`); see db-probe.ts for the deadline and caching around it. */
+  ping(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -26,18 +29,27 @@ const MIGRATIONS_DIR = fileURLToPath(new URL("../../migrations", import.meta.url
 // Arbitrary constant: serialises migrations of services that start at the same time.
 const MIGRATION_LOCK_KEY = 0x6374_7862; // "ctxb"
 
+export interface DatabaseOptions {
+  /**
+   * PostgreSQL: deadline of one query (client side, so a hung or stopped server cannot hold a
+   * request forever) and of one connection attempt. Default 15 s.
+   */
+  timeoutMs?: number;
+}
+
 export async function openDatabase(
   url: string = process.env.DATABASE_URL ?? DEFAULT_DATABASE_URL,
+  options: DatabaseOptions = {},
 ): Promise<OpenedDatabase> {
-  if (/^postgres(ql)?:\/\//.test(url)) return openPostgres(url);
+  if (/^postgres(ql)?:\/\//.test(url)) return openPostgres(url, options.timeoutMs ?? 15_000);
   if (url.startsWith("pglite://")) return openPglite(url);
   throw new Error(
-    `unsupported database URL "${redact(url)}": use postgres://…, postgresql://…, pglite://memory or pglite:///absolute/dir`,
+    `unsupported database URL "${redactDatabaseUrl(url)}": use postgres://…, postgresql://…, pglite://memory or pglite:///absolute/dir`,
   );
 }
 
-async function openPostgres(url: string): Promise<OpenedDatabase> {
-  const pool = new pg.Pool({ connectionString: url, max: 10 });
+async function openPostgres(url: string, timeoutMs: number): Promise<OpenedDatabase> {
+  const pool = new pg.Pool({ connectionString: url, max: 10, connectionTimeoutMillis: timeoutMs, query_timeout: timeoutMs });
   // An idle client whose server went away emits 'error' on the pool; unhandled, that kills the
   // process. The next query reports the failure to its caller instead.
   pool.on("error", () => {});
@@ -55,9 +67,9 @@ async function openPostgres(url: string): Promise<OpenedDatabase> {
     }
   } catch (err) {
     await pool.end();
-    throw new Error(`cannot open PostgreSQL at ${redact(url)}: ${(err as Error).message}`, { cause: err });
+    throw new Error(`cannot open PostgreSQL at ${redactDatabaseUrl(url)}: ${(err as Error).message}`, { cause: err });
   }
-  return { db: drizzlePg(pool, { schema }), kind: "postgres", close: () => pool.end() };
+  return { db: drizzlePg(pool, { schema }), kind: "postgres", ping: () => pool.query("select 1").then(() => undefined), close: () => pool.end() };
 }
 
 async function openPglite(url: string): Promise<OpenedDatabase> {
@@ -70,15 +82,11 @@ async function openPglite(url: string): Promise<OpenedDatabase> {
   try {
     const db = drizzlePglite(client, { schema });
     await migratePglite(db, { migrationsFolder: MIGRATIONS_DIR });
-    return { db: db, kind: "pglite", close: () => client.close() };
+    return { db: db, kind: "pglite", ping: () => client.query("select 1").then(() => undefined), close: () => client.close() };
   } catch (err) {
     await client.close();
     throw err;
   }
-}
-
-function redact(url: string): string {
-  return url.replace(/\/\/([^:@/]+):[^@/]*@/, "//$1:***@");
 }
 
 /** A transaction handle, as passed to `db.transaction(async (tx) => …)`. */

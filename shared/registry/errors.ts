@@ -38,8 +38,14 @@ export const identifier = z
 export const int32 = z.number().int().min(0).max(2 ** 31 - 1);
 export const positiveMs = z.number().int().min(1).max(7 * 24 * 3600 * 1000);
 export const chunkId = z.uuid();
+/**
+ * The most chunks one handle may name: 1,024 token blocks x 16 layer groups covers a 512K-token
+ * prompt in 512-token blocks. It also keeps a lease query far below PostgreSQL's 65,535 bind
+ * parameters (100,000 ids used to reach the database and fail there with a 500).
+ */
+export const MAX_HANDLE_CHUNKS = 16_384;
 export const chunkIds = z
   .array(chunkId)
   .min(1)
-  .max(100_000)
+  .max(MAX_HANDLE_CHUNKS)
   .refine((ids) => new Set(ids).size === ids.length, "chunk ids must be distinct");

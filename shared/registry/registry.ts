@@ -5,12 +5,14 @@ import { ChunkStore } from "./chunks.ts";
 import { InstanceStore } from "./instances.ts";
 import { RequestStore } from "./requests.ts";
 import { ShardStore } from "./shards.ts";
+import { SweepStore } from "./sweep.ts";
 
 export class Registry {
   readonly instances: InstanceStore;
   readonly shards: ShardStore;
   readonly chunks: ChunkStore;
   readonly requests: RequestStore;
+  readonly sweep: SweepStore;
 
   constructor(db: Database, options: { clock?: Clock } = {}) {
     const clock = options.clock ?? systemClock;
@@ -18,6 +20,7 @@ export class Registry {
     this.shards = new ShardStore(db, clock);
     this.chunks = new ChunkStore(db, clock);
     this.requests = new RequestStore(db, clock);
+    this.sweep = new SweepStore(db, clock);
   }
 }
 
@@ -25,4 +28,5 @@ export { RegistryError, type RegistryErrorCode } from "./errors.ts";
 export type { BeginChunkInput, BeginChunkResult, FreedRange, LeasedChunk } from "./chunks.ts";
 export type { RegisterInstanceInput } from "./instances.ts";
 export type { RequestMilestone } from "./requests.ts";
+export type { DeadShard } from "./sweep.ts";
 export type { ChunkRow, InstanceRow, RequestRow, ShardRow } from "./schema.ts";

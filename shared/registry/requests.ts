@@ -12,6 +12,8 @@ const CreateRequestInput = z.object({
   roundId: int32.nullish(),
   promptTokens: int32.nullish(),
   arrivalAt: z.date().optional(),
+  /** The prefill instance that created the row: if it dies before the handle is taken, the sweep ends the row. */
+  prefillInstanceId: identifier.nullish(),
 });
 
 /** Milestones in a request's life; each sets its timestamp once and moves the state forward. */
@@ -73,7 +75,7 @@ export class RequestStore {
     const { state, error, outputTokens } = parseInput(FinishInput, input, "request outcome");
     const [row] = await this.db
       .update(requests)
-      .set({ state, error: error ?? null, ...(outputTokens === undefined ? {} : { outputTokens }) })
+      .set({ state, error: error ?? null, endedAt: this.clock(), ...(outputTokens === undefined ? {} : { outputTokens }) })
       .where(and(eq(requests.id, id), inArray(requests.state, OPEN)))
       .returning();
     if (row) return row;

@@ -60,6 +60,9 @@ export const shards = pgTable(
       .notNull()
       .references(() => instances.id),
     path: text("path").notNull(),
+    // "device:inode" of the file the owner created at `path`: a reader maps only that file (a
+    // file planted at the path is refused), and a sweeper deletes only that file.
+    fileId: text("file_id"),
     sizeBytes: bigint("size_bytes", { mode: "number" }).notNull(),
     state: shardState("state").notNull().default("active"),
     createdAt: timestamptz("created_at").notNull(),
@@ -149,8 +152,18 @@ export const requests = pgTable(
     promptTokens: integer("prompt_tokens"),
     outputTokens: integer("output_tokens").notNull().default(0),
     error: text("error"),
+    // The instances working on the request: the prefill that created the row, the decode that
+    // claimed it. When one dies the sweep finalises the row (no FK: instance rows are pruned).
+    prefillInstanceId: text("prefill_instance_id"),
+    decodeInstanceId: text("decode_instance_id"),
+    /** When the row reached done/failed/cancelled; rows are pruned a retention after it. */
+    endedAt: timestamptz("ended_at"),
   },
-  (t) => [index("requests_session_idx").on(t.sessionId)],
+  (t) => [
+    index("requests_session_idx").on(t.sessionId),
+    index("requests_state_idx").on(t.state),
+    index("requests_ended_idx").on(t.endedAt),
+  ],
 );
 
 export type InstanceRow = typeof instances.$inferSelect;

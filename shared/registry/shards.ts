@@ -14,6 +14,9 @@ const CreateShardInput = z.object({
   /** The file path of the shard in a given epoch (the file name carries the epoch). */
   pathFor: z.custom<(epoch: number) => string>((v) => typeof v === "function", "a function (epoch) => path"),
 });
+/** "device:inode" in decimal, as shared/kv/shard-dir.ts's fileIdentity gives. */
+export const FileId = z.string().regex(/^[0-9]{1,20}:[0-9]{1,20}$/, "device:inode in decimal");
+
 export type CreateShardInput = z.input<typeof CreateShardInput>;
 
 export class ShardStore {
@@ -54,6 +57,22 @@ export class ShardStore {
         .returning();
       return row!;
     });
+  }
+
+  /**
+   * Records the "device:inode" of the file the owner created for its active epoch: readers map
+   * only that file and sweepers delete only that file.
+   */
+  async recordFile(id: string, epoch: number, fileId: string): Promise<ShardRow> {
+    parseInput(identifier, id, "shard id");
+    parseInput(FileId, fileId, "shard file id");
+    const [row] = await this.db
+      .update(shards)
+      .set({ fileId })
+      .where(and(eq(shards.id, id), eq(shards.epoch, epoch), eq(shards.state, "active")))
+      .returning();
+    if (!row) throw new RegistryError("stale_epoch", `shard ${id} epoch ${epoch} is not active`);
+    return row;
   }
 
   async get(id: string, epoch: number): Promise<ShardRow | undefined> {

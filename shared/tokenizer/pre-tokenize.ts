@@ -60,11 +60,34 @@ export function preTokenizerFamily(pre: string): PreTokenizerFamily | undefined 
 
 /** Split well-formed text into pre-token pieces, each as code points. */
 export function preTokenize(text: string, digitsFirst: boolean): number[][] {
-  const cps = codePoints(text);
   const pieces: number[][] = [];
-  if (digitsFirst) for (const frag of splitDigits(cps)) splitGpt2(frag, pieces);
-  else splitGpt2(cps, pieces);
+  eachPreToken(text, digitsFirst, (p) => {
+    pieces.push(p);
+    return true;
+  });
   return pieces;
+}
+
+/**
+ * Calls `emit` with each pre-token piece of well-formed text, in order, until it returns false:
+ * the split stops there, so a caller that has enough tokens does no work on the rest of the text.
+ */
+export function eachPreToken(text: string, digitsFirst: boolean, emit: (piece: number[]) => boolean): void {
+  const cps = codePoints(text);
+  if (!digitsFirst) {
+    splitGpt2(cps, 0, cps.length, emit);
+    return;
+  }
+  // Every \p{N} code point is a piece of its own (llama.cpp regex "\\p{N}"); the runs between are
+  // GPT-2 split.
+  let run = 0;
+  for (let i = 0; i < cps.length; i++) {
+    if (flagsOf(cps[i]!) !== F_NUMBER) continue;
+    if (i > run && !splitGpt2(cps, run, i, emit)) return;
+    if (!emit([cps[i]!])) return;
+    run = i + 1;
+  }
+  if (run < cps.length) splitGpt2(cps, run, cps.length, emit);
 }
 
 /** String.fromCodePoint without spreading huge arrays onto the stack. */
@@ -130,40 +153,26 @@ function flagsOf(cp: number): number {
 // ---------------------------------------------------------------------------------------------
 // The splits
 
-/** Split on every \p{N} code point (llama.cpp regex "\\p{N}"): numbers isolated, the rest kept. */
-function splitDigits(cps: number[]): number[][] {
-  const out: number[][] = [];
-  let run: number[] = [];
-  for (const cp of cps) {
-    if (flagsOf(cp) === F_NUMBER) {
-      if (run.length > 0) out.push(run);
-      run = [];
-      out.push([cp]);
-    } else {
-      run.push(cp);
-    }
-  }
-  if (run.length > 0) out.push(run);
-  return out;
-}
-
 const APOS = 0x27;
 const SPACE = 0x20;
 const c_s = 0x73, c_t = 0x74, c_m = 0x6d, c_d = 0x64, c_r = 0x72, c_e = 0x65, c_v = 0x76, c_l = 0x6c;
 
-/** Port of llama.cpp `unicode_regex_split_custom_gpt2` over one fragment's code points. */
-function splitGpt2(cps: number[], out: number[][]): void {
-  const end = cps.length;
+/**
+ * Port of llama.cpp `unicode_regex_split_custom_gpt2` over the fragment cps[start, end). Returns
+ * false when `emit` asked to stop.
+ */
+function splitGpt2(cps: number[], start: number, end: number, emit: (piece: number[]) => boolean): boolean {
   const cpt = (p: number): number => (p < end ? cps[p]! : -1);
   const flags = (p: number): number => (p < end ? flagsOf(cps[p]!) : 0);
-  let prev = 0;
+  let prev = start;
+  let go = true;
   const add = (p: number): number => {
     const len = p - prev;
-    if (len > 0) out.push(cps.slice(prev, p));
+    if (len > 0) go = emit(cps.slice(prev, p));
     prev = p;
     return len;
   };
-  for (let pos = 0; pos < end; ) {
+  for (let pos = start; pos < end && go; ) {
     const c = cps[pos]!;
     const f = flagsOf(c);
     // 's|'t|'re|'ve|'m|'ll|'d
@@ -219,4 +228,5 @@ function splitGpt2(cps: number[], out: number[][]): void {
     }
     add(++pos); // no match (unreachable with the classes above, kept for parity)
   }
+  return go;
 }

@@ -25,8 +25,8 @@ import { readGgufMetadata } from "../engine/native.ts";
 import { BytePairEncoder } from "./bpe.ts";
 import { byteLevelDecode, byteLevelEncode } from "./byte-level.ts";
 import { cleanSpacesBytes, StreamingDetokenizer } from "./detokenize.ts";
-import { fromCodePoints, preTokenize, wellFormed } from "./pre-tokenize.ts";
-import { findSpecialTokens, partitionOnSpecials, specialPartitionLists, type SpecialTokenIds } from "./special-tokens.ts";
+import { eachPreToken, fromCodePoints, preTokenize, wellFormed } from "./pre-tokenize.ts";
+import { findSpecialTokens, partitionOnSpecials, specialPartitionLists, type Fragment, type SpecialTokenIds } from "./special-tokens.ts";
 import { readVocab, TokenizerError, TokenType, type GgufMetadata } from "./vocab.ts";
 
 export { StreamingDetokenizer } from "./detokenize.ts";
@@ -43,6 +43,23 @@ export interface EncodeOptions {
   parseSpecial?: boolean;
   /** Add BOS/EOS as the model asks (`tokenizer.ggml.add_bos_token` / `add_eos_token`). Default false. */
   addSpecial?: boolean;
+  /**
+   * Stop as soon as more than this many ids are made: the result is then cut to `maxTokens + 1`
+   * ids, enough to tell the text is too long without tokenizing the rest of it.
+   */
+  maxTokens?: number;
+}
+
+/** A piece of a prompt, and whether control tokens written in it are recognised. */
+export interface PromptPart {
+  text: string;
+  parseSpecial: boolean;
+}
+
+export interface PartsEncoding {
+  ids: number[];
+  /** For each of the `marks` asked for: the number of ids before that character offset, or -1 when no token boundary falls there. */
+  marks: number[];
 }
 
 export interface DecodeOptions {
@@ -77,6 +94,7 @@ export class GgufTokenizer {
   private readonly specialAll: number[]; // control | user-defined | unknown, longest first
   private readonly specialUser: number[]; // user-defined only, longest first
   private readonly pieceCache: (Uint8Array | undefined)[];
+  private longestToken: number | undefined;
 
   private constructor(meta: GgufMetadata) {
     const { model, pre, digitsFirst, cleanSpaces, tokens, merges, types } = readVocab(meta);
@@ -148,18 +166,80 @@ export class GgufTokenizer {
     return t === TokenType.CONTROL || t === TokenType.UNKNOWN;
   }
 
+  /** The first control (or unknown-type) token's text found in `text`, if any. */
+  controlTextIn(text: string): string | undefined {
+    for (const id of this.specialAll) if (this.isControl(id) && text.includes(this.tokens[id]!)) return this.tokens[id]!;
+    return undefined;
+  }
+
   encode(text: string, opts: EncodeOptions = {}): number[] {
+    return this.encodeParts([{ text, parseSpecial: opts.parseSpecial ?? false }], opts).ids;
+  }
+
+  /**
+   * Encode the text `parts` make when joined, recognising control tokens only inside the parts that
+   * allow them (user-defined tokens everywhere, as `encode` does). Plain text is joined across part
+   * boundaries before it is pre-tokenized, so the ids equal `encode(joined, { parseSpecial: true })`
+   * whenever the parts without `parseSpecial` hold no control-token text: a chat template's parts
+   * parse specials, the users' message contents do not, and `<|im_end|>` typed by a user stays text.
+   * `marks` are character offsets into the joined text (see PartsEncoding).
+   */
+  encodeParts(parts: readonly PromptPart[], opts: EncodeOptions & { marks?: readonly number[] } = {}): PartsEncoding {
+    const limit = opts.maxTokens ?? Infinity;
+    const marks = opts.marks ?? [];
+    const markIds = marks.map(() => -1);
     const out: number[] = [];
     if (opts.addSpecial && this.addBos && this.special.bos !== undefined) out.push(this.special.bos);
-    if (text.length > 0) {
-      const specials = opts.parseSpecial ? this.specialAll : this.specialUser;
-      for (const f of partitionOnSpecials(wellFormed(text), specials, this.tokens)) {
-        if (f.id !== undefined) out.push(f.id);
-        else this.encodeRaw(f.text!, out);
+    // Lone surrogates are replaced in the joined text (a pair split across two parts stays a pair);
+    // the replacement keeps every offset.
+    const joined = wellFormed(parts.map((p) => p.text).join(""));
+    let at = 0;
+    const frags: (Fragment & { start: number })[] = [];
+    for (const part of parts) {
+      const text = joined.slice(at, at + part.text.length);
+      let start = at;
+      for (const f of partitionOnSpecials(text, part.parseSpecial ? this.specialAll : this.specialUser, this.tokens)) {
+        const prev = frags.at(-1);
+        if (f.text !== undefined && prev?.text !== undefined) prev.text += f.text; // plain text runs on across parts
+        else frags.push({ ...f, start });
+        start += f.text?.length ?? this.tokens[f.id!]!.length;
       }
+      at += part.text.length;
     }
+    // Marks in offset order, walked once alongside the fragments.
+    const order = marks.map((_, i) => i).sort((a, b) => marks[a]! - marks[b]!);
+    let k = 0;
+    for (const f of frags) {
+      if (out.length > limit) break;
+      const end = f.start + (f.text?.length ?? this.tokens[f.id!]!.length);
+      for (; k < order.length && marks[order[k]!]! <= f.start; k++) if (marks[order[k]!] === f.start) markIds[order[k]!] = out.length;
+      if (f.id !== undefined) {
+        out.push(f.id);
+        continue;
+      }
+      const inside: number[] = [];
+      for (; k < order.length && marks[order[k]!]! < end; k++) inside.push(order[k]!);
+      if (inside.length === 0) {
+        this.encodeRaw(f.text!, out, limit);
+        continue;
+      }
+      const found = this.encodeRawMarked(f.text!, f.start, inside.map((i) => marks[i]!), out, limit);
+      for (const i of inside) markIds[i] = found.get(marks[i]!) ?? -1;
+    }
+    for (; k < order.length; k++) if (marks[order[k]!] === joined.length && out.length <= limit) markIds[order[k]!] = out.length;
     if (opts.addSpecial && this.addEos && this.special.eos !== undefined) out.push(this.special.eos);
-    return out;
+    if (out.length > limit + 1) out.length = limit + 1;
+    return { ids: out, marks: markIds };
+  }
+
+  /** Bytes of the longest token's text (control tokens as written): no text of n tokens is longer than n times this. */
+  get maxTokenBytes(): number {
+    if (this.longestToken === undefined) {
+      let max = 1;
+      for (let id = 0; id < this.vocabSize; id++) max = Math.max(max, this.tokenBytes(id, true).length);
+      this.longestToken = max;
+    }
+    return this.longestToken;
   }
 
   /** The pre-tokenizer's pieces of plain text (no special-token handling); for inspection and tests. */
@@ -217,7 +297,46 @@ export class GgufTokenizer {
     }
   }
 
-  private encodeRaw(text: string, out: number[]): void {
-    for (const p of preTokenize(text, this.digitsFirst)) this.bpe.encodeWord(byteLevelEncode(fromCodePoints(p)), out);
+  /** Appends the ids of plain text to `out`, stopping once `out` holds more than `limit`. */
+  private encodeRaw(text: string, out: number[], limit: number): void {
+    eachPreToken(text, this.digitsFirst, (p) => {
+      this.bpe.encodeWord(byteLevelEncode(fromCodePoints(p)), out);
+      return out.length <= limit;
+    });
+  }
+
+  /**
+   * encodeRaw, and for each mark (an offset into the whole text; `base` is the text's own offset)
+   * the ids before it, when the text split there encodes the same as the whole: the mark starts a
+   * pre-token piece, and the text before it, cut there, splits into the same pieces. Only the last
+   * two pieces before a mark can differ (the split looks ahead through one run of whitespace), so
+   * that is all that is split again: one pass over the text, however many marks.
+   */
+  private encodeRawMarked(text: string, base: number, marks: readonly number[], out: number[], limit: number): Map<number, number> {
+    const wanted = new Set(marks.map((m) => m - base));
+    const found = new Map<number, number>();
+    const starts: number[] = []; // offsets of the pieces so far
+    const pieces: number[][] = [];
+    let at = 0;
+    eachPreToken(text, this.digitsFirst, (p) => {
+      if (wanted.has(at) && starts.length > 0) {
+        const from = starts[Math.max(0, starts.length - 2)]!;
+        const again = preTokenize(text.slice(from, at), this.digitsFirst);
+        const had = pieces.slice(Math.max(0, pieces.length - 2));
+        if (again.length === had.length && again.every((q, i) => q.length === had[i]!.length && q.every((c, j) => c === had[i]![j]))) {
+          found.set(base + at, out.length);
+        }
+      }
+      starts.push(at);
+      pieces.push(p);
+      if (pieces.length > 2) {
+        starts.shift();
+        pieces.shift();
+      }
+      for (const c of p) at += c > 0xffff ? 2 : 1;
+      this.bpe.encodeWord(byteLevelEncode(fromCodePoints(p)), out);
+      return out.length <= limit;
+    });
+    return found;
   }
 }

@@ -1,6 +1,7 @@
 // The owner's side of HttpTransport: serves byte ranges of its shards, validating every part of
 // the request. Mount it on the prefill service's Hono app (`app.route("/", chunkRoutes(...))`).
 import { Hono, type Context } from "hono";
+import { errorBody } from "../http/errors.ts";
 import { SHARD_ID_PATTERN } from "../kv/shard.ts";
 import { CHUNK_ROUTE } from "./types.ts";
 
@@ -65,6 +66,7 @@ export function chunkRoutes(lookup: (shardId: string) => ChunkSource | undefined
   return app;
 }
 
-function fail(c: Context, status: 400 | 404 | 409 | 410 | 416, error: string, message: string, extra: object = {}) {
-  return c.json({ error, message, ...extra }, status);
+/** The services' error shape, `{error: {message, type, code, param}}`; `details` carries extras (the current epoch). */
+function fail(c: Context, status: 400 | 404 | 409 | 410 | 416, code: string, message: string, details?: object) {
+  return c.json(errorBody(status, code, message, null, details), status);
 }

@@ -1,7 +1,7 @@
 // Cross-host transport: GET the byte range from the owner's chunk route over a keep-alive undici
 // pool per origin, streaming the body straight into the caller's buffer.
 import { Pool } from "undici";
-import { TransportError, chunkLabel, type TransportErrorCode } from "./errors.ts";
+import { TransportError, chunkLabel, ownerErrorMessage, type TransportErrorCode } from "./errors.ts";
 import { checkReadArgs, withDeadline } from "./read-checks.ts";
 import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkOptions } from "./types.ts";
 
@@ -12,6 +12,8 @@ export interface HttpTransportOptions {
 
 const STATUS_CODES: Record<number, TransportErrorCode> = {
   400: "invalid_request",
+  401: "unauthorized",
+  403: "unauthorized",
   404: "not_found",
   409: "stale_epoch",
   410: "not_found",
@@ -42,7 +44,8 @@ export class HttpTransport implements KvTransport {
     return withDeadline(loc, opts, async (signal) => {
       let res;
       try {
-        res = await pool.request({ method: "GET", path: prefix + chunkRequestPath(loc), signal });
+        const headers = loc.capability === undefined ? {} : { authorization: `Bearer ${loc.capability}` };
+        res = await pool.request({ method: "GET", path: prefix + chunkRequestPath(loc), headers, signal });
       } catch (err) {
         throw networkError(loc, err);
       }
@@ -134,11 +137,6 @@ function networkError(loc: ChunkLocation, err: unknown): TransportError {
 }
 
 function statusError(loc: ChunkLocation, status: number, body: string): TransportError {
-  let detail = body.slice(0, 300);
-  try {
-    detail = (JSON.parse(body) as { message?: string }).message ?? detail;
-  } catch {
-    // not JSON: keep the text
-  }
+  const detail = ownerErrorMessage(body);
   return new TransportError(STATUS_CODES[status] ?? "bad_response", `${chunkLabel(loc)}: owner answered ${status}: ${detail}`, status);
 }

@@ -1,7 +1,7 @@
 // Validation and deadline handling shared by the transports.
 import { SHARD_ID_PATTERN } from "../kv/shard.ts";
 import { TransportError, chunkLabel } from "./errors.ts";
-import type { ChunkLocation, ReadChunkOptions } from "./types.ts";
+import { CAPABILITY_TOKEN, type ChunkLocation, type ReadChunkOptions } from "./types.ts";
 
 // Any real wall-clock deadline is after 2001; a smaller number is a duration passed by mistake.
 const EARLIEST_DEADLINE = 1e12;
@@ -14,6 +14,7 @@ export function checkLocation(loc: ChunkLocation): void {
   if (!Number.isInteger(loc.epoch) || loc.epoch < 1) throw bad(`bad epoch ${loc.epoch}`);
   if (!Number.isSafeInteger(loc.offset) || loc.offset < 0) throw bad(`bad offset ${loc.offset}`);
   if (!Number.isSafeInteger(loc.length) || loc.length < 1) throw bad(`bad length ${loc.length}`);
+  if (loc.capability !== undefined && !CAPABILITY_TOKEN.test(loc.capability)) throw bad("malformed capability");
 }
 
 export function checkReadArgs(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): void {

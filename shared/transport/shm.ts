@@ -15,6 +15,11 @@ export interface ShmTransportOptions {
   allowedDirs: string[];
   /** Bytes per read call; the deadline and abort are checked between pieces. */
   pieceBytes?: number;
+  /**
+   * Refuse locations without the registered file identity (`fileId`). The services set it: a
+   * file is read only when it is the very file (device:inode) its owner created and registered.
+   */
+  requireFileId?: boolean;
 }
 
 interface OpenFile {
@@ -29,11 +34,13 @@ export class ShmTransport implements KvTransport {
   private readonly files = new Map<string, OpenFile>();
   private readonly allowedDirs: string[];
   private readonly pieceBytes: number;
+  private readonly requireFileId: boolean;
 
   constructor(options: ShmTransportOptions) {
     if (options.allowedDirs.length === 0) throw new TypeError("ShmTransport needs at least one allowed directory");
     this.allowedDirs = options.allowedDirs.map((d) => path.resolve(d));
     this.pieceBytes = options.pieceBytes ?? 8 << 20;
+    this.requireFileId = options.requireFileId ?? false;
   }
 
   async readChunk(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
@@ -43,13 +50,17 @@ export class ShmTransport implements KvTransport {
       const entry = this.acquire(loc.shardPath);
       try {
         const file = await openedOrThrow(entry, loc);
-        const st = await file.stat();
-        if (st.nlink === 0) {
+        const st = await file.stat({ bigint: true });
+        if (loc.fileId && `${st.dev}:${st.ino}` !== loc.fileId) {
+          this.drop(entry);
+          throw fileMismatch(loc, `${st.dev}:${st.ino}`);
+        }
+        if (st.nlink === 0n) {
           // The owner restarted and removed the file; our handle would still see the old pages.
           this.drop(entry);
           throw staleEpoch(loc);
         }
-        if (loc.offset + loc.length > st.size) {
+        if (BigInt(loc.offset + loc.length) > st.size) {
           throw new TransportError("out_of_range", `${chunkLabel(loc)} lies outside the ${st.size}-byte shard`);
         }
         let done = 0;
@@ -71,11 +82,12 @@ export class ShmTransport implements KvTransport {
     this.checkPath(loc);
     let buffer: ArrayBuffer;
     try {
-      buffer = mapFile(loc.shardPath, loc.offset, loc.length);
+      buffer = mapFile(loc.shardPath, loc.offset, loc.length, loc.fileId ?? undefined);
     } catch (err) {
       const { code, message } = err as NodeJS.ErrnoException;
       // A missing file means its owner restarted (the epoch is in the file name).
       if (code === "ENOENT") throw staleEpoch(loc);
+      if (code === "ESTALE") throw new TransportError("file_mismatch", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
       throw new TransportError(code === "ERANGE" ? "out_of_range" : "io_error", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
     }
     let released = false;
@@ -95,6 +107,9 @@ export class ShmTransport implements KvTransport {
   }
 
   private checkPath(loc: ChunkLocation): void {
+    if (this.requireFileId && !loc.fileId) {
+      throw new TransportError("file_mismatch", `${chunkLabel(loc)}: the registry has no file identity for ${loc.shardPath}; it is not read over shm`);
+    }
     const file = path.resolve(loc.shardPath ?? "");
     const parsed = parseShardFileName(path.basename(file));
     if (!this.allowedDirs.includes(path.dirname(file)) || !parsed || parsed.shardId !== loc.shardId) {
@@ -148,6 +163,10 @@ async function openedOrThrow(entry: OpenFile, loc: ChunkLocation): Promise<FileH
     if (code === "ENOENT") throw staleEpoch(loc);
     throw new TransportError("io_error", `${chunkLabel(loc)}: cannot open ${loc.shardPath}: ${code ?? err}`, undefined, { cause: err });
   }
+}
+
+function fileMismatch(loc: ChunkLocation, found: string): TransportError {
+  return new TransportError("file_mismatch", `${chunkLabel(loc)}: ${loc.shardPath} is ${found} (device:inode), not the registered ${loc.fileId}`);
 }
 
 function staleEpoch(loc: ChunkLocation): TransportError {

@@ -6,9 +6,16 @@ export interface ChunkLocation {
   epoch: number;
   shardPath: string; // the shard file, for a reader on the owner's host
   ownerBaseUrl: string; // the owner's HTTP base URL, for a reader elsewhere
+  /** "device:inode" of the owner's shard file as the registry recorded it: shm reads only that file. */
+  fileId?: string | null;
   offset: number;
   length: number;
+  /** The capability the owner's chunk route wants (shared/auth/capability.ts), sent as a bearer token; HTTP only. */
+  capability?: string | undefined;
 }
+
+/** A capability is base64url "." base64url: safe in a header line as it is. */
+export const CAPABILITY_TOKEN = /^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+$/;
 
 export interface ReadChunkOptions {
   /** Absolute wall-clock deadline in ms since the epoch (Date.now() + budget), shared by a batch of reads. */

@@ -9,9 +9,14 @@ import { fileURLToPath } from "node:url";
 
 export const root = fileURLToPath(new URL("../..", import.meta.url));
 
+/** The services' shared secret in tests that run separate processes (they need the same one). */
+export const TEST_INTERNAL_SECRET = "test-internal-secret-0123456789abcdef";
+
 export interface ServiceProcess {
   child: ChildProcess;
   url: string;
+  /** The internal listener (chunks, prefill calls, status: shared secret / capabilities). */
+  internalUrl: string;
   /** Everything the process logged so far (JSON lines). */
   log(): string;
   /** Graceful stop: SIGTERM, then SIGKILL after `ms`. Resolves with the exit code. */
@@ -25,23 +30,23 @@ export async function startService(role: "serve" | "prefill" | "decode", args: s
   // a SIGKILL of the wrapper would leave running).
   const child = spawn(process.execPath, ["--import", "tsx", "bin/ctxbank.ts", role, "--port", "0", ...args], {
     cwd: root,
-    env: { ...process.env, CTXBANK_LOG_LEVEL: "info", ...env },
+    env: { ...process.env, CTXBANK_LOG_LEVEL: "info", CTXBANK_INTERNAL_SECRET: TEST_INTERNAL_SECRET, ...env },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let out = "";
   child.stdout!.setEncoding("utf8").on("data", (d: string) => (out += d));
   child.stderr!.setEncoding("utf8").on("data", (d: string) => (out += d));
   const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
-  const url = await new Promise<string>((resolve, reject) => {
+  const [url, internalUrl] = await new Promise<[string, string]>((resolve, reject) => {
     const timer = setTimeout(() => {
       child.kill("SIGKILL");
       reject(new Error(`${role} did not start in ${timeoutMs} ms:\n${out}`));
     }, timeoutMs);
     const check = () => {
-      const m = /"url":"(http:\/\/[^"]+)"[^\n]*"msg":"listening"/.exec(out);
+      const m = /"url":"(http:\/\/[^"]+)","internalUrl":"(http:\/\/[^"]+)"[^\n]*"msg":"listening"/.exec(out);
       if (m) {
         clearTimeout(timer);
-        resolve(m[1]!);
+        resolve([m[1]!, m[2]!]);
       }
     };
     child.stdout!.on("data", check);
@@ -53,6 +58,7 @@ export async function startService(role: "serve" | "prefill" | "decode", args: s
   return {
     child,
     url,
+    internalUrl,
     log: () => out,
     async stop(ms = 15_000) {
       if (child.exitCode !== null || child.signalCode !== null) return child.exitCode;
@@ -98,8 +104,8 @@ export async function postJson(url: string, body: unknown, headers: Record<strin
   return { status: res.status, body: parsed };
 }
 
-export async function getJson(url: string): Promise<{ status: number; body: any }> {
-  const res = await fetch(url);
+export async function getJson(url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
+  const res = await fetch(url, { headers });
   return { status: res.status, body: await res.json() };
 }
 

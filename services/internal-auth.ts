@@ -1,0 +1,34 @@
+// Authentication on the internal listener. The decode's prefill call carries a `prefill`
+// capability naming the tenant it acts for; operators (and Prometheus) reach status with the
+// shared secret itself as the bearer token. Chunk reads have their own check (prefill/chunk-auth.ts).
+import type { MiddlewareHandler } from "hono";
+import type { InternalAuth } from "../shared/auth/capability.ts";
+import { bearer } from "../shared/auth/middleware.ts";
+import type { AppEnv } from "../shared/http/app.ts";
+import { errorBody } from "../shared/http/errors.ts";
+
+const CHALLENGE = { "www-authenticate": 'Bearer realm="ctxbank-internal"' };
+
+/** POST /v1/prefill from a decode: a valid `prefill` capability; its tenant becomes the request's. */
+export function prefillCapability(auth: InternalAuth): MiddlewareHandler<AppEnv> {
+  return async (c, next) => {
+    const token = bearer(c);
+    const cap = token === undefined ? undefined : auth.verify(token);
+    if (!cap || cap.route !== "prefill") {
+      return c.json(errorBody(401, "unauthorized", "internal prefill calls need a prefill capability signed with the shared secret"), 401, CHALLENGE);
+    }
+    c.set("tenant", cap.tenant);
+    return next();
+  };
+}
+
+/** Status and metrics on the internal listener: the shared secret as the bearer token. */
+export function internalSecret(auth: InternalAuth): MiddlewareHandler<AppEnv> {
+  return async (c, next) => {
+    const token = bearer(c);
+    if (token === undefined || !auth.isSecret(token)) {
+      return c.json(errorBody(401, "unauthorized", "internal status needs Authorization: Bearer <the shared internal secret>"), 401, CHALLENGE);
+    }
+    return next();
+  };
+}

@@ -1,0 +1,99 @@
+// The bounded per-key fair queue (shared/queue/fair-queue.ts) on its own: round robin across
+// keys, a full queue refusing with 429 queue_full and Retry-After, the key over its share pushed
+// out instead of a newcomer, and a cancelled waiter leaving at once.
+import { describe, expect, it } from "vitest";
+import { ApiError } from "../shared/http/errors.ts";
+import { FairQueue } from "../shared/queue/fair-queue.ts";
+
+const never = () => new AbortController().signal;
+
+/** Enters `q` for each tenant in order (without awaiting), recording who got a place when. */
+function enterAll(q: FairQueue, tenants: string[], served: string[]) {
+  return tenants.map((t, i) =>
+    q.enter(t, never()).then(
+      (release) => {
+        served.push(`${t}${i}`);
+        return release;
+      },
+      (e: unknown) => e as ApiError,
+    ),
+  );
+}
+
+describe("FairQueue", () => {
+  it("serves keys in turn: one key's burst does not hold another key's request behind all of it", async () => {
+    const q = new FairQueue({ stage: "test", limit: 1, capacity: 100 });
+    const served: string[] = [];
+    const entries = enterAll(q, [...Array(17).fill("a"), "b", "b"], served);
+    await Promise.resolve();
+    expect(q.running).toBe(1);
+    expect(q.queued).toBe(18);
+    expect(q.queuedFor("b")).toBe(2);
+    // Run them one by one: release each place as soon as it is given.
+    const tags = entries.map((_, j) => `${j < 17 ? "a" : "b"}${j}`);
+    while (served.length < entries.length) {
+      await new Promise((r) => setTimeout(r, 0));
+      const release = (await entries[tags.indexOf(served.at(-1)!)]!) as () => void;
+      release();
+    }
+    await Promise.all(entries);
+    // FIFO would serve b after all 17 a's; round robin serves it second.
+    expect(served.slice(0, 4)).toEqual(["a0", "a1", "b17", "a2"]);
+    expect(served.indexOf("b18")).toBe(4);
+    expect(q.running).toBe(0);
+    expect(q.queued).toBe(0);
+  });
+
+  it("refuses with 429 queue_full and a Retry-After when full; the key over its share is pushed out for a newcomer", async () => {
+    const q = new FairQueue({ stage: "prefill", limit: 1, capacity: 3 });
+    const served: string[] = [];
+    const a = enterAll(q, ["a", "a", "a", "a"], served); // 1 running + 3 waiting: full
+    await Promise.resolve();
+    const refused = await enterAll(q, ["a"], served)[0]; // the same key: refused at once
+    expect(refused).toBeInstanceOf(ApiError);
+    expect((refused as ApiError).status).toBe(429);
+    expect((refused as ApiError).code).toBe("queue_full");
+    expect(Number((refused as ApiError).headers["retry-after"])).toBeGreaterThanOrEqual(1);
+    // Another key fits: a's newest waiter gives up its place.
+    const b = enterAll(q, ["b"], served);
+    const pushedOut = await a[3];
+    expect((pushedOut as ApiError).code).toBe("queue_full");
+    expect(q.queuedFor("a")).toBe(2);
+    expect(q.queuedFor("b")).toBe(1);
+    expect(q.rejected).toBe(2);
+    ((await a[0]) as () => void)(); // a's turn first (it was waiting first), then b's
+    ((await a[1]) as () => void)();
+    await b[0];
+    expect(served).toEqual(["a0", "a1", "b0"]);
+  });
+
+  it("a cancelled waiter leaves the queue at once", async () => {
+    const q = new FairQueue({ stage: "test", limit: 1, capacity: 2 });
+    const first = await q.enter("a", never());
+    const ac = new AbortController();
+    const waiting = q.enter("b", ac.signal);
+    expect(q.queued).toBe(1);
+    ac.abort(new Error("client gone"));
+    await expect(waiting).rejects.toThrow("client gone");
+    expect(q.queued).toBe(0);
+    first();
+    expect(q.running).toBe(0);
+  });
+
+  it("estimates Retry-After from how fast the stage drains", async () => {
+    const q = new FairQueue({ stage: "test", limit: 1, capacity: 2 });
+    const releases: Array<() => void> = [await q.enter("a", never())];
+    const waiters = [q.enter("a", never()), q.enter("b", never())];
+    for (const w of waiters) {
+      await new Promise((r) => setTimeout(r, 300));
+      releases.shift()!();
+      releases.push(await w);
+    }
+    // Full again: two waiting at ~300 ms per release -> about 1 s.
+    const more = [q.enter("c", never()), q.enter("d", never())];
+    const refused = await q.enter("e", never()).catch((e: ApiError) => e);
+    expect((refused as ApiError).headers["retry-after"]).toBe("1");
+    releases.shift()!();
+    for (const m of more) (await m)();
+  });
+});

@@ -1,0 +1,55 @@
+// The per-key shard cap (services/prefill/shard-quota.ts) over a real shard: a key over its cap
+// is refused with 429 shard_full and Retry-After while another key fits; a range freed by the
+// reaper stops counting without being reported; a range reserved again counts for its new
+// holder; the exempt (keyless) tenant is not capped.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ApiError } from "../shared/http/errors.ts";
+import { Shard } from "../shared/kv/shard.ts";
+import { ShardQuota } from "../services/prefill/shard-quota.ts";
+import { tempShardDir } from "./helpers/services.ts";
+
+const PAGE = 4096;
+
+describe("ShardQuota", () => {
+  let dir: Awaited<ReturnType<typeof tempShardDir>>;
+  let shard: Shard;
+
+  beforeAll(async () => {
+    dir = await tempShardDir();
+    shard = await Shard.create({ shardId: "quota-test", epoch: 1, sizeBytes: 64 * PAGE, dir: dir.dir, alignment: PAGE });
+  });
+  afterAll(async () => {
+    await shard?.destroy();
+    await dir?.remove();
+  });
+
+  const reserve = (quota: ShardQuota, tenant: string, pages: number) => {
+    quota.check(tenant, pages * PAGE, shard);
+    const offset = shard.alloc(pages * PAGE)!;
+    quota.charge(tenant, shard, [{ offset, length: pages * PAGE }]);
+    return offset;
+  };
+
+  it("caps each key, frees follow the allocator, and the exempt tenant is not capped", () => {
+    const quota = new ShardQuota(16 * PAGE, new Set(["local"]), 30);
+    const a1 = reserve(quota, "a", 10);
+    expect(() => reserve(quota, "a", 10)).toThrow(ApiError);
+    try {
+      quota.check("a", 10 * PAGE, shard);
+    } catch (e) {
+      expect((e as ApiError).status).toBe(429);
+      expect((e as ApiError).code).toBe("shard_full");
+      expect((e as ApiError).headers["retry-after"]).toBe("30");
+    }
+    reserve(quota, "b", 10); // another key still fits
+    reserve(quota, "local", 40); // keyless: no cap
+    expect(quota.used("a", shard)).toBe(10 * PAGE);
+    shard.free(a1); // the reaper freed a's range
+    expect(quota.used("a", shard)).toBe(0);
+    const again = reserve(quota, "b", 6); // b may take the same offset; it counts for b now
+    expect(again).toBe(a1);
+    expect(quota.used("b", shard)).toBe(16 * PAGE);
+    expect(quota.used("a", shard)).toBe(0);
+    expect(() => reserve(quota, "b", 1)).toThrow(/max-shard-bytes-per-key/);
+  });
+});
