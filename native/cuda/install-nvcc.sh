@@ -6,6 +6,8 @@
 #   nvcc="$(native/cuda/install-nvcc.sh)"      # then: CUDACXX="$nvcc" npm run build:native
 #
 # nvvm and crt are pinned as well: unpinned, pip brings an nvvm whose PTX the 13.0 ptxas rejects.
+# --no-deps: the five pins are the whole closure (nvcc requires nvvm, runtime and crt), and no
+# dependency can then be resolved to an unpinned version.
 set -euo pipefail
 
 PACKAGES=(
