@@ -56,27 +56,28 @@ describe.skipIf(!gpu)("CUDA engine vs CPU engine, real model", () => {
     results.maxAbsDeltaLogit = diffs;
   }, 300_000);
 
-  it("greedy generation agrees over 256 tokens", async () => {
+  it("greedy tokens agree over 256 steps", async () => {
+    // Teacher-forced: both engines are fed the CPU's greedy continuation, and at every step the
+    // GPU's greedy pick is compared with the CPU's (a free-running comparison would count every
+    // step after one near-tie flip as a disagreement).
     const ids = prompt(64, 3, model.config.nVocab);
-    const run = async (e: Engine) => {
-      const seq = e.createSequence(1024);
-      let logits = await e.prefill(seq, ids);
-      const out: number[] = [];
-      for (let i = 0; i < 256; i++) {
-        const next = argmax(logits);
-        out.push(next);
-        logits = (await e.decode([seq], [next]))[0]!;
-      }
-      return out;
-    };
-    const [a, b] = [await run(cpu), await run(cuda)];
-    const firstDiff = a.findIndex((t, i) => t !== b[i]);
-    const agree = a.filter((t, i) => t === b[i]).length;
-    results.greedy256 = { agree, firstDivergence: firstDiff };
-    // Numerics differ slightly (f16 tensor-core GEMM in prefill), so a near-tie may flip late;
-    // the first 64 tokens must agree and 90% overall.
-    expect(firstDiff === -1 || firstDiff >= 64, `first divergence at ${firstDiff}`).toBe(true);
-    expect(agree).toBeGreaterThanOrEqual(230);
+    const c = cpu.createSequence(1024);
+    const g = cuda.createSequence(1024);
+    let lc = await cpu.prefill(c, ids);
+    let lg = await cuda.prefill(g, ids);
+    let agree = 0;
+    let firstDiff = -1;
+    let worst = 0;
+    for (let i = 0; i < 256; i++) {
+      const next = argmax(lc);
+      if (argmax(lg) === next) agree++;
+      else if (firstDiff < 0) firstDiff = i;
+      worst = Math.max(worst, maxAbsDiff(lc, lg));
+      lc = (await cpu.decode([c], [next]))[0]!;
+      lg = (await cuda.decode([g], [next]))[0]!;
+    }
+    results.greedy256 = { agree, firstDisagreement: firstDiff, maxAbsDeltaLogit: worst };
+    expect(agree).toBeGreaterThanOrEqual(250);
   }, 600_000);
 
   it("the GPU greedy token equals the argmax of the GPU logits, without copying logits", async () => {
