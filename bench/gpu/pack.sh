@@ -59,7 +59,7 @@ fi
 if [ "$what" = llama ] || [ "$what" = all ]; then
   rm -rf .gpu-llama && mkdir -p .gpu-llama
   tmp="$(mktemp -d)"
-  git clone -q "$nm/node-llama-cpp/llama/gitRelease.bundle" "$tmp/llama.cpp"
+  git -c advice.detachedHead=false clone -q "$nm/node-llama-cpp/llama/gitRelease.bundle" "$tmp/llama.cpp"
   (cd "$tmp/llama.cpp" && tar -cJf - --ignore-failed-read CMakeLists.txt cmake common ggml include src vendor tools licenses LICENSE app 2>/dev/null) > .gpu-llama/llama-src.tar.xz
   rm -rf "$tmp"
   check_size .gpu-llama

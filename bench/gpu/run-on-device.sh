@@ -107,7 +107,7 @@ if [ "$phase" = llama ]; then
   "$B/llama-bench" -m "$model" -ngl 99 -p 0 -n 64 -d 0,4096,8192,32768,131072 -fa 0,1 -r 3 -o json > "$OUT/llama-decode.json" 2>> "$log"
   say "llama-batched-bench: 4K prompts + 128 tokens at B = 1, 8, 32, 128 (flash attention on)"
   "$B/llama-batched-bench" -m "$model" -ngl 99 -fa on -c $((128 * (4096 + 128))) -b 2048 -ub 512 \
-    -npp 4096 -ntg 128 -npl 1,8,32,128 --output-format jsonl > "$OUT/llama-batched.jsonl" 2>> "$log"
+    -npp 4096 -ntg 128 -npl 1,8,32,128 --output-format jsonl > "$OUT/llama-batched.jsonl" 2>&1  # report.ts keeps the JSON lines
   say "llama phase done"
   exit 0
 fi
