@@ -42,7 +42,7 @@ export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanc
 export async function openRuntime(config: Config, log: Logger = createLogger(config)): Promise<Runtime> {
   const modelPath = await resolveModel(config.model !== undefined ? { path: config.model } : {});
   const model = await loadModel(modelPath);
-  const engine = new Engine(model, { threads: config.threads });
+  const engine = new Engine(model, { threads: config.threads, device: config.device });
   const meta = readGgufMetadata(modelPath);
   const tokenizer = GgufTokenizer.fromMetadata(meta);
   let chat: ChatTemplate | undefined;
@@ -67,7 +67,7 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
   }
   // Computed here (a pass over the vocabulary) rather than on the first request's event loop turn.
   const promptChars = maxPromptChars({ engine, tokenizer });
-  log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind, maxPromptChars: promptChars }, "runtime ready");
+  log.info({ model: path.basename(modelPath), device: engine.native.info.deviceDescription, kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind, maxPromptChars: promptChars }, "runtime ready");
   return {
     config,
     log,

@@ -3,6 +3,7 @@
 // before anything is loaded, and a bad one is reported with the flag and variable that set it.
 import { availableParallelism, hostname } from "node:os";
 import { z } from "zod";
+import { DEVICE_PATTERN, type EngineDevice } from "./engine/native.ts";
 import { defaultShardDir } from "./kv/shard.ts";
 import { POLICY_KINDS } from "./policy/request.ts";
 
@@ -25,6 +26,12 @@ export const ConfigSchema = z.object({
   /** GGUF path; default: $CTXBANK_MODEL, else the default model (downloaded once). */
   model: z.string().min(1).optional(),
   threads: int(1, 256).default(Math.max(1, Math.min(availableParallelism(), 2))),
+  /** Where the engine computes: cpu | cuda | cuda:N | auto (CUDA when a GPU is usable, else the CPU). */
+  device: z
+    .string()
+    .regex(DEVICE_PATTERN, "cpu, cuda, cuda:N or auto")
+    .default("cpu")
+    .transform((d) => d as EngineDevice),
   /** Stable across restarts: the shard id is derived from it. Default role-host-port. */
   instanceId: z.string().regex(ID, "1-128 chars of letters, digits and . _ : -").optional(),
   hostId: z.string().regex(ID).default(sanitizeId(hostname()) || "localhost"),
@@ -153,6 +160,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   databaseUrl: { flag: "database-url", env: ["DATABASE_URL"], help: "postgres://… or pglite://memory | pglite:///dir" },
   model: { flag: "model", env: ["CTXBANK_MODEL"], help: "GGUF file (default: the default model)" },
   threads: { flag: "threads", env: ["CTXBANK_THREADS"], help: "engine threads" },
+  device: { flag: "device", env: ["CTXBANK_DEVICE"], help: "cpu | cuda | cuda:N | auto: where the engine computes (default cpu)" },
   instanceId: { flag: "instance-id", env: ["CTXBANK_INSTANCE_ID"], help: "registry id (stable across restarts)" },
   hostId: { flag: "host-id", env: ["CTXBANK_HOST_ID"], help: "host identity for shm locality (default hostname)" },
   shardDir: { flag: "shard-dir", env: ["CTXBANK_SHARD_DIR"], help: "tmpfs directory for KV shards" },

@@ -35,6 +35,7 @@ const FAMILIES: Record<string, string> = {
   "ctxbank:kv_bytes_in_use": "gauge",
   "ctxbank:kv_bytes_capacity": "gauge",
   "ctxbank:slo_target_seconds": "gauge",
+  "ctxbank:engine_device_info": "gauge",
 };
 
 const SHARD_BYTES = 64 << 20;

@@ -28,6 +28,13 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   if (opts_.ubatch < 1 || opts_.ubatch > 8192) throw std::invalid_argument("engine: ubatch must be 1..8192");
   max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
   if (max_ctx_ > (1 << 22)) throw std::invalid_argument("engine: max_context too large");
+  const DeviceSpec spec = parse_device(opts_.device);
+  if (spec.kind == DeviceSpec::Kind::Cuda) {
+    device_ = make_cuda_backend(model_, opts_, spec.index);
+  } else if (spec.kind == DeviceSpec::Kind::Auto && !cuda_unusable(0)) {
+    device_ = make_cuda_backend(model_, opts_, 0);
+  }
+  if (device_) return;  // the CPU scratch below is not needed
 
   const size_t U = opts_.ubatch, E = c.n_embd, F = c.n_ff, KV = c.kv_dim(), wide = std::max(E, F);
   x_.resize(U * E);
@@ -81,8 +88,21 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
 
 Engine::~Engine() = default;
 
+std::string Engine::device_description() const {
+  return device_ ? device_->description() : std::string("CPU, ") + k_.name + " kernels";
+}
+
+std::shared_ptr<Sequence> Engine::create_sequence(int capacity) const {
+  auto seq = std::make_shared<Sequence>(config(), capacity);
+  seq->device_budget = opts_.device_budget_bytes;
+  if (device_) seq->device_kv = device_->create_kv(capacity);
+  return seq;
+}
+
 void Sequence::set_policy(const AttentionPolicy& p) {
   std::unique_ptr<DecodePolicy> next = make_decode_policy(p);
+  if (device_kv && !next->attends_everything())
+    throw std::invalid_argument("the GPU backend runs full attention only for now (sparse decode policies run on the CPU engine)");
   const size_t packed = next->packed_rows() * kv.row_pair_bytes();
   if (device_budget > 0 && packed > device_budget)
     throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " +
@@ -110,6 +130,10 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
     const int limit = std::min(it.seq->kv.capacity(), max_ctx_);
     if (it.probe && (it.n_tokens != 1 || !it.seq->policy->attends_everything()))
       throw std::invalid_argument("forward: an attention probe needs a one-token item under full attention");
+    if (device_ && (it.probe || !it.seq->device_kv))
+      throw std::invalid_argument(it.probe ? "forward: attention probes run on the CPU engine only"
+                                           : "forward: the sequence was not created by this GPU engine");
+    if (!device_ && it.seq->device_kv) throw std::invalid_argument("forward: a GPU sequence on a CPU engine");
     if (it.seq->n_past() + it.n_tokens > limit)
       throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) +
                                   " tokens exceed the context limit of " + std::to_string(limit) +
@@ -131,6 +155,10 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
 
 void Engine::forward(const std::vector<BatchItem>& items) {
   validate(items);
+  if (device_) {
+    device_->forward(items);
+    return;
+  }
   // Cut the batch into micro-batches of at most `ubatch` tokens; a long prompt spans several.
   std::vector<Slice>& slices = slices_;
   slices.clear();
@@ -316,7 +344,7 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
   wanted_.clear();
   int t0 = 0;
   for (const Slice& s : slices) {
-    if (s.item->logits && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item->logits});
+    if ((s.item->logits || s.item->argmax) && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item});
     t0 += s.count;
   }
   for (size_t g = 0; g < wanted_.size(); g += kLogitRows) {
@@ -325,8 +353,12 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
       std::memcpy(&xn_[static_cast<size_t>(r) * E], &x_[static_cast<size_t>(wanted_[g + r].first) * E], E * sizeof(float));
     rms_norm(xn_.data(), model_->output_norm(), logits_x_.data(), rows);
     matmuls({{&model_->output(), logits_buf_.data(), c.n_vocab}}, logits_x_.data(), rows, E);
-    for (int r = 0; r < rows; ++r)
-      std::memcpy(wanted_[g + r].second, &logits_buf_[static_cast<size_t>(r) * c.n_vocab], c.n_vocab * sizeof(float));
+    for (int r = 0; r < rows; ++r) {
+      const float* row = &logits_buf_[static_cast<size_t>(r) * c.n_vocab];
+      const BatchItem& it = *wanted_[g + r].second;
+      if (it.logits) std::memcpy(it.logits, row, c.n_vocab * sizeof(float));
+      if (it.argmax) *it.argmax = static_cast<int32_t>(std::max_element(row, row + c.n_vocab) - row);
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "decode_policy.h"
+#include "device.h"
 #include "function_ref.h"
 #include "kernels.h"
 #include "kv_cache.h"
@@ -28,6 +29,8 @@ struct EngineOptions {
   // The "device" arena one sequence may use: its device-tier KV plus OmniKV's packed buffers
   // (KvCache, policy.h). 0 = no limit. A forward that would exceed it is refused.
   size_t device_budget_bytes = 0;
+  // cpu | cuda | cuda:N | auto (CUDA when a GPU is usable, else the CPU). device.h.
+  std::string device = "cpu";
 };
 
 class Sequence {
@@ -36,6 +39,9 @@ class Sequence {
       : kv(c.n_layer, c.kv_dim(), capacity), policy(make_decode_policy(AttentionPolicy{})), n_head_kv_(c.n_head_kv) {}
   KvCache kv;
   std::unique_ptr<DecodePolicy> policy;  // how decode steps attend (prefill is always full); never null
+  // A GPU engine's sequences keep their KV here; `kv` then only tracks the length (its mapping
+  // is reserved, never touched, so it holds no memory) and stages exportRows/importRows.
+  std::unique_ptr<DeviceKv> device_kv;
   int n_past() const { return kv.size(); }
   // After the cache is rewound or replaced, decode-time selections start over.
   void reset_policy_state() { policy->reset(); }
@@ -63,6 +69,9 @@ struct BatchItem {
   // If set (one-token items under full attention only): receives, per layer, the token's
   // attention probabilities over its n_past + 1 keys, averaged over heads: [n_layer][n_past + 1].
   float* probe = nullptr;
+  // If set: receives the greedy next token (the lowest index of the largest logit). On a GPU
+  // engine it is computed there, and the logits are copied to the host only if `logits` is set.
+  int32_t* argmax = nullptr;
 };
 
 // The engine is the CPU backend its sequences' decode policies call (decode_policy.h).
@@ -77,6 +86,12 @@ class Engine : private PolicyBackend {
   const EngineOptions& options() const { return opts_; }
   const KernelTable& kernels() const { return k_; }
   int max_context() const { return max_ctx_; }
+  // "cpu", or the GPU backend's name ("cuda:0") and description.
+  std::string device_name() const { return device_ ? device_->name() : "cpu"; }
+  std::string device_description() const;
+  DeviceBackend* device() const { return device_.get(); }
+  // A sequence for this engine (with its GPU cache on a GPU engine).
+  std::shared_ptr<Sequence> create_sequence(int capacity) const;
 
   // Validates the whole batch first (token ids, capacity, duplicate sequences) and throws
   // std::invalid_argument before touching any KV.
@@ -115,6 +130,7 @@ class Engine : private PolicyBackend {
 
   std::shared_ptr<const Model> model_;
   EngineOptions opts_;
+  std::unique_ptr<DeviceBackend> device_;  // null: the CPU computes
   int max_ctx_;
   const KernelTable& k_;
   ThreadPool pool_;
@@ -139,7 +155,7 @@ class Engine : private PolicyBackend {
   std::vector<AttnScratch> attn_scratch_;
   std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]
   std::vector<Slice> slices_;
-  std::vector<std::pair<int, float*>> wanted_;
+  std::vector<std::pair<int, const BatchItem*>> wanted_;
 };
 
 }  // namespace ctx

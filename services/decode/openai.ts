@@ -84,7 +84,19 @@ const ChatResponse = z
   })
   .openapi("ChatCompletion");
 const ModelList = z
-  .object({ object: z.literal("list"), data: z.array(z.object({ id: z.string(), object: z.literal("model"), created: z.number(), owned_by: z.string() })) })
+  .object({
+    object: z.literal("list"),
+    data: z.array(
+      z.object({
+        id: z.string(),
+        object: z.literal("model"),
+        created: z.number(),
+        owned_by: z.string(),
+        /** ctxbank extension: where the engine runs the model (cpu or cuda:N). */
+        device: z.string(),
+      }),
+    ),
+  })
   .openapi("ModelList");
 
 const stream = {
@@ -146,7 +158,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
   /** Default max tokens, capped so a short context still works when the client says nothing. */
   const room = (want: number) => Math.max(1, Math.min(want, rt.engine.maxContext - 1));
 
-  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank" }] }, 200));
+  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank", device: rt.engine.device }] }, 200));
 
   app.openapi(completionsRoute, async (c) => {
     const b = c.req.valid("json");
