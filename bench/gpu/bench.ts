@@ -6,7 +6,8 @@
 // - prefill tokens/s of one 512- and one 8192-token prompt;
 // - aggregate decode tokens/s at batch 1, 8, 32, 128, each sequence holding a 4K context.
 // Decode steps ask only for the greedy token (argmax on the GPU, no logits copied back), as a
-// serving loop with greedy sampling would. Each point: a warm-up, then the median of 3 timed runs.
+// serving loop with greedy sampling would; decode is measured without and with CUDA graphs
+// (cudaGraphs). Each point: a warm-up, then the median of 3 timed runs.
 import { writeFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
 
@@ -43,9 +44,9 @@ async function decodeSteps(engine: Engine, seqs: NativeSequence[], steps: number
 
 const results: Record<string, unknown> = { model: a.model, device: a.device, quick: Boolean(a.quick), startedAt: new Date().toISOString() };
 
-// Batch-1 decode at each context.
-{
-  const engine = new Engine(model, { device: a.device as EngineDevice, maxContext, ubatch: 512 });
+// Batch-1 decode at each context, without and with CUDA graphs.
+for (const cudaGraphs of [false, true]) {
+  const engine = new Engine(model, { device: a.device as EngineDevice, maxContext, ubatch: 512, cudaGraphs });
   results.deviceDescription = engine.native.info.deviceDescription;
   const seq = engine.createSequence(maxContext);
   const points = [];
@@ -56,9 +57,9 @@ const results: Record<string, unknown> = { model: a.model, device: a.device, qui
     const runs = [];
     for (let r = 0; r < 3; r++) runs.push(await decodeSteps(engine, [seq], 64));
     points.push({ context: ctx, msPerToken: median(runs), runs });
-    console.log(`decode batch 1 at context ${ctx}: ${median(runs).toFixed(3)} ms/token`);
+    console.log(`decode batch 1 at context ${ctx}${cudaGraphs ? " (graphs)" : ""}: ${median(runs).toFixed(3)} ms/token`);
   }
-  results.decodeBatch1 = points;
+  results[cudaGraphs ? "decodeBatch1Graphs" : "decodeBatch1"] = points;
   seq.release();
 }
 
@@ -82,9 +83,9 @@ const results: Record<string, unknown> = { model: a.model, device: a.device, qui
   results.prefill = points;
 }
 
-// Aggregate decode: B sequences, each at a 4K context, decoding together.
-{
-  const engine = new Engine(model, { device: a.device as EngineDevice, maxContext: 4096 + 256, ubatch: 512 });
+// Aggregate decode: B sequences, each at a 4K context, decoding together; without and with graphs.
+for (const cudaGraphs of [false, true]) {
+  const engine = new Engine(model, { device: a.device as EngineDevice, maxContext: 4096 + 256, ubatch: 512, cudaGraphs });
   const points = [];
   for (const b of a.quick ? [1, 8] : [1, 8, 32, 128]) {
     const seqs = Array.from({ length: b }, () => engine.createSequence(4096 + 160));
@@ -97,10 +98,10 @@ const results: Record<string, unknown> = { model: a.model, device: a.device, qui
       runs.push(await decodeSteps(engine, seqs, 32));
     }
     points.push({ batch: b, tokensPerSecond: (b / median(runs)) * 1000, msPerStep: median(runs), runs });
-    console.log(`aggregate decode batch ${b} at 4K: ${((b / median(runs)) * 1000).toFixed(0)} tok/s`);
+    console.log(`aggregate decode batch ${b} at 4K${cudaGraphs ? " (graphs)" : ""}: ${((b / median(runs)) * 1000).toFixed(0)} tok/s`);
     seqs.forEach((s) => s.release());
   }
-  results.aggregateDecode = points;
+  results[cudaGraphs ? "aggregateDecodeGraphs" : "aggregateDecode"] = points;
 }
 
 results.finishedAt = new Date().toISOString();

@@ -372,6 +372,11 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
         throw Napi::RangeError::New(env, "deviceBudgetBytes must be a non-negative integer");
       opts.device_budget_bytes = static_cast<size_t>(b);
     }
+    const Napi::Value graphs = o.Get("cudaGraphs");
+    if (!graphs.IsUndefined()) {
+      if (!graphs.IsBoolean()) throw Napi::TypeError::New(env, "cudaGraphs must be a boolean");
+      opts.cuda_graphs = graphs.As<Napi::Boolean>().Value();
+    }
     const Napi::Value device = o.Get("device");
     if (!device.IsUndefined()) {
       if (!device.IsString()) throw Napi::TypeError::New(env, "device must be a string (cpu, cuda, cuda:N or auto)");
@@ -397,6 +402,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("maxContext", engine_->max_context());
     o.Set("deviceBudgetBytes", static_cast<double>(engine_->options().device_budget_bytes));
     o.Set("device", engine_->device_name());
+    o.Set("cudaGraphs", engine_->options().cuda_graphs && engine_->device() != nullptr);
     o.Set("deviceDescription", engine_->device_description());
     o.Set("deviceWeightBytes", static_cast<double>(engine_->device() ? engine_->device()->weight_bytes() : 0));
     return o;

@@ -31,6 +31,9 @@ struct EngineOptions {
   size_t device_budget_bytes = 0;
   // cpu | cuda | cuda:N | auto (CUDA when a GPU is usable, else the CPU). device.h.
   std::string device = "cpu";
+  // CUDA only: replay each micro-batch shape's layers as a CUDA graph (decode steps are
+  // launch-bound). Off by default until measured on a GPU.
+  bool cuda_graphs = false;
 };
 
 class Sequence {

@@ -173,6 +173,8 @@ export interface EngineOptions {
    * (CUDA when a GPU is usable, else the CPU).
    */
   device?: EngineDevice;
+  /** CUDA only: replay each batch shape's layers as a CUDA graph (default false until measured). */
+  cudaGraphs?: boolean;
 }
 
 export type EngineDevice = "cpu" | "cuda" | "auto" | `cuda:${number}`;
@@ -214,6 +216,8 @@ export interface EngineInfo {
   deviceDescription: string;
   /** GPU memory the weights take (0 on the CPU). */
   deviceWeightBytes: number;
+  /** Whether decode steps replay CUDA graphs (false on the CPU). */
+  cudaGraphs: boolean;
 }
 
 export interface NativeEngine {

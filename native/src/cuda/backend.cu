@@ -3,6 +3,7 @@
 // same order of operations per layer), so a reader finds each CPU step's GPU counterpart here.
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -125,6 +126,7 @@ class CudaBackend : public DeviceBackend {
  public:
   CudaBackend(std::shared_ptr<const Model> model, const EngineOptions& opts, int index);
   ~CudaBackend() override {
+    clear_graphs();
     if (stream_) cudaStreamDestroy(stream_);
   }
   std::string name() const override { return "cuda:" + std::to_string(index_); }
@@ -141,6 +143,9 @@ class CudaBackend : public DeviceBackend {
   struct Layer { const float* attn_norm; DevWeight wq, wk, wv, wo; const float* ffn_norm; DevWeight w_gate, w_up, w_down; };
   void upload_weights();
   void forward_ubatch(const std::vector<Slice>& slices);
+  void run_layers(int n);
+  void run_layers_graph(int n);
+  void clear_graphs();
   void plan_attention(const std::vector<Slice>& slices);
   // y = x W^T for n tokens; x must be the activations `act_` was quantized from when quantized_.
   void matmul(const DevWeight& w, const float* x, int n, float* y, int ldy);
@@ -177,6 +182,8 @@ class CudaBackend : public DeviceBackend {
   PinnedBuf<AttnCombine> h_combine_;
   PinnedBuf<float> h_logits_;
   int n_works_ = 0;
+  static constexpr size_t kMaxGraphs = 64;  // all are dropped when full (contexts grow by splits)
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, work items) -> layers
   size_t max_works_ = 0, max_parts_ = 0;
   std::vector<Slice> slices_;
   std::vector<AttnSlice> attn_slices_;
@@ -370,7 +377,7 @@ void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
 
 void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
   const ModelConfig& c = model_->config();
-  const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
+  const int E = c.n_embd;
   int n = 0;
   for (const Slice& s : slices) {
     CudaKv* kv = static_cast<CudaKv*>(s.item->seq->device_kv.get());
@@ -387,34 +394,8 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
   CTX_CUDA(cudaMemcpyAsync(token_kv_.p, h_token_kv_.p, n * sizeof(TokenKv), cudaMemcpyHostToDevice, stream_));
   CTX_CUDA(cudaMemcpyAsync(works_.p, h_works_.p, n_works_ * sizeof(AttnWork), cudaMemcpyHostToDevice, stream_));
   CTX_CUDA(cudaMemcpyAsync(combine_.p, h_combine_.p, n * sizeof(AttnCombine), cudaMemcpyHostToDevice, stream_));
-  quantized_ = nullptr;
-  embed(token_embd_, tokens_.p, n, x_.p, stream_);
-
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  for (int l = 0; l < c.n_layer; ++l) {
-    const Layer& lw = layers_[l];
-    rms_norm(x_.p, lw.attn_norm, xn_.p, n, E, c.rms_eps, stream_);
-    matmul(lw.wq, xn_.p, n, q_.p, E);
-    matmul(lw.wk, xn_.p, n, kc_.p, KV);
-    matmul(lw.wv, xn_.p, n, vc_.p, KV);
-    rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
-    rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
-    store_kv(kc_.p, vc_.p, token_kv_.p, n, KV, l, stream_);
-    attention(q_.p, works_.p, n_works_, c.n_head, c.n_head_kv, c.head_dim, l, scale, part_o_.p, part_ml_.p, stream_);
-    attention_combine(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim, attn_.p, stream_);
-    quantized_ = nullptr;  // xn_ is rewritten below
-    matmul(lw.wo, attn_.p, n, xn_.p, E);
-    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
-
-    rms_norm(x_.p, lw.ffn_norm, xn_.p, n, E, c.rms_eps, stream_);
-    quantized_ = nullptr;
-    matmul(lw.w_gate, xn_.p, n, gate_.p, F);
-    matmul(lw.w_up, xn_.p, n, up_.p, F);
-    swiglu(gate_.p, up_.p, static_cast<size_t>(n) * F, stream_);
-    matmul(lw.w_down, gate_.p, n, xn_.p, E);
-    quantized_ = nullptr;
-    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
-  }
+  if (opts_.cuda_graphs) run_layers_graph(n);
+  else run_layers(n);
 
   // Logits (and the greedy token) for the items whose last token is in this micro-batch,
   // kLogitRows at a time, as engine.cc.
@@ -448,6 +429,73 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
   }
   CTX_CUDA(cudaStreamSynchronize(stream_));  // the KV is written before the sequences grow
   for (const Slice& s : slices) s.item->seq->kv.set_size(s.pos0 + s.count);
+}
+
+// Embedding and every layer, as kernels on the stream only (no copies, no host reads), so the
+// whole sequence can be captured into a CUDA graph; the launches depend on n and the attention
+// plan's size alone (the per-step metadata lives in device buffers copied before).
+void CudaBackend::run_layers(int n) {
+  const ModelConfig& c = model_->config();
+  const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
+  quantized_ = nullptr;
+  embed(token_embd_, tokens_.p, n, x_.p, stream_);
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const Layer& lw = layers_[l];
+    rms_norm(x_.p, lw.attn_norm, xn_.p, n, E, c.rms_eps, stream_);
+    matmul(lw.wq, xn_.p, n, q_.p, E);
+    matmul(lw.wk, xn_.p, n, kc_.p, KV);
+    matmul(lw.wv, xn_.p, n, vc_.p, KV);
+    rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+    rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+    store_kv(kc_.p, vc_.p, token_kv_.p, n, KV, l, stream_);
+    attention(q_.p, works_.p, n_works_, c.n_head, c.n_head_kv, c.head_dim, l, scale, part_o_.p, part_ml_.p, stream_);
+    attention_combine(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim, attn_.p, stream_);
+    quantized_ = nullptr;  // xn_ is rewritten below
+    matmul(lw.wo, attn_.p, n, xn_.p, E);
+    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+
+    rms_norm(x_.p, lw.ffn_norm, xn_.p, n, E, c.rms_eps, stream_);
+    quantized_ = nullptr;
+    matmul(lw.w_gate, xn_.p, n, gate_.p, F);
+    matmul(lw.w_up, xn_.p, n, up_.p, F);
+    swiglu(gate_.p, up_.p, static_cast<size_t>(n) * F, stream_);
+    matmul(lw.w_down, gate_.p, n, xn_.p, E);
+    quantized_ = nullptr;
+    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+  }
+}
+
+// The layers as one CUDA graph per (tokens, attention work items): captured the first time,
+// replayed after (a decode step is ~20 launches per layer, launch-bound without a graph).
+void CudaBackend::run_layers_graph(int n) {
+  const std::pair<int, int> key{n, n_works_};
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) clear_graphs();
+    cudaGraph_t graph = nullptr;
+    CTX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_layers(n);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    CTX_CUDA(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CTX_CUDA(e);
+    it = graphs_.emplace(key, exec).first;
+  }
+  CTX_CUDA(cudaGraphLaunch(it->second, stream_));
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
 }
 
 }  // namespace
