@@ -11,7 +11,7 @@ import type { SloTargets } from "../shared/metrics/slo.ts";
 import { resolveModel } from "../shared/model/resolve.ts";
 import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
 import { Registry } from "../shared/registry/registry.ts";
-import { ChatTemplate, ChatTemplateError, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
+import { ChatTemplate, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
 import { TokenizerPool } from "./tokenizer-pool.ts";
 
@@ -45,13 +45,8 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
   const engine = new Engine(model, { threads: config.threads, device: config.device });
   const meta = readGgufMetadata(modelPath);
   const tokenizer = GgufTokenizer.fromMetadata(meta);
-  let chat: ChatTemplate | undefined;
-  try {
-    chat = ChatTemplate.fromMetadata(meta, tokenizer);
-  } catch (e) {
-    if (!(e instanceof ChatTemplateError && e.code === "NO_TEMPLATE")) throw e;
-    log.warn("the model has no chat template: chat requests will be refused");
-  }
+  const chat = ChatTemplate.fromMetadataIfAny(meta, tokenizer);
+  if (!chat) log.warn("the model has no chat template: chat requests will be refused");
   const prompts = new TokenizerPool(meta);
   // Services that tokenize start their thread while the database opens (a decode-only one never does).
   const threadReady = config.role === "decode" ? Promise.resolve() : prompts.ready();

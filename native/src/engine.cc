@@ -159,26 +159,7 @@ void Engine::forward(const std::vector<BatchItem>& items) {
     device_->forward(items);
     return;
   }
-  // Cut the batch into micro-batches of at most `ubatch` tokens; a long prompt spans several.
-  std::vector<Slice>& slices = slices_;
-  slices.clear();
-  int filled = 0;
-  for (const BatchItem& it : items) {
-    const int base = it.seq->n_past();  // read before this item's first micro-batch runs
-    int offset = 0;
-    while (offset < it.n_tokens) {
-      const int count = std::min(it.n_tokens - offset, opts_.ubatch - filled);
-      slices.push_back({&it, offset, count, base + offset});
-      offset += count;
-      filled += count;
-      if (filled == opts_.ubatch) {
-        forward_ubatch(slices);
-        slices.clear();
-        filled = 0;
-      }
-    }
-  }
-  if (!slices.empty()) forward_ubatch(slices);
+  for_each_ubatch(items, opts_.ubatch, slices_, [this](const std::vector<Slice>& slices) { forward_ubatch(slices); });
 }
 
 void Engine::for_tokens(int n, FunctionRef<void(int)> fn) {

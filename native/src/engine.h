@@ -77,6 +77,34 @@ struct BatchItem {
   int32_t* argmax = nullptr;
 };
 
+// One item's share of a micro-batch: `count` of its tokens from `offset`, at positions from pos0.
+struct UbatchSlice { const BatchItem* item; int offset, count, pos0; };
+
+// Cuts a batch into micro-batches of at most `ubatch` tokens (a long prompt spans several) and
+// calls run(slices) for each, in order; `slices` is the caller's reused buffer. Every backend
+// batches this way, so a batch is computed in the same pieces on the CPU and on a GPU.
+template <class Run>
+void for_each_ubatch(const std::vector<BatchItem>& items, int ubatch, std::vector<UbatchSlice>& slices, Run&& run) {
+  slices.clear();
+  int filled = 0;
+  for (const BatchItem& it : items) {
+    const int base = it.seq->n_past();  // read before this item's first micro-batch runs
+    int offset = 0;
+    while (offset < it.n_tokens) {
+      const int count = std::min(it.n_tokens - offset, ubatch - filled);
+      slices.push_back({&it, offset, count, base + offset});
+      offset += count;
+      filled += count;
+      if (filled == ubatch) {
+        run(slices);
+        slices.clear();
+        filled = 0;
+      }
+    }
+  }
+  if (!slices.empty()) run(slices);
+}
+
 // The engine is the CPU backend its sequences' decode policies call (decode_policy.h).
 class Engine : private PolicyBackend {
  public:
@@ -101,7 +129,7 @@ class Engine : private PolicyBackend {
   void forward(const std::vector<BatchItem>& items);  // no allocation once warmed up
 
  private:
-  struct Slice { const BatchItem* item; int offset, count, pos0; };
+  using Slice = UbatchSlice;
   struct MatJob { const Weight* w; float* y; int ldy; };
   void validate(const std::vector<BatchItem>& items) const;
   void forward_ubatch(const std::vector<Slice>& slices);

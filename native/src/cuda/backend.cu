@@ -139,7 +139,7 @@ class CudaBackend : public DeviceBackend {
   void forward(const std::vector<BatchItem>& items) override;
 
  private:
-  struct Slice { const BatchItem* item; int offset, count, pos0; };
+  using Slice = UbatchSlice;
   struct Layer { const float* attn_norm; DevWeight wq, wk, wv, wo; const float* ffn_norm; DevWeight w_gate, w_up, w_down; };
   void upload_weights();
   void forward_ubatch(const std::vector<Slice>& slices);
@@ -327,26 +327,8 @@ void CudaBackend::upload_weights() {
 
 void CudaBackend::forward(const std::vector<BatchItem>& items) {
   CTX_CUDA(cudaSetDevice(index_));  // this runs on the engine's worker thread
-  // Cut the batch into micro-batches of at most `ubatch` tokens, exactly as Engine::forward.
-  std::vector<Slice>& slices = slices_;
-  slices.clear();
-  int filled = 0;
-  for (const BatchItem& it : items) {
-    const int base = it.seq->n_past();
-    int offset = 0;
-    while (offset < it.n_tokens) {
-      const int count = std::min(it.n_tokens - offset, opts_.ubatch - filled);
-      slices.push_back({&it, offset, count, base + offset});
-      offset += count;
-      filled += count;
-      if (filled == opts_.ubatch) {
-        forward_ubatch(slices);
-        slices.clear();
-        filled = 0;
-      }
-    }
-  }
-  if (!slices.empty()) forward_ubatch(slices);
+  // The same micro-batches as Engine::forward.
+  for_each_ubatch(items, opts_.ubatch, slices_, [this](const std::vector<Slice>& slices) { forward_ubatch(slices); });
 }
 
 void CudaBackend::matmul(const DevWeight& w, const float* x, int n, float* y, int ldy) {
