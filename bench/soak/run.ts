@@ -6,7 +6,7 @@
 // running and waiting. Passes when no request failed with anything but a 429, resident memory
 // grew less than 5% from the end of the first minute to the end, and the device and shard KV
 // tiers are back to zero once the load has drained. Writes soak.json and soak.svg/png.
-import { mkdir } from "node:fs/promises";
+import { mkdir, readFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { resolveModel } from "../../shared/model/resolve.ts";
@@ -14,7 +14,7 @@ import { startService, tempShardDir, type ServiceProcess } from "../../test/help
 import { writeJson } from "../lib/json.ts";
 import { gitInfo, machineInfo } from "../lib/machine.ts";
 import { writeSvgAndPng } from "../lib/png.ts";
-import { renderChart } from "../lib/svg-chart.ts";
+import { niceTicks, renderChart, type Series } from "../lib/svg-chart.ts";
 import { StreamingClient } from "../loadgen/client.ts";
 import { loadCorpus } from "../loadgen/corpus.ts";
 import { parseCli, type CliOptions } from "../loadgen/options.ts";
@@ -59,6 +59,32 @@ async function sample(svc: ServiceProcess, t0: number): Promise<Sample> {
   };
 }
 
+interface SoakResult {
+  rate: number;
+  durationS: number;
+  requests: number;
+  rateLimited: number;
+  errors: string[];
+  samples: Sample[];
+}
+
+/** RSS and KV tiers over the run. */
+function chart(r: SoakResult): string {
+  const last = r.samples.at(-1)?.t ?? r.durationS;
+  const xTicks = niceTicks(0, last, 6);
+  const panel = (title: string, series: Series[]) => ({ title, xLabel: "s", yLabel: "MiB", xTicks, xTickFormat: (x: number) => String(Math.round(x)), series });
+  return renderChart(
+    [
+      panel("Resident memory", [{ name: "RSS", color: "#1f77b4", points: r.samples.map((s) => [s.t, s.rssMiB]) }]),
+      panel("KV in use", [
+        { name: "device", color: "#2ca02c", points: r.samples.map((s) => [s.t, s.kvDeviceMiB]) },
+        { name: "shard", color: "#d62728", dash: "4 3", points: r.samples.map((s) => [s.t, s.kvShardMiB]) },
+      ]),
+    ],
+    { title: `Soak: ${r.rate} req/s short chat for ${r.durationS} s`, subtitle: `${r.requests} requests, ${r.rateLimited} 429s, ${r.errors.length} other errors` },
+  );
+}
+
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
@@ -67,8 +93,16 @@ async function main(): Promise<void> {
       duration: { type: "string", default: "600" },
       out: { type: "string", default: "bench/soak/results" },
       threads: { type: "string", default: "2" },
+      // Redraw the chart from an earlier run's soak.json in --out, without running anything.
+      replot: { type: "boolean", default: false },
     },
   });
+  if (values.replot) {
+    const dir = resolve(repoRoot, values.out);
+    const earlier = JSON.parse(await readFile(join(dir, "soak.json"), "utf8")) as SoakResult;
+    await writeSvgAndPng(join(dir, "soak.svg"), chart(earlier));
+    return;
+  }
   const rate = Number(values.rate);
   const durationS = Number(values.duration);
   if (!(rate > 0) || !(durationS > 0)) throw new Error("--rate and --duration must be positive numbers");
@@ -130,22 +164,7 @@ async function main(): Promise<void> {
       samples,
     };
     await writeJson(join(out, "soak.json"), result, 4);
-    const svg = renderChart(
-      [
-        { title: "Resident memory", xLabel: "s", yLabel: "MiB", series: [{ name: "RSS", color: "#1f77b4", points: samples.map((s) => [s.t, s.rssMiB]) }] },
-        {
-          title: "KV in use",
-          xLabel: "s",
-          yLabel: "MiB",
-          series: [
-            { name: "device", color: "#2ca02c", points: samples.map((s) => [s.t, s.kvDeviceMiB]) },
-            { name: "shard", color: "#d62728", dash: "4 3", points: samples.map((s) => [s.t, s.kvShardMiB]) },
-          ],
-        },
-      ],
-      { title: `Soak: ${rate} req/s short chat for ${durationS} s`, subtitle: `${run.results.length} requests, ${failures.length - nonRateLimited.length} 429s, ${nonRateLimited.length} other errors` },
-    );
-    await writeSvgAndPng(join(out, "soak.svg"), svg);
+    await writeSvgAndPng(join(out, "soak.svg"), chart(result));
     log(JSON.stringify({ verdict, rssGrowth, requests: result.requests, errors: result.errors.slice(0, 3) }));
     if (!Object.values(verdict).every(Boolean)) process.exitCode = 1;
   } finally {
