@@ -318,10 +318,13 @@ export class PrefillService {
       const failed = results.find((r): r is { error: unknown } => "error" in r);
       if (failed) throw failed.error;
       if (signal.aborted) throw clientClosed();
-      await registry.requests.mark(requestId, { event: "prefill_end" });
       // Chunk ids group-major (layer group, then token block): the order decode imports them in.
       const ids = results as { id: string }[];
       const chunkIds = groups.flatMap((_, g) => blocks.map((_, b) => ids[b * groups.length + g]!.id));
+      // The retention runs from the handle (the reaper kept them while we prefilled).
+      const live = await registry.chunks.retainFromHandle([...new Set(chunkIds)], config.retainMs);
+      if (live !== new Set(chunkIds).size) throw new Error(`${new Set(chunkIds).size - live} of the request's chunks were reclaimed during its prefill`);
+      await registry.requests.mark(requestId, { event: "prefill_end" });
       const prefillMs = performance.now() - t0;
       log.info({ requestId, promptTokens: n, chunks: chunkIds.length, ms: Math.round(prefillMs) }, "prefilled");
       return {
