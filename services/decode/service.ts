@@ -24,6 +24,7 @@ import type { InternalAuth } from "../../shared/auth/capability.ts";
 import { ownsRequest } from "../../shared/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PrefillClient } from "./prefill-client.ts";
+import { RequestOutcomes } from "../request-outcomes.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
 import { TokenTextStream } from "./text-stream.ts";
@@ -77,6 +78,8 @@ export class DecodeService {
   readonly scheduler: DecodeScheduler;
   readonly loader: KvLoader;
   readonly prefillClient: PrefillClient;
+  /** How requests end in the registry, retried while it cannot be reached. */
+  readonly outcomes: RequestOutcomes;
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
@@ -93,6 +96,7 @@ export class DecodeService {
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
     this.loader = new KvLoader(rt, metrics, auth);
     this.prefillClient = new PrefillClient(rt, auth);
+    this.outcomes = new RequestOutcomes(rt);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
       // Waiting: admitted but not in the batch, and queued for a call to a prefill instance.
@@ -285,12 +289,7 @@ export class DecodeService {
       }
       reservation?.release();
       this.totals[outcome]++;
-      if (claimed) {
-        await registry.chunks.releaseRequest(requestId).catch((err) => log.warn({ err }, "could not release the request's chunks"));
-        await registry.requests
-          .finish(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 })
-          .catch((err) => log.warn({ err }, "could not record the request's outcome"));
-      }
+      if (claimed) await this.outcomes.record(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 }, log);
       log.info({ requestId, outcome, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
     }
   }
@@ -362,6 +361,7 @@ export class DecodeService {
     this.state = "stopped";
     for (const ac of this.active) ac.abort(new ApiError(503, "draining", "the decode service is shutting down"));
     while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
+    this.outcomes.stop();
     await this.membership?.leave();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);
   }

@@ -28,6 +28,7 @@ import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime 
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
 import { FairQueue } from "../../shared/queue/fair-queue.ts";
 import { ShardQuota } from "./shard-quota.ts";
+import { RequestOutcomes } from "../request-outcomes.ts";
 import { Sweeper } from "./sweeper.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
@@ -57,8 +58,12 @@ export class PrefillService {
   private reaper: NodeJS.Timeout | undefined;
   private reaping: Promise<void> | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
+  /** Set by each new shard epoch until the reaper has deleted the earlier epochs' chunk rows. */
+  private earlierEpochRows = false;
   private sweeping: Promise<void> | undefined;
   readonly sweeper: Sweeper;
+  /** How failed prefills end in the registry, retried while it cannot be reached. */
+  readonly outcomes: RequestOutcomes;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   /** Prefill places, fair across keys: `--max-prefills` running, `--max-prefill-queue` waiting. */
   private readonly gate: FairQueue;
@@ -93,6 +98,7 @@ export class PrefillService {
     metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
     this.writer = new ChunkWriter(rt, this.shape, this.totals);
+    this.outcomes = new RequestOutcomes(rt);
     this.sweeper = new Sweeper(
       rt.registry,
       {
@@ -146,6 +152,7 @@ export class PrefillService {
     }
     const old = this.shard;
     this.shard = shard;
+    this.earlierEpochRows = row.epoch > 1;
     await old?.destroy();
   }
 
@@ -160,6 +167,11 @@ export class PrefillService {
       const shard = this.shard;
       if (!shard) return;
       const { expired, freed } = await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch });
+      // Rows of our earlier epochs (a restart, or we were declared dead and came back): their file is gone.
+      if (this.earlierEpochRows) {
+        await this.rt.registry.chunks.dropEpochsBefore(shard.shardId, shard.epoch);
+        this.earlierEpochRows = false;
+      }
       this.metrics.leaseExpiries(expired);
       for (const f of freed) {
         try {
@@ -352,10 +364,7 @@ export class PrefillService {
         }
       }
       const cancelled = signal.aborted;
-      await registry.chunks.releaseRequest(requestId).catch((e) => log.warn({ err: e }, "could not release the request's chunks"));
-      await registry.requests
-        .finish(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) })
-        .catch((e) => log.warn({ err: e }, "could not finish the request row"));
+      await this.outcomes.record(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) }, log);
       if (cancelled) throw clientClosed();
       if (err instanceof RegistryError && err.code === "stale_epoch") {
         throw new ApiError(503, "not_ready", "the prefill instance restarted its shard during the request; retry", null, undefined, { cause: err });
@@ -383,6 +392,7 @@ export class PrefillService {
     this.state = "stopped";
     clearInterval(this.reaper);
     clearInterval(this.sweepTimer);
+    this.outcomes.stop();
     await this.reaping?.catch(() => {});
     await this.sweeping;
     const shard = this.shard;
