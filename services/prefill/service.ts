@@ -58,8 +58,6 @@ export class PrefillService {
   private reaper: NodeJS.Timeout | undefined;
   private reaping: Promise<void> | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
-  /** Set by each new shard epoch until the reaper has deleted the earlier epochs' chunk rows. */
-  private earlierEpochRows = false;
   private sweeping: Promise<void> | undefined;
   readonly sweeper: Sweeper;
   /** How failed prefills end in the registry, retried while it cannot be reached. */
@@ -152,7 +150,6 @@ export class PrefillService {
     }
     const old = this.shard;
     this.shard = shard;
-    this.earlierEpochRows = row.epoch > 1;
     await old?.destroy();
   }
 
@@ -167,11 +164,6 @@ export class PrefillService {
       const shard = this.shard;
       if (!shard) return;
       const { expired, freed } = await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch });
-      // Rows of our earlier epochs (a restart, or we were declared dead and came back): their file is gone.
-      if (this.earlierEpochRows) {
-        await this.rt.registry.chunks.dropEpochsBefore(shard.shardId, shard.epoch);
-        this.earlierEpochRows = false;
-      }
       this.metrics.leaseExpiries(expired);
       for (const f of freed) {
         try {

@@ -1,7 +1,7 @@
 // Chunk rows: two-phase writes keyed by content, read leases, request release, and reclaiming
 // space. Every state change is one UPDATE … WHERE state IN (…) so that concurrent readers, the
 // reaper and releases serialise on the row lock instead of racing between a read and a write.
-import { and, eq, gt, inArray, lt, lte, sql } from "drizzle-orm";
+import { and, eq, gt, inArray, lte, sql } from "drizzle-orm";
 import { z } from "zod";
 import { addMs, type Clock } from "./clock.ts";
 import type { Database, Transaction } from "./db.ts";
@@ -359,22 +359,6 @@ export class ChunkStore {
         .returning({ id: chunks.id, key: chunks.key, offset: chunks.offset, length: chunks.length, state: chunks.state });
       return { expired: expired.length, freed: freed as FreedRange[] };
     });
-  }
-
-  /**
-   * For the shard's owner: deletes every chunk row of its earlier epochs (their refs go with them).
-   * A prefill the registry declared dead and that came back (a SIGSTOP, a database outage) starts
-   * a new epoch and deletes the old file; the old epoch's rows, failed when it was declared dead,
-   * would otherwise stay forever (the sweep only deletes dead instances' chunks). Returns how many.
-   */
-  async dropEpochsBefore(shardId: string, epoch: number): Promise<number> {
-    parseInput(identifier, shardId, "shard id");
-    parseInput(z.number().int().min(1), epoch, "shard epoch");
-    const gone = await this.db
-      .delete(chunks)
-      .where(and(eq(chunks.shardId, shardId), lt(chunks.shardEpoch, epoch)))
-      .returning({ id: chunks.id });
-    return gone.length;
   }
 
   /**
