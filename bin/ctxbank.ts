@@ -6,7 +6,8 @@ import { availableParallelism } from "node:os";
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
 
-import { Engine, loadModel } from "../shared/engine/engine.ts";
+import { Engine, loadModel, type EngineDevice } from "../shared/engine/engine.ts";
+import { DEVICE_PATTERN } from "../shared/engine/native.ts";
 import { SamplingError, validateSampling, type SamplingOptions } from "../shared/engine/sampler.ts";
 import { generate, GenerateError, type DoneEvent } from "../shared/generate.ts";
 import { ModelResolveError, resolveModel } from "../shared/model/resolve.ts";
@@ -38,6 +39,7 @@ Generation:
 Engine:
   --model PATH           GGUF file (default: $CTXBANK_MODEL, else the default model, downloaded once)
   --threads N            compute threads (default ${availableParallelism()})
+  --device D             cpu | cuda | cuda:N | auto (default: $CTXBANK_DEVICE, else cpu)
 
   -h, --help             show this help
 `;
@@ -61,6 +63,7 @@ const OPTIONS = {
   seed: { type: "string" },
   stop: { type: "string", multiple: true },
   threads: { type: "string" },
+  device: { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -72,6 +75,13 @@ function parse(argv: string[]) {
   } catch (e) {
     throw new UsageError((e as Error).message.split(/\.\s/)[0]!.replace(/^Unknown option/, "unknown option"));
   }
+}
+
+function deviceFrom(flag: string | undefined, env: string | undefined): EngineDevice {
+  const value = flag ?? (env === "" ? undefined : env) ?? "cpu";
+  if (!DEVICE_PATTERN.test(value))
+    throw new UsageError(`${flag !== undefined ? "--device" : "$CTXBANK_DEVICE"} must be cpu, cuda, cuda:N or auto (got ${JSON.stringify(value)})`);
+  return value as EngineDevice;
 }
 
 function number(flag: string, value: string | undefined, integer: boolean, min: number, max = Infinity): number | undefined {
@@ -237,6 +247,7 @@ async function main(argv: string[]): Promise<number> {
   const sampling = samplingFrom(f);
   const maxTokens = number("max-tokens", f["max-tokens"], true, 1);
   const threads = number("threads", f.threads, true, 1, 256) ?? availableParallelism();
+  const device = deviceFrom(f.device, process.env.CTXBANK_DEVICE);
   let messages: ChatMessage[] | undefined;
   if (f.interactive) {
     if (f.prompt !== undefined || f.user !== undefined || f.chat !== undefined || f.raw)
@@ -251,7 +262,7 @@ async function main(argv: string[]): Promise<number> {
     throw e;
   });
   const tok = GgufTokenizer.fromGguf(path);
-  const engine = new Engine(await loadModel(path), { threads });
+  const engine = new Engine(await loadModel(path), { threads, device });
   const s: Session = { engine, tok, path, sampling, maxTokens, stop: f.stop ?? [] };
   if (f.interactive) {
     await interactive(s, f.system);

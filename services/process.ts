@@ -31,7 +31,7 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   const base = config.instanceId;
   const services: Services = {};
   // One registry for the process: `serve` exports both services' metrics on one /metrics.
-  const metrics = new ServiceMetrics({ model: runtime.modelId, slo: sloTargets(config) });
+  const metrics = new ServiceMetrics({ model: runtime.modelId, slo: sloTargets(config), device: runtime.engine.device });
   if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base, metrics, security.internal);
   if (config.role !== "decode") {
     // Colocated, prompts share the decode steps so a long prompt never stalls the running decodes.

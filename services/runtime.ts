@@ -11,7 +11,7 @@ import type { SloTargets } from "../shared/metrics/slo.ts";
 import { resolveModel } from "../shared/model/resolve.ts";
 import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
 import { Registry } from "../shared/registry/registry.ts";
-import { ChatTemplate, ChatTemplateError, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
+import { ChatTemplate, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
 import { TokenizerPool } from "./tokenizer-pool.ts";
 
@@ -42,25 +42,27 @@ export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanc
 export async function openRuntime(config: Config, log: Logger = createLogger(config)): Promise<Runtime> {
   const modelPath = await resolveModel(config.model !== undefined ? { path: config.model } : {});
   const model = await loadModel(modelPath);
-  const engine = new Engine(model, { threads: config.threads });
+  const engine = new Engine(model, { threads: config.threads, device: config.device });
   const meta = readGgufMetadata(modelPath);
   const tokenizer = GgufTokenizer.fromMetadata(meta);
-  let chat: ChatTemplate | undefined;
-  try {
-    chat = ChatTemplate.fromMetadata(meta, tokenizer);
-  } catch (e) {
-    if (!(e instanceof ChatTemplateError && e.code === "NO_TEMPLATE")) throw e;
-    log.warn("the model has no chat template: chat requests will be refused");
-  }
+  const chat = ChatTemplate.fromMetadataIfAny(meta, tokenizer);
+  if (!chat) log.warn("the model has no chat template: chat requests will be refused");
   const prompts = new TokenizerPool(meta);
-  let db: OpenedDatabase;
+  // Services that tokenize start their thread while the database opens (a decode-only one never does).
+  const threadReady = config.role === "decode" ? Promise.resolve() : prompts.ready();
+  let db: OpenedDatabase | undefined;
   try {
     db = await openDatabase(config.databaseUrl, { timeoutMs: config.dbTimeoutMs });
+    await threadReady;
   } catch (e) {
+    await threadReady.catch(() => {});
     await prompts.close();
+    await db?.close();
     throw e;
   }
-  log.info({ model: path.basename(modelPath), kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind }, "runtime ready");
+  // Computed here (a pass over the vocabulary) rather than on the first request's event loop turn.
+  const promptChars = maxPromptChars({ engine, tokenizer });
+  log.info({ model: path.basename(modelPath), device: engine.native.info.deviceDescription, kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind, maxPromptChars: promptChars }, "runtime ready");
   return {
     config,
     log,
@@ -110,33 +112,43 @@ export function maxPromptChars(rt: Pick<Runtime, "engine" | "tokenizer">): numbe
  */
 export async function encodePrompt(rt: Pick<Runtime, "tokenizer" | "prompts" | "model" | "engine">, input: PromptInput, opts: { rounds?: boolean } = {}): Promise<EncodedPrompt> {
   const maxContext = rt.engine.maxContext;
+  checkPromptSize(rt, input);
   if (input.prompt_token_ids !== undefined) {
-    const ids = input.prompt_token_ids;
-    if (ids.length >= maxContext) tooLong(`the prompt has ${ids.length} tokens; the model's context is ${maxContext} tokens`, "prompt_token_ids");
-    checkTokenIds(ids, rt.model.config.nVocab, "prompt_token_ids");
-    return { ids };
+    checkTokenIds(input.prompt_token_ids, rt.model.config.nVocab, "prompt_token_ids");
+    return { ids: input.prompt_token_ids };
   }
-  const maxChars = maxPromptChars(rt);
-  const limitNote = `at most ${maxChars} characters fit the model's context of ${maxContext} tokens`;
-  let result;
-  if (input.messages !== undefined) {
-    const messages = input.messages;
-    // Every message takes at least one token of the template.
-    if (messages.length > maxContext) tooLong(`${messages.length} messages cannot fit the model's context of ${maxContext} tokens`, "messages");
-    let chars = 0;
-    for (const m of messages) chars += typeof m?.content === "string" ? m.content.length : 0;
-    if (chars > maxChars) tooLong(`the messages have ${chars} characters; ${limitNote}`, "messages");
-    result = await rt.prompts.run({ kind: "chat", messages, maxTokens: maxContext, ...(opts.rounds ? { rounds: true } : {}) });
-  } else {
-    const text = input.prompt ?? "";
-    if (text.length > maxChars) tooLong(`the prompt has ${text.length} characters; ${limitNote}`, "prompt");
-    result = await rt.prompts.run({ kind: "text", text, maxTokens: maxContext });
-  }
+  const result =
+    input.messages !== undefined
+      ? await rt.prompts.run({ kind: "chat", messages: input.messages, maxTokens: maxContext, ...(opts.rounds ? { rounds: true } : {}) })
+      : await rt.prompts.run({ kind: "text", text: input.prompt ?? "", maxTokens: maxContext });
   if (!result.ok) throw new ApiError(400, "invalid_request", result.message, result.param);
   const param = input.messages !== undefined ? "messages" : "prompt";
   if (result.ids.length > maxContext) tooLong(`the prompt has more than ${maxContext} tokens, the model's context`, param);
   if (result.ids.length === 0) throw new ApiError(400, "invalid_request", "the prompt is empty after tokenization", param);
   return result.roundStarts === undefined ? { ids: result.ids } : { ids: result.ids, roundStarts: result.roundStarts };
+}
+
+/** 413 context_length_exceeded, before any tokenizing, when the prompt's size alone shows it cannot fit the context. */
+export function checkPromptSize(rt: Pick<Runtime, "tokenizer" | "engine">, input: PromptInput): void {
+  const maxContext = rt.engine.maxContext;
+  if (input.prompt_token_ids !== undefined) {
+    const n = input.prompt_token_ids.length;
+    if (n >= maxContext) tooLong(`the prompt has ${n} tokens; the model's context is ${maxContext} tokens`, "prompt_token_ids");
+    return;
+  }
+  const maxChars = maxPromptChars(rt);
+  const limit = `at most ${maxChars} characters fit the model's context of ${maxContext} tokens`;
+  if (input.messages !== undefined) {
+    // Every message takes at least one token of the template.
+    const n = input.messages.length;
+    if (n > maxContext) tooLong(`${n} messages cannot fit the model's context of ${maxContext} tokens`, "messages");
+    let chars = 0;
+    for (const m of input.messages) chars += typeof m?.content === "string" ? m.content.length : 0;
+    if (chars > maxChars) tooLong(`the messages have ${chars} characters; ${limit}`, "messages");
+    return;
+  }
+  const n = input.prompt?.length ?? 0;
+  if (n > maxChars) tooLong(`the prompt has ${n} characters; ${limit}`, "prompt");
 }
 
 function tooLong(message: string, param: string): never {

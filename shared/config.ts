@@ -3,6 +3,7 @@
 // before anything is loaded, and a bad one is reported with the flag and variable that set it.
 import { availableParallelism, hostname } from "node:os";
 import { z } from "zod";
+import { DEVICE_PATTERN, type EngineDevice } from "./engine/native.ts";
 import { defaultShardDir } from "./kv/shard.ts";
 import { POLICY_KINDS } from "./policy/request.ts";
 
@@ -25,6 +26,12 @@ export const ConfigSchema = z.object({
   /** GGUF path; default: $CTXBANK_MODEL, else the default model (downloaded once). */
   model: z.string().min(1).optional(),
   threads: int(1, 256).default(Math.max(1, Math.min(availableParallelism(), 2))),
+  /** Where the engine computes: cpu | cuda | cuda:N | auto (CUDA when a GPU is usable, else the CPU). */
+  device: z
+    .string()
+    .regex(DEVICE_PATTERN, "cpu, cuda, cuda:N or auto")
+    .default("cpu")
+    .transform((d) => d as EngineDevice),
   /** Stable across restarts: the shard id is derived from it. Default role-host-port. */
   instanceId: z.string().regex(ID, "1-128 chars of letters, digits and . _ : -").optional(),
   hostId: z.string().regex(ID).default(sanitizeId(hostname()) || "localhost"),
@@ -58,9 +65,13 @@ export const ConfigSchema = z.object({
   /** Prefills computed at once / waiting; beyond that a prefill gets 429. */
   maxPrefills: int(1, 64).default(1),
   maxPrefillQueue: int(0, 10_000).default(16),
-  /** Decode: calls to prefill instances in flight at once / waiting (fair across keys); beyond that 429. */
-  maxPrefillCalls: int(1, 1024).default(8),
-  maxPrefillCallQueue: int(0, 10_000).default(32),
+  /**
+   * Decode: calls to prefill instances in flight at once / waiting (fair across keys); beyond that
+   * 429. In flight: enough to keep a few prefill instances busy with a short queue each (raise it
+   * with more instances); waiting: about what one prefill's own queue holds.
+   */
+  maxPrefillCalls: int(1, 1024).default(4),
+  maxPrefillCallQueue: int(0, 10_000).default(16),
   /** Decode: deadline of one prefill call, queue wait included; default 60 s + 20 ms per context token. */
   prefillTimeoutMs: ms.optional(),
   /** Registry (PostgreSQL) deadline per query and per connection attempt. */
@@ -69,8 +80,11 @@ export const ConfigSchema = z.object({
   headersTimeoutMs: ms.default(10_000),
   requestTimeoutMs: ms.default(120_000),
   bodyIdleTimeoutMs: ms.default(10_000),
-  /** Every listener: an idle keep-alive connection is closed after this. */
-  keepAliveTimeoutMs: ms.default(5_000),
+  /**
+   * Every listener: an idle keep-alive connection is closed after this. Longer than the usual
+   * load balancer idle timeout (60 s), so a balancer never reuses a connection being closed.
+   */
+  keepAliveTimeoutMs: ms.default(65_000),
   /** Every listener: open connections at most; more are refused (closed at once). */
   maxConnections: int(1, 1_000_000).default(1024),
   /** Sequences decoded together in one step (continuous batching) / waiting for a slot. */
@@ -146,6 +160,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   databaseUrl: { flag: "database-url", env: ["DATABASE_URL"], help: "postgres://… or pglite://memory | pglite:///dir" },
   model: { flag: "model", env: ["CTXBANK_MODEL"], help: "GGUF file (default: the default model)" },
   threads: { flag: "threads", env: ["CTXBANK_THREADS"], help: "engine threads" },
+  device: { flag: "device", env: ["CTXBANK_DEVICE"], help: "cpu | cuda | cuda:N | auto: where the engine computes (default cpu)" },
   instanceId: { flag: "instance-id", env: ["CTXBANK_INSTANCE_ID"], help: "registry id (stable across restarts)" },
   hostId: { flag: "host-id", env: ["CTXBANK_HOST_ID"], help: "host identity for shm locality (default hostname)" },
   shardDir: { flag: "shard-dir", env: ["CTXBANK_SHARD_DIR"], help: "tmpfs directory for KV shards" },
@@ -163,14 +178,14 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   requestRetentionMs: { flag: "request-retention-ms", env: ["CTXBANK_REQUEST_RETENTION_MS"], help: "ended request rows are deleted after this (default 86400000 = 24 h)" },
   maxPrefills: { flag: "max-prefills", env: ["CTXBANK_MAX_PREFILLS"], help: "prefills computed at once" },
   maxPrefillQueue: { flag: "max-prefill-queue", env: ["CTXBANK_MAX_PREFILL_QUEUE"], help: "prefills waiting (then 429)" },
-  maxPrefillCalls: { flag: "max-prefill-calls", env: ["CTXBANK_MAX_PREFILL_CALLS"], help: "decode: prefill calls in flight (default 8)" },
-  maxPrefillCallQueue: { flag: "max-prefill-call-queue", env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"], help: "decode: prefill calls waiting (then 429; default 32)" },
+  maxPrefillCalls: { flag: "max-prefill-calls", env: ["CTXBANK_MAX_PREFILL_CALLS"], help: "decode: prefill calls in flight (default 4; raise with more prefill instances)" },
+  maxPrefillCallQueue: { flag: "max-prefill-call-queue", env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"], help: "decode: prefill calls waiting (then 429; default 16)" },
   prefillTimeoutMs: { flag: "prefill-timeout-ms", env: ["CTXBANK_PREFILL_TIMEOUT_MS"], help: "decode: deadline of a prefill call (default 60 s + 20 ms per context token)" },
   dbTimeoutMs: { flag: "db-timeout-ms", env: ["CTXBANK_DB_TIMEOUT_MS"], help: "PostgreSQL query and connect deadline (default 15 000)" },
   headersTimeoutMs: { flag: "headers-timeout-ms", env: ["CTXBANK_HEADERS_TIMEOUT_MS"], help: "time to send a request's headers (default 10 000)" },
   requestTimeoutMs: { flag: "request-timeout-ms", env: ["CTXBANK_REQUEST_TIMEOUT_MS"], help: "time to receive a whole request, headers and body, then 408 (default 120 000; responses are not limited)" },
   bodyIdleTimeoutMs: { flag: "body-idle-timeout-ms", env: ["CTXBANK_BODY_IDLE_TIMEOUT_MS"], help: "longest pause inside a request body, then 408 (default 10 000)" },
-  keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 5 000)" },
+  keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 65 000)" },
   maxConnections: { flag: "max-connections", env: ["CTXBANK_MAX_CONNECTIONS"], help: "open connections per listener (default 1024)" },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
@@ -262,6 +277,9 @@ export function loadConfig(
     );
   }
   checkSecurity(role, c);
+  if (c.headersTimeoutMs > c.requestTimeoutMs) {
+    throw new ConfigError(`the headers timeout (${c.headersTimeoutMs} ms) must not be longer than the request timeout (${c.requestTimeoutMs} ms), which includes it`);
+  }
   if (c.heartbeatTimeoutMs <= c.heartbeatMs) {
     throw new ConfigError(`heartbeat timeout (${c.heartbeatTimeoutMs} ms) must be longer than the heartbeat period (${c.heartbeatMs} ms)`);
   }

@@ -35,6 +35,7 @@ const FAMILIES: Record<string, string> = {
   "ctxbank:kv_bytes_in_use": "gauge",
   "ctxbank:kv_bytes_capacity": "gauge",
   "ctxbank:slo_target_seconds": "gauge",
+  "ctxbank:engine_device_info": "gauge",
 };
 
 const SHARD_BYTES = 64 << 20;
@@ -201,6 +202,8 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(during.get("ctxbank:kv_bytes_in_use", { tier: "device" })).toBeGreaterThan(0);
     ac.abort();
     await until("the cancel is counted", () => s.services.decode!.status().totals.cancelled === 1, 20_000);
+    // The sequence leaves the batch at the end of the step in flight when the cancel came.
+    await until("the cancelled sequence leaves the batch", () => s.services.decode!.status().running === 0);
 
     const m = await scrape(url);
     const delta = (name: string, match?: Record<string, string>) => m.sum(name, match) - before.sum(name, match);

@@ -3,12 +3,14 @@
 // request ids bound to the key that made them, chunk keys salted per key, the Host check and a
 // docs page that loads nothing from a CDN.
 import http from "node:http";
+import { parseArgs } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { KeysUsageError, keysCommand } from "../bin/keys.ts";
 import { ApiKeyError, ApiKeys, newApiKey, parseApiKeys } from "../shared/auth/api-keys.ts";
 import { InternalAuth } from "../shared/auth/capability.ts";
 import { AllowedHosts } from "../shared/auth/hosts.ts";
 import { KeyLimiter } from "../shared/auth/rate-limit.ts";
-import { ConfigError, loadConfig } from "../shared/config.ts";
+import { ConfigError, configFlags, loadConfig } from "../shared/config.ts";
 import { chunkKey } from "../shared/kv/chunk-key.ts";
 import type { Handle } from "../shared/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
@@ -29,8 +31,19 @@ describe("API keys", () => {
     expect(keys.verify("")).toBeUndefined();
   });
 
+  it("`ctxbank keys new` prints the key on stdout and the line on stderr, which the server accepts", () => {
+    const out: string[] = [];
+    const err: string[] = [];
+    expect(keysCommand(["new", "team-1", "--rate", "3", "--concurrency", "2"], (x) => out.push(x), (x) => err.push(x))).toBe(0);
+    const key = out.join("").trim();
+    const keys = ApiKeys.load({ inline: err.join("") }, DEFAULTS);
+    expect(keys.verify(key)).toMatchObject({ id: "team-1", limits: { rate: 3, burst: 20, concurrency: 2 } });
+    expect(() => keysCommand(["new", "bad_id"], () => {}, () => {})).toThrow(KeysUsageError);
+    expect(() => keysCommand(["new", "x", "--rate", "-1"], () => {}, () => {})).toThrow(/--rate/);
+  });
+
   it("refuses malformed lines with the entry named", () => {
-    expect(() => parseApiKeys("alice md5:abc", DEFAULTS, "f")).toThrow(/f, entry 1: the hash must be sha256/);
+    expect(() => parseApiKeys("alice md5:abc", DEFAULTS, "f")).toThrow(/f, line 1: the hash must be sha256/);
     expect(() => parseApiKeys(`local sha256:${"0".repeat(64)}`, DEFAULTS, "f")).toThrow(ApiKeyError);
     expect(() => parseApiKeys(`a:b sha256:${"0".repeat(64)}`, DEFAULTS, "f")).toThrow(/bad key id/);
     expect(() => parseApiKeys(`a sha256:${"0".repeat(64)} speed=3`, DEFAULTS, "f")).toThrow(/bad option/);
@@ -77,6 +90,9 @@ describe("what the services refuse to start with", () => {
     expect(() => loadConfig("serve", { host: "0.0.0.0" }, {})).toThrow(ConfigError);
     expect(() => loadConfig("serve", { host: "0.0.0.0" }, {})).toThrow(/without API keys.*--insecure/);
     expect(loadConfig("serve", { host: "0.0.0.0", insecure: true }, {}).insecure).toBe(true);
+    // As the command line gives it: a flag without a value.
+    const { values } = parseArgs({ args: ["--host", "0.0.0.0", "--insecure"], options: configFlags(), strict: true });
+    expect(loadConfig("serve", values, {}).insecure).toBe(true);
     expect(loadConfig("serve", { host: "0.0.0.0" }, { CTXBANK_API_KEYS: newApiKey("a").line }).host).toBe("0.0.0.0");
     expect(loadConfig("serve", {}, {}).host).toBe("127.0.0.1"); // loopback: keyless is fine
   });

@@ -2,7 +2,8 @@
 // decode (the real model): a prefill that hangs while it keeps heartbeating ends the request with
 // 504 prefill_timeout at the prefill deadline; a prefill process that is SIGSTOPped mid-call ends
 // it with 502 prefill_failed as soon as the registry declares it dead, well before the deadline;
-// a chunk owner that never answers ends the KV load with 502 kv_load_failed at kvTimeoutMs.
+// a chunk owner that never answers ends the KV load with 502 kv_load_failed at kvTimeoutMs, and
+// one that goes silent ends it as soon as it is declared dead.
 // Nothing is left held afterwards.
 import { spawn, type ChildProcess } from "node:child_process";
 import { randomBytes, randomUUID } from "node:crypto";
@@ -19,7 +20,7 @@ import { tempShardDir } from "./helpers/services.ts";
 const HEARTBEAT_MS = 200;
 const HEARTBEAT_TIMEOUT_MS = 1_000;
 const PREFILL_TIMEOUT_MS = 4_000;
-const KV_TIMEOUT_MS = 1_500;
+const KV_TIMEOUT_MS = 4_000;
 
 /** A server that reads requests and never answers (a hung peer that keeps its sockets open). */
 async function hungServer(): Promise<{ url: string; close(): Promise<void> }> {
@@ -151,18 +152,16 @@ describe("deadlines on decode's internal calls", () => {
     expect(settled()).toBe(true);
   });
 
-  it("a chunk owner that never answers: the KV load ends with 502 kv_load_failed at kvTimeoutMs and its leases are released", async () => {
-    const hung = await hungServer();
-    cleanups.push(() => hung.close());
-    const owner = "hung-owner";
-    await fakeInstance(owner, hung.url);
+  /** A committed one-chunk handle whose bytes live on `owner`'s (fake) shard. */
+  async function fakeHandle(owner: string) {
     const { model } = rt;
+    const shape = kvShape(model.config);
     const shard = await rt.registry.shards.create({ id: owner, instanceId: owner, sizeBytes: 64 << 20, pathFor: (e) => `${shards.dir}/${owner}.${e}.shard` });
     const n = 8;
     const requestId = `req-${randomUUID()}`;
     await rt.registry.requests.create({ id: requestId, sessionId: null, roundId: null, promptTokens: n });
-    const layerIds = Array.from({ length: kvShape(model.config).nLayer }, (_, i) => i);
-    const length = chunkByteLength({ fingerprint: model.fingerprint, dtype: "f16", layerIds, hkv: kvShape(model.config).hkv, headDim: kvShape(model.config).headDim, tokenStart: 0, tokenCount: n });
+    const layerIds = Array.from({ length: shape.nLayer }, (_, i) => i);
+    const length = chunkByteLength({ fingerprint: model.fingerprint, dtype: "f16", layerIds, hkv: shape.hkv, headDim: shape.headDim, tokenStart: 0, tokenCount: n });
     const begun = await rt.registry.chunks.begin({
       key: randomBytes(32).toString("hex"),
       requestId,
@@ -197,17 +196,43 @@ describe("deadlines on decode's internal calls", () => {
       prefill_ms: 1,
       expires_at: new Date(Date.now() + 60_000).toISOString(),
     };
+    return { handle, chunkId: begun.chunk.id };
+  }
+
+  const decodeHandle = async (handle: object) => {
     const t0 = performance.now();
     const res = await fetch(`${decode.url}/v1/decode`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ handle, max_tokens: 4 }) });
-    const body = (await res.json()) as any;
-    const ms = performance.now() - t0;
-    expect(res.status, JSON.stringify(body)).toBe(502);
-    expect(body.error.code).toBe("kv_load_failed");
-    expect(body.error.message).toMatch(/deadline/);
-    expect(ms).toBeGreaterThanOrEqual(KV_TIMEOUT_MS - 100);
-    expect(ms).toBeLessThan(KV_TIMEOUT_MS + 2_000);
-    const row = await rt.registry.chunks.get(begun.chunk.id);
+    return { status: res.status, body: (await res.json()) as any, ms: performance.now() - t0 };
+  };
+
+  it("a chunk owner that never answers: the KV load ends with 502 kv_load_failed at kvTimeoutMs and its leases are released", async () => {
+    const hung = await hungServer();
+    cleanups.push(() => hung.close());
+    await fakeInstance("hung-owner", hung.url);
+    const { handle, chunkId } = await fakeHandle("hung-owner");
+    const r = await decodeHandle(handle);
+    expect(r.status, JSON.stringify(r.body)).toBe(502);
+    expect(r.body.error.code).toBe("kv_load_failed");
+    expect(r.body.error.message).toMatch(/deadline/);
+    expect(r.ms).toBeGreaterThanOrEqual(KV_TIMEOUT_MS - 100);
+    expect(r.ms).toBeLessThan(KV_TIMEOUT_MS + 2_000);
+    const row = await rt.registry.chunks.get(chunkId);
     expect(row?.readerCount ?? 0).toBe(0);
+    expect(settled()).toBe(true);
+  });
+
+  it("a chunk owner that goes silent mid-read: the KV load ends as soon as the registry declares it dead, before kvTimeoutMs", async () => {
+    const hung = await hungServer();
+    cleanups.push(() => hung.close());
+    const stopBeating = await fakeInstance("silent-owner", hung.url);
+    const { handle } = await fakeHandle("silent-owner");
+    stopBeating();
+    const r = await decodeHandle(handle);
+    expect(r.status, JSON.stringify(r.body)).toBe(502);
+    expect(r.body.error.code).toBe("kv_load_failed");
+    expect(r.body.error.message).toMatch(/owner is gone: instance silent-owner (was declared dead|has been silent)/);
+    expect(r.ms).toBeLessThan(HEARTBEAT_TIMEOUT_MS + 3 * HEARTBEAT_MS + 1_000);
+    expect(r.ms).toBeLessThan(KV_TIMEOUT_MS);
     expect(settled()).toBe(true);
   });
 });

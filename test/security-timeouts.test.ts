@@ -7,14 +7,16 @@ import net from "node:net";
 import { streamSSE } from "hono/streaming";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ConfigError, loadConfig } from "../shared/config.ts";
 import { createApp } from "../shared/http/app.ts";
 import { listen, type Listening } from "../shared/http/server.ts";
 import { openDatabase } from "../shared/registry/db.ts";
 import { Registry } from "../shared/registry/registry.ts";
 import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
+import { until } from "./helpers/services.ts";
 
-const LIMITS = { headersTimeoutMs: 600, requestTimeoutMs: 4_000, bodyIdleTimeoutMs: 500, keepAliveTimeoutMs: 1_000, maxConnections: 30 };
-const STREAM_MS = 2_500; // longer than every limit above but the request timeout, which covers only the request
+const LIMITS = { headersTimeoutMs: 600, requestTimeoutMs: 2_000, bodyIdleTimeoutMs: 500, keepAliveTimeoutMs: 1_000, maxConnections: 30 };
+const STREAM_MS = 2_500; // longer than every limit above: they bound receiving a request, never a response
 
 interface RawResult {
   text: string;
@@ -50,9 +52,11 @@ function raw(port: number, head: string, opts: { drip?: { every: number; times: 
 
 describe("listener timeouts and connection cap", () => {
   let server: Listening;
+  const logged: { status?: number; path?: string; msg?: string }[] = [];
 
   beforeAll(async () => {
-    const app = createApp({ log: pino({ level: "silent" }), maxBodyBytes: 1 << 20 });
+    const log = pino({ level: "info" }, { write: (line: string) => void logged.push(JSON.parse(line)) });
+    const app = createApp({ log, maxBodyBytes: 1 << 20 });
     app.post("/v1/echo", async (c) => c.json({ got: await c.req.json() }));
     app.get("/v1/stream", (c) =>
       streamSSE(c, async (s) => {
@@ -78,6 +82,9 @@ describe("listener timeouts and connection cap", () => {
     const health = await fetch(`${server.url}/health`);
     expect(health.status).toBe(200);
     const results = await Promise.all(slow.map((s) => s.done));
+    // Each handler ended with the 408 (its body read failed), logged like any other request.
+    await until("every stalled request is logged", () => logged.filter((l) => l.msg === "request" && l.status === 408).length === 20);
+    expect(logged.filter((l) => l.msg === "unhandled error")).toEqual([]);
     for (const r of results) {
       expect(r.text).toMatch(/^HTTP\/1\.1 408 /);
       expect(r.text).toContain('"code":"request_timeout"');
@@ -176,5 +183,16 @@ describe("registry calls to a hung PostgreSQL end at --db-timeout-ms", () => {
       frozen = false;
       await db.close().catch(() => {});
     }
+  });
+});
+
+describe("listener limit flags", () => {
+  it("are read from flags and the environment, with defaults, and a headers timeout over the request timeout is refused", () => {
+    const d = loadConfig("serve", {}, {});
+    expect([d.headersTimeoutMs, d.requestTimeoutMs, d.bodyIdleTimeoutMs, d.keepAliveTimeoutMs, d.maxConnections]).toEqual([10_000, 120_000, 10_000, 65_000, 1024]);
+    const c = loadConfig("serve", { "body-idle-timeout-ms": "2500", "max-connections": "64" }, { CTXBANK_HEADERS_TIMEOUT_MS: "3000" });
+    expect([c.bodyIdleTimeoutMs, c.maxConnections, c.headersTimeoutMs]).toEqual([2500, 64, 3000]);
+    expect(() => loadConfig("serve", { "headers-timeout-ms": "5000", "request-timeout-ms": "1000" }, {})).toThrow(ConfigError);
+    expect(() => loadConfig("serve", { "max-connections": "0" }, {})).toThrow(/--max-connections/);
   });
 });

@@ -314,6 +314,40 @@ const SECTIONS: Section[] = [
     ],
   },
   {
+    row: "Queues and devices",
+    panels: [
+      {
+        kind: "timeseries",
+        title: "Queue depth per stage",
+        description: "Requests waiting in each stage's bounded queue (prefill places, decode's calls to prefill, decode batch places); past the bound the answer is 429 queue_full.",
+        unit: "short",
+        width: 8,
+        height: 8,
+        min: 0,
+        targets: [{ expr: `sum by (stage) (ctxbank:queue_depth{${SEL}})`, legend: "{{stage}}" }],
+      },
+      {
+        kind: "timeseries",
+        title: "Queue rejections per stage",
+        description: "Requests refused with 429 queue_full per second, by stage.",
+        unit: "reqps",
+        width: 8,
+        height: 8,
+        min: 0,
+        targets: [{ expr: `sum by (stage) (${rate("ctxbank:queue_rejections_total")})`, legend: "{{stage}}" }],
+      },
+      {
+        kind: "stat",
+        title: "Pods per device",
+        description: "How many pods run the model's forward passes on each device (cpu, cuda:N).",
+        unit: "short",
+        width: 8,
+        height: 8,
+        targets: [{ expr: `sum by (device) (ctxbank:engine_device_info{${SEL}})`, legend: "{{device}}" }],
+      },
+    ],
+  },
+  {
     row: "Processes",
     panels: [
       {

@@ -40,6 +40,13 @@ std::string string_arg(const Napi::CallbackInfo& info, size_t i, const char* wha
   return info[i].As<Napi::String>().Utf8Value();
 }
 
+// A JS Error carrying the device error's code (err.code), for the services' error shape.
+Napi::Error device_error(Napi::Env env, const DeviceError& e) {
+  Napi::Error err = Napi::Error::New(env, e.what());
+  err.Set("code", Napi::String::New(env, e.code()));
+  return err;
+}
+
 int int_option(Napi::Object o, const char* key, int fallback, int lo, int hi) {
   Napi::Value v = o.Get(key);
   if (v.IsUndefined()) return fallback;
@@ -94,6 +101,20 @@ Napi::Value GgufInfo(const Napi::CallbackInfo& info) {
   } catch (const std::exception& e) {
     throw Napi::Error::New(env, e.what());
   }
+}
+
+// cudaStatus(): { compiled, usable, code?, message? } for CUDA device 0.
+Napi::Value CudaStatus(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("compiled", cuda_compiled());
+  const std::unique_ptr<DeviceError> why = cuda_unusable(0);
+  o.Set("usable", !why);
+  if (why) {
+    o.Set("code", why->code());
+    o.Set("message", why->what());
+  }
+  return o;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,8 +296,18 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     const BytesArg bytes = bytes_arg(info, 0, import ? "payload" : "into");
     const ChunkRows rows = chunk_rows_arg(info, 1);
     try {
+      // A GPU sequence stages the rows through its host cache (same addressing, kv_cache.h).
+      DeviceKv* gpu = seq_->device_kv.get();
+      if (gpu && !import) {
+        check_chunk_rows(seq_->kv, rows, bytes.size);
+        for (int l : rows.layers) gpu->download(seq_->kv, l, rows.token_start, rows.token_count);
+      }
       if (import) import_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
       else export_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
+      if (gpu && import)
+        for (int l : rows.layers) gpu->upload(seq_->kv, l, rows.token_start, rows.token_count);
+    } catch (const DeviceError& e) {
+      throw device_error(env, e);
     } catch (const std::invalid_argument& e) {
       throw Napi::RangeError::New(env, std::string(import ? "importRows: " : "exportRows: ") + e.what());
     }
@@ -287,6 +318,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
     seq_->kv.release();
+    if (seq_->device_kv) seq_->device_kv->release();
     seq_->reset_policy_state();
     return env.Undefined();
   }
@@ -294,6 +326,8 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   // element l * 2 * capacity * kvDim, its V capacity * kvDim later; rows are [token][kv_dim].
   Napi::Value Kv(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
+    if (seq_->device_kv)
+      throw Napi::Error::New(env, "kvBuffer: this sequence's KV is in GPU memory; use exportRows/importRows");
     if (kv_buffer_.IsEmpty()) {
       auto* hold = new std::shared_ptr<Sequence>(seq_);
       Napi::ArrayBuffer ab = Napi::ArrayBuffer::New(
@@ -320,7 +354,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     exports.Set("NativeEngine", f);
   }
 
-  // new NativeEngine(model, { threads, ubatch, maxContext })
+  // new NativeEngine(model, { threads, ubatch, maxContext, deviceBudgetBytes, device })
   explicit NativeEngine(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeEngine>(info) {
     Napi::Env env = info.Env();
     if (info.Length() < 1 || !info[0].IsObject() || !info[0].As<Napi::Object>().InstanceOf(NativeModel::ctor.Value()))
@@ -338,8 +372,20 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
         throw Napi::RangeError::New(env, "deviceBudgetBytes must be a non-negative integer");
       opts.device_budget_bytes = static_cast<size_t>(b);
     }
+    const Napi::Value graphs = o.Get("cudaGraphs");
+    if (!graphs.IsUndefined()) {
+      if (!graphs.IsBoolean()) throw Napi::TypeError::New(env, "cudaGraphs must be a boolean");
+      opts.cuda_graphs = graphs.As<Napi::Boolean>().Value();
+    }
+    const Napi::Value device = o.Get("device");
+    if (!device.IsUndefined()) {
+      if (!device.IsString()) throw Napi::TypeError::New(env, "device must be a string (cpu, cuda, cuda:N or auto)");
+      opts.device = device.As<Napi::String>().Utf8Value();
+    }
     try {
       engine_ = std::make_shared<Engine>(NativeModel::Unwrap(info[0].As<Napi::Object>())->model(), opts);
+    } catch (const DeviceError& e) {
+      throw device_error(env, e);
     } catch (const std::exception& e) {
       throw Napi::Error::New(env, e.what());
     }
@@ -355,6 +401,10 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("ubatch", engine_->options().ubatch);
     o.Set("maxContext", engine_->max_context());
     o.Set("deviceBudgetBytes", static_cast<double>(engine_->options().device_budget_bytes));
+    o.Set("device", engine_->device_name());
+    o.Set("cudaGraphs", engine_->options().cuda_graphs && engine_->device() != nullptr);
+    o.Set("deviceDescription", engine_->device_description());
+    o.Set("deviceWeightBytes", static_cast<double>(engine_->device() ? engine_->device()->weight_bytes() : 0));
     return o;
   }
 
@@ -370,23 +420,25 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
       capacity = static_cast<int>(c);
     }
     try {
-      NativeSequence::SequenceInit init{std::make_shared<Sequence>(engine_->config(), capacity), engine_->model_ptr()};
-      init.seq->device_budget = engine_->options().device_budget_bytes;
+      NativeSequence::SequenceInit init{engine_->create_sequence(capacity), engine_->model_ptr()};
       auto ext = Napi::External<NativeSequence::SequenceInit>::New(env, &init);
       return NativeSequence::ctor.New({ext});
+    } catch (const DeviceError& e) {
+      throw device_error(env, e);
     } catch (const std::exception& e) {
       throw Napi::Error::New(env, e.what());
     }
   }
 
-  // forward([{ seq, tokens: Int32Array, logits?: Float32Array(nVocab) }]) -> Promise<void>.
-  // Appends the tokens to each sequence; fills `logits` with the next-token logits.
+  // forward([{ seq, tokens: Int32Array, logits?: Float32Array(nVocab), argmax?: Int32Array(1) }])
+  // -> Promise<void>. Appends the tokens to each sequence; fills `logits` with the next-token
+  // logits and `argmax` with the greedy next token.
   Napi::Value Forward(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (info.Length() != 1 || !info[0].IsArray()) throw Napi::TypeError::New(env, "forward(items) needs an array");
     Napi::Array arr = info[0].As<Napi::Array>();
     if (arr.Length() == 0) throw Napi::RangeError::New(env, "forward: empty batch");
-    struct Owned { std::shared_ptr<Sequence> seq; std::vector<int32_t> tokens; float* logits; float* probe; };
+    struct Owned { std::shared_ptr<Sequence> seq; std::vector<int32_t> tokens; float* logits; float* probe; int32_t* argmax; };
     auto owned = std::make_shared<std::vector<Owned>>();
     std::vector<NativeSequence*> seqs;
     // Everything the job touches stays reachable until it settles, even if the caller drops it.
@@ -424,13 +476,22 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
           throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + ".probe must be a Float32Array of nLayer * (nPast + 1)");
         probe = pv.As<Napi::Float32Array>().Data();
       }
+      int32_t* argmax = nullptr;
+      Napi::Value av = o.Get("argmax");
+      if (!av.IsUndefined() && !av.IsNull()) {
+        if (!av.IsTypedArray() || av.As<Napi::TypedArray>().TypedArrayType() != napi_int32_array ||
+            av.As<Napi::Int32Array>().ElementLength() != 1)
+          throw Napi::TypeError::New(env, "forward: item " + std::to_string(i) + ".argmax must be an Int32Array of length 1");
+        argmax = av.As<Napi::Int32Array>().Data();
+      }
       for (NativeSequence* other : seqs)
         if (other == ns) throw Napi::Error::New(env, "forward: a sequence appears twice in one batch");
       seqs.push_back(ns);
       held.Set(held.Length(), sv);
       if (logits) held.Set(held.Length(), lv);
       if (probe) held.Set(held.Length(), pv);
-      owned->push_back({ns->seq(), std::vector<int32_t>(ta.Data(), ta.Data() + ta.ElementLength()), logits, probe});
+      if (argmax) held.Set(held.Length(), av);
+      owned->push_back({ns->seq(), std::vector<int32_t>(ta.Data(), ta.Data() + ta.ElementLength()), logits, probe, argmax});
     }
     for (NativeSequence* ns : seqs) ns->busy = true;
     auto engine = engine_;
@@ -439,7 +500,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
         [engine, owned] {
           std::vector<BatchItem> items;
           for (auto& o : *owned)
-            items.push_back({o.seq.get(), o.tokens.data(), static_cast<int>(o.tokens.size()), o.logits, o.probe});
+            items.push_back({o.seq.get(), o.tokens.data(), static_cast<int>(o.tokens.size()), o.logits, o.probe, o.argmax});
           engine->forward(items);
         },
         [](Napi::Env e) -> Napi::Value { return e.Undefined(); },
@@ -459,6 +520,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("readGgufMetadata", Napi::Function::New(env, ReadGgufMetadata));
   exports.Set("ggufInfo", Napi::Function::New(env, GgufInfo));
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
+  exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
   init_kv_io(env, exports);
   NativeModel::Init(env, exports);
   NativeSequence::Init(env, exports);

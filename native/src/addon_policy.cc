@@ -127,8 +127,9 @@ AttentionPolicy policy_from_js(Napi::Object o, const ModelConfig& mc) {
 
 Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {
   Napi::Object o = Napi::Object::New(env);
-  const PolicyState& st = seq.state;
-  o.Set("kind", seq.policy.name());
+  const DecodePolicy& policy = *seq.policy;
+  const PolicyStats st = policy.stats();
+  o.Set("kind", policy.name());
   o.Set("promptLength", st.prompt_len);
   o.Set("selections", static_cast<double>(st.selections));
   o.Set("lazyReuses", static_cast<double>(st.lazy_reuses));
@@ -144,22 +145,19 @@ Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {
   }
   o.Set("selected", selected);
   // SCOPE (generated tokens) and H2O (all tokens): kept per (layer, KV head), summed.
-  double pooled = 0;
-  for (const auto& p : st.pool) pooled += static_cast<double>(p.size());
-  o.Set("decodePoolTokens", pooled);
+  o.Set("decodePoolTokens", st.decode_pool_tokens);
   // SCOPE prompt compression: prompt tokens kept, summed over the (layer, KV head) pools computed so far.
-  double prompt_pool = 0;
-  for (const auto& p : st.prompt_pool) prompt_pool += static_cast<double>(p.size());
-  o.Set("promptPoolTokens", prompt_pool);
+  o.Set("promptPoolTokens", st.prompt_pool_tokens);
   o.Set("decodeTokens", st.prompt_len < 0 ? 0 : seq.n_past() - st.prompt_len);
   // OmniKV's per-layer roles and the filter layer (index into filterLayers) each sparse layer
   // follows; empty under other policies. The prefill groups its KV chunks by them.
   static const char* const kRoleNames[] = {"dense", "filter", "guard", "sparse"};
-  const AttentionPolicy& p = seq.policy;
-  Napi::Array roles = Napi::Array::New(env, p.roles.size());
-  Napi::Array groups = Napi::Array::New(env, p.group.size());
-  for (size_t l = 0; l < p.roles.size(); ++l) roles.Set(static_cast<uint32_t>(l), kRoleNames[static_cast<int>(p.roles[l])]);
-  for (size_t l = 0; l < p.group.size(); ++l) groups.Set(static_cast<uint32_t>(l), p.group[l]);
+  const std::vector<LayerRole> role_list = policy.layer_roles();
+  const std::vector<int> group_list = policy.layer_groups();
+  Napi::Array roles = Napi::Array::New(env, role_list.size());
+  Napi::Array groups = Napi::Array::New(env, group_list.size());
+  for (size_t l = 0; l < role_list.size(); ++l) roles.Set(static_cast<uint32_t>(l), kRoleNames[static_cast<int>(role_list[l])]);
+  for (size_t l = 0; l < group_list.size(); ++l) groups.Set(static_cast<uint32_t>(l), group_list[l]);
   o.Set("layerRoles", roles);
   o.Set("layerGroups", groups);
   return o;

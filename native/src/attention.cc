@@ -22,7 +22,7 @@ void Engine::attention(int layer, const std::vector<Slice>& slices) {
       probing || single_thread_ || static_cast<int>(qblocks_.size()) >= 2 * pool_.size() ? 1 : hkv;
   attn_tasks_.clear();
   for (int b = 0; b < static_cast<int>(qblocks_.size()); ++b) {
-    if (slice_keys_[qblocks_[b].slice])
+    if (slice_keys_[qblocks_[b].slice].listed())
       for (int g = 0; g < hkv; ++g) attn_tasks_.push_back({b, g, 1});
     else
       for (int h = 0; h < head_tasks; ++h) attn_tasks_.push_back({b, h * (hkv / head_tasks), hkv / head_tasks});
@@ -30,8 +30,8 @@ void Engine::attention(int layer, const std::vector<Slice>& slices) {
   parallel(static_cast<int>(attn_tasks_.size()), [&](int i, int thread) {
     const AttnTask& task = attn_tasks_[i];
     const QueryBlock& qb = qblocks_[task.block];
-    if (slice_keys_[qb.slice])
-      attend_listed(layer, slices[qb.slice], slice_packed_[qb.slice], qb.t_begin, task.h0, attn_scratch_[thread]);
+    if (slice_keys_[qb.slice].listed())
+      attend_listed(layer, slices[qb.slice], slice_keys_[qb.slice], qb.t_begin, task.h0, attn_scratch_[thread]);
     else attend_rows(layer, slices[qb.slice], qb, task.h0, task.n_heads, attn_scratch_[thread]);
   });
 }
@@ -98,14 +98,22 @@ void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0
 }
 
 // One decode token (ubatch row t) of a sparse-policy sequence, KV head g, over that head's key
-// list (all listed keys precede the token, so no causal mask). Under SCOPE this step's attention
-// then decides which generated tokens the next step keeps.
-void Engine::attend_listed(int layer, const Slice& s, const Packed& packed, int t, int g, AttnScratch& sc) {
+// list (all listed keys precede the token, so no causal mask). The policy then sees this step's
+// probabilities (SCOPE and H2O decide from them which tokens later steps keep).
+void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, int t, int g, AttnScratch& sc) {
   const ModelConfig& c = config();
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   Sequence& seq = *s.item->seq;
-  const std::vector<int32_t>& keys = seq.state.heads[g].keys;
+  const std::vector<int32_t>& keys = (*listed.heads)[g];
+  // Reclaiming: the positions' rows for this (layer, head).
+  const int32_t* rows = keys.data();
+  if (KvSlots* slots = seq.slots.get()) {
+    sc.rows.resize(keys.size());
+    for (size_t j = 0; j < keys.size(); ++j) sc.rows[j] = slots->row(layer, g, keys[j]);
+    rows = sc.rows.data();
+  }
+  const PackedRows& packed = listed.packed;
   const int n_keys = static_cast<int>(keys.size());
   const float* q = &q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
   // The first `packed.n` keys are rows 0.. of the packed buffer (offload); the rest are read from
@@ -113,7 +121,7 @@ void Engine::attend_listed(int layer, const Slice& s, const Packed& packed, int 
   const size_t ld = seq.kv.ld(layer);
   auto widen = [&](bool values, int k0, int nk) {
     if (k0 < packed.n) k_.kv_to_f32(packed.k + (values ? kv_dim : 0) + g * d + k0 * packed.ld, packed.ld, nk, d, sc.kv.data());
-    else k_.kv_gather_f32((values ? seq.kv.v(layer) : seq.kv.k(layer)) + g * d, ld, keys.data() + k0, nk, d, sc.kv.data());
+    else k_.kv_gather_f32((values ? seq.kv.v(layer) : seq.kv.k(layer)) + g * d, ld, rows + k0, nk, d, sc.kv.data());
   };
   auto block_end = [&](int k0) { return std::min({k0 + kKeyBlock, n_keys, k0 < packed.n ? packed.n : n_keys}); };
   for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
@@ -130,36 +138,13 @@ void Engine::attend_listed(int layer, const Slice& s, const Packed& packed, int 
   }
   std::memcpy(&attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], sc.out.data(),
               sizeof(float) * group * d);
-  if (seq.policy.uses_scope()) scope_update(layer, seq, g, sc.scores.data(), n_keys);
-  if (seq.policy.kind == AttentionPolicy::Kind::H2o) h2o_update(layer, seq, g, sc.scores.data(), n_keys);
-}
-
-// SCOPE after a step's attention at (layer, head g): the generated keys are the tail of the key
-// list; their importance is the mean probability over the head's query group.
-void Engine::scope_update(int layer, Sequence& seq, int g, const float* probs, int n_keys) {
-  const ModelConfig& c = config();
-  const int group = c.n_head / c.n_head_kv;
-  PolicyState& st = seq.state;
-  std::vector<int32_t>& pool = st.pool[static_cast<size_t>(layer) * c.n_head_kv + g];
-  PolicyState::Head& head = st.heads[g];
-  const int n_dec = static_cast<int>(pool.size()) + 1, first = n_keys - n_dec;
-  const int t = head.keys.back() - st.prompt_len;  // index of the current generated token
-  const ScopeConfig& cfg = seq.policy.scope;
-  if (!scope_reselects(cfg, t) || n_dec <= scope_budget(cfg, t)) {
-    pool.push_back(head.keys.back());  // keep everything this step
-    return;
+  if (KvSlots* slots = seq.slots.get()) {  // free the rows no later step of (layer, g) attends
+    sc.evicted.clear();
+    seq.policy->update(layer, g, sc.scores.data(), n_keys, &sc.evicted);
+    for (int32_t p : sc.evicted) slots->free(layer, g, p);
+  } else {
+    seq.policy->update(layer, g, sc.scores.data(), n_keys, nullptr);
   }
-  // (layer, head) pairs are disjoint across attention tasks, so the head's scratch is safe here.
-  head.importance.resize(n_dec);
-  for (int j = 0; j < n_dec; ++j) {
-    float sum = 0;
-    for (int h = 0; h < group; ++h) sum += probs[static_cast<size_t>(h) * n_keys + first + j];
-    head.importance[j] = sum / static_cast<float>(group);
-  }
-  scope_select(head.importance.data(), head.keys.data() + first, n_dec, scope_budget(cfg, t), cfg.beta2, head.out,
-               head.scratch);
-  std::vector<int32_t>& out = head.out;
-  pool.swap(out);
 }
 
 }  // namespace ctx

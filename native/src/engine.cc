@@ -28,6 +28,13 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   if (opts_.ubatch < 1 || opts_.ubatch > 8192) throw std::invalid_argument("engine: ubatch must be 1..8192");
   max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
   if (max_ctx_ > (1 << 22)) throw std::invalid_argument("engine: max_context too large");
+  const DeviceSpec spec = parse_device(opts_.device);
+  if (spec.kind == DeviceSpec::Kind::Cuda) {
+    device_ = make_cuda_backend(model_, opts_, spec.index);
+  } else if (spec.kind == DeviceSpec::Kind::Auto && !cuda_unusable(0)) {
+    device_ = make_cuda_backend(model_, opts_, 0);
+  }
+  if (device_) return;  // the CPU scratch below is not needed
 
   const size_t U = opts_.ubatch, E = c.n_embd, F = c.n_ff, KV = c.kv_dim(), wide = std::max(E, F);
   x_.resize(U * E);
@@ -53,14 +60,13 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
     sc.out.resize(sc.q.size());
     sc.kv.resize(static_cast<size_t>(kKeyBlock) * c.kv_dim());
     sc.scores.resize(static_cast<size_t>(kQueryBlock) * c.n_head * max_ctx_);
+    sc.rows.reserve(max_ctx_);
+    sc.evicted.reserve(max_ctx_);
   }
   qblocks_.reserve(opts_.ubatch);
   slice_keys_.reserve(opts_.ubatch);
   attn_tasks_.reserve(static_cast<size_t>(opts_.ubatch) * c.n_head_kv);
   sel_raw_.resize(static_cast<size_t>(c.n_head) * max_ctx_);
-  sel_rank_.resize(max_ctx_);
-  sel_scratch_.reserve(max_ctx_);
-  sel_new_.reserve(max_ctx_);
   slices_.reserve(opts_.ubatch);
   wanted_.reserve(opts_.ubatch);
 
@@ -82,21 +88,37 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
 
 Engine::~Engine() = default;
 
+std::string Engine::device_description() const {
+  return device_ ? device_->description() : std::string("CPU, ") + k_.name + " kernels";
+}
+
+std::shared_ptr<Sequence> Engine::create_sequence(int capacity) const {
+  auto seq = std::make_shared<Sequence>(config(), capacity);
+  seq->device_budget = opts_.device_budget_bytes;
+  if (device_) seq->device_kv = device_->create_kv(capacity);
+  return seq;
+}
+
 void Sequence::set_policy(const AttentionPolicy& p) {
-  const size_t packed = p.packed_rows() * kv.row_pair_bytes();
+  std::unique_ptr<DecodePolicy> next = make_decode_policy(p);
+  if (device_kv && !next->attends_everything())
+    throw std::invalid_argument("the GPU backend runs full attention only for now (sparse decode policies run on the CPU engine)");
+  const size_t packed = next->packed_rows() * kv.row_pair_bytes();
   if (device_budget > 0 && packed > device_budget)
     throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " +
                                 std::to_string(packed >> 20) + " MiB of packed rows, more than the device arena's " +
                                 std::to_string(device_budget >> 20) + " MiB");
-  if (p.offloads()) kv.offload(p.sparse_groups());
-  else kv.restore();
-  policy = p;
-  reset_policy_state();
+  kv.offload(next->host_groups());  // none: every layer back on the device
+  policy = std::move(next);
+  slots.reset();
+  if (reclaim && policy->reclaims()) slots = std::make_unique<KvSlots>(kv.n_layer(), n_head_kv_, kv.capacity(), kv.size());
 }
 
 size_t Sequence::device_bytes(int n_tokens) const {
   const size_t device_layers = static_cast<size_t>(kv.n_layer() - kv.banked_layers());
-  return kv.row_pair_bytes() * (static_cast<size_t>(n_tokens) * device_layers + policy.packed_rows());
+  if (slots)  // the rows touched, and a new one per layer for each token to come (at most)
+    return kv.row_pair_bytes() * (slots->rows_touched() + static_cast<size_t>(n_tokens - n_past()) * device_layers);
+  return kv.row_pair_bytes() * (static_cast<size_t>(n_tokens) * device_layers + policy->packed_rows());
 }
 
 void Engine::validate(const std::vector<BatchItem>& items) const {
@@ -106,8 +128,12 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
     if (!it.seq) throw std::invalid_argument("forward: batch item without a sequence");
     if (it.n_tokens < 1) throw std::invalid_argument("forward: empty token list (a prompt needs at least one token)");
     const int limit = std::min(it.seq->kv.capacity(), max_ctx_);
-    if (it.probe && (it.n_tokens != 1 || it.seq->policy.sparse_decode()))
+    if (it.probe && (it.n_tokens != 1 || !it.seq->policy->attends_everything()))
       throw std::invalid_argument("forward: an attention probe needs a one-token item under full attention");
+    if (device_ && (it.probe || !it.seq->device_kv))
+      throw std::invalid_argument(it.probe ? "forward: attention probes run on the CPU engine only"
+                                           : "forward: the sequence was not created by this GPU engine");
+    if (!device_ && it.seq->device_kv) throw std::invalid_argument("forward: a GPU sequence on a CPU engine");
     if (it.seq->n_past() + it.n_tokens > limit)
       throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) +
                                   " tokens exceed the context limit of " + std::to_string(limit) +
@@ -117,6 +143,8 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
       throw std::invalid_argument("forward: " + std::to_string(seq.n_past() + it.n_tokens) + " tokens need " +
                                   std::to_string(seq.device_bytes(seq.n_past() + it.n_tokens) >> 20) +
                                   " MiB of the device arena, which holds " + std::to_string(seq.device_budget >> 20) + " MiB");
+    if (it.n_tokens > 1 && seq.slots && seq.slots->any_freed())
+      throw std::invalid_argument("forward: this sequence reclaimed evicted KV rows, so it takes no more prompt tokens");
     for (int t = 0; t < it.n_tokens; ++t)
       if (it.tokens[t] < 0 || it.tokens[t] >= c.n_vocab)
         throw std::invalid_argument("forward: token id " + std::to_string(it.tokens[t]) + " is outside the vocabulary");
@@ -127,26 +155,11 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
 
 void Engine::forward(const std::vector<BatchItem>& items) {
   validate(items);
-  // Cut the batch into micro-batches of at most `ubatch` tokens; a long prompt spans several.
-  std::vector<Slice>& slices = slices_;
-  slices.clear();
-  int filled = 0;
-  for (const BatchItem& it : items) {
-    const int base = it.seq->n_past();  // read before this item's first micro-batch runs
-    int offset = 0;
-    while (offset < it.n_tokens) {
-      const int count = std::min(it.n_tokens - offset, opts_.ubatch - filled);
-      slices.push_back({&it, offset, count, base + offset});
-      offset += count;
-      filled += count;
-      if (filled == opts_.ubatch) {
-        forward_ubatch(slices);
-        slices.clear();
-        filled = 0;
-      }
-    }
+  if (device_) {
+    device_->forward(items);
+    return;
   }
-  if (!slices.empty()) forward_ubatch(slices);
+  for_each_ubatch(items, opts_.ubatch, slices_, [this](const std::vector<Slice>& slices) { forward_ubatch(slices); });
 }
 
 void Engine::for_tokens(int n, FunctionRef<void(int)> fn) {
@@ -253,8 +266,9 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
   const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
   int n = 0;
   for (const Slice& s : slices) {
+    s.item->seq->policy->begin(policy_step(s, n));
+    if (s.item->seq->slots && s.item->n_tokens > 1) s.item->seq->slots->place_prompt(s.pos0, s.pos0 + s.count);
     n += s.count;
-    if (s.item->n_tokens > 1) s.item->seq->state.prompt_len = -1;  // new prompt tokens: re-pick candidates
   }
   single_thread_ = n <= kSmallBatch && opts_.n_threads_decode == 1;
   n = 0;
@@ -273,9 +287,20 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
     rope(q_.data(), c.n_head, pos_.data(), n);
     rope(kc_.data(), c.n_head_kv, pos_.data(), n);
     for_tokens(n, [&](int t) {
-      KvCache& kv = slices[token_seq_[t]].item->seq->kv;
-      k_.f32_to_f16(&kc_[static_cast<size_t>(t) * KV], kv.k(l, pos_[t]), KV);
-      k_.f32_to_f16(&vc_[static_cast<size_t>(t) * KV], kv.v(l, pos_[t]), KV);
+      const Slice& s = slices[token_seq_[t]];
+      KvCache& kv = s.item->seq->kv;
+      KvSlots* slots = s.item->seq->slots.get();
+      if (!slots || s.item->n_tokens > 1) {  // row = position
+        k_.f32_to_f16(&kc_[static_cast<size_t>(t) * KV], kv.k(l, pos_[t]), KV);
+        k_.f32_to_f16(&vc_[static_cast<size_t>(t) * KV], kv.v(l, pos_[t]), KV);
+        return;
+      }
+      const int d = c.head_dim;  // reclaiming decode step: each KV head to its own row
+      for (int g = 0; g < c.n_head_kv; ++g) {
+        const int32_t row = slots->place(l, g, pos_[t]);
+        k_.f32_to_f16(&kc_[static_cast<size_t>(t) * KV + g * d], kv.k(l, row) + g * d, d);
+        k_.f32_to_f16(&vc_[static_cast<size_t>(t) * KV + g * d], kv.v(l, row) + g * d, d);
+      }
     });
     prepare_sparse(l, slices);
     attention(l, slices);
@@ -300,7 +325,7 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
   wanted_.clear();
   int t0 = 0;
   for (const Slice& s : slices) {
-    if (s.item->logits && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item->logits});
+    if ((s.item->logits || s.item->argmax) && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item});
     t0 += s.count;
   }
   for (size_t g = 0; g < wanted_.size(); g += kLogitRows) {
@@ -309,8 +334,12 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
       std::memcpy(&xn_[static_cast<size_t>(r) * E], &x_[static_cast<size_t>(wanted_[g + r].first) * E], E * sizeof(float));
     rms_norm(xn_.data(), model_->output_norm(), logits_x_.data(), rows);
     matmuls({{&model_->output(), logits_buf_.data(), c.n_vocab}}, logits_x_.data(), rows, E);
-    for (int r = 0; r < rows; ++r)
-      std::memcpy(wanted_[g + r].second, &logits_buf_[static_cast<size_t>(r) * c.n_vocab], c.n_vocab * sizeof(float));
+    for (int r = 0; r < rows; ++r) {
+      const float* row = &logits_buf_[static_cast<size_t>(r) * c.n_vocab];
+      const BatchItem& it = *wanted_[g + r].second;
+      if (it.logits) std::memcpy(it.logits, row, c.n_vocab * sizeof(float));
+      if (it.argmax) *it.argmax = static_cast<int32_t>(std::max_element(row, row + c.n_vocab) - row);
+    }
   }
 }
 

@@ -7,9 +7,12 @@
 #include <memory>
 #include <vector>
 
+#include "decode_policy.h"
+#include "device.h"
 #include "function_ref.h"
 #include "kernels.h"
 #include "kv_cache.h"
+#include "kv_slots.h"
 #include "model.h"
 #include "policy.h"
 #include "thread_pool.h"
@@ -26,17 +29,25 @@ struct EngineOptions {
   // The "device" arena one sequence may use: its device-tier KV plus OmniKV's packed buffers
   // (KvCache, policy.h). 0 = no limit. A forward that would exceed it is refused.
   size_t device_budget_bytes = 0;
+  // cpu | cuda | cuda:N | auto (CUDA when a GPU is usable, else the CPU). device.h.
+  std::string device = "cpu";
+  // CUDA only: replay each micro-batch shape's layers as a CUDA graph (decode steps are
+  // launch-bound). Off by default until measured on a GPU.
+  bool cuda_graphs = false;
 };
 
 class Sequence {
  public:
-  Sequence(const ModelConfig& c, int capacity) : kv(c.n_layer, c.kv_dim(), capacity) {}
+  Sequence(const ModelConfig& c, int capacity)
+      : kv(c.n_layer, c.kv_dim(), capacity), policy(make_decode_policy(AttentionPolicy{})), n_head_kv_(c.n_head_kv) {}
   KvCache kv;
-  AttentionPolicy policy;  // how decode steps attend (prefill is always full)
-  PolicyState state;
+  std::unique_ptr<DecodePolicy> policy;  // how decode steps attend (prefill is always full); never null
+  // A GPU engine's sequences keep their KV here; `kv` then only tracks the length (its mapping
+  // is reserved, never touched, so it holds no memory) and stages exportRows/importRows.
+  std::unique_ptr<DeviceKv> device_kv;
   int n_past() const { return kv.size(); }
   // After the cache is rewound or replaced, decode-time selections start over.
-  void reset_policy_state() { state.reset(); }
+  void reset_policy_state() { policy->reset(); }
   // Takes a validated policy; under OmniKV offload moves the sparse groups into the host bank
   // (and back when offload ends). Throws std::invalid_argument if its packed buffers alone
   // would not fit the device budget.
@@ -44,11 +55,13 @@ class Sequence {
   // Device bytes with n tokens stored: the device-tier KV plus the packed buffers at full budget.
   size_t device_bytes(int n_tokens) const;
   size_t device_budget = 0;  // EngineOptions::device_budget_bytes at creation; 0 = none
-  // Decode-time selections pick among positions [0, candidate_end()): the prompt (OmniKV), or the
-  // rounds before the current one (Round Attention); every later position is always attended.
-  int candidate_end() const {
-    return policy.kind == AttentionPolicy::Kind::Rounds ? std::min(policy.rounds.starts.back(), state.prompt_len) : state.prompt_len;
-  }
+  // Free the KV rows of evicted tokens for reuse (kv_slots.h) under policies that allow it; read
+  // by set_policy. Off: evicted tokens are only masked.
+  bool reclaim = false;
+  std::unique_ptr<KvSlots> slots;  // set while reclaiming: every layer and head's position -> row
+
+ private:
+  int n_head_kv_;
 };
 
 struct BatchItem {
@@ -59,26 +72,64 @@ struct BatchItem {
   // If set (one-token items under full attention only): receives, per layer, the token's
   // attention probabilities over its n_past + 1 keys, averaged over heads: [n_layer][n_past + 1].
   float* probe = nullptr;
+  // If set: receives the greedy next token (the lowest index of the largest logit). On a GPU
+  // engine it is computed there, and the logits are copied to the host only if `logits` is set.
+  int32_t* argmax = nullptr;
 };
 
-class Engine {
+// One item's share of a micro-batch: `count` of its tokens from `offset`, at positions from pos0.
+struct UbatchSlice { const BatchItem* item; int offset, count, pos0; };
+
+// Cuts a batch into micro-batches of at most `ubatch` tokens (a long prompt spans several) and
+// calls run(slices) for each, in order; `slices` is the caller's reused buffer. Every backend
+// batches this way, so a batch is computed in the same pieces on the CPU and on a GPU.
+template <class Run>
+void for_each_ubatch(const std::vector<BatchItem>& items, int ubatch, std::vector<UbatchSlice>& slices, Run&& run) {
+  slices.clear();
+  int filled = 0;
+  for (const BatchItem& it : items) {
+    const int base = it.seq->n_past();  // read before this item's first micro-batch runs
+    int offset = 0;
+    while (offset < it.n_tokens) {
+      const int count = std::min(it.n_tokens - offset, ubatch - filled);
+      slices.push_back({&it, offset, count, base + offset});
+      offset += count;
+      filled += count;
+      if (filled == ubatch) {
+        run(slices);
+        slices.clear();
+        filled = 0;
+      }
+    }
+  }
+  if (!slices.empty()) run(slices);
+}
+
+// The engine is the CPU backend its sequences' decode policies call (decode_policy.h).
+class Engine : private PolicyBackend {
  public:
   Engine(std::shared_ptr<const Model> model, const EngineOptions& opts);
   ~Engine();
 
-  const ModelConfig& config() const { return model_->config(); }
+  const ModelConfig& config() const override { return model_->config(); }
   const Model& model() const { return *model_; }
   const std::shared_ptr<const Model>& model_ptr() const { return model_; }
   const EngineOptions& options() const { return opts_; }
   const KernelTable& kernels() const { return k_; }
   int max_context() const { return max_ctx_; }
+  // "cpu", or the GPU backend's name ("cuda:0") and description.
+  std::string device_name() const { return device_ ? device_->name() : "cpu"; }
+  std::string device_description() const;
+  DeviceBackend* device() const { return device_.get(); }
+  // A sequence for this engine (with its GPU cache on a GPU engine).
+  std::shared_ptr<Sequence> create_sequence(int capacity) const;
 
   // Validates the whole batch first (token ids, capacity, duplicate sequences) and throws
   // std::invalid_argument before touching any KV.
   void forward(const std::vector<BatchItem>& items);  // no allocation once warmed up
 
  private:
-  struct Slice { const BatchItem* item; int offset, count, pos0; };
+  using Slice = UbatchSlice;
   struct MatJob { const Weight* w; float* y; int ldy; };
   void validate(const std::vector<BatchItem>& items) const;
   void forward_ubatch(const std::vector<Slice>& slices);
@@ -88,33 +139,29 @@ class Engine {
   void matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k);
   void rope(float* x, int n_heads, const int* pos, int n);
   struct QueryBlock { int slice, t_begin, t_end; };
-  struct AttnScratch { std::vector<float> q, out, kv, scores; };  // per thread
+  struct AttnScratch {  // per thread
+    std::vector<float> q, out, kv, scores;
+    std::vector<int32_t> rows, evicted;  // listed keys' cache rows (reclaiming), a step's evictions
+  };
   struct AttnTask { int block, h0, n_heads; };
   void attention(int layer, const std::vector<Slice>& slices);
   void attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);
-  // Offload: a sparse layer's selected rows in its group's packed buffer (n = 0: none).
-  struct Packed { const uint16_t* k = nullptr; size_t ld = 0; int n = 0; };
-  void attend_listed(int layer, const Slice& s, const Packed& packed, int t, int g, AttnScratch& sc);
+  void attend_listed(int layer, const Slice& s, const LayerKeys& keys, int t, int g, AttnScratch& sc);
   void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<int(int)> valid);
-  void scope_update(int layer, Sequence& seq, int g, const float* probs, int n_keys);
-  void baseline_keys(int layer, Sequence& seq, int pos);
-  void h2o_update(int layer, Sequence& seq, int g, const float* probs, int n_keys);
-  // Sparse decode (policy.h): the key list each slice attends at `layer` (nullptr = all).
+  // Decode policies (sparse.cc): their per-micro-batch view of a slice, the key lists each slice
+  // attends at `layer`, and the backend services they call.
+  PolicyStep policy_step(const Slice& s, int t) { return {*this, s.item->seq->kv, t, s.count, s.pos0, s.item->n_tokens != 1}; }
   void prepare_sparse(int layer, const std::vector<Slice>& slices);
-  bool select_tokens(int layer, Sequence& seq, int t, std::vector<int32_t>& out);  // true: `out` changed
-  void refresh_packed(Sequence& seq, int filter_index);
-  PolicyState::Window& window_of(int layer, Sequence& seq);
-  void remember_query(int layer, Sequence& seq, int t);
-  void push_query(PolicyState::Window& w, int keep, int t);
-  void compute_prompt_pool(int layer, Sequence& seq);
-  void select_rounds(int layer, Sequence& seq, const float* q_now, int pos_now,
-                     FunctionRef<void(const float*, int)> score, std::vector<int32_t>& out);
-  Packed packed_for(int layer, const Sequence& seq) const;
+  const float* query(int t) const override { return &q_[static_cast<size_t>(t) * config().n_embd]; }
+  int position(int t) const override { return pos_[t]; }
+  float* score_keys(const KvCache& kv, int layer, const float* q, int n_keys) override;
+  void softmax(float* scores, int rows, int n) override;
   void for_tokens(int n, FunctionRef<void(int)> fn);
   void parallel(int n_tasks, FunctionRef<void(int, int)> fn) { pool_.parallel_for(n_tasks, fn, single_thread_); }
 
   std::shared_ptr<const Model> model_;
   EngineOptions opts_;
+  std::unique_ptr<DeviceBackend> device_;  // null: the CPU computes
   int max_ctx_;
   const KernelTable& k_;
   ThreadPool pool_;
@@ -133,15 +180,13 @@ class Engine {
   static constexpr int kKeyBlock = 64;
   std::vector<QueryBlock> qblocks_;
   std::vector<AttnTask> attn_tasks_;
-  // Per slice, for the current layer: per-KV-head key lists of a sparse decode step, or nullptr.
-  std::vector<const std::vector<PolicyState::Head>*> slice_keys_;
-  std::vector<Packed> slice_packed_;
-  std::vector<float> sel_raw_, sel_rank_, sel_scratch_;   // selection scratch: [n_head][ctx], [ctx], [ctx]
-  std::vector<int32_t> sel_new_;
+  // Per slice, for the current layer: what its decode step attends (not listed: everything).
+  std::vector<LayerKeys> slice_keys_;
+  std::vector<float> sel_raw_;  // score_keys: [n_head][ctx]
   std::vector<AttnScratch> attn_scratch_;
   std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]
   std::vector<Slice> slices_;
-  std::vector<std::pair<int, float*>> wanted_;
+  std::vector<std::pair<int, const BatchItem*>> wanted_;
 };
 
 }  // namespace ctx

@@ -1,5 +1,7 @@
 #include "engine_worker.h"
 
+#include "device.h"
+
 #include <exception>
 
 namespace ctx {
@@ -52,6 +54,9 @@ void EngineWorker::loop() {
     }
     try {
       job->run();
+    } catch (const DeviceError& e) {  // a GPU failure: the rejection carries its code
+      job->error = e.what();
+      job->code = e.code();
     } catch (const std::exception& e) {
       job->error = e.what();
     } catch (...) {
@@ -69,7 +74,9 @@ void EngineWorker::deliver(Napi::Env env, Napi::Function, Job* job) {
   if (--job->owner->pending_ == 0) job->owner->tsfn_.Unref(env);
   if (job->finally) job->finally();
   if (!job->error.empty()) {
-    job->deferred.Reject(Napi::Error::New(env, job->error).Value());
+    Napi::Error err = Napi::Error::New(env, job->error);
+    if (!job->code.empty()) err.Set("code", Napi::String::New(env, job->code));
+    job->deferred.Reject(err.Value());
   } else {
     try {
       job->deferred.Resolve(job->settle(env));

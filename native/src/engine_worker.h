@@ -27,6 +27,7 @@ class EngineWorker {
     Napi::ObjectReference keep_alive;  // JS objects the job touches (buffers, the engine)
     EngineWorker* owner;
     std::string error;
+    std::string code;  // DeviceError's code, set as the rejection's err.code
   };
 
   explicit EngineWorker(Napi::Env env);

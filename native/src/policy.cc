@@ -236,21 +236,4 @@ float iou(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   return uni == 0 ? 1.f : static_cast<float>(both) / static_cast<float>(uni);
 }
 
-std::vector<std::vector<int>> AttentionPolicy::sparse_groups() const {
-  std::vector<std::vector<int>> groups(uses_omnikv() ? omnikv.filter_layers.size() : 0);
-  for (size_t l = 0; l < group.size(); ++l)
-    if (group[l] >= 0) groups[group[l]].push_back(static_cast<int>(l));
-  std::vector<std::vector<int>> nonempty;
-  for (auto& g : groups)
-    if (!g.empty()) nonempty.push_back(std::move(g));
-  return nonempty;
-}
-
-size_t AttentionPolicy::packed_rows() const {
-  if (!offloads()) return 0;
-  size_t layers = 0;
-  for (const auto& g : sparse_groups()) layers += g.size();
-  return layers * static_cast<size_t>(omnikv.budget);
-}
-
 }  // namespace ctx

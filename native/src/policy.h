@@ -1,4 +1,6 @@
-// Attention policies, chosen per sequence; prefill is always full attention.
+// Attention policies, chosen per sequence; prefill is always full attention. This file holds their
+// validated configurations and the pure selection functions; the per-sequence objects the engine
+// calls are in decode_policy.h and policies/ (one file per kind).
 // - `full` attends to every cached token.
 // - `omnikv` (Hao et al., ICLR 2025; follows antgroup/OmniKV's code) picks prompt tokens: at each
 //   decode step a few filter layers score the prompt with the current query and keep the top
@@ -90,6 +92,8 @@ struct H2oConfig { int budget = 1024; int recent = 256; };
 
 enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
 
+// A validated policy configuration (what setPolicy parses); make_decode_policy
+// (decode_policy.h) turns it into the per-sequence object the engine calls.
 struct AttentionPolicy {
   enum class Kind { Full, OmniKv, Scope, OmniKvScope, Streaming, H2o, Rounds };
   Kind kind = Kind::Full;
@@ -108,51 +112,7 @@ struct AttentionPolicy {
   static AttentionPolicy make_streaming(const StreamingConfig& cfg);
   static AttentionPolicy make_h2o(const H2oConfig& cfg);
   static AttentionPolicy make_rounds(const RoundsConfig& cfg, const ModelConfig& model);
-  bool sparse_decode() const { return kind != Kind::Full; }
-  bool uses_omnikv() const { return kind == Kind::OmniKv || kind == Kind::OmniKvScope || kind == Kind::Rounds; }
-  bool uses_scope() const { return kind == Kind::Scope || kind == Kind::OmniKvScope; }
-  bool offloads() const { return uses_omnikv() && omnikv.offload; }
-  bool compresses_prompt() const { return kind == Kind::Scope && scope.alpha1 > 0; }
-  // OmniKV: per filter layer (in order), the sparse layers that use its selection; the groups the
-  // host bank holds under offload.
-  std::vector<std::vector<int>> sparse_groups() const;
-  // Device bytes of the packed buffers at most (budget rows of every sparse group), per KV row pair.
-  size_t packed_rows() const;
   const char* name() const;
-};
-
-// Per-sequence decode state of a policy.
-struct PolicyState {
-  int prompt_len = -1;                          // prompt = positions < prompt_len
-  std::vector<std::vector<int32_t>> selected;   // OmniKV: per filter layer, ascending
-  std::vector<std::vector<int32_t>> pool;       // SCOPE, H2O: per (layer, KV head), positions kept
-  std::vector<std::vector<float>> acc;          // H2O: accumulated attention, aligned with pool
-  struct Head {                                 // per KV head, reused layer after layer
-    std::vector<int32_t> keys;                  // what the current layer attends to, ascending
-    std::vector<float> importance;              // SCOPE scratch
-    std::vector<int32_t> scratch, out;
-  };
-  std::vector<Head> heads;
-  // Offload: per filter layer, its sparse group's rows for the selected tokens, token-major
-  // ([selected][layer of the group][K|V][kv_dim]), refreshed when the selection changes.
-  std::vector<std::vector<uint16_t>> packed;
-  // Window selectors: per filter layer, the queries (post-RoPE, [n_head * head_dim]) of the last
-  // window - 1 tokens before the current one, oldest first, and their positions. Prompt queries
-  // are kept when this engine ran the prefill; after a KV import only decode queries exist.
-  struct Window { std::vector<std::vector<float>> q; std::vector<int> pos; };
-  std::vector<Window> windows;
-  // SCOPE prompt compression: per layer, the last alpha2 prompt queries (kept while this engine
-  // prefills), and per (layer, KV head) the compressed prompt pool, computed at the first decode
-  // step (empty: not computed yet; a prompt whose queries are absent, after a KV import, is kept whole).
-  std::vector<Window> observed;
-  std::vector<std::vector<int32_t>> prompt_pool;
-  std::vector<bool> prompt_pool_done;
-  uint64_t selections = 0, lazy_reuses = 0;
-  void reset() {
-    prompt_len = -1;
-    selected.clear(); pool.clear(); acc.clear(); packed.clear(); windows.clear();
-    observed.clear(); prompt_pool.clear(); prompt_pool_done.clear();
-  }
 };
 
 const char* selector_name(Selector s);

@@ -244,8 +244,21 @@ inline std::string quantize_row(uint32_t type, const float* x, int n) {
       out.put(dh).put(mh);
       auto q = [&](int j) { return static_cast<uint8_t>(d > 0 ? std::clamp<long>(std::lround((xb[j] - m) / d), 0, 15) : 0); };
       for (int j = 0; j < 16; ++j) out.u8(static_cast<uint8_t>(q(j) | (q(j + 16) << 4)));
+    } else if (type == kTQ4_0) {
+      // ggml's reference: the signed value of largest magnitude maps to -8.
+      float amax = 0, max = 0;
+      for (int j = 0; j < 32; ++j)
+        if (std::fabs(xb[j]) > amax) amax = std::fabs(xb[j]), max = xb[j];
+      const uint16_t dh = to_half(max / -8.f);
+      const float d = from_half(dh);
+      out.put(dh);
+      auto q = [&](int j) { return static_cast<uint8_t>(d != 0 ? std::clamp<long>(std::lround(xb[j] / d + 8.f), 0, 15) : 8); };
+      for (int j = 0; j < 16; ++j) out.u8(static_cast<uint8_t>(q(j) | (q(j + 16) << 4)));
+    } else if (type == kTF16) {
+      // Values too small for a normal half become 0 (to_half handles normal values only).
+      for (int j = 0; j < 32; ++j) out.put(std::fabs(xb[j]) < 1e-4f ? static_cast<uint16_t>(0) : to_half(xb[j]));
     } else {
-      throw std::logic_error("quantize_row: Q8_0 and Q4_1 only");
+      throw std::logic_error("quantize_row: Q8_0, Q4_0, Q4_1 and F16 only");
     }
   }
   return out.b;

@@ -17,6 +17,7 @@ import { ShmTransport } from "../../shared/transport/shm.ts";
 import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "../../shared/transport/types.ts";
 import type { ServiceMetrics } from "../../shared/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
+import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 import { SocketHttpTransport } from "./socket-transport.ts";
 import { faultPoint } from "../fault-points.ts";
 
@@ -52,6 +53,8 @@ export class KvLoader {
     private readonly metrics?: ServiceMetrics,
     /** Signs the chunk-read capabilities HTTP owners want (without it, HTTP reads are refused). */
     private readonly auth?: InternalAuth,
+    /** Aborts reads from an owner the registry declares dead (HTTP reads; shm reads cannot hang). */
+    private readonly peers?: PeerWatch,
   ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
@@ -134,6 +137,9 @@ export class KvLoader {
       const stop = new AbortController();
       const onAbort = () => stop.abort(signal.reason);
       signal.addEventListener("abort", onAbort, { once: true });
+      const ownerDead = new AbortController();
+      ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
+      const untrack = await this.watchOwners(leased, ownerDead);
       const worker = async () => {
         const scratch = { buf: Buffer.allocUnsafe(0) };
         while (nextIndex < leased.length && !stop.signal.aborted) {
@@ -144,6 +150,7 @@ export class KvLoader {
           try {
             view = await fetchChunk(transport, location, scratch, { deadlineMs, signal: stop.signal });
           } catch (e) {
+            if (ownerDead.signal.aborted && !signal.aborted) throw ownerGone(ownerDead.signal.reason);
             throw transportError(e, signal);
           }
           try {
@@ -163,6 +170,7 @@ export class KvLoader {
       );
       const settled = await Promise.allSettled(workers);
       signal.removeEventListener("abort", onAbort);
+      untrack();
       const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
       if (failure) throw firstCause(settled, failure.reason);
       signal.throwIfAborted();
@@ -198,6 +206,22 @@ export class KvLoader {
       length: location.length,
       exp: Math.min(chunk.leaseExpiresAt.getTime(), Date.now() + this.rt.config.kvTimeoutMs),
     });
+  }
+
+  /** Watches the owners of the chunks read over HTTP; returns the function that stops watching. */
+  private async watchOwners(leased: LeasedChunk[], ac: AbortController): Promise<() => void> {
+    const peers = this.peers;
+    if (!peers) return () => {};
+    const shardsRead = new Map<string, { shardId: string; epoch: number }>();
+    for (const { location: loc } of leased) {
+      if (this.pick(loc) !== this.shm) shardsRead.set(`${loc.shardId}/${loc.epoch}`, { shardId: loc.shardId, epoch: loc.epoch });
+    }
+    const untracks: Array<() => void> = [];
+    for (const { shardId, epoch } of shardsRead.values()) {
+      const row = await this.rt.registry.shards.get(shardId, epoch).catch(() => undefined);
+      if (row) untracks.push(peers.track(row.instanceId, ac));
+    }
+    return () => untracks.forEach((f) => f());
   }
 
   /** A load that failed for want of the bytes (not a bad handle, not a cancel): by transport and reason. */
@@ -240,6 +264,11 @@ function leaseError(e: unknown): unknown {
     return new ApiError(409, "handle_expired", `the handle's KV is no longer available: ${e.message}`, "handle", details, { cause: e });
   }
   return e;
+}
+
+function ownerGone(reason: unknown): KvLoadError {
+  const why = reason instanceof PeerDeadError ? reason.message : String(reason);
+  return new KvLoadError(`the KV's owner is gone: ${why}`, "failed_owner", { cause: reason });
 }
 
 function transportError(e: unknown, signal: AbortSignal): unknown {

@@ -8,11 +8,11 @@ import type { Context } from "hono";
 import { newApp, type ServiceApp } from "../../shared/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/http/errors.ts";
 import { requestTenant } from "../../shared/http/tenant.ts";
-import { CtxbankExtensionSchema, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
+import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
 import type { FinishReason } from "../../shared/generate.ts";
 import { PolicySpecSchema } from "../../shared/policy/request.ts";
 import type { ChatMessage } from "../../shared/tokenizer/chat-template.ts";
-import type { Runtime } from "../runtime.ts";
+import { checkPromptSize, type Runtime } from "../runtime.ts";
 import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
 import { errorJson } from "./routes.ts";
@@ -51,8 +51,9 @@ const ChatRequest = z
     ...Common,
     max_completion_tokens: z.number().int().min(1).nullish(),
     messages: z
-      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart)]) }))
-      .min(1),
+      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart).max(1024)]) }))
+      .min(1)
+      .max(MAX_WIRE_MESSAGES),
     logprobs: z.literal(false).nullish(),
   })
   .openapi("ChatCompletionRequest");
@@ -83,7 +84,19 @@ const ChatResponse = z
   })
   .openapi("ChatCompletion");
 const ModelList = z
-  .object({ object: z.literal("list"), data: z.array(z.object({ id: z.string(), object: z.literal("model"), created: z.number(), owned_by: z.string() })) })
+  .object({
+    object: z.literal("list"),
+    data: z.array(
+      z.object({
+        id: z.string(),
+        object: z.literal("model"),
+        created: z.number(),
+        owned_by: z.string(),
+        /** ctxbank extension: where the engine runs the model (cpu or cuda:N). */
+        device: z.string(),
+      }),
+    ),
+  })
   .openapi("ModelList");
 
 const stream = {
@@ -145,13 +158,14 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
   /** Default max tokens, capped so a short context still works when the client says nothing. */
   const room = (want: number) => Math.max(1, Math.min(want, rt.engine.maxContext - 1));
 
-  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank" }] }, 200));
+  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank", device: rt.engine.device }] }, 200));
 
   app.openapi(completionsRoute, async (c) => {
     const b = c.req.valid("json");
     checkModel(b.model);
     const p = b.prompt;
     const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
+    checkPromptSize(rt, prompt); // here too, so an oversized prompt is not sent on to a prefill
     const ac = clientSignal(c);
     const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(16)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `cmpl-${crypto.randomUUID()}`;
@@ -173,6 +187,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
       role: m.role === "developer" ? "system" : m.role,
       content: typeof m.content === "string" ? m.content : m.content.map((part) => part.text).join(""),
     }));
+    checkPromptSize(rt, { messages });
     const ac = clientSignal(c);
     const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `chatcmpl-${crypto.randomUUID()}`;

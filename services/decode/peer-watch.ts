@@ -1,10 +1,21 @@
-// Aborts calls to an instance as soon as the registry says it is dead: while calls are in flight,
-// the instances they go to are looked up every heartbeat period, and one that is marked dead,
-// gone, or silent past the heartbeat timeout (what the membership sweep declares dead) has its
-// calls aborted with 502 prefill_failed. A SIGSTOPped peer keeps its sockets open and never
-// answers; without this a call to it would wait for its whole deadline.
-import { ApiError } from "../../shared/http/errors.ts";
+// Aborts calls to an instance as soon as the registry says it is dead: while calls are in flight
+// (decode's prefill calls, its chunk reads over HTTP), the instances they go to are looked up
+// every heartbeat period, and one that is marked dead, gone, or silent past the heartbeat timeout
+// (what the membership sweep declares dead) has its calls aborted with a PeerDeadError. A
+// SIGSTOPped peer keeps its sockets open and never answers; without this a call to it would wait
+// for its whole deadline.
 import type { Runtime } from "../runtime.ts";
+
+/** The reason a watched call was aborted: its instance is dead. */
+export class PeerDeadError extends Error {
+  override readonly name = "PeerDeadError";
+  constructor(
+    readonly instanceId: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
 
 export class PeerWatch {
   private readonly calls = new Map<string, Set<AbortController>>();
@@ -41,7 +52,7 @@ export class PeerWatch {
         if (row && row.state !== "dead" && silentMs < heartbeatTimeoutMs) continue;
         const why = !row ? "is no longer registered" : row.state === "dead" ? "was declared dead" : `has been silent for ${Math.round(silentMs)} ms`;
         this.rt.log.warn({ instance: id, calls: set.size }, "aborting calls to a dead instance");
-        for (const ac of set) ac.abort(new ApiError(502, "prefill_failed", `prefill instance ${id} ${why} (no heartbeat within ${heartbeatTimeoutMs} ms); the request was lost with it, retry`));
+        for (const ac of set) ac.abort(new PeerDeadError(id, `instance ${id} ${why} (no heartbeat within ${heartbeatTimeoutMs} ms)`));
       }
     } finally {
       this.checking = false;

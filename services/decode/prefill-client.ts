@@ -15,7 +15,7 @@ import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/htt
 import { FairQueue } from "../../shared/queue/fair-queue.ts";
 import type { InstanceRow } from "../../shared/registry/registry.ts";
 import type { Runtime } from "../runtime.ts";
-import { PeerWatch } from "./peer-watch.ts";
+import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 
 const PASS_THROUGH = new Set([400, 404, 409, 413, 429]);
 /** How long a prefill capability is valid: it only has to reach the instance. */
@@ -35,11 +35,12 @@ export class PrefillClient {
 
   constructor(
     private readonly rt: Runtime,
-    private readonly auth?: InternalAuth,
+    private readonly auth: InternalAuth | undefined,
+    peers: PeerWatch,
   ) {
     const c = rt.config;
     this.queue = new FairQueue({ stage: "prefill_calls", limit: c.maxPrefillCalls, capacity: c.maxPrefillCallQueue });
-    this.peers = new PeerWatch(rt);
+    this.peers = peers;
     this.timeoutMs = c.prefillTimeoutMs ?? defaultPrefillTimeoutMs(rt.engine.maxContext);
   }
 
@@ -94,7 +95,7 @@ export class PrefillClient {
           });
         } catch (e) {
           if (signal.aborted) throw signal.reason;
-          if (ac.signal.aborted) throw ac.signal.reason; // declared dead: the work is lost, do not redo it blindly
+          if (ac.signal.aborted) throw peerDead(ac.signal.reason); // the work is lost with it: not redone blindly
           failures.push(`${inst.id} (${inst.baseUrl}): ${(e as { code?: string }).code ?? (e as Error).message}`);
           continue;
         }
@@ -103,7 +104,7 @@ export class PrefillClient {
           text = await res.body.text();
         } catch (e) {
           if (signal.aborted) throw signal.reason;
-          if (ac.signal.aborted) throw ac.signal.reason;
+          if (ac.signal.aborted) throw peerDead(ac.signal.reason);
           throw new ApiError(502, "prefill_failed", `prefill instance ${inst.id} broke off its answer: ${(e as Error).message}`);
         }
         if (res.statusCode === 200) {
@@ -155,11 +156,15 @@ export class PrefillClient {
   }
 
   async close(): Promise<void> {
-    this.peers.stop();
     const pools = [...this.pools.values()];
     this.pools.clear();
     await Promise.all(pools.map((p) => p.close()));
   }
+}
+
+function peerDead(reason: unknown): unknown {
+  if (!(reason instanceof PeerDeadError)) return reason;
+  return new ApiError(502, "prefill_failed", `prefill ${reason.message}; the request was lost with it, retry`, null, undefined, { cause: reason });
 }
 
 function parseJson(text: string): unknown {

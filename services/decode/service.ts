@@ -23,6 +23,7 @@ import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/auth/capability.ts";
 import { ownsRequest } from "../../shared/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
+import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { DecodeScheduler } from "./scheduler.ts";
@@ -80,6 +81,7 @@ export class DecodeService {
   readonly prefillClient: PrefillClient;
   /** How requests end in the registry, retried while it cannot be reached. */
   readonly outcomes: RequestOutcomes;
+  private readonly peers: PeerWatch;
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
@@ -94,8 +96,11 @@ export class DecodeService {
   ) {
     const c = rt.config;
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
-    this.loader = new KvLoader(rt, metrics, auth);
-    this.prefillClient = new PrefillClient(rt, auth);
+    // One watch over the peers decode calls (prefill instances, chunk owners): a call to a peer
+    // the registry declares dead is aborted at once.
+    this.peers = new PeerWatch(rt);
+    this.loader = new KvLoader(rt, metrics, auth, this.peers);
+    this.prefillClient = new PrefillClient(rt, auth, this.peers);
     this.outcomes = new RequestOutcomes(rt);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
@@ -198,8 +203,9 @@ export class DecodeService {
       checkContext(engine.maxContext, n, maxTokens);
       // A client's handle is input like any other: ids outside the vocabulary are its fault (400), not ours.
       checkTokenIds(handle.prompt_token_ids, model.config.nVocab, "handle.prompt_token_ids");
-      if (handle.first_token >= model.config.nVocab) {
-        throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${model.config.nVocab})`, "handle.first_token");
+      const nFirst = Math.min(model.config.nVocab, this.rt.tokenizer.vocabSize); // it is detokenized too
+      if (handle.first_token >= nFirst) {
+        throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
       }
       // Our own prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat);
       // a client's handle may be decoded under another policy the request names.
@@ -363,6 +369,7 @@ export class DecodeService {
     while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
     this.outcomes.stop();
     await this.membership?.leave();
+    this.peers.stop();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);
   }
 }

@@ -57,10 +57,12 @@ export function newApiKey(id: string, limits: Partial<KeyLimits> = {}): { key: s
 export function parseApiKeys(text: string, defaults: KeyLimits, where: string): ApiKeyEntry[] {
   const entries: ApiKeyEntry[] = [];
   const seen = new Set<string>();
-  text.split(/[\n;]/).forEach((raw, i) => {
-    const line = raw.replace(/#.*$/, "").trim();
+  // Comments first (they may hold ';'), then entries.
+  const lines = text.split("\n").flatMap((raw, n) => raw.replace(/#.*$/, "").split(";").map((entry) => ({ entry, n })));
+  lines.forEach(({ entry, n }) => {
+    const line = entry.trim();
     if (line === "") return;
-    const at = `${where}, entry ${i + 1}`;
+    const at = `${where}, line ${n + 1}`;
     const [id, hash, ...opts] = line.split(/\s+/);
     if (!KEY_ID.test(id!) || id === LOCAL_TENANT) throw new ApiKeyError(`${at}: bad key id ${JSON.stringify(id)}`);
     if (seen.has(id!)) throw new ApiKeyError(`${at}: key id ${id} appears twice`);

@@ -8,6 +8,8 @@ import {
   addon,
   ggufInfo,
   type AttentionPolicy,
+  type EngineDevice,
+  type EngineInfo,
   type EngineOptions,
   type ModelConfig,
   type NativeEngine,
@@ -16,7 +18,7 @@ import {
   type PolicyStats,
 } from "./native.ts";
 
-export type { EngineOptions, ModelConfig, NativeSequence };
+export type { EngineDevice, EngineInfo, EngineOptions, ModelConfig, NativeSequence };
 
 export interface LoadedModel {
   path: string;
@@ -62,6 +64,11 @@ export class Engine {
 
   get maxContext(): number {
     return this.native.info.maxContext;
+  }
+
+  /** "cpu" or "cuda:N": where this engine's forward passes run. */
+  get device(): string {
+    return this.native.info.device;
   }
 
   createSequence(capacity?: number): NativeSequence {

@@ -139,7 +139,8 @@ export interface NativeSequence {
   /**
    * The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. Under
    * omnikv offload the sparse layers live in the host bank instead (their range here reads as
-   * zeros): use exportRows/importRows, which address either tier.
+   * zeros): use exportRows/importRows, which address either tier. A GPU engine's sequences keep
+   * their KV in GPU memory: kvBuffer() throws there; exportRows/importRows work (staged via the host).
    */
   kvBuffer(): ArrayBuffer;
 }
@@ -152,6 +153,9 @@ export interface ForwardItem {
   /** One-token items under full attention: per layer, the token's attention over its
    *  nPast + 1 keys averaged over heads, [nLayer][nPast + 1] (calibration). */
   probe?: Float32Array;
+  /** Receives the greedy next token (lowest index of the largest logit); on a GPU engine computed
+   *  there, so a step that passes no `logits` copies one number per sequence back, not nVocab. */
+  argmax?: Int32Array;
 }
 
 export interface EngineOptions {
@@ -163,10 +167,61 @@ export interface EngineOptions {
   maxContext?: number;
   /** The device arena one sequence may use (its deviceBytesUsed); 0 = no limit. */
   deviceBudgetBytes?: number;
+  /**
+   * Where the engine computes: cpu (default), cuda / cuda:N (the CUDA backend; throws an Error
+   * with code no_gpu, cuda_driver_too_old or cuda_unavailable_in_build when it cannot), or auto
+   * (CUDA when a GPU is usable, else the CPU).
+   */
+  device?: EngineDevice;
+  /** CUDA only: replay each batch shape's layers as a CUDA graph (default false until measured). */
+  cudaGraphs?: boolean;
+}
+
+export type EngineDevice = "cpu" | "cuda" | "auto" | `cuda:${number}`;
+/** The device strings the engine accepts. */
+export const DEVICE_PATTERN = /^(cpu|cuda|auto|cuda:(0|[1-9][0-9]{0,2}))$/;
+
+/** Whether this addon has the CUDA backend, and whether CUDA device 0 can be used here. */
+export interface CudaStatus {
+  compiled: boolean;
+  usable: boolean;
+  /** Why not (when not usable): a DeviceErrorCode and its message. */
+  code?: DeviceErrorCode;
+  message?: string;
+}
+
+/** Codes of the Error a device problem throws (err.code). */
+export const DEVICE_ERROR_CODES = [
+  "invalid_device",
+  "cuda_unavailable_in_build",
+  "no_gpu",
+  "cuda_driver_too_old",
+  "cuda_unsupported_gpu",
+  "cuda_unsupported_model",
+  "cuda_out_of_memory",
+  "cuda_error",
+] as const;
+export type DeviceErrorCode = (typeof DEVICE_ERROR_CODES)[number];
+
+export interface EngineInfo {
+  kernels: string;
+  threads: number;
+  decodeThreads: number;
+  ubatch: number;
+  maxContext: number;
+  deviceBudgetBytes: number;
+  /** "cpu" or "cuda:N": where the forward passes run. */
+  device: string;
+  /** e.g. "CPU, avx512 kernels" or "NVIDIA H100 80GB HBM3, 79.2 GiB, sm_90". */
+  deviceDescription: string;
+  /** GPU memory the weights take (0 on the CPU). */
+  deviceWeightBytes: number;
+  /** Whether decode steps replay CUDA graphs (false on the CPU). */
+  cudaGraphs: boolean;
 }
 
 export interface NativeEngine {
-  readonly info: { kernels: string; threads: number; decodeThreads: number; ubatch: number; maxContext: number; deviceBudgetBytes: number };
+  readonly info: EngineInfo;
   createSequence(capacity?: number): NativeSequence;
   forward(items: ForwardItem[]): Promise<void>;
 }
@@ -179,6 +234,7 @@ interface Addon {
   punchHole(fd: number, offset: number, length: number): boolean;
   unmapFile(buffer: ArrayBuffer): void;
   crc32c(bytes: Uint8Array, prev?: number): number;
+  cudaStatus(): CudaStatus;
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
@@ -195,6 +251,10 @@ let cached: Addon | undefined;
 export function addon(): Addon {
   cached ??= loadAddon();
   return cached;
+}
+
+export function cudaStatus(): CudaStatus {
+  return addon().cudaStatus();
 }
 
 /** Every metadata key of a GGUF file. Throws a clear "gguf: ..." error for a bad file. */

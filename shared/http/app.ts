@@ -9,11 +9,12 @@ import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
 import type { Logger } from "pino";
 import { ApiError, errorBody } from "./errors.ts";
+import { bodyTimedOut } from "./server.ts";
 
 /**
  * arrivedAt: performance.now() when the request reached the service (TTFT starts there).
  * tenant: who the request is for — the API key's id, a capability's tenant on the internal
- * listener, or "local" on a keyless server (shared/auth/).
+ * listener, or "local" on a keyless server (shared/auth/); fair queuing and per-key caps use it too.
  */
 export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number; tenant: string } };
 export type ServiceApp = OpenAPIHono<AppEnv>;
@@ -69,6 +70,10 @@ export function createApp(options: AppOptions): ServiceApp {
     }),
   );
   app.onError((err, c) => {
+    // The listener found the body stalled and failed its read (server.ts): whatever the read's
+    // error became on the way (a JSON or validation error), the answer is 408 and a closed connection.
+    const stalled = bodyTimedOut((c.env as { incoming?: unknown } | undefined)?.incoming);
+    if (stalled !== undefined) return c.json(errorBody(408, "request_timeout", stalled), 408, { connection: "close" });
     if (err instanceof ApiError) {
       // Every 429 says when to come back; a stage that cannot estimate it says one second.
       const headers = err.status === 429 && !err.headers["retry-after"] ? { ...err.headers, "retry-after": "1" } : err.headers;

@@ -22,6 +22,7 @@ export type ApiErrorCode =
   | "handle_released" // the request already finished, was cancelled, or is being decoded elsewhere
   | "request_id_conflict"
   | "payload_too_large"
+  | "request_timeout" // the request body stalled, or the whole request took too long (408)
   | "queue_full"
   | "kv_memory_full"
   | "shard_full"
@@ -42,6 +43,7 @@ const TYPES: Record<number, string> = {
   404: "not_found_error",
   421: "invalid_request_error",
   409: "conflict_error",
+  408: "timeout_error",
   410: "not_found_error",
   413: "invalid_request_error",
   429: "rate_limit_error",

@@ -10,6 +10,16 @@
 import type http from "node:http";
 import type { AddressInfo } from "node:net";
 import { serve } from "@hono/node-server";
+import { errorBody } from "./errors.ts";
+
+/** Set on a request (node's IncomingMessage) whose body stalled: the reason, for the 408. */
+export const BODY_TIMED_OUT = Symbol("ctxbank.bodyTimedOut");
+type TimedOut = http.IncomingMessage & { [BODY_TIMED_OUT]?: string };
+
+/** The stall reason when `incoming` (node's request) timed out reading its body. */
+export function bodyTimedOut(incoming: unknown): string | undefined {
+  return (incoming as TimedOut | undefined)?.[BODY_TIMED_OUT];
+}
 
 export interface Listening {
   server: http.Server;
@@ -38,7 +48,7 @@ export const DEFAULT_LIMITS: ListenLimits = {
   headersTimeoutMs: 10_000,
   requestTimeoutMs: 120_000,
   bodyIdleTimeoutMs: 10_000,
-  keepAliveTimeoutMs: 5_000,
+  keepAliveTimeoutMs: 65_000,
   maxConnections: 1024,
 };
 
@@ -138,18 +148,24 @@ function watchBodies(server: http.Server, idleMs: number): { stop(): void } {
   return { stop: () => clearInterval(sweep) };
 }
 
+/**
+ * A request whose body stalled. When a handler is reading the body, the read fails and the app
+ * answers 408 itself (app.ts maps a marked request's error to it), so the handler ends and logs
+ * like any other; otherwise, or if nothing is answered within a second, the 408 is written here.
+ * Either way the connection is closed.
+ */
 function requestTimedOut(req: http.IncomingMessage, res: http.ServerResponse, idleMs: number): void {
-  const socket = req.socket;
-  if (res.headersSent) {
-    socket.destroy();
-    return;
-  }
-  const body = JSON.stringify({
-    error: { message: `no request body byte arrived for ${idleMs} ms; the connection is closed`, type: "timeout_error", code: "request_timeout", param: null },
-  });
+  const message = `no request body byte arrived for ${idleMs} ms; the connection is closed`;
+  (req as TimedOut)[BODY_TIMED_OUT] = message;
   res.shouldKeepAlive = false;
-  res.writeHead(408, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" });
-  res.end(body, () => socket.destroy());
-  // A client that does not read its answer either is not waited for.
-  setTimeout(() => socket.destroy(), 1_000).unref();
+  res.once("finish", () => req.socket.end());
+  if (req.listenerCount("error") > 0) req.emit("error", Object.assign(new Error(message), { code: "ERR_BODY_IDLE_TIMEOUT" }));
+  setTimeout(() => {
+    if (!res.headersSent) {
+      const body = JSON.stringify(errorBody(408, "request_timeout", message));
+      res.writeHead(408, { "content-type": "application/json", "content-length": Buffer.byteLength(body), connection: "close" });
+      res.end(body);
+    }
+    setTimeout(() => req.socket.destroy(), 1_000).unref(); // a client that does not read its answer is not waited for
+  }, 1_000).unref();
 }

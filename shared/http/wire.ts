@@ -8,7 +8,14 @@ const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
 /** A client's own request id: no ':' (that separates the API key's namespace from it, see shared/auth/tenant.ts). */
 export const ClientRequestId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "1-64 chars of letters, digits and . _ - (not starting with a symbol)");
-export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1);
+/**
+ * Caps on arrays, checked before their elements (zod sizes an array first), so a 4 MiB body of
+ * ids or messages costs no per-element validation: the largest context the wire carries (the
+ * model's own context is checked after), and messages well past what any context holds.
+ */
+export const MAX_WIRE_TOKENS = 1 << 17;
+export const MAX_WIRE_MESSAGES = 1 << 16;
+export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1).max(MAX_WIRE_TOKENS);
 
 export const ChatMessageSchema = z
   .object({
@@ -36,7 +43,7 @@ export type WireSampling = z.infer<typeof SamplingSchema>;
 export const PrefillRequestSchema = z
   .object({
     prompt: z.string().min(1).optional().openapi({ description: "Plain text, tokenized as is (no chat template)", example: "Once upon a time" }),
-    messages: z.array(ChatMessageSchema).min(1).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
+    messages: z.array(ChatMessageSchema).min(1).max(MAX_WIRE_MESSAGES).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
     prompt_token_ids: TokenIds.optional().openapi({ description: "Token ids, used as they are" }),
     request_id: ClientRequestId.optional().openapi({ description: "Default: a fresh id. Kept in the API key's namespace: the handle's request_id is `<key id>:<request_id>` (unchanged on a keyless server)" }),
     session_id: Identifier.optional(),

@@ -67,6 +67,7 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
     sloMet: counter("ctxbank:slo_met_total", "Finished requests that met the SLO (all = every configured SLO: the goodput numerator).", ["slo"]),
     sloMissed: counter("ctxbank:slo_missed_total", "Finished requests that missed the SLO (all = at least one configured SLO missed).", ["slo"]),
     sloTarget: gauge("ctxbank:slo_target_seconds", "The configured SLO targets.", ["slo"]),
+    engineDevice: gauge("ctxbank:engine_device_info", "1 for the device that runs the model's forward passes (cpu or cuda:N).", ["device"]),
     running: gauge("ctxbank:num_requests_running", "Requests being computed: prefills running; decode sequences in the batch.", ["service"], function () {
       for (const [service, read] of sources.requests) this.set({ model, service }, read().running);
     }),

@@ -12,6 +12,8 @@ export interface MetricsOptions {
   /** The model label on every ctxbank series. */
   model: string;
   slo: SloTargets;
+  /** Where the engine runs ("cpu", "cuda:0"): ctxbank:engine_device_info. */
+  device?: string;
   /** prom-client's process metrics (CPU, memory, event loop, GC); default true. */
   processMetrics?: boolean;
 }
@@ -46,6 +48,7 @@ export class ServiceMetrics {
       if (ms !== undefined) this.m.sloTarget.set({ model, slo: name }, ms / 1000);
     }
     for (const c of [this.m.promptTokens, this.m.generationTokens, this.m.prefillTokens, this.m.leaseExpiries]) c.inc({ model }, 0);
+    if (opts.device !== undefined) this.m.engineDevice.set({ model, device: opts.device }, 1);
   }
 
   get contentType(): string {

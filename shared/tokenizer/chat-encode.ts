@@ -43,7 +43,12 @@ export function encodeChat(tok: GgufTokenizer, chat: ChatTemplate, input: unknow
   const nonce = randomUUID();
   const sentinel = (i: number) => `\u0000ctxbank:${nonce}:${i}\u0000`;
   const masked = messages.map((m, i) => ({ role: m.role, content: sentinel(i) }));
-  const maskedText = chat.render(masked, { addGenerationPrompt });
+  let maskedText: string;
+  try {
+    maskedText = chat.render(masked, { addGenerationPrompt });
+  } catch {
+    return encodeWhole(tok, real, messages, opts); // a template that looks into the contents
+  }
 
   // Template text and contents, in order; where each content ends in the real text.
   const parts: PromptPart[] = [];
@@ -112,7 +117,12 @@ function roundMarks(
     const role = messages[prev]!.role;
     let footer = footers.get(role);
     if (footer === undefined) {
-      const upTo = chat.render(masked.slice(0, i), { addGenerationPrompt: false });
+      let upTo: string;
+      try {
+        upTo = chat.render(masked.slice(0, i), { addGenerationPrompt: false });
+      } catch {
+        return null; // a template that refuses a conversation ending there
+      }
       const s = sentinel(prev);
       const end = upTo.indexOf(s);
       if (!maskedText.startsWith(upTo) || end < 0) return null;

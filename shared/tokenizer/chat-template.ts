@@ -85,6 +85,16 @@ export class ChatTemplate {
    * The template stored in the GGUF. `tokenizer` supplies the bos/eos token texts; without it they
    * are read from `tokenizer.ggml.tokens` and the bos/eos ids.
    */
+  /** The model's chat template, or undefined when it has none (any other fault still throws). */
+  static fromMetadataIfAny(meta: GgufMetadata, tokenizer?: GgufTokenizer): ChatTemplate | undefined {
+    try {
+      return ChatTemplate.fromMetadata(meta, tokenizer);
+    } catch (e) {
+      if (e instanceof ChatTemplateError && e.code === "NO_TEMPLATE") return undefined;
+      throw e;
+    }
+  }
+
   static fromMetadata(meta: GgufMetadata, tokenizer?: GgufTokenizer): ChatTemplate {
     const src = meta["tokenizer.chat_template"];
     if (typeof src !== "string" || src.trim() === "") {

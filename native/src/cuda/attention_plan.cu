@@ -1,0 +1,43 @@
+// The attention work list of a micro-batch (kernels.cuh plan_attention): host code.
+#include <algorithm>
+
+#include "cuda/kernels.cuh"
+
+namespace ctx::cuda {
+
+int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb, int max_parts) {
+  // Every token needs one partial row; the rest of the budget is shared by the decode tokens.
+  int tokens = 0, decode_tokens = 0;
+  for (int i = 0; i < n_slices; ++i) {
+    tokens += slices[i].count;
+    if (slices[i].count <= kSplitTokens) decode_tokens += slices[i].count;
+  }
+  const int extra_per_token = decode_tokens > 0 ? std::max(0, max_parts - tokens) / decode_tokens : 0;
+  int n_works = 0, part = 0;
+  for (int i = 0; i < n_slices; ++i) {
+    const AttnSlice& s = slices[i];
+    const int n_keys = s.pos0 + s.count;  // the last query sees every key up to its own
+    const int splits = s.count <= kSplitTokens
+                           ? std::max(1, std::min({kMaxSplits, n_keys / kSplitKeys, 1 + extra_per_token}))
+                           : 1;
+    if (splits > 1) {
+      const int chunk = (n_keys + splits - 1) / splits;
+      for (int sp = 0; sp < splits; ++sp) {
+        const int k0 = sp * chunk, k1 = std::min(n_keys, k0 + chunk);
+        works[n_works++] = {s.base, s.cap, s.q0, s.count, s.pos0, k0, k1, part + sp * s.count, nullptr, 0};
+      }
+      for (int q = 0; q < s.count; ++q) comb[s.q0 + q] = {part + q, s.count, splits};
+      part += splits * s.count;
+    } else {
+      for (int q = 0; q < s.count; q += kAttnQueries) {
+        const int nq = std::min(kAttnQueries, s.count - q);
+        works[n_works++] = {s.base, s.cap, s.q0 + q, nq, s.pos0 + q, 0, s.pos0 + q + nq, part + q, nullptr, 0};
+      }
+      for (int q = 0; q < s.count; ++q) comb[s.q0 + q] = {part + q, 0, 1};
+      part += s.count;
+    }
+  }
+  return n_works;
+}
+
+}  // namespace ctx::cuda

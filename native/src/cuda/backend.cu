@@ -1,0 +1,490 @@
+// The CUDA backend: device probing, the weights in GPU memory, a sequence's GPU KV cache, and the
+// forward pass. forward()/forward_ubatch() follow engine.cc step for step (same micro-batching,
+// same order of operations per layer), so a reader finds each CPU step's GPU counterpart here.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/common.cuh"
+#include "cuda/kernels.cuh"
+#include "engine.h"
+#include "model.h"
+
+namespace ctx {
+
+bool cuda_compiled() { return true; }
+
+std::unique_ptr<DeviceError> cuda_unusable(int index) {
+  int driver = 0;
+  cudaDriverGetVersion(&driver);  // 0 when no driver is installed (libcuda is loaded lazily)
+  if (driver == 0) return std::make_unique<DeviceError>("no_gpu", "cuda: no CUDA driver on this machine (no GPU to run on)");
+  if (driver < CUDART_VERSION)
+    return std::make_unique<DeviceError>(
+        "cuda_driver_too_old", "cuda: the driver supports CUDA " + std::to_string(driver / 1000) + "." +
+                                   std::to_string(driver % 1000 / 10) + ", this build needs " +
+                                   std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10) +
+                                   " (update the NVIDIA driver)");
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorInsufficientDriver)
+    return std::make_unique<DeviceError>("cuda_driver_too_old", std::string("cuda: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess || count == 0)
+    return std::make_unique<DeviceError>("no_gpu", std::string("cuda: no usable GPU (") +
+                                                       (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+  if (index >= count)
+    return std::make_unique<DeviceError>("no_gpu", "cuda: no GPU " + std::to_string(index) + " (this machine has " +
+                                                       std::to_string(count) + ")");
+  return nullptr;
+}
+
+namespace cuda {
+namespace {
+
+bool is_quantized(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0; }
+constexpr int kLogitRows = 32;   // as engine.cc
+
+// One allocation of device memory, freed with its owner.
+template <typename T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() { free(); }
+  void free() {
+    if (p) cudaFree(p);
+    p = nullptr;
+  }
+  void alloc(size_t count, const char* what) {
+    n = count;
+    const cudaError_t e = cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T));
+    if (e != cudaSuccess) {
+      p = nullptr;
+      if (e == cudaErrorMemoryAllocation)
+        throw DeviceError("cuda_out_of_memory", std::string("cuda: out of GPU memory allocating ") + what + " (" +
+                                                    std::to_string((count * sizeof(T)) >> 20) + " MiB)");
+      throw_cuda(e, what);
+    }
+  }
+};
+
+// Pinned host memory (fast, asynchronous copies).
+template <typename T>
+struct PinnedBuf {
+  T* p = nullptr;
+  ~PinnedBuf() { if (p) cudaFreeHost(p); }
+  void alloc(size_t count) { CTX_CUDA(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T))); }
+};
+
+class CudaKv : public DeviceKv {
+ public:
+  CudaKv(int device, int n_layer, int kv_dim, int capacity) : device_(device), n_layer_(n_layer), kv_dim_(kv_dim), cap_(capacity) {
+    ensure();
+  }
+  size_t bytes_reserved() const override { return buf_.p ? buf_.n * sizeof(__half) : 0; }
+  void release() override { buf_.free(); }
+  // (Re)allocates after a release(), zeroed like the CPU cache's fresh pages (rows declared by
+  // setLength without an import then read as zeros, not as leftover bytes).
+  void ensure() {
+    if (buf_.p) return;
+    CTX_CUDA(cudaSetDevice(device_));
+    buf_.alloc(static_cast<size_t>(n_layer_) * 2 * cap_ * kv_dim_, "the KV cache of a sequence");
+    CTX_CUDA(cudaMemset(buf_.p, 0, buf_.n * sizeof(__half)));
+  }
+  __half* base() const { return buf_.p; }
+  int capacity() const { return cap_; }
+  void download(KvCache& host, int layer, int t0, int n) const override { copy(host, layer, t0, n, false); }
+  void upload(const KvCache& host, int layer, int t0, int n) override { copy(const_cast<KvCache&>(host), layer, t0, n, true); }
+
+ private:
+  // Host rows of a device-tier layer are contiguous ([token][kv_dim], stride ld = kv_dim); a
+  // GPU sequence never offloads (full attention only), so no bank addressing is needed here.
+  void copy(KvCache& host, int layer, int t0, int n, bool to_device) const {
+    if (n <= 0) return;
+    const_cast<CudaKv*>(this)->ensure();
+    CTX_CUDA(cudaSetDevice(device_));
+    const size_t row = static_cast<size_t>(kv_dim_) * sizeof(__half);
+    __half* k = buf_.p + static_cast<size_t>(layer) * 2 * cap_ * kv_dim_ + static_cast<size_t>(t0) * kv_dim_;
+    __half* v = k + static_cast<size_t>(cap_) * kv_dim_;
+    if (to_device) {
+      CTX_CUDA(cudaMemcpy(k, host.k(layer, t0), n * row, cudaMemcpyHostToDevice));
+      CTX_CUDA(cudaMemcpy(v, host.v(layer, t0), n * row, cudaMemcpyHostToDevice));
+    } else {
+      CTX_CUDA(cudaMemcpy(host.k(layer, t0), k, n * row, cudaMemcpyDeviceToHost));
+      CTX_CUDA(cudaMemcpy(host.v(layer, t0), v, n * row, cudaMemcpyDeviceToHost));
+    }
+  }
+  int device_, n_layer_, kv_dim_, cap_;
+  DevBuf<__half> buf_;
+};
+
+class CudaBackend : public DeviceBackend {
+ public:
+  CudaBackend(std::shared_ptr<const Model> model, const EngineOptions& opts, int index);
+  ~CudaBackend() override {
+    clear_graphs();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  std::string name() const override { return "cuda:" + std::to_string(index_); }
+  std::string description() const override { return description_; }
+  size_t weight_bytes() const override { return weights_.n; }
+  std::unique_ptr<DeviceKv> create_kv(int capacity) override {
+    const ModelConfig& c = model_->config();
+    return std::make_unique<CudaKv>(index_, c.n_layer, c.kv_dim(), capacity);
+  }
+  void forward(const std::vector<BatchItem>& items) override;
+
+ private:
+  using Slice = UbatchSlice;
+  struct Layer { const float* attn_norm; DevWeight wq, wk, wv, wo; const float* ffn_norm; DevWeight w_gate, w_up, w_down; };
+  void upload_weights();
+  void forward_ubatch(const std::vector<Slice>& slices);
+  void run_layers(int n);
+  void run_layers_graph(int n);
+  void clear_graphs();
+  void plan_attention(const std::vector<Slice>& slices);
+  // y = x W^T for n tokens; x must be the activations `act_` was quantized from when quantized_.
+  void matmul(const DevWeight& w, const float* x, int n, float* y, int ldy);
+
+  std::shared_ptr<const Model> model_;
+  EngineOptions opts_;
+  int index_;
+  std::string description_;
+  int max_ctx_;
+  cudaStream_t stream_ = nullptr;
+
+  DevBuf<uint8_t> weights_;  // every weight and norm, file layout, one allocation
+  std::vector<Layer> layers_;
+  DevWeight token_embd_, output_;
+  const float* output_norm_ = nullptr;
+  DevBuf<float> rope_cos_, rope_sin_;
+
+  // Scratch for one micro-batch (as engine.h).
+  DevBuf<float> x_, xn_, q_, kc_, vc_, attn_, gate_, up_, part_o_, part_ml_, logits_x_, logits_;
+  DevBuf<int8_t> act_qs_;
+  DevBuf<float> act_d_, act_s_;
+  DevBuf<int32_t> act_isum_;
+  DevActQ8 act_;
+  const float* quantized_ = nullptr;  // the x act_ holds, for this many tokens
+  int quantized_n_ = 0;
+  // Per micro-batch metadata, built on the host (pinned) and copied once.
+  DevBuf<int32_t> tokens_, pos_, rows_, argmax_;
+  DevBuf<TokenKv> token_kv_;
+  DevBuf<AttnWork> works_;
+  DevBuf<AttnCombine> combine_;
+  PinnedBuf<int32_t> h_tokens_, h_pos_, h_rows_, h_argmax_;
+  PinnedBuf<TokenKv> h_token_kv_;
+  PinnedBuf<AttnWork> h_works_;
+  PinnedBuf<AttnCombine> h_combine_;
+  PinnedBuf<float> h_logits_;
+  int n_works_ = 0;
+  static constexpr size_t kMaxGraphs = 64;  // all are dropped when full (contexts grow by splits)
+  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, work items) -> layers
+  size_t max_works_ = 0, max_parts_ = 0;
+  std::vector<Slice> slices_;
+  std::vector<AttnSlice> attn_slices_;
+  std::vector<std::pair<int, const BatchItem*>> wanted_;
+};
+
+CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions& opts, int index)
+    : model_(std::move(model)), opts_(opts), index_(index) {
+  if (auto why = cuda_unusable(index)) throw *why;
+  const ModelConfig& c = model_->config();
+  if (c.head_dim % 32 != 0 || c.head_dim > kMaxHeadDimGpu || c.n_embd % 32 != 0 || c.n_ff % 32 != 0)
+    throw DeviceError("cuda_unsupported_model", "cuda: the GPU kernels need head_dim a multiple of 32 up to " +
+                                                    std::to_string(kMaxHeadDimGpu) + " and n_embd, n_ff multiples of 32");
+  CTX_CUDA(cudaSetDevice(index_));
+  cudaDeviceProp prop{};
+  CTX_CUDA(cudaGetDeviceProperties(&prop, index_));
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s, %.1f GiB, sm_%d%d", prop.name, prop.totalGlobalMem / double(1 << 30), prop.major, prop.minor);
+  description_ = buf;
+  CTX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
+  upload_weights();
+
+  // RoPE tables computed exactly as engine.cc does, on the host, then uploaded.
+  const int half = c.head_dim / 2;
+  std::vector<float> cs(static_cast<size_t>(max_ctx_) * half), sn(cs.size());
+  const float theta_scale = std::pow(c.rope_base, -2.0f / static_cast<float>(c.head_dim));
+  for (int p = 0; p < max_ctx_; ++p) {
+    float theta = static_cast<float>(p);
+    for (int i = 0; i < half; ++i) {
+      cs[static_cast<size_t>(p) * half + i] = std::cos(theta);
+      sn[static_cast<size_t>(p) * half + i] = std::sin(theta);
+      theta *= theta_scale;
+    }
+  }
+  rope_cos_.alloc(cs.size(), "RoPE table");
+  rope_sin_.alloc(sn.size(), "RoPE table");
+  CTX_CUDA(cudaMemcpy(rope_cos_.p, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CTX_CUDA(cudaMemcpy(rope_sin_.p, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
+
+  const size_t U = opts_.ubatch, E = c.n_embd, F = c.n_ff, KV = c.kv_dim(), wide = std::max(E, F);
+  x_.alloc(U * E, "activations");
+  xn_.alloc(U * wide, "activations");
+  q_.alloc(U * E, "activations");
+  kc_.alloc(U * KV, "activations");
+  vc_.alloc(U * KV, "activations");
+  attn_.alloc(U * E, "activations");
+  gate_.alloc(U * F, "activations");
+  up_.alloc(U * F, "activations");
+  // Quantized activations are used by micro-batches of at most kMatvecTokens tokens.
+  act_qs_.alloc(kMatvecTokens * wide, "activations");
+  act_d_.alloc(kMatvecTokens * wide / 32, "activations");
+  act_s_.alloc(kMatvecTokens * wide / 32, "activations");
+  act_isum_.alloc(kMatvecTokens * wide / 32, "activations");
+  act_ = {act_qs_.p, act_d_.p, act_s_.p, act_isum_.p, 0};
+  // Attention partials: one row per query and split (plan_attention keeps within the budget);
+  // every work item has at least one query, so works never outnumber partial rows.
+  max_parts_ = U * kPartsPerToken;
+  max_works_ = max_parts_;
+  part_o_.alloc(max_parts_ * c.n_head * c.head_dim, "attention partials");
+  part_ml_.alloc(max_parts_ * c.n_head * 2, "attention partials");
+  logits_x_.alloc(kLogitRows * E, "logits input");
+  logits_.alloc(static_cast<size_t>(kLogitRows) * c.n_vocab, "logits");
+  tokens_.alloc(U, "batch");
+  pos_.alloc(U, "batch");
+  rows_.alloc(U, "batch");
+  argmax_.alloc(kLogitRows, "batch");
+  token_kv_.alloc(U, "batch");
+  works_.alloc(max_works_, "batch");
+  combine_.alloc(U, "batch");
+  h_tokens_.alloc(U);
+  h_pos_.alloc(U);
+  h_rows_.alloc(U);
+  h_argmax_.alloc(kLogitRows);
+  h_token_kv_.alloc(U);
+  h_works_.alloc(max_works_);
+  h_combine_.alloc(U);
+  h_logits_.alloc(static_cast<size_t>(kLogitRows) * c.n_vocab);
+  slices_.reserve(U);
+  attn_slices_.reserve(U);
+  wanted_.reserve(U);
+}
+
+// Weights: every tensor copied once in its file layout (quantized blocks stay quantized: the
+// matvecs read them directly, the GEMM dequantizes tiles to f16 in shared memory). A tied output
+// matrix shares the embedding's copy.
+void CudaBackend::upload_weights() {
+  const ModelConfig& c = model_->config();
+  std::vector<std::pair<const void*, size_t>> parts;  // host source, bytes
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  auto add = [&](const void* src, size_t bytes) {
+    total = (total + 255) / 256 * 256;
+    offsets.push_back(total);
+    parts.push_back({src, bytes});
+    total += bytes;
+    return parts.size() - 1;
+  };
+  auto add_weight = [&](const Weight& w) {
+    if (!(is_quantized(w.type) || w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16))
+      throw DeviceError("cuda_unsupported_model", "cuda: weight type " + ggml_type_name(static_cast<uint32_t>(w.type)) +
+                                                      " has no GPU kernel");
+    return add(w.data, w.row_bytes * w.rows);
+  };
+  std::vector<size_t> ids;
+  const size_t embd_id = add_weight(model_->token_embd());
+  const bool tied = model_->output().data == model_->token_embd().data;
+  const size_t out_id = tied ? embd_id : add_weight(model_->output());
+  const size_t out_norm_id = add(model_->output_norm(), c.n_embd * sizeof(float));
+  for (const LayerWeights& lw : model_->layers()) {
+    ids.push_back(add(lw.attn_norm, c.n_embd * sizeof(float)));
+    for (const Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo}) ids.push_back(add_weight(*w));
+    ids.push_back(add(lw.ffn_norm, c.n_embd * sizeof(float)));
+    for (const Weight* w : {&lw.w_gate, &lw.w_up, &lw.w_down}) ids.push_back(add_weight(*w));
+  }
+  weights_.alloc(total, "the model's weights");
+  for (size_t i = 0; i < parts.size(); ++i)
+    CTX_CUDA(cudaMemcpy(weights_.p + offsets[i], parts[i].first, parts[i].second, cudaMemcpyHostToDevice));
+  auto dev = [&](const Weight& w, size_t id) {
+    return DevWeight{w.type, weights_.p + offsets[id], w.rows, w.cols, w.row_bytes};
+  };
+  auto norm = [&](size_t id) { return reinterpret_cast<const float*>(weights_.p + offsets[id]); };
+  token_embd_ = dev(model_->token_embd(), embd_id);
+  output_ = dev(model_->output(), out_id);
+  output_norm_ = norm(out_norm_id);
+  size_t k = 0;
+  for (const LayerWeights& lw : model_->layers()) {
+    Layer L;
+    L.attn_norm = norm(ids[k++]);
+    L.wq = dev(lw.wq, ids[k++]);
+    L.wk = dev(lw.wk, ids[k++]);
+    L.wv = dev(lw.wv, ids[k++]);
+    L.wo = dev(lw.wo, ids[k++]);
+    L.ffn_norm = norm(ids[k++]);
+    L.w_gate = dev(lw.w_gate, ids[k++]);
+    L.w_up = dev(lw.w_up, ids[k++]);
+    L.w_down = dev(lw.w_down, ids[k++]);
+    layers_.push_back(L);
+  }
+}
+
+void CudaBackend::forward(const std::vector<BatchItem>& items) {
+  CTX_CUDA(cudaSetDevice(index_));  // this runs on the engine's worker thread
+  // The same micro-batches as Engine::forward.
+  for_each_ubatch(items, opts_.ubatch, slices_, [this](const std::vector<Slice>& slices) { forward_ubatch(slices); });
+}
+
+void CudaBackend::matmul(const DevWeight& w, const float* x, int n, float* y, int ldy) {
+  if (n > kMatvecTokens) {
+    gemm(w, x, n, y, ldy, stream_);
+    return;
+  }
+  if (is_quantized(w.type) && (quantized_ != x || quantized_n_ != n || act_.k != w.cols)) {
+    act_.k = w.cols;
+    quantize_q8(x, n, w.cols, act_, stream_);
+    quantized_ = x;
+    quantized_n_ = n;
+  }
+  matvec(w, x, &act_, n, y, ldy, stream_);
+}
+
+void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
+  attn_slices_.clear();
+  int t = 0;
+  for (const Slice& s : slices) {
+    const CudaKv* kv = static_cast<const CudaKv*>(s.item->seq->device_kv.get());
+    attn_slices_.push_back({kv->base(), kv->capacity(), t, s.count, s.pos0});
+    t += s.count;
+  }
+  n_works_ = cuda::plan_attention(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
+                                  static_cast<int>(max_parts_));
+}
+
+void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
+  const ModelConfig& c = model_->config();
+  const int E = c.n_embd;
+  int n = 0;
+  for (const Slice& s : slices) {
+    CudaKv* kv = static_cast<CudaKv*>(s.item->seq->device_kv.get());
+    kv->ensure();
+    for (int i = 0; i < s.count; ++i, ++n) {
+      h_tokens_.p[n] = s.item->tokens[s.offset + i];
+      h_pos_.p[n] = s.pos0 + i;
+      h_token_kv_.p[n] = {kv->base(), kv->capacity(), s.pos0 + i};
+    }
+  }
+  plan_attention(slices);
+  CTX_CUDA(cudaMemcpyAsync(tokens_.p, h_tokens_.p, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  CTX_CUDA(cudaMemcpyAsync(pos_.p, h_pos_.p, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  CTX_CUDA(cudaMemcpyAsync(token_kv_.p, h_token_kv_.p, n * sizeof(TokenKv), cudaMemcpyHostToDevice, stream_));
+  CTX_CUDA(cudaMemcpyAsync(works_.p, h_works_.p, n_works_ * sizeof(AttnWork), cudaMemcpyHostToDevice, stream_));
+  CTX_CUDA(cudaMemcpyAsync(combine_.p, h_combine_.p, n * sizeof(AttnCombine), cudaMemcpyHostToDevice, stream_));
+  if (opts_.cuda_graphs) run_layers_graph(n);
+  else run_layers(n);
+
+  // Logits (and the greedy token) for the items whose last token is in this micro-batch,
+  // kLogitRows at a time, as engine.cc.
+  wanted_.clear();
+  int t0 = 0;
+  for (const Slice& s : slices) {
+    if ((s.item->logits || s.item->argmax) && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item});
+    t0 += s.count;
+  }
+  for (size_t g = 0; g < wanted_.size(); g += kLogitRows) {
+    const int rows = static_cast<int>(std::min<size_t>(kLogitRows, wanted_.size() - g));
+    for (int r = 0; r < rows; ++r) h_rows_.p[r] = wanted_[g + r].first;
+    CTX_CUDA(cudaMemcpyAsync(rows_.p, h_rows_.p, rows * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+    gather_rows(x_.p, rows_.p, rows, E, xn_.p, stream_);
+    rms_norm(xn_.p, output_norm_, logits_x_.p, rows, E, c.rms_eps, stream_);
+    quantized_ = nullptr;
+    matmul(output_, logits_x_.p, rows, logits_.p, c.n_vocab);
+    argmax(logits_.p, rows, c.n_vocab, argmax_.p, stream_);
+    CTX_CUDA(cudaMemcpyAsync(h_argmax_.p, argmax_.p, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
+    bool any_logits = false;
+    for (int r = 0; r < rows; ++r) any_logits |= wanted_[g + r].second->logits != nullptr;
+    if (any_logits)  // only when asked: a greedy decode step copies one int per sequence
+      CTX_CUDA(cudaMemcpyAsync(h_logits_.p, logits_.p, static_cast<size_t>(rows) * c.n_vocab * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream_));
+    CTX_CUDA(cudaStreamSynchronize(stream_));
+    for (int r = 0; r < rows; ++r) {
+      const BatchItem* it = wanted_[g + r].second;
+      if (it->logits) std::memcpy(it->logits, h_logits_.p + static_cast<size_t>(r) * c.n_vocab, c.n_vocab * sizeof(float));
+      if (it->argmax) *it->argmax = h_argmax_.p[r];
+    }
+  }
+  CTX_CUDA(cudaStreamSynchronize(stream_));  // the KV is written before the sequences grow
+  for (const Slice& s : slices) s.item->seq->kv.set_size(s.pos0 + s.count);
+}
+
+// Embedding and every layer, as kernels on the stream only (no copies, no host reads), so the
+// whole sequence can be captured into a CUDA graph; the launches depend on n and the attention
+// plan's size alone (the per-step metadata lives in device buffers copied before).
+void CudaBackend::run_layers(int n) {
+  const ModelConfig& c = model_->config();
+  const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
+  quantized_ = nullptr;
+  embed(token_embd_, tokens_.p, n, x_.p, stream_);
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  for (int l = 0; l < c.n_layer; ++l) {
+    const Layer& lw = layers_[l];
+    rms_norm(x_.p, lw.attn_norm, xn_.p, n, E, c.rms_eps, stream_);
+    matmul(lw.wq, xn_.p, n, q_.p, E);
+    matmul(lw.wk, xn_.p, n, kc_.p, KV);
+    matmul(lw.wv, xn_.p, n, vc_.p, KV);
+    rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+    rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+    store_kv(kc_.p, vc_.p, token_kv_.p, n, KV, l, stream_);
+    attention(q_.p, works_.p, n_works_, c.n_head, c.n_head_kv, c.head_dim, l, scale, part_o_.p, part_ml_.p, stream_);
+    attention_combine(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim, attn_.p, stream_);
+    quantized_ = nullptr;  // xn_ is rewritten below
+    matmul(lw.wo, attn_.p, n, xn_.p, E);
+    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+
+    rms_norm(x_.p, lw.ffn_norm, xn_.p, n, E, c.rms_eps, stream_);
+    quantized_ = nullptr;
+    matmul(lw.w_gate, xn_.p, n, gate_.p, F);
+    matmul(lw.w_up, xn_.p, n, up_.p, F);
+    swiglu(gate_.p, up_.p, static_cast<size_t>(n) * F, stream_);
+    matmul(lw.w_down, gate_.p, n, xn_.p, E);
+    quantized_ = nullptr;
+    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+  }
+}
+
+// The layers as one CUDA graph per (tokens, attention work items): captured the first time,
+// replayed after (a decode step is ~20 launches per layer, launch-bound without a graph).
+void CudaBackend::run_layers_graph(int n) {
+  const std::pair<int, int> key{n, n_works_};
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) clear_graphs();
+    cudaGraph_t graph = nullptr;
+    CTX_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      run_layers(n);
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    CTX_CUDA(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CTX_CUDA(e);
+    it = graphs_.emplace(key, exec).first;
+  }
+  CTX_CUDA(cudaGraphLaunch(it->second, stream_));
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+}  // namespace
+}  // namespace cuda
+
+std::unique_ptr<DeviceBackend> make_cuda_backend(std::shared_ptr<const Model> model, const EngineOptions& opts, int index) {
+  return std::make_unique<cuda::CudaBackend>(std::move(model), opts, index);
+}
+
+}  // namespace ctx

@@ -1,0 +1,39 @@
+// Physical reclamation of evicted KV (opt-in per sequence, Sequence::reclaim): each layer and KV
+// head maps positions to rows of the KV cache. Prompt tokens sit at row = position; a decode
+// token takes a row its (layer, head) freed earlier, else a new one; a policy's evictions
+// (DecodePolicy::update) free rows. So a sequence under SCOPE touches at most prompt + beta1 +
+// beta2 + 1 rows per layer however long it generates; the cache's pages beyond them are never
+// committed. Listed attention reads through the map; the dense path needs row = position, so a
+// sequence that freed rows takes no more prompt tokens (Engine::validate refuses them).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ctx {
+
+class KvSlots {
+ public:
+  // `stored` tokens already in the cache keep row = position.
+  KvSlots(int n_layer, int n_head_kv, int capacity, int stored);
+  int32_t row(int layer, int g, int pos) const { return map_[at(layer, g)][pos]; }
+  // Prompt positions [from, to) at row = position, every layer and head (only before any free).
+  void place_prompt(int from, int to);
+  // A decode token at `pos` for (layer, head g): a freed row, else the next new one. Calls for
+  // different (layer, head) pairs touch disjoint state.
+  int32_t place(int layer, int g, int pos);
+  void free(int layer, int g, int pos);
+  bool any_freed() const;
+  // Rows touched per layer (the most any of its heads used), summed over layers.
+  size_t rows_touched() const;
+
+ private:
+  size_t at(int layer, int g) const { return static_cast<size_t>(layer) * n_head_kv_ + g; }
+  int n_layer_, n_head_kv_;
+  std::vector<std::vector<int32_t>> map_;   // per (layer, head): position -> row, -1 = none
+  std::vector<std::vector<int32_t>> free_;  // per (layer, head): freed rows
+  std::vector<int32_t> high_;               // per (layer, head): rows used so far
+  std::vector<uint32_t> frees_;             // per (layer, head): rows ever freed
+};
+
+}  // namespace ctx

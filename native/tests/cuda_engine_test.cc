@@ -1,0 +1,256 @@
+// The CUDA engine against the CPU engine (CUDA builds only; skipped, with the reason, without a
+// usable GPU): the same batches on both, logits compared step by step, on synthetic models of
+// every weight type with GQA, over contexts that cross every tile boundary (prefill GEMM vs decode
+// matvec, 16-query and 64-key attention tiles, decode splits), in mixed batches of prefill chunks
+// and decode steps of many sequences; KV moved between a CPU and a GPU sequence; and, when present,
+// the real SmolLM2 model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device.h"
+#include "engine.h"
+#include "gguf_writer.h"
+#include "model.h"
+
+namespace {
+
+using namespace ctx;
+
+#define SKIP_WITHOUT_GPU()                                                              \
+  do {                                                                                  \
+    if (auto why = ctx::cuda_unusable(0)) GTEST_SKIP() << "no usable GPU: " << why->what(); \
+  } while (0)
+
+// GPU-shaped tiny models: head_dim 32 (a multiple of 32), 4 query heads over 2 KV heads.
+ctxtest::TinyLlama shape() {
+  ctxtest::TinyLlama c;
+  c.n_embd = 128, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 256, c.n_layer = 2, c.n_vocab = 300, c.n_ctx = 4096;
+  c.rope_base = 1000.f;
+  return c;
+}
+
+// Matrices and embedding of `type`; the output head Q8_0 (untied) unless the type is F32.
+std::shared_ptr<Model> model_of(uint32_t type) {
+  static ctxtest::TempDir dir;
+  ctxtest::Spec s = ctxtest::tiny_llama_spec(shape(), 11 + type);
+  if (type != ctxtest::kTF32) {
+    s.tensors.push_back(s.tensor("token_embd.weight"));
+    s.tensors.back().name = "output.weight";
+    for (auto& t : s.tensors)
+      if (t.dims.size() == 2) ctxtest::quantize_tensor(t, t.name == "output.weight" ? ctxtest::kTQ8_0 : type);
+  }
+  return Model::load(dir.write("m" + std::to_string(type) + ".gguf", ctxtest::build(s).bytes));
+}
+
+EngineOptions opts(const std::string& device, int ubatch = 512) {
+  EngineOptions o;
+  o.device = device;
+  o.ubatch = ubatch;
+  return o;
+}
+
+std::vector<int32_t> tokens(int n, int vocab, int seed) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 7919 + seed * 104729 + 17) % vocab);
+  return t;
+}
+
+// Logits of both engines agree to `rel` of the logits' range, and pick the same greedy token
+// unless the CPU's top two are closer than that.
+void expect_same_logits(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel, const std::string& what) {
+  float range = 1e-6f, diff = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) range = std::max(range, std::fabs(cpu[i])), diff = std::max(diff, std::fabs(gpu[i] - cpu[i]));
+  EXPECT_LE(diff, rel * range) << what << ": max |dlogit| " << diff << " of range " << range;
+  const size_t g = std::max_element(gpu.begin(), gpu.end()) - gpu.begin(), c = std::max_element(cpu.begin(), cpu.end()) - cpu.begin();
+  if (g != c) EXPECT_LE(std::fabs(cpu[c] - cpu[g]), rel * range) << what << ": greedy tokens differ";
+}
+
+// One batch item per entry: (sequence index, token count); both engines run the same batches.
+struct Pair {
+  Engine cpu, gpu;
+  std::vector<std::shared_ptr<Sequence>> cs, gs;
+  Pair(std::shared_ptr<Model> m, int ubatch = 512) : cpu(m, opts("cpu", ubatch)), gpu(m, opts("cuda", ubatch)) {}
+  void add(int capacity) {
+    cs.push_back(cpu.create_sequence(capacity));
+    gs.push_back(gpu.create_sequence(capacity));
+  }
+  void step(const std::vector<std::pair<int, std::vector<int32_t>>>& batch, double rel, const std::string& what) {
+    const int V = cpu.config().n_vocab;
+    std::vector<std::vector<float>> lc(batch.size(), std::vector<float>(V)), lg = lc;
+    std::vector<int32_t> greedy(batch.size(), -1);
+    std::vector<BatchItem> ic, ig;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const auto& [s, t] = batch[i];
+      ic.push_back({cs[s].get(), t.data(), static_cast<int>(t.size()), lc[i].data()});
+      ig.push_back({gs[s].get(), t.data(), static_cast<int>(t.size()), lg[i].data()});
+      ig.back().argmax = &greedy[i];
+    }
+    cpu.forward(ic);
+    gpu.forward(ig);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      expect_same_logits(lg[i], lc[i], rel, what + ", item " + std::to_string(i));
+      EXPECT_EQ(greedy[i], std::max_element(lg[i].begin(), lg[i].end()) - lg[i].begin()) << what << ": GPU argmax vs its logits";
+      EXPECT_EQ(gs[batch[i].first]->n_past(), cs[batch[i].first]->n_past());
+    }
+  }
+};
+
+// Prefill runs the f16 tensor-core GEMM (the CPU quantizes activations to 8 bits instead), decode
+// the matvecs with the CPU's own activation quantization: 2% of the logit range covers the former.
+constexpr double kRel = 0.02;
+
+TEST(CudaEngine, EveryWeightTypePrefillThenDecode) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t type : {ctxtest::kTF32, ctxtest::kTF16, ctxtest::kTQ4_0, ctxtest::kTQ4_1, ctxtest::kTQ8_0}) {
+    Pair p(model_of(type));
+    p.add(1024);
+    const std::vector<int32_t> prompt = tokens(300, 300, 1);
+    p.step({{0, prompt}}, kRel, "type " + std::to_string(type) + " prefill 300");
+    for (int i = 0; i < 20; ++i) p.step({{0, {static_cast<int32_t>((i * 37) % 300)}}}, kRel, "type " + std::to_string(type) + " decode " + std::to_string(i));
+  }
+}
+
+TEST(CudaEngine, LongContextAcrossDecodeSplits) {
+  SKIP_WITHOUT_GPU();
+  Pair p(model_of(ctxtest::kTQ4_1));
+  p.add(4096);
+  const std::vector<int32_t> prompt = tokens(3000, 300, 2);
+  p.step({{0, prompt}}, kRel, "prefill 3000 in micro-batches of 512");
+  for (int i = 0; i < 8; ++i) p.step({{0, {static_cast<int32_t>(i + 1)}}}, kRel, "decode at " + std::to_string(3000 + i));
+}
+
+TEST(CudaEngine, MixedBatchesOfPrefillChunksAndDecodeSteps) {
+  SKIP_WITHOUT_GPU();
+  Pair p(model_of(ctxtest::kTQ8_0), 64);  // small micro-batches: items are cut across them
+  for (int i = 0; i < 3; ++i) p.add(2048);
+  p.step({{0, tokens(700, 300, 3)}, {1, tokens(5, 300, 4)}}, kRel, "two prefills");
+  p.step({{0, {7}}, {1, {8}}, {2, tokens(90, 300, 5)}}, kRel, "two decodes and a prefill chunk");
+  p.step({{2, tokens(33, 300, 6)}, {0, {9}}}, kRel, "a second chunk and a decode");
+  p.step({{0, {1, 2, 3}}, {1, {4}}, {2, {5, 6}}}, kRel, "short multi-token steps");
+}
+
+TEST(CudaEngine, ManySequencesDecodeTogether) {
+  SKIP_WITHOUT_GPU();
+  Pair p(model_of(ctxtest::kTQ4_0));
+  const int n = 40;
+  for (int s = 0; s < n; ++s) {
+    p.add(1024);
+    p.step({{s, tokens(1 + s * 23 % 600, 300, 10 + s)}}, kRel, "prefill " + std::to_string(s));
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::pair<int, std::vector<int32_t>>> batch;
+    for (int s = 0; s < n; ++s) batch.push_back({s, {static_cast<int32_t>((s + step) % 300)}});
+    p.step(batch, kRel, "batch of 40, step " + std::to_string(step));
+  }
+}
+
+TEST(CudaEngine, KvMovesBetweenCpuAndGpuSequences) {
+  SKIP_WITHOUT_GPU();
+  auto m = model_of(ctxtest::kTQ4_1);
+  Engine cpu(m, opts("cpu")), gpu(m, opts("cuda"));
+  const std::vector<int32_t> prompt = tokens(400, 300, 7);
+  const int L = m->config().n_layer;
+  // CPU prefill -> GPU sequence (upload) -> decode on the GPU equals decode on the CPU.
+  auto c = cpu.create_sequence(1024);
+  cpu.forward({{c.get(), prompt.data(), 400}});
+  auto g = gpu.create_sequence(1024);
+  for (int l = 0; l < L; ++l) {
+    std::copy(c->kv.k(l, 0), c->kv.k(l, 0) + 400 * c->kv.kv_dim(), g->kv.k(l, 0));
+    std::copy(c->kv.v(l, 0), c->kv.v(l, 0) + 400 * c->kv.kv_dim(), g->kv.v(l, 0));
+    g->device_kv->upload(g->kv, l, 0, 400);
+  }
+  g->kv.set_size(400);
+  const int32_t next = 42;
+  std::vector<float> lc(300), lg(300);
+  cpu.forward({{c.get(), &next, 1, lc.data()}});
+  gpu.forward({{g.get(), &next, 1, lg.data()}});
+  expect_same_logits(lg, lc, 1e-3, "decode after a CPU->GPU import");
+  // GPU -> CPU (download): the 401 rows come back as the GPU wrote them, close to the CPU's.
+  auto back = cpu.create_sequence(1024);
+  for (int l = 0; l < L; ++l) g->device_kv->download(back->kv, l, 0, 401);
+  back->kv.set_size(401);
+  for (int l = 0; l < L; ++l)
+    for (int t = 0; t < 400; ++t)  // the imported rows round-trip exactly
+      ASSERT_TRUE(std::equal(back->kv.k(l, t), back->kv.k(l, t) + back->kv.kv_dim(), c->kv.k(l, t))) << l << " " << t;
+  const int32_t after = 5;
+  std::vector<float> l1(300), l2(300);
+  cpu.forward({{c.get(), &after, 1, l1.data()}});
+  cpu.forward({{back.get(), &after, 1, l2.data()}});
+  expect_same_logits(l2, l1, 1e-3, "CPU decode after a GPU->CPU export");
+}
+
+TEST(CudaEngine, RefusesWhatItCannotRun) {
+  SKIP_WITHOUT_GPU();
+  auto m = model_of(ctxtest::kTQ4_1);
+  Engine cpu(m, opts("cpu")), gpu(m, opts("cuda"));
+  auto cseq = cpu.create_sequence(64);
+  auto gseq = gpu.create_sequence(64);
+  const int32_t t = 1;
+  EXPECT_THROW(gpu.forward({{cseq.get(), &t, 1}}), std::invalid_argument);
+  EXPECT_THROW(cpu.forward({{gseq.get(), &t, 1}}), std::invalid_argument);
+  AttentionPolicy scope;
+  scope.kind = AttentionPolicy::Kind::Scope;
+  EXPECT_THROW(gseq->set_policy(scope), std::invalid_argument);
+  EXPECT_EQ(gpu.device_name(), "cuda:0");
+  EXPECT_GT(gpu.device()->weight_bytes(), 0u);
+  // release() frees the GPU cache now; the sequence is usable again afterwards.
+  EXPECT_GT(gseq->device_kv->bytes_reserved(), 0u);
+  gseq->device_kv->release();
+  gseq->kv.set_size(0);
+  EXPECT_EQ(gseq->device_kv->bytes_reserved(), 0u);
+  std::vector<float> lg(300), lc(300);
+  gpu.forward({{gseq.get(), &t, 1, lg.data()}});
+  cpu.forward({{cseq.get(), &t, 1, lc.data()}});
+  expect_same_logits(lg, lc, kRel, "after release()");
+}
+
+TEST(CudaEngine, CudaGraphsReplayExactlyTheSameForwardPass) {
+  SKIP_WITHOUT_GPU();
+  auto m = model_of(ctxtest::kTQ4_1);
+  EngineOptions with = opts("cuda");
+  with.cuda_graphs = true;
+  Engine plain(m, opts("cuda")), graphs(m, with);
+  std::vector<std::shared_ptr<Sequence>> a, b;
+  for (int s = 0; s < 3; ++s) a.push_back(plain.create_sequence(2048)), b.push_back(graphs.create_sequence(2048));
+  // Steps of every shape the graphs are keyed on: a long prompt (full and partial micro-batch),
+  // single decode steps across split boundaries (768 keys: 2 -> 3 splits), and a batch of three.
+  auto step = [&](const std::vector<std::pair<int, std::vector<int32_t>>>& batch, const std::string& what) {
+    std::vector<std::vector<float>> la(batch.size(), std::vector<float>(300)), lb = la;
+    std::vector<BatchItem> ia, ib;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const auto& [s, t] = batch[i];
+      ia.push_back({a[s].get(), t.data(), static_cast<int>(t.size()), la[i].data()});
+      ib.push_back({b[s].get(), t.data(), static_cast<int>(t.size()), lb[i].data()});
+    }
+    plain.forward(ia);
+    graphs.forward(ib);
+    for (size_t i = 0; i < batch.size(); ++i) ASSERT_EQ(lb[i], la[i]) << what << ", item " << i;
+  };
+  step({{0, tokens(700, 300, 12)}}, "prefill 700");
+  for (int i = 0; i < 80; ++i) step({{0, {static_cast<int32_t>(i % 300)}}}, "decode at " + std::to_string(700 + i));
+  step({{1, tokens(300, 300, 13)}, {2, tokens(40, 300, 14)}}, "two prefills");
+  for (int i = 0; i < 5; ++i) step({{0, {1}}, {1, {2}}, {2, {3}}}, "batch of 3, step " + std::to_string(i));
+}
+
+TEST(CudaEngine, RealModelLogitsAndGreedyTokens) {
+  SKIP_WITHOUT_GPU();
+  const char* path = std::getenv("CTXBANK_MODEL");
+  if (!path || !*path) GTEST_SKIP() << "set CTXBANK_MODEL to the SmolLM2 GGUF";
+  auto m = Model::load(path);
+  Pair p(m);
+  p.add(2048);
+  p.step({{0, tokens(600, m->config().n_vocab, 9)}}, kRel, "real model prefill 600");
+  int32_t next = 1;
+  for (int i = 0; i < 64; ++i) {  // greedy on the CPU's choice, both engines fed the same tokens
+    p.step({{0, {next}}}, kRel, "real model decode " + std::to_string(i));
+    next = static_cast<int32_t>((next * 31 + 7) % m->config().n_vocab);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,107 @@
+// The attention work plan of a micro-batch (cuda/attention_plan.cu): host code, so it runs in
+// every CUDA build, GPU or not (CI). Every query must see each of its keys in exactly one work
+// item, every partial row must belong to one (query, split), and the budget must hold.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "cuda/kernels.cuh"
+
+namespace {
+
+using namespace ctx::cuda;
+
+struct Checked {
+  int works = 0, max_splits = 0, parts = 0;
+};
+
+// Plans `slices` (count, pos0) and checks the plan against its contract.
+Checked check(const std::vector<std::pair<int, int>>& slices_spec, int max_parts) {
+  std::vector<AttnSlice> slices;
+  int tokens = 0;
+  for (size_t i = 0; i < slices_spec.size(); ++i) {
+    // A distinct fake cache address per slice: the plan only copies it.
+    slices.push_back({reinterpret_cast<const __half*>(0x1000 * (i + 1)), 1 << 20, tokens, slices_spec[i].first, slices_spec[i].second});
+    tokens += slices_spec[i].first;
+  }
+  std::vector<AttnWork> works(max_parts + 1);
+  std::vector<AttnCombine> comb(tokens);
+  const int n = plan_attention(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts);
+  Checked out;
+  out.works = n;
+  EXPECT_LE(n, max_parts);
+  // For each batch token: the keys each work item lets it see, and the partial row it writes.
+  std::map<int, std::vector<std::pair<int, int>>> seen;  // token -> [key_begin, key_end) per work
+  std::map<int, std::set<int>> rows_of;                   // token -> partial rows written
+  std::set<int> all_rows;
+  for (int w = 0; w < n; ++w) {
+    const AttnWork& a = works[w];
+    EXPECT_GE(a.nq, 1);
+    EXPECT_LE(a.nq, kAttnQueries);
+    EXPECT_EQ(a.keys, nullptr);
+    for (int q = 0; q < a.nq; ++q) {
+      const int t = a.q0 + q, pos = a.pos0 + q;
+      const int end = std::min(a.key_end, pos + 1);  // the kernel's causal cut
+      if (end > a.key_begin) seen[t].push_back({a.key_begin, end});
+      const int row = a.part0 + q;
+      EXPECT_TRUE(all_rows.insert(row).second) << "partial row " << row << " written twice";
+      EXPECT_LT(row, max_parts);
+      rows_of[t].insert(row);
+    }
+  }
+  out.parts = static_cast<int>(all_rows.size());
+  for (size_t s = 0; s < slices.size(); ++s)
+    for (int q = 0; q < slices[s].count; ++q) {
+      const int t = slices[s].q0 + q, pos = slices[s].pos0 + q;
+      // Keys 0..pos, each exactly once.
+      std::vector<int> hits(pos + 1, 0);
+      for (auto [b, e] : seen[t])
+        for (int k = b; k < e; ++k) ++hits[k];
+      int bad = -1;
+      for (int k = 0; k <= pos && bad < 0; ++k)
+        if (hits[k] != 1) bad = k;
+      EXPECT_EQ(bad, -1) << "token " << t << " sees key " << bad << " " << (bad >= 0 ? hits[bad] : 0) << " times";
+      // The combine entry names exactly the rows written for this token.
+      const AttnCombine& c = comb[t];
+      std::set<int> named;
+      for (int sp = 0; sp < c.n_splits; ++sp) named.insert(c.part0 + sp * c.stride);
+      EXPECT_EQ(named, rows_of[t]) << "token " << t;
+      out.max_splits = std::max(out.max_splits, c.n_splits);
+      if (slices[s].count > kSplitTokens) EXPECT_EQ(c.n_splits, 1);
+    }
+  return out;
+}
+
+TEST(CudaPlan, PrefillTilesCoverEveryCausalKeyOnce) {
+  const Checked c = check({{100, 0}, {37, 200}, {16, 16}, {17, 5}}, 512 * kPartsPerToken);
+  EXPECT_EQ(c.max_splits, 1);
+  EXPECT_EQ(c.works, 7 + 3 + 1 + 2);
+}
+
+TEST(CudaPlan, DecodeStepsSplitLongContexts) {
+  EXPECT_EQ(check({{1, 0}}, 1024).max_splits, 1);
+  EXPECT_EQ(check({{1, 510}}, 1024).max_splits, 1);     // 511 keys: one range of >= 256 only
+  EXPECT_EQ(check({{1, 1000}}, 1024).max_splits, 3);
+  EXPECT_EQ(check({{4, 5000}}, 4096).max_splits, 19);
+  EXPECT_EQ(check({{1, 131071}}, 16384).max_splits, kMaxSplits);
+  EXPECT_EQ(check({{2, 40000}}, 16384).max_splits, kMaxSplits);
+}
+
+TEST(CudaPlan, TheBudgetLimitsSplitsNotCoverage) {
+  // 128 decode steps at 4K plus a prefill chunk, in a budget of 32 rows per token.
+  std::vector<std::pair<int, int>> slices(128, {1, 4096});
+  slices.push_back({64, 100});
+  const int budget = (128 + 64) * kPartsPerToken;
+  const Checked c = check(slices, budget);
+  EXPECT_LE(c.parts, budget);
+  EXPECT_EQ(c.max_splits, 16);  // 4097 keys / 256: the budget (1 + 47 per token) is not binding
+  // A tight budget: every step still sees all its keys, in fewer splits.
+  const Checked tight = check(std::vector<std::pair<int, int>>(64, {1, 100000}), 64 * 3);
+  EXPECT_EQ(tight.max_splits, 3);
+  EXPECT_LE(tight.parts, 64 * 3);
+}
+
+}  // namespace
