@@ -190,4 +190,26 @@ describe.each(backends)("sweeping dead instances on $name", (backend) => {
     expect(await state("r-long-prefill")).toBe("prefilling");
     expect((await opened.db.select().from(chunks)).every((c) => c.shardId === "prefill-live")).toBe(true);
   });
+
+  it("a retention shorter than the grace never prunes a dead instance's shard row before its file is swept", async () => {
+    const shard = await prefillInstance("prefill-brief");
+    const beat = async () => {
+      await reg.instances.heartbeat("prefill-live");
+      await reg.instances.heartbeat("decode-live");
+    };
+    const brief = new Sweeper(reg, { ...settings(), retentionMs: 1_000 }, pino({ level: "silent" }));
+    now += TIMEOUT + 1; // silent past the timeout: declared dead, and dead longer than the retention
+    await beat();
+    expect(await reg.instances.markDead(TIMEOUT)).toEqual(["prefill-brief"]);
+    await brief.sweep();
+    expect(await reg.shards.get("prefill-brief", shard.epoch)).toBeDefined(); // still names the file
+    now += GRACE;
+    await beat();
+    expect((await brief.sweep()).files).toEqual([shard.path]);
+    expect(existsSync(shard.path)).toBe(false);
+    now += 2 * GRACE;
+    await beat();
+    expect(await brief.sweep()).toMatchObject({ instancesPruned: 1 });
+    expect(await reg.shards.get("prefill-brief", shard.epoch)).toBeUndefined();
+  });
 });

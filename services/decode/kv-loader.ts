@@ -19,6 +19,7 @@ import type { ServiceMetrics } from "../../shared/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 import { SocketHttpTransport } from "./socket-transport.ts";
+import { faultPoint } from "../fault-points.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
 export class KvLoadError extends Error {
@@ -128,6 +129,7 @@ export class KvLoader {
       );
       if (problem) throw new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids");
 
+      await faultPoint("decode.load", this.rt.log);
       const deadlineMs = Date.now() + config.kvTimeoutMs;
       const transports = new Set<string>();
       let bytes = 0;

@@ -25,6 +25,7 @@ import { ownsRequest } from "../../shared/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "./kv-loader.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
+import { RequestOutcomes } from "../request-outcomes.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
 import { TokenTextStream } from "./text-stream.ts";
@@ -78,6 +79,8 @@ export class DecodeService {
   readonly scheduler: DecodeScheduler;
   readonly loader: KvLoader;
   readonly prefillClient: PrefillClient;
+  /** How requests end in the registry, retried while it cannot be reached. */
+  readonly outcomes: RequestOutcomes;
   private readonly peers: PeerWatch;
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
@@ -98,6 +101,7 @@ export class DecodeService {
     this.peers = new PeerWatch(rt);
     this.loader = new KvLoader(rt, metrics, auth, this.peers);
     this.prefillClient = new PrefillClient(rt, auth, this.peers);
+    this.outcomes = new RequestOutcomes(rt);
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
       // Waiting: admitted but not in the batch, and queued for a call to a prefill instance.
@@ -291,12 +295,7 @@ export class DecodeService {
       }
       reservation?.release();
       this.totals[outcome]++;
-      if (claimed) {
-        await registry.chunks.releaseRequest(requestId).catch((err) => log.warn({ err }, "could not release the request's chunks"));
-        await registry.requests
-          .finish(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 })
-          .catch((err) => log.warn({ err }, "could not record the request's outcome"));
-      }
+      if (claimed) await this.outcomes.record(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 }, log);
       log.info({ requestId, outcome, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
     }
   }
@@ -368,6 +367,7 @@ export class DecodeService {
     this.state = "stopped";
     for (const ac of this.active) ac.abort(new ApiError(503, "draining", "the decode service is shutting down"));
     while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
+    this.outcomes.stop();
     await this.membership?.leave();
     this.peers.stop();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);

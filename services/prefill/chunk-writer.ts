@@ -8,6 +8,7 @@ import { exportChunk, type BlockRange, type KvShape, type RowMover } from "../..
 import type { Shard } from "../../shared/kv/shard.ts";
 import type { Runtime } from "../runtime.ts";
 import type { ShardQuota } from "./shard-quota.ts";
+import { faultPoint } from "../fault-points.ts";
 
 /** Shard ranges (and the shard's size) are multiples of a page. */
 export const SHARD_ALIGN = 4096;
@@ -122,6 +123,7 @@ export class ChunkWriter {
           continue;
         }
         p.state = "registered";
+        await faultPoint("prefill.write", this.rt.log);
         const bytes = Buffer.allocUnsafe(p.length);
         try {
           exportChunk(bytes, p.meta, seq, this.shape);

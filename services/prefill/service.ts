@@ -28,6 +28,7 @@ import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime 
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
 import { FairQueue } from "../../shared/queue/fair-queue.ts";
 import { ShardQuota } from "./shard-quota.ts";
+import { RequestOutcomes } from "../request-outcomes.ts";
 import { Sweeper } from "./sweeper.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
@@ -59,6 +60,8 @@ export class PrefillService {
   private sweepTimer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> | undefined;
   readonly sweeper: Sweeper;
+  /** How failed prefills end in the registry, retried while it cannot be reached. */
+  readonly outcomes: RequestOutcomes;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   /** Prefill places, fair across keys: `--max-prefills` running, `--max-prefill-queue` waiting. */
   private readonly gate: FairQueue;
@@ -93,6 +96,7 @@ export class PrefillService {
     metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
     this.writer = new ChunkWriter(rt, this.shape, this.totals);
+    this.outcomes = new RequestOutcomes(rt);
     this.sweeper = new Sweeper(
       rt.registry,
       {
@@ -318,10 +322,13 @@ export class PrefillService {
       const failed = results.find((r): r is { error: unknown } => "error" in r);
       if (failed) throw failed.error;
       if (signal.aborted) throw clientClosed();
-      await registry.requests.mark(requestId, { event: "prefill_end" });
       // Chunk ids group-major (layer group, then token block): the order decode imports them in.
       const ids = results as { id: string }[];
       const chunkIds = groups.flatMap((_, g) => blocks.map((_, b) => ids[b * groups.length + g]!.id));
+      // The retention runs from the handle (the reaper kept them while we prefilled).
+      const live = await registry.chunks.retainFromHandle([...new Set(chunkIds)], config.retainMs);
+      if (live !== new Set(chunkIds).size) throw new Error(`${new Set(chunkIds).size - live} of the request's chunks were reclaimed during its prefill`);
+      await registry.requests.mark(requestId, { event: "prefill_end" });
       const prefillMs = performance.now() - t0;
       log.info({ requestId, promptTokens: n, chunks: chunkIds.length, ms: Math.round(prefillMs) }, "prefilled");
       return {
@@ -349,10 +356,7 @@ export class PrefillService {
         }
       }
       const cancelled = signal.aborted;
-      await registry.chunks.releaseRequest(requestId).catch((e) => log.warn({ err: e }, "could not release the request's chunks"));
-      await registry.requests
-        .finish(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) })
-        .catch((e) => log.warn({ err: e }, "could not finish the request row"));
+      await this.outcomes.record(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) }, log);
       if (cancelled) throw clientClosed();
       if (err instanceof RegistryError && err.code === "stale_epoch") {
         throw new ApiError(503, "not_ready", "the prefill instance restarted its shard during the request; retry", null, undefined, { cause: err });
@@ -380,6 +384,7 @@ export class PrefillService {
     this.state = "stopped";
     clearInterval(this.reaper);
     clearInterval(this.sweepTimer);
+    this.outcomes.stop();
     await this.reaping?.catch(() => {});
     await this.sweeping;
     const shard = this.shard;

@@ -40,7 +40,9 @@ export class Sweeper {
     const files = await this.sweepFiles();
     const chunks = await this.registry.sweep.deleteDeadChunks(graceMs);
     const requestsEnded = await this.registry.sweep.finaliseOrphans({ graceMs, unclaimedMs });
-    const pruned = await this.registry.sweep.prune(retentionMs);
+    // A dead instance's shard rows name the files to sweep: never prune them before the grace,
+    // whatever the retention (a retention shorter than the grace left the files forever).
+    const pruned = await this.registry.sweep.prune(retentionMs, Math.max(retentionMs, 2 * graceMs));
     const report = { files, chunks, requestsEnded, requestsPruned: pruned.requests, instancesPruned: pruned.instances };
     if (files.length + chunks + requestsEnded + pruned.requests + pruned.instances > 0) this.log.info(report, "swept dead instances' litter");
     return report;

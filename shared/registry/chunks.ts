@@ -6,7 +6,7 @@ import { z } from "zod";
 import { addMs, type Clock } from "./clock.ts";
 import type { Database, Transaction } from "./db.ts";
 import { RegistryError, chunkId, chunkIds, int32, identifier, parseInput, positiveMs } from "./errors.ts";
-import { chunkRefs, chunks, instances, shards, type ChunkRow } from "./schema.ts";
+import { chunkRefs, chunks, instances, requests, shards, type ChunkRow } from "./schema.ts";
 
 const LIVE = ["writing", "ready", "reading"] as const;
 const hex64 = z.string().regex(/^[0-9a-f]{64}$/, "64 lowercase hex digits");
@@ -178,6 +178,23 @@ export class ChunkStore {
     throw await this.wrongState(id, "commit", "writing");
   }
 
+  /**
+   * A handle is answered: its chunks are kept `retainMs` from now (a decode has that long to take
+   * them), however long ago each was committed. Returns how many of `ids` are still live.
+   */
+  async retainFromHandle(ids: string[], retainMs: number): Promise<number> {
+    parseInput(chunkIds, ids, "chunk ids");
+    parseInput(positiveMs, retainMs, "retention");
+    const now = this.clock();
+    const until = addMs(now, retainMs);
+    const rows = await this.db
+      .update(chunks)
+      .set({ leaseExpiresAt: sql`greatest(${chunks.leaseExpiresAt}, ${until.toISOString()}::timestamptz)`, updatedAt: now })
+      .where(and(inArray(chunks.id, ids), inArray(chunks.state, LIVE)))
+      .returning({ id: chunks.id });
+    return rows.length;
+  }
+
   /** The write failed; the reaper hands the range back to the owner. */
   async fail(id: string): Promise<ChunkRow> {
     parseInput(chunkId, id, "chunk id");
@@ -322,7 +339,19 @@ export class ChunkStore {
       const expired = await tx
         .update(chunks)
         .set({ state: "released", readerCount: 0, updatedAt: now })
-        .where(and(onShard, inArray(chunks.state, LIVE), lte(chunks.leaseExpiresAt, now)))
+        .where(
+          and(
+            onShard,
+            inArray(chunks.state, LIVE),
+            lte(chunks.leaseExpiresAt, now),
+            // A ready chunk a request still prefilling holds is kept: its retention starts at the
+            // handle (retainFromHandle), not at its commit, or a prompt that prefills for longer
+            // than the retention would lose its first chunks before its handle is even answered.
+            // (Write leases still expire: a writer that hangs loses its chunk.)
+            sql`not (${chunks.state} = 'ready' and exists (select 1 from ${chunkRefs} cr join ${requests} r on r.id = cr.request_id
+                     where cr.chunk_id = ${chunks.id} and r.state in ('queued', 'prefilling')))`,
+          ),
+        )
         .returning({ id: chunks.id });
       const freed = await tx
         .delete(chunks)

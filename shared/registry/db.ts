@@ -53,6 +53,10 @@ async function openPostgres(url: string, timeoutMs: number): Promise<OpenedDatab
   // An idle client whose server went away emits 'error' on the pool; unhandled, that kills the
   // process. The next query reports the failure to its caller instead.
   pool.on("error", () => {});
+  // A client checked out of the pool (inside a transaction, between its statements) has no such
+  // listener: its connection dropping (a database restart) emitted an unhandled 'error' and killed
+  // the process. With one, the transaction's next statement fails and the pool drops the client.
+  pool.on("connect", (client) => client.on("error", () => {}));
   try {
     const client = await pool.connect();
     try {

@@ -123,12 +123,15 @@ export class SweepStore {
   }
 
   /**
-   * Deletes ended requests older than `retentionMs`, and instances dead for longer than that with
-   * their shard rows (their chunks went long ago). Returns the counts.
+   * Deletes ended requests older than `retentionMs`, and instances dead for longer than
+   * `instanceRetentionMs` (default: the same) with their shard rows (their chunks went long ago).
+   * Returns the counts.
    */
-  async prune(retentionMs: number): Promise<{ requests: number; instances: number }> {
+  async prune(retentionMs: number, instanceRetentionMs: number = retentionMs): Promise<{ requests: number; instances: number }> {
     parseInput(positiveMs, retentionMs, "retention");
+    parseInput(positiveMs, instanceRetentionMs, "instance retention");
     const before = addMs(this.clock(), -retentionMs);
+    const instancesBefore = addMs(this.clock(), -instanceRetentionMs);
     const oldRequests = await this.db
       .delete(requests)
       .where(and(inArray(requests.state, ENDED), lte(sql`coalesce(${requests.endedAt}, ${requests.arrivalAt})`, sql`${before.toISOString()}::timestamptz`)))
@@ -137,7 +140,7 @@ export class SweepStore {
       const ids = (await tx
         .select({ id: instances.id })
         .from(instances)
-        .where(and(eq(instances.state, "dead"), lte(instances.lastHeartbeatAt, before)))
+        .where(and(eq(instances.state, "dead"), lte(instances.lastHeartbeatAt, instancesBefore)))
         .for("update", { skipLocked: true })).map((r) => r.id);
       if (ids.length === 0) return 0;
       await tx.delete(shards).where(inArray(shards.instanceId, ids)); // chunks cascade

@@ -16,7 +16,12 @@ const SUPERUSER = "app";
 
 export interface TestPostgres {
   url: string;
+  /** Stops and removes the cluster. */
   stop(): Promise<void>;
+  /** An outage: stops the server (fast shutdown: clients are disconnected), keeping its data. */
+  shutDown(): Promise<void>;
+  /** Starts it again after `shutDown`, on the same port with the same data. */
+  startUp(): Promise<void>;
 }
 
 export async function startPostgres(database = "ctxbank_test"): Promise<TestPostgres> {
@@ -36,7 +41,8 @@ export async function startPostgres(database = "ctxbank_test"): Promise<TestPost
     ]);
     const port = await freePort();
     const serverOptions = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50`;
-    await pgctl("-o", serverOptions, "-l", path.join(dir, "server.log"), "-w", "-t", "60", "start");
+    const startServer = () => pgctl("-o", serverOptions, "-l", path.join(dir, "server.log"), "-w", "-t", "60", "start");
+    await startServer();
     const admin = new pg.Client({ connectionString: `postgresql://${SUPERUSER}@127.0.0.1:${port}/postgres` });
     await admin.connect();
     try {
@@ -47,11 +53,13 @@ export async function startPostgres(database = "ctxbank_test"): Promise<TestPost
     let stopped = false;
     return {
       url: `postgresql://${SUPERUSER}@127.0.0.1:${port}/${database}`,
+      shutDown: () => pgctl("-m", "fast", "-w", "stop"),
+      startUp: startServer,
       async stop() {
         if (stopped) return;
         stopped = true;
         try {
-          await pgctl("-m", "fast", "-w", "stop");
+          await pgctl("-m", "fast", "-w", "stop").catch(() => {}); // already down after shutDown()
         } finally {
           await rm(dir, { recursive: true, force: true });
         }
