@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "kernels.h"
@@ -20,14 +21,18 @@ int checked_int(uint64_t v, const std::string& key, uint64_t max) {
 
 }  // namespace
 
-const float* Model::norm(const std::string& name, int n) const {
+const float* Model::norm(const std::string& name, int n) {
   const GgufTensorInfo* t = file_->find_tensor(name);
   if (!t) throw GgufError("gguf: model is missing tensor '" + name + "'");
   if (t->type != static_cast<uint32_t>(GgmlType::F32) || t->n_elements() != static_cast<uint64_t>(n))
     throw std::invalid_argument("model: tensor '" + name + "' must be F32 with " + std::to_string(n) + " elements");
-  if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0)
-    throw GgufError("gguf: tensor '" + name + "' is misaligned");
-  return reinterpret_cast<const float*>(t->data);
+  // Copied out of the mapping (a few KiB each): after the repack drops the file's pages, nothing
+  // the forward pass reads every step should fault them back in (with large page-cache folios,
+  // one norm read maps far more than its own bytes).
+  auto copy = std::make_unique<float[]>(static_cast<size_t>(n));
+  std::memcpy(copy.get(), t->data, static_cast<size_t>(n) * sizeof(float));
+  norms_.push_back(std::move(copy));
+  return norms_.back().get();
 }
 
 Weight Model::weight(const std::string& name, int cols, int rows) const {
@@ -54,8 +59,8 @@ Weight Model::weight(const std::string& name, int cols, int rows) const {
 void Model::FreeAligned::operator()(uint8_t* p) const { std::free(p); }
 
 // Repacks every quantized matrix once at load (about as fast as reading it) into one aligned
-// allocation; the file mapping still serves the embedding lookups and the norms, so its pages
-// are dropped afterwards and only those come back.
+// allocation; the file mapping still serves the embedding lookups (the norms are copies), so its
+// pages are dropped afterwards and only the rows looked up come back.
 void Model::pack_weights() {
   std::vector<Weight*> all = {&token_embd_};
   if (!config_.tied_output) all.push_back(&output_);

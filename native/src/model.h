@@ -70,13 +70,14 @@ class Model {
   Model() = default;
   Weight weight(const std::string& name, int cols, int rows) const;
   void pack_weights();
-  const float* norm(const std::string& name, int n) const;
+  const float* norm(const std::string& name, int n);
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
   Weight token_embd_, output_;
   const float* output_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
+  std::vector<std::unique_ptr<float[]>> norms_;  // the F32 norm vectors, copied out of the file
   uint32_t weights_crc32c_ = 0;
   struct FreeAligned { void operator()(uint8_t* p) const; };
   std::unique_ptr<uint8_t, FreeAligned> packed_;  // every packed weight, one allocation
