@@ -11,7 +11,7 @@ import type { Security } from "../shared/auth/security.ts";
 import { createApp, newApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
 import { ApiError } from "../shared/http/errors.ts";
 import type { ServiceMetrics } from "../shared/metrics/metrics.ts";
-import { DbProbe, isDatabaseUnavailable } from "../shared/registry/db-probe.ts";
+import { isDatabaseUnavailable, type DbProbe } from "../shared/registry/db-probe.ts";
 import { docsRoutes } from "./docs.ts";
 import { decodeRoutes, decodeStatusRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
@@ -105,7 +105,7 @@ function opsRoutes(services: Services, metrics: ServiceMetrics, dbProbe: DbProbe
   return app;
 }
 
-export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
+export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security, dbProbe: DbProbe): ServiceApp {
   const app = createApp({
     log: rt.log,
     maxBodyBytes: rt.config.maxBodyBytes,
@@ -114,7 +114,7 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
   });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/*", apiKeyAuth(security.keys, security.limiter));
-  app.route("/", opsRoutes(services, metrics, new DbProbe(rt.db)));
+  app.route("/", opsRoutes(services, metrics, dbProbe));
   if (services.prefill) app.route("/", prefillRoutes(services.prefill));
   if (services.decode) {
     app.route("/", decodeRoutes(services.decode));
@@ -144,14 +144,14 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
 }
 
 /** The internal listener's app: what only the other services (and operators holding the secret) call. */
-export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security): ServiceApp {
+export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security, dbProbe: DbProbe): ServiceApp {
   const app = createApp({ log: rt.log, maxBodyBytes: rt.config.maxBodyBytes, classifyError });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/prefill", prefillCapability(security.internal));
   app.use("/v1/chunks/*", chunkReadAuth(security.internal, rt.registry));
   app.use("/v1/prefill/status", internalSecret(security.internal));
   app.use("/v1/decode/status", internalSecret(security.internal));
-  app.route("/", opsRoutes(services, metrics, new DbProbe(rt.db)));
+  app.route("/", opsRoutes(services, metrics, dbProbe));
   if (services.prefill) {
     app.route("/", prefillRoutes(services.prefill));
     app.route("/", prefillStatusRoutes(services.prefill));

@@ -6,6 +6,7 @@ import type { Config } from "../shared/config.ts";
 import { listen, type Listening } from "../shared/http/server.ts";
 import { ServiceMetrics } from "../shared/metrics/metrics.ts";
 import { openSecurity, type Security } from "../shared/auth/security.ts";
+import { DbProbe } from "../shared/registry/db-probe.ts";
 import { buildApp, buildInternalApp, type Services } from "./app.ts";
 import { DecodeService } from "./decode/service.ts";
 import { PrefillService } from "./prefill/service.ts";
@@ -39,8 +40,10 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
     const compute = scheduler && config.prefillChunking === "slo" ? scheduler.prefill.bind(scheduler) : undefined;
     services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics, compute);
   }
-  const app = buildApp(runtime, services, metrics, security);
-  const internalApp = buildInternalApp(runtime, services, metrics, security);
+  // One probe for both listeners' /ready: it caches the database's answer for both.
+  const dbProbe = new DbProbe(runtime.db);
+  const app = buildApp(runtime, services, metrics, security, dbProbe);
+  const internalApp = buildInternalApp(runtime, services, metrics, security, dbProbe);
   const http = await listen(app.fetch, config.host, config.port, config);
   let internal: Listening;
   try {

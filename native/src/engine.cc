@@ -322,12 +322,7 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
 
   // Logits for the items whose last token is in this micro-batch, kLogitRows at a time so the
   // output matrix is read once per group.
-  wanted_.clear();
-  int t0 = 0;
-  for (const Slice& s : slices) {
-    if ((s.item->logits || s.item->argmax) && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item});
-    t0 += s.count;
-  }
+  logit_rows(slices, wanted_);
   for (size_t g = 0; g < wanted_.size(); g += kLogitRows) {
     const int rows = static_cast<int>(std::min<size_t>(kLogitRows, wanted_.size() - g));
     for (int r = 0; r < rows; ++r)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <initializer_list>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "decode_policy.h"
@@ -103,6 +104,17 @@ void for_each_ubatch(const std::vector<BatchItem>& items, int ubatch, std::vecto
     }
   }
   if (!slices.empty()) run(slices);
+}
+
+// The rows of a micro-batch whose next-token logits (or greedy token) are wanted: each item's last
+// token, when this micro-batch holds it, as (row in the micro-batch, item).
+inline void logit_rows(const std::vector<UbatchSlice>& slices, std::vector<std::pair<int, const BatchItem*>>& wanted) {
+  wanted.clear();
+  int t0 = 0;
+  for (const UbatchSlice& s : slices) {
+    if ((s.item->logits || s.item->argmax) && s.offset + s.count == s.item->n_tokens) wanted.push_back({t0 + s.count - 1, s.item});
+    t0 += s.count;
+  }
 }
 
 // The engine is the CPU backend its sequences' decode policies call (decode_policy.h).

@@ -381,12 +381,7 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
 
   // Logits (and the greedy token) for the items whose last token is in this micro-batch,
   // kLogitRows at a time, as engine.cc.
-  wanted_.clear();
-  int t0 = 0;
-  for (const Slice& s : slices) {
-    if ((s.item->logits || s.item->argmax) && s.offset + s.count == s.item->n_tokens) wanted_.push_back({t0 + s.count - 1, s.item});
-    t0 += s.count;
-  }
+  logit_rows(slices, wanted_);
   for (size_t g = 0; g < wanted_.size(); g += kLogitRows) {
     const int rows = static_cast<int>(std::min<size_t>(kLogitRows, wanted_.size() - g));
     for (int r = 0; r < rows; ++r) h_rows_.p[r] = wanted_[g + r].first;
