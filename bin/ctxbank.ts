@@ -6,13 +6,13 @@ import { availableParallelism } from "node:os";
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
 
-import { Engine, loadModel, type EngineDevice } from "../shared/engine/engine.ts";
-import { DEVICE_PATTERN } from "../shared/engine/native.ts";
-import { SamplingError, validateSampling, type SamplingOptions } from "../shared/engine/sampler.ts";
-import { generate, GenerateError, type DoneEvent } from "../shared/generate.ts";
-import { ModelResolveError, resolveModel } from "../shared/model/resolve.ts";
-import { ChatTemplate, ChatTemplateError, validateMessages, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { Engine, loadModel, type EngineDevice } from "../shared/inference/engine/engine.ts";
+import { DEVICE_PATTERN } from "../shared/inference/engine/native.ts";
+import { SamplingError, validateSampling, type SamplingOptions } from "../shared/inference/engine/sampler.ts";
+import { generate, GenerateError, type DoneEvent } from "../shared/inference/generate.ts";
+import { ModelResolveError, resolveModel } from "../shared/inference/model/resolve.ts";
+import { ChatTemplate, ChatTemplateError, validateMessages, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import { KeysUsageError, keysCommand } from "./keys.ts";
 import { SERVICE_COMMANDS, ServiceUsageError, serviceCommand } from "./serve.ts";
 

@@ -2,7 +2,7 @@
 // goes to stdout (give it to the client; it is shown once), the line to add to the keys file
 // (--api-keys-file / CTXBANK_API_KEYS) to stderr: the service stores only the key's sha256.
 import { parseArgs } from "node:util";
-import { ApiKeyError, newApiKey, type KeyLimits } from "../shared/auth/api-keys.ts";
+import { ApiKeyError, newApiKey, type KeyLimits } from "../shared/platform/auth/api-keys.ts";
 
 export class KeysUsageError extends Error {}
 

@@ -2,7 +2,7 @@
 // embedded PGlite unless DATABASE_URL says otherwise (what `npm start` runs); `prefill` and
 // `decode` run one service each against a shared PostgreSQL (DATABASE_URL), on any host and port.
 import { parseArgs } from "node:util";
-import { ConfigError, configFlags, configHelp, loadConfig, type ServiceRole } from "../shared/config.ts";
+import { ConfigError, configFlags, configHelp, loadConfig, type ServiceRole } from "../shared/platform/config.ts";
 import { runUntilSignalled } from "../services/process.ts";
 
 export const SERVICE_COMMANDS: readonly string[] = ["serve", "prefill", "decode"];

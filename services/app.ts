@@ -6,19 +6,19 @@
 // behind the shared secret.
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import { apiKeyAuth, hostCheck } from "../shared/auth/middleware.ts";
-import type { Security } from "../shared/auth/security.ts";
-import { createApp, newApp, type AppEnv, type ServiceApp } from "../shared/http/app.ts";
-import { ApiError } from "../shared/http/errors.ts";
-import type { ServiceMetrics } from "../shared/metrics/metrics.ts";
-import { isDatabaseUnavailable, type DbProbe } from "../shared/registry/db-probe.ts";
+import { apiKeyAuth, hostCheck } from "../shared/platform/auth/middleware.ts";
+import type { Security } from "../shared/platform/auth/security.ts";
+import { createApp, newApp, type AppEnv, type ServiceApp } from "../shared/platform/http/app.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
+import type { ServiceMetrics } from "../shared/platform/metrics/metrics.ts";
+import { isDatabaseUnavailable, type DbProbe } from "../shared/platform/registry/db-probe.ts";
 import { docsRoutes } from "./docs.ts";
 import { decodeRoutes, decodeStatusRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
 import { dashboardRoutes } from "./decode/dashboard/route.ts";
 import type { DecodeService } from "./decode/service.ts";
 import { internalSecret, prefillCapability } from "./internal-auth.ts";
-import { chunkReadAuth } from "./prefill/chunk-auth.ts";
+import { chunkReadAuth } from "./handoff/chunk-auth.ts";
 import { chunkRoutes, prefillRoutes, prefillStatusRoutes } from "./prefill/routes.ts";
 import type { PrefillService } from "./prefill/service.ts";
 import type { Runtime } from "./runtime.ts";

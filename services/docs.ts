@@ -2,8 +2,8 @@
 // node_modules (never a CDN), with a Content-Security-Policy that keeps the page to this origin.
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
-import { newApp, type ServiceApp } from "../shared/http/app.ts";
-import { ApiError } from "../shared/http/errors.ts";
+import { newApp, type ServiceApp } from "../shared/platform/http/app.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
 
 const dist = (name: string) => createRequire(import.meta.url).resolve(`swagger-ui-dist/${name}`);
 

@@ -2,10 +2,10 @@
 // capability naming the tenant it acts for; operators (and Prometheus) reach status with the
 // shared secret itself as the bearer token. Chunk reads have their own check (prefill/chunk-auth.ts).
 import type { MiddlewareHandler } from "hono";
-import type { InternalAuth } from "../shared/auth/capability.ts";
-import { bearer } from "../shared/auth/middleware.ts";
-import type { AppEnv } from "../shared/http/app.ts";
-import { errorBody } from "../shared/http/errors.ts";
+import type { InternalAuth } from "../shared/platform/auth/capability.ts";
+import { bearer } from "../shared/platform/auth/middleware.ts";
+import type { AppEnv } from "../shared/platform/http/app.ts";
+import { errorBody } from "../shared/platform/http/errors.ts";
 
 const CHALLENGE = { "www-authenticate": 'Bearer realm="ctxbank-internal"' };
 

@@ -1,8 +1,8 @@
 // A service's life in the registry: register, heartbeat (and sweep instances that went silent,
 // so their shards are retired and their chunks failed), drain, and leave.
 import { eq } from "drizzle-orm";
-import { RegistryError } from "../shared/registry/registry.ts";
-import { instances } from "../shared/registry/schema.ts";
+import { RegistryError } from "../shared/platform/registry/registry.ts";
+import { instances } from "../shared/platform/registry/schema.ts";
 import type { Runtime } from "./runtime.ts";
 
 export class Membership {

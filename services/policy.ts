@@ -1,10 +1,10 @@
 // A request's attention policy, made concrete for this model and prompt: the spec (the request's,
 // else the handle's, else the server's --policy) resolved with the model's calibrated defaults,
 // validated by the engine, and the layer groups the prefill packs its chunks by.
-import type { AttentionPolicy } from "../shared/engine/native.ts";
-import { ApiError } from "../shared/http/errors.ts";
-import { policyDefaultsFor } from "../shared/policy/defaults.ts";
-import { checkPolicyLimits, PolicyError, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/policy/request.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
+import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
+import { checkPolicyLimits, PolicyError, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/inference/policy/request.ts";
 import { DEFAULT_MAX_TOKENS, type Runtime } from "./runtime.ts";
 
 export interface PlannedPolicy {

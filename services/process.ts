@@ -2,11 +2,11 @@
 // default), `prefill` or `decode` (one each, against a shared PostgreSQL). Shutdown is graceful:
 // refuse new work, let in-flight requests finish (up to drainMs), cancel what is left (freeing its
 // KV and leases), retire the shard, leave the registry.
-import type { Config } from "../shared/config.ts";
-import { listen, type Listening } from "../shared/http/server.ts";
-import { ServiceMetrics } from "../shared/metrics/metrics.ts";
-import { openSecurity, type Security } from "../shared/auth/security.ts";
-import { DbProbe } from "../shared/registry/db-probe.ts";
+import type { Config } from "../shared/platform/config.ts";
+import { listen, type Listening } from "../shared/platform/http/server.ts";
+import { ServiceMetrics } from "../shared/platform/metrics/metrics.ts";
+import { openSecurity, type Security } from "../shared/platform/auth/security.ts";
+import { DbProbe } from "../shared/platform/registry/db-probe.ts";
 import { buildApp, buildInternalApp, type Services } from "./app.ts";
 import { DecodeService } from "./decode/service.ts";
 import { PrefillService } from "./prefill/service.ts";

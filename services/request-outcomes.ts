@@ -3,7 +3,7 @@
 // deadline). A row left open by an instance that stays alive is one no sweep ends (the sweep only
 // ends dead instances' requests), and its chunks would be kept with it.
 import type { Logger } from "pino";
-import { RegistryError } from "../shared/registry/registry.ts";
+import { RegistryError } from "../shared/platform/registry/registry.ts";
 import type { Runtime } from "./runtime.ts";
 
 export interface RequestOutcome {

@@ -2,17 +2,17 @@
 // template, the registry database. `ctxbank serve` builds one and gives it to both services.
 import path from "node:path";
 import pino, { type DestinationStream, type Logger } from "pino";
-import type { Config } from "../shared/config.ts";
-import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
-import { readGgufMetadata } from "../shared/engine/native.ts";
-import { boundedError } from "../shared/http/error-log.ts";
-import { ApiError } from "../shared/http/errors.ts";
-import type { SloTargets } from "../shared/metrics/slo.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
-import { Registry } from "../shared/registry/registry.ts";
-import { ChatTemplate, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import type { Config } from "../shared/platform/config.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import { readGgufMetadata } from "../shared/inference/engine/native.ts";
+import { boundedError } from "../shared/platform/http/error-log.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
+import type { SloTargets } from "../shared/platform/metrics/slo.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/db.ts";
+import { Registry } from "../shared/platform/registry/registry.ts";
+import { ChatTemplate, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import { TokenizerPool } from "./tokenizer-pool.ts";
 
 export interface Runtime {
@@ -33,7 +33,7 @@ export interface Runtime {
   close(): Promise<void>;
 }
 
-/** The services' logger: errors are logged bounded and without SQL parameters (shared/http/error-log.ts). */
+/** The services' logger: errors are logged bounded and without SQL parameters (shared/platform/http/error-log.ts). */
 export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanceId">, destination?: DestinationStream): Logger {
   const options = { level: config.logLevel, base: { svc: config.role, instance: config.instanceId }, serializers: { err: boundedError } };
   return destination ? pino(options, destination) : pino(options);

@@ -2,9 +2,9 @@
 // stalls the event loop that health checks, streams and other requests share. Each thread holds
 // its own tokenizer, built once from the model's tokenizer metadata.
 import Tinypool from "tinypool";
-import { ApiError } from "../shared/http/errors.ts";
-import type { PromptJob, PromptJobResult } from "../shared/tokenizer/prompt-job.ts";
-import type { GgufMetadata } from "../shared/tokenizer/tokenizer.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
+import type { PromptJob, PromptJobResult } from "../shared/inference/tokenizer/prompt-job.ts";
+import type { GgufMetadata } from "../shared/inference/tokenizer/tokenizer.ts";
 
 /**
  * Threads. Tokenizing a context's worth of ordinary text takes milliseconds, far less than

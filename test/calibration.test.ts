@@ -10,7 +10,7 @@ import {
   similarityMatrix,
   topN,
   watershedLayer,
-} from "../shared/policy/calibration.ts";
+} from "../shared/inference/policy/calibration.ts";
 
 const row = (xs: number[]) => Float32Array.from(xs.map((x) => x / xs.reduce((a, b) => a + b, 0)));
 

@@ -5,8 +5,8 @@
 // expire; once the handle is answered the retention runs from then.
 import { createHash } from "node:crypto";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
-import { Registry } from "../shared/registry/registry.ts";
+import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/db.ts";
+import { Registry } from "../shared/platform/registry/registry.ts";
 
 const RETAIN = 2_000;
 let opened: OpenedDatabase;

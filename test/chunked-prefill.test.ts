@@ -4,10 +4,10 @@
 // the size the plan allows.
 import pino from "pino";
 import { beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import { Sampler } from "../shared/engine/sampler.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import { Sampler } from "../shared/inference/engine/sampler.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import { DecodeScheduler, type SchedulerOptions } from "../services/decode/scheduler.ts";
 import { Slot } from "../services/decode/slot.ts";
 import { prefillChunkTokens, StepCosts } from "../services/decode/step-plan.ts";

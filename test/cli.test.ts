@@ -6,11 +6,11 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import { generate, type GenerateOptions } from "../shared/generate.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { ChatTemplate, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import { generate, type GenerateOptions } from "../shared/inference/generate.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { ChatTemplate, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 
 const root = fileURLToPath(new URL("..", import.meta.url));
 const tsx = join(root, "node_modules/.bin/tsx"); // what `npx tsx` runs

@@ -9,10 +9,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { histogramQuantile } from "../services/decode/dashboard/prom-math.js";
 import { parsePrometheus } from "../services/decode/dashboard/prom-parse.js";
 import { M } from "../services/decode/dashboard/stats.js";
-import { loadConfig } from "../shared/config.ts";
+import { loadConfig } from "../shared/platform/config.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { launchChromium, type Browser } from "./helpers/chromium.ts";
-import { postJson, tempShardDir } from "./helpers/services.ts";
+import { postJson, tempShardDir } from "../tools/lib/services.ts";
 
 const SCREENSHOT = process.env.CTXBANK_DASHBOARD_SCREENSHOT ?? path.join(os.tmpdir(), "ctxbank-dashboard.png");
 const WAIT_MS = 120_000; // a 2-core box running other work: scrapes every 2 s can lag

@@ -3,7 +3,7 @@
 // every sequence in it) keeps this to the scheduler's own logic.
 import pino from "pino";
 import { describe, expect, it } from "vitest";
-import type { Engine } from "../shared/engine/engine.ts";
+import type { Engine } from "../shared/inference/engine/engine.ts";
 import { DecodeScheduler } from "../services/decode/scheduler.ts";
 import { Slot } from "../services/decode/slot.ts";
 

@@ -9,10 +9,10 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { ConfigError, loadConfig } from "../shared/config.ts";
-import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
-import { cudaStatus } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { ConfigError, loadConfig } from "../shared/platform/config.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import { cudaStatus } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { tinyLlama } from "./helpers/gguf-writer.ts";
 
 const status = cudaStatus();
@@ -132,7 +132,7 @@ describe("device strings", () => {
 describe("the services say which device runs the model", () => {
   it("/v1/models and /metrics (device auto, no GPU: cpu)", async () => {
     const { startServices } = await import("../services/process.ts");
-    const { tempShardDir } = await import("./helpers/services.ts");
+    const { tempShardDir } = await import("../tools/lib/services.ts");
     const shards = await tempShardDir();
     const config = loadConfig("serve", {}, { CTXBANK_DEVICE: gpu ? "cpu" : "auto" }, {
       databaseUrl: "pglite://memory",

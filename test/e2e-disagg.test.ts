@@ -3,14 +3,14 @@
 // exactly the greedy tokens the engine gives in one process. Then the prefill process is killed
 // after it answered and before decode pulled: decode fails fast, or recomputes when asked.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import { generate } from "../shared/generate.ts";
-import type { Handle } from "../shared/http/wire.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { ChatTemplate } from "../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
-import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
-import { postJson, startService, tempShardDir, type ServiceProcess } from "./helpers/services.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import { generate } from "../shared/inference/generate.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { ChatTemplate } from "../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
+import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
+import { postJson, startService, tempShardDir, type ServiceProcess } from "../tools/lib/services.ts";
 
 let pg: TestPostgres;
 let shards: Awaited<ReturnType<typeof tempShardDir>>;

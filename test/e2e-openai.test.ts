@@ -4,12 +4,12 @@
 import { readdir } from "node:fs/promises";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import { generate } from "../shared/generate.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { ChatTemplate, type ChatMessage } from "../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
-import { getJson, startService, tempShardDir, type ServiceProcess } from "./helpers/services.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import { generate } from "../shared/inference/generate.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { ChatTemplate, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
+import { getJson, startService, tempShardDir, type ServiceProcess } from "../tools/lib/services.ts";
 
 let svc: ServiceProcess;
 let client: OpenAI;

@@ -4,7 +4,7 @@ import { spawnSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import { expect, it } from "vitest";
 
-import { resolveModel } from "../shared/model/resolve.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 
 it("two engines in one process exit with status 0", async () => {
   const modelPath = await resolveModel();

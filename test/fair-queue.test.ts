@@ -1,9 +1,9 @@
-// The bounded per-key fair queue (shared/queue/fair-queue.ts) on its own: round robin across
+// The bounded per-key fair queue (shared/platform/queue/fair-queue.ts) on its own: round robin across
 // keys, a full queue refusing with 429 queue_full and Retry-After, the key over its share pushed
 // out instead of a newcomer, and a cancelled waiter leaving at once.
 import { describe, expect, it } from "vitest";
-import { ApiError } from "../shared/http/errors.ts";
-import { FairQueue } from "../shared/queue/fair-queue.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
+import { FairQueue } from "../shared/platform/queue/fair-queue.ts";
 
 const never = () => new AbortController().signal;
 

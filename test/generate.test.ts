@@ -1,12 +1,12 @@
 // The shared generation loop on the real default model, checked against a hand-written
 // prefill + decode loop over the same engine.
 import { beforeAll, describe, expect, it, vi } from "vitest";
-import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
-import { Sampler, argmax, type SamplingOptions } from "../shared/engine/sampler.ts";
-import { generate, GenerateError, StopStringFilter, type DoneEvent, type GenerateOptions, type TokenEvent } from "../shared/generate.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { ChatTemplate } from "../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import { Sampler, argmax, type SamplingOptions } from "../shared/inference/engine/sampler.ts";
+import { generate, GenerateError, StopStringFilter, type DoneEvent, type GenerateOptions, type TokenEvent } from "../shared/inference/generate.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { ChatTemplate } from "../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 
 let model: LoadedModel;
 let engine: Engine;

@@ -7,10 +7,10 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { loadConfig } from "../shared/config.ts";
-import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
-import { cudaStatus } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import { cudaStatus } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 
 const status = cudaStatus();
 const gpu = status.usable;
@@ -121,7 +121,7 @@ describe.skipIf(!gpu)("CUDA engine vs CPU engine, real model", () => {
 describe.skipIf(!gpu)("serve --device cuda", () => {
   it("chats through the official openai client, and says it runs on cuda:0", async () => {
     const { startServices } = await import("../services/process.ts");
-    const { tempShardDir } = await import("./helpers/services.ts");
+    const { tempShardDir } = await import("../tools/lib/services.ts");
     const shards = await tempShardDir();
     const config = loadConfig("serve", { device: "cuda" }, {}, { databaseUrl: "pglite://memory", port: 0, threads: 2, shardDir: shards.dir, logLevel: "silent" });
     const s = await startServices(config);

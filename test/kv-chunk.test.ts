@@ -9,10 +9,10 @@ import {
   encodeChunk,
   verifyChunk,
   type ChunkMeta,
-} from "../shared/kv/chunk.ts";
-import { encodeChunkFromLayers, packKv, unpackKv, type LayerKv } from "../shared/kv/chunk-pack.ts";
-import { PrefixHasher, chunkKey } from "../shared/kv/chunk-key.ts";
-import { crc32c } from "../shared/engine/native.ts";
+} from "../services/handoff/format/chunk.ts";
+import { encodeChunkFromLayers, packKv, unpackKv, type LayerKv } from "../services/handoff/format/chunk-pack.ts";
+import { PrefixHasher, chunkKey } from "../services/handoff/format/chunk-key.ts";
+import { crc32c } from "../shared/inference/engine/native.ts";
 
 const FP = "0123456789abcdef".repeat(4);
 const OTHER_FP = "f".repeat(64);

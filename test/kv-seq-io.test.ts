@@ -2,12 +2,12 @@
 // importRows) must give exactly what chunk-pack.ts's reference pack/unpack gives over zero-copy
 // views of the cache, for aligned and unaligned payloads; and it refuses what does not fit.
 import { beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import type { NativeSequence } from "../shared/engine/native.ts";
-import { chunkByteLength, verifyChunk, type ChunkMeta } from "../shared/kv/chunk.ts";
-import { encodeChunkFromLayers, unpackKv } from "../shared/kv/chunk-pack.ts";
-import { coverageProblem, exportChunk, importChunk, kvShape, layerViews, tokenBlocks, type KvShape } from "../shared/kv/seq-io.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import type { NativeSequence } from "../shared/inference/engine/native.ts";
+import { chunkByteLength, verifyChunk, type ChunkMeta } from "../services/handoff/format/chunk.ts";
+import { encodeChunkFromLayers, unpackKv } from "../services/handoff/format/chunk-pack.ts";
+import { coverageProblem, exportChunk, importChunk, kvShape, layerViews, tokenBlocks, type KvShape } from "../services/handoff/format/seq-io.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 
 const cap = 40;
 const FP = "cd".repeat(32);

@@ -21,7 +21,7 @@ vi.mock("node:fs/promises", async (importOriginal) => {
   return { ...real, statfs, default: { ...real, statfs } };
 });
 
-const { Shard } = await import("../shared/kv/shard.ts");
+const { Shard } = await import("../services/handoff/shard/shard.ts");
 
 let dir: string;
 beforeEach(async () => {

@@ -3,8 +3,9 @@ import { mkdtemp, readdir, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { RangeAllocator, type ByteRange } from "../shared/kv/range-allocator.ts";
-import { Shard, defaultShardDir, parseShardFileName, shardFileName } from "../shared/kv/shard.ts";
+import { RangeAllocator, type ByteRange } from "../services/handoff/shard/range-allocator.ts";
+import { Shard, parseShardFileName, shardFileName } from "../services/handoff/shard/shard.ts";
+import { defaultShardDir } from "../shared/platform/shard-root.ts";
 
 /** Small deterministic PRNG so a failing sequence can be replayed from its seed. */
 function prng(seed: number) {

@@ -1,19 +1,19 @@
-// bench/loadgen's client and runner against a local scripted SSE server (bench/loadgen/fake-server.ts):
+// tools/loadgen's client and runner against a local scripted SSE server (tools/loadgen/fake-server.ts):
 // TTFT/ITL/TPOT timing, usage-based token counts, error classes (429, 5xx, mid-stream errors,
 // timeouts, refused connections), the arrival processes as the server sees them, caps, and the
 // policy check against a server's OpenAPI document.
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { StreamingClient, type RequestSpec } from "../bench/loadgen/client.ts";
-import { startFakeServer, type FakeScript, type FakeServer } from "../bench/loadgen/fake-server.ts";
-import { PromptSource } from "../bench/loadgen/prompts.ts";
-import { runLoad } from "../bench/loadgen/runner.ts";
-import { policyValues } from "../bench/loadgen/target.ts";
-import { WorkloadFactory } from "../bench/loadgen/workloads.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { GgufTokenizer } from "../shared/tokenizer/tokenizer.ts";
-import { ChatTemplate } from "../shared/tokenizer/chat-template.ts";
+import { StreamingClient, type RequestSpec } from "../tools/loadgen/client.ts";
+import { startFakeServer, type FakeScript, type FakeServer } from "../tools/loadgen/fake-server.ts";
+import { PromptSource } from "../tools/loadgen/prompts.ts";
+import { runLoad } from "../tools/loadgen/runner.ts";
+import { policyValues } from "../tools/loadgen/target.ts";
+import { WorkloadFactory } from "../tools/loadgen/workloads.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
+import { ChatTemplate } from "../shared/inference/tokenizer/chat-template.ts";
 
 const spec = (endpoint: "chat" | "completions" = "completions"): RequestSpec => ({
   endpoint,

@@ -1,17 +1,17 @@
-// bench/loadgen's pure parts: arrival processes (seeded), percentiles, SLO attainment and
+// tools/loadgen's pure parts: arrival processes (seeded), percentiles, SLO attainment and
 // goodput, the rate sweep's search on synthetic attainment curves, the SSE parser, length
 // distributions, option validation and the loopback guard.
 import { describe, expect, it } from "vitest";
-import { openLoopSchedule } from "../bench/loadgen/arrivals.ts";
-import { checkTarget, isLoopback } from "../bench/loadgen/host-guard.ts";
-import { parseCli, UsageError } from "../bench/loadgen/options.ts";
-import { exponential, makeRng, standardNormal } from "../bench/loadgen/random.ts";
-import { SseParser } from "../bench/loadgen/sse.ts";
-import { cdfPoints, latencySummary, meetsSlo, percentile, runStats } from "../bench/loadgen/stats.ts";
-import { sweepMaxRate } from "../bench/loadgen/sweep.ts";
-import { sweepDrainS } from "../bench/loadgen/sweep-run.ts";
-import type { RequestResult } from "../bench/loadgen/types.ts";
-import { drawLength, parseLengthDist } from "../bench/loadgen/workloads.ts";
+import { openLoopSchedule } from "../tools/loadgen/arrivals.ts";
+import { checkTarget, isLoopback } from "../tools/loadgen/host-guard.ts";
+import { parseCli, UsageError } from "../tools/loadgen/options.ts";
+import { exponential, makeRng, standardNormal } from "../tools/loadgen/random.ts";
+import { SseParser } from "../tools/loadgen/sse.ts";
+import { cdfPoints, latencySummary, meetsSlo, percentile, runStats } from "../tools/loadgen/stats.ts";
+import { sweepMaxRate } from "../tools/loadgen/sweep.ts";
+import { sweepDrainS } from "../tools/loadgen/sweep-run.ts";
+import type { RequestResult } from "../tools/loadgen/types.ts";
+import { drawLength, parseLengthDist } from "../tools/loadgen/workloads.ts";
 
 describe("arrival processes", () => {
   it("Poisson: exponential gaps with mean 1/rate, Poisson counts, reproducible per seed", () => {

@@ -6,12 +6,12 @@
 // split over a prefill and a decode service (HTTP transport), each with its own registry.
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig, type Config } from "../shared/config.ts";
-import type { CtxbankExtension } from "../shared/http/wire.ts";
+import { loadConfig, type Config } from "../shared/platform/config.ts";
+import type { CtxbankExtension } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { openRuntime, type Runtime } from "../services/runtime.ts";
 import { parseProm, scrape, type Scrape } from "./helpers/prom.ts";
-import { TEST_INTERNAL_SECRET, getJson, parseSse, postJson, tempShardDir, until } from "./helpers/services.ts";
+import { TEST_INTERNAL_SECRET, getJson, parseSse, postJson, tempShardDir, until } from "../tools/lib/services.ts";
 
 const FAMILIES: Record<string, string> = {
   "ctxbank:time_to_first_token_seconds": "histogram",

@@ -3,9 +3,9 @@
 // /proc/self/status (Linux) around a fresh load and a forward pass in this process.
 import { readFileSync, statSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import { addon } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import { addon } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 
 /** File-backed and anonymous resident bytes of this process. */
 function resident(): { file: number; anon: number } {

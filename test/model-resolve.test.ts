@@ -8,7 +8,7 @@ import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { crc32, deflateRawSync } from "node:zlib";
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import type { ModelDescriptor } from "../shared/model/default-model.ts";
+import type { ModelDescriptor } from "../shared/inference/model/default-model.ts";
 import {
   ModelResolveError,
   defaultCacheDir,
@@ -17,7 +17,7 @@ import {
   parseSimpleIndex,
   resolveModel,
   type ResolveModelOptions,
-} from "../shared/model/resolve.ts";
+} from "../shared/inference/model/resolve.ts";
 
 // ---------------------------------------------------------------------------------------------
 // A minimal zip writer (local headers + central directory + EOCD), enough for yauzl.
@@ -524,7 +524,7 @@ describe("resolveModel: explicit path", () => {
 describe("cli", () => {
   function runCli(args: string[], env: Record<string, string>): Promise<{ code: number | null; stdout: string; stderr: string }> {
     return new Promise((resolveP) => {
-      const child = spawn(process.execPath, ["--import", "tsx", "shared/model/cli.ts", ...args], {
+      const child = spawn(process.execPath, ["--import", "tsx", "shared/inference/model/cli.ts", ...args], {
         env: { PATH: process.env.PATH ?? "", HOME: dir, ...env },
         stdio: ["ignore", "pipe", "pipe"],
       });

@@ -1,4 +1,4 @@
-// Bad input through the TS wrapper (shared/engine): unreadable or unsupported model files, bad
+// Bad input through the TS wrapper (shared/inference/engine): unreadable or unsupported model files, bad
 // engine options and malformed forward() batches are refused with clear messages, change no
 // state, and leave the process able to run a normal prefill.
 import { existsSync } from "node:fs";
@@ -7,8 +7,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
-import { ggufInfo, readGgufMetadata, type NativeSequence } from "../shared/engine/native.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import { ggufInfo, readGgufMetadata, type NativeSequence } from "../shared/inference/engine/native.ts";
 import { GgmlType, tinyLlama } from "./helpers/gguf-writer.ts";
 
 const REAL = process.env.CTXBANK_MODEL || "/tmp/smollm2.gguf";

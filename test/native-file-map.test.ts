@@ -4,7 +4,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { mapFile, unmapFile } from "../shared/engine/native.ts";
+import { mapFile, unmapFile } from "../shared/inference/engine/native.ts";
 
 const dir = mkdtempSync(path.join(os.tmpdir(), "ctxbank-map-"));
 const file = path.join(dir, "shard");

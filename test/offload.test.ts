@@ -3,9 +3,9 @@
 // bank, offload after prefill, and KV imported as chunks); the device arena holds only the dense,
 // filter and guard layers plus the packed rows; a device budget is enforced with clear errors.
 import { beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
-import type { AttentionPolicy, NativeSequence } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import type { AttentionPolicy, NativeSequence } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let model: LoadedModel;

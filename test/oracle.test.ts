@@ -6,8 +6,8 @@ import { readFileSync } from "node:fs";
 import type { ControlledEvaluateInputItem, LlamaModel, Token } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { Engine, loadModel, type LoadedModel } from "../shared/engine/engine.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax, klDivergence, maxAbsDiff, meanAbsDiff, top2Margin } from "./helpers/logits.ts";
 import { loadOracle, logitsArray, oracleContext } from "./helpers/llama-oracle.ts";
 

@@ -1,4 +1,4 @@
-// bench/planner's formulas: model facts from GGUF metadata, Fu's four costs (docs/algorithms.md), the M/D/1
+// tools/planner's formulas: model facts from GGUF metadata, Fu's four costs (docs/algorithms.md), the M/D/1
 // prefill queue, the continuous-batching decode instance and the replica plan.
 import { describe, expect, it } from "vitest";
 import {
@@ -15,9 +15,9 @@ import {
   prefillSeconds,
   replicaPlan,
   type Hardware,
-} from "../bench/planner/costs.ts";
-import { parseQuantity } from "../bench/planner/cli.ts";
-import { factsFromGguf, type ModelFacts } from "../bench/planner/model.ts";
+} from "../tools/planner/costs.ts";
+import { parseQuantity } from "../tools/planner/cli.ts";
+import { factsFromGguf, type ModelFacts } from "../tools/planner/model.ts";
 
 const t = (name: string, shape: number[], bytesPerEl = 1) => ({ name, type: "Q8_0", shape, offset: 0, nBytes: shape.reduce((p, x) => p * x, 1) * bytesPerEl });
 

@@ -2,9 +2,9 @@
 // their budgets cover everything, keep the budgets they are given, and refuse bad settings.
 import { beforeAll, describe, expect, it } from "vitest";
 
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import type { NativeSequence } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import type { NativeSequence } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;

@@ -4,8 +4,8 @@
 import { sql } from "drizzle-orm";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
-import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
+import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/db.ts";
+import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
 
 let server: TestPostgres;
 let opened: OpenedDatabase;

@@ -4,9 +4,9 @@ import path from "node:path";
 import { createHash } from "node:crypto";
 import { sql, type SQL } from "drizzle-orm";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
-import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
-import { Registry, RegistryError, type BeginChunkInput } from "../shared/registry/registry.ts";
-import { startPostgres } from "./helpers/postgres.ts";
+import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/db.ts";
+import { Registry, RegistryError, type BeginChunkInput } from "../shared/platform/registry/registry.ts";
+import { startPostgres } from "../tools/lib/postgres.ts";
 
 interface Backend {
   /** URL for the suite, and a URL that may be opened twice in a row (persistent). */

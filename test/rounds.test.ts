@@ -2,9 +2,9 @@
 // first decode step; the layers above attend to those and the current round only. Keeping every
 // round is full attention bit for bit; a single round is dense; choices are whole rounds.
 import { beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import type { AttentionPolicy } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 
-import { Rng, Sampler, SamplingError } from "../shared/engine/sampler.ts";
+import { Rng, Sampler, SamplingError } from "../shared/inference/engine/sampler.ts";
 
 const logits = Float32Array.from([Math.log(0.5), Math.log(0.3), Math.log(0.2), -Infinity]);
 

@@ -2,9 +2,9 @@
 // covers the prompt is full attention bit for bit; a small one keeps alpha1 + alpha2 prompt tokens
 // per layer and KV head; after a KV import (no prompt queries) the prompt is kept whole.
 import { beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import type { AttentionPolicy, NativeSequence } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import type { AttentionPolicy, NativeSequence } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;

@@ -6,15 +6,15 @@ import http from "node:http";
 import { parseArgs } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KeysUsageError, keysCommand } from "../bin/keys.ts";
-import { ApiKeyError, ApiKeys, newApiKey, parseApiKeys } from "../shared/auth/api-keys.ts";
-import { InternalAuth } from "../shared/auth/capability.ts";
-import { AllowedHosts } from "../shared/auth/hosts.ts";
-import { KeyLimiter } from "../shared/auth/rate-limit.ts";
-import { ConfigError, configFlags, loadConfig } from "../shared/config.ts";
-import { chunkKey } from "../shared/kv/chunk-key.ts";
-import type { Handle } from "../shared/http/wire.ts";
+import { ApiKeyError, ApiKeys, newApiKey, parseApiKeys } from "../shared/platform/auth/api-keys.ts";
+import { InternalAuth } from "../shared/platform/auth/capability.ts";
+import { AllowedHosts } from "../shared/platform/auth/hosts.ts";
+import { KeyLimiter } from "../shared/platform/auth/rate-limit.ts";
+import { ConfigError, configFlags, loadConfig } from "../shared/platform/config.ts";
+import { chunkKey } from "../services/handoff/format/chunk-key.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
-import { getJson, postJson, tempShardDir } from "./helpers/services.ts";
+import { getJson, postJson, tempShardDir } from "../tools/lib/services.ts";
 
 const DEFAULTS = { rate: 10, burst: 20, concurrency: 8 };
 

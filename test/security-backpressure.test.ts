@@ -5,12 +5,12 @@
 // all of it; and one key's unclaimed handles cannot take the whole shard (429 shard_full for it,
 // room for the others). Each tenant is an API key of its own.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { newApiKey } from "../shared/auth/api-keys.ts";
-import { loadConfig } from "../shared/config.ts";
-import type { Handle } from "../shared/http/wire.ts";
+import { newApiKey } from "../shared/platform/auth/api-keys.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { scrape } from "./helpers/prom.ts";
-import { postJson, tempShardDir, until } from "./helpers/services.ts";
+import { postJson, tempShardDir, until } from "../tools/lib/services.ts";
 
 interface Answer {
   status: number;

@@ -6,14 +6,14 @@
 // On the old code the public GET /v1/chunks/... answered the bytes to anyone.
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { newApiKey } from "../shared/auth/api-keys.ts";
-import { InternalAuth } from "../shared/auth/capability.ts";
-import { loadConfig } from "../shared/config.ts";
-import type { Handle } from "../shared/http/wire.ts";
-import type { ChunkRow } from "../shared/registry/schema.ts";
-import { chunkRequestPath } from "../shared/transport/types.ts";
+import { newApiKey } from "../shared/platform/auth/api-keys.ts";
+import { InternalAuth } from "../shared/platform/auth/capability.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
+import type { ChunkRow } from "../shared/platform/registry/schema.ts";
+import { chunkRequestPath } from "../services/handoff/transport/types.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
-import { postJson, tempShardDir, until } from "./helpers/services.ts";
+import { postJson, tempShardDir, until } from "../tools/lib/services.ts";
 
 const victim = newApiKey("victim", { rate: 0 });
 const mallory = newApiKey("mallory", { rate: 0 });

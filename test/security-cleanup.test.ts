@@ -11,12 +11,12 @@ import path from "node:path";
 import { eq, sql } from "drizzle-orm";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Sweeper } from "../services/prefill/sweeper.ts";
-import { Shard, shardFileName } from "../shared/kv/shard.ts";
-import { openDatabase, type OpenedDatabase } from "../shared/registry/db.ts";
-import { Registry } from "../shared/registry/registry.ts";
-import { chunkRefs, chunks, requests } from "../shared/registry/schema.ts";
-import { startPostgres } from "./helpers/postgres.ts";
+import { Sweeper } from "../services/handoff/sweeper.ts";
+import { Shard, shardFileName } from "../services/handoff/shard/shard.ts";
+import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/db.ts";
+import { Registry } from "../shared/platform/registry/registry.ts";
+import { chunkRefs, chunks, requests } from "../shared/platform/registry/schema.ts";
+import { startPostgres } from "../tools/lib/postgres.ts";
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },

@@ -6,8 +6,8 @@ import { existsSync, readdirSync } from "node:fs";
 import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
-import { postJson, startService, tempShardDir, until, type ServiceProcess } from "./helpers/services.ts";
+import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
+import { postJson, startService, tempShardDir, until, type ServiceProcess } from "../tools/lib/services.ts";
 
 let db: TestPostgres;
 let client: pg.Client;

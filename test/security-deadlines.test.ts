@@ -10,12 +10,12 @@ import { randomBytes, randomUUID } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig, type Config } from "../shared/config.ts";
-import { LAYOUT_VERSION, chunkByteLength } from "../shared/kv/chunk.ts";
-import { kvShape } from "../shared/kv/seq-io.ts";
+import { loadConfig, type Config } from "../shared/platform/config.ts";
+import { LAYOUT_VERSION, chunkByteLength } from "../services/handoff/format/chunk.ts";
+import { kvShape } from "../services/handoff/format/seq-io.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { openRuntime, type Runtime } from "../services/runtime.ts";
-import { tempShardDir } from "./helpers/services.ts";
+import { tempShardDir } from "../tools/lib/services.ts";
 
 const HEARTBEAT_MS = 200;
 const HEARTBEAT_TIMEOUT_MS = 1_000;

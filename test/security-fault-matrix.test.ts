@@ -14,8 +14,8 @@ import { readdirSync, statSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
-import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
-import { parseSse, startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "./helpers/services.ts";
+import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
+import { parseSse, startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../tools/lib/services.ts";
 
 const HEARTBEAT_MS = 250;
 const HEARTBEAT_TIMEOUT_MS = 2_000;

@@ -9,9 +9,9 @@
 import { request } from "undici";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { fuzzRequests, type FuzzRequest, type RouteExample } from "./helpers/fuzz-requests.ts";
-import { InternalAuth } from "../shared/auth/capability.ts";
-import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
-import { postJson, startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "./helpers/services.ts";
+import { InternalAuth } from "../shared/platform/auth/capability.ts";
+import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
+import { postJson, startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "../tools/lib/services.ts";
 
 const REQUESTS = Number(process.env.CTXBANK_FUZZ_REQUESTS ?? 10_000);
 /** Unmeasured requests first: JIT, pools, caches and the tokenizer thread's heap settle. */

@@ -3,11 +3,11 @@
 // handle's token ids are checked like any other input (400 naming the field, never a 500).
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig } from "../shared/config.ts";
-import type { Handle } from "../shared/http/wire.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
 import { maxPromptChars } from "../services/runtime.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
-import { getJson, postJson, tempShardDir } from "./helpers/services.ts";
+import { getJson, postJson, tempShardDir } from "../tools/lib/services.ts";
 
 /** POSTs a body already serialised (the client's own JSON work stays outside the measurements). */
 async function postRaw(url: string, json: string): Promise<{ status: number; body: any }> {

@@ -3,11 +3,11 @@
 // with the same one both work. (In one process over one runtime, as `ctxbank prefill` and
 // `ctxbank decode` would run in two.)
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig, type Config } from "../shared/config.ts";
-import type { Handle } from "../shared/http/wire.ts";
+import { loadConfig, type Config } from "../shared/platform/config.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { openRuntime, type Runtime } from "../services/runtime.ts";
-import { postJson, tempShardDir } from "./helpers/services.ts";
+import { postJson, tempShardDir } from "../tools/lib/services.ts";
 
 const SECRET = "the-secret-every-service-of-this-cluster-holds";
 

@@ -13,16 +13,16 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { chunkRoutes } from "../services/prefill/routes.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { createLogger, openRuntime } from "../services/runtime.ts";
-import { KvLoadError } from "../services/decode/kv-loader.ts";
-import { loadConfig } from "../shared/config.ts";
-import { loadModel } from "../shared/engine/engine.ts";
-import type { Handle } from "../shared/http/wire.ts";
-import { openDatabase } from "../shared/registry/db.ts";
-import { isDatabaseUnavailable } from "../shared/registry/db-probe.ts";
-import { redactDatabaseUrl } from "../shared/registry/redact-url.ts";
+import { KvLoadError } from "../services/handoff/reader.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import { loadModel } from "../shared/inference/engine/engine.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
+import { openDatabase } from "../shared/platform/registry/db.ts";
+import { isDatabaseUnavailable } from "../shared/platform/registry/db-probe.ts";
+import { redactDatabaseUrl } from "../shared/platform/registry/redact-url.ts";
 import { tinyLlama } from "./helpers/gguf-writer.ts";
-import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
-import { postJson, tempShardDir, until } from "./helpers/services.ts";
+import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
+import { postJson, tempShardDir, until } from "../tools/lib/services.ts";
 
 describe("services under hostile input and a database outage", () => {
   let pg: TestPostgres;

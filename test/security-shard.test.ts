@@ -7,11 +7,11 @@ import { chmod, chown, lstat, mkdir, mkdtemp, rename, rm, stat, symlink, writeFi
 import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { Shard } from "../shared/kv/shard.ts";
-import { ensureShardDir, fileIdentity, ShardDirError } from "../shared/kv/shard-dir.ts";
-import { TransportError } from "../shared/transport/errors.ts";
-import { ShmTransport } from "../shared/transport/shm.ts";
-import type { ChunkLocation } from "../shared/transport/types.ts";
+import { Shard } from "../services/handoff/shard/shard.ts";
+import { ensureShardDir, fileIdentity, ShardDirError } from "../services/handoff/shard/shard-dir.ts";
+import { TransportError } from "../services/handoff/transport/errors.ts";
+import { ShmTransport } from "../services/handoff/transport/shm.ts";
+import type { ChunkLocation } from "../services/handoff/transport/types.ts";
 
 const MiB = 1 << 20;
 const base = existsSync("/dev/shm") ? "/dev/shm" : os.tmpdir();

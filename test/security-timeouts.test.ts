@@ -1,4 +1,4 @@
-// Listener intake limits (shared/http/server.ts) on the real app middleware, no model needed:
+// Listener intake limits (shared/platform/http/server.ts) on the real app middleware, no model needed:
 // slow-body connections get 408 and are closed after the body idle timeout, a connection that
 // never finishes its headers is closed, connections over the cap are refused, and none of it
 // cuts a streaming response that runs longer than every timeout. And the registry's PostgreSQL
@@ -7,13 +7,13 @@ import net from "node:net";
 import { streamSSE } from "hono/streaming";
 import pino from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ConfigError, loadConfig } from "../shared/config.ts";
-import { createApp } from "../shared/http/app.ts";
-import { listen, type Listening } from "../shared/http/server.ts";
-import { openDatabase } from "../shared/registry/db.ts";
-import { Registry } from "../shared/registry/registry.ts";
-import { startPostgres, type TestPostgres } from "./helpers/postgres.ts";
-import { until } from "./helpers/services.ts";
+import { ConfigError, loadConfig } from "../shared/platform/config.ts";
+import { createApp } from "../shared/platform/http/app.ts";
+import { listen, type Listening } from "../shared/platform/http/server.ts";
+import { openDatabase } from "../shared/platform/registry/db.ts";
+import { Registry } from "../shared/platform/registry/registry.ts";
+import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
+import { until } from "../tools/lib/services.ts";
 
 const LIMITS = { headersTimeoutMs: 600, requestTimeoutMs: 2_000, bodyIdleTimeoutMs: 500, keepAliveTimeoutMs: 1_000, maxConnections: 30 };
 const STREAM_MS = 2_500; // longer than every limit above: they bound receiving a request, never a response

@@ -2,12 +2,12 @@
 // the prefill → handle → decode flow, and every edge answered with a machine-readable 4xx/5xx.
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig } from "../shared/config.ts";
-import { generate } from "../shared/generate.ts";
-import type { Handle } from "../shared/http/wire.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import { generate } from "../shared/inference/generate.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
-import { startPostgres } from "./helpers/postgres.ts";
-import { getJson, parseSse, postJson, tempShardDir } from "./helpers/services.ts";
+import { startPostgres } from "../tools/lib/postgres.ts";
+import { getJson, parseSse, postJson, tempShardDir } from "../tools/lib/services.ts";
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },

@@ -2,10 +2,10 @@
 // every running sequence) and still get exactly the tokens they get one at a time; a short request
 // that joins a long one's batch finishes first.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig } from "../shared/config.ts";
-import type { Handle } from "../shared/http/wire.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
-import { parseSse, postJson, tempShardDir } from "./helpers/services.ts";
+import { parseSse, postJson, tempShardDir } from "../tools/lib/services.ts";
 
 let s: RunningServices;
 let shards: Awaited<ReturnType<typeof tempShardDir>>;

@@ -6,13 +6,13 @@ import { randomUUID } from "node:crypto";
 import { open } from "node:fs/promises";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig } from "../shared/config.ts";
-import { generate } from "../shared/generate.ts";
-import type { Handle } from "../shared/http/wire.ts";
-import { chunkHeaderSize } from "../shared/kv/chunk.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import { generate } from "../shared/inference/generate.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
+import { chunkHeaderSize } from "../services/handoff/format/chunk.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
-import { startPostgres } from "./helpers/postgres.ts";
-import { postJson, tempShardDir, until } from "./helpers/services.ts";
+import { startPostgres } from "../tools/lib/postgres.ts";
+import { postJson, tempShardDir, until } from "../tools/lib/services.ts";
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },

@@ -3,14 +3,14 @@
 // by OmniKV's layer roles, travels in the handle, and is what the decode's sequence attends with
 // (its greedy tokens equal the engine's under the same policy).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { argmax } from "../shared/engine/sampler.ts";
-import type { AttentionPolicy } from "../shared/engine/native.ts";
-import { loadConfig } from "../shared/config.ts";
-import type { Handle } from "../shared/http/wire.ts";
-import { policyDefaultsFor } from "../shared/policy/defaults.ts";
-import { layerGroupsFromRoles, PolicyError, resolvePolicy } from "../shared/policy/request.ts";
+import { argmax } from "../shared/inference/engine/sampler.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
+import { loadConfig } from "../shared/platform/config.ts";
+import type { Handle } from "../shared/platform/http/wire.ts";
+import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
+import { layerGroupsFromRoles, PolicyError, resolvePolicy } from "../shared/inference/policy/request.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
-import { postJson, tempShardDir } from "./helpers/services.ts";
+import { postJson, tempShardDir } from "../tools/lib/services.ts";
 
 describe("policy specs", () => {
   it("resolve with the model's filter layers, fractional budgets and SCOPE's planned length", () => {

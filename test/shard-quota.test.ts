@@ -1,12 +1,12 @@
-// The per-key shard cap (services/prefill/shard-quota.ts) over a real shard: a key over its cap
+// The per-key shard cap (services/handoff/shard/shard-quota.ts) over a real shard: a key over its cap
 // is refused with 429 shard_full and Retry-After while another key fits; a range freed by the
 // reaper stops counting without being reported; a range reserved again counts for its new
 // holder; the exempt (keyless) tenant is not capped.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ApiError } from "../shared/http/errors.ts";
-import { Shard } from "../shared/kv/shard.ts";
-import { ShardQuota } from "../services/prefill/shard-quota.ts";
-import { tempShardDir } from "./helpers/services.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
+import { Shard } from "../services/handoff/shard/shard.ts";
+import { ShardQuota } from "../services/handoff/shard/shard-quota.ts";
+import { tempShardDir } from "../tools/lib/services.ts";
 
 const PAGE = 4096;
 

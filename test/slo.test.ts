@@ -1,11 +1,11 @@
 // The SLO evaluator, the per-request clock, the TTFT predictor behind SLO admission and the SLO
 // settings, on pure inputs.
 import { describe, expect, it } from "vitest";
-import { ConfigError, loadConfig } from "../shared/config.ts";
-import { decideAdmission, PrefillThroughput, predictTtftMs } from "../shared/metrics/admission.ts";
-import { ctxbankExtension } from "../shared/metrics/extension.ts";
-import { configuredSlos, evaluateSlo } from "../shared/metrics/slo.ts";
-import { quantile, RequestClock } from "../shared/metrics/timings.ts";
+import { ConfigError, loadConfig } from "../shared/platform/config.ts";
+import { decideAdmission, PrefillThroughput, predictTtftMs } from "../shared/platform/metrics/admission.ts";
+import { ctxbankExtension } from "../shared/platform/metrics/extension.ts";
+import { configuredSlos, evaluateSlo } from "../shared/platform/metrics/slo.ts";
+import { quantile, RequestClock } from "../shared/platform/metrics/timings.ts";
 
 describe("evaluateSlo", () => {
   const t = { ttftMs: 200, tpotMs: 30, e2eMs: 500 };

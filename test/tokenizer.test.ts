@@ -5,10 +5,10 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { getLlama, LlamaLogLevel, type Llama, type LlamaModel, type Token } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { readGgufMetadata } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
-import { ChatTemplate, ChatTemplateError, validateMessages } from "../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer, TokenizerError, type GgufMetadata } from "../shared/tokenizer/tokenizer.ts";
+import { readGgufMetadata } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { ChatTemplate, ChatTemplateError, validateMessages } from "../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer, TokenizerError, type GgufMetadata } from "../shared/inference/tokenizer/tokenizer.ts";
 
 let modelPath = "";
 let meta: GgufMetadata;
@@ -215,8 +215,8 @@ describe("encode: identical ids to llama.cpp", () => {
   it("large real documents (prose, markdown, code)", () => {
     const files = [
       fileURLToPath(new URL("../node_modules/undici/README.md", import.meta.url)),
-      fileURLToPath(new URL("../shared/tokenizer/tokenizer.ts", import.meta.url)),
-      fileURLToPath(new URL("../shared/model/resolve.ts", import.meta.url)),
+      fileURLToPath(new URL("../shared/inference/tokenizer/tokenizer.ts", import.meta.url)),
+      fileURLToPath(new URL("../shared/inference/model/resolve.ts", import.meta.url)),
     ];
     for (const f of files) {
       const text = readFileSync(f, "utf8");

@@ -5,15 +5,15 @@ import os from "node:os";
 import path from "node:path";
 import { serve } from "@hono/node-server";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { chunkByteLength, verifyChunk, type ChunkMeta } from "../shared/kv/chunk.ts";
-import { encodeChunkFromLayers } from "../shared/kv/chunk-pack.ts";
-import { Shard } from "../shared/kv/shard.ts";
-import type { LeasedChunk } from "../shared/registry/registry.ts";
-import { chunkRoutes } from "../shared/transport/chunk-server.ts";
-import { TransportError } from "../shared/transport/errors.ts";
-import { HttpTransport } from "../shared/transport/http.ts";
-import { ShmTransport } from "../shared/transport/shm.ts";
-import type { ChunkLocation, KvTransport } from "../shared/transport/types.ts";
+import { chunkByteLength, verifyChunk, type ChunkMeta } from "../services/handoff/format/chunk.ts";
+import { encodeChunkFromLayers } from "../services/handoff/format/chunk-pack.ts";
+import { Shard } from "../services/handoff/shard/shard.ts";
+import type { LeasedChunk } from "../shared/platform/registry/registry.ts";
+import { chunkRoutes } from "../services/handoff/transport/chunk-server.ts";
+import { TransportError } from "../services/handoff/transport/errors.ts";
+import { HttpTransport } from "../services/handoff/transport/http.ts";
+import { ShmTransport } from "../services/handoff/transport/shm.ts";
+import type { ChunkLocation, KvTransport } from "../services/handoff/transport/types.ts";
 import { listen, misbehavingOwner, transportError } from "./helpers/transport.ts";
 
 // The registry hands out locations the transports take as they are.

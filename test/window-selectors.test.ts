@@ -3,9 +3,9 @@
 // always kept; the prompt's own queries count when this engine ran the prefill, and after a KV
 // import only decode queries exist (so the first selections may differ, and still keep budgets).
 import { beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/engine/engine.ts";
-import type { AttentionPolicy, NativeSequence } from "../shared/engine/native.ts";
-import { resolveModel } from "../shared/model/resolve.ts";
+import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import type { AttentionPolicy, NativeSequence } from "../shared/inference/engine/native.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;

@@ -1,8 +1,8 @@
 // A multi-round chat for Round Attention's watershed: one round states a fact, the others are
 // ordinary exchanges, and a final question asks for the fact. Returns the token ids of the whole
 // prompt and the token range of each earlier round (user message + assistant reply).
-import type { ChatMessage, ChatTemplate } from "../../shared/tokenizer/chat-template.ts";
-import type { GgufTokenizer } from "../../shared/tokenizer/tokenizer.ts";
+import type { ChatMessage, ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
+import type { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { PARAGRAPHS } from "../engine/text.ts";
 
 const EXCHANGES: Array<[string, string]> = [

@@ -2,16 +2,16 @@
 // records each decode step's attention per layer (the engine's probe), and measures OmniKV's
 // filter capability per layer and Round Attention's layer-to-layer KL of round-level attention.
 // Writes JSON and charts under bench/calibrate/results/ and records the recommended filter
-// layers and watershed layer as this model's defaults (shared/policy/model-defaults.json).
+// layers and watershed layer as this model's defaults (shared/inference/policy/model-defaults.json).
 //
 //   npm run calibrate [-- --model PATH] [--steps N]
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 
-import { Engine, loadModel } from "../../shared/engine/engine.ts";
-import type { NativeSequence } from "../../shared/engine/native.ts";
-import { argmax } from "../../shared/engine/sampler.ts";
-import { resolveModel } from "../../shared/model/resolve.ts";
+import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import type { NativeSequence } from "../../shared/inference/engine/native.ts";
+import { argmax } from "../../shared/inference/engine/sampler.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import {
   coverage,
   filterCapability,
@@ -20,15 +20,15 @@ import {
   similarityMatrix,
   watershedLayer,
   type Probe,
-} from "../../shared/policy/calibration.ts";
-import { loadPolicyDefaults, policyDefaultsFile } from "../../shared/policy/defaults.ts";
-import { ChatTemplate } from "../../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../../shared/tokenizer/tokenizer.ts";
+} from "../../shared/inference/policy/calibration.ts";
+import { loadPolicyDefaults, policyDefaultsFile } from "../../shared/inference/policy/defaults.ts";
+import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { benchText } from "../engine/text.ts";
-import { writeFileAtomic, writeJson } from "../lib/json.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
-import { renderHeatmap } from "../lib/heatmap.ts";
-import { renderChart } from "../lib/svg-chart.ts";
+import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
+import { writeSvgAndPng } from "../../tools/lib/png.ts";
+import { renderHeatmap } from "../../tools/lib/heatmap.ts";
+import { renderChart } from "../../tools/lib/svg-chart.ts";
 import { multiRoundConversation } from "./conversation.ts";
 
 const SPAN = 12;             // capability: mean over the next 12 layers (OmniKV uses 8-16)

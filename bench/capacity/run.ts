@@ -8,17 +8,17 @@
 //   npm run bench:capacity [-- --budget-mib 256] [--steps 16]
 import { parseArgs } from "node:util";
 
-import { argmax } from "../../shared/engine/sampler.ts";
-import { Engine, loadModel } from "../../shared/engine/engine.ts";
-import type { AttentionPolicy } from "../../shared/engine/native.ts";
-import { resolveModel } from "../../shared/model/resolve.ts";
-import { policyDefaultsFor } from "../../shared/policy/defaults.ts";
-import { writeJson } from "../lib/json.ts";
-import { gitInfo, machineInfo } from "../lib/machine.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
-import { renderChart } from "../lib/svg-chart.ts";
-import { fillSyntheticKv } from "../lib/synthetic-kv.ts";
-import { median } from "../lib/timing.ts";
+import { argmax } from "../../shared/inference/engine/sampler.ts";
+import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
+import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
+import { writeJson } from "../../tools/lib/json.ts";
+import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { writeSvgAndPng } from "../../tools/lib/png.ts";
+import { renderChart } from "../../tools/lib/svg-chart.ts";
+import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
+import { median } from "../../tools/lib/timing.ts";
 
 const { values: args } = parseArgs({ options: { "budget-mib": { type: "string", default: "256" }, steps: { type: "string", default: "16" } } });
 const BUDGET = Number(args["budget-mib"]) * 2 ** 20;

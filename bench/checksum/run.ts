@@ -6,12 +6,12 @@
 import { createHash, randomFillSync } from "node:crypto";
 import zlib from "node:zlib";
 
-import { crc32c } from "../../shared/engine/native.ts";
-import { writeJson } from "../lib/json.ts";
-import { gitInfo, machineInfo } from "../lib/machine.ts";
-import { otherLoad } from "../lib/timing.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
-import { renderChart, type Series } from "../lib/svg-chart.ts";
+import { crc32c } from "../../shared/inference/engine/native.ts";
+import { writeJson } from "../../tools/lib/json.ts";
+import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { otherLoad } from "../../tools/lib/timing.ts";
+import { writeSvgAndPng } from "../../tools/lib/png.ts";
+import { renderChart, type Series } from "../../tools/lib/svg-chart.ts";
 
 const MiB = 2 ** 20;
 const SIZES = [1 * MiB, 11.25 * MiB, 64 * MiB]; // 11.25 MiB = one 512-token chunk of SmolLM2-135M

@@ -6,7 +6,7 @@
 // then greedy-decodes N steps from there (timed): prefill to L then N steps is the decode point
 // at context L. Each timed run is preceded by a short wait for the machine to be quiet and is
 // retried once if other processes used a lot of CPU while it ran.
-import { otherLoad, CpuMeter, linearFit, median, summarize, waitForQuiet, type CpuWindow, type Summary } from "../lib/timing.ts";
+import { otherLoad, CpuMeter, linearFit, median, summarize, waitForQuiet, type CpuWindow, type Summary } from "../../tools/lib/timing.ts";
 import type { Backend, FlashAttention, Session } from "./engines.ts";
 
 export interface BenchOptions {

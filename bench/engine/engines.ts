@@ -13,7 +13,7 @@ import {
   type Token,
 } from "node-llama-cpp";
 
-import { Engine, loadModel, type LoadedModel, type NativeSequence } from "../../shared/engine/engine.ts";
+import { Engine, loadModel, type LoadedModel, type NativeSequence } from "../../shared/inference/engine/engine.ts";
 
 export interface PrefillResult {
   ms: number;
@@ -72,7 +72,7 @@ export function argmax(xs: Float32Array): number {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Ours: shared/engine (N-API addon). One Engine per thread count, each with one sequence of the
+// Ours: shared/inference/engine (N-API addon). One Engine per thread count, each with one sequence of the
 // engine's full context that every session reuses (truncate(0) between runs): the KV cache is
 // mmap'ed lazily, so memory stays bounded by the longest prompt instead of piling up until GC.
 

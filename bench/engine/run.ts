@@ -12,11 +12,11 @@ import { parseArgs } from "node:util";
 import { createHash } from "node:crypto";
 import { getModuleVersion } from "node-llama-cpp";
 
-import { resolveModel } from "../../shared/model/resolve.ts";
-import { writeFileAtomic, writeJson } from "../lib/json.ts";
-import { autogroup, fileStamp, gitInfo, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../lib/machine.ts";
-import { renderChart, type Panel, type Series } from "../lib/svg-chart.ts";
-import { fmtNum, markdownTable, textTable, type Table } from "../lib/table.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
+import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
+import { autogroup, fileStamp, gitInfo, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../../tools/lib/machine.ts";
+import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
+import { fmtNum, markdownTable, textTable, type Table } from "../../tools/lib/table.ts";
 import {
   currentOtherLoad,
   decodeBreakdown,
@@ -179,7 +179,7 @@ async function main(): Promise<void> {
   // Stamp the addon and the git state before anything runs: both may change on disk (another
   // checkout user rebuilding or committing) while the benchmark runs.
   const addonStamp = await fileStamp(addonPath);
-  const git = gitInfo(repoRoot, ["native", "shared/engine"]);
+  const git = gitInfo(repoRoot, ["native", "shared/inference/engine"]);
 
   const modelPath = await resolveModel({ path: a.model, progress: "lines" });
   log(`model: ${modelPath}`);
@@ -289,7 +289,7 @@ async function main(): Promise<void> {
               kvCache: "F16",
               addon: addonStamp,
               addonRebuiltDuringRun: (await fileStamp(addonPath)).sha256 !== addonStamp.sha256,
-              api: "shared/engine Engine.prefill (per chunk) / Engine.decode + argmax in JS",
+              api: "shared/inference/engine Engine.prefill (per chunk) / Engine.decode + argmax in JS",
             },
           }
         : {}),

@@ -7,14 +7,14 @@
 // filters suffix were made with the defaults of that time, 3, 17, 23)
 import { parseArgs } from "node:util";
 
-import { Engine, loadModel } from "../../shared/engine/engine.ts";
-import type { AttentionPolicy } from "../../shared/engine/native.ts";
-import { argmax } from "../../shared/engine/sampler.ts";
-import { resolveModel } from "../../shared/model/resolve.ts";
-import { policyDefaultsFor } from "../../shared/policy/defaults.ts";
-import { ChatTemplate } from "../../shared/tokenizer/chat-template.ts";
-import { GgufTokenizer } from "../../shared/tokenizer/tokenizer.ts";
-import { writeJson } from "../lib/json.ts";
+import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
+import { argmax } from "../../shared/inference/engine/sampler.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
+import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
+import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
+import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
+import { writeJson } from "../../tools/lib/json.ts";
 import { klDivergence, logSoftmax, mean } from "./metrics.ts";
 import { passkeyTask } from "./tasks.ts";
 

@@ -5,10 +5,10 @@ import { readFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { writeFileAtomic } from "../lib/json.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
-import { renderChart, type Panel, type Series } from "../lib/svg-chart.ts";
-import { markdownTable } from "../lib/table.ts";
+import { writeFileAtomic } from "../../tools/lib/json.ts";
+import { writeSvgAndPng } from "../../tools/lib/png.ts";
+import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
+import { markdownTable } from "../../tools/lib/table.ts";
 import { mean } from "./metrics.ts";
 
 export interface PolicyRun {

@@ -11,8 +11,8 @@
 import { writeFile } from "node:fs/promises";
 import { parseArgs } from "node:util";
 
-import { Engine, loadModel } from "../../shared/engine/engine.ts";
-import type { EngineDevice, NativeSequence } from "../../shared/engine/native.ts";
+import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import type { EngineDevice, NativeSequence } from "../../shared/inference/engine/native.ts";
 
 const { values: a } = parseArgs({
   options: { model: { type: "string" }, out: { type: "string" }, device: { type: "string", default: "cuda" }, quick: { type: "boolean" } },

@@ -8,8 +8,8 @@ import { mkdir, readFile, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-import { renderChart } from "../lib/svg-chart.ts";
-import { fmtNum, markdownTable } from "../lib/table.ts";
+import { renderChart } from "../../tools/lib/svg-chart.ts";
+import { fmtNum, markdownTable } from "../../tools/lib/table.ts";
 
 interface Ours {
   deviceDescription: string;

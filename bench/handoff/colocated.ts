@@ -4,9 +4,9 @@
 // capacity n, 512-token micro-batches) and samples the first token greedily. Prints one JSON line:
 // { "ttftMs": …, "firstToken": … }. The load and a short warm-up prefill are not timed.
 import { readFileSync } from "node:fs";
-import { Engine, loadModel } from "../../shared/engine/engine.ts";
-import { argmax } from "../../shared/engine/sampler.ts";
-import { resolveModel } from "../../shared/model/resolve.ts";
+import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import { argmax } from "../../shared/inference/engine/sampler.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
 
 const [, , idsFile, threadsArg] = process.argv;
 const ids = JSON.parse(readFileSync(idsFile!, "utf8")) as number[];

@@ -1,5 +1,5 @@
 // The decode policies bench/longctx compares, at the settings the issue names.
-import type { AttentionPolicy } from "../../shared/engine/native.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 
 export function benchPolicies(filterLayers: number[]): Array<{ id: string; policy: AttentionPolicy }> {
   const omnikv = (budget: number): AttentionPolicy => ({ kind: "omnikv", omnikv: { filterLayers, budget } });

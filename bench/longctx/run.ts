@@ -6,19 +6,19 @@
 //   npm run bench:longctx [-- --steps 32] [--quick]
 import { parseArgs } from "node:util";
 
-import { argmax } from "../../shared/engine/sampler.ts";
-import { Engine, loadModel } from "../../shared/engine/engine.ts";
-import type { NativeSequence } from "../../shared/engine/native.ts";
-import { resolveModel } from "../../shared/model/resolve.ts";
-import { policyDefaultsFor } from "../../shared/policy/defaults.ts";
+import { argmax } from "../../shared/inference/engine/sampler.ts";
+import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import type { NativeSequence } from "../../shared/inference/engine/native.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
+import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { loadLlama, LlamaBackend } from "../engine/engines.ts";
 import { benchTokens } from "../engine/text.ts";
-import { writeJson } from "../lib/json.ts";
-import { fillSyntheticKv } from "../lib/synthetic-kv.ts";
-import { gitInfo, machineInfo } from "../lib/machine.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
-import { renderChart, type Series } from "../lib/svg-chart.ts";
-import { median } from "../lib/timing.ts";
+import { writeJson } from "../../tools/lib/json.ts";
+import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
+import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { writeSvgAndPng } from "../../tools/lib/png.ts";
+import { renderChart, type Series } from "../../tools/lib/svg-chart.ts";
+import { median } from "../../tools/lib/timing.ts";
 import { benchPolicies } from "./policies.ts";
 
 const { values: args } = parseArgs({ options: { steps: { type: "string", default: "32" }, quick: { type: "boolean" } } });

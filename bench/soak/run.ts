@@ -9,19 +9,19 @@
 import { mkdir, readFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { resolveModel } from "../../shared/model/resolve.ts";
-import { startService, tempShardDir, type ServiceProcess } from "../../test/helpers/services.ts";
-import { writeJson } from "../lib/json.ts";
-import { gitInfo, machineInfo } from "../lib/machine.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
-import { niceTicks, renderChart, type Series } from "../lib/svg-chart.ts";
-import { StreamingClient } from "../loadgen/client.ts";
-import { loadCorpus } from "../loadgen/corpus.ts";
-import { parseCli, type CliOptions } from "../loadgen/options.ts";
-import { PromptSource } from "../loadgen/prompts.ts";
-import { runLoad } from "../loadgen/runner.ts";
-import { firstModel } from "../loadgen/target.ts";
-import { WorkloadFactory } from "../loadgen/workloads.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
+import { startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
+import { writeJson } from "../../tools/lib/json.ts";
+import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { writeSvgAndPng } from "../../tools/lib/png.ts";
+import { niceTicks, renderChart, type Series } from "../../tools/lib/svg-chart.ts";
+import { StreamingClient } from "../../tools/loadgen/client.ts";
+import { loadCorpus } from "../../tools/loadgen/corpus.ts";
+import { parseCli, type CliOptions } from "../../tools/loadgen/options.ts";
+import { PromptSource } from "../../tools/loadgen/prompts.ts";
+import { runLoad } from "../../tools/loadgen/runner.ts";
+import { firstModel } from "../../tools/loadgen/target.ts";
+import { WorkloadFactory } from "../../tools/loadgen/workloads.ts";
 
 const repoRoot = resolve(import.meta.dirname, "../..");
 const log = (m: string) => process.stderr.write(`[soak] ${m}\n`);
@@ -88,7 +88,7 @@ function chart(r: SoakResult): string {
 async function main(): Promise<void> {
   const { values } = parseArgs({
     options: {
-      // 80% of the committed short-chat colocated maximum (1.79 req/s, bench/loadgen/README.md).
+      // 80% of the committed short-chat colocated maximum (1.79 req/s, tools/loadgen/README.md).
       rate: { type: "string", default: "1.43" },
       duration: { type: "string", default: "600" },
       out: { type: "string", default: "bench/soak/results" },

@@ -5,13 +5,13 @@
 // default 40), seed, stop, stream, stream_options.include_usage, and on_kv_failure (extension).
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import { newApp, type ServiceApp } from "../../shared/http/app.ts";
-import { ApiError, errorResponses } from "../../shared/http/errors.ts";
-import { requestTenant } from "../../shared/http/tenant.ts";
-import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, SamplingFields, StopSchema, TokenIds } from "../../shared/http/wire.ts";
-import type { FinishReason } from "../../shared/generate.ts";
-import { PolicySpecSchema } from "../../shared/policy/request.ts";
-import type { ChatMessage } from "../../shared/tokenizer/chat-template.ts";
+import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
+import { ApiError, errorResponses } from "../../shared/platform/http/errors.ts";
+import { requestTenant } from "../../shared/platform/http/tenant.ts";
+import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, SamplingFields, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
+import type { FinishReason } from "../../shared/inference/generate.ts";
+import { PolicySpecSchema } from "../../shared/inference/policy/request.ts";
+import type { ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
 import { checkPromptSize, type Runtime } from "../runtime.ts";
 import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";

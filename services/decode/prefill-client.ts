@@ -8,12 +8,12 @@
 // call has a deadline (504 prefill_timeout) and is aborted as soon as the registry declares its
 // instance dead (502 prefill_failed). The key travels in the call's signed capability, so the prefill's own queue is fair too.
 import { Pool } from "undici";
-import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
-import type { InternalAuth } from "../../shared/auth/capability.ts";
-import { ApiError, type ApiErrorCode, type ApiStatus } from "../../shared/http/errors.ts";
-import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/http/wire.ts";
-import { FairQueue } from "../../shared/queue/fair-queue.ts";
-import type { InstanceRow } from "../../shared/registry/registry.ts";
+import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
+import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
+import { ApiError, type ApiErrorCode, type ApiStatus } from "../../shared/platform/http/errors.ts";
+import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/platform/http/wire.ts";
+import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
+import type { InstanceRow } from "../../shared/platform/registry/registry.ts";
 import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 

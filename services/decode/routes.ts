@@ -1,9 +1,9 @@
 // POST /v1/decode (a handle plus sampling options; SSE or one JSON answer) and GET /v1/decode/status.
 import { createRoute, z } from "@hono/zod-openapi";
-import { newApp, type ServiceApp } from "../../shared/http/app.ts";
-import { ApiError, errorBody, errorResponses } from "../../shared/http/errors.ts";
-import { requestTenant } from "../../shared/http/tenant.ts";
-import { DecodeRequestSchema, DecodeResultSchema, type DecodeRequest, type DecodeResult } from "../../shared/http/wire.ts";
+import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
+import { ApiError, errorBody, errorResponses } from "../../shared/platform/http/errors.ts";
+import { requestTenant } from "../../shared/platform/http/tenant.ts";
+import { DecodeRequestSchema, DecodeResultSchema, type DecodeRequest, type DecodeResult } from "../../shared/platform/http/wire.ts";
 import type { DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
 

@@ -11,10 +11,10 @@
 // Admission happens before any work: a request reserves its KV bytes (prompt + max tokens) and a
 // place; when the places (batch + queue) or the KV budget are used up it gets 429 at once.
 import type { Logger } from "pino";
-import type { Engine, NativeSequence } from "../../shared/engine/engine.ts";
-import type { ForwardItem } from "../../shared/engine/native.ts";
-import { ApiError, retryAfter } from "../../shared/http/errors.ts";
-import { queueFull } from "../../shared/queue/fair-queue.ts";
+import type { Engine, NativeSequence } from "../../shared/inference/engine/engine.ts";
+import type { ForwardItem } from "../../shared/inference/engine/native.ts";
+import { ApiError, retryAfter } from "../../shared/platform/http/errors.ts";
+import { queueFull } from "../../shared/platform/queue/fair-queue.ts";
 import { Reservation, Slot } from "./slot.ts";
 import { prefillChunkTokens, StepCosts } from "./step-plan.ts";
 

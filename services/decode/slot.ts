@@ -1,8 +1,8 @@
 // A request's place in the decode scheduler: the sequence being decoded and the events it sends
 // to its stream (Slot), and the KV memory and batch place it reserved (Reservation).
-import type { NativeSequence } from "../../shared/engine/engine.ts";
-import type { Sampler } from "../../shared/engine/sampler.ts";
-import type { FinishReason } from "../../shared/generate.ts";
+import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
+import type { Sampler } from "../../shared/inference/engine/sampler.ts";
+import type { FinishReason } from "../../shared/inference/generate.ts";
 import type { TokenTextStream } from "./text-stream.ts";
 
 export type SlotEvent =

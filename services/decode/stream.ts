@@ -6,7 +6,7 @@
 import type { Context } from "hono";
 import type { Logger } from "pino";
 import { streamSSE, type SSEStreamingApi } from "hono/streaming";
-import { ApiError } from "../../shared/http/errors.ts";
+import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { DecodeEvent } from "./service.ts";
 
 /** An abort controller that fires when the HTTP client goes away. */

@@ -2,10 +2,10 @@
 // internal listener for decodes), the chunk byte route decode instances read from and
 // GET /v1/prefill/status (internal listener only).
 import { createRoute, z } from "@hono/zod-openapi";
-import { newApp, type ServiceApp } from "../../shared/http/app.ts";
-import { errorResponses } from "../../shared/http/errors.ts";
-import { HandleSchema, PrefillRequestSchema } from "../../shared/http/wire.ts";
-import { fastChunkRoutes } from "./chunk-route.ts";
+import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
+import { errorResponses } from "../../shared/platform/http/errors.ts";
+import { HandleSchema, PrefillRequestSchema } from "../../shared/platform/http/wire.ts";
+import { fastChunkRoutes } from "../handoff/chunk-route.ts";
 import type { PrefillService } from "./service.ts";
 
 const prefillRoute = createRoute({
@@ -41,7 +41,7 @@ export function prefillStatusRoutes(svc: PrefillService): ServiceApp {
   return app;
 }
 
-/** The chunk byte route, on the internal listener behind chunkReadAuth (services/prefill/chunk-auth.ts). */
+/** The chunk byte route, on the internal listener behind chunkReadAuth (services/handoff/chunk-auth.ts). */
 export function chunkRoutes(svc: PrefillService) {
   return fastChunkRoutes((id) => svc.chunkSource(id));
 }

@@ -6,30 +6,30 @@ import { randomUUID } from "node:crypto";
 import path from "node:path";
 import { and, eq, inArray, sql } from "drizzle-orm";
 import type { Logger } from "pino";
-import type { NativeSequence } from "../../shared/engine/engine.ts";
-import { Sampler, SamplingError, validateSampling } from "../../shared/engine/sampler.ts";
-import { safeErrorMessage } from "../../shared/http/error-log.ts";
-import { ApiError } from "../../shared/http/errors.ts";
-import type { Handle, PrefillRequest } from "../../shared/http/wire.ts";
-import { PrefixHasher } from "../../shared/kv/chunk-key.ts";
-import { LOCAL_TENANT } from "../../shared/auth/api-keys.ts";
-import { chunkKeySalt, namespacedRequestId } from "../../shared/auth/tenant.ts";
-import { kvShape, tokenBlocks, type KvShape } from "../../shared/kv/seq-io.ts";
-import { Shard, shardFileName } from "../../shared/kv/shard.ts";
-import { decideAdmission, PrefillThroughput } from "../../shared/metrics/admission.ts";
-import { ServiceMetrics } from "../../shared/metrics/metrics.ts";
-import { RegistryError } from "../../shared/registry/registry.ts";
-import { chunks, shards } from "../../shared/registry/schema.ts";
-import type { ChunkSource } from "../../shared/transport/chunk-server.ts";
+import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
+import { Sampler, SamplingError, validateSampling } from "../../shared/inference/engine/sampler.ts";
+import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
+import { ApiError } from "../../shared/platform/http/errors.ts";
+import type { Handle, PrefillRequest } from "../../shared/platform/http/wire.ts";
+import { PrefixHasher } from "../handoff/format/chunk-key.ts";
+import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
+import { chunkKeySalt, namespacedRequestId } from "../../shared/platform/auth/tenant.ts";
+import { kvShape, tokenBlocks, type KvShape } from "../handoff/format/seq-io.ts";
+import { Shard, shardFileName } from "../handoff/shard/shard.ts";
+import { decideAdmission, PrefillThroughput } from "../../shared/platform/metrics/admission.ts";
+import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
+import { RegistryError } from "../../shared/platform/registry/registry.ts";
+import { chunks, shards } from "../../shared/platform/registry/schema.ts";
+import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
-import { policyKind } from "../../shared/policy/request.ts";
+import { policyKind } from "../../shared/inference/policy/request.ts";
 import { checkPolicyBeforeWork, planPolicy, type PlannedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
-import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "./chunk-writer.ts";
-import { FairQueue } from "../../shared/queue/fair-queue.ts";
-import { ShardQuota } from "./shard-quota.ts";
+import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "../handoff/writer.ts";
+import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
+import { ShardQuota } from "../handoff/shard/shard-quota.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
-import { Sweeper } from "./sweeper.ts";
+import { Sweeper } from "../handoff/sweeper.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
 export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -201,7 +201,7 @@ export class PrefillService {
     };
   }
 
-  /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/auth/tenant.ts). */
+  /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/platform/auth/tenant.ts). */
   async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<Handle> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);

@@ -4,7 +4,7 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { expect } from "vitest";
 
-import { TransportError } from "../../shared/transport/errors.ts";
+import { TransportError } from "../../services/handoff/transport/errors.ts";
 
 export function listen(server: http.Server): Promise<number> {
   return new Promise((resolve) => {

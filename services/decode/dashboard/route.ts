@@ -4,8 +4,8 @@
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
-import { newApp, type ServiceApp } from "../../../shared/http/app.ts";
-import { ApiError } from "../../../shared/http/errors.ts";
+import { newApp, type ServiceApp } from "../../../shared/platform/http/app.ts";
+import { ApiError } from "../../../shared/platform/http/errors.ts";
 
 const here = (name: string) => fileURLToPath(new URL(name, import.meta.url));
 const uplot = (name: string) => createRequire(import.meta.url).resolve(`uplot/dist/${name}`);

@@ -1,8 +1,8 @@
 // The metrics a ctxbank process exports, for checking the names that dashboards and autoscalers
-// query: ctxbank's own from their definitions (shared/metrics/definitions.ts, the same code the
+// query: ctxbank's own from their definitions (shared/platform/metrics/definitions.ts, the same code the
 // services register), prom-client's process metrics from prom-client itself.
 import { collectDefaultMetrics, Registry } from "prom-client";
-import { defineMetrics } from "../../../shared/metrics/definitions.ts";
+import { defineMetrics } from "../../../shared/platform/metrics/definitions.ts";
 
 export interface MetricInfo {
   name: string;

@@ -1,0 +1,116 @@
+// Between a NativeSequence's f16 cache and KV chunks: the plan of chunks for a prompt (layer
+// groups x token blocks), zero-copy per-layer views of a token range of the cache (for reading
+// it from JS), and export / import of one chunk, whose token-major ⇄ layer-major transpose runs
+// natively (seq.exportRows / seq.importRows). The cache layout (native.ts): layer l's K starts at
+// element l*2*capacity*kvDim and its V at l*2*capacity*kvDim + capacity*kvDim; rows are [token][kvDim].
+import type { ModelConfig, NativeSequence } from "../../../shared/inference/engine/native.ts";
+import { ChunkError, chunkPayloadLength, sealChunk, writeChunkHeader, type ChunkMeta } from "./chunk.ts";
+import type { LayerKv } from "./chunk-pack.ts";
+
+export interface KvShape {
+  nLayer: number;
+  hkv: number;
+  headDim: number;
+}
+
+export function kvShape(config: Pick<ModelConfig, "nLayer" | "nHeadKv" | "headDim">): KvShape {
+  return { nLayer: config.nLayer, hkv: config.nHeadKv, headDim: config.headDim };
+}
+
+export interface BlockRange {
+  tokenStart: number;
+  tokenEnd: number;
+}
+
+/** Token blocks [0, blockTokens), [blockTokens, 2·blockTokens), … covering [0, nTokens). */
+export function tokenBlocks(nTokens: number, blockTokens: number): BlockRange[] {
+  const blocks: BlockRange[] = [];
+  for (let s = 0; s < nTokens; s += blockTokens) blocks.push({ tokenStart: s, tokenEnd: Math.min(nTokens, s + blockTokens) });
+  return blocks;
+}
+
+/** The part of a sequence's cache a chunk reads from or writes to. */
+export interface CacheView {
+  buffer: ArrayBuffer; // seq.kvBuffer()
+  capacity: number; // seq.capacity
+}
+
+/** Zero-copy f16 views of rows [tokenStart, tokenStart+tokenCount) of K and V for each layer. */
+export function layerViews(cache: CacheView, shape: KvShape, layerIds: readonly number[], tokenStart: number, tokenCount: number): LayerKv[] {
+  const kvDim = shape.hkv * shape.headDim;
+  if (tokenStart + tokenCount > cache.capacity) {
+    throw new ChunkError("invalid_meta", `tokens ${tokenStart}+${tokenCount} exceed the sequence capacity ${cache.capacity}`);
+  }
+  const all = new Uint16Array(cache.buffer);
+  const need = shape.nLayer * 2 * cache.capacity * kvDim;
+  if (all.length < need) throw new ChunkError("invalid_meta", `the cache has ${all.length} values, the shape needs ${need}`);
+  return layerIds.map((l) => {
+    if (l >= shape.nLayer) throw new ChunkError("invalid_meta", `layer ${l} is not in the model's ${shape.nLayer} layers`);
+    const k = l * 2 * cache.capacity * kvDim + tokenStart * kvDim;
+    const v = k + cache.capacity * kvDim;
+    return { k: all.subarray(k, k + tokenCount * kvDim), v: all.subarray(v, v + tokenCount * kvDim) };
+  });
+}
+
+/** What export and import need of a sequence. */
+export type RowMover = Pick<NativeSequence, "exportRows" | "importRows">;
+
+/** Encodes the chunk `meta` describes from the sequence's cache into `into`; returns the bytes written. */
+export function exportChunk(into: Uint8Array, meta: ChunkMeta, seq: RowMover, shape: KvShape): number {
+  checkShape(meta, shape);
+  const headerSize = writeChunkHeader(into, meta);
+  const total = headerSize + chunkPayloadLength(meta);
+  moveRows(() => seq.exportRows(into.subarray(headerSize, total), meta.layerIds, meta.tokenStart, meta.tokenCount));
+  sealChunk(into.subarray(0, total));
+  return total;
+}
+
+/** Writes a verified chunk's payload into the cache rows it covers. */
+export function importChunk(payload: Uint8Array, meta: ChunkMeta, seq: RowMover, shape: KvShape): void {
+  checkShape(meta, shape);
+  if (payload.byteLength !== chunkPayloadLength(meta)) {
+    throw new ChunkError("invalid_meta", `payload has ${payload.byteLength} bytes, the shape needs ${chunkPayloadLength(meta)}`);
+  }
+  moveRows(() => seq.importRows(payload, meta.layerIds, meta.tokenStart, meta.tokenCount));
+}
+
+function checkShape(meta: ChunkMeta, shape: KvShape): void {
+  if (meta.dtype !== "f16") throw new ChunkError("invalid_meta", `the engine's cache is f16, the chunk is ${meta.dtype}`);
+  if (meta.hkv !== shape.hkv || meta.headDim !== shape.headDim) {
+    throw new ChunkError("invalid_meta", `chunk is Hkv=${meta.hkv} headDim=${meta.headDim}, the model has ${shape.hkv}x${shape.headDim}`);
+  }
+}
+
+/** The engine's RangeError (rows outside the cache, a layer the model lacks) as a ChunkError. */
+function moveRows(move: () => void): void {
+  try {
+    move();
+  } catch (e) {
+    if (e instanceof RangeError) throw new ChunkError("invalid_meta", e.message);
+    throw e;
+  }
+}
+
+/**
+ * Checks that chunks (by layer ids and token range) cover every layer for tokens [0, nTokens)
+ * exactly once; returns a sentence saying what is wrong, or null.
+ */
+export function coverageProblem(chunks: readonly { layerIds: readonly number[]; tokenStart: number; tokenEnd: number }[], nLayer: number, nTokens: number): string | null {
+  const perLayer = Array.from({ length: nLayer }, () => [] as BlockRange[]);
+  for (const c of chunks) {
+    for (const l of c.layerIds) {
+      if (l >= nLayer) return `a chunk holds layer ${l}, the model has ${nLayer}`;
+      perLayer[l]!.push({ tokenStart: c.tokenStart, tokenEnd: c.tokenEnd });
+    }
+  }
+  for (let l = 0; l < nLayer; l++) {
+    const ranges = perLayer[l]!.sort((a, b) => a.tokenStart - b.tokenStart);
+    let at = 0;
+    for (const r of ranges) {
+      if (r.tokenStart !== at) return `layer ${l}: tokens ${at}..${r.tokenStart} ${r.tokenStart > at ? "are missing" : "overlap"}`;
+      at = r.tokenEnd;
+    }
+    if (at !== nTokens) return `layer ${l}: chunks cover ${at} of ${nTokens} tokens`;
+  }
+  return null;
+}

@@ -1,0 +1,280 @@
+// Loads a handle's KV into a fresh sequence: lease the chunks in the registry, read them over the
+// transport the locality allows (shm on the owner's host, else HTTP), verify each (checksum,
+// model fingerprint, the registry row's shape) before the engine sees a byte, and import it into
+// the cache as it arrives, several chunks in flight at once.
+import path from "node:path";
+import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
+import { tenantOf } from "../../shared/platform/auth/tenant.ts";
+import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
+import { ApiError } from "../../shared/platform/http/errors.ts";
+import type { Handle } from "../../shared/platform/http/wire.ts";
+import { ChunkError, verifyChunk } from "./format/chunk.ts";
+import { coverageProblem, importChunk, kvShape, type KvShape } from "./format/seq-io.ts";
+import { RegistryError, type LeasedChunk } from "../../shared/platform/registry/registry.ts";
+import { TransportError, chunkLabel } from "./transport/errors.ts";
+import { HttpTransport } from "./transport/http.ts";
+import { ShmTransport } from "./transport/shm.ts";
+import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "./transport/types.ts";
+import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
+import type { Runtime } from "../runtime.ts";
+import { PeerDeadError, type PeerWatch } from "../decode/peer-watch.ts";
+import { SocketHttpTransport } from "./transport/socket.ts";
+import { faultPoint } from "../fault-points.ts";
+
+/** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
+export class KvLoadError extends Error {
+  override readonly name = "KvLoadError";
+  constructor(
+    message: string,
+    readonly reason: "unavailable" | "transport" | "corrupt" | "failed_owner",
+    options?: ErrorOptions,
+  ) {
+    super(message, options);
+  }
+}
+
+export interface KvLoadStats {
+  transport: "http" | "shm";
+  chunks: number;
+  bytes: number;
+  ms: number;
+}
+
+export class KvLoader {
+  /** http:// owners: the socket transport (reads straight into the buffer); https:// owners: undici. */
+  readonly http: SocketHttpTransport;
+  readonly https: HttpTransport;
+  readonly shm: ShmTransport;
+  private readonly shape: KvShape;
+  readonly totals = { loads: 0, chunks: 0, bytes: 0, failures: 0, ms: 0 };
+
+  constructor(
+    private readonly rt: Runtime,
+    private readonly metrics?: ServiceMetrics,
+    /** Signs the chunk-read capabilities HTTP owners want (without it, HTTP reads are refused). */
+    private readonly auth?: InternalAuth,
+    /** Aborts reads from an owner the registry declares dead (HTTP reads; shm reads cannot hang). */
+    private readonly peers?: PeerWatch,
+  ) {
+    this.http = new SocketHttpTransport({ maxIdle: 8 });
+    this.https = new HttpTransport({ connections: 8 });
+    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true });
+    this.shape = kvShape(rt.model.config);
+  }
+
+  /** shm when the chunk's owner runs on this host (and it is allowed), else HTTP. */
+  pick(loc: LeasedChunk["location"]): KvTransport {
+    const mode = this.rt.config.transport;
+    if (mode === "shm") return this.shm;
+    const http = loc.ownerBaseUrl.startsWith("https:") ? this.https : this.http;
+    if (mode === "http") return http;
+    const sameHost = loc.ownerHostId === this.rt.config.hostId;
+    const allowed = path.dirname(path.resolve(loc.shardPath)) === path.resolve(this.rt.config.shardDir);
+    return sameHost && allowed ? this.shm : http;
+  }
+
+  /** Checks a chunk (checksum, fingerprint, the registry row's shape) before the engine sees a byte, then imports it. */
+  private importVerified(bytes: Uint8Array, chunk: LeasedChunk["chunk"], seq: NativeSequence): void {
+    let verified;
+    try {
+      verified = verifyChunk(bytes, {
+        fingerprint: this.rt.model.fingerprint,
+        ...(chunk.checksum === null ? {} : { checksum: chunk.checksum }),
+        tokenStart: chunk.tokenStart,
+        tokenCount: chunk.tokenEnd - chunk.tokenStart,
+        layerIds: chunk.layerIds,
+        dtype: chunk.dtype,
+      });
+    } catch (e) {
+      if (e instanceof ChunkError) {
+        throw new KvLoadError(`chunk ${chunk.id} (tokens ${chunk.tokenStart}..${chunk.tokenEnd}) failed verification: ${e.code}: ${e.message}`, "corrupt", { cause: e });
+      }
+      throw e;
+    }
+    importChunk(verified.payload, verified.header, seq, this.shape);
+  }
+
+  /**
+   * Reads every chunk of `handle` into `seq` (capacity >= prompt tokens) and sets its length.
+   * Throws ApiError for a bad or expired handle, KvLoadError when the bytes cannot be had.
+   */
+  async load(handle: Handle, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
+    const { registry, config, model } = this.rt;
+    const t0 = performance.now();
+    let leased: LeasedChunk[];
+    try {
+      leased = await registry.chunks.acquireRead(handle.chunk_ids, config.readLeaseMs);
+    } catch (e) {
+      const err = leaseError(e);
+      this.countFailure("none", err);
+      throw err;
+    }
+    const ids = leased.map((l) => l.chunk.id);
+    try {
+      // A handle is the client's to send: every chunk it names must be one its own request holds.
+      const held = new Set((await registry.chunks.ofRequest(handle.request_id)).map((c) => c.id));
+      if (ids.some((id) => !held.has(id))) {
+        throw new ApiError(400, "invalid_request", "the handle names chunks its request does not hold", "handle.chunk_ids");
+      }
+      for (const l of leased) l.location = { ...l.location, capability: this.capability(l, handle.request_id) };
+      for (const { chunk } of leased) {
+        if (chunk.modelFingerprint !== model.fingerprint) {
+          throw new ApiError(400, "model_mismatch", `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`, "handle");
+        }
+      }
+      const problem = coverageProblem(
+        leased.map((l) => l.chunk),
+        this.shape.nLayer,
+        handle.prompt_tokens,
+      );
+      if (problem) throw new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids");
+
+      await faultPoint("decode.load", this.rt.log);
+      const deadlineMs = Date.now() + config.kvTimeoutMs;
+      const transports = new Set<string>();
+      let bytes = 0;
+      let nextIndex = 0;
+      const stop = new AbortController();
+      const onAbort = () => stop.abort(signal.reason);
+      signal.addEventListener("abort", onAbort, { once: true });
+      const ownerDead = new AbortController();
+      ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
+      const untrack = await this.watchOwners(leased, ownerDead);
+      const worker = async () => {
+        const scratch = { buf: Buffer.allocUnsafe(0) };
+        while (nextIndex < leased.length && !stop.signal.aborted) {
+          const { chunk, location } = leased[nextIndex++]!;
+          const transport = this.pick(location);
+          transports.add(transport.name);
+          let view: ChunkView;
+          try {
+            view = await fetchChunk(transport, location, scratch, { deadlineMs, signal: stop.signal });
+          } catch (e) {
+            if (ownerDead.signal.aborted && !signal.aborted) throw ownerGone(ownerDead.signal.reason);
+            throw transportError(e, signal);
+          }
+          try {
+            this.importVerified(view.bytes, chunk, seq);
+          } finally {
+            view.release();
+          }
+          bytes += location.length;
+          this.metrics?.transferBytes(transport.name, location.length);
+        }
+      };
+      const workers = Array.from({ length: Math.min(config.kvConcurrency, leased.length) }, () =>
+        worker().catch((e: unknown) => {
+          stop.abort(e);
+          throw e;
+        }),
+      );
+      const settled = await Promise.allSettled(workers);
+      signal.removeEventListener("abort", onAbort);
+      untrack();
+      const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
+      if (failure) throw firstCause(settled, failure.reason);
+      signal.throwIfAborted();
+      seq.setLength(handle.prompt_tokens);
+      const ms = performance.now() - t0;
+      this.totals.loads++;
+      this.totals.chunks += leased.length;
+      this.totals.bytes += bytes;
+      this.totals.ms += ms;
+      const transport = transports.has("http") ? "http" : "shm";
+      this.metrics?.transferDone(transport, ms / 1000);
+      return { transport, chunks: leased.length, bytes, ms };
+    } catch (e) {
+      this.totals.failures++;
+      if (!signal.aborted) this.countFailure(leased.length > 0 ? this.pick(leased[0]!.location).name : "none", e);
+      throw e;
+    } finally {
+      await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
+    }
+  }
+
+  /** The capability for reading exactly this leased chunk, valid while its lease is. */
+  private capability({ chunk, location }: LeasedChunk, requestId: string): string | undefined {
+    if (!this.auth) return undefined;
+    return this.auth.sign({
+      route: "chunk",
+      tenant: tenantOf(requestId),
+      request: requestId,
+      chunk: chunk.id,
+      shard: location.shardId,
+      epoch: location.epoch,
+      offset: location.offset,
+      length: location.length,
+      exp: Math.min(chunk.leaseExpiresAt.getTime(), Date.now() + this.rt.config.kvTimeoutMs),
+    });
+  }
+
+  /** Watches the owners of the chunks read over HTTP; returns the function that stops watching. */
+  private async watchOwners(leased: LeasedChunk[], ac: AbortController): Promise<() => void> {
+    const peers = this.peers;
+    if (!peers) return () => {};
+    const shardsRead = new Map<string, { shardId: string; epoch: number }>();
+    for (const { location: loc } of leased) {
+      if (this.pick(loc) !== this.shm) shardsRead.set(`${loc.shardId}/${loc.epoch}`, { shardId: loc.shardId, epoch: loc.epoch });
+    }
+    const untracks: Array<() => void> = [];
+    for (const { shardId, epoch } of shardsRead.values()) {
+      const row = await this.rt.registry.shards.get(shardId, epoch).catch(() => undefined);
+      if (row) untracks.push(peers.track(row.instanceId, ac));
+    }
+    return () => untracks.forEach((f) => f());
+  }
+
+  /** A load that failed for want of the bytes (not a bad handle, not a cancel): by transport and reason. */
+  private countFailure(transport: string, err: unknown): void {
+    if (err instanceof KvLoadError) this.metrics?.transferFailed(transport, err.reason);
+    else if (err instanceof ApiError && err.code === "handle_expired") this.metrics?.transferFailed(transport, "expired");
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([this.http.close(), this.https.close(), this.shm.close()]);
+  }
+}
+
+/** The chunk's bytes: mapped in place where the transport can (shm), else read into `scratch`. */
+async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: { buf: Buffer }, opts: ReadChunkOptions): Promise<ChunkView> {
+  if (opts.signal?.aborted) throw new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
+  if (transport.viewChunk) return transport.viewChunk(loc);
+  if (scratch.buf.byteLength < loc.length) scratch.buf = Buffer.allocUnsafe(loc.length);
+  const bytes = scratch.buf.subarray(0, loc.length);
+  await transport.readChunk(loc, bytes, opts);
+  return { bytes, release: () => {} };
+}
+
+/** Prefer the error that started the failure over the aborts it caused in the other workers. */
+function firstCause(settled: PromiseSettledResult<void>[], fallback: unknown): unknown {
+  for (const s of settled) {
+    if (s.status === "rejected" && !(s.reason instanceof KvLoadError && /aborted/.test(s.reason.message))) return s.reason;
+  }
+  return fallback;
+}
+
+function leaseError(e: unknown): unknown {
+  if (!(e instanceof RegistryError)) return e;
+  if (e.code === "invalid_input") return new ApiError(400, "invalid_request", e.message, "handle.chunk_ids");
+  if (e.code === "chunk_unavailable") {
+    const details = (e.details ?? []) as { id: string; reason: string }[];
+    if (details.some((d) => d.reason === "chunk is failed")) {
+      return new KvLoadError(`the KV's owner is gone (its shard was retired): ${e.message}`, "failed_owner", { cause: e });
+    }
+    return new ApiError(409, "handle_expired", `the handle's KV is no longer available: ${e.message}`, "handle", details, { cause: e });
+  }
+  return e;
+}
+
+function ownerGone(reason: unknown): KvLoadError {
+  const why = reason instanceof PeerDeadError ? reason.message : String(reason);
+  return new KvLoadError(`the KV's owner is gone: ${why}`, "failed_owner", { cause: reason });
+}
+
+function transportError(e: unknown, signal: AbortSignal): unknown {
+  if (signal.aborted) return signal.reason;
+  if (e instanceof TransportError) {
+    return new KvLoadError(`cannot read the KV (${e.code}): ${e.message}`, "transport", { cause: e });
+  }
+  return e;
+}

@@ -1,0 +1,174 @@
+// Same-host transport: the chunk's bytes straight out of the owner's shard file (tmpfs pages).
+// viewChunk maps the chunk's range (native mmap): the decode verifies and imports from the
+// owner's own pages, so the only copy is the one into the cache. readChunk copies into the
+// caller's buffer, for callers that need their own bytes.
+import { open, type FileHandle } from "node:fs/promises";
+import path from "node:path";
+import { parseShardFileName } from "../shard/shard.ts";
+import { mapFile, unmapFile } from "../../../shared/inference/engine/native.ts";
+import { TransportError, chunkLabel } from "./errors.ts";
+import { checkLocation, checkReadArgs, withDeadline } from "./read-checks.ts";
+import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "./types.ts";
+
+export interface ShmTransportOptions {
+  /** Shard files are only opened inside these directories (the registry's paths are not trusted blindly). */
+  allowedDirs: string[];
+  /** Bytes per read call; the deadline and abort are checked between pieces. */
+  pieceBytes?: number;
+  /**
+   * Refuse locations without the registered file identity (`fileId`). The services set it: a
+   * file is read only when it is the very file (device:inode) its owner created and registered.
+   */
+  requireFileId?: boolean;
+}
+
+interface OpenFile {
+  path: string;
+  handle: Promise<FileHandle>;
+  users: number;
+  dropped: boolean; // no longer cached; closed when its last user is done
+}
+
+export class ShmTransport implements KvTransport {
+  readonly name = "shm";
+  private readonly files = new Map<string, OpenFile>();
+  private readonly allowedDirs: string[];
+  private readonly pieceBytes: number;
+  private readonly requireFileId: boolean;
+
+  constructor(options: ShmTransportOptions) {
+    if (options.allowedDirs.length === 0) throw new TypeError("ShmTransport needs at least one allowed directory");
+    this.allowedDirs = options.allowedDirs.map((d) => path.resolve(d));
+    this.pieceBytes = options.pieceBytes ?? 8 << 20;
+    this.requireFileId = options.requireFileId ?? false;
+  }
+
+  async readChunk(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
+    checkReadArgs(loc, into, opts);
+    this.checkPath(loc);
+    return withDeadline(loc, opts, async (signal) => {
+      const entry = this.acquire(loc.shardPath);
+      try {
+        const file = await openedOrThrow(entry, loc);
+        const st = await file.stat({ bigint: true });
+        if (loc.fileId && `${st.dev}:${st.ino}` !== loc.fileId) {
+          this.drop(entry);
+          throw fileMismatch(loc, `${st.dev}:${st.ino}`);
+        }
+        if (st.nlink === 0n) {
+          // The owner restarted and removed the file; our handle would still see the old pages.
+          this.drop(entry);
+          throw staleEpoch(loc);
+        }
+        if (BigInt(loc.offset + loc.length) > st.size) {
+          throw new TransportError("out_of_range", `${chunkLabel(loc)} lies outside the ${st.size}-byte shard`);
+        }
+        let done = 0;
+        while (done < loc.length && !signal.aborted) {
+          const n = Math.min(this.pieceBytes, loc.length - done);
+          const { bytesRead } = await file.read(into, done, n, loc.offset + done);
+          if (bytesRead === 0) throw new TransportError("short_read", `${chunkLabel(loc)}: file ended after ${done} bytes`);
+          done += bytesRead;
+        }
+        return done;
+      } finally {
+        this.release(entry);
+      }
+    });
+  }
+
+  viewChunk(loc: ChunkLocation): ChunkView {
+    checkLocation(loc);
+    this.checkPath(loc);
+    let buffer: ArrayBuffer;
+    try {
+      buffer = mapFile(loc.shardPath, loc.offset, loc.length, loc.fileId ?? undefined);
+    } catch (err) {
+      const { code, message } = err as NodeJS.ErrnoException;
+      // A missing file means its owner restarted (the epoch is in the file name).
+      if (code === "ENOENT") throw staleEpoch(loc);
+      if (code === "ESTALE") throw new TransportError("file_mismatch", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
+      throw new TransportError(code === "ERANGE" ? "out_of_range" : "io_error", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
+    }
+    let released = false;
+    return {
+      bytes: new Uint8Array(buffer),
+      release: () => {
+        if (!released) unmapFile(buffer);
+        released = true;
+      },
+    };
+  }
+
+  async close(): Promise<void> {
+    const entries = [...this.files.values()];
+    this.files.clear();
+    await Promise.all(entries.map((e) => e.handle.then((fh) => fh.close()).catch(() => {})));
+  }
+
+  private checkPath(loc: ChunkLocation): void {
+    if (this.requireFileId && !loc.fileId) {
+      throw new TransportError("file_mismatch", `${chunkLabel(loc)}: the registry has no file identity for ${loc.shardPath}; it is not read over shm`);
+    }
+    const file = path.resolve(loc.shardPath ?? "");
+    const parsed = parseShardFileName(path.basename(file));
+    if (!this.allowedDirs.includes(path.dirname(file)) || !parsed || parsed.shardId !== loc.shardId) {
+      throw new TransportError("invalid_request", `${chunkLabel(loc)}: ${loc.shardPath} is not a shard file of ${loc.shardId} in an allowed directory`);
+    }
+    if (parsed.epoch !== loc.epoch) throw staleEpoch(loc);
+  }
+
+  private acquire(filePath: string): OpenFile {
+    let entry = this.files.get(filePath);
+    if (!entry) {
+      entry = { path: filePath, handle: open(filePath, "r"), users: 0, dropped: false };
+      const created = entry;
+      created.handle.catch(() => this.drop(created));
+      this.files.set(filePath, entry);
+      this.dropRemovedFiles(); // a new shard file often means an older one was retired
+    }
+    entry.users++;
+    return entry;
+  }
+
+  private release(entry: OpenFile): void {
+    entry.users--;
+    if (entry.dropped && entry.users === 0) void entry.handle.then((fh) => fh.close()).catch(() => {});
+  }
+
+  private drop(entry: OpenFile): void {
+    if (this.files.get(entry.path) === entry) this.files.delete(entry.path);
+    if (entry.dropped) return;
+    entry.dropped = true;
+    if (entry.users === 0) void entry.handle.then((fh) => fh.close()).catch(() => {});
+  }
+
+  /** Drops idle handles of deleted shard files: an open handle keeps a whole shard's memory alive. */
+  private dropRemovedFiles(): void {
+    for (const entry of this.files.values()) {
+      if (entry.users > 0) continue;
+      void entry.handle
+        .then((fh) => fh.stat())
+        .then((st) => st.nlink === 0 && this.drop(entry))
+        .catch(() => {});
+    }
+  }
+}
+
+async function openedOrThrow(entry: OpenFile, loc: ChunkLocation): Promise<FileHandle> {
+  try {
+    return await entry.handle;
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") throw staleEpoch(loc);
+    throw new TransportError("io_error", `${chunkLabel(loc)}: cannot open ${loc.shardPath}: ${code ?? err}`, undefined, { cause: err });
+  }
+}
+
+function fileMismatch(loc: ChunkLocation, found: string): TransportError {
+  return new TransportError("file_mismatch", `${chunkLabel(loc)}: ${loc.shardPath} is ${found} (device:inode), not the registered ${loc.fileId}`);
+}
+
+function staleEpoch(loc: ChunkLocation): TransportError {
+  return new TransportError("stale_epoch", `${chunkLabel(loc)}: the shard's epoch ${loc.epoch} is gone (its owner restarted)`);
+}

@@ -1,0 +1,294 @@
+// Typed access to the native addon (native/build/Release/ctxbank_native.node, or the file
+// CTXBANK_ADDON names). Everything heavy returns a promise and runs on the engine's own thread;
+// nothing here blocks the event loop.
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { fileURLToPath } from "node:url";
+
+export interface ModelConfig {
+  architecture: string;
+  name: string;
+  nLayer: number;
+  nEmbd: number;
+  nHead: number;
+  nHeadKv: number;
+  headDim: number;
+  nFf: number;
+  nVocab: number;
+  nCtxTrain: number;
+  ropeBase: number;
+  rmsEps: number;
+  tiedOutput: boolean;
+  kvBytesPerToken: number;
+}
+
+export interface GgufTensorInfo {
+  name: string;
+  type: string;
+  shape: number[];
+  offset: number;
+  nBytes: number;
+}
+
+export interface GgufInfo {
+  version: number;
+  fileSize: number;
+  headerBytes: number;
+  alignment: number;
+  tensors: GgufTensorInfo[];
+}
+
+export interface NativeModel {
+  readonly config: ModelConfig;
+  /** CRC-32C of the GGUF's whole tensor data, taken at load (part of the model fingerprint). */
+  readonly weightsCrc32c: number;
+}
+
+export interface OmniKvOptions {
+  filterLayers: number[];
+  /** Prompt tokens kept per filter layer. */
+  budget: number;
+  /** last (OmniKV's default), last_softmax, or the window selectors uniform and exp over `window` queries. */
+  selector?: "last" | "last_softmax" | "uniform" | "exp";
+  /** Queries the window selectors combine, the current one included (default 16, at most 64). */
+  window?: number;
+  /** The layer after each filter layer stays dense (default true). */
+  guard?: boolean;
+  /** Reuse the previous selection when the new one overlaps it more than this (0 = off). */
+  lazyIou?: number;
+  /**
+   * Memory tiers: keep the sparse layers' KV in a host bank (token-major per filter layer's
+   * group) and gather the selected rows of a group into one packed device buffer per selection.
+   */
+  offload?: boolean;
+}
+
+export interface ScopeOptions {
+  mode?: "slide" | "adaptive" | "discontinuous";
+  beta1: number;
+  beta2: number;
+  /** Planned output length T (adaptive and discontinuous). */
+  maxOutput?: number;
+  /** Prompt pool (kind scope only): 0 (default) keeps the whole prompt; else, per layer and KV head,
+   *  the last alpha2 prompt tokens plus the alpha1 earlier ones they attend to most (SnapKV-style). */
+  alpha1?: number;
+  /** The observation window of the prompt compression (default 8, at most 64). */
+  alpha2?: number;
+}
+
+export type AttentionPolicy =
+  | { kind: "full" }
+  | { kind: "omnikv"; omnikv: OmniKvOptions }
+  | { kind: "scope"; scope: ScopeOptions }
+  | { kind: "omnikv+scope"; omnikv: OmniKvOptions; scope: ScopeOptions }
+  /** Baseline: the first `sinks` tokens plus the most recent `window`. */
+  | { kind: "streaming"; streaming: { sinks: number; window: number } }
+  /** Baseline: per layer and KV head, `recent` newest plus heavy hitters, `budget` in all. */
+  | { kind: "h2o"; h2o: { budget: number; recent: number } }
+  /**
+   * Round Attention: `starts` are the first tokens of the conversation's rounds (from 0; the last
+   * is the current round). At the first decode step the watershed layer weighs each earlier round
+   * by the attention the current round's queries pay it; the layers above attend only to the
+   * chosen rounds (`topK`, or 0 = those above mean + std) and the current round.
+   */
+  | { kind: "rounds"; rounds: { watershedLayer: number; starts: number[]; topK?: number } };
+
+export interface PolicyStats {
+  kind: AttentionPolicy["kind"];
+  promptLength: number;
+  selections: number;
+  lazyReuses: number;
+  selectedSizes: number[];
+  /** OmniKV: each filter layer's current selection (prompt positions, ascending). */
+  selected: Int32Array[];
+  /** SCOPE (generated tokens) or H2O (all tokens): tokens kept, summed over layers and KV heads. */
+  decodePoolTokens: number;
+  decodeTokens: number;
+  /** SCOPE prompt compression: prompt tokens kept, summed over the (layer, KV head) pools. */
+  promptPoolTokens: number;
+  /** OmniKV: each layer's role; empty under other policies. */
+  layerRoles: Array<"dense" | "filter" | "guard" | "sparse">;
+  /** OmniKV: per layer, the index into filterLayers of the selection a sparse layer uses, else -1. */
+  layerGroups: number[];
+}
+
+export interface NativeSequence {
+  readonly nPast: number;
+  readonly capacity: number;
+  readonly kvBytesUsed: number;
+  /** The device arena: device-tier KV of the stored tokens plus OmniKV's packed buffers at full budget. */
+  readonly deviceBytesUsed: number;
+  /** The host bank: the offloaded sparse layers' KV (0 without offload). */
+  readonly hostBytesUsed: number;
+  truncate(n: number): void;
+  /** Declares that the first n tokens' K/V were written into kvBuffer() (KV import). */
+  setLength(n: number): void;
+  /** How decode steps attend (prefill is always full). Throws RangeError on a bad setting. */
+  setPolicy(policy: AttentionPolicy): void;
+  readonly policyStats: PolicyStats;
+  /**
+   * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, docs/kv-format.md) into the cache
+   * rows it covers; setLength() then declares the length. RangeError when the rows or the payload
+   * size do not fit the cache.
+   */
+  importRows(payload: Uint8Array, layerIds: readonly number[], tokenStart: number, tokenCount: number): void;
+  /** The reverse of importRows: cache rows into a token-major payload of exactly the right size. */
+  exportRows(into: Uint8Array, layerIds: readonly number[], tokenStart: number, tokenCount: number): void;
+  /** Frees the cache's memory now (the sequence is empty afterwards). */
+  release(): void;
+  /**
+   * The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. Under
+   * omnikv offload the sparse layers live in the host bank instead (their range here reads as
+   * zeros): use exportRows/importRows, which address either tier. A GPU engine's sequences keep
+   * their KV in GPU memory: kvBuffer() throws there; exportRows/importRows work (staged via the host).
+   */
+  kvBuffer(): ArrayBuffer;
+}
+
+export interface ForwardItem {
+  seq: NativeSequence;
+  tokens: Int32Array;
+  /** Receives the next-token logits after the last token (length nVocab). */
+  logits?: Float32Array;
+  /** One-token items under full attention: per layer, the token's attention over its
+   *  nPast + 1 keys averaged over heads, [nLayer][nPast + 1] (calibration). */
+  probe?: Float32Array;
+  /** Receives the greedy next token (lowest index of the largest logit); on a GPU engine computed
+   *  there, so a step that passes no `logits` copies one number per sequence back, not nVocab. */
+  argmax?: Int32Array;
+}
+
+export interface EngineOptions {
+  /** Threads for prefill and large batches. */
+  threads?: number;
+  /** 1 (default) or `threads`: threads for decode steps of up to 4 tokens. */
+  decodeThreads?: number;
+  ubatch?: number;
+  maxContext?: number;
+  /** The device arena one sequence may use (its deviceBytesUsed); 0 = no limit. */
+  deviceBudgetBytes?: number;
+  /**
+   * Where the engine computes: cpu (default), cuda / cuda:N (the CUDA backend; throws an Error
+   * with code no_gpu, cuda_driver_too_old or cuda_unavailable_in_build when it cannot), or auto
+   * (CUDA when a GPU is usable, else the CPU).
+   */
+  device?: EngineDevice;
+  /** CUDA only: replay each batch shape's layers as a CUDA graph (default false until measured). */
+  cudaGraphs?: boolean;
+}
+
+export type EngineDevice = "cpu" | "cuda" | "auto" | `cuda:${number}`;
+/** The device strings the engine accepts. */
+export const DEVICE_PATTERN = /^(cpu|cuda|auto|cuda:(0|[1-9][0-9]{0,2}))$/;
+
+/** Whether this addon has the CUDA backend, and whether CUDA device 0 can be used here. */
+export interface CudaStatus {
+  compiled: boolean;
+  usable: boolean;
+  /** Why not (when not usable): a DeviceErrorCode and its message. */
+  code?: DeviceErrorCode;
+  message?: string;
+}
+
+/** Codes of the Error a device problem throws (err.code). */
+export const DEVICE_ERROR_CODES = [
+  "invalid_device",
+  "cuda_unavailable_in_build",
+  "no_gpu",
+  "cuda_driver_too_old",
+  "cuda_unsupported_gpu",
+  "cuda_unsupported_model",
+  "cuda_out_of_memory",
+  "cuda_error",
+] as const;
+export type DeviceErrorCode = (typeof DEVICE_ERROR_CODES)[number];
+
+export interface EngineInfo {
+  kernels: string;
+  threads: number;
+  decodeThreads: number;
+  ubatch: number;
+  maxContext: number;
+  deviceBudgetBytes: number;
+  /** "cpu" or "cuda:N": where the forward passes run. */
+  device: string;
+  /** e.g. "CPU, avx512 kernels" or "NVIDIA H100 80GB HBM3, 79.2 GiB, sm_90". */
+  deviceDescription: string;
+  /** GPU memory the weights take (0 on the CPU). */
+  deviceWeightBytes: number;
+  /** Whether decode steps replay CUDA graphs (false on the CPU). */
+  cudaGraphs: boolean;
+}
+
+export interface NativeEngine {
+  readonly info: EngineInfo;
+  createSequence(capacity?: number): NativeSequence;
+  forward(items: ForwardItem[]): Promise<void>;
+}
+
+interface Addon {
+  readGgufMetadata(path: string): Record<string, unknown>;
+  ggufInfo(path: string): GgufInfo;
+  loadModel(path: string): Promise<NativeModel>;
+  mapFile(path: string, offset: number, length: number, expectId?: string): ArrayBuffer;
+  punchHole(fd: number, offset: number, length: number): boolean;
+  unmapFile(buffer: ArrayBuffer): void;
+  crc32c(bytes: Uint8Array, prev?: number): number;
+  cudaStatus(): CudaStatus;
+  NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
+}
+
+const addonPath = process.env.CTXBANK_ADDON ?? fileURLToPath(new URL("../../../native/build/Release/ctxbank_native.node", import.meta.url));
+
+function loadAddon(): Addon {
+  if (!existsSync(addonPath)) {
+    throw new Error(`native engine not built (${addonPath} is missing): run "npm run build:native"`);
+  }
+  return createRequire(import.meta.url)(addonPath) as Addon;
+}
+
+let cached: Addon | undefined;
+export function addon(): Addon {
+  cached ??= loadAddon();
+  return cached;
+}
+
+export function cudaStatus(): CudaStatus {
+  return addon().cudaStatus();
+}
+
+/** Every metadata key of a GGUF file. Throws a clear "gguf: ..." error for a bad file. */
+export function readGgufMetadata(path: string): Record<string, unknown> {
+  return addon().readGgufMetadata(path);
+}
+
+export function ggufInfo(path: string): GgufInfo {
+  return addon().ggufInfo(path);
+}
+
+/**
+ * A zero-copy view of bytes [offset, offset + length) of a file (mmap; private, so writes never
+ * reach the file). Throws an Error naming the file and the reason when it cannot be mapped. Hand
+ * the buffer to unmapFile() when done: that detaches it (views become empty) and unmaps at once.
+ */
+export function mapFile(path: string, offset: number, length: number, expectId?: string): ArrayBuffer {
+  return expectId === undefined ? addon().mapFile(path, offset, length) : addon().mapFile(path, offset, length, expectId);
+}
+
+/**
+ * Returns the whole pages inside [offset, offset + length) of the open file `fd` to the system
+ * (fallocate punch hole, size kept; the range then reads as zeros). false where the file system
+ * cannot punch holes.
+ */
+export function punchHole(fd: number, offset: number, length: number): boolean {
+  return addon().punchHole(fd, offset, length);
+}
+
+export function unmapFile(buffer: ArrayBuffer): void {
+  addon().unmapFile(buffer);
+}
+
+/** CRC-32C (Castagnoli) of `bytes`, continuing `prev` (a previous result; 0 to start), like zlib.crc32. */
+export function crc32c(bytes: Uint8Array, prev = 0): number {
+  return addon().crc32c(bytes, prev);
+}

@@ -1,0 +1,171 @@
+// Wire schemas shared by the prefill and decode services: the prefill request, the handle it
+// answers with (what decode needs to find, verify and load the KV), and sampling options.
+import { z } from "@hono/zod-openapi";
+import { PolicySpecSchema } from "../../inference/policy/request.ts";
+import { MAX_HANDLE_CHUNKS } from "../registry/errors.ts";
+
+const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
+export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
+/** A client's own request id: no ':' (that separates the API key's namespace from it, see shared/platform/auth/tenant.ts). */
+export const ClientRequestId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "1-64 chars of letters, digits and . _ - (not starting with a symbol)");
+/**
+ * Caps on arrays, checked before their elements (zod sizes an array first), so a 4 MiB body of
+ * ids or messages costs no per-element validation: the largest context the wire carries (the
+ * model's own context is checked after), and messages well past what any context holds.
+ */
+export const MAX_WIRE_TOKENS = 1 << 17;
+export const MAX_WIRE_MESSAGES = 1 << 16;
+export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1).max(MAX_WIRE_TOKENS);
+
+export const ChatMessageSchema = z
+  .object({
+    role: z.enum(["system", "user", "assistant"]),
+    content: z.string(),
+  })
+  .openapi("ChatMessage");
+
+/** Sampling options, in OpenAI's names. top_k is an extension (0 = off). */
+export const SamplingFields = {
+  temperature: z.number().min(0).max(10).optional().openapi({ description: "0 = greedy", example: 0 }),
+  top_p: z.number().gt(0).max(1).optional(),
+  top_k: z.number().int().min(0).max(1_000_000).optional().openapi({ description: "extension; 0 = no limit" }),
+  seed: z.number().int().min(0).max(2 ** 32 - 1).optional(),
+};
+
+export const SamplingSchema = z.object({
+  temperature: z.number(),
+  top_p: z.number(),
+  top_k: z.number().int(),
+  seed: z.number().int(),
+});
+export type WireSampling = z.infer<typeof SamplingSchema>;
+
+export const PrefillRequestSchema = z
+  .object({
+    prompt: z.string().min(1).optional().openapi({ description: "Plain text, tokenized as is (no chat template)", example: "Once upon a time" }),
+    messages: z.array(ChatMessageSchema).min(1).max(MAX_WIRE_MESSAGES).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
+    prompt_token_ids: TokenIds.optional().openapi({ description: "Token ids, used as they are" }),
+    request_id: ClientRequestId.optional().openapi({ description: "Default: a fresh id. Kept in the API key's namespace: the handle's request_id is `<key id>:<request_id>` (unchanged on a keyless server)" }),
+    session_id: Identifier.optional(),
+    round_id: z.number().int().min(0).max(0x7fff_ffff).optional(),
+    max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({
+      description: "Tokens the decode will generate; checked against the context before computing",
+    }),
+    policy: PolicySpecSchema.optional().openapi({ description: "How the decode will attend; the KV chunks are grouped by its layer roles. Default: the server's --policy" }),
+    ...SamplingFields,
+  })
+  .refine((b) => [b.prompt, b.messages, b.prompt_token_ids].filter((x) => x !== undefined).length === 1, {
+    message: "give exactly one of prompt, messages or prompt_token_ids",
+    path: ["prompt"],
+  })
+  .openapi("PrefillRequest");
+export type PrefillRequest = z.infer<typeof PrefillRequestSchema>;
+
+export const HandleSchema = z
+  .object({
+    request_id: Identifier,
+    first_token: z.number().int().min(0).openapi({ description: "Sampled from the prefill's last logits" }),
+    chunk_ids: z
+      .array(z.uuid())
+      .min(1)
+      .max(MAX_HANDLE_CHUNKS)
+      .openapi({ description: `At most ${MAX_HANDLE_CHUNKS} (layer groups x token blocks)` }),
+    shard_id: Identifier,
+    shard_epoch: z.number().int().min(1),
+    model_fingerprint: z.string().regex(/^[0-9a-f]{64}$/),
+    prompt_tokens: z.number().int().min(1),
+    prompt_token_ids: TokenIds.openapi({ description: "For a local recompute when the KV cannot be loaded" }),
+    layer_groups: z.array(z.array(z.number().int().min(0))).min(1),
+    policy: PolicySpecSchema.optional().openapi({ description: "The policy the chunks were grouped for; decode uses it unless its request names another" }),
+    block_tokens: z.number().int().min(1),
+    sampling: SamplingSchema,
+    prefill_ms: z.number().min(0),
+    queue_ms: z.number().min(0).max(86_400_000).optional().openapi({ description: "How long the prefill waited for a place before computing" }),
+    expires_at: z.string().openapi({ description: "When unread chunks may be reclaimed (ISO 8601)" }),
+  })
+  .openapi("Handle");
+export type Handle = z.infer<typeof HandleSchema>;
+
+export const StopSchema = z.union([z.string().min(1), z.array(z.string().min(1)).max(16)]).optional();
+
+export const DecodeRequestSchema = z
+  .object({
+    handle: HandleSchema,
+    max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({ description: "Default 256 (less if the context is short)" }),
+    ...SamplingFields,
+    stop: StopSchema,
+    stream: z.boolean().optional(),
+    policy: PolicySpecSchema.optional().openapi({ description: "How decode steps attend. Default: the handle's policy" }),
+    on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({
+      description: "fail (default): answer 502 kv_load_failed at once; recompute: prefill the handle's prompt locally",
+    }),
+  })
+  .openapi("DecodeRequest");
+export type DecodeRequest = z.infer<typeof DecodeRequestSchema>;
+
+export const UsageSchema = z.object({ prompt_tokens: z.number().int(), completion_tokens: z.number().int(), total_tokens: z.number().int() });
+
+export const KvLoadStatsSchema = z
+  .object({
+    transport: z.enum(["http", "shm", "recompute", "none"]),
+    chunks: z.number().int(),
+    bytes: z.number().int(),
+    ms: z.number(),
+    recomputed: z.boolean(),
+    error: z.string().optional(),
+  })
+  .openapi("KvLoadStats");
+
+/** Per-request latency figures and SLO verdicts, on every finished generation (an extension to OpenAI's shapes). */
+export const CtxbankExtensionSchema = z
+  .object({
+    timings: z.object({
+      ttft_ms: z.number().openapi({ description: "Arrival at the route to the first token emitted" }),
+      tpot_ms: z.number().nullable().openapi({ description: "(e2e - ttft) / (tokens - 1); null with one token" }),
+      e2e_ms: z.number().openapi({ description: "Arrival to the last token" }),
+      queue_ms: z.number().openapi({ description: "Waiting for a place: prefill queue + decode batch queue" }),
+      itl_ms_mean: z.number().nullable().openapi({ description: "Inter-token gaps (tokens - 1 of them); null with one token" }),
+      itl_ms_p50: z.number().nullable(),
+      itl_ms_p90: z.number().nullable(),
+      itl_ms_max: z.number().nullable(),
+      output_tokens: z.number().int(),
+    }),
+    slo: z
+      .object({
+        ttft: z.boolean().optional(),
+        tpot: z.boolean().optional(),
+        e2e: z.boolean().optional(),
+        all: z.boolean().openapi({ description: "Every configured SLO met (what goodput counts)" }),
+      })
+      .openapi({ description: "Verdict per configured SLO: true = met. A one-token answer cannot miss the TPOT objective." }),
+  })
+  .openapi("CtxbankExtension");
+export type CtxbankExtension = z.infer<typeof CtxbankExtensionSchema>;
+
+export const DecodeResultSchema = z
+  .object({
+    request_id: z.string(),
+    text: z.string(),
+    token_ids: z.array(z.number().int()),
+    finish_reason: z.enum(["stop", "length", "stop_string"]),
+    usage: UsageSchema,
+    kv: KvLoadStatsSchema,
+    ttft_ms: z.number(),
+    total_ms: z.number(),
+    ctxbank: CtxbankExtensionSchema,
+  })
+  .openapi("DecodeResult");
+export type DecodeResult = z.infer<typeof DecodeResultSchema>;
+
+/** Sampling options as the engine's Sampler takes them, from wire fields over defaults. */
+export function samplingOptions(
+  o: { temperature?: number | undefined; top_p?: number | undefined; top_k?: number | undefined; seed?: number | undefined },
+  defaults: WireSampling,
+): { temperature: number; topP: number; topK: number; seed: number } {
+  return {
+    temperature: o.temperature ?? defaults.temperature,
+    topP: o.top_p ?? defaults.top_p,
+    topK: o.top_k ?? defaults.top_k,
+    seed: o.seed ?? defaults.seed,
+  };
+}
