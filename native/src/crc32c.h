@@ -1,5 +1,5 @@
 // CRC-32C (Castagnoli), the checksum of KV chunks: hardware-accelerated with SSE4.2's crc32
-// instruction where the CPU has it (9.8 GB/s here, 1.9x zlib's crc32: bench/checksum), a table
+// instruction where the CPU has it (its speed against zlib's crc32: bench/checksum/README.md), a table
 // otherwise; both give the standard values (crc32c("123456789") = 0xE3069283).
 #pragma once
 #include <cstddef>

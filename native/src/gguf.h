@@ -68,7 +68,7 @@ class GgufFile {
   // Offset of the tensor data section (the header rounded up to the alignment).
   uint64_t data_start() const { return data_start_; }
   // CRC-32C of every byte from data_start() to the end of the file: all the weights. Reads the
-  // whole file (SSE4.2, ~10 GB/s), so it is computed once at load, not per call site.
+  // whole file (at memory speed, but still the whole file), so it is computed once at load, not per call site.
   uint32_t tensor_data_crc32c() const;
   const uint8_t* bytes() const { return base_; }
   // Unmaps the file's pages from this process (madvise DONTNEED; the mapping stays valid and a
