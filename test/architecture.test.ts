@@ -52,9 +52,9 @@ function cruise(): Promise<ICruiseResult> {
 }
 
 async function runCruise(): Promise<ICruiseResult> {
-  const args = ["depcruise", "bin", "shared", "services", "tools", "bench", "test", "--output-type", "json"];
+  const args = ["bin", "shared", "services", "tools", "bench", "test", "--output-type", "json"];
   // depcruise exits non-zero when it finds violations; its report is on stdout either way.
-  const { stdout } = await run("npx", args, { cwd: root, maxBuffer: 256 << 20 }).catch((e: { stdout?: string }) => {
+  const { stdout } = await run(join(root, "node_modules/.bin/depcruise"), args, { cwd: root, maxBuffer: 256 << 20 }).catch((e: { stdout?: string }) => {
     if (!e.stdout) throw e;
     return { stdout: e.stdout };
   });
