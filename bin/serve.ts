@@ -3,7 +3,6 @@
 // `decode` run one service each against a shared PostgreSQL (DATABASE_URL), on any host and port.
 import { parseArgs } from "node:util";
 import { ConfigError, configFlags, configHelp, loadConfig, type ServiceRole } from "../shared/platform/config.ts";
-import { runUntilSignalled } from "../services/process.ts";
 
 export const SERVICE_COMMANDS: readonly string[] = ["serve", "prefill", "decode"];
 
@@ -45,6 +44,8 @@ export async function serviceCommand(role: ServiceRole, argv: string[]): Promise
     if (e instanceof ConfigError) throw new ServiceUsageError(e.message);
     throw e;
   }
+  // Loaded here, not at the top: `ctxbank generate` shares this file and must not load the HTTP stack.
+  const { runUntilSignalled } = await import("../services/process.ts");
   await runUntilSignalled(config);
   return 0;
 }

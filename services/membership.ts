@@ -1,8 +1,6 @@
 // A service's life in the registry: register, heartbeat (and sweep instances that went silent,
 // so their shards are retired and their chunks failed), drain, and leave.
-import { eq } from "drizzle-orm";
 import { RegistryError } from "../shared/platform/registry/registry.ts";
-import { instances } from "../shared/platform/registry/schema.ts";
 import type { Runtime } from "./runtime.ts";
 
 export class Membership {
@@ -61,10 +59,8 @@ export class Membership {
   async leave(): Promise<void> {
     clearInterval(this.timer);
     this.timer = undefined;
-    await this.rt.db.db
-      .update(instances)
-      .set({ state: "dead" })
-      .where(eq(instances.id, this.id))
+    await this.rt.registry.instances
+      .leave(this.id)
       .catch((err: unknown) => this.rt.log.warn({ err }, "could not leave the registry"));
   }
 }

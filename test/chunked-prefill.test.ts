@@ -5,6 +5,7 @@
 import pino from "pino";
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import type { ForwardItem, NativeSequence } from "../shared/inference/engine/native.ts";
 import { Sampler } from "../shared/inference/engine/sampler.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
@@ -116,6 +117,34 @@ describe("the scheduler's mixed steps", () => {
     return { tokens: all };
   }
 
+  /**
+   * The engine as a scheduler sees it, with every forward pass recorded: the tokens each sequence
+   * carried, and whether the engine refused the pass.
+   */
+  function recordingEngine() {
+    const steps: { tokens: Map<NativeSequence, number>; ok: boolean }[] = [];
+    const real = <T extends object>(target: T, key: string | symbol) => {
+      const value: unknown = Reflect.get(target, key, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    };
+    const native = new Proxy(engine.native, {
+      get: (target, key) =>
+        key !== "forward"
+          ? real(target, key)
+          : async (items: ForwardItem[]) => {
+              const tokens = new Map(items.map((item) => [item.seq, item.tokens.length]));
+              try {
+                await target.forward(items);
+                steps.push({ tokens, ok: true });
+              } catch (error) {
+                steps.push({ tokens, ok: false });
+                throw error;
+              }
+            },
+    });
+    return { steps, engine: new Proxy(engine, { get: (target, key) => (key === "native" ? native : real(target, key)) }) };
+  }
+
   const options = (o: Partial<SchedulerOptions>): SchedulerOptions => ({ maxBatch: 4, maxQueue: 4, kvBudgetBytes: 1 << 30, tpotTargetMs: 100, ...o });
 
   it("a late decode makes every shared step carry the minimum chunk; both get what they get alone", async () => {
@@ -189,10 +218,8 @@ describe("the scheduler's mixed steps", () => {
   });
 
   it("a failed shared step is blamed on whoever fails alone", async () => {
-    // The scheduler logs each refused step (not the decodes' retry alone).
-    const failedSteps: string[] = [];
-    const errors = pino({ level: "error" }, { write: (line: string) => void failedSteps.push(line) });
-    const sched = new DecodeScheduler(engine, options({ tpotTargetMs: 0 }), errors);
+    const recorded = recordingEngine();
+    const sched = new DecodeScheduler(recorded.engine, options({ tpotTargetMs: 0 }), log);
     const nVocab = engine.model.config.nVocab;
     // A prompt with a token outside the vocabulary: the engine refuses the step; the decode,
     // retried alone, goes on with the tokens it gets alone, and only the prompt fails.
@@ -200,23 +227,40 @@ describe("the scheduler's mixed steps", () => {
     const expectA = await alone(a, 10);
     const decodeA = await decodeIn(sched, a, 10);
     const bad = engine.createSequence(50);
+    recorded.steps.length = 0;
     await expect(sched.prefill(bad, [...prompt(49, 11), nVocab + 3])).rejects.toThrow(/outside the vocabulary/);
     expect(await decodeA.tokens).toEqual(expectA);
-    expect(failedSteps.map((l) => JSON.parse(l) as { batch: number; prefillTokens: number })).toMatchObject([{ batch: 1, prefillTokens: 2 }]);
+    // One refused pass, shared: the decode's token and the prompt's last chunk (its 49th token
+    // and the bad one). The decode alone went through right after, so the prompt was failed,
+    // holding the 48 tokens of the chunks before: the refused pass left nothing behind.
+    const steps = recorded.steps;
+    const refused = steps.findIndex((s) => !s.ok);
+    expect(steps.filter((s) => !s.ok)).toHaveLength(1);
+    expect(steps[refused]!.tokens.get(bad)).toBe(2);
+    expect(steps[refused]!.tokens.size).toBe(2);
+    expect(steps[refused + 1]).toMatchObject({ ok: true });
+    expect([...steps[refused + 1]!.tokens.values()]).toEqual([1]);
+    expect(bad.nPast).toBe(48);
     bad.release();
 
     // A decode fed a token outside the vocabulary fails; the prompt sharing its step goes on.
     // The prompt goes first and is long, so the decode joins while it still has chunks to run.
-    failedSteps.length = 0;
     const b = prompt(1000, 12);
     const refB = await reference(b);
     const seqB = engine.createSequence(1000);
+    recorded.steps.length = 0;
     const prefillB = sched.prefill(seqB, b);
     const broken = (await decodeIn(sched, a, 10, { feedToken: nVocab + 5 })).tokens.catch((e: unknown) => e);
     const [failure, logitsB] = await Promise.all([broken, prefillB]);
     expect(String(failure)).toMatch(/outside the vocabulary/);
-    // One refusal logged, of a shared step (16 prompt tokens): the decode then failed alone too.
-    expect(failedSteps.map((l) => (JSON.parse(l) as { prefillTokens: number }).prefillTokens)).toEqual([16]);
+    // Refused: the shared pass (the bad token and 16 prompt tokens), then the decode alone; the
+    // prompt's chunk ran again without it, and the prompt ends whole with the logits it gets alone.
+    const refusedB = recorded.steps.filter((s) => !s.ok).map((s) => ({ promptTokens: s.tokens.get(seqB) ?? 0, sequences: s.tokens.size }));
+    expect(refusedB).toEqual([
+      { promptTokens: 16, sequences: 2 },
+      { promptTokens: 0, sequences: 1 },
+    ]);
+    expect(seqB.nPast).toBe(1000);
     expectSameLogits(logitsB, refB);
     expect(sched.status()).toMatchObject({ running: 0, prefills: 0, live_sequences: 0 });
     seqB.release();

@@ -200,6 +200,22 @@ describe.each(backends)("registry on $name", (backend) => {
         "instance_dead",
       );
     });
+
+    it("leave marks the instance dead at once, draining or not, and it can register again", async () => {
+      await reg.instances.register({ id: "p1", role: "prefill", baseUrl: "http://h1:7001", hostId: "h1" });
+      await reg.instances.register({ id: "d1", role: "decode", baseUrl: "http://h1:7002", hostId: "h1" });
+      await reg.instances.markDraining("d1");
+      await reg.instances.leave("p1");
+      await reg.instances.leave("d1");
+      await reg.instances.leave("ghost"); // nothing to leave: no error, nothing created
+      expect((await reg.instances.get("p1"))?.state).toBe("dead");
+      expect((await reg.instances.get("d1"))?.state).toBe("dead");
+      expect(await reg.instances.get("ghost")).toBeUndefined();
+      expect(await reg.instances.findAlive("prefill", 60_000)).toEqual([]);
+      await expectRegistryError(reg.instances.heartbeat("p1"), "instance_dead");
+      await expectRegistryError(reg.instances.leave("bad id"), "invalid_input");
+      expect((await reg.instances.register({ id: "p1", role: "prefill", baseUrl: "http://h1:7001", hostId: "h1" })).state).toBe("alive");
+    });
   });
 
   describe("shards", () => {
@@ -219,6 +235,29 @@ describe.each(backends)("registry on $name", (backend) => {
       expect(await reg.chunks.get(oldChunk)).toBeUndefined();
       await expectRegistryError(reg.chunks.begin(chunkInput({ shardEpoch: 1 })), "stale_epoch");
       expect((await reg.chunks.begin(chunkInput({ shardEpoch: 2 }))).status).toBe("write");
+    });
+
+    it("retire ends one epoch: its live chunks fail and the reaper hands their ranges back", async () => {
+      await newShard();
+      await reg.shards.create({ id: "prefill-b", instanceId: "p1", sizeBytes: 1 << 20, pathFor: (e) => `/s/b.e${e}` });
+      const ready = await readyChunk({ key: key("ready"), offset: 0 });
+      const reading = await readyChunk({ key: key("reading"), offset: 4096 });
+      await reg.chunks.acquireRead([reading], 30_000);
+      const writing = (await reg.chunks.begin(chunkInput({ key: key("writing"), offset: 8192 }))).chunk.id;
+      const other = await readyChunk({ key: key("other"), shardId: "prefill-b" });
+
+      await reg.shards.retire("prefill-a", 1);
+      expect((await reg.shards.get("prefill-a", 1))?.state).toBe("retired");
+      expect(await reg.shards.active("prefill-a")).toBeUndefined();
+      for (const id of [ready, reading, writing]) expect(await reg.chunks.get(id)).toMatchObject({ state: "failed", readerCount: 0 });
+      await expectRegistryError(reg.chunks.acquireRead([ready], 1_000), "chunk_unavailable", /failed/);
+      expect((await reg.chunks.get(other))?.state).toBe("ready"); // another shard is untouched
+      expect((await reg.shards.get("prefill-b", 1))?.state).toBe("active");
+      const { freed } = await reg.chunks.reapExpired({ shardId: "prefill-a", epoch: 1 });
+      expect(freed.map((f) => f.offset).sort((a, b) => a - b)).toEqual([0, 4096, 8192]);
+
+      await expectRegistryError(reg.shards.retire("prefill-a", 0), "invalid_input");
+      await expectRegistryError(reg.shards.retire("../x", 1), "invalid_input");
     });
 
     it("validates shard input", async () => {
@@ -421,6 +460,24 @@ describe.each(backends)("registry on $name", (backend) => {
       expect((await reg.chunks.reapExpired(shard)).freed.map((f) => f.id)).toEqual([id]);
     });
 
+    it("counts the chunks of one shard epoch being read", async () => {
+      await reg.shards.create({ id: "prefill-b", instanceId: "p1", sizeBytes: 1 << 20, pathFor: (e) => `/s/b.e${e}` });
+      const a = await readyChunk({ key: key("a") });
+      const b = await readyChunk({ key: key("b"), offset: 4096 });
+      await readyChunk({ key: key("c"), offset: 8192 }); // ready, not read
+      const other = await readyChunk({ key: key("other"), shardId: "prefill-b" });
+      expect(await reg.chunks.countReading(shard)).toBe(0);
+      await reg.chunks.acquireRead([a, b], 30_000);
+      await reg.chunks.acquireRead([a], 30_000); // a second reader of a is still one chunk
+      await reg.chunks.acquireRead([other], 30_000);
+      expect(await reg.chunks.countReading(shard)).toBe(2);
+      expect(await reg.chunks.countReading({ shardId: "prefill-b", epoch: 1 })).toBe(1);
+      expect(await reg.chunks.countReading({ shardId: "prefill-a", epoch: 2 })).toBe(0);
+      await reg.chunks.releaseRead([b]);
+      expect(await reg.chunks.countReading(shard)).toBe(1);
+      await expectRegistryError(reg.chunks.countReading({ shardId: "prefill-a", epoch: 0 }), "invalid_input");
+    });
+
     it("reaps only the given shard epoch", async () => {
       await reg.shards.create({ id: "prefill-b", instanceId: "p1", sizeBytes: 1 << 20, pathFor: (e) => `/s/b.e${e}` });
       const a = await readyChunk({ key: key("a") }, 1_000);
@@ -483,6 +540,37 @@ describe.each(backends)("registry on $name", (backend) => {
       await expectRegistryError(reg.requests.finish("r1", { state: "cancelled" }), "wrong_state", /already done/);
       await expectRegistryError(reg.requests.mark("nope", { event: "first_token" }), "not_found");
       await expectRegistryError(reg.requests.mark("r1", { event: "bogus" as "first_token" }), "invalid_input");
+    });
+
+    it("a request is claimed for decoding once, and only while open", async () => {
+      await reg.requests.create({ id: "r1", promptTokens: 10 });
+      await reg.requests.mark("r1", { event: "prefill_start" });
+      await reg.requests.mark("r1", { event: "prefill_end" });
+      clock.advance(20);
+      expect(await reg.requests.claimDecode("r1", "d1")).toBe(true);
+      expect(await reg.requests.get("r1")).toMatchObject({ state: "decoding", decodeInstanceId: "d1", firstTokenAt: new Date(T0 + 20) });
+      expect(await reg.requests.claimDecode("r1", "d2")).toBe(false); // a handle is decoded once
+      expect((await reg.requests.get("r1"))?.decodeInstanceId).toBe("d1");
+      expect(await reg.requests.claimDecode("nope", "d1")).toBe(false);
+
+      await reg.requests.create({ id: "r2" });
+      await reg.requests.finish("r2", { state: "failed", error: "abandoned" });
+      expect(await reg.requests.claimDecode("r2", "d1")).toBe(false);
+      expect(await reg.requests.get("r2")).toMatchObject({ state: "failed", decodeInstanceId: null, firstTokenAt: null });
+      await expectRegistryError(reg.requests.claimDecode("r1", "bad id"), "invalid_input");
+    });
+
+    it("records the decoder of a request it started itself, while the request is open", async () => {
+      await reg.requests.create({ id: "r1" });
+      await reg.requests.mark("r1", { event: "prefill_start" });
+      clock.advance(7);
+      expect(await reg.requests.recordDecoder("r1", "d1")).toBe(true);
+      // The state is the prefill's to move; only the decoder and its first token are recorded.
+      expect(await reg.requests.get("r1")).toMatchObject({ state: "prefilling", decodeInstanceId: "d1", firstTokenAt: new Date(T0 + 7) });
+      await reg.requests.finish("r1", { state: "done" });
+      expect(await reg.requests.recordDecoder("r1", "d2")).toBe(false);
+      expect((await reg.requests.get("r1"))?.decodeInstanceId).toBe("d1");
+      expect(await reg.requests.recordDecoder("nope", "d1")).toBe(false);
     });
   });
 });

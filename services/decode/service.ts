@@ -3,7 +3,6 @@
 // and hands the sequence to the continuous-batching scheduler. Every exit path — done, error,
 // client gone — releases the sequence, the KV reservation, the read leases and the request's
 // hold on its chunks, and records the outcome in the registry.
-import { and, eq, inArray, isNull } from "drizzle-orm";
 import type { Logger } from "pino";
 import { Sampler, SamplingError, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
@@ -14,7 +13,6 @@ import { samplingOptions, type CtxbankExtension, type Handle, type PrefillReques
 import { ctxbankExtension } from "../../shared/platform/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
-import { requests } from "../../shared/platform/registry/schema.ts";
 import type { PolicySpec } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy } from "../policy.ts";
@@ -302,12 +300,7 @@ export class DecodeService {
 
   /** Takes the handle for this decode: exactly one decode may consume a request. */
   private async claim(requestId: string): Promise<void> {
-    const rows = await this.rt.db.db
-      .update(requests)
-      .set({ firstTokenAt: new Date(), state: "decoding", decodeInstanceId: this.instanceId })
-      .where(and(eq(requests.id, requestId), isNull(requests.firstTokenAt), inArray(requests.state, [...OPEN])))
-      .returning({ id: requests.id });
-    if (rows.length > 0) return;
+    if (await this.rt.registry.requests.claimDecode(requestId, this.instanceId)) return;
     const row = await this.rt.registry.requests.get(requestId);
     if (!row) throw unknownHandle(requestId);
     if (row.state === "failed" && row.firstTokenAt === null && row.decodeInstanceId === null && row.prefillEndAt !== null) {
@@ -320,10 +313,8 @@ export class DecodeService {
 
   /** Records this decode on a request it started itself (a failure only costs the sweep's help). */
   private adopt(requestId: string, log: Logger): Promise<void> {
-    return this.rt.db.db
-      .update(requests)
-      .set({ firstTokenAt: new Date(), decodeInstanceId: this.instanceId })
-      .where(and(eq(requests.id, requestId), inArray(requests.state, [...OPEN])))
+    return this.rt.registry.requests
+      .recordDecoder(requestId, this.instanceId)
       .then(
         () => undefined,
         (err: unknown) => log.warn({ err }, "could not record the decode on its request"),

@@ -4,7 +4,6 @@
 // engine computes the next micro-batch, so the handle is ready right after the last forward pass.
 import { randomUUID } from "node:crypto";
 import path from "node:path";
-import { and, eq, inArray, sql } from "drizzle-orm";
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { Sampler, SamplingError, validateSampling } from "../../shared/inference/engine/sampler.ts";
@@ -19,7 +18,6 @@ import { Shard, shardFileName } from "../handoff/shard/shard.ts";
 import { decideAdmission, PrefillThroughput } from "../../shared/platform/metrics/admission.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RegistryError } from "../../shared/platform/registry/registry.ts";
-import { chunks, shards } from "../../shared/platform/registry/schema.ts";
 import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/inference/policy/request.ts";
@@ -389,14 +387,8 @@ export class PrefillService {
     await this.sweeping;
     const shard = this.shard;
     if (shard) {
-      await this.rt.db.db
-        .transaction(async (tx) => {
-          await tx.update(shards).set({ state: "retired" }).where(and(eq(shards.id, shard.shardId), eq(shards.epoch, shard.epoch)));
-          await tx
-            .update(chunks)
-            .set({ state: "failed", readerCount: 0, updatedAt: new Date() })
-            .where(and(eq(chunks.shardId, shard.shardId), eq(chunks.shardEpoch, shard.epoch), inArray(chunks.state, ["writing", "ready", "reading"])));
-        })
+      await this.rt.registry.shards
+        .retire(shard.shardId, shard.epoch)
         .catch((err: unknown) => this.rt.log.warn({ err }, "could not retire the shard"));
       await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch }).catch(() => {});
       await shard.destroy();
@@ -408,10 +400,7 @@ export class PrefillService {
   private async readersOnShard(): Promise<number> {
     const shard = this.shard;
     if (!shard) return 0;
-    const rows = (await this.rt.db.db.execute(
-      sql`select count(*)::int as n from chunks where shard_id = ${shard.shardId} and shard_epoch = ${shard.epoch} and state = 'reading'`,
-    )) as unknown as { rows: { n: number }[] };
-    return rows.rows[0]?.n ?? 0;
+    return this.rt.registry.chunks.countReading({ shardId: shard.shardId, epoch: shard.epoch });
   }
 }
 

@@ -1,7 +1,7 @@
 // Chunk rows: two-phase writes keyed by content, read leases, request release, and reclaiming
 // space. Every state change is one UPDATE … WHERE state IN (…) so that concurrent readers, the
 // reaper and releases serialise on the row lock instead of racing between a read and a write.
-import { and, eq, gt, inArray, lte, sql } from "drizzle-orm";
+import { and, count, eq, gt, inArray, lte, sql } from "drizzle-orm";
 import { z } from "zod";
 import { addMs, type Clock } from "./clock.ts";
 import type { Database, Transaction } from "./db.ts";
@@ -385,6 +385,17 @@ export class ChunkStore {
         ),
       );
     return rows.length === 1;
+  }
+
+  /** How many chunks of this shard epoch are being read: a draining owner waits for them to reach 0. */
+  async countReading(shard: { shardId: string; epoch: number }): Promise<number> {
+    parseInput(identifier, shard.shardId, "shard id");
+    parseInput(z.number().int().min(1), shard.epoch, "shard epoch");
+    const [row] = await this.db
+      .select({ n: count() })
+      .from(chunks)
+      .where(and(eq(chunks.shardId, shard.shardId), eq(chunks.shardEpoch, shard.epoch), eq(chunks.state, "reading")));
+    return row?.n ?? 0;
   }
 
   async get(id: string): Promise<ChunkRow | undefined> {

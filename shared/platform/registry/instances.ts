@@ -102,6 +102,15 @@ export class InstanceStore {
     });
   }
 
+  /**
+   * A graceful exit: the instance is dead at once, whatever its state, so nothing is routed to it
+   * while the heartbeat timeout runs out. Its shard is retired by its owner (ShardStore.retire).
+   */
+  async leave(id: string): Promise<void> {
+    parseInput(identifier, id, "instance id");
+    await this.db.update(instances).set({ state: "dead" }).where(eq(instances.id, id));
+  }
+
   async get(id: string): Promise<InstanceRow | undefined> {
     const [row] = await this.db.select().from(instances).where(eq(instances.id, id));
     return row;

@@ -1,5 +1,5 @@
 // Request accounting: one row per generation request with the timestamps TTFT/TPOT come from.
-import { and, eq, inArray } from "drizzle-orm";
+import { and, eq, inArray, isNull } from "drizzle-orm";
 import { z } from "zod";
 import type { Clock } from "./clock.ts";
 import type { Database } from "./db.ts";
@@ -80,6 +80,34 @@ export class RequestStore {
       .returning();
     if (row) return row;
     throw await this.notOpen(id, `finish as ${state}`);
+  }
+
+  /**
+   * Takes a request for a decode: only one decode may consume a request, so this succeeds once,
+   * on an open request nobody decoded yet. False means taken, ended or unknown (see get()).
+   */
+  async claimDecode(id: string, decodeInstanceId: string): Promise<boolean> {
+    parseInput(identifier, decodeInstanceId, "decode instance id");
+    const rows = await this.db
+      .update(requests)
+      .set({ firstTokenAt: this.clock(), state: "decoding", decodeInstanceId })
+      .where(and(eq(requests.id, id), isNull(requests.firstTokenAt), inArray(requests.state, OPEN)))
+      .returning({ id: requests.id });
+    return rows.length > 0;
+  }
+
+  /**
+   * Records the decode on a request it started itself (no handoff to claim), so the sweep knows
+   * whom it belongs to. False when the request is no longer open.
+   */
+  async recordDecoder(id: string, decodeInstanceId: string): Promise<boolean> {
+    parseInput(identifier, decodeInstanceId, "decode instance id");
+    const rows = await this.db
+      .update(requests)
+      .set({ firstTokenAt: this.clock(), decodeInstanceId })
+      .where(and(eq(requests.id, id), inArray(requests.state, OPEN)))
+      .returning({ id: requests.id });
+    return rows.length > 0;
   }
 
   async get(id: string): Promise<RequestRow | undefined> {

@@ -1,6 +1,6 @@
 // Shards: one row per incarnation (id, epoch) of an owner's host-memory region.
 import path from "node:path";
-import { and, desc, eq, lt } from "drizzle-orm";
+import { and, desc, eq, inArray, lt } from "drizzle-orm";
 import { z } from "zod";
 import type { Clock } from "./clock.ts";
 import type { Database } from "./db.ts";
@@ -73,6 +73,22 @@ export class ShardStore {
       .returning();
     if (!row) throw new RegistryError("stale_epoch", `shard ${id} epoch ${epoch} is not active`);
     return row;
+  }
+
+  /**
+   * Retires one epoch of a shard whose owner is stopping, and fails its live chunks: their bytes
+   * die with the owner's memory. Freed ranges are then handed back by ChunkStore.reapExpired.
+   */
+  async retire(id: string, epoch: number): Promise<void> {
+    parseInput(identifier, id, "shard id");
+    parseInput(z.number().int().min(1), epoch, "shard epoch");
+    await this.db.transaction(async (tx) => {
+      await tx.update(shards).set({ state: "retired" }).where(and(eq(shards.id, id), eq(shards.epoch, epoch)));
+      await tx
+        .update(chunks)
+        .set({ state: "failed", readerCount: 0, updatedAt: this.clock() })
+        .where(and(eq(chunks.shardId, id), eq(chunks.shardEpoch, epoch), inArray(chunks.state, ["writing", "ready", "reading"])));
+    });
   }
 
   async get(id: string, epoch: number): Promise<ShardRow | undefined> {

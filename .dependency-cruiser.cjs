@@ -1,0 +1,78 @@
+// Import rules of the repository (docs/architecture.md describes the layers), enforced by
+// test/architecture.test.ts. By hand: npx depcruise bin shared services tools bench test
+//
+// Third-party packages are matched by their resolved path under node_modules/.
+const HTTP = "^node_modules/(hono|@hono/[^/]+)/";
+const DATABASE = "^node_modules/(drizzle-orm|pg|@electric-sql/pglite)/";
+
+/** @type {import("dependency-cruiser").IConfiguration} */
+module.exports = {
+  forbidden: [
+    {
+      name: "no-circular",
+      severity: "error",
+      comment: "An import loop (type-only imports count): modules that cannot be understood, or loaded, one without the other.",
+      from: { path: "^(bin|shared|services|tools|bench|test)/" },
+      to: { circular: true },
+    },
+    {
+      name: "database-only-in-registry",
+      severity: "error",
+      comment: "Only the registry's stores (shared/platform/registry) talk to the database; services call their named methods.",
+      // tools/lib/postgres.ts starts the PostgreSQL server tests and benches use; test/ inspects the rows.
+      from: { pathNot: "^(shared/platform/registry/|test/|tools/lib/postgres\\.ts$)" },
+      to: { path: DATABASE },
+    },
+    {
+      name: "inference-is-standalone",
+      severity: "error",
+      comment: "shared/inference is the library the CLI, services and benches use: no HTTP, no database, no service code.",
+      from: { path: "^shared/inference/", pathNot: "^shared/inference/policy/request\\.ts$" },
+      to: { path: ["^shared/platform/", "^services/", "^bin/", HTTP, DATABASE] },
+    },
+    {
+      // The one exemption, until the policy schema moves to plain zod (shared/inference/policy/schema.ts,
+      // in progress): request.ts imports @hono/zod-openapi. test/architecture.test.ts fails once that
+      // import is gone, so this rule folds back into the one above.
+      name: "inference-is-standalone-policy-request",
+      severity: "error",
+      comment: "shared/inference/policy/request.ts: as inference-is-standalone, less its known @hono/zod-openapi import.",
+      from: { path: "^shared/inference/policy/request\\.ts$" },
+      to: { path: ["^shared/platform/", "^services/", "^bin/", HTTP, DATABASE], pathNot: "^node_modules/@hono/zod-openapi/" },
+    },
+    {
+      name: "platform-below-services",
+      severity: "error",
+      comment: "shared/platform is infrastructure the services build on; it never reaches back into them.",
+      from: { path: "^shared/" },
+      to: { path: ["^services/", "^bin/"] },
+    },
+    {
+      name: "no-test-code-in-tools-or-bench",
+      severity: "error",
+      comment: "Benches and tools use tools/lib; test/ may use tools/lib, never the other way round.",
+      from: { path: "^(tools|bench)/" },
+      to: { path: "^test/" },
+    },
+    {
+      name: "cli-loads-services-lazily",
+      severity: "error",
+      comment:
+        "`ctxbank generate` must not load the HTTP stack: bin/ reaches services/ and Hono only through a dynamic import " +
+        "(test/architecture.test.ts also checks the static closure of bin/ctxbank.ts and the running CLI).",
+      from: { path: "^bin/" },
+      to: { path: ["^services/", HTTP], dynamic: false },
+    },
+  ],
+  options: {
+    doNotFollow: { path: "node_modules" },
+    exclude: { path: "^native/build" },
+    // Type-only imports count too: a loop through types is still a loop in the design.
+    tsPreCompilationDeps: true,
+    tsConfig: { fileName: "tsconfig.json" },
+    enhancedResolveOptions: {
+      exportsFields: ["exports"],
+      conditionNames: ["import", "require", "node", "default", "types"],
+    },
+  },
+};
