@@ -31,6 +31,7 @@ import { ShardQuota } from "../handoff/shard/shard-quota.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { Sweeper } from "../handoff/sweeper.ts";
 import { announceWrites, type HandleProgress } from "../handoff/handle-stream.ts";
+import { faultPoint } from "../fault-points.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
 export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -320,6 +321,7 @@ export class PrefillService {
         // Blocks whose tokens are all computed are final (causal attention): write them now.
         while (next < blocks.length && blocks[next]!.tokenEnd <= seq.nPast) {
           const b = blocks[next]!;
+          if (next > 0 && next === blocks.length - 1) await faultPoint("prefill.last", log);
           hasher.push(tokens.slice(b.tokenStart, b.tokenEnd));
           for (const p of plan[next]!) writes.push(this.writer.write(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, seq, shard).then(announce));
           next++;
