@@ -245,10 +245,11 @@ export class DecodeService {
       let finish = first.finish;
       if (!finish) {
         // Streamed: the sequence (made with this capacity and policy) is loading already.
-        seq = how.stream?.take() ?? engine.createSequence(n + maxTokens);
-        if (!how.stream) seq.setPolicy(policy);
+        const loading = how.stream?.take();
+        seq = loading ?? engine.createSequence(n + maxTokens);
+        if (!loading) seq.setPolicy(policy);
         this.scheduler.liveSequences++;
-        const streamed = how.stream;
+        const streamed = loading ? how.stream : undefined;
         kv = await this.loadOrRecompute(handle, seq, opts.onKvFailure ?? "fail", signal, log, streamed ? () => streamed.result() : undefined);
         // The KV is ours now: the prefill's shard space can be reclaimed.
         await registry.chunks.releaseRequest(requestId);

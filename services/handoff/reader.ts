@@ -35,6 +35,7 @@ export class KvLoadError extends Error {
 }
 
 export interface KvLoadStats {
+  /** shm when every chunk was mapped in place, else http (what the metrics label). */
   transport: "http" | "shm";
   chunks: number;
   bytes: number;
@@ -63,8 +64,12 @@ export class KvLoader {
     this.shape = kvShape(rt.model.config);
   }
 
+  /** When set, every chunk is read over this transport (bench/handoff compares them this way). */
+  override: KvTransport | undefined;
+
   /** shm when the chunk's owner runs on this host (and it is allowed), else HTTP. */
   pick(loc: LeasedChunk["location"]): KvTransport {
+    if (this.override) return this.override;
     const mode = this.rt.config.transport;
     if (mode === "shm") return this.shm;
     const http = loc.ownerBaseUrl.startsWith("https:") ? this.https : this.http;
