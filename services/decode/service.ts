@@ -176,7 +176,13 @@ export class DecodeService {
         throw err;
       }
       log.warn({ err: (e as Error).message }, "the prefill died mid-stream; recomputing the prompt locally");
-      handle = await stream!.recomputeHandle((seq, ids, sig) => this.scheduler.prefill(seq, ids, sig), e, signal);
+      try {
+        handle = await stream!.recomputeHandle((seq, ids, sig) => this.scheduler.prefill(seq, ids, sig), e, signal);
+      } catch (err) {
+        await stream!.dispose();
+        this.metrics.requestFailed(err);
+        throw signal.aborted ? signal.reason : err;
+      }
     }
     yield* this.decode(handle, opts, signal, log, { owned: true, t0, stream });
   }
