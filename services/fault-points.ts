@@ -9,6 +9,8 @@ import type { Logger } from "pino";
 export type FaultPoint =
   /** The prefill registered a chunk row (state `writing`) and is about to write its bytes. */
   | "prefill.write"
+  /** The prefill computed its prompt and is about to write its last block (the earlier ones are committing). */
+  | "prefill.last"
   /** The decode holds read leases on a handle's chunks (state `reading`) and is about to read them. */
   | "decode.load";
 

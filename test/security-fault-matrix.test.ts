@@ -243,7 +243,9 @@ async function reach(stage: Stage, tag: string): Promise<Call[]> {
       const call = complete(dc.url, LONG(tag), 8);
       await during([call], "the decode holds leases on the chunks", () => dc.log().includes('"msg":"fault point reached"'));
       expect((await one<{ n: number }>("select count(*)::int as n from chunks where state = 'reading'")).n).toBeGreaterThan(0);
-      expect(call.tokens()).toBe(1); // the handle's first token was streamed before the KV load
+      // Streamed handle (the default): the load starts while the prefill computes, before the
+      // first token (which comes with the handle) can have been streamed.
+      expect(call.tokens()).toBeLessThanOrEqual(1);
       return [call];
     }
     case "decoding": {

@@ -1,16 +1,19 @@
 // npm run bench:handoff [-- options]   (tsx bench/handoff/run.ts)
 //
 // Prefill → decode KV handoff, with the services as they are deployed: a `ctxbank prefill`
-// process and two `ctxbank decode` processes (one reading over HTTP, one over shm) against a
-// PostgreSQL 15 started for the run. For each prompt length it measures
-//   * KV bytes/s per transport: the transport read alone (every chunk of a handle into buffers,
-//     as many in flight as decode uses) and the whole load decode does (lease, read, verify
-//     checksum + fingerprint, import into a sequence's cache, release), a few repetitions each,
-//     plus a memcpy of the same bytes as the floor;
-//   * TTFT: colocated (the engine alone in a process of its own: the same prefill + first token) against disaggregated
-//     (client → decode's /v1/completions → prefill process over HTTP → first token streamed),
-//     and the time to the second token, which is when the handed-over KV is first used.
-// Writes results/handoff.json, results/handoff.svg, results/handoff.md.
+// process and two `ctxbank decode` processes (both over shm: one loading the KV while the
+// prefill runs (the streamed handle), one after it) against a PostgreSQL 15 started for the run.
+//   * For each KV length (--lengths): bytes/s per transport (TRANSPORTS below; one that is not
+//     available is skipped with a note): the transport read alone (every chunk of a handle into
+//     buffers, as many in flight as decode uses) and the whole load decode does (lease, read,
+//     verify checksum + fingerprint, import into a sequence's cache, release: lease → ready to
+//     decode), a few repetitions each, plus a memcpy of the same bytes as the floor;
+//   * for each TTFT length (--ttft-lengths): TTFT colocated (the engine alone in a process of its
+//     own: the same prefill + first token) against disaggregated (client → decode's
+//     /v1/completions → prefill process → first token streamed), with and without streaming,
+//     and the time to the second token, the first that needs the handed-over KV.
+// Lengths past the model's context are skipped with a note. Writes results/handoff.json,
+// results/handoff.svg, results/handoff.md.
 import { spawn } from "node:child_process";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import os from "node:os";
@@ -21,9 +24,11 @@ import { parseArgs } from "node:util";
 import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { KvLoader } from "../../services/handoff/reader.ts";
+import type { KvTransport } from "../../services/handoff/transport/types.ts";
 import { createLogger, openRuntime, type Runtime } from "../../services/runtime.ts";
 import { startPostgres } from "../../tools/lib/postgres.ts";
 import { InternalAuth } from "../../shared/platform/auth/capability.ts";
+import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import { TEST_INTERNAL_SECRET, startService, type ServiceProcess } from "../../tools/lib/services.ts";
 import { benchText } from "../engine/text.ts";
 import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
@@ -37,22 +42,34 @@ const repoRoot = resolve(here, "../..");
 
 const HELP = `Usage: npm run bench:handoff -- [options]
 
-  --lengths LIST     prompt lengths in tokens (default 1024,4096,8192)
+  --lengths LIST     KV lengths in tokens for the transfers (default 4096,8192,32768)
+  --ttft-lengths L   prompt lengths for TTFT (default 4096,32768)
+  --transports LIST  transports to measure (default shm,socket,http); one not available is skipped with a note
   --reps N           transfer repetitions per transport and length (default 5)
-  --ttft-reps N      colocated/disaggregated TTFT pairs per length up to 4K, best kept (default 2; 8K: 1)
+  --ttft-reps N      TTFT runs per length and kind up to 4K, best kept (default 2; longer: 1)
   --threads N        engine threads for prefill, colocated and disaggregated alike (default 2)
   --block-tokens N   tokens per KV chunk (default 512)
   --nice=N           run this process and the service processes at nice N (default -10; needs root)
-  --quick            lengths 512,1024, 2 reps; writes to bench/handoff/tmp/
+  --quick            lengths 512,1024, TTFT at 1024, 2 reps; writes to bench/handoff/tmp/
   --render FILE      only redraw the chart and tables from a saved handoff.json
   --transfer-only    skip the TTFT runs (prints the transfer numbers; writes nothing)
   --out DIR          results directory (default bench/handoff/results)
 `;
 
+/**
+ * The transports measured, by name: each opens its reader on the bench's KvLoader, or says why it
+ * is not available here (then skipped with that note). Adding one is one line.
+ */
+const TRANSPORTS: { name: string; note: string; open: (loader: KvLoader) => KvTransport | string }[] = [
+  { name: "shm", note: "the owner's tmpfs shard mapped in place (same host)", open: (l) => l.shm },
+  { name: "socket", note: "HTTP/1.1 over keep-alive sockets, bodies read straight into the staging buffer (decode's reader for http:// owners)", open: (l) => l.http },
+  { name: "http", note: "undici (decode's reader for https:// owners)", open: (l) => l.https },
+];
+
 interface TransportPoint {
   /** Transport read alone: bytes/s per repetition. */
   readBps: Summary;
-  /** The whole load decode does: bytes/s per repetition. */
+  /** The whole load decode does (lease → ready to decode): bytes/s per repetition. */
   loadBps: Summary;
   loadMs: Summary;
   /**
@@ -68,22 +85,27 @@ interface LengthPoint {
   chunks: number;
   kvBytes: number;
   memcpyBps: number;
-  transports: { http: TransportPoint; shm: TransportPoint };
-  ttft: {
-    /** Best of the repetitions (least disturbed by other load); every repetition is in `runs`. */
-    colocatedMs: number;
-    /** Through decode's OpenAI route (prefill process over HTTP), KV over shm. Best of the repetitions. */
-    disaggregatedMs: number;
-    ratio: number;
-    runs: { colocatedMs: number; disaggregatedMs: number; disaggregatedSecondTokenMs: number }[];
-    /** Prefill process: POST /v1/prefill wall time as the client sees it, and the service's own prefill_ms. */
-    prefillCallMs: number;
-    prefillServiceMs: number;
-    /** Second token of the disaggregated run (shm: from the request; http: /v1/decode with a ready handle). */
-    secondTokenMs: { shm: number; http: number };
-    /** Second minus first token of the disaggregated run over shm: the KV handoff plus one decode step. */
-    handoffAndStepMs: number;
-  };
+  /** By transport name; a transport not available here holds the reason. */
+  transports: Record<string, TransportPoint | { skipped: string }>;
+  otherCores: number[];
+}
+
+interface DisaggRun {
+  /** First token at the client (it comes with the handle, sampled by the prefill). */
+  firstMs: number;
+  /** Second token: the first that needs the handed-over KV (lease, read, verify, import, one step). */
+  secondMs: number;
+}
+
+interface TtftPoint {
+  tokens: number;
+  /** Best of the repetitions (least disturbed by other load); every repetition is in `runs`. */
+  colocatedMs: number;
+  streamed: DisaggRun;
+  unstreamed: DisaggRun;
+  /** Disaggregated TTFT / colocated TTFT, best against best. */
+  ratio: { streamed: number; unstreamed: number };
+  runs: { colocatedMs: number; streamed: DisaggRun; unstreamed: DisaggRun }[];
   otherCores: number[];
 }
 
@@ -91,6 +113,8 @@ function parse() {
   const { values } = parseArgs({
     options: {
       lengths: { type: "string" },
+      "ttft-lengths": { type: "string" },
+      transports: { type: "string" },
       reps: { type: "string" },
       "ttft-reps": { type: "string" },
       threads: { type: "string" },
@@ -109,7 +133,9 @@ function parse() {
   }
   const quick = values.quick ?? false;
   return {
-    lengths: (values.lengths ?? (quick ? "512,1024" : "1024,4096,8192")).split(",").map(Number),
+    lengths: (values.lengths ?? (quick ? "512,1024" : "4096,8192,32768")).split(",").map(Number),
+    ttftLengths: (values["ttft-lengths"] ?? (quick ? "1024" : "4096,32768")).split(",").filter(Boolean).map(Number),
+    transports: (values.transports ?? TRANSPORTS.map((t) => t.name).join(",")).split(","),
     reps: Number(values.reps ?? (quick ? 2 : 5)),
     ttftReps: Number(values["ttft-reps"] ?? (quick ? 1 : 2)),
     threads: Number(values.threads ?? 2),
@@ -208,8 +234,8 @@ const cpuMs = (since: NodeJS.CpuUsage) => {
   return (u.user + u.system) / 1000;
 };
 
-async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, transport: "http" | "shm", reps: number, ownerPid?: number): Promise<TransportPoint> {
-  rt.config.transport = transport;
+async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, transport: KvTransport, reps: number, ownerPid?: number): Promise<TransportPoint> {
+  loader.override = transport;
   const readBps: number[] = [];
   const loadBps: number[] = [];
   const loadMs: number[] = [];
@@ -223,17 +249,21 @@ async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, trans
     for (let r = 0; r < reps; r++) {
       // The transport alone: every chunk into its own buffer, kvConcurrency reads in flight.
       const leased = await rt.registry.chunks.acquireRead(handle.chunk_ids, 60_000);
-      const t = loader.pick(leased[0]!.location);
       const bufs = leased.map((l) => Buffer.allocUnsafe(l.location.length));
       bufs.forEach((b) => b.fill(0)); // fault the pages in before timing
+      const auth = new InternalAuth(TEST_INTERNAL_SECRET);
+      const locs = leased.map(({ chunk, location }) => ({
+        ...location,
+        capability: auth.sign({ route: "chunk", tenant: tenantOf(handle.request_id), request: handle.request_id, chunk: chunk.id, shard: location.shardId, epoch: location.epoch, offset: location.offset, length: location.length, exp: Date.now() + 60_000 }),
+      }));
       let next = 0;
       const c0 = process.cpuUsage();
       const t0 = performance.now();
       await Promise.all(
         Array.from({ length: rt.config.kvConcurrency }, async () => {
-          while (next < leased.length) {
+          while (next < locs.length) {
             const i = next++;
-            await t.readChunk(leased[i]!.location, bufs[i]!, { deadlineMs: Date.now() + 60_000 });
+            await transport.readChunk(locs[i]!, bufs[i]!, { deadlineMs: Date.now() + 60_000 });
           }
         }),
       );
@@ -243,22 +273,22 @@ async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, trans
       const bytes = bufs.reduce((s, b) => s + b.byteLength, 0);
       readBytes += bytes;
       readBps.push(bytes / (readMs / 1000));
-      // The whole load, as decode does it.
+      // The whole load, as decode does it: lease → ready to decode.
       seq.truncate(0);
       const c1 = process.cpuUsage();
       const stats = await loader.load(handle, seq, new AbortController().signal);
       loadCpu += cpuMs(c1);
       loadBytes += stats.bytes;
-      if (stats.transport !== transport) throw new Error(`expected ${transport}, loaded over ${stats.transport}`);
       loadBps.push(stats.bytes / (stats.ms / 1000));
       loadMs.push(stats.ms);
     }
   } finally {
     seq.release();
+    loader.override = undefined;
   }
   const owner1 = processCpuMs(ownerPid);
   const cpuMsPerGB: TransportPoint["cpuMsPerGB"] = { readerRead: readCpu / (readBytes / 1e9), readerLoad: loadCpu / (loadBytes / 1e9) };
-  if (transport === "http" && owner0 !== undefined && owner1 !== undefined) cpuMsPerGB.owner = (owner1 - owner0) / ((readBytes + loadBytes) / 1e9);
+  if (ownerPid !== undefined && owner0 !== undefined && owner1 !== undefined) cpuMsPerGB.owner = (owner1 - owner0) / ((readBytes + loadBytes) / 1e9);
   return { readBps: summarize(readBps), loadBps: summarize(loadBps), loadMs: summarize(loadMs), cpuMsPerGB };
 }
 
@@ -274,10 +304,10 @@ function memcpyBps(bytes: number): number {
 async function main(): Promise<void> {
   const opts = parse();
   if (opts.render) {
-    const saved = JSON.parse(readFileSync(opts.render, "utf8")) as { points: LengthPoint[]; options: { threads: number } };
+    const saved = JSON.parse(readFileSync(opts.render, "utf8")) as { points: LengthPoint[]; ttft: TtftPoint[]; skipped: string[]; options: { threads: number } };
     const dir = dirname(resolve(opts.render));
-    await writeFileAtomic(join(dir, "handoff.svg"), chart(saved.points, saved.options.threads));
-    await writeFileAtomic(join(dir, "handoff.md"), markdown(saved.points));
+    await writeFileAtomic(join(dir, "handoff.svg"), chart(saved.points, saved.ttft, saved.options.threads));
+    await writeFileAtomic(join(dir, "handoff.md"), markdown(saved.points, saved.ttft, saved.skipped));
     log(`redrew ${join(dir, "handoff.svg")} and handoff.md`);
     return;
   }
@@ -303,14 +333,14 @@ async function main(): Promise<void> {
   }
   try {
     const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", "3600000", "--kv-timeout-ms", "600000"];
-    log("starting prefill and two decode processes against PostgreSQL 15");
+    log("starting prefill and two decode processes (KV over shm, streamed and not) against PostgreSQL 15");
     const prefill = await startService("prefill", [...common, "--threads", String(opts.threads), "--block-tokens", String(opts.blockTokens), "--shard-bytes", String(2 * 2 ** 30), "--instance-id", "bench-prefill"]);
     procs.push(prefill);
-    const [viaShm, viaHttp] = await Promise.all([
-      startService("decode", [...common, "--threads", "1", "--transport", "shm", "--instance-id", "bench-decode-shm"]),
-      startService("decode", [...common, "--threads", "1", "--transport", "http", "--instance-id", "bench-decode-http"]),
+    const [streamed, unstreamed] = await Promise.all([
+      startService("decode", [...common, "--threads", "1", "--transport", "shm", "--kv-streaming", "true", "--instance-id", "bench-decode-streamed"]),
+      startService("decode", [...common, "--threads", "1", "--transport", "shm", "--kv-streaming", "false", "--instance-id", "bench-decode-unstreamed"]),
     ]);
-    procs.push(viaShm, viaHttp);
+    procs.push(streamed, unstreamed);
     for (const p of procs) reniceProcess(p.child.pid, opts.nice);
     const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: opts.threads, logLevel: "warn", kvTimeoutMs: 600_000 });
     rt = await openRuntime(config, createLogger(config));
@@ -321,80 +351,92 @@ async function main(): Promise<void> {
 
     // One short request through the whole path first: connections, JIT and the engines' first
     // forward are then warm in every process, as in a running deployment.
-    const warm = await post(`${viaShm.url}/v1/completions`, { model: "default", prompt: allIds.slice(0, 64), max_tokens: 2, temperature: 0 });
-    if (!warm.ok) throw new Error(`warm-up failed: ${await warm.text()}`);
-    await post(`${viaHttp.url}/v1/completions`, { model: "default", prompt: allIds.slice(64, 128), max_tokens: 2, temperature: 0 }).then((r) => r.text());
+    for (const [i, d] of [streamed, unstreamed].entries()) {
+      const warm = await post(`${d.url}/v1/completions`, { model: "default", prompt: allIds.slice(64 * i, 64 * i + 64), max_tokens: 2, temperature: 0 });
+      if (!warm.ok) throw new Error(`warm-up failed: ${await warm.text()}`);
+      await warm.text();
+    }
+    const maxPrompt = rt.engine.maxContext - 2; // + the 2 generated tokens
+    const skipped: string[] = [];
+    const skip = (what: string, n: number) => {
+      const note = `${what} at ${n} tokens skipped: the model's context is ${rt!.engine.maxContext} tokens`;
+      skipped.push(note);
+      log(note);
+    };
+    const other: number[] = [];
+    const quiet = async () => other.push((await waitForQuiet(0.5, 30_000)).otherCores ?? 0);
 
     const points: LengthPoint[] = [];
     for (const wanted of opts.lengths) {
-      // Prompt + the 2 generated tokens must fit the context (8192 → 8190).
-      const n = Math.min(wanted, rt.engine.maxContext - 2);
-      const ids = allIds.slice(0, n);
-      const other: number[] = [];
-      const quiet = async () => other.push((await waitForQuiet(0.5, 30_000)).otherCores ?? 0);
-      const runs: LengthPoint["ttft"]["runs"] = [];
-      const ttftReps = opts.transferOnly ? 0 : n <= 4096 ? opts.ttftReps : 1;
-      for (let r = 0; r < ttftReps; r++) {
-        log(`${n} tokens: colocated prefill (${r + 1}/${ttftReps})`);
-        await quiet();
-        const colocatedMs = await colocated(ids, opts.threads, opts.nice);
-        log(`${n} tokens: disaggregated via decode's /v1/completions, KV over shm (${r + 1}/${ttftReps})`);
-        await quiet();
-        const t1 = performance.now();
-        const res = await post(`${viaShm.url}/v1/completions`, { model: "default", prompt: ids, max_tokens: 2, temperature: 0, stream: true });
-        const [first, second] = await eventTimes(res, t1, 2);
-        runs.push({ colocatedMs, disaggregatedMs: first!, disaggregatedSecondTokenMs: second! });
-        log(`${n} tokens: TTFT colocated ${fmtNum(colocatedMs)} ms, disaggregated ${fmtNum(first)} ms`);
+      const n = wanted === 8192 ? maxPrompt : wanted; // "8K" = the largest prompt the context holds
+      if (n > maxPrompt) {
+        skip("transfer", wanted);
+        continue;
       }
-      const best = (f: (r: (typeof runs)[number]) => number) => {
-        const xs = runs.map(f).filter(Number.isFinite);
-        return xs.length ? Math.min(...xs) : Number.NaN;
-      };
-      const colocatedMs = best((r) => r.colocatedMs);
-      const disaggMs = best((r) => r.disaggregatedMs);
-
-      log(`${n} tokens: prefill call, transfers (${opts.reps} reps per transport), decode over http`);
+      log(`${n} tokens: prefill, then transfers (${opts.reps} reps per transport)`);
       await quiet();
-      const t2 = performance.now();
-      const pr = await post(`${prefill.url}/v1/prefill`, { prompt_token_ids: ids, max_tokens: 2 });
+      const pr = await post(`${prefill.url}/v1/prefill`, { prompt_token_ids: allIds.slice(0, n), max_tokens: 2 });
       const handle = (await pr.json()) as Handle;
-      const prefillCallMs = performance.now() - t2;
       if (!pr.ok) throw new Error(`prefill failed: ${JSON.stringify(handle)}`);
       const cpu = new CpuMeter().start();
-      const http = await transferReps(rt, loader, handle, "http", opts.reps, prefill.child.pid);
-      const shm = await transferReps(rt, loader, handle, "shm", opts.reps);
-      other.push(cpu.stop().otherCores ?? 0);
-      const t3 = performance.now();
-      const dres = await post(`${viaHttp.url}/v1/decode`, { handle, max_tokens: 2, temperature: 0, stream: true });
-      const [, secondHttp] = await eventTimes(dres, t3, 2);
-      const kvBytes = http.loadBps.n > 0 ? Math.round(http.loadBps.median * (http.loadMs.median / 1000)) : 0;
-      const point: LengthPoint = {
-        tokens: n,
-        chunks: handle.chunk_ids.length,
-        kvBytes,
-        memcpyBps: memcpyBps(kvBytes),
-        transports: { http, shm },
-        ttft: {
-          colocatedMs,
-          disaggregatedMs: disaggMs,
-          ratio: disaggMs / colocatedMs,
-          runs,
-          prefillCallMs,
-          prefillServiceMs: handle.prefill_ms,
-          secondTokenMs: { shm: best((r) => r.disaggregatedSecondTokenMs), http: secondHttp! },
-          handoffAndStepMs: best((r) => r.disaggregatedSecondTokenMs - r.disaggregatedMs),
-        },
-        otherCores: other,
+      const transports: LengthPoint["transports"] = {};
+      let kvBytes = 0;
+      for (const name of opts.transports) {
+        const spec = TRANSPORTS.find((t) => t.name === name);
+        const t = spec ? spec.open(loader) : `unknown transport (known: ${TRANSPORTS.map((x) => x.name).join(", ")})`;
+        if (typeof t === "string") {
+          transports[name] = { skipped: t };
+          log(`${name}: skipped (${t})`);
+          continue;
+        }
+        const point = await transferReps(rt, loader, handle, t, opts.reps, name === "shm" ? undefined : prefill.child.pid);
+        transports[name] = point;
+        kvBytes = Math.round(point.loadBps.median * (point.loadMs.median / 1000));
+        log(`${n}: ${name} read ${gbps(point.readBps.median)}, whole load ${gbps(point.loadBps.median)}`);
+      }
+      const cores = cpu.stop().otherCores ?? 0;
+      await post(`${unstreamed.url}/v1/decode`, { handle, max_tokens: 1 }).then((r) => r.text()); // releases the handle's chunks
+      points.push({ tokens: n, chunks: handle.chunk_ids.length, kvBytes, memcpyBps: memcpyBps(kvBytes), transports, otherCores: [cores] });
+    }
+
+    const ttft: TtftPoint[] = [];
+    for (const wanted of opts.transferOnly ? [] : opts.ttftLengths) {
+      const n = wanted === 8192 ? maxPrompt : wanted;
+      if (n > maxPrompt) {
+        skip("TTFT", wanted);
+        continue;
+      }
+      const ids = allIds.slice(0, n);
+      const runs: TtftPoint["runs"] = [];
+      const otherHere: number[] = [];
+      const reps = n <= 4096 ? opts.ttftReps : 1;
+      const disagg = async (d: ServiceProcess): Promise<DisaggRun> => {
+        await quiet();
+        otherHere.push(other.at(-1)!);
+        const t1 = performance.now();
+        const res = await post(`${d.url}/v1/completions`, { model: "default", prompt: ids, max_tokens: 2, temperature: 0, stream: true });
+        const [firstMs, secondMs] = await eventTimes(res, t1, 2);
+        return { firstMs: firstMs!, secondMs: secondMs! };
       };
-      points.push(point);
-      log(
-        `${n}: http read ${gbps(http.readBps.median)} load ${gbps(http.loadBps.median)} | shm read ${gbps(shm.readBps.median)} load ${gbps(shm.loadBps.median)} | ` +
-          `TTFT colocated ${fmtNum(colocatedMs)} ms, disaggregated ${fmtNum(disaggMs)} ms (x${point.ttft.ratio.toFixed(3)})`,
-      );
+      for (let r = 0; r < reps; r++) {
+        log(`${n} tokens: colocated, disaggregated streamed, disaggregated unstreamed (${r + 1}/${reps})`);
+        await quiet();
+        otherHere.push(other.at(-1)!);
+        const colocatedMs = await colocated(ids, opts.threads, opts.nice);
+        const s1 = await disagg(streamed);
+        const u1 = await disagg(unstreamed);
+        runs.push({ colocatedMs, streamed: s1, unstreamed: u1 });
+        log(`${n}: colocated ${fmtNum(colocatedMs)} ms; streamed ${fmtNum(s1.firstMs)} / 2nd ${fmtNum(s1.secondMs)} ms; unstreamed ${fmtNum(u1.firstMs)} / 2nd ${fmtNum(u1.secondMs)} ms`);
+      }
+      const best = (f: (r: (typeof runs)[number]) => number) => Math.min(...runs.map(f));
+      const colocatedMs = best((r) => r.colocatedMs);
+      const s = { firstMs: best((r) => r.streamed.firstMs), secondMs: best((r) => r.streamed.secondMs) };
+      const u = { firstMs: best((r) => r.unstreamed.firstMs), secondMs: best((r) => r.unstreamed.secondMs) };
+      ttft.push({ tokens: n, colocatedMs, streamed: s, unstreamed: u, ratio: { streamed: s.firstMs / colocatedMs, unstreamed: u.firstMs / colocatedMs }, runs, otherCores: otherHere });
     }
 
     if (opts.transferOnly) {
-      process.stdout.write(markdown(points) + "\n");
+      process.stdout.write(markdown(points, [], skipped) + "\n");
       return;
     }
     const result = {
@@ -406,12 +448,15 @@ async function main(): Promise<void> {
       model: { path: rt.modelPath, fingerprint: rt.model.fingerprint, kvBytesPerToken: rt.model.config.kvBytesPerToken },
       machine: machineInfo(),
       git: gitInfo(repoRoot, ["services", "shared"]),
+      transports: Object.fromEntries(TRANSPORTS.map((t) => [t.name, t.note])),
+      skipped,
       points,
+      ttft,
     };
     await writeJson(join(opts.out, "handoff.json"), result);
-    await writeFileAtomic(join(opts.out, "handoff.svg"), chart(points, opts.threads));
-    await writeFileAtomic(join(opts.out, "handoff.md"), markdown(points));
-    process.stdout.write(markdown(points) + "\n");
+    await writeFileAtomic(join(opts.out, "handoff.svg"), chart(points, ttft, opts.threads));
+    await writeFileAtomic(join(opts.out, "handoff.md"), markdown(points, ttft, skipped));
+    process.stdout.write(markdown(points, ttft, skipped) + "\n");
     log(`wrote ${join(opts.out, "handoff.json")}, handoff.svg, handoff.md`);
     await loader.close();
   } finally {
@@ -422,97 +467,120 @@ async function main(): Promise<void> {
 const gbps = (bps: number) => `${(bps / 1e9).toFixed(2)} GB/s`;
 const medBest = (s: Summary) => `${gbps(s.median)} (${(s.max / 1e9).toFixed(2)})`;
 
-export function markdown(points: LengthPoint[]): string {
-  const transfer = markdownTable({
-    headers: ["prompt", "KV", "chunks", "http read", "http load", "shm read", "shm load", "memcpy"],
-    rows: points.map((p) => [
-      String(p.tokens),
-      `${(p.kvBytes / 2 ** 20).toFixed(1)} MiB`,
-      String(p.chunks),
-      medBest(p.transports.http.readBps),
-      medBest(p.transports.http.loadBps),
-      medBest(p.transports.shm.readBps),
-      medBest(p.transports.shm.loadBps),
-      gbps(p.memcpyBps),
-    ]),
+const measured = (p: LengthPoint, name: string): TransportPoint | undefined => {
+  const t = p.transports[name];
+  return t && !("skipped" in t) ? t : undefined;
+};
+const namesIn = (points: LengthPoint[]) => [...new Set(points.flatMap((p) => Object.keys(p.transports)))];
+
+export function markdown(points: LengthPoint[], ttft: TtftPoint[], skipped: string[]): string {
+  const names = namesIn(points);
+  const cell = (p: LengthPoint, name: string, f: (t: TransportPoint) => string) => {
+    const t = p.transports[name];
+    return !t ? "—" : "skipped" in t ? `skipped: ${t.skipped}` : f(t);
+  };
+  const load = markdownTable({
+    headers: ["KV tokens", "KV", "chunks", ...names.map((n) => `${n} whole load`), "memcpy"],
+    rows: points.map((p) => [String(p.tokens), `${(p.kvBytes / 2 ** 20).toFixed(1)} MiB`, String(p.chunks), ...names.map((n) => cell(p, n, (t) => medBest(t.loadBps))), gbps(p.memcpyBps)]),
+  });
+  const read = markdownTable({
+    headers: ["KV tokens", ...names.map((n) => `${n} read`)],
+    rows: points.map((p) => [String(p.tokens), ...names.map((n) => cell(p, n, (t) => medBest(t.readBps)))]),
   });
   const cpu = markdownTable({
-    headers: ["prompt", "http read: reader", "http: owner", "http load: reader", "shm read: reader", "shm load: reader", "http read, own cores"],
-    rows: points.map((p) => {
-      const h = p.transports.http.cpuMsPerGB;
-      const sh = p.transports.shm.cpuMsPerGB;
-      return [
-        String(p.tokens),
-        `${fmtNum(h.readerRead, 0)} ms`,
-        h.owner === undefined ? "—" : `${fmtNum(h.owner, 0)} ms`,
-        `${fmtNum(h.readerLoad, 0)} ms`,
-        `${fmtNum(sh.readerRead, 0)} ms`,
-        `${fmtNum(sh.readerLoad, 0)} ms`,
-        h.owner === undefined ? "—" : gbps(1e12 / Math.max(h.readerRead, h.owner)),
-      ];
-    }),
-  });
-  const ttft = markdownTable({
-    headers: ["prompt", "TTFT colocated", "TTFT disaggregated", "ratio", "2nd token disagg. shm", "2nd − 1st (handoff + step)", "2nd token, ready handle, http", "prefill service"],
+    headers: ["KV tokens", ...names.flatMap((n) => [`${n}: reader, read`, `${n}: reader, whole load`, `${n}: owner`])],
     rows: points.map((p) => [
       String(p.tokens),
-      `${fmtNum(p.ttft.colocatedMs)} ms`,
-      `${fmtNum(p.ttft.disaggregatedMs)} ms`,
-      `${p.ttft.ratio.toFixed(3)}x`,
-      `${fmtNum(p.ttft.secondTokenMs.shm)} ms`,
-      `${fmtNum(p.ttft.handoffAndStepMs)} ms`,
-      `${fmtNum(p.ttft.secondTokenMs.http)} ms`,
-      `${fmtNum(p.ttft.prefillServiceMs)} ms`,
+      ...names.flatMap((n) => {
+        const t = measured(p, n);
+        if (!t) return ["—", "—", "—"];
+        return [`${fmtNum(t.cpuMsPerGB.readerRead, 0)} ms`, `${fmtNum(t.cpuMsPerGB.readerLoad, 0)} ms`, t.cpuMsPerGB.owner === undefined ? "—" : `${fmtNum(t.cpuMsPerGB.owner, 0)} ms`];
+      }),
+    ]),
+  });
+  const ttftTable = markdownTable({
+    headers: ["prompt", "TTFT colocated", "TTFT streamed", "ratio", "TTFT unstreamed", "ratio", "2nd token streamed", "2nd token unstreamed"],
+    rows: ttft.map((t) => [
+      String(t.tokens),
+      `${fmtNum(t.colocatedMs)} ms`,
+      `${fmtNum(t.streamed.firstMs)} ms`,
+      `${t.ratio.streamed.toFixed(3)}x`,
+      `${fmtNum(t.unstreamed.firstMs)} ms`,
+      `${t.ratio.unstreamed.toFixed(3)}x`,
+      `${fmtNum(t.streamed.secondMs)} ms`,
+      `${fmtNum(t.unstreamed.secondMs)} ms`,
     ]),
   });
   return [
-    "### KV handoff throughput (median of the repetitions, best in parentheses; GB = 10^9 bytes)",
-    "read = the transport alone, every chunk into a buffer; load = what decode does: lease, read, verify (checksum, fingerprint, shape), import into the cache, release.",
-    transfer,
+    "### Whole load, lease → ready to decode (median of the repetitions, best in parentheses; GB = 10^9 bytes)",
+    "What decode does: lease, read, verify (CRC-32C, fingerprint, shape), import into the cache, release.",
+    load,
+    "### The transport read alone (every chunk of the handle into a buffer of its own)",
+    read,
     "### CPU time per GB moved (all repetitions; reader = the decode side, owner = the prefill process serving the bytes)",
-    "The last column is what the HTTP read would reach with the reader and the owner each on a core of its own.",
     cpu,
     "### Time to first and second token (best of the repetitions)",
-    "Colocated = the engine alone in a fresh process doing the prefill service's computation (same sequence capacity, 512-token micro-batches, first token sampled). The 2nd token of a disaggregated run is the first that needs the handed-over KV; the http column is a /v1/decode call with a ready handle (no prefill in it).",
-    ttft,
+    "Colocated = the engine alone in a fresh process doing the prefill service's computation. Disaggregated = decode's /v1/completions calling the prefill process, KV over shm; streamed = the decode loads the chunks while the prefill computes (the streamed handle), unstreamed = after the handle. The first token comes with the handle; the 2nd is the first that needs the handed-over KV.",
+    ttftTable,
+    ...(skipped.length ? ["### Not measured", skipped.map((s) => `* ${s}`).join("\n")] : []),
     "",
   ].join("\n\n");
 }
 
-function chart(points: LengthPoint[], threads: number): string {
+const COLORS = ["#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+
+function chart(points: LengthPoint[], ttft: TtftPoint[], threads: number): string {
   const xs = points.map((p) => p.tokens);
   const gb = (bps: number) => bps / 1e9;
+  const names = namesIn(points);
+  const line = (name: string, f: (t: TransportPoint) => number) =>
+    points.flatMap((p): [number, number][] => {
+      const t = measured(p, name);
+      return t ? [[p.tokens, f(t)]] : [];
+    });
+  const tx = ttft.map((t) => t.tokens);
   const panels: Panel[] = [
     {
-      title: "KV handoff prefill → decode",
-      xLabel: "prompt tokens",
+      title: "KV whole load, lease → ready to decode",
+      xLabel: "KV tokens",
       yLabel: "GB/s",
       xLog2: true,
       xTicks: xs,
-      series: [
-        { name: "http: transport read", color: "#1f77b4", points: points.map((p) => [p.tokens, gb(p.transports.http.readBps.median)]), labels: true },
-        { name: "http: full load (read+verify+import)", color: "#1f77b4", dash: "5,3", points: points.map((p) => [p.tokens, gb(p.transports.http.loadBps.median)]) },
-        { name: "shm: transport read", color: "#d62728", points: points.map((p) => [p.tokens, gb(p.transports.shm.readBps.median)]), labels: true },
-        { name: "shm: full load (read+verify+import)", color: "#d62728", dash: "5,3", points: points.map((p) => [p.tokens, gb(p.transports.shm.loadBps.median)]) },
-      ],
-      note: "goal: http >= 1 GB/s on loopback",
+      series: names.flatMap((n, i) => [
+        { name: `${n}: whole load`, color: COLORS[i % COLORS.length]!, points: line(n, (t) => gb(t.loadBps.median)), labels: true },
+        { name: `${n}: transport read`, color: COLORS[i % COLORS.length]!, dash: "5,3", points: line(n, (t) => gb(t.readBps.median)) },
+      ]),
+      note: "goals: shm and UCX whole load >= 3 GB/s, HTTP >= 1 GB/s",
     },
     {
-      title: "Time to first token, disaggregated / colocated",
+      title: "TTFT disaggregated / colocated",
       xLabel: "prompt tokens",
       yLabel: "ratio",
       xLog2: true,
-      xTicks: xs,
+      xTicks: tx,
       yMin: 0.9,
       yTickFormat: (y) => y.toFixed(2),
       series: [
-        { name: "TTFT (first token streamed before the KV moves)", color: "#9467bd", points: points.map((p) => [p.tokens, p.ttft.ratio]), labels: true },
-        { name: "goal 1.05", color: "#999999", dash: "6,4", points: points.map((p) => [p.tokens, 1.05]) },
+        { name: "streamed handle", color: "#9467bd", points: ttft.map((t) => [t.tokens, t.ratio.streamed]), labels: true },
+        { name: "unstreamed", color: "#8c564b", dash: "5,3", points: ttft.map((t) => [t.tokens, t.ratio.unstreamed]), labels: true },
+        { name: "goal 1.05", color: "#999999", dash: "6,4", points: ttft.map((t) => [t.tokens, 1.05]) },
       ],
       note: `colocated = the same prefill, engine alone in its own process; best of runs; ${threads} threads`,
     },
+    {
+      title: "Second token − first (the handoff + one step)",
+      xLabel: "prompt tokens",
+      yLabel: "ms",
+      xLog2: true,
+      xTicks: tx,
+      series: [
+        { name: "streamed handle", color: "#9467bd", points: ttft.map((t) => [t.tokens, t.streamed.secondMs - t.streamed.firstMs]), labels: true },
+        { name: "unstreamed", color: "#8c564b", dash: "5,3", points: ttft.map((t) => [t.tokens, t.unstreamed.secondMs - t.unstreamed.firstMs]), labels: true },
+      ],
+      note: "best runs; KV over shm",
+    },
   ];
-  return renderChart(panels, { title: "ctxbank prefill/decode handoff", subtitle: "prefill and decode in separate processes on one 2-core host, PostgreSQL 15 registry" });
+  return renderChart(panels, { title: "ctxbank prefill/decode handoff", subtitle: "prefill and decode in separate processes on one host, PostgreSQL 15 registry" });
 }
 
 main().catch((err: unknown) => {

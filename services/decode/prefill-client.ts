@@ -13,6 +13,7 @@ import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ApiError, type ApiErrorCode, type ApiStatus } from "../../shared/platform/http/errors.ts";
 import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
+import { handleLines, type HandleProgress } from "../handoff/handle-stream.ts";
 import type { InstanceRow } from "../../shared/platform/registry/registry.ts";
 import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
@@ -44,8 +45,11 @@ export class PrefillClient {
     this.timeoutMs = c.prefillTimeoutMs ?? defaultPrefillTimeoutMs(rt.engine.maxContext);
   }
 
-  /** Prefills `body` on some instance's internal listener for `tenant` (a signed capability says so); `signal` is the client's. */
-  async prefill(body: PrefillRequest, signal: AbortSignal, tenant: string = LOCAL_TENANT): Promise<Handle> {
+  /**
+   * Prefills `body` on some instance's internal listener for `tenant` (a signed capability says so); `signal` is the client's.
+   * With `progress`, the handle is streamed (services/handoff/handle-stream.ts): its start and each chunk are reported as they commit.
+   */
+  async prefill(body: PrefillRequest, signal: AbortSignal, tenant: string = LOCAL_TENANT, progress?: HandleProgress): Promise<Handle> {
     const deadline = AbortSignal.timeout(this.timeoutMs);
     const bounded = AbortSignal.any([signal, deadline]);
     const timedOut = () => new ApiError(504, "prefill_timeout", `the prefill did not answer within ${this.timeoutMs} ms (--prefill-timeout-ms); retry later`);
@@ -56,7 +60,7 @@ export class PrefillClient {
       throw deadline.aborted && !signal.aborted ? timedOut() : e;
     }
     try {
-      return await this.call(body, bounded, tenant);
+      return await this.call(progress ? { ...body, stream: true } : body, bounded, tenant, progress);
     } catch (e) {
       if (deadline.aborted && !signal.aborted) throw timedOut();
       throw e;
@@ -65,7 +69,7 @@ export class PrefillClient {
     }
   }
 
-  private async call(body: PrefillRequest, signal: AbortSignal, tenant: string): Promise<Handle> {
+  private async call(body: PrefillRequest, signal: AbortSignal, tenant: string, progress?: HandleProgress): Promise<Handle> {
     const alive = await this.rt.registry.instances.findAlive("prefill", this.rt.config.heartbeatTimeoutMs);
     signal.throwIfAborted();
     if (alive.length === 0) {
@@ -98,6 +102,15 @@ export class PrefillClient {
           if (ac.signal.aborted) throw peerDead(ac.signal.reason); // the work is lost with it: not redone blindly
           failures.push(`${inst.id} (${inst.baseUrl}): ${(e as { code?: string }).code ?? (e as Error).message}`);
           continue;
+        }
+        if (res.statusCode === 200 && progress) {
+          try {
+            return await readStreamedHandle(res.body, inst.id, progress);
+          } catch (e) {
+            if (signal.aborted) throw signal.reason;
+            if (ac.signal.aborted) throw peerDead(ac.signal.reason);
+            throw e;
+          }
         }
         let text: string;
         try {
@@ -160,6 +173,28 @@ export class PrefillClient {
     this.pools.clear();
     await Promise.all(pools.map((p) => p.close()));
   }
+}
+
+/** The streamed handle's lines, reported to `progress`; the handle (or the prefill's error) ends it. */
+async function readStreamedHandle(body: AsyncIterable<Uint8Array>, instanceId: string, progress: HandleProgress): Promise<Handle> {
+  let started = false;
+  try {
+    for await (const line of handleLines(body)) {
+      if ("started" in line && !started) {
+        started = true;
+        progress.started(line.started);
+      } else if ("chunk" in line && started) progress.chunk(line.chunk);
+      else if ("handle" in line && started) return line.handle;
+      else if ("error" in line) {
+        const { status, code, message } = line.error;
+        throw new ApiError((PASS_THROUGH.has(status) ? status : 502) as ApiStatus, (PASS_THROUGH.has(status) ? code : "prefill_failed") as ApiErrorCode, `prefill instance ${instanceId}: ${message}`);
+      } else throw new Error("lines out of order");
+    }
+  } catch (e) {
+    if (e instanceof ApiError) throw e;
+    throw new ApiError(502, "prefill_failed", `prefill instance ${instanceId} broke off its streamed answer: ${(e as Error).message}`, null, undefined, { cause: e });
+  }
+  throw new ApiError(502, "prefill_failed", `prefill instance ${instanceId} ended its streamed answer without a handle`);
 }
 
 function peerDead(reason: unknown): unknown {

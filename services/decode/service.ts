@@ -23,6 +23,7 @@ import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "../handoff/reader.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
+import { prefillDied, StreamedLoad } from "./kv-stream.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
@@ -138,6 +139,7 @@ export class DecodeService {
   async *complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
     const t0 = opts.arrivedAt ?? performance.now();
     let handle: Handle;
+    let stream: StreamedLoad | undefined;
     try {
       this.assertReady();
       const room = this.scheduler.status();
@@ -145,6 +147,9 @@ export class DecodeService {
         this.scheduler.rejected++;
         throw queueFull(`decode is full (${room.admitted} requests admitted); retry later`, 1);
       }
+      stream = this.rt.config.kvStreaming ? new StreamedLoad(this.rt, this.loader, opts.maxTokens, opts.policy, signal) : undefined;
+      // Asked to fail fast, a chunk that cannot be loaded stops the prefill call at once.
+      const callSignal = stream && opts.onKvFailure !== "recompute" ? AbortSignal.any([signal, stream.failed.signal]) : signal;
       handle = await this.prefillClient.prefill(
         {
           ...prompt,
@@ -155,21 +160,36 @@ export class DecodeService {
           ...(opts.seed === undefined ? {} : { seed: opts.seed }),
           ...(opts.policy === undefined ? {} : { policy: opts.policy }),
         },
-        signal,
+        callSignal,
         opts.tenant ?? LOCAL_TENANT,
+        stream?.progress,
       );
+      stream?.finish(handle);
     } catch (e) {
-      this.metrics.requestFailed(e); // decode() counts its own outcomes from here on
-      throw e;
+      const recompute = stream?.start && opts.onKvFailure === "recompute" && !signal.aborted && prefillDied(e);
+      if (!recompute) {
+        await stream?.dispose();
+        const err = stream?.loadError && !signal.aborted ? kvLoadFailed(stream.loadError) : e;
+        this.metrics.requestFailed(err); // decode() counts its own outcomes from here on
+        throw err;
+      }
+      log.warn({ err: (e as Error).message }, "the prefill died mid-stream; recomputing the prompt locally");
+      try {
+        handle = await stream!.recomputeHandle((seq, ids, sig) => this.scheduler.prefill(seq, ids, sig), e, signal);
+      } catch (err) {
+        await stream!.dispose();
+        this.metrics.requestFailed(err);
+        throw signal.aborted ? signal.reason : err;
+      }
     }
-    yield* this.decode(handle, opts, signal, log, { owned: true, t0 });
+    yield* this.decode(handle, opts, signal, log, { owned: true, t0, stream });
   }
 
   /**
    * Decodes a handle. `owned`: the handle came from our own prefill call, so on any failure its
    * chunks are released; a client's handle is left alone when it was not ours to take (404/409/429).
    */
-  async *decode(handle: Handle, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number } = {}): AsyncGenerator<DecodeEvent> {
+  async *decode(handle: Handle, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number; stream?: StreamedLoad | undefined } = {}): AsyncGenerator<DecodeEvent> {
     const { engine, model, registry } = this.rt;
     const t0 = how.t0 ?? opts.arrivedAt ?? performance.now();
     const clock = new RequestClock(t0);
@@ -228,10 +248,13 @@ export class DecodeService {
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
       let finish = first.finish;
       if (!finish) {
-        seq = engine.createSequence(n + maxTokens);
-        seq.setPolicy(policy);
+        // Streamed: the sequence (made with this capacity and policy) is loading already.
+        const loading = how.stream?.take();
+        seq = loading ?? engine.createSequence(n + maxTokens);
+        if (!loading) seq.setPolicy(policy);
         this.scheduler.liveSequences++;
-        kv = await this.loadOrRecompute(handle, seq, opts.onKvFailure ?? "fail", signal, log);
+        const streamed = loading ? how.stream : undefined;
+        kv = await this.loadOrRecompute(handle, seq, opts.onKvFailure ?? "fail", signal, log, streamed ? () => streamed.result() : undefined);
         // The KV is ours now: the prefill's shard space can be reclaimed.
         await registry.chunks.releaseRequest(requestId);
         slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
@@ -277,6 +300,7 @@ export class DecodeService {
       failure = e;
       throw e;
     } finally {
+      await how.stream?.dispose();
       outer.removeEventListener("abort", onAbort);
       this.active.delete(ac);
       if (outcome === "failed" && errorText === undefined) {
@@ -321,19 +345,22 @@ export class DecodeService {
       );
   }
 
-  private async loadOrRecompute(handle: Handle, seq: NonNullable<ReturnType<Runtime["engine"]["createSequence"]>>, onFailure: "fail" | "recompute", signal: AbortSignal, log: Logger): Promise<KvSummary> {
+  private async loadOrRecompute(
+    handle: Handle,
+    seq: NonNullable<ReturnType<Runtime["engine"]["createSequence"]>>,
+    onFailure: "fail" | "recompute",
+    signal: AbortSignal,
+    log: Logger,
+    load: () => Promise<KvSummary> = async () => ({ ...(await this.loader.load(handle, seq, signal)), recomputed: false }),
+  ): Promise<KvSummary> {
     try {
-      const s = await this.loader.load(handle, seq, signal);
-      return { ...s, recomputed: false };
+      return await load();
     } catch (e) {
       if (signal.aborted) throw signal.reason;
       const loadFailed = e instanceof KvLoadError || (e instanceof ApiError && e.code === "handle_expired");
       if (!loadFailed) throw e;
       const message = (e as Error).message;
-      if (onFailure !== "recompute") {
-        if (e instanceof ApiError) throw e;
-        throw new ApiError(502, "kv_load_failed", `${message}. Retry, or set on_kv_failure: "recompute" to prefill locally`, null, { reason: (e as KvLoadError).reason }, { cause: e });
-      }
+      if (onFailure !== "recompute") throw kvLoadFailed(e);
       log.warn({ requestId: handle.request_id, err: message }, "KV load failed; recomputing the prefill locally");
       const t = performance.now();
       const ids = handle.prompt_token_ids;
@@ -363,6 +390,12 @@ export class DecodeService {
     this.peers.stop();
     await Promise.all([this.loader.close(), this.prefillClient.close()]);
   }
+}
+
+/** A KV load that failed, as the request's answer (on_kv_failure: fail). */
+function kvLoadFailed(e: unknown): unknown {
+  if (e instanceof ApiError || !(e instanceof KvLoadError)) return e;
+  return new ApiError(502, "kv_load_failed", `${e.message}. Retry, or set on_kv_failure: "recompute" to prefill locally`, null, { reason: e.reason }, { cause: e });
 }
 
 function unknownHandle(requestId: string): ApiError {

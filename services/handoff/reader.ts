@@ -20,6 +20,7 @@ import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "../decode/peer-watch.ts";
 import { SocketHttpTransport } from "./transport/socket.ts";
 import { faultPoint } from "../fault-points.ts";
+import type { ChunkFeed } from "./chunk-feed.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
 export class KvLoadError extends Error {
@@ -34,6 +35,7 @@ export class KvLoadError extends Error {
 }
 
 export interface KvLoadStats {
+  /** shm when every chunk was mapped in place, else http (what the metrics label). */
   transport: "http" | "shm";
   chunks: number;
   bytes: number;
@@ -62,8 +64,12 @@ export class KvLoader {
     this.shape = kvShape(rt.model.config);
   }
 
+  /** When set, every chunk is read over this transport (bench/handoff compares them this way). */
+  override: KvTransport | undefined;
+
   /** shm when the chunk's owner runs on this host (and it is allowed), else HTTP. */
   pick(loc: LeasedChunk["location"]): KvTransport {
+    if (this.override) return this.override;
     const mode = this.rt.config.transport;
     if (mode === "shm") return this.shm;
     const http = loc.ownerBaseUrl.startsWith("https:") ? this.https : this.http;
@@ -189,6 +195,111 @@ export class KvLoader {
       throw e;
     } finally {
       await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
+    }
+  }
+
+  /**
+   * Streaming load: reads the chunks of a handle still being prefilled as `feed` announces them,
+   * each leased, read, verified and imported on its own (kvConcurrency at once) and released at
+   * once, so block i moves while block i+1 computes. Ends when the feed does (the handle came)
+   * and every chunk is in; then the chunks must cover the prompt and belong to its request.
+   * Throws what the feed fails with (the prefill's error), KvLoadError, or ApiError.
+   */
+  async loadStream(feed: ChunkFeed, start: { request_id: string; prompt_tokens: number }, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
+    const { registry, config, model } = this.rt;
+    const t0 = performance.now();
+    const stop = new AbortController();
+    const onAbort = () => stop.abort(signal.reason);
+    signal.addEventListener("abort", onAbort, { once: true });
+    const ownerDead = new AbortController();
+    ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
+    const watched = new Set<string>();
+    const untracks: Array<() => void> = [];
+    const rows: LeasedChunk["chunk"][] = [];
+    const transports = new Set<string>();
+    let bytes = 0;
+    let firstLease = true;
+    const readOne = async (id: string, scratch: { buf: Buffer }) => {
+      let leased: LeasedChunk;
+      try {
+        [leased] = (await registry.chunks.acquireRead([id], config.readLeaseMs)) as [LeasedChunk];
+      } catch (e) {
+        throw leaseError(e);
+      }
+      try {
+        const { chunk } = leased;
+        if (chunk.modelFingerprint !== model.fingerprint) throw new KvLoadError(`chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…`, "corrupt");
+        const location = { ...leased.location, capability: this.capability(leased, start.request_id) };
+        const transport = this.pick(location);
+        const shardKey = `${location.shardId}/${location.epoch}`;
+        if (transport !== this.shm && !watched.has(shardKey)) {
+          watched.add(shardKey);
+          untracks.push(await this.watchOwners([leased], ownerDead));
+        }
+        if (firstLease) {
+          firstLease = false;
+          await faultPoint("decode.load", this.rt.log);
+        }
+        transports.add(transport.name);
+        let view: ChunkView;
+        try {
+          view = await fetchChunk(transport, location, scratch, { deadlineMs: Date.now() + config.kvTimeoutMs, signal: stop.signal });
+        } catch (e) {
+          if (ownerDead.signal.aborted && !signal.aborted) throw ownerGone(ownerDead.signal.reason);
+          throw transportError(e, signal);
+        }
+        try {
+          this.importVerified(view.bytes, chunk, seq);
+        } finally {
+          view.release();
+        }
+        rows.push(chunk);
+        bytes += location.length;
+        this.metrics?.transferBytes(transport.name, location.length);
+      } finally {
+        await registry.chunks.releaseRead([id]).catch((err) => this.rt.log.warn({ err }, "could not release a read lease"));
+      }
+    };
+    const worker = async () => {
+      const scratch = { buf: Buffer.allocUnsafe(0) };
+      for (;;) {
+        const id = await feed.next(stop.signal);
+        if (id === undefined || stop.signal.aborted) return;
+        await readOne(id, scratch);
+      }
+    };
+    try {
+      const workers = Array.from({ length: config.kvConcurrency }, () =>
+        worker().catch((e: unknown) => {
+          stop.abort(e);
+          throw e;
+        }),
+      );
+      const settled = await Promise.allSettled(workers);
+      const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
+      if (failure) throw firstCause(settled, failure.reason);
+      signal.throwIfAborted();
+      const problem = coverageProblem(rows, this.shape.nLayer, start.prompt_tokens);
+      if (problem) throw new KvLoadError(`the streamed chunks do not cover the prompt: ${problem}`, "corrupt");
+      const held = new Set((await registry.chunks.ofRequest(start.request_id)).map((c) => c.id));
+      const foreign = rows.find((c) => !held.has(c.id));
+      if (foreign) throw new KvLoadError(`the prefill announced chunk ${foreign.id}, which its request does not hold`, "corrupt");
+      seq.setLength(start.prompt_tokens);
+      const ms = performance.now() - t0;
+      this.totals.loads++;
+      this.totals.chunks += rows.length;
+      this.totals.bytes += bytes;
+      this.totals.ms += ms;
+      const transport = transports.has("http") ? "http" : "shm";
+      this.metrics?.transferDone(transport, ms / 1000);
+      return { transport, chunks: rows.length, bytes, ms };
+    } catch (e) {
+      this.totals.failures++;
+      if (!signal.aborted) this.countFailure(transports.has("http") ? "http" : transports.size > 0 ? "shm" : "none", e);
+      throw e;
+    } finally {
+      signal.removeEventListener("abort", onAbort);
+      untracks.forEach((f) => f());
     }
   }
 

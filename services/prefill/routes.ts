@@ -6,6 +6,7 @@ import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { errorResponses } from "../../shared/platform/http/errors.ts";
 import { HandleSchema, PrefillRequestSchema } from "../../shared/platform/http/wire.ts";
 import { fastChunkRoutes } from "../handoff/chunk-route.ts";
+import { handleStreamResponse } from "../handoff/handle-stream.ts";
 import type { PrefillService } from "./service.ts";
 
 const prefillRoute = createRoute({
@@ -15,7 +16,10 @@ const prefillRoute = createRoute({
   summary: "Prefill a prompt; its KV goes to this instance's shard and the answer is a handle for decode",
   request: { body: { content: { "application/json": { schema: PrefillRequestSchema } }, required: true } },
   responses: {
-    200: { content: { "application/json": { schema: HandleSchema } }, description: "Handle: request id, first token, chunk ids, shard and epoch, model fingerprint" },
+    200: {
+      content: { "application/json": { schema: HandleSchema }, "application/x-ndjson": { schema: z.string() } },
+      description: "Handle: request id, first token, chunk ids, shard and epoch, model fingerprint; with stream: NDJSON lines (services/handoff/handle-stream.ts)",
+    },
     ...errorResponses(400, 409, 413, 429, 499, 500, 503),
   },
 });
@@ -30,7 +34,11 @@ const statusRoute = createRoute({
 
 export function prefillRoutes(svc: PrefillService): ServiceApp {
   const app = newApp();
-  app.openapi(prefillRoute, async (c) => c.json(await svc.prefill(c.req.valid("json"), c.req.raw.signal, c.get("log"), c.get("tenant")), 200));
+  app.openapi(prefillRoute, async (c) => {
+    const body = c.req.valid("json");
+    if (body.stream) return (await handleStreamResponse(c.req.raw.signal, (progress, signal) => svc.prefill(body, signal, c.get("log"), c.get("tenant"), progress))) as never;
+    return c.json(await svc.prefill(body, c.req.raw.signal, c.get("log"), c.get("tenant")), 200);
+  });
   return app;
 }
 

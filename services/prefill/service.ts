@@ -28,6 +28,8 @@ import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
 import { ShardQuota } from "../handoff/shard/shard-quota.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { Sweeper } from "../handoff/sweeper.ts";
+import { announceWrites, type HandleProgress } from "../handoff/handle-stream.ts";
+import { faultPoint } from "../fault-points.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
 export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -200,7 +202,7 @@ export class PrefillService {
   }
 
   /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/platform/auth/tenant.ts). */
-  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<Handle> {
+  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT, progress?: HandleProgress): Promise<Handle> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
@@ -231,7 +233,7 @@ export class PrefillService {
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tenant, tokens, policy, sampling, signal, log, t0, work);
+        const handle = await this.run(req, tenant, tokens, policy, sampling, signal, log, t0, work, progress);
         this.totals.prefills++;
         this.totals.prompt_tokens += tokens.length;
         this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
@@ -270,6 +272,7 @@ export class PrefillService {
     log: Logger,
     t0: number,
     work: PrefillWork,
+    progress?: HandleProgress,
   ): Promise<Handle> {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;
@@ -289,6 +292,12 @@ export class PrefillService {
     const plan = planChunks(blocks, groups, model.fingerprint, this.shape);
     const kvBytes = n * model.config.kvBytesPerToken;
     const writes: Promise<WriteResult>[] = [];
+    const wire = { temperature: sampling.temperature, top_p: sampling.topP, top_k: sampling.topK, seed: sampling.seed };
+    // Streaming (services/handoff/handle-stream.ts): each chunk is announced as it commits.
+    const announce = announceWrites(progress, () => ({
+      request_id: requestId, shard_id: shard.shardId, shard_epoch: shard.epoch, model_fingerprint: model.fingerprint, prompt_tokens: n, prompt_token_ids: tokens,
+      layer_groups: groups, policy: policy.spec, block_tokens: config.blockTokens, sampling: wire, total_chunks: plan.flat().length,
+    }));
     let seq: ReturnType<typeof engine.createSequence> | undefined;
     this.kvInFlight += kvBytes;
     try {
@@ -310,8 +319,9 @@ export class PrefillService {
         // Blocks whose tokens are all computed are final (causal attention): write them now.
         while (next < blocks.length && blocks[next]!.tokenEnd <= seq.nPast) {
           const b = blocks[next]!;
+          if (next > 0 && next === blocks.length - 1) await faultPoint("prefill.last", log);
           hasher.push(tokens.slice(b.tokenStart, b.tokenEnd));
-          for (const p of plan[next]!) writes.push(this.writer.write(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, seq, shard));
+          for (const p of plan[next]!) writes.push(this.writer.write(p, hasher.keyFor(b.tokenStart, p.meta.layerIds), requestId, req, seq, shard).then(announce));
           next++;
         }
       }
@@ -341,7 +351,7 @@ export class PrefillService {
         layer_groups: groups,
         policy: policy.spec,
         block_tokens: config.blockTokens,
-        sampling: { temperature: sampling.temperature, top_p: sampling.topP, top_k: sampling.topK, seed: sampling.seed },
+        sampling: wire,
         prefill_ms: prefillMs,
         expires_at: new Date(Date.now() + config.retainMs).toISOString(),
       };

@@ -105,6 +105,8 @@ export const ConfigSchema = z.object({
   kvTimeoutMs: ms.default(30_000),
   /** Chunks read at once per request. */
   kvConcurrency: int(1, 64).default(4),
+  /** Decode loads a prompt's KV while its prefill still runs (the streamed handle); off: after the handle. */
+  kvStreaming: z.stringbool().default(true),
   /** Graceful shutdown: how long in-flight requests may take to finish. */
   drainMs: ms.default(30_000),
   logLevel: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
@@ -195,6 +197,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm" },
   kvTimeoutMs: { flag: "kv-timeout-ms", env: ["CTXBANK_KV_TIMEOUT_MS"], help: "deadline for loading a request's KV" },
   kvConcurrency: { flag: "kv-concurrency", env: ["CTXBANK_KV_CONCURRENCY"], help: "chunk reads in flight per request" },
+  kvStreaming: { flag: "kv-streaming", env: ["CTXBANK_KV_STREAMING"], help: "true | false: decode loads the KV while the prefill runs (default true)" },
   drainMs: { flag: "drain-ms", env: ["CTXBANK_DRAIN_MS"], help: "graceful shutdown drain time" },
   logLevel: { flag: "log-level", env: ["CTXBANK_LOG_LEVEL", "LOG_LEVEL"], help: "pino level (info)" },
   sloTtftMs: { flag: "slo-ttft-ms", env: ["CTXBANK_SLO_TTFT_MS"], help: "TTFT objective in ms (default 2000)" },

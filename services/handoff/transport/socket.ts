@@ -12,6 +12,8 @@ import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkO
 
 const STATUS_CODES: Record<number, TransportErrorCode> = { 400: "invalid_request", 401: "unauthorized", 403: "unauthorized", 404: "not_found", 409: "stale_epoch", 410: "not_found", 416: "out_of_range" };
 const MAX_HEAD = 16 << 10;
+/** A chunk route's response head is ~150 bytes. */
+const HEAD_READ = 512;
 const MAX_ERROR_BODY = 4096;
 
 interface Pending {
@@ -58,11 +60,14 @@ class Connection {
     });
   }
 
-  /** Where the next read goes: the rest of the body, straight into the caller's buffer. */
+  /**
+   * Where the next read goes: the rest of the body, straight into the caller's buffer. The head is
+   * read in small pieces, so the body bytes that arrive with it (and are copied) stay under HEAD_READ.
+   */
   private nextBuffer(): Uint8Array {
     const p = this.pending;
     if (this.state === "body" && p && p.got < this.bodyLength) return p.target.subarray(p.got, this.bodyLength);
-    return this.scratch;
+    return this.state === "head" ? this.scratch.subarray(0, HEAD_READ) : this.scratch;
   }
 
   request(loc: ChunkLocation, target: Uint8Array, path: string, host: string): Promise<number> {

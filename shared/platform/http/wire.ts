@@ -52,6 +52,7 @@ export const PrefillRequestSchema = z
       description: "Tokens the decode will generate; checked against the context before computing",
     }),
     policy: PolicySpecSchema.optional().openapi({ description: "How the decode will attend; the KV chunks are grouped by its layer roles. Default: the server's --policy" }),
+    stream: z.boolean().optional().openapi({ description: "Answer NDJSON: the handle's start once the first chunk is committed, each chunk id as it commits, then the handle" }),
     ...SamplingFields,
   })
   .refine((b) => [b.prompt, b.messages, b.prompt_token_ids].filter((x) => x !== undefined).length === 1, {
