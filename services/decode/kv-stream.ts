@@ -13,7 +13,16 @@ import { KvLoadError, type KvLoader } from "../handoff/reader.ts";
 import { planPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, type Runtime } from "../runtime.ts";
 import type { DecodeScheduler } from "./scheduler.ts";
-import type { KvSummary } from "./service.ts";
+
+/** How a request's KV reached the decode: the transport, what moved, and whether it was recomputed. */
+export interface KvSummary {
+  transport: "http" | "shm" | "recompute" | "none";
+  chunks: number;
+  bytes: number;
+  ms: number;
+  recomputed: boolean;
+  error?: string;
+}
 
 type Outcome = { stats: KvSummary } | { error: unknown };
 

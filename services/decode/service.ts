@@ -23,7 +23,7 @@ import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
 import { KvLoadError, KvLoader } from "../handoff/reader.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
-import { prefillDied, StreamedLoad } from "./kv-stream.ts";
+import { prefillDied, StreamedLoad, type KvSummary } from "./kv-stream.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
@@ -43,15 +43,6 @@ export interface DecodeOptions {
   arrivedAt?: number | undefined;
   /** Who the request is for (the API key's id; "local" keyless): fair queuing of its prefill call, and only its own handles can be decoded. */
   tenant?: string | undefined;
-}
-
-export interface KvSummary {
-  transport: "http" | "shm" | "recompute" | "none";
-  chunks: number;
-  bytes: number;
-  ms: number;
-  recomputed: boolean;
-  error?: string;
 }
 
 export type DecodeEvent =
