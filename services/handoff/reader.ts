@@ -3,6 +3,7 @@
 // model fingerprint, the registry row's shape) before the engine sees a byte, and import it into
 // the cache as it arrives, several chunks in flight at once.
 import path from "node:path";
+import { CtxbankError } from "../../shared/inference/errors.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
@@ -22,14 +23,15 @@ import { SocketHttpTransport } from "./transport/socket.ts";
 import { faultPoint } from "../fault-points.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
-export class KvLoadError extends Error {
+export class KvLoadError extends CtxbankError<"kv_load_failed"> {
+  static override readonly codes = ["kv_load_failed"] as const;
   override readonly name = "KvLoadError";
   constructor(
     message: string,
     readonly reason: "unavailable" | "transport" | "corrupt" | "failed_owner",
     options?: ErrorOptions,
   ) {
-    super(message, options);
+    super("kv_load_failed", message, { ...options, details: { reason } });
   }
 }
 
