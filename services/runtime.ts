@@ -55,7 +55,7 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     db = await openDatabase(config.databaseUrl, { timeoutMs: config.dbTimeoutMs });
     await threadReady;
   } catch (e) {
-    await threadReady.catch(() => {});
+    await threadReady.catch((err: unknown) => log.warn({ err }, "the tokenizer thread failed to start too"));
     await prompts.close();
     await db?.close();
     throw e;
@@ -178,7 +178,7 @@ export function checkContext(maxContext: number, promptTokens: number, maxTokens
   }
   if (maxTokens !== undefined && promptTokens + maxTokens > maxContext) {
     throw new ApiError(
-      400,
+      413,
       "context_length_exceeded",
       `prompt (${promptTokens} tokens) + max_tokens (${maxTokens}) exceeds the context of ${maxContext} tokens; use at most ${maxContext - promptTokens} max_tokens`,
       "max_tokens",

@@ -60,7 +60,7 @@ export class KvLoader {
   ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
-    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true });
+    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true, log: rt.log });
     this.shape = kvShape(rt.model.config);
   }
 
@@ -220,7 +220,8 @@ export class KvLoader {
     }
     const untracks: Array<() => void> = [];
     for (const { shardId, epoch } of shardsRead.values()) {
-      const row = await this.rt.registry.shards.get(shardId, epoch).catch(() => undefined);
+      // Unwatched if the registry cannot say: the read's own deadline still bounds it.
+      const row = await this.rt.registry.shards.get(shardId, epoch).catch((err: unknown) => void this.rt.log.warn({ err, shardId }, "could not look up a shard's owner to watch"));
       if (row) untracks.push(peers.track(row.instanceId, ac));
     }
     return () => untracks.forEach((f) => f());
