@@ -3,6 +3,7 @@
 // thrown error in the shared shape and records its code. The classes are found in the source,
 // not listed here, so a new one cannot be missed.
 import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
 import path from "node:path";
 import { pathToFileURL } from "node:url";
 import pino from "pino";
@@ -63,6 +64,11 @@ describe("the error vocabulary", () => {
     }
     // And the table has no code that nothing can throw.
     expect(Object.keys(HTTP_STATUS).filter((c) => !used.has(c))).toEqual([]);
+  });
+
+  it("docs/errors.md lists every code with its status", () => {
+    const doc = readFileSync(path.join(ROOT, "docs/errors.md"), "utf8");
+    for (const [code, status] of Object.entries(HTTP_STATUS)) expect(doc, code).toContain(`| ${status} | \`${code}\` |`);
   });
 
   it("the table's statuses are error statuses", () => {
