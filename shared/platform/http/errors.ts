@@ -17,6 +17,7 @@ export const HTTP_STATUS = {
   invalid_request: 400, // the body or a parameter is malformed (`param` names it)
   unknown_field: 400, // the body has a field the route does not take
   invalid_policy: 400, // the attention policy is malformed or cannot run on this model
+  context_length_exceeded: 400, // prompt (+ max tokens) does not fit the model's context (OpenAI answers it with 400 too)
   model_mismatch: 400, // the handle was made with another model
   unauthorized: 401, // no API key / capability, or a wrong one
   forbidden: 403, // a valid capability that does not allow this (another range, an expired lease)
@@ -28,7 +29,6 @@ export const HTTP_STATUS = {
   handle_released: 409, // the request already finished, was cancelled, or is being decoded elsewhere
   request_id_conflict: 409,
   payload_too_large: 413,
-  context_length_exceeded: 413, // prompt (+ max tokens) does not fit the model's context
   misdirected_request: 421, // the Host header names no host this server answers for
   rate_limited: 429, // the API key's request rate is spent
   concurrency_limited: 429, // the API key has its maximum of requests in flight
@@ -270,7 +270,7 @@ export function errorResponses(...statuses: ApiStatus[]) {
     401: "No API key, or an unknown one (code unauthorized)",
     404: "Unknown handle or resource",
     409: "The handle expired, was released, or is already being decoded",
-    413: "Body or prompt too large",
+    413: "Body too large (code payload_too_large)",
     429: "Queue or KV memory full, or the API key's rate or concurrency limit reached; retry after Retry-After",
     499: "The client went away",
     500: "Internal error",
