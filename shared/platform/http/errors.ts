@@ -1,8 +1,8 @@
 // One error shape for every service and route, the one OpenAI clients parse:
 //   { "error": { "message": "...", "type": "invalid_request_error", "code": "unknown_handle", "param": null } }
-// `code` is the machine-readable part; `message` is a sentence a person understands.
+// `code` is the machine-readable part; `message` is a sentence a person understands. Every code
+// has one status, in the table below; errorAnswer() turns anything thrown into its answer.
 import { z } from "@hono/zod-openapi";
-
 import { CtxbankError } from "../../inference/errors.ts";
 
 export type ApiStatus = 400 | 401 | 403 | 404 | 408 | 409 | 410 | 413 | 416 | 421 | 429 | 499 | 500 | 502 | 503 | 504;
