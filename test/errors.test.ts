@@ -147,6 +147,22 @@ describe("the error handler", () => {
     expect(codes).toEqual(["internal_error"]);
   });
 
+  it("classifies only errors no code meant to throw", async () => {
+    const log = pino({ level: "silent" });
+    const a = createApp({ log, maxBodyBytes: 1024, classifyError: () => new ApiError(503, "not_ready", "the registry database is unreachable") });
+    const refused = Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" });
+    a.get("/kv", () => {
+      throw new ApiError(502, "kv_load_failed", "cannot read the KV (unreachable)", null, undefined, { cause: refused });
+    });
+    a.get("/db", () => {
+      throw refused;
+    });
+    expect((await a.request("/kv")).status).toBe(502);
+    const db = await a.request("/db");
+    expect(db.status).toBe(503);
+    expect(((await db.json()) as { error: { code: string } }).error.code).toBe("not_ready");
+  });
+
   it("records the code of a route it does not have, and none for a success", async () => {
     const { app: a, codes } = app();
     expect((await a.request("/nowhere")).status).toBe(404);

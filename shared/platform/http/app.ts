@@ -9,6 +9,7 @@ import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
 import type { Logger } from "pino";
 import type { ContentfulStatusCode } from "hono/utils/http-status";
+import { CtxbankError } from "../../inference/errors.ts";
 import { ApiError, errorAnswer } from "./errors.ts";
 import { bodyTimedOut } from "./server.ts";
 
@@ -92,7 +93,9 @@ export function createApp(options: AppOptions): ServiceApp {
       const message = /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";
       return answer(c, err.status === 413 ? closing(new ApiError(413, "payload_too_large", message)) : new ApiError(400, "invalid_request", message, null, undefined, { cause: err }));
     }
-    const known = options.classifyError?.(err);
+    // Only what no code meant to throw is classified: a domain error's cause chain may hold a
+    // refused connection that is not the database's (a KV owner's, say).
+    const known = err instanceof CtxbankError ? undefined : options.classifyError?.(err);
     if (known) {
       (c.get("log") ?? options.log).warn({ err }, known.message);
       return answer(c, known);
