@@ -13,8 +13,9 @@ import { generate, GenerateError, type DoneEvent } from "../shared/inference/gen
 import { ModelResolveError, resolveModel } from "../shared/inference/model/resolve.ts";
 import { ChatTemplate, ChatTemplateError, validateMessages, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
-import { KeysUsageError, keysCommand } from "./keys.ts";
-import { SERVICE_COMMANDS, ServiceUsageError, serviceCommand } from "./serve.ts";
+import { UsageError } from "../shared/inference/errors.ts";
+import { keysCommand } from "./keys.ts";
+import { SERVICE_COMMANDS, serviceCommand } from "./serve.ts";
 
 const USAGE = `Usage: ctxbank generate [options]
        ctxbank serve | prefill | decode [options]   (the HTTP services; see ctxbank serve --help)
@@ -46,7 +47,6 @@ Engine:
 
 const DEFAULT_MAX_TOKENS = 256;
 
-class UsageError extends Error {}
 
 const OPTIONS = {
   model: { type: "string" },
@@ -158,7 +158,7 @@ function chatTemplate(s: Session): ChatTemplate {
   try {
     return ChatTemplate.fromGguf(s.path, s.tok);
   } catch (e) {
-    if (e instanceof ChatTemplateError && e.code === "NO_TEMPLATE") throw new Error("this model has no chat template; use --raw");
+    if (e instanceof ChatTemplateError && e.code === "no_chat_template") throw new Error("this model has no chat template; use --raw");
     throw e;
   }
 }
@@ -257,7 +257,7 @@ async function main(argv: string[]): Promise<number> {
   }
 
   const path = await resolveModel(f.model !== undefined ? { path: f.model } : {}).catch((e: unknown) => {
-    if (e instanceof ModelResolveError && e.code === "EXPLICIT_PATH_MISSING" && f.model !== undefined)
+    if (e instanceof ModelResolveError && e.code === "model_explicit_path_missing" && f.model !== undefined)
       throw new Error(`--model ${f.model}: no such file`);
     throw e;
   });
@@ -284,7 +284,7 @@ process.stdout.on("error", (e: NodeJS.ErrnoException) => process.exit(e.code ===
 main(process.argv.slice(2)).then(
   (code) => process.exit(code),
   (e: unknown) => {
-    const usage = e instanceof UsageError || e instanceof ServiceUsageError || e instanceof KeysUsageError;
+    const usage = e instanceof UsageError;
     const msg = (e instanceof Error ? e.message : String(e)).replace(/\s*\n\s*/g, " ");
     process.stderr.write(`ctxbank: ${msg}${usage ? " (see ctxbank --help)" : ""}\n`);
     process.exit(usage ? 2 : 1);

@@ -2,9 +2,9 @@
 // goes to stdout (give it to the client; it is shown once), the line to add to the keys file
 // (--api-keys-file / CTXBANK_API_KEYS) to stderr: the service stores only the key's sha256.
 import { parseArgs } from "node:util";
+import { UsageError } from "../shared/inference/errors.ts";
 import { ApiKeyError, newApiKey, type KeyLimits } from "../shared/platform/auth/api-keys.ts";
 
-export class KeysUsageError extends Error {}
 
 export const KEYS_USAGE = `Usage: ctxbank keys new <id> [--rate N] [--burst N] [--concurrency N]
 
@@ -25,7 +25,7 @@ export function keysCommand(argv: string[], out: (s: string) => void = (s) => pr
       strict: true,
     });
   } catch (e) {
-    throw new KeysUsageError((e as Error).message.split(/\.\s/)[0]!);
+    throw new UsageError((e as Error).message.split(/\.\s/)[0]!);
   }
   const { values, positionals } = parsed;
   if (values.help) {
@@ -33,13 +33,13 @@ export function keysCommand(argv: string[], out: (s: string) => void = (s) => pr
     return 0;
   }
   const [sub, id, ...extra] = positionals;
-  if (sub !== "new" || id === undefined || extra.length > 0) throw new KeysUsageError("expected: ctxbank keys new <id>");
+  if (sub !== "new" || id === undefined || extra.length > 0) throw new UsageError("expected: ctxbank keys new <id>");
   const limits: Partial<KeyLimits> = {};
   for (const name of ["rate", "burst", "concurrency"] as const) {
     const v = values[name];
     if (v === undefined) continue;
     const n = Number(v);
-    if (v.trim() === "" || !Number.isFinite(n) || n < 0 || (name !== "rate" && !Number.isInteger(n))) throw new KeysUsageError(`--${name} must be a number >= 0`);
+    if (v.trim() === "" || !Number.isFinite(n) || n < 0 || (name !== "rate" && !Number.isInteger(n))) throw new UsageError(`--${name} must be a number >= 0`);
     limits[name] = n;
   }
   try {
@@ -47,7 +47,7 @@ export function keysCommand(argv: string[], out: (s: string) => void = (s) => pr
     out(`${key}\n`);
     err(`# add this line to the API keys file (only the hash is stored; the key above is not shown again):\n${line}\n`);
   } catch (e) {
-    if (e instanceof ApiKeyError) throw new KeysUsageError(e.message);
+    if (e instanceof ApiKeyError) throw new UsageError(e.message);
     throw e;
   }
   return 0;

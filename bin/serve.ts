@@ -2,11 +2,11 @@
 // embedded PGlite unless DATABASE_URL says otherwise (what `npm start` runs); `prefill` and
 // `decode` run one service each against a shared PostgreSQL (DATABASE_URL), on any host and port.
 import { parseArgs } from "node:util";
+import { UsageError } from "../shared/inference/errors.ts";
 import { ConfigError, configFlags, configHelp, loadConfig, type ServiceRole } from "../shared/platform/config.ts";
 
 export const SERVICE_COMMANDS: readonly string[] = ["serve", "prefill", "decode"];
 
-export class ServiceUsageError extends Error {}
 
 const ABOUT: Record<ServiceRole, string> = {
   serve: "both services in one process (default database: embedded PGlite, pglite://memory)",
@@ -31,7 +31,7 @@ export async function serviceCommand(role: ServiceRole, argv: string[]): Promise
   try {
     ({ values } = parseArgs({ args: argv, options: { ...configFlags(), help: { type: "boolean", short: "h" } }, allowPositionals: false, strict: true }));
   } catch (e) {
-    throw new ServiceUsageError((e as Error).message.split(/\.\s/)[0]!.replace(/^Unknown option/, "unknown option"));
+    throw new UsageError((e as Error).message.split(/\.\s/)[0]!.replace(/^Unknown option/, "unknown option"));
   }
   if (values.help) {
     process.stdout.write(serviceUsage(role));
@@ -41,7 +41,7 @@ export async function serviceCommand(role: ServiceRole, argv: string[]): Promise
   try {
     config = loadConfig(role, values);
   } catch (e) {
-    if (e instanceof ConfigError) throw new ServiceUsageError(e.message);
+    if (e instanceof ConfigError) throw new UsageError(e.message);
     throw e;
   }
   // Loaded here, not at the top: `ctxbank generate` shares this file and must not load the HTTP stack.

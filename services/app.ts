@@ -45,20 +45,14 @@ function classifyError(err: unknown): ApiError | undefined {
 const GENERATION_ROUTES = new Set(["/v1/completions", "/v1/chat/completions", "/v1/decode"]);
 
 /**
- * Counts a generation request answered with an error status as a failure, by the answer's code,
- * unless the decode service counted it already (errors it threw are marked): this catches what
- * never reached it (validation, unknown model, body too large, a refused key).
+ * Counts a generation request answered with an error status as a failure, by the answer's code
+ * (the error handler leaves it on the context), unless the decode service counted it already
+ * (errors it threw are marked): this catches what never reached it (validation, unknown model,
+ * body too large, a refused key).
  */
-async function countErrorAnswer(metrics: ServiceMetrics, c: Context<AppEnv>): Promise<void> {
+function countErrorAnswer(metrics: ServiceMetrics, c: Context<AppEnv>): void {
   if (c.req.method !== "POST" || c.res.status < 400 || !GENERATION_ROUTES.has(c.req.path)) return;
-  let code = "internal_error";
-  try {
-    const body = (await c.res.clone().json()) as { error?: { code?: unknown } };
-    if (typeof body.error?.code === "string") code = body.error.code;
-  } catch {
-    // not our error shape: keep internal_error
-  }
-  metrics.responseFailed(code, c.error);
+  metrics.responseFailed(c.get("errorCode") ?? "internal_error", c.error);
 }
 
 const metricsRoute = createRoute({
@@ -109,7 +103,7 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
   const app = createApp({
     log: rt.log,
     maxBodyBytes: rt.config.maxBodyBytes,
-    onResponse: (c) => countErrorAnswer(metrics, c).catch((err: unknown) => rt.log.warn({ err }, "could not count a failed request")),
+    onResponse: (c) => countErrorAnswer(metrics, c),
     classifyError,
   });
   app.use("*", hostCheck(security.hosts));

@@ -5,7 +5,7 @@ import type { MiddlewareHandler } from "hono";
 import type { InternalAuth } from "../shared/platform/auth/capability.ts";
 import { bearer } from "../shared/platform/auth/middleware.ts";
 import type { AppEnv } from "../shared/platform/http/app.ts";
-import { errorBody } from "../shared/platform/http/errors.ts";
+import { ApiError, withHeaders } from "../shared/platform/http/errors.ts";
 
 const CHALLENGE = { "www-authenticate": 'Bearer realm="ctxbank-internal"' };
 
@@ -15,7 +15,7 @@ export function prefillCapability(auth: InternalAuth): MiddlewareHandler<AppEnv>
     const token = bearer(c);
     const cap = token === undefined ? undefined : auth.verify(token);
     if (!cap || cap.route !== "prefill") {
-      return c.json(errorBody(401, "unauthorized", "internal prefill calls need a prefill capability signed with the shared secret"), 401, CHALLENGE);
+      throw withHeaders(new ApiError(401, "unauthorized", "internal prefill calls need a prefill capability signed with the shared secret"), CHALLENGE);
     }
     c.set("tenant", cap.tenant);
     return next();
@@ -27,7 +27,7 @@ export function internalSecret(auth: InternalAuth): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
     const token = bearer(c);
     if (token === undefined || !auth.isSecret(token)) {
-      return c.json(errorBody(401, "unauthorized", "internal status needs Authorization: Bearer <the shared internal secret>"), 401, CHALLENGE);
+      throw withHeaders(new ApiError(401, "unauthorized", "internal status needs Authorization: Bearer <the shared internal secret>"), CHALLENGE);
     }
     return next();
   };

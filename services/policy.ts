@@ -2,9 +2,8 @@
 // else the handle's, else the server's --policy) resolved with the model's calibrated defaults,
 // validated by the engine, and the layer groups the prefill packs its chunks by.
 import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
-import { ApiError } from "../shared/platform/http/errors.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
-import { checkPolicyLimits, PolicyError, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/inference/policy/request.ts";
+import { checkPolicyLimits, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/inference/policy/request.ts";
 import { DEFAULT_MAX_TOKENS, type Runtime } from "./runtime.ts";
 
 export interface PlannedPolicy {
@@ -15,7 +14,7 @@ export interface PlannedPolicy {
 }
 
 /**
- * Throws ApiError 400 invalid_policy, naming the reason, when the policy cannot run on this model.
+ * Throws PolicyError (invalid_policy, a 400), naming the reason, when the policy cannot run on this model.
  * `roundStarts`: the rounds of a chat prompt, for `rounds` requests that give none. The returned
  * spec has what was resolved here written in (a handle carries it to the decode).
  */
@@ -27,23 +26,18 @@ export function planPolicy(
   roundStarts?: readonly number[],
 ): PlannedPolicy {
   const chosen = spec ?? rt.config.policy;
-  try {
-    checkPolicyLimits(chosen, { maxContext: rt.engine.maxContext, nLayer: rt.model.config.nLayer });
-    const defaults = policyDefaultsFor(rt.model.fingerprint);
-    const policy = resolvePolicy(chosen, {
-      ...(defaults ? { filterLayers: defaults.filterLayers, watershedLayer: defaults.watershedLayer } : {}),
-      ...(roundStarts ? { roundStarts } : {}),
-      promptTokens,
-      maxTokens,
-    });
-    const roles = rt.engine.checkPolicy(policy);
-    const resolved: PolicySpec =
-      policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK ?? 0 } } : chosen;
-    return { spec: resolved, policy, layerGroups: layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, rt.model.config.nLayer) };
-  } catch (e) {
-    if (e instanceof PolicyError) throw new ApiError(400, "invalid_policy", e.message, e.param);
-    throw e;
-  }
+  checkPolicyLimits(chosen, { maxContext: rt.engine.maxContext, nLayer: rt.model.config.nLayer });
+  const defaults = policyDefaultsFor(rt.model.fingerprint);
+  const policy = resolvePolicy(chosen, {
+    ...(defaults ? { filterLayers: defaults.filterLayers, watershedLayer: defaults.watershedLayer } : {}),
+    ...(roundStarts ? { roundStarts } : {}),
+    promptTokens,
+    maxTokens,
+  });
+  const roles = rt.engine.checkPolicy(policy);
+  const resolved: PolicySpec =
+    policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK ?? 0 } } : chosen;
+  return { spec: resolved, policy, layerGroups: layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, rt.model.config.nLayer) };
 }
 
 /**

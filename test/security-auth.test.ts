@@ -5,7 +5,8 @@
 import http from "node:http";
 import { parseArgs } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { KeysUsageError, keysCommand } from "../bin/keys.ts";
+import { UsageError } from "../shared/inference/errors.ts";
+import { keysCommand } from "../bin/keys.ts";
 import { ApiKeyError, ApiKeys, newApiKey, parseApiKeys } from "../shared/platform/auth/api-keys.ts";
 import { InternalAuth } from "../shared/platform/auth/capability.ts";
 import { AllowedHosts } from "../shared/platform/auth/hosts.ts";
@@ -38,7 +39,7 @@ describe("API keys", () => {
     const key = out.join("").trim();
     const keys = ApiKeys.load({ inline: err.join("") }, DEFAULTS);
     expect(keys.verify(key)).toMatchObject({ id: "team-1", limits: { rate: 3, burst: 20, concurrency: 2 } });
-    expect(() => keysCommand(["new", "bad_id"], () => {}, () => {})).toThrow(KeysUsageError);
+    expect(() => keysCommand(["new", "bad_id"], () => {}, () => {})).toThrow(UsageError);
     expect(() => keysCommand(["new", "x", "--rate", "-1"], () => {}, () => {})).toThrow(/--rate/);
   });
 

@@ -126,12 +126,12 @@ describe.each(backends)("services API on $name", (backend) => {
     expect(other.body.error.code).toBe("model_mismatch");
   });
 
-  it("413 for a body over the limit and for a prompt over the context", async () => {
+  it("413 for a body over the limit, 400 for a prompt over the context", async () => {
     const big = await prefill({ prompt: "x".repeat(100 << 10) });
     expect(big.status).toBe(413);
     expect(big.body.error.code).toBe("payload_too_large");
     const long = await prefill({ prompt_token_ids: Array.from({ length: 8192 }, () => 100) });
-    expect(long.status).toBe(413);
+    expect(long.status).toBe(400);
     expect(long.body.error.code).toBe("context_length_exceeded");
     // The connection the 413 closed is not reused for the next request.
     expect((await getJson(`${url}/health`)).status).toBe(200);

@@ -359,7 +359,7 @@ describe("chat template", () => {
         tmpl.render(m);
       } catch (e) {
         expect(e).toBeInstanceOf(ChatTemplateError);
-        expect((e as ChatTemplateError).code).toBe("INVALID_MESSAGES");
+        expect((e as ChatTemplateError).code).toBe("invalid_messages");
         return (e as Error).message;
       }
       throw new Error("expected a validation error");

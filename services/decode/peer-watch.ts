@@ -4,16 +4,18 @@
 // (what the membership sweep declares dead) has its calls aborted with a PeerDeadError. A
 // SIGSTOPped peer keeps its sockets open and never answers; without this a call to it would wait
 // for its whole deadline.
+import { CtxbankError } from "../../shared/inference/errors.ts";
 import type { Runtime } from "../runtime.ts";
 
 /** The reason a watched call was aborted: its instance is dead. */
-export class PeerDeadError extends Error {
+export class PeerDeadError extends CtxbankError<"peer_dead"> {
+  static override readonly codes = ["peer_dead"] as const;
   override readonly name = "PeerDeadError";
   constructor(
     readonly instanceId: string,
     message: string,
   ) {
-    super(message);
+    super("peer_dead", message);
   }
 }
 

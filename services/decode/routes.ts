@@ -1,7 +1,7 @@
 // POST /v1/decode (a handle plus sampling options; SSE or one JSON answer) and GET /v1/decode/status.
 import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
-import { ApiError, errorBody, errorResponses } from "../../shared/platform/http/errors.ts";
+import { ApiError, errorAnswer, errorResponses } from "../../shared/platform/http/errors.ts";
 import { requestTenant } from "../../shared/platform/http/tenant.ts";
 import { DecodeRequestSchema, DecodeResultSchema, type DecodeRequest, type DecodeResult } from "../../shared/platform/http/wire.ts";
 import type { DecodeOptions, DecodeService } from "./service.ts";
@@ -90,7 +90,7 @@ function result(ev: Extract<Awaited<ReturnType<typeof collect>>[number], { type:
   };
 }
 
-/** The error body for a failure inside a stream; anything but an ApiError is an internal error whose details stay in the log. */
+/** The error body for a failure inside a stream: the one the error handler would answer (shared/platform/http/errors.ts). */
 export function errorJson(e: unknown) {
-  return e instanceof ApiError ? e.toJSON() : errorBody(500, "internal_error", "internal error; see the service log");
+  return errorAnswer(e).body;
 }

@@ -4,7 +4,7 @@
 // client gone — releases the sequence, the KV reservation, the read leases and the request's
 // hold on its chunks, and records the outcome in the registry.
 import type { Logger } from "pino";
-import { Sampler, SamplingError, validateSampling } from "../../shared/inference/engine/sampler.ts";
+import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
 import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
@@ -395,13 +395,7 @@ function unknownHandle(requestId: string): ApiError {
 
 /** The decode's sampler, continuing the one that sampled the handle's first token. */
 function newSampler(opts: DecodeOptions, handle: Handle): Sampler {
-  let sampler: Sampler;
-  try {
-    sampler = new Sampler(validateSampling(samplingOptions(opts, handle.sampling)));
-  } catch (e) {
-    if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
-    throw e;
-  }
+  const sampler = new Sampler(validateSampling(samplingOptions(opts, handle.sampling)));
   // The prefill drew once from the same seeded generator for the first token; draw once too, so
   // the stream is the one a single process would have produced. (Greedy draws nothing.)
   if (sampler.options.temperature > 0) sampler.sample(Float32Array.of(0));

@@ -6,7 +6,7 @@
 import type { Context } from "hono";
 import type { Logger } from "pino";
 import { streamSSE, type SSEStreamingApi } from "hono/streaming";
-import { ApiError } from "../../shared/platform/http/errors.ts";
+import { ApiError, errorAnswer } from "../../shared/platform/http/errors.ts";
 import type { DecodeEvent } from "./service.ts";
 
 /** An abort controller that fires when the HTTP client goes away. */
@@ -40,7 +40,7 @@ export async function sse(c: Context, ac: AbortController, events: AsyncGenerato
   try {
     first = await events.next();
   } catch (e) {
-    await events.return(undefined).catch(() => {});
+    await events.return(undefined).catch((err: unknown) => logOf(c)?.warn({ err }, "a failed generation did not close cleanly"));
     throw e;
   }
   return streamSSE(c, async (stream) => {
@@ -52,14 +52,18 @@ export async function sse(c: Context, ac: AbortController, events: AsyncGenerato
       }
       if (!stream.aborted && !stream.closed) await writer.end?.(stream);
     } catch (e) {
-      if (!(e instanceof ApiError)) (c.get("log") as Logger | undefined)?.error({ err: e }, "a stream failed");
+      if (errorAnswer(e).unexpected) logOf(c)?.error({ err: e }, "a stream failed");
       // The client learns why, and the stream still ends the way the protocol ends one.
       if (!ac.signal.aborted && !stream.closed) {
-        await writer.error(stream, e).catch(() => {});
-        await writer.end?.(stream).catch(() => {});
+        await writer.error(stream, e).catch((err: unknown) => logOf(c)?.warn({ err }, "could not write a stream's error event"));
+        await writer.end?.(stream).catch((err: unknown) => logOf(c)?.warn({ err }, "could not end a failed stream"));
       }
     } finally {
-      await events.return(undefined).catch(() => {});
+      await events.return(undefined).catch((err: unknown) => logOf(c)?.warn({ err }, "a generation did not close cleanly"));
     }
   });
+}
+
+function logOf(c: Context): Logger | undefined {
+  return c.get("log") as Logger | undefined;
 }

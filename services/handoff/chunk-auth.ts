@@ -9,7 +9,7 @@ import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { bearer } from "../../shared/platform/auth/middleware.ts";
 import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
 import type { AppEnv } from "../../shared/platform/http/app.ts";
-import { errorBody } from "../../shared/platform/http/errors.ts";
+import { ApiError, withHeaders } from "../../shared/platform/http/errors.ts";
 import type { Registry } from "../../shared/platform/registry/registry.ts";
 
 const DIGITS = /^(0|[1-9][0-9]{0,15})$/;
@@ -19,7 +19,7 @@ export function chunkReadAuth(auth: InternalAuth, registry: Registry): Middlewar
     const token = bearer(c);
     const cap = token === undefined ? undefined : auth.verify(token);
     if (!cap) {
-      return c.json(errorBody(401, "unauthorized", "chunk reads need a capability from the decode that leased the chunk"), 401, { "www-authenticate": 'Bearer realm="ctxbank-internal"' });
+      throw withHeaders(new ApiError(401, "unauthorized", "chunk reads need a capability from the decode that leased the chunk"), { "www-authenticate": 'Bearer realm="ctxbank-internal"' });
     }
     // Mounted on /v1/chunks/*, so the route's params are not parsed yet: read them from the path.
     const m = /^\/v1\/chunks\/([^/]+)\/([^/]+)$/.exec(c.req.path);
@@ -47,7 +47,7 @@ export function chunkReadAuth(auth: InternalAuth, registry: Registry): Middlewar
       exact &&
       (await registry.chunks.isLeasedRead({ chunkId: cap.chunk, requestId: cap.request, shardId, epoch: cap.epoch, offset: cap.offset, length: cap.length }));
     if (!leased) {
-      return c.json(errorBody(403, "forbidden", "the capability does not allow this read: not exactly a chunk its request holds a live read lease on"), 403);
+      throw new ApiError(403, "forbidden", "the capability does not allow this read: not exactly a chunk its request holds a live read lease on");
     }
     c.set("tenant", cap.tenant);
     return next();

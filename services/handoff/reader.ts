@@ -3,6 +3,7 @@
 // model fingerprint, the registry row's shape) before the engine sees a byte, and import it into
 // the cache as it arrives, several chunks in flight at once.
 import path from "node:path";
+import { CtxbankError } from "../../shared/inference/errors.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
@@ -23,14 +24,15 @@ import { faultPoint } from "../fault-points.ts";
 import type { ChunkFeed } from "./chunk-feed.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
-export class KvLoadError extends Error {
+export class KvLoadError extends CtxbankError<"kv_load_failed"> {
+  static override readonly codes = ["kv_load_failed"] as const;
   override readonly name = "KvLoadError";
   constructor(
     message: string,
     readonly reason: "unavailable" | "transport" | "corrupt" | "failed_owner",
     options?: ErrorOptions,
   ) {
-    super(message, options);
+    super("kv_load_failed", message, { ...options, details: { reason } });
   }
 }
 
@@ -60,7 +62,7 @@ export class KvLoader {
   ) {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
-    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true });
+    this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true, log: rt.log });
     this.shape = kvShape(rt.model.config);
   }
 
@@ -329,7 +331,8 @@ export class KvLoader {
     }
     const untracks: Array<() => void> = [];
     for (const { shardId, epoch } of shardsRead.values()) {
-      const row = await this.rt.registry.shards.get(shardId, epoch).catch(() => undefined);
+      // Unwatched if the registry cannot say: the read's own deadline still bounds it.
+      const row = await this.rt.registry.shards.get(shardId, epoch).catch((err: unknown) => void this.rt.log.warn({ err, shardId }, "could not look up a shard's owner to watch"));
       if (row) untracks.push(peers.track(row.instanceId, ac));
     }
     return () => untracks.forEach((f) => f());

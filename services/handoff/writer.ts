@@ -130,7 +130,8 @@ export class ChunkWriter {
           await shard.write(p.offset, bytes);
           await registry.chunks.commit(res.chunk.id, { checksum: bytes.readUInt32LE(8), retainMs: config.retainMs });
         } catch (err) {
-          await registry.chunks.fail(res.chunk.id).catch(() => {});
+          // The row stays pending otherwise, until the sweep ends this instance's leftovers.
+          await registry.chunks.fail(res.chunk.id).catch((failErr: unknown) => this.rt.log.warn({ err: failErr, chunkId: res.chunk.id }, "could not mark a chunk failed"));
           throw err;
         }
         this.totals.chunks_written++;

@@ -6,7 +6,7 @@ import { randomUUID } from "node:crypto";
 import path from "node:path";
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
-import { Sampler, SamplingError, validateSampling } from "../../shared/inference/engine/sampler.ts";
+import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { Handle, PrefillRequest } from "../../shared/platform/http/wire.ts";
@@ -209,13 +209,7 @@ export class PrefillService {
     const t0 = performance.now();
     // Every field is checked before any work; then the prompt is tokenized (off the event loop,
     // stopping past the context), with a chat's rounds found in the same pass.
-    let sampling;
-    try {
-      sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
-    } catch (e) {
-      if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
-      throw e;
-    }
+    const sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
     checkPolicyBeforeWork(this.rt, req.policy, { maxTokens: req.max_tokens, chat: req.messages !== undefined });
     const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
     const { ids: tokens, roundStarts: starts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined });
@@ -393,14 +387,14 @@ export class PrefillService {
     clearInterval(this.reaper);
     clearInterval(this.sweepTimer);
     this.outcomes.stop();
-    await this.reaping?.catch(() => {});
+    await this.reaping?.catch(() => undefined); // its failure is the reaper's to log (start())
     await this.sweeping;
     const shard = this.shard;
     if (shard) {
       await this.rt.registry.shards
         .retire(shard.shardId, shard.epoch)
         .catch((err: unknown) => this.rt.log.warn({ err }, "could not retire the shard"));
-      await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch }).catch(() => {});
+      await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch }).catch((err: unknown) => this.rt.log.warn({ err }, "could not reap the shard's expired chunks"));
       await shard.destroy();
       this.shard = undefined;
     }

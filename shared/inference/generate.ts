@@ -11,6 +11,7 @@
  * Aborting the signal makes the generator throw `signal.reason` (an AbortError) at the next step
  * boundary: between prefill chunks (one ubatch each) or decode steps.
  */
+import { CtxbankError } from "./errors.ts";
 import type { Engine, NativeSequence } from "./engine/engine.ts";
 import { Sampler, SamplingError, validateSampling, type SamplingOptions } from "./engine/sampler.ts";
 import type { GgufTokenizer } from "./tokenizer/tokenizer.ts";
@@ -59,15 +60,12 @@ export interface DoneEvent extends GenerateSummary {
 
 export type GenerateEvent = TokenEvent | DoneEvent;
 
-export type GenerateErrorCode = "EMPTY_PROMPT" | "BAD_PROMPT" | "INVALID_OPTION" | "CONTEXT_EXCEEDED";
+export const GENERATE_ERROR_CODES = ["empty_prompt", "invalid_prompt", "invalid_request", "context_length_exceeded"] as const;
+export type GenerateErrorCode = (typeof GENERATE_ERROR_CODES)[number];
 
-export class GenerateError extends Error {
-  readonly code: GenerateErrorCode;
-  constructor(code: GenerateErrorCode, message: string) {
-    super(message);
-    this.name = "GenerateError";
-    this.code = code;
-  }
+export class GenerateError extends CtxbankError<GenerateErrorCode> {
+  static override readonly codes = GENERATE_ERROR_CODES;
+  override readonly name = "GenerateError";
 }
 
 type Detokenizer = Pick<GgufTokenizer, "createDetokenizer" | "isEog">;
@@ -79,37 +77,37 @@ export function generate(
   options: GenerateOptions = {},
 ): AsyncGenerator<GenerateEvent, void, undefined> {
   const nVocab = engine.model.config.nVocab;
-  if (prompt.length === 0) throw new GenerateError("EMPTY_PROMPT", "the prompt is empty (it needs at least one token)");
+  if (prompt.length === 0) throw new GenerateError("empty_prompt", "the prompt is empty (it needs at least one token)");
   const tokens = Int32Array.from(prompt);
   for (let i = 0; i < tokens.length; i++) {
     if (tokens[i] !== prompt[i] || tokens[i]! < 0 || tokens[i]! >= nVocab)
-      throw new GenerateError("BAD_PROMPT", `prompt token ${i} (${prompt[i]}) is not a token id in [0, ${nVocab})`);
+      throw new GenerateError("invalid_prompt", `prompt token ${i} (${prompt[i]}) is not a token id in [0, ${nVocab})`);
   }
   const room = engine.maxContext - tokens.length;
   if (room < 1) {
     throw new GenerateError(
-      "CONTEXT_EXCEEDED",
+      "context_length_exceeded",
       `the prompt has ${tokens.length} tokens, which leaves no room to generate in the context of ${engine.maxContext} tokens`,
     );
   }
   const maxTokens = options.maxTokens ?? room;
   if (!Number.isInteger(maxTokens) || maxTokens < 1)
-    throw new GenerateError("INVALID_OPTION", `max tokens must be a positive integer (got ${maxTokens})`);
+    throw new GenerateError("invalid_request", `max tokens must be a positive integer (got ${maxTokens})`, { param: "max_tokens" });
   if (maxTokens > room) {
     throw new GenerateError(
-      "CONTEXT_EXCEEDED",
+      "context_length_exceeded",
       `prompt (${tokens.length} tokens) + max tokens (${maxTokens}) = ${tokens.length + maxTokens} exceeds the context ` +
         `of ${engine.maxContext} tokens; use at most ${room} max tokens or a shorter prompt`,
     );
   }
   const stop = options.stop ?? [];
   if (!Array.isArray(stop) || !stop.every((s) => typeof s === "string" && s.length > 0))
-    throw new GenerateError("INVALID_OPTION", "stop must be a list of non-empty strings");
+    throw new GenerateError("invalid_request", "stop must be a list of non-empty strings", { param: "stop" });
   let sampler: Sampler;
   try {
     sampler = new Sampler(validateSampling(options));
   } catch (e) {
-    if (e instanceof SamplingError) throw new GenerateError("INVALID_OPTION", e.message);
+    if (e instanceof SamplingError) throw new GenerateError("invalid_request", e.message, { param: e.param, cause: e });
     throw e;
   }
   return run(engine, tokenizer, tokens, maxTokens, sampler, new StopStringFilter(stop), options.signal);

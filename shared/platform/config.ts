@@ -1,6 +1,7 @@
 // Service configuration: one validated object built from command-line flags, then environment
 // variables (CTXBANK_*, plus DATABASE_URL, PORT and HOST), then defaults. Every value is checked
 // before anything is loaded, and a bad one is reported with the flag and variable that set it.
+import { CtxbankError } from "../inference/errors.ts";
 import { availableParallelism, hostname } from "node:os";
 import { z } from "zod";
 import { DEVICE_PATTERN, type EngineDevice } from "../inference/engine/native.ts";
@@ -219,8 +220,13 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   allowedHosts: { flag: "allowed-hosts", env: ["CTXBANK_ALLOWED_HOSTS"], help: "extra Host names to answer for, comma-separated (* = any)" },
 };
 
-export class ConfigError extends Error {
+/** A setting (flag or environment variable) that is missing or malformed; the message names it. */
+export class ConfigError extends CtxbankError<"invalid_config"> {
+  static override readonly codes = ["invalid_config"] as const;
   override readonly name = "ConfigError";
+  constructor(message: string) {
+    super("invalid_config", message);
+  }
 }
 
 /** parseArgs option descriptors for every setting (all strings). */

@@ -1,5 +1,6 @@
 // Command-line options of `npm run bench:loadgen`, validated before anything is sent.
 import { parseArgs } from "node:util";
+import { UsageError } from "../../shared/inference/errors.ts";
 import type { ArrivalSpec } from "./arrivals.ts";
 import type { Endpoint } from "./client.ts";
 import { parseLengthDist, type WorkloadSpec } from "./workloads.ts";
@@ -121,7 +122,6 @@ const SPEC = {
   help: { type: "boolean", short: "h" },
 } as const;
 
-export class UsageError extends Error {}
 
 function num(flag: string, v: string | undefined, def: number, o: { int?: boolean; min?: number; max?: number; gt?: number } = {}): number {
   if (v === undefined) return def;

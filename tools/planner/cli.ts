@@ -6,6 +6,7 @@
 // services for the load suite's two workloads and writes a prediction-vs-measurement table.
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
+import { UsageError } from "../../shared/inference/errors.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { setProcessNice } from "../lib/machine.ts";
 import { fmtNum } from "../lib/table.ts";
@@ -43,8 +44,6 @@ Hardware (numbers may end in k, M, G, T; any figure not given is probed on this 
   --json              print the plan as JSON
   -h, --help
 `;
-
-export class UsageError extends Error {}
 
 /** "2.5e11", "24G", "1.5T", "512M" → number. */
 export function parseQuantity(flag: string, v: string | undefined): number | undefined {

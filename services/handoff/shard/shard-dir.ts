@@ -2,10 +2,16 @@
 // maps whatever file the registry names in it, so the directory must be ours alone: created
 // 0700, and a pre-existing one refused unless it is a real directory owned by this user that no
 // one else can write (on a shared /dev/shm anyone may create /dev/shm/ctxbank first).
+import { CtxbankError } from "../../../shared/inference/errors.ts";
 import { chmod, lstat, mkdir, stat, type FileHandle } from "node:fs/promises";
 
-export class ShardDirError extends Error {
+/** The shard directory is unsafe to use (a link, not ours, writable by others). */
+export class ShardDirError extends CtxbankError<"unsafe_shard_dir"> {
+  static override readonly codes = ["unsafe_shard_dir"] as const;
   override readonly name = "ShardDirError";
+  constructor(message: string) {
+    super("unsafe_shard_dir", message);
+  }
 }
 
 /** Creates `dir` (mode 0700) or checks a pre-existing one; throws ShardDirError naming the problem. */

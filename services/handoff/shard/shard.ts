@@ -89,7 +89,8 @@ export class Shard {
       return new Shard(shardId, epoch, filePath, sizeBytes, file, alignment, await fileIdentity(file));
     } catch (err) {
       await file.close();
-      await unlink(filePath).catch(() => {});
+      // The file was made just now by this call (wx); one that is gone already needs nothing.
+      await unlink(filePath).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(new AggregateError([err, e], `could not remove ${filePath} after failing to create it`))));
       throw err;
     }
   }

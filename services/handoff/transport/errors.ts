@@ -1,28 +1,33 @@
+import { CtxbankError } from "../../../shared/inference/errors.ts";
 import type { ChunkLocation } from "./types.ts";
 
-export type TransportErrorCode =
-  | "invalid_request" // the caller's location, buffer or options are malformed
-  | "deadline_exceeded"
-  | "aborted" // the caller's signal fired
-  | "unreachable" // no connection to the owner (refused, reset, unknown host)
-  | "unauthorized" // the owner refused the capability (none, wrong secret, or no live lease on exactly this range)
-  | "not_found" // the owner does not have that shard, or that range is no longer allocated
-  | "stale_epoch" // the shard was restarted: the chunk's epoch is gone
-  | "file_mismatch" // the file at the shard's path is not the one its owner registered (planted or replaced)
-  | "out_of_range" // the range lies outside the shard
-  | "short_read" // fewer bytes arrived than asked for
-  | "bad_response" // the owner answered something unexpected
-  | "io_error";
+export const TRANSPORT_ERROR_CODES = [
+  "invalid_request", // the caller's location, buffer or options are malformed
+  "deadline_exceeded",
+  "aborted", // the caller's signal fired
+  "unreachable", // no connection to the owner (refused, reset, unknown host)
+  "unauthorized", // the owner refused the capability (none, wrong secret, or no live lease on exactly this range)
+  "not_found", // the owner does not have that shard, or that range is no longer allocated
+  "stale_epoch", // the shard was restarted: the chunk's epoch is gone
+  "file_mismatch", // the file at the shard's path is not the one its owner registered (planted or replaced)
+  "out_of_range", // the range lies outside the shard
+  "short_read", // fewer bytes arrived than asked for
+  "bad_response", // the owner answered something unexpected
+  "io_error",
+] as const;
+export type TransportErrorCode = (typeof TRANSPORT_ERROR_CODES)[number];
 
-export class TransportError extends Error {
+/** A chunk read failed; `status`: the owner's HTTP status, when it answered one. */
+export class TransportError extends CtxbankError<TransportErrorCode> {
+  static override readonly codes = TRANSPORT_ERROR_CODES;
   override readonly name = "TransportError";
   constructor(
-    readonly code: TransportErrorCode,
+    code: TransportErrorCode,
     message: string,
     readonly status?: number,
     options?: ErrorOptions,
   ) {
-    super(message, options);
+    super(code, message, options);
   }
 }
 

@@ -4,6 +4,7 @@
 // caller's buffer, for callers that need their own bytes.
 import { open, type FileHandle } from "node:fs/promises";
 import path from "node:path";
+import type { Logger } from "pino";
 import { parseShardFileName } from "../shard/shard.ts";
 import { mapFile, unmapFile } from "../../../shared/inference/engine/native.ts";
 import { TransportError, chunkLabel } from "./errors.ts";
@@ -20,6 +21,8 @@ export interface ShmTransportOptions {
    * file is read only when it is the very file (device:inode) its owner created and registered.
    */
   requireFileId?: boolean;
+  /** Where a shard file that cannot be closed or checked is reported. */
+  log?: Pick<Logger, "warn">;
 }
 
 interface OpenFile {
@@ -35,12 +38,14 @@ export class ShmTransport implements KvTransport {
   private readonly allowedDirs: string[];
   private readonly pieceBytes: number;
   private readonly requireFileId: boolean;
+  private readonly log: Pick<Logger, "warn"> | undefined;
 
   constructor(options: ShmTransportOptions) {
     if (options.allowedDirs.length === 0) throw new TypeError("ShmTransport needs at least one allowed directory");
     this.allowedDirs = options.allowedDirs.map((d) => path.resolve(d));
     this.pieceBytes = options.pieceBytes ?? 8 << 20;
     this.requireFileId = options.requireFileId ?? false;
+    this.log = options.log;
   }
 
   async readChunk(loc: ChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
@@ -103,7 +108,7 @@ export class ShmTransport implements KvTransport {
   async close(): Promise<void> {
     const entries = [...this.files.values()];
     this.files.clear();
-    await Promise.all(entries.map((e) => e.handle.then((fh) => fh.close()).catch(() => {})));
+    await Promise.all(entries.map((e) => this.closeFile(e)));
   }
 
   private checkPath(loc: ChunkLocation): void {
@@ -133,14 +138,22 @@ export class ShmTransport implements KvTransport {
 
   private release(entry: OpenFile): void {
     entry.users--;
-    if (entry.dropped && entry.users === 0) void entry.handle.then((fh) => fh.close()).catch(() => {});
+    if (entry.dropped && entry.users === 0) void this.closeFile(entry);
   }
 
   private drop(entry: OpenFile): void {
     if (this.files.get(entry.path) === entry) this.files.delete(entry.path);
     if (entry.dropped) return;
     entry.dropped = true;
-    if (entry.users === 0) void entry.handle.then((fh) => fh.close()).catch(() => {});
+    if (entry.users === 0) void this.closeFile(entry);
+  }
+
+  /** Closes an entry's file; a failed close is logged. */
+  private closeFile(entry: OpenFile): Promise<void> {
+    return entry.handle.then(
+      (fh) => fh.close().catch((err: unknown) => this.log?.warn({ err, path: entry.path }, "could not close a shard file")),
+      () => undefined, // the open failed: its readers got that error (openedOrThrow) and acquire() dropped the entry
+    );
   }
 
   /** Drops idle handles of deleted shard files: an open handle keeps a whole shard's memory alive. */
@@ -149,8 +162,13 @@ export class ShmTransport implements KvTransport {
       if (entry.users > 0) continue;
       void entry.handle
         .then((fh) => fh.stat())
-        .then((st) => st.nlink === 0 && this.drop(entry))
-        .catch(() => {});
+        .then(
+          (st) => st.nlink === 0 && this.drop(entry),
+          (err: unknown) => {
+            // A failed open was dropped already (acquire); a failed stat keeps the handle for now.
+            if (!entry.dropped) this.log?.warn({ err, path: entry.path }, "could not check whether a shard file was removed");
+          },
+        );
     }
   }
 }

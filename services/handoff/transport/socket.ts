@@ -52,7 +52,8 @@ class Connection {
       this.socket.once("connect", () => resolve());
       this.socket.once("error", reject);
     });
-    this.ready.catch(() => {});
+    // Marked handled here: whoever awaits `ready` gets the error, and fail() below ends the connection.
+    this.ready.catch(() => undefined);
     this.socket.on("error", (err) => this.fail(err));
     this.socket.on("close", () => {
       this.closed = true;

@@ -1,6 +1,8 @@
 // Next-token sampling: greedy, or temperature with top-k and top-p (nucleus) filtering, from a
 // seeded generator so a request with a seed is reproducible.
 
+import { CtxbankError } from "../errors.ts";
+
 export interface SamplingOptions {
   /** 0 = greedy (argmax). */
   temperature?: number;
@@ -11,7 +13,14 @@ export interface SamplingOptions {
   seed?: number;
 }
 
-export class SamplingError extends Error {}
+/** Sampling options out of range: a client's mistake (code invalid_request, param the option). */
+export class SamplingError extends CtxbankError<"invalid_request"> {
+  static override readonly codes = ["invalid_request"] as const;
+  override readonly name = "SamplingError";
+  constructor(message: string, param: string) {
+    super("invalid_request", message, { param });
+  }
+}
 
 export function validateSampling(o: SamplingOptions): Required<SamplingOptions> {
   const temperature = o.temperature ?? 0;
@@ -19,10 +28,10 @@ export function validateSampling(o: SamplingOptions): Required<SamplingOptions> 
   const topP = o.topP ?? 1;
   const seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
   if (!Number.isFinite(temperature) || temperature < 0 || temperature > 10)
-    throw new SamplingError("temperature must be a number in [0, 10]");
-  if (!Number.isInteger(topK) || topK < 0) throw new SamplingError("top_k must be a non-negative integer");
-  if (!Number.isFinite(topP) || topP <= 0 || topP > 1) throw new SamplingError("top_p must be in (0, 1]");
-  if (!Number.isInteger(seed) || seed < 0 || seed >= 2 ** 32) throw new SamplingError("seed must be an integer in [0, 2^32)");
+    throw new SamplingError("temperature must be a number in [0, 10]", "temperature");
+  if (!Number.isInteger(topK) || topK < 0) throw new SamplingError("top_k must be a non-negative integer", "top_k");
+  if (!Number.isFinite(topP) || topP <= 0 || topP > 1) throw new SamplingError("top_p must be in (0, 1]", "top_p");
+  if (!Number.isInteger(seed) || seed < 0 || seed >= 2 ** 32) throw new SamplingError("seed must be an integer in [0, 2^32)", "seed");
   return { temperature, topK, topP, seed };
 }
 

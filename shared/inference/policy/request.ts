@@ -4,6 +4,7 @@
 // token count once the prompt length is known. The engine validates the result (setPolicy).
 import { z } from "@hono/zod-openapi";
 import type { AttentionPolicy } from "../engine/native.ts";
+import { CtxbankError } from "../errors.ts";
 
 export const POLICY_KINDS = ["full", "omnikv", "scope", "omnikv+scope", "streaming", "h2o", "rounds"] as const;
 export type PolicyKind = (typeof POLICY_KINDS)[number];
@@ -87,14 +88,12 @@ export const PolicySpecSchema = z
   });
 export type PolicySpec = z.infer<typeof PolicySpecSchema>;
 
-export class PolicyError extends Error {
+/** The policy cannot run on this model (code invalid_policy; param: the field at fault, e.g. "policy.omnikv.budget"). */
+export class PolicyError extends CtxbankError<"invalid_policy"> {
+  static override readonly codes = ["invalid_policy"] as const;
   override readonly name = "PolicyError";
-  /** The field at fault (e.g. "policy.omnikv.budget"), when one is. */
-  constructor(
-    message: string,
-    readonly param = "policy",
-  ) {
-    super(message);
+  constructor(message: string, param = "policy") {
+    super("invalid_policy", message, { param });
   }
 }
 

@@ -141,7 +141,7 @@ function encodeWhole(tok: GgufTokenizer, real: string, messages: ChatMessage[], 
     const forged = tok.controlTextIn(messages[i]!.content);
     if (forged !== undefined) {
       throw new ChatTemplateError(
-        "INVALID_MESSAGES",
+        "invalid_messages",
         `messages[${i}].content contains the control token ${JSON.stringify(forged)}, which this model's chat template cannot keep apart from its own; remove it`,
       );
     }

@@ -3,6 +3,7 @@
  * `@huggingface/jinja` — the same engine node-llama-cpp tries first. The rendered prompt contains
  * control tokens as text (`<|im_start|>`…), so tokenize it with `{ parseSpecial: true }`.
  */
+import { CtxbankError } from "../errors.ts";
 import { Template } from "@huggingface/jinja";
 import { readGgufMetadata } from "../engine/native.ts";
 import type { GgufMetadata, GgufTokenizer } from "./tokenizer.ts";
@@ -15,14 +16,19 @@ export interface ChatMessage {
   content: string;
 }
 
-export type ChatTemplateErrorCode = "NO_TEMPLATE" | "INVALID_MESSAGES" | "TEMPLATE_SYNTAX" | "RENDER_FAILED";
+export const CHAT_TEMPLATE_ERROR_CODES = [
+  "no_chat_template", // the model has no chat template
+  "invalid_messages", // the messages are not a non-empty array of { role, content }
+  "chat_template_syntax", // the model's template does not parse
+  "chat_template_failed", // the template refused the messages (raise_exception) or failed rendering them
+] as const;
+export type ChatTemplateErrorCode = (typeof CHAT_TEMPLATE_ERROR_CODES)[number];
 
-export class ChatTemplateError extends Error {
-  readonly code: ChatTemplateErrorCode;
+export class ChatTemplateError extends CtxbankError<ChatTemplateErrorCode> {
+  static override readonly codes = CHAT_TEMPLATE_ERROR_CODES;
+  override readonly name = "ChatTemplateError";
   constructor(code: ChatTemplateErrorCode, message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "ChatTemplateError";
-    this.code = code;
+    super(code, message, { ...options, param: code === "invalid_messages" ? "messages" : null });
   }
 }
 
@@ -32,22 +38,22 @@ export class ChatTemplateError extends Error {
  */
 export function validateMessages(input: unknown): ChatMessage[] {
   if (!Array.isArray(input)) {
-    throw new ChatTemplateError("INVALID_MESSAGES", `messages must be an array of { role, content } objects (got ${typeOf(input)})`);
+    throw new ChatTemplateError("invalid_messages", `messages must be an array of { role, content } objects (got ${typeOf(input)})`);
   }
-  if (input.length === 0) throw new ChatTemplateError("INVALID_MESSAGES", "messages must contain at least one message");
+  if (input.length === 0) throw new ChatTemplateError("invalid_messages", "messages must contain at least one message");
   return input.map((m: unknown, i) => {
     if (m === null || typeof m !== "object" || Array.isArray(m)) {
-      throw new ChatTemplateError("INVALID_MESSAGES", `messages[${i}] must be an object with role and content (got ${typeOf(m)})`);
+      throw new ChatTemplateError("invalid_messages", `messages[${i}] must be an object with role and content (got ${typeOf(m)})`);
     }
     const { role, content } = m as { role?: unknown; content?: unknown };
     if (typeof role !== "string" || !(CHAT_ROLES as readonly string[]).includes(role)) {
       throw new ChatTemplateError(
-        "INVALID_MESSAGES",
+        "invalid_messages",
         `messages[${i}].role must be one of ${CHAT_ROLES.join(", ")} (got ${typeof role === "string" ? JSON.stringify(role) : typeOf(role)})`,
       );
     }
     if (typeof content !== "string") {
-      throw new ChatTemplateError("INVALID_MESSAGES", `messages[${i}].content must be a string (got ${typeOf(content)})`);
+      throw new ChatTemplateError("invalid_messages", `messages[${i}].content must be a string (got ${typeOf(content)})`);
     }
     return { role: role as ChatRole, content };
   });
@@ -74,7 +80,7 @@ export class ChatTemplate {
       this.template = new Template(source);
     } catch (e) {
       throw new ChatTemplateError(
-        "TEMPLATE_SYNTAX",
+        "chat_template_syntax",
         `the model's chat template (tokenizer.chat_template) cannot be parsed: ${(e as Error).message}`,
         { cause: e },
       );
@@ -90,7 +96,7 @@ export class ChatTemplate {
     try {
       return ChatTemplate.fromMetadata(meta, tokenizer);
     } catch (e) {
-      if (e instanceof ChatTemplateError && e.code === "NO_TEMPLATE") return undefined;
+      if (e instanceof ChatTemplateError && e.code === "no_chat_template") return undefined;
       throw e;
     }
   }
@@ -99,7 +105,7 @@ export class ChatTemplate {
     const src = meta["tokenizer.chat_template"];
     if (typeof src !== "string" || src.trim() === "") {
       throw new ChatTemplateError(
-        "NO_TEMPLATE",
+        "no_chat_template",
         "this model has no chat template (GGUF key tokenizer.chat_template is missing); use plain completions " +
           "(/v1/completions) or a model with a chat template",
       );
@@ -141,7 +147,7 @@ export class ChatTemplate {
         eos_token: this.eosToken,
       });
     } catch (e) {
-      throw new ChatTemplateError("RENDER_FAILED", `the model's chat template failed to render: ${(e as Error).message}`, {
+      throw new ChatTemplateError("chat_template_failed", `the model's chat template failed to render: ${(e as Error).message}`, {
         cause: e,
       });
     }

@@ -293,7 +293,7 @@ export class GgufTokenizer {
 
   private checkId(id: number): void {
     if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) {
-      throw new TokenizerError("BAD_TOKEN_ID", `token id ${id} is out of range (vocabulary has ${this.vocabSize} tokens)`);
+      throw new TokenizerError("invalid_token_id", `token id ${id} is out of range (vocabulary has ${this.vocabSize} tokens)`);
     }
   }
 

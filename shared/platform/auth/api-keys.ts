@@ -8,6 +8,7 @@
 // slow one (scrypt) would cost tens of ms of CPU on every request. The id inside the key finds the
 // entry; the hashes are compared in constant time (and a missing id is compared against a dummy,
 // so an unknown id takes as long as a wrong secret).
+import { CtxbankError } from "../../inference/errors.ts";
 import { createHash, randomBytes, timingSafeEqual } from "node:crypto";
 import { readFileSync } from "node:fs";
 
@@ -33,8 +34,13 @@ export interface ApiKeyEntry {
   limits: KeyLimits;
 }
 
-export class ApiKeyError extends Error {
+/** A malformed API key line or key id (the keys file, CTXBANK_API_KEYS, `ctxbank keys new`). */
+export class ApiKeyError extends CtxbankError<"invalid_config"> {
+  static override readonly codes = ["invalid_config"] as const;
   override readonly name = "ApiKeyError";
+  constructor(message: string) {
+    super("invalid_config", message);
+  }
 }
 
 export function hashKey(key: string): Buffer {

@@ -1,9 +1,9 @@
 // The public listener's gate: the Host check (DNS rebinding) and the API key with its limits.
-// Both answer in the shared error shape.
+// Both throw ApiErrors, which the app's error handler answers in the shared shape.
 import type { HttpBindings } from "@hono/node-server";
 import type { Context, MiddlewareHandler } from "hono";
 import type { AppEnv } from "../http/app.ts";
-import { errorBody } from "../http/errors.ts";
+import { ApiError, withHeaders } from "../http/errors.ts";
 import { LOCAL_TENANT, type ApiKeys } from "./api-keys.ts";
 import type { AllowedHosts } from "./hosts.ts";
 import type { KeyLimiter } from "./rate-limit.ts";
@@ -14,7 +14,7 @@ const PROBES = new Set(["/health", "/ready"]);
 export function hostCheck(allowed: AllowedHosts): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
     if (PROBES.has(c.req.path) || allowed.allows(c.req.header("host"))) return next();
-    return c.json(errorBody(421, "misdirected_request", "this server does not answer for that Host (allow it with --allowed-hosts)"), 421);
+    throw new ApiError(421, "misdirected_request", "this server does not answer for that Host (allow it with --allowed-hosts)");
   };
 }
 
@@ -39,7 +39,7 @@ export function apiKeyAuth(keys: ApiKeys | undefined, limiter: KeyLimiter): Midd
     if (!entry) {
       const challenge = token === undefined ? 'Bearer realm="ctxbank"' : 'Bearer realm="ctxbank", error="invalid_token"';
       const message = token === undefined ? "this API needs a key: send Authorization: Bearer <key>" : "the API key is not valid";
-      return c.json(errorBody(401, "unauthorized", message), 401, { "www-authenticate": challenge });
+      throw withHeaders(new ApiError(401, "unauthorized", message), { "www-authenticate": challenge });
     }
     const admission = limiter.admit(entry.id, entry.limits);
     if (!admission.ok) {
@@ -47,7 +47,7 @@ export function apiKeyAuth(keys: ApiKeys | undefined, limiter: KeyLimiter): Midd
         admission.code === "rate_limited"
           ? `the API key's request rate (${entry.limits.rate}/s, burst ${entry.limits.burst}) is spent; retry after ${admission.retryAfterS} s`
           : `the API key already has ${entry.limits.concurrency} requests in flight; retry when one ends`;
-      return c.json(errorBody(429, admission.code, message), 429, { "retry-after": String(admission.retryAfterS) });
+      throw withHeaders(new ApiError(429, admission.code, message), { "retry-after": String(admission.retryAfterS) });
     }
     c.set("tenant", entry.id);
     // A streamed answer is in flight until its last byte: release when the socket's response

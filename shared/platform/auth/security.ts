@@ -1,6 +1,7 @@
 // Everything a process needs to authenticate, built once from the configuration: the API keys
 // (or none: keyless), their limiter, the internal secret (read from its file, or made up for a
 // `serve` that talks only to itself) and the Host allow-list.
+import { CtxbankError } from "../../inference/errors.ts";
 import { readFileSync } from "node:fs";
 import type { Config } from "../config.ts";
 import { ApiKeys } from "./api-keys.ts";
@@ -18,8 +19,13 @@ export interface Security {
   hosts: AllowedHosts;
 }
 
-export class SecurityConfigError extends Error {
+/** The keys or the internal secret cannot be used (an empty keys file, a short secret). */
+export class SecurityConfigError extends CtxbankError<"invalid_config"> {
+  static override readonly codes = ["invalid_config"] as const;
   override readonly name = "SecurityConfigError";
+  constructor(message: string) {
+    super("invalid_config", message);
+  }
 }
 
 export function openSecurity(config: Config): Security {

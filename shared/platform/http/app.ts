@@ -1,14 +1,16 @@
 // The Hono app every service starts from: request ids, one structured log line per request,
-// a body limit whose 413 closes the connection (so a pooled client does not reuse a half-read socket), uniform validation errors, and an
-// error handler that turns anything thrown into the shared error shape.
+// a body limit whose 413 closes the connection (so a pooled client does not reuse a half-read socket), uniform validation errors, and the
+// one error handler: whatever a route or middleware throws becomes the shared error shape, with the
+// status its code has in the table (errors.ts), and the code is left on the context for metrics.
 import { OpenAPIHono } from "@hono/zod-openapi";
 import type { Context } from "hono";
-import type { ContentfulStatusCode } from "hono/utils/http-status";
 import { bodyLimit } from "hono/body-limit";
 import { HTTPException } from "hono/http-exception";
 import { requestId } from "hono/request-id";
 import type { Logger } from "pino";
-import { ApiError, errorBody } from "./errors.ts";
+import type { ContentfulStatusCode } from "hono/utils/http-status";
+import { CtxbankError } from "../../inference/errors.ts";
+import { ApiError, errorAnswer } from "./errors.ts";
 import { bodyTimedOut } from "./server.ts";
 
 /**
@@ -16,7 +18,10 @@ import { bodyTimedOut } from "./server.ts";
  * tenant: who the request is for — the API key's id, a capability's tenant on the internal
  * listener, or "local" on a keyless server (shared/platform/auth/); fair queuing and per-key caps use it too.
  */
-export type AppEnv = { Variables: { requestId: string; log: Logger; arrivedAt: number; tenant: string } };
+export type AppEnv = {
+  /** errorCode: the code of the error the request was answered with (set by the error handler). */
+  Variables: { requestId: string; log: Logger; arrivedAt: number; tenant: string; errorCode: string | undefined };
+};
 export type ServiceApp = OpenAPIHono<AppEnv>;
 
 export interface AppOptions {
@@ -29,7 +34,7 @@ export interface AppOptions {
 }
 
 /** A validation failure as a 400 naming the first offending field (invalid_policy when it is in the policy). */
-function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string }[] } }, c: Context) {
+function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string }[] } }) {
   if (result.success || !result.error) return;
   const issues = result.error.issues;
   const first = issues[0];
@@ -40,7 +45,7 @@ function validationHook(result: { success: boolean; error?: { issues: { path: Pr
     .join("; ");
   // A malformed attention policy (unknown kind, field out of range) is invalid_policy, like one the model cannot run.
   const code = first?.path.includes("policy") ? "invalid_policy" : "invalid_request";
-  return c.json(errorBody(400, code, `invalid request: ${message}`, param, issues), 400);
+  throw new ApiError(400, code, `invalid request: ${message}`, param, issues);
 }
 
 export function newApp(): ServiceApp {
@@ -59,39 +64,50 @@ export function createApp(options: AppOptions): ServiceApp {
     await next();
     await options.onResponse?.(c);
     const level = c.res.status >= 500 ? "error" : c.res.status >= 400 ? "warn" : "info";
-    log[level]({ method: c.req.method, path: c.req.path, status: c.res.status, ms: Math.round(performance.now() - start) }, "request");
+    const code = c.get("errorCode");
+    log[level]({ method: c.req.method, path: c.req.path, status: c.res.status, ...(code ? { code } : {}), ms: Math.round(performance.now() - start) }, "request");
   });
   app.use(
     "/v1/*",
     bodyLimit({
       maxSize: options.maxBodyBytes,
-      onError: (c) =>
-        c.json(errorBody(413, "payload_too_large", `the request body exceeds ${options.maxBodyBytes} bytes`), 413, { connection: "close" }),
+      onError: () => {
+        throw closing(new ApiError(413, "payload_too_large", `the request body exceeds ${options.maxBodyBytes} bytes`));
+      },
     }),
   );
+  /** Answers `err` (any thrown value) in the shared shape and records its code on the context. */
+  const answer = (c: Context<AppEnv>, err: unknown): Response => {
+    const a = errorAnswer(err);
+    c.set("errorCode", a.body.error.code);
+    if (a.unexpected) (c.get("log") ?? options.log).error({ err }, "request failed");
+    return c.json(a.body, a.status as ContentfulStatusCode, a.headers);
+  };
   app.onError((err, c) => {
     // The listener found the body stalled and failed its read (server.ts): whatever the read's
     // error became on the way (a JSON or validation error), the answer is 408 and a closed connection.
     const stalled = bodyTimedOut((c.env as { incoming?: unknown } | undefined)?.incoming);
-    if (stalled !== undefined) return c.json(errorBody(408, "request_timeout", stalled), 408, { connection: "close" });
-    if (err instanceof ApiError) {
-      // Every 429 says when to come back; a stage that cannot estimate it says one second.
-      const headers = err.status === 429 && !err.headers["retry-after"] ? { ...err.headers, "retry-after": "1" } : err.headers;
-      return c.json(err.toJSON(), err.status as ContentfulStatusCode, headers);
-    }
+    if (stalled !== undefined) return answer(c, closing(new ApiError(408, "request_timeout", stalled)));
     if (err instanceof HTTPException) {
-      const status = err.status;
-      const message = status === 400 && /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";
-      return c.json(errorBody(status, status === 413 ? "payload_too_large" : "invalid_request", message), status);
+      // Hono's own: a body that is not JSON (400), or one over the limit (413).
+      const message = /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";
+      return answer(c, err.status === 413 ? closing(new ApiError(413, "payload_too_large", message)) : new ApiError(400, "invalid_request", message, null, undefined, { cause: err }));
     }
-    const known = options.classifyError?.(err);
+    // Only what no code meant to throw is classified: a domain error's cause chain may hold a
+    // refused connection that is not the database's (a KV owner's, say).
+    const known = err instanceof CtxbankError ? undefined : options.classifyError?.(err);
     if (known) {
       (c.get("log") ?? options.log).warn({ err }, known.message);
-      return c.json(known.toJSON(), known.status as ContentfulStatusCode);
+      return answer(c, known);
     }
-    (c.get("log") ?? options.log).error({ err }, "unhandled error");
-    return c.json(errorBody(500, "internal_error", "internal error; see the service log"), 500);
+    return answer(c, err);
   });
-  app.notFound((c) => c.json(errorBody(404, "not_found", `no route ${c.req.method} ${c.req.path}`), 404));
+  app.notFound((c) => answer(c, new ApiError(404, "not_found", `no route ${c.req.method} ${c.req.path}`)));
   return app;
+}
+
+/** The error, answered with a closed connection (so a pooled client does not reuse a half-read socket). */
+function closing<E extends ApiError>(err: E): E {
+  err.headers.connection = "close";
+  return err;
 }

@@ -3,7 +3,7 @@
 // SLO verdicts are per successfully finished request; failures are counted once per request, by
 // error code; gauges are read from the services when Prometheus scrapes.
 import { Registry, collectDefaultMetrics } from "prom-client";
-import { ApiError } from "../http/errors.ts";
+import { CtxbankError } from "../../inference/errors.ts";
 import { defineMetrics, type GaugeSources, type KvTier, type MetricSet, type Service } from "./definitions.ts";
 import { configuredSlos, evaluateSlo, SLO_NAMES, type SloTargets, type SloVerdict } from "./slo.ts";
 import type { RequestTimings } from "./timings.ts";
@@ -139,5 +139,5 @@ export class ServiceMetrics {
 
 /** The machine-readable code of whatever ended a request. */
 export function errorCode(err: unknown): string {
-  return err instanceof ApiError ? err.code : "internal_error";
+  return err instanceof CtxbankError ? err.code : "internal_error";
 }

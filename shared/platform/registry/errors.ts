@@ -1,23 +1,23 @@
 import { z } from "zod";
+import { CtxbankError } from "../../inference/errors.ts";
 
-export type RegistryErrorCode =
-  | "invalid_input" // the caller passed something malformed
-  | "not_found" // no such row
-  | "conflict" // a row with that identity already exists
-  | "wrong_state" // the row exists but the operation does not apply to its state
-  | "chunk_unavailable" // some chunks of an acquireRead/extendLease cannot be leased (see details)
-  | "key_mismatch" // a live chunk has this key but different contents metadata
-  | "stale_epoch" // the shard epoch is not the active one
-  | "instance_dead"; // the instance was declared dead and must register again
+export const REGISTRY_ERROR_CODES = [
+  "invalid_input", // the caller passed something malformed
+  "not_found", // no such row
+  "conflict", // a row with that identity already exists
+  "wrong_state", // the row exists but the operation does not apply to its state
+  "chunk_unavailable", // some chunks of an acquireRead/extendLease cannot be leased (see details)
+  "key_mismatch", // a live chunk has this key but different contents metadata
+  "stale_epoch", // the shard epoch is not the active one
+  "instance_dead", // the instance was declared dead and must register again
+] as const;
+export type RegistryErrorCode = (typeof REGISTRY_ERROR_CODES)[number];
 
-export class RegistryError extends Error {
+export class RegistryError extends CtxbankError<RegistryErrorCode> {
+  static override readonly codes = REGISTRY_ERROR_CODES;
   override readonly name = "RegistryError";
-  constructor(
-    readonly code: RegistryErrorCode,
-    message: string,
-    readonly details?: unknown,
-  ) {
-    super(message);
+  constructor(code: RegistryErrorCode, message: string, details?: unknown) {
+    super(code, message, { details });
   }
 }
 
