@@ -135,7 +135,7 @@ export class DecodeService {
   }
 
   status() {
-    return { state: this.state, ...this.scheduler.status(), kv_loads: { ...this.loader.totals }, totals: { ...this.totals } };
+    return { state: this.state, ...this.scheduler.status(), kv_loads: { ...this.loader.totals }, prefill_calls: this.prefillClient.calls, totals: { ...this.totals } };
   }
 
   private assertReady(): void {
