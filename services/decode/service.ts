@@ -123,8 +123,13 @@ export class DecodeService {
     return this.state === "ready";
   }
 
-  /** Prefills this decode's own requests in this process from now on (no shard, no HTTP call). */
-  useInProcessPrefill(handoff: InProcessHandoff): void {
+  /** The in-process prefill this decode's own requests use (under `serve`), if any. */
+  get inProcessPrefill(): InProcessHandoff | undefined {
+    return this.inProcess;
+  }
+
+  /** Prefills this decode's own requests in this process from now on (no shard, no HTTP call); undefined: on the prefill instances in the registry again. */
+  useInProcessPrefill(handoff: InProcessHandoff | undefined): void {
     this.inProcess = handoff;
   }
 
