@@ -63,6 +63,11 @@ export class Engine {
     this.native = new (addon().NativeEngine)(model.native, options);
   }
 
+  /** What the engine runs with: kernels, threads, micro-batch, context, device. */
+  get info(): EngineInfo {
+    return this.native.info;
+  }
+
   get maxContext(): number {
     return this.native.info.maxContext;
   }
