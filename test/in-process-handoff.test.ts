@@ -142,6 +142,7 @@ describe("serve: the KV handoff in process", () => {
     await expect((async () => {
       for await (const _ of events) void _;
     })()).rejects.toThrow();
-    expect(s.services.decode!.status()).toMatchObject({ live_sequences: 0, admitted: 0, kv_reserved_bytes: 0 });
+    expect(s.services.decode!.status()).toMatchObject({ live_sequences: 0, admitted: 0, kv_reserved_bytes: 0, prefills: 0 });
+    expect(s.services.prefill!.status()).toMatchObject({ prefills_running: 0, prefills_queued: 0 });
   });
 });
