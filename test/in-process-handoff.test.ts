@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../shared/inference/engine/sampler.ts";
 import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { loadConfig } from "../shared/platform/config.ts";
+import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { postJson, tempShardDir } from "../tools/lib/services.ts";
@@ -122,6 +123,22 @@ describe("serve: the KV handoff in process", () => {
     expect(d.body.ctxbank.handoff.path).toBe("shard");
     expect(d.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*kept the whole prompt/)]);
     expect(d.body.token_ids).toEqual(withoutPool);
+  });
+
+  it("the OmniKV window selectors see the prompt's last queries in process; over the shard the answer says they did not", async () => {
+    const n = 12;
+    const filterLayers = policyDefaultsFor(s.rt.model.fingerprint)!.filterLayers;
+    const spec = { kind: "omnikv", omnikv: { budget: 16, selector: "exp", window: 16 } };
+    const ids = s.rt.tokenizer.encode(PROMPT);
+    const local = await complete(PROMPT, n, spec);
+    expect(local.ctxbank.handoff).toEqual({ path: "in_process" });
+    expect(local.tokenIds).toEqual(await engineGreedy(ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16, selector: "exp", window: 16 } }, n));
+
+    const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
+    expect(p.status).toBe(200);
+    const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
+    expect(d.status, JSON.stringify(d.body)).toBe(200);
+    expect(d.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^omnikv\.selector exp: /)]);
   });
 
   it("a bad policy is refused before any work, in process as over HTTP", async () => {
