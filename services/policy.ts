@@ -1,30 +1,36 @@
 // A request's attention policy, made concrete for this model and prompt: the spec (the request's,
 // else the handle's, else the server's --policy) resolved with the model's calibrated defaults,
-// validated by the engine, and the layer groups the prefill packs its chunks by.
+// validated by the engine once — on the sequence that will attend with it (applyPolicy), or, for
+// a prefill that writes chunks, once for the layer groups it packs them by (planPolicy).
+import type { NativeSequence } from "../shared/inference/engine/engine.ts";
 import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
 import { checkPolicyLimits, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/inference/policy/request.ts";
 import { DEFAULT_MAX_TOKENS, type Runtime } from "./runtime.ts";
 
-export interface PlannedPolicy {
+export interface ResolvedPolicy {
+  /** The spec with what was resolved here written in (a handle carries it to the decode). */
   spec: PolicySpec;
   policy: AttentionPolicy;
+}
+
+export interface PlannedPolicy extends ResolvedPolicy {
   /** Layer groups for KV chunks: one group under dense policies, dense + one per filter layer under OmniKV. */
   layerGroups: number[][];
 }
 
 /**
- * Throws PolicyError (invalid_policy, a 400), naming the reason, when the policy cannot run on this model.
- * `roundStarts`: the rounds of a chat prompt, for `rounds` requests that give none. The returned
- * spec has what was resolved here written in (a handle carries it to the decode).
+ * The policy resolved for this prompt, without the engine: PolicyError (invalid_policy, a 400) for what
+ * the spec alone shows (limits, missing defaults). `roundStarts`: the rounds of a chat prompt, for
+ * `rounds` requests that give none.
  */
-export function planPolicy(
+export function resolveRequestPolicy(
   rt: Pick<Runtime, "engine" | "model" | "config">,
   spec: PolicySpec | undefined,
   promptTokens: number,
   maxTokens: number,
   roundStarts?: readonly number[],
-): PlannedPolicy {
+): ResolvedPolicy {
   const chosen = spec ?? rt.config.policy;
   checkPolicyLimits(chosen, { maxContext: rt.engine.maxContext, nLayer: rt.model.config.nLayer });
   const defaults = policyDefaultsFor(rt.model.fingerprint);
@@ -34,17 +40,49 @@ export function planPolicy(
     promptTokens,
     maxTokens,
   });
-  const roles = rt.engine.checkPolicy(policy);
   const resolved: PolicySpec =
     policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK ?? 0 } } : chosen;
-  return { spec: resolved, policy, layerGroups: layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, rt.model.config.nLayer) };
+  return { spec: resolved, policy };
+}
+
+/** Resolves the policy and has the engine validate it once, for the layer groups a chunk-writing prefill packs by. */
+export function planPolicy(
+  rt: Pick<Runtime, "engine" | "model" | "config">,
+  spec: PolicySpec | undefined,
+  promptTokens: number,
+  maxTokens: number,
+  roundStarts?: readonly number[],
+): PlannedPolicy {
+  const resolved = resolveRequestPolicy(rt, spec, promptTokens, maxTokens, roundStarts);
+  const roles = rt.engine.checkPolicy(resolved.policy);
+  return { ...resolved, layerGroups: layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, rt.model.config.nLayer) };
+}
+
+/** Sets the policy on the sequence that attends with it (the engine's one validation); PolicyError (invalid_policy) when refused. */
+export function applyPolicy(rt: Pick<Runtime, "engine">, seq: NativeSequence, policy: AttentionPolicy): void {
+  rt.engine.applyPolicy(seq, policy);
 }
 
 /**
- * The policy checked before a prompt is tokenized: its limits, and the engine's own checks with
- * what the prompt cannot make worse (a one-token prompt, the longest default answer, a chat's
- * rounds still to be found). What depends on the prompt is checked again by planPolicy.
+ * The policy checked before a prompt is tokenized, with what the prompt cannot make worse (a
+ * one-token prompt, the longest default answer, a chat's rounds still to be found). The engine
+ * sees it once, with the prompt's own length (planPolicy or applyPolicy).
  */
 export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "config">, spec: PolicySpec | undefined, opts: { maxTokens?: number | undefined; chat: boolean }): void {
-  planPolicy(rt, spec, 1, opts.maxTokens ?? DEFAULT_MAX_TOKENS, opts.chat ? [0] : undefined);
+  resolveRequestPolicy(rt, spec, 1, opts.maxTokens ?? DEFAULT_MAX_TOKENS, opts.chat ? [0] : undefined);
+}
+
+/**
+ * Why a decode that imported its prompt's KV from another process attends differently from one
+ * that computed it (or took the prefill's sequence in process): what the policy keeps of the
+ * prompt's queries does not travel with the KV. Undefined when nothing is missing.
+ */
+export function promptQueriesMissing(policy: AttentionPolicy): string | undefined {
+  if (policy.kind === "scope" && (policy.scope.alpha1 ?? 0) > 0) {
+    return "scope.alpha1: the prompt pool needs the prompt's last queries, which the KV handoff between processes does not carry; the decode kept the whole prompt";
+  }
+  if ((policy.kind === "omnikv" || policy.kind === "omnikv+scope") && (policy.omnikv.selector === "uniform" || policy.omnikv.selector === "exp")) {
+    return `omnikv.selector ${policy.omnikv.selector}: the prompt's last queries, part of the selection window, do not travel with the KV between processes; the window starts with the generated tokens' queries only`;
+  }
+  return undefined;
 }

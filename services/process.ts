@@ -9,6 +9,7 @@ import { openSecurity, type Security } from "../shared/platform/auth/security.ts
 import { DbProbe } from "../shared/platform/registry/db-probe.ts";
 import { buildApp, buildInternalApp, type Services } from "./app.ts";
 import { DecodeService } from "./decode/service.ts";
+import { InProcessHandoff } from "./handoff/in-process.ts";
 import { PrefillService } from "./prefill/service.ts";
 import { openRuntime, sloTargets, type Runtime } from "./runtime.ts";
 
@@ -39,6 +40,8 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
     const scheduler = services.decode?.scheduler;
     const compute = scheduler && config.prefillChunking === "slo" ? scheduler.prefill.bind(scheduler) : undefined;
     services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics, compute);
+    // Its own requests' prefills hand their sequences over directly (services/handoff/in-process.ts).
+    services.decode?.useInProcessPrefill(new InProcessHandoff(services.prefill));
   }
   // One probe for both listeners' /ready: it caches the database's answer for both.
   const dbProbe = new DbProbe(runtime.db);

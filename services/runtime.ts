@@ -62,7 +62,7 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
   }
   // Computed here (a pass over the vocabulary) rather than on the first request's event loop turn.
   const promptChars = maxPromptChars({ engine, tokenizer });
-  log.info({ model: path.basename(modelPath), device: engine.native.info.deviceDescription, kernels: engine.native.info.kernels, threads: engine.native.info.threads, db: db.kind, maxPromptChars: promptChars }, "runtime ready");
+  log.info({ model: path.basename(modelPath), device: engine.info.deviceDescription, kernels: engine.info.kernels, threads: engine.info.threads, db: db.kind, maxPromptChars: promptChars }, "runtime ready");
   return {
     config,
     log,

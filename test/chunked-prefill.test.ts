@@ -12,7 +12,7 @@ import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import { DecodeScheduler, type SchedulerOptions } from "../services/decode/scheduler.ts";
 import { Slot } from "../services/decode/slot.ts";
 import { prefillChunkTokens, StepCosts } from "../services/decode/step-plan.ts";
-import { TokenTextStream } from "../services/decode/text-stream.ts";
+import { TokenTextStream } from "../shared/inference/text-stream.ts";
 import { argmax } from "./helpers/logits.ts";
 
 const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, i) => 100 + ((i * 7919 + salt * 104729) % 30000));
@@ -101,7 +101,7 @@ describe("the scheduler's mixed steps", () => {
     text.push(first);
     // `feedToken` replaces the token the first step is fed (a bad id makes that step fail).
     const slot = new Slot(seq, o.feedToken ?? first, new Sampler({ temperature: 0 }), text);
-    sched.liveSequences++;
+    sched.adopt(seq);
     sched.start(slot);
     const tokens = [first];
     const all = (async () => {

@@ -76,6 +76,14 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
     expect(res.body.choices[0].message.content).toBe(tok.decode(ids.filter((id) => !tok.isEog(id))));
   });
 
+  it("SCOPE's prompt pool cannot cross processes: the decode keeps the whole prompt and the answer says so", async () => {
+    const policy = { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 8 } };
+    const res = await postJson(`${viaShm.url}/v1/completions`, { model: "default", prompt: LONG, max_tokens: 8, temperature: 0, policy });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    expect(res.body.ctxbank.handoff.path).toBe("shard");
+    expect(res.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*kept the whole prompt/)]);
+  });
+
   it("a prefill killed after answering: decode fails fast with a clear error, or recomputes when asked", async () => {
     const handles: Handle[] = [];
     for (const prompt of ["The sun is a", "Water boils at"]) handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);

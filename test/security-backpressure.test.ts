@@ -4,7 +4,7 @@
 // turn, so one key's burst of long prompts does not hold another key's 2-token prompt behind
 // all of it; and one key's unclaimed handles cannot take the whole shard (429 shard_full for it,
 // room for the others). Each tenant is an API key of its own.
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
 import { newApiKey } from "../shared/platform/auth/api-keys.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
@@ -86,6 +86,10 @@ describe("bounded fair queues (serve, PGlite)", () => {
   });
 
   it("decode's prefill calls: a bounded, visible queue answering 429 queue_full with Retry-After beyond it", async () => {
+    // `serve` prefills its own requests in process; the calls to prefill instances are what a decode-only process makes.
+    const inProcess = s.services.decode!.inProcessPrefill;
+    s.services.decode!.useInProcessPrefill(undefined);
+    onTestFinished(() => s.services.decode!.useInProcessPrefill(inProcess));
     const url = `${s.url}/v1/completions`;
     const calls = Array.from({ length: 6 }, (_, i) => post(url, { model: "default", prompt: ids(384, 100 + i), max_tokens: 2, temperature: 0 }));
     await until("decode queues its prefill calls", () => s.services.decode!.prefillClient.queue.queued === 2, 20_000);

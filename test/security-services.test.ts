@@ -9,7 +9,7 @@ import { copyFile, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import { DrizzleQueryError } from "drizzle-orm/errors";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
 import { chunkRoutes } from "../services/prefill/routes.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { createLogger, openRuntime } from "../services/runtime.ts";
@@ -93,7 +93,15 @@ describe("services under hostile input and a database outage", () => {
     expect(await bad.json()).toMatchObject({ error: { code: "invalid_request", type: "invalid_request_error", param: null } });
   });
 
+  /** Until the test ends, this server's decode prefills on the registry's prefill instances (through the shard). */
+  function shardHandoff(): void {
+    const inProcess = s.services.decode!.inProcessPrefill;
+    s.services.decode!.useInProcessPrefill(undefined);
+    onTestFinished(() => s.services.decode!.useInProcessPrefill(inProcess));
+  }
+
   it("a stream whose KV load fails after the first token ends with an error event, then [DONE]", async () => {
+    shardHandoff(); // the KV load is what fails: `serve`'s in-process handoff has none
     const loader = s.services.decode!.loader;
     const load = loader.load.bind(loader);
     loader.load = async () => {
@@ -113,6 +121,7 @@ describe("services under hostile input and a database outage", () => {
   });
 
   it("an internal failure mid-stream shows no details to the client and logs a bounded line without parameters", async () => {
+    shardHandoff(); // the KV load is what fails: `serve`'s in-process handoff has none
     const loader = s.services.decode!.loader;
     const load = loader.load.bind(loader);
     const secret = "secret-param-";

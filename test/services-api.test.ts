@@ -166,8 +166,10 @@ describe.each(backends)("services API on $name", (backend) => {
     expect(b.body.error.code).toBe("queue_full");
   });
 
-  it("503 when no prefill instance is alive", async () => {
+  it("503 when no prefill instance is alive (a decode without a prefill in its process)", async () => {
     const id = s.services.prefill!.instanceId;
+    const inProcess = s.services.decode!.inProcessPrefill;
+    s.services.decode!.useInProcessPrefill(undefined);
     await s.rt.registry.instances.markDraining(id);
     try {
       const res = await postJson(`${url}/v1/completions`, { model: "default", prompt: "hi", max_tokens: 2 });
@@ -175,6 +177,7 @@ describe.each(backends)("services API on $name", (backend) => {
       expect(res.body.error).toMatchObject({ code: "no_prefill_instance", type: "service_unavailable" });
     } finally {
       await s.rt.registry.instances.register({ id, role: "prefill", baseUrl: url, hostId: s.rt.config.hostId });
+      s.services.decode!.useInProcessPrefill(inProcess);
     }
     expect((await postJson(`${url}/v1/completions`, { model: "default", prompt: "hi", max_tokens: 2 })).status).toBe(200);
   });

@@ -10,13 +10,13 @@ import type { Handle } from "../../shared/platform/http/wire.ts";
 import { ChunkFeed } from "../handoff/chunk-feed.ts";
 import type { HandleProgress, HandleStart } from "../handoff/handle-stream.ts";
 import { KvLoadError, type KvLoader } from "../handoff/reader.ts";
-import { planPolicy } from "../policy.ts";
+import { applyPolicy, resolveRequestPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, type Runtime } from "../runtime.ts";
 import type { DecodeScheduler } from "./scheduler.ts";
 
 /** How a request's KV reached the decode: the transport, what moved, and whether it was recomputed. */
 export interface KvSummary {
-  transport: "http" | "shm" | "recompute" | "none";
+  transport: "http" | "shm" | "recompute" | "in_process" | "none";
   chunks: number;
   bytes: number;
   ms: number;
@@ -40,7 +40,7 @@ export class StreamedLoad {
     private readonly rt: Runtime,
     private readonly loader: KvLoader,
     private readonly maxTokens: number | undefined,
-    private readonly policy: Parameters<typeof planPolicy>[1],
+    private readonly policy: Parameters<typeof resolveRequestPolicy>[1],
     private readonly signal: AbortSignal,
   ) {}
 
@@ -57,9 +57,10 @@ export class StreamedLoad {
     const maxTokens = this.maxTokens ?? defaultMaxTokens(engine.maxContext, n);
     try {
       checkContext(engine.maxContext, n, maxTokens);
-      const { policy } = planPolicy(this.rt, start.policy ?? this.policy, n, maxTokens);
+      const { policy } = resolveRequestPolicy(this.rt, start.policy ?? this.policy, n, maxTokens);
       this.seq = engine.createSequence(n + maxTokens);
-      this.seq.setPolicy(policy);
+      applyPolicy(this.rt, this.seq, policy); // the engine's one validation of it
+
     } catch (error) {
       this.seq?.release();
       this.seq = undefined;

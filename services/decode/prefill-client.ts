@@ -33,6 +33,8 @@ export class PrefillClient {
   readonly queue: FairQueue;
   private readonly peers: PeerWatch;
   readonly timeoutMs: number;
+  /** HTTP calls made to prefill instances since the start. */
+  calls = 0;
 
   constructor(
     private readonly rt: Runtime,
@@ -87,6 +89,7 @@ export class PrefillClient {
       try {
         let res;
         try {
+          this.calls++;
           res = await this.poolFor(inst.baseUrl).request({
             method: "POST",
             path: new URL(inst.baseUrl).pathname.replace(/\/+$/, "") + "/v1/prefill",

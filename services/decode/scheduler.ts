@@ -11,8 +11,7 @@
 // Admission happens before any work: a request reserves its KV bytes (prompt + max tokens) and a
 // place; when the places (batch + queue) or the KV budget are used up it gets 429 at once.
 import type { Logger } from "pino";
-import type { Engine, NativeSequence } from "../../shared/inference/engine/engine.ts";
-import type { ForwardItem } from "../../shared/inference/engine/native.ts";
+import type { Engine, ForwardItem, NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { ApiError, retryAfter } from "../../shared/platform/http/errors.ts";
 import { queueFull } from "../../shared/platform/queue/fair-queue.ts";
 import { Reservation, Slot } from "./slot.ts";
@@ -75,8 +74,8 @@ export class DecodeScheduler {
   private maxBatchSeen = 0;
   private mixedSteps = 0;
   private prefillTokens = 0;
-  /** Sequences created for requests and not yet released (whoever owns them). */
-  liveSequences = 0;
+  /** Sequences of requests in this decode and not yet released (see adopt / release). */
+  private liveSequences = 0;
   /** Requests refused with 429 queue_full for want of a place, since the start. */
   rejected = 0;
   /** When each key last had a sequence join the batch (a join counter): the round-robin turn. */
@@ -89,13 +88,19 @@ export class DecodeScheduler {
     private readonly log: Logger,
   ) {}
 
-  /** Reserves a place and `bytes` of KV memory, or throws 429. */
-  admit(bytes: number): Reservation {
-    const { maxBatch, maxQueue, kvBudgetBytes } = this.options;
+  /** Throws 429 queue_full when every place (batch + queue) is taken. */
+  checkPlace(): void {
+    const { maxBatch, maxQueue } = this.options;
     if (this.admitted >= maxBatch + maxQueue) {
       this.rejected++;
       throw queueFull(`decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry later`, 1);
     }
+  }
+
+  /** Reserves a place and `bytes` of KV memory, or throws 429. */
+  admit(bytes: number): Reservation {
+    const { kvBudgetBytes } = this.options;
+    this.checkPlace();
     if (this.reservedBytes + bytes > kvBudgetBytes) {
       throw retryAfter(1, new ApiError(
         429,
@@ -111,6 +116,23 @@ export class DecodeScheduler {
   unreserve(bytes: number): void {
     this.admitted--;
     this.reservedBytes -= bytes;
+  }
+
+  /** A new sequence for a request, counted here until release() (or the batch) frees it. */
+  createSequence(capacity: number): NativeSequence {
+    return this.adopt(this.engine.createSequence(capacity));
+  }
+
+  /** Counts a sequence made elsewhere (an in-process prefill's) as this decode's. */
+  adopt(seq: NativeSequence): NativeSequence {
+    this.liveSequences++;
+    return seq;
+  }
+
+  /** Frees a counted sequence that never joined the batch. */
+  release(seq: NativeSequence): void {
+    seq.release();
+    this.liveSequences--;
   }
 
   /** Hands a loaded sequence to the batch; it is released when it finishes or is cancelled. */
@@ -174,8 +196,7 @@ export class DecodeScheduler {
       const i = list.indexOf(slot);
       if (i >= 0) list.splice(i, 1);
     }
-    slot.seq.release();
-    this.liveSequences--;
+    this.release(slot.seq);
   }
 
   /**
@@ -210,7 +231,7 @@ export class DecodeScheduler {
       // A slot's text holds every token sent so far, the first included: the next is token text.count.
       slackMs: decodes.map((s) => s.firstTokenAt + s.text.count * pace - now),
       costs: this.costs,
-      maxTokens: Math.max(1, this.engine.native.info.ubatch - decodes.length),
+      maxTokens: Math.max(1, this.engine.ubatch - decodes.length),
       minChunk: this.options.minPrefillChunk ?? 16,
     });
     const plan: PrefillChunk[] = [];
@@ -274,7 +295,7 @@ export class DecodeScheduler {
     batch.forEach((s) => this.inStep.add(s));
     const t0 = performance.now();
     try {
-      await this.engine.native.forward(items);
+      await this.engine.forward(items);
     } catch (error) {
       return error ?? new Error("engine step failed");
     } finally {

@@ -8,18 +8,19 @@ import { Sampler, validateSampling } from "../../shared/inference/engine/sampler
 import type { FinishReason } from "../../shared/inference/generate.ts";
 import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
-import { queueFull } from "../../shared/platform/queue/fair-queue.ts";
 import { samplingOptions, type CtxbankExtension, type Handle, type PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { ctxbankExtension } from "../../shared/platform/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
 import type { PolicySpec } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
-import { planPolicy } from "../policy.ts";
+import { applyPolicy, promptQueriesMissing, resolveRequestPolicy } from "../policy.ts";
 import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
+import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
+import type { InProcessHandoff, Prefilled } from "../handoff/in-process.ts";
 import { KvLoadError, KvLoader } from "../handoff/reader.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
@@ -27,7 +28,7 @@ import { prefillDied, StreamedLoad, type KvSummary } from "./kv-stream.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
-import { TokenTextStream } from "./text-stream.ts";
+import { TokenTextStream } from "../../shared/inference/text-stream.ts";
 
 export interface DecodeOptions {
   maxTokens?: number | undefined;
@@ -75,7 +76,9 @@ export class DecodeService {
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
-  readonly totals = { requests: 0, done: 0, cancelled: 0, failed: 0, recomputed: 0 };
+  readonly totals = { requests: 0, done: 0, cancelled: 0, failed: 0, recomputed: 0, in_process: 0 };
+  /** Under `serve`: the prefill service in this process, which hands its sequences over directly. */
+  private inProcess: InProcessHandoff | undefined;
 
   constructor(
     private readonly rt: Runtime,
@@ -110,6 +113,16 @@ export class DecodeService {
     return this.state === "ready";
   }
 
+  /** The in-process prefill this decode's own requests use (under `serve`), if any. */
+  get inProcessPrefill(): InProcessHandoff | undefined {
+    return this.inProcess;
+  }
+
+  /** Prefills this decode's own requests in this process from now on (no shard, no HTTP call); undefined: on the prefill instances in the registry again. */
+  useInProcessPrefill(handoff: InProcessHandoff | undefined): void {
+    this.inProcess = handoff;
+  }
+
   async start(baseUrl: string): Promise<void> {
     this.membership = new Membership(this.rt, "decode", this.instanceId, baseUrl);
     await this.membership.start();
@@ -117,7 +130,7 @@ export class DecodeService {
   }
 
   status() {
-    return { state: this.state, ...this.scheduler.status(), kv_loads: { ...this.loader.totals }, totals: { ...this.totals } };
+    return { state: this.state, ...this.scheduler.status(), kv_loads: { ...this.loader.totals }, prefill_calls: this.prefillClient.calls, totals: { ...this.totals } };
   }
 
   private assertReady(): void {
@@ -126,62 +139,70 @@ export class DecodeService {
     }
   }
 
-  /** The OpenAI routes' path: prefill on a prefill instance, then decode the handle here. */
+  /**
+   * The OpenAI routes' path: prefill the prompt — in this process when a prefill service runs
+   * here (`serve`: the prefill's sequence is handed over as it is), else on a prefill instance
+   * (the KV comes through its shard) — then decode it here.
+   */
   async *complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
     const t0 = opts.arrivedAt ?? performance.now();
-    let handle: Handle;
+    let prefilled: Prefilled;
     let stream: StreamedLoad | undefined;
     try {
       this.assertReady();
-      const room = this.scheduler.status();
-      if (room.admitted >= this.scheduler.options.maxBatch + this.scheduler.options.maxQueue) {
-        this.scheduler.rejected++;
-        throw queueFull(`decode is full (${room.admitted} requests admitted); retry later`, 1);
+      this.scheduler.checkPlace();
+      const body: PrefillRequest = {
+        ...prompt,
+        ...(opts.maxTokens === undefined ? {} : { max_tokens: opts.maxTokens }),
+        ...(opts.temperature === undefined ? {} : { temperature: opts.temperature }),
+        ...(opts.top_p === undefined ? {} : { top_p: opts.top_p }),
+        ...(opts.top_k === undefined ? {} : { top_k: opts.top_k }),
+        ...(opts.seed === undefined ? {} : { seed: opts.seed }),
+        ...(opts.policy === undefined ? {} : { policy: opts.policy }),
+      };
+      const tenant = opts.tenant ?? LOCAL_TENANT;
+      if (this.inProcess) {
+        prefilled = await this.inProcess.run(body, signal, tenant, log);
+      } else {
+        stream = this.rt.config.kvStreaming ? new StreamedLoad(this.rt, this.loader, opts.maxTokens, opts.policy, signal) : undefined;
+        // Asked to fail fast, a chunk that cannot be loaded stops the prefill call at once.
+        const callSignal = stream && opts.onKvFailure !== "recompute" ? AbortSignal.any([signal, stream.failed.signal]) : signal;
+        const handle = await this.prefillClient.prefill(body, callSignal, tenant, stream?.progress);
+        stream?.finish(handle);
+        prefilled = { path: "shard", handle };
       }
-      stream = this.rt.config.kvStreaming ? new StreamedLoad(this.rt, this.loader, opts.maxTokens, opts.policy, signal) : undefined;
-      // Asked to fail fast, a chunk that cannot be loaded stops the prefill call at once.
-      const callSignal = stream && opts.onKvFailure !== "recompute" ? AbortSignal.any([signal, stream.failed.signal]) : signal;
-      handle = await this.prefillClient.prefill(
-        {
-          ...prompt,
-          ...(opts.maxTokens === undefined ? {} : { max_tokens: opts.maxTokens }),
-          ...(opts.temperature === undefined ? {} : { temperature: opts.temperature }),
-          ...(opts.top_p === undefined ? {} : { top_p: opts.top_p }),
-          ...(opts.top_k === undefined ? {} : { top_k: opts.top_k }),
-          ...(opts.seed === undefined ? {} : { seed: opts.seed }),
-          ...(opts.policy === undefined ? {} : { policy: opts.policy }),
-        },
-        callSignal,
-        opts.tenant ?? LOCAL_TENANT,
-        stream?.progress,
-      );
-      stream?.finish(handle);
     } catch (e) {
       const recompute = stream?.start && opts.onKvFailure === "recompute" && !signal.aborted && prefillDied(e);
       if (!recompute) {
         await stream?.dispose();
         const err = stream?.loadError && !signal.aborted ? kvLoadFailed(stream.loadError) : e;
-        this.metrics.requestFailed(err); // decode() counts its own outcomes from here on
+        this.metrics.requestFailed(err); // run() counts its own outcomes from here on
         throw err;
       }
       log.warn({ err: (e as Error).message }, "the prefill died mid-stream; recomputing the prompt locally");
       try {
-        handle = await stream!.recomputeHandle((seq, ids, sig) => this.scheduler.prefill(seq, ids, sig), e, signal);
+        prefilled = { path: "shard", handle: await stream!.recomputeHandle((seq, ids, sig) => this.scheduler.prefill(seq, ids, sig), e, signal) };
       } catch (err) {
         await stream!.dispose();
         this.metrics.requestFailed(err);
         throw signal.aborted ? signal.reason : err;
       }
     }
-    yield* this.decode(handle, opts, signal, log, { owned: true, t0, stream });
+    yield* this.run(prefilled, opts, signal, log, { owned: true, t0, stream });
+  }
+
+  /** Decodes a client's handle (POST /v1/decode): its KV comes through the prefill's shard. */
+  decode(handle: Handle, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
+    return this.run({ path: "shard", handle }, opts, signal, log);
   }
 
   /**
-   * Decodes a handle. `owned`: the handle came from our own prefill call, so on any failure its
+   * Decodes a prefilled prompt. `owned`: it came from our own prefill call, so on any failure its
    * chunks are released; a client's handle is left alone when it was not ours to take (404/409/429).
    */
-  async *decode(handle: Handle, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number; stream?: StreamedLoad | undefined } = {}): AsyncGenerator<DecodeEvent> {
+  private async *run(prefilled: Prefilled, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number; stream?: StreamedLoad | undefined } = {}): AsyncGenerator<DecodeEvent> {
     const { engine, model, registry } = this.rt;
+    const handle = prefilled.handle;
     const t0 = how.t0 ?? opts.arrivedAt ?? performance.now();
     const clock = new RequestClock(t0);
     const requestId = handle.request_id;
@@ -196,7 +217,8 @@ export class DecodeService {
     let errorText: string | undefined;
     let failure: unknown;
     let reservation: ReturnType<DecodeScheduler["admit"]> | undefined;
-    let seq: ReturnType<typeof engine.createSequence> | undefined;
+    // In process, the prefill's own sequence (already holding the prompt): this decode's from now.
+    let seq: NativeSequence | undefined = prefilled.path === "in_process" ? this.scheduler.adopt(prefilled.seq) : undefined;
     let slot: Slot | undefined;
     let text: TokenTextStream | undefined;
     try {
@@ -216,13 +238,25 @@ export class DecodeService {
       if (handle.first_token >= nFirst) {
         throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
       }
-      // Our own prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat);
-      // a client's handle may be decoded under another policy the request names.
-      const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
-      const sampler = newSampler(opts, handle);
+      // In process, the policy was set on the sequence before its prompt. Otherwise: our own
+      // prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat); a
+      // client's handle may be decoded under another policy the request names.
+      const policy =
+        prefilled.path === "in_process" ? undefined : resolveRequestPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens).policy;
+      const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
+      // Streamed: the sequence (made with this capacity and policy) is loading already.
+      const loading = how.stream?.take();
+      if (loading) {
+        seq = this.scheduler.adopt(loading);
+      } else if (policy) {
+        seq = this.scheduler.createSequence(n + maxTokens);
+        applyPolicy(this.rt, seq, policy); // the engine's one validation: 400 before the handle is taken
+      } else if (seq!.capacity < n + maxTokens || seq!.nPast !== n) {
+        throw new Error(`the in-process prefill handed over a sequence of ${seq!.nPast}/${seq!.capacity} tokens for ${n} + ${maxTokens}`);
+      }
       // Our own prefill's handle is ours already; record that this decode holds it (should we
       // die, the sweep ends the row) without keeping the first token waiting.
       const adopting = claimed ? this.adopt(requestId, log) : this.claim(requestId);
@@ -237,18 +271,21 @@ export class DecodeService {
       const firstTokenAt = performance.now();
       yield { type: "token", id: handle.first_token, text: first.text, index: 0 };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
+      const warnings: string[] = [];
       let finish = first.finish;
       if (!finish) {
-        // Streamed: the sequence (made with this capacity and policy) is loading already.
-        const loading = how.stream?.take();
-        seq = loading ?? engine.createSequence(n + maxTokens);
-        if (!loading) seq.setPolicy(policy);
-        this.scheduler.liveSequences++;
-        const streamed = loading ? how.stream : undefined;
-        kv = await this.loadOrRecompute(handle, seq, opts.onKvFailure ?? "fail", signal, log, streamed ? () => streamed.result() : undefined);
-        // The KV is ours now: the prefill's shard space can be reclaimed.
-        await registry.chunks.releaseRequest(requestId);
-        slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
+        if (prefilled.path === "in_process") {
+          kv = { transport: "in_process", chunks: 0, bytes: 0, ms: 0, recomputed: false };
+          this.totals.in_process++;
+        } else {
+          const streamed = loading ? how.stream : undefined;
+          kv = await this.loadOrRecompute(prefilled.handle, seq!, opts.onKvFailure ?? "fail", signal, log, streamed ? () => streamed.result() : undefined);
+          // The KV is ours now: the prefill's shard space can be reclaimed.
+          await registry.chunks.releaseRequest(requestId);
+          const missing = kv.recomputed ? undefined : promptQueriesMissing(policy!);
+          if (missing) warnings.push(missing);
+        }
+        slot = new Slot(seq!, handle.first_token, sampler, text, firstTokenAt);
         slot.tenant = opts.tenant ?? "local";
         seq = undefined; // the scheduler owns it from here
         this.scheduler.start(slot);
@@ -278,7 +315,7 @@ export class DecodeService {
         kv,
         ttftMs: timings.ttftMs,
         totalMs: timings.e2eMs,
-        ctxbank: ctxbankExtension(timings, verdict),
+        ctxbank: { ...ctxbankExtension(timings, verdict), handoff: { path: prefilled.path, ...(warnings.length > 0 ? { warnings } : {}) } },
       };
     } catch (e) {
       if (signal.aborted) {
@@ -302,14 +339,11 @@ export class DecodeService {
       if (outcome !== "done") this.metrics.requestFailed(failure);
       if (reservation) this.metrics.tokens(handle.prompt_tokens, text?.count ?? 0);
       if (slot) this.scheduler.cancel(slot);
-      if (seq) {
-        seq.release();
-        this.scheduler.liveSequences--;
-      }
+      if (seq) this.scheduler.release(seq);
       reservation?.release();
       this.totals[outcome]++;
       if (claimed) await this.outcomes.record(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 }, log);
-      log.info({ requestId, outcome, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
+      log.info({ requestId, outcome, handoff: prefilled.path, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
     }
   }
 
@@ -338,7 +372,7 @@ export class DecodeService {
 
   private async loadOrRecompute(
     handle: Handle,
-    seq: NonNullable<ReturnType<Runtime["engine"]["createSequence"]>>,
+    seq: NativeSequence,
     onFailure: "fail" | "recompute",
     signal: AbortSignal,
     log: Logger,
@@ -394,8 +428,8 @@ function unknownHandle(requestId: string): ApiError {
 }
 
 /** The decode's sampler, continuing the one that sampled the handle's first token. */
-function newSampler(opts: DecodeOptions, handle: Handle): Sampler {
-  const sampler = new Sampler(validateSampling(samplingOptions(opts, handle.sampling)));
+function newSampler(opts: DecodeOptions, handleSampling: Handle["sampling"]): Sampler {
+  const sampler = new Sampler(validateSampling(samplingOptions(opts, handleSampling)));
   // The prefill drew once from the same seeded generator for the first token; draw once too, so
   // the stream is the one a single process would have produced. (Greedy draws nothing.)
   if (sampler.options.temperature > 0) sampler.sample(Float32Array.of(0));

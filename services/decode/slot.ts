@@ -3,7 +3,7 @@
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import type { Sampler } from "../../shared/inference/engine/sampler.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
-import type { TokenTextStream } from "./text-stream.ts";
+import type { TokenTextStream } from "../../shared/inference/text-stream.ts";
 
 export type SlotEvent =
   | { type: "token"; id: number; text: string; index: number }

@@ -21,7 +21,8 @@ import { RegistryError } from "../../shared/platform/registry/registry.ts";
 import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/inference/policy/request.ts";
-import { checkPolicyBeforeWork, planPolicy, type PlannedPolicy } from "../policy.ts";
+import { applyPolicy, checkPolicyBeforeWork, planPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
+import type { PromptHandle } from "../handoff/in-process.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "../handoff/writer.ts";
 import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
@@ -40,6 +41,15 @@ interface PrefillWork {
   done: number;
   /** Time spent in forward passes (the rest of a prefill is its fixed cost). */
   computeMs: number;
+}
+
+/** A prompt checked and tokenized, before it has a place. */
+interface PreparedPrompt {
+  tokens: number[];
+  sampling: { temperature: number; topK: number; topP: number; seed: number };
+  /** The answer's planned length: max_tokens, or the decode's default. */
+  maxTokens: number;
+  roundStarts?: number[];
 }
 
 export interface PrefillStatus {
@@ -203,22 +213,52 @@ export class PrefillService {
 
   /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/platform/auth/tenant.ts). */
   async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT, progress?: HandleProgress): Promise<Handle> {
+    const t0 = performance.now();
+    const p = await this.prepare(req);
+    // The engine validates the policy once, here: the layer groups the chunks are packed by.
+    const policy = planPolicy(this.rt, req.policy, p.tokens.length, p.maxTokens, p.roundStarts);
+    return this.inPlace(p.tokens.length, tenant, signal, async (work, queueMs) => ({
+      ...(await this.run(req, tenant, p.tokens, policy, p.sampling, signal, log, t0, work, progress)),
+      queue_ms: queueMs,
+    }));
+  }
+
+  /**
+   * Prefills `req` for a decode in this process (services/handoff/in-process.ts): into the
+   * decode's own sequence, with room for the answer and the decode policy set before the prompt,
+   * so that whatever the policy keeps of the prompt's queries is observed. No chunk is written.
+   * The caller owns the returned sequence.
+   */
+  async prefillInProcess(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<{ handle: PromptHandle; seq: NativeSequence }> {
+    const t0 = performance.now();
+    const p = await this.prepare(req);
+    const policy = resolveRequestPolicy(this.rt, req.policy, p.tokens.length, p.maxTokens, p.roundStarts);
+    return this.inPlace(p.tokens.length, tenant, signal, (work, queueMs) => this.runInProcess(req, tenant, p, policy, signal, log, { t0, work, queueMs }));
+  }
+
+  /**
+   * Everything checked before any work (503 unless ready, sampling, the policy's limits), then the
+   * prompt tokenized (off the event loop, stopping past the context), with a chat's rounds found
+   * in the same pass, and checked against the context.
+   */
+  private async prepare(req: PrefillRequest): Promise<PreparedPrompt> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
-    const t0 = performance.now();
-    // Every field is checked before any work; then the prompt is tokenized (off the event loop,
-    // stopping past the context), with a chat's rounds found in the same pass.
     const sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
     checkPolicyBeforeWork(this.rt, req.policy, { maxTokens: req.max_tokens, chat: req.messages !== undefined });
     const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
-    const { ids: tokens, roundStarts: starts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined });
+    const { ids: tokens, roundStarts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined });
     checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
-    const roundStarts = starts ?? undefined;
-    // Checked against the length the decode will plan for (SCOPE's T is max_tokens, or decode's default).
-    const policy = planPolicy(this.rt, req.policy, tokens.length, req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length), roundStarts);
-    this.admit(tokens.length);
-    const work: PrefillWork = { tokens: tokens.length, done: 0, computeMs: 0 };
+    // The length the decode plans for (SCOPE's T is max_tokens, or the decode's default).
+    const maxTokens = req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length);
+    return { tokens, sampling, maxTokens, ...(roundStarts ? { roundStarts } : {}) };
+  }
+
+  /** Runs `run` in a prefill place (SLO admission, then the fair queue), counting the work and its throughput. */
+  private async inPlace<T>(promptTokens: number, tenant: string, signal: AbortSignal, run: (work: PrefillWork, queueMs: number) => Promise<T>): Promise<T> {
+    this.admit(promptTokens);
+    const work: PrefillWork = { tokens: promptTokens, done: 0, computeMs: 0 };
     this.work.add(work);
     try {
       const queuedAt = performance.now();
@@ -227,11 +267,11 @@ export class PrefillService {
       });
       const startedAt = performance.now();
       try {
-        const handle = await this.run(req, tenant, tokens, policy, sampling, signal, log, t0, work, progress);
+        const out = await run(work, startedAt - queuedAt);
         this.totals.prefills++;
-        this.totals.prompt_tokens += tokens.length;
-        this.throughput.observe(tokens.length, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
-        return { ...handle, queue_ms: startedAt - queuedAt };
+        this.totals.prompt_tokens += promptTokens;
+        this.throughput.observe(promptTokens, work.computeMs / 1000, (performance.now() - startedAt) / 1000);
+        return out;
       } finally {
         leave();
       }
@@ -271,15 +311,7 @@ export class PrefillService {
     const { registry, engine, model, config } = this.rt;
     const shard = this.shard!;
     const n = tokens.length;
-    const requestId = namespacedRequestId(tenant, req.request_id ?? `req-${randomUUID()}`);
-    try {
-      await registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens: n, prefillInstanceId: this.instanceId });
-    } catch (e) {
-      if (e instanceof RegistryError && e.code === "conflict") {
-        throw new ApiError(409, "request_id_conflict", `request id ${req.request_id ?? requestId} was used before; pick a new one`, "request_id");
-      }
-      throw e;
-    }
+    const requestId = await this.createRequest(req, tenant, n);
 
     const groups = policy.layerGroups;
     const blocks = tokenBlocks(n, config.blockTokens);
@@ -299,7 +331,7 @@ export class PrefillService {
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
       const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
-      const ubatch = engine.native.info.ubatch;
+      const ubatch = engine.ubatch;
       let logits: Float32Array | undefined;
       let next = 0;
       for (let i = 0; i < n; i += ubatch) {
@@ -368,6 +400,80 @@ export class PrefillService {
       seq?.release(); // nothing reads the cache any more: every write has settled
       this.kvInFlight -= kvBytes;
     }
+  }
+
+  /** The in-process prefill: the prompt computed into the decode's sequence, which is handed over as it is. */
+  private async runInProcess(
+    req: PrefillRequest,
+    tenant: string,
+    p: PreparedPrompt,
+    policy: ResolvedPolicy,
+    signal: AbortSignal,
+    log: Logger,
+    at: { t0: number; work: PrefillWork; queueMs: number },
+  ): Promise<{ handle: PromptHandle; seq: NativeSequence }> {
+    const { registry, engine, model } = this.rt;
+    const n = p.tokens.length;
+    const seq = engine.createSequence(n + p.maxTokens);
+    let handed = false;
+    try {
+      applyPolicy(this.rt, seq, policy.policy); // the engine's one validation of this request's policy
+      const requestId = await this.createRequest(req, tenant, n);
+      try {
+        await registry.requests.mark(requestId, { event: "prefill_start" });
+        let logits: Float32Array | undefined;
+        for (let i = 0; i < n; i += engine.ubatch) {
+          const batch = p.tokens.slice(i, i + engine.ubatch);
+          const computeStart = performance.now();
+          logits = await this.compute(seq, batch, signal);
+          at.work.computeMs += performance.now() - computeStart;
+          at.work.done += batch.length;
+          this.metrics.prefillTokens(batch.length);
+          if (signal.aborted) throw clientClosed();
+        }
+        const firstToken = new Sampler(p.sampling).sample(logits!);
+        await registry.requests.mark(requestId, { event: "prefill_end" });
+        const prefillMs = performance.now() - at.t0;
+        log.info({ requestId, promptTokens: n, handoff: "in_process", ms: Math.round(prefillMs) }, "prefilled");
+        handed = true;
+        const { temperature, topP, topK, seed } = p.sampling;
+        return {
+          seq,
+          handle: {
+            request_id: requestId,
+            first_token: firstToken,
+            model_fingerprint: model.fingerprint,
+            prompt_tokens: n,
+            prompt_token_ids: p.tokens,
+            policy: policy.spec,
+            sampling: { temperature, top_p: topP, top_k: topK, seed },
+            prefill_ms: prefillMs,
+            queue_ms: at.queueMs,
+          },
+        };
+      } catch (err) {
+        const cancelled = signal.aborted;
+        await this.outcomes.record(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) }, log);
+        if (cancelled) throw clientClosed();
+        throw err;
+      }
+    } finally {
+      if (!handed) seq.release();
+    }
+  }
+
+  /** The request's registry row; 409 when its id was used before. */
+  private async createRequest(req: PrefillRequest, tenant: string, promptTokens: number): Promise<string> {
+    const requestId = namespacedRequestId(tenant, req.request_id ?? `req-${randomUUID()}`);
+    try {
+      await this.rt.registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens, prefillInstanceId: this.instanceId });
+    } catch (e) {
+      if (e instanceof RegistryError && e.code === "conflict") {
+        throw new ApiError(409, "request_id_conflict", `request id ${req.request_id ?? requestId} was used before; pick a new one`, "request_id");
+      }
+      throw e;
+    }
+    return requestId;
   }
 
   /** Graceful stop, part one: refuse new prefills, let running ones finish and readers pull. */

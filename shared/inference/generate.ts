@@ -14,9 +14,12 @@
 import { CtxbankError } from "./errors.ts";
 import type { Engine, NativeSequence } from "./engine/engine.ts";
 import { Sampler, SamplingError, validateSampling, type SamplingOptions } from "./engine/sampler.ts";
+import { StopStringFilter } from "./stop-strings.ts";
+import { TokenTextStream, type FinishReason } from "./text-stream.ts";
 import type { GgufTokenizer } from "./tokenizer/tokenizer.ts";
 
-export type FinishReason = "stop" | "length" | "stop_string";
+export type { FinishReason };
+export { StopStringFilter };
 
 export interface GenerateOptions extends SamplingOptions {
   /** Most tokens to generate (EOG included); default: whatever is left of the engine's context. */
@@ -103,6 +106,7 @@ export function generate(
   const stop = options.stop ?? [];
   if (!Array.isArray(stop) || !stop.every((s) => typeof s === "string" && s.length > 0))
     throw new GenerateError("invalid_request", "stop must be a list of non-empty strings", { param: "stop" });
+  const text = new TokenTextStream(tokenizer, maxTokens, stop);
   let sampler: Sampler;
   try {
     sampler = new Sampler(validateSampling(options));
@@ -110,23 +114,15 @@ export function generate(
     if (e instanceof SamplingError) throw new GenerateError("invalid_request", e.message, { param: e.param, cause: e });
     throw e;
   }
-  return run(engine, tokenizer, tokens, maxTokens, sampler, new StopStringFilter(stop), options.signal);
+  return run(engine, tokens, sampler, text, options.signal);
 }
 
-async function* run(
-  engine: Engine,
-  tokenizer: Detokenizer,
-  prompt: Int32Array,
-  maxTokens: number,
-  sampler: Sampler,
-  stops: StopStringFilter,
-  signal: AbortSignal | undefined,
-): AsyncGenerator<GenerateEvent, void, undefined> {
+async function* run(engine: Engine, prompt: Int32Array, sampler: Sampler, text: TokenTextStream, signal: AbortSignal | undefined): AsyncGenerator<GenerateEvent, void, undefined> {
   signal?.throwIfAborted();
   const t0 = performance.now();
   // The only resource this call owns; dropped (and collected) when the generator ends.
-  const seq: NativeSequence = engine.createSequence(prompt.length + maxTokens);
-  const chunk = Math.max(1, engine.native.info.ubatch);
+  const seq: NativeSequence = engine.createSequence(prompt.length + text.maxTokens);
+  const chunk = Math.max(1, engine.ubatch);
   let logits!: Float32Array;
   for (let i = 0; i < prompt.length; i += chunk) {
     logits = await engine.prefill(seq, prompt.subarray(i, i + chunk));
@@ -134,26 +130,17 @@ async function* run(
   }
   const prefillMs = performance.now() - t0;
 
-  const detok = tokenizer.createDetokenizer();
   let stepStart = t0;
   let ttftMs = 0;
   let decodeMs = 0;
-  let generated = 0;
   for (;;) {
     const id = sampler.sample(logits);
     const ms = performance.now() - stepStart;
-    if (generated === 0) ttftMs = ms;
+    if (text.count === 0) ttftMs = ms;
     else decodeMs += ms;
-    generated++;
-
-    const eog = tokenizer.isEog(id);
-    const last = eog || generated >= maxTokens;
-    let piece = eog ? "" : detok.push(id);
-    if (last) piece += detok.flush();
-    const out = stops.push(piece);
-    const finish: FinishReason | undefined = out.stopped ? "stop_string" : eog ? "stop" : last ? "length" : undefined;
-    const text = out.stopped || !finish ? out.text : out.text + stops.flush();
-    yield { type: "token", id, text, index: generated - 1, ms };
+    const { text: piece, finish } = text.push(id);
+    const generated = text.count;
+    yield { type: "token", id, text: piece, index: generated - 1, ms };
 
     if (finish) {
       const decodeSteps = generated - 1;
@@ -176,53 +163,5 @@ async function* run(
     stepStart = performance.now();
     [logits] = (await engine.decode([seq], [id])) as [Float32Array];
     signal?.throwIfAborted();
-  }
-}
-
-/**
- * Incremental stop-string matching over streamed text. `push` returns the text that is safe to
- * emit: everything except a tail that could still grow into a stop string. Once a stop string is
- * found, the text is cut right before it and `stopped` is true (the earliest match wins).
- */
-export class StopStringFilter {
-  private pending = "";
-
-  constructor(private readonly stops: readonly string[]) {}
-
-  push(text: string): { text: string; stopped: boolean } {
-    const p = this.pending + text;
-    let cut = -1;
-    for (const s of this.stops) {
-      const i = p.indexOf(s);
-      if (i >= 0 && (cut < 0 || i < cut)) cut = i;
-    }
-    if (cut >= 0) {
-      this.pending = "";
-      return { text: p.slice(0, cut), stopped: true };
-    }
-    const keep = this.heldLength(p);
-    this.pending = p.slice(p.length - keep);
-    return { text: p.slice(0, p.length - keep), stopped: false };
-  }
-
-  /** The held-back tail, released when the output ends without a stop string. */
-  flush(): string {
-    const p = this.pending;
-    this.pending = "";
-    return p;
-  }
-
-  /** Length of the longest suffix of `p` that is a proper prefix of some stop string. */
-  private heldLength(p: string): number {
-    let best = 0;
-    for (const s of this.stops) {
-      for (let k = Math.min(s.length - 1, p.length); k > best; k--) {
-        if (p.endsWith(s.slice(0, k))) {
-          best = k;
-          break;
-        }
-      }
-    }
-    return best;
   }
 }

@@ -11,6 +11,7 @@ import {
   type EngineDevice,
   type EngineInfo,
   type EngineOptions,
+  type ForwardItem,
   type ModelConfig,
   type NativeEngine,
   type NativeModel,
@@ -18,7 +19,7 @@ import {
   type PolicyStats,
 } from "./native.ts";
 
-export type { EngineDevice, EngineInfo, EngineOptions, ModelConfig, NativeSequence };
+export type { EngineDevice, EngineInfo, EngineOptions, ForwardItem, ModelConfig, NativeSequence };
 
 export interface LoadedModel {
   path: string;
@@ -62,6 +63,11 @@ export class Engine {
     this.native = new (addon().NativeEngine)(model.native, options);
   }
 
+  /** What the engine runs with: kernels, threads, micro-batch, context, device. */
+  get info(): EngineInfo {
+    return this.native.info;
+  }
+
   get maxContext(): number {
     return this.native.info.maxContext;
   }
@@ -69,6 +75,11 @@ export class Engine {
   /** "cpu" or "cuda:N": where this engine's forward passes run. */
   get device(): string {
     return this.native.info.device;
+  }
+
+  /** Prompt tokens one forward pass computes at most (the engine's micro-batch). */
+  get ubatch(): number {
+    return this.native.info.ubatch;
   }
 
   createSequence(capacity?: number): NativeSequence {
@@ -82,15 +93,30 @@ export class Engine {
   checkPolicy(policy: AttentionPolicy): Pick<PolicyStats, "layerRoles" | "layerGroups"> {
     const seq = this.native.createSequence(1);
     try {
-      seq.setPolicy(policy);
+      this.applyPolicy(seq, policy);
       const { layerRoles, layerGroups } = seq.policyStats;
       return { layerRoles, layerGroups };
-    } catch (e) {
-      if (e instanceof RangeError || e instanceof TypeError) throw new PolicyError(`invalid attention policy: ${e.message}`);
-      throw e;
     } finally {
       seq.release();
     }
+  }
+
+  /**
+   * Applies `policy` to `seq` (before its prompt, so what the policy keeps of the prompt's queries
+   * is observed); PolicyError with the engine's reason when it is refused.
+   */
+  applyPolicy(seq: NativeSequence, policy: AttentionPolicy): void {
+    try {
+      seq.setPolicy(policy);
+    } catch (e) {
+      if (e instanceof RangeError || e instanceof TypeError) throw new PolicyError(`invalid attention policy: ${e.message}`);
+      throw e;
+    }
+  }
+
+  /** One batched forward pass over several sequences' tokens (see ForwardItem). */
+  forward(items: ForwardItem[]): Promise<void> {
+    return this.native.forward(items);
   }
 
   /** Throws unless `n` more tokens fit in `seq` (its capacity and the engine's context). */
@@ -104,7 +130,7 @@ export class Engine {
   async prefill(seq: NativeSequence, tokens: ArrayLike<number>): Promise<Float32Array> {
     this.checkAppend(seq, tokens.length);
     const logits = new Float32Array(this.model.config.nVocab);
-    await this.native.forward([{ seq, tokens: Int32Array.from(tokens), logits }]);
+    await this.forward([{ seq, tokens: Int32Array.from(tokens), logits }]);
     return logits;
   }
 
@@ -112,7 +138,7 @@ export class Engine {
   async decode(seqs: NativeSequence[], tokens: number[]): Promise<Float32Array[]> {
     if (seqs.length !== tokens.length) throw new Error("decode: one token per sequence");
     const logits = seqs.map(() => new Float32Array(this.model.config.nVocab));
-    await this.native.forward(seqs.map((seq, i) => ({ seq, tokens: Int32Array.of(tokens[i]!), logits: logits[i] })));
+    await this.forward(seqs.map((seq, i) => ({ seq, tokens: Int32Array.of(tokens[i]!), logits: logits[i] })));
     return logits;
   }
 }

@@ -108,7 +108,7 @@ export const UsageSchema = z.object({ prompt_tokens: z.number().int(), completio
 
 export const KvLoadStatsSchema = z
   .object({
-    transport: z.enum(["http", "shm", "recompute", "none"]),
+    transport: z.enum(["http", "shm", "recompute", "in_process", "none"]).openapi({ description: "in_process: `serve` handed the prefill's sequence to the decode (nothing copied)" }),
     chunks: z.number().int(),
     bytes: z.number().int(),
     ms: z.number(),
@@ -139,6 +139,12 @@ export const CtxbankExtensionSchema = z
         all: z.boolean().openapi({ description: "Every configured SLO met (what goodput counts)" }),
       })
       .openapi({ description: "Verdict per configured SLO: true = met. A one-token answer cannot miss the TPOT objective." }),
+    handoff: z
+      .object({
+        path: z.enum(["in_process", "shard"]).openapi({ description: "in_process: prefill and decode in one process (`serve`), the sequence handed over; shard: the KV written by the prefill and read by the decode" }),
+        warnings: z.array(z.string()).optional().openapi({ description: "What the decode could not have from the prompt across processes (e.g. SCOPE's prompt pool), and what it did instead" }),
+      })
+      .optional(),
   })
   .openapi("CtxbankExtension");
 export type CtxbankExtension = z.infer<typeof CtxbankExtensionSchema>;

@@ -1,9 +1,10 @@
-// Token ids to streamed text for one sequence, exactly as shared/inference/generate.ts does it: complete
-// UTF-8 only, text that could start a stop string held back, and the finish reason decided on
-// the token that ends the output (EOG, the token limit, or a stop string).
-import type { FinishReason } from "../../shared/inference/generate.ts";
-import { StopStringFilter } from "../../shared/inference/generate.ts";
-import type { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
+// Token ids to streamed text for one sequence (generate.ts and the decode service both use it):
+// complete UTF-8 only, text that could start a stop string held back, and the finish reason
+// decided on the token that ends the output (EOG, the token limit, or a stop string).
+import { StopStringFilter } from "./stop-strings.ts";
+import type { GgufTokenizer } from "./tokenizer/tokenizer.ts";
+
+export type FinishReason = "stop" | "length" | "stop_string";
 
 export interface TextStep {
   /** Newly printable text (may be empty). */
