@@ -60,7 +60,6 @@ export class StreamedLoad {
       const { policy } = resolveRequestPolicy(this.rt, start.policy ?? this.policy, n, maxTokens);
       this.seq = engine.createSequence(n + maxTokens);
       applyPolicy(this.rt, this.seq, policy); // the engine's one validation of it
-
     } catch (error) {
       this.seq?.release();
       this.seq = undefined;
