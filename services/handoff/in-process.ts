@@ -6,11 +6,8 @@
 // keep the shard path (writer.ts, reader.ts); see docs/architecture.md.
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
-import type { Handle, PrefillRequest } from "../../shared/platform/http/wire.ts";
+import type { Handle, PrefillRequest, PromptHandle } from "../../shared/platform/http/wire.ts";
 import type { PrefillService } from "../prefill/service.ts";
-
-/** What a handle says of a prefill, less where its chunks are (an in-process prefill writes none). */
-export type PromptHandle = Pick<Handle, "request_id" | "first_token" | "model_fingerprint" | "prompt_tokens" | "prompt_token_ids" | "policy" | "sampling" | "prefill_ms" | "queue_ms">;
 
 /** A prefilled prompt as the decode receives it: a handle to load from shards, or the prefill's sequence itself. */
 export type Prefilled =
