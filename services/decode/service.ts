@@ -47,7 +47,7 @@ export interface DecodeOptions {
 }
 
 export interface KvSummary {
-  transport: "http" | "shm" | "recompute" | "none";
+  transport: "http" | "shm" | "ucx" | "recompute" | "none";
   chunks: number;
   bytes: number;
   ms: number;

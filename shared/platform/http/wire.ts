@@ -107,7 +107,7 @@ export const UsageSchema = z.object({ prompt_tokens: z.number().int(), completio
 
 export const KvLoadStatsSchema = z
   .object({
-    transport: z.enum(["http", "shm", "recompute", "none"]),
+    transport: z.enum(["http", "shm", "ucx", "recompute", "none"]),
     chunks: z.number().int(),
     bytes: z.number().int(),
     ms: z.number(),
