@@ -148,6 +148,8 @@ Node::~Node() {
       munmap(m.addr, m.length);
     }
     mappings_.clear();
+    for (auto& [addr, length] : retired_) munmap(addr, length);
+    retired_.clear();
     ucp_mem_unmap(context_, fence_memh_);
   });
   {
@@ -210,7 +212,10 @@ Node::Peer* Node::peer_for(const std::vector<uint8_t>& address, Outcome* err) {
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;  // a dead owner fails the reads instead of hanging them
+  // A dead owner fails the reads instead of hanging them, and a forced close can cancel them. In
+  // UCX 1.13 this rules out the shared-memory transports (no peer failure handling): on one host
+  // the reads then go over TCP, with UCX serving them on the owner's worker (see the README).
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &Node::on_peer_error;
   ep.err_handler.arg = peer.get();
   const ucs_status_t st = ucp_ep_create(worker_, &ep, &peer->ep);
@@ -357,7 +362,12 @@ void Node::unexpose(uint64_t id) {
     // The epoch word goes first: a reader that still finds it read the pages before they went.
     __atomic_store_n(&fence_[it->second.slot], 0, __ATOMIC_SEQ_CST);
     ucp_mem_unmap(context_, it->second.memh);
-    munmap(it->second.addr, it->second.length);
+    // The range stays reserved, as zero pages, until the process ends: where UCX serves reads on
+    // this worker (emulated RMA), a late read of the old range copies zeros instead of faulting,
+    // and it never sees whatever a later mapping at the same address would hold.
+    void* zeros = mmap(it->second.addr, it->second.length, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (zeros == MAP_FAILED) munmap(it->second.addr, it->second.length);
+    else retired_.push_back({it->second.addr, it->second.length});
     mappings_.erase(it);
   });
 }

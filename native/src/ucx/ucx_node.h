@@ -50,7 +50,8 @@ class Node {
   // Maps `length` bytes of the file at `path` (read-only, shared) and registers them for remote
   // reads. Returns an id for unexpose(). Throws std::runtime_error.
   uint64_t expose(const std::string& path, uint64_t length, uint64_t epoch, Exposed* out);
-  // Unregisters and unmaps; readers' later gets of that range fail. Unknown ids are ignored.
+  // Zeroes the epoch word, unregisters, and replaces the pages with zero pages (the address range
+  // stays reserved until the process ends). Unknown ids are ignored.
   void unexpose(uint64_t id);
 
   // Reads `length` bytes at `remote` of the worker at `address` (rkey `rkey`) into `dst`.
@@ -96,6 +97,7 @@ class Node {
   std::vector<uint8_t> fence_rkey_;
   size_t next_slot_ = 0;
   std::map<uint64_t, Mapping> mappings_;
+  std::vector<std::pair<void*, uint64_t>> retired_;  // unexposed ranges, kept as zero pages
   uint64_t next_mapping_ = 1;
   size_t in_flight_ = 0;
 };
