@@ -85,7 +85,7 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
 
   it("a prefill killed after answering: decode fails fast with a clear error, or recomputes when asked", async () => {
     const handles: Handle[] = [];
-    for (const prompt of ["The sun is a", "Water boils at"]) handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);
+    for (const prompt of ["The sun is a", "Water boils at", "Snow is"]) handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);
     await prefill.kill();
 
     const t0 = performance.now();
@@ -97,7 +97,7 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
     expect(ms).toBeLessThan(3_000);
 
     if (viaUcx) {
-      const overUcx = await postJson(`${viaUcx.url}/v1/decode`, { handle: handles[0], max_tokens: 8, temperature: 0 });
+      const overUcx = await postJson(`${viaUcx.url}/v1/decode`, { handle: handles[2], max_tokens: 8, temperature: 0 });
       expect(overUcx.status).toBe(502);
       expect(overUcx.body.error.message).toMatch(/cannot read the KV \(unreachable\).*UCX/);
     }
