@@ -93,7 +93,12 @@ describe.skipIf(!available)("UCX transport", () => {
 
   it("a bad endpoint in the registry is a clean error, never a crash", async () => {
     const read = (ucxEndpoint: string | null | undefined) => transportError(t().readChunk({ ...loc, ucxEndpoint }, new Uint8Array(loc.length), { deadlineMs: soon() }));
-    for (const bad of [null, undefined, "", "not base64!", "AAAA", "A".repeat(200_000)]) {
+    for (const none of [null, undefined]) {
+      const err = await read(none);
+      expect(err.code).toBe("unreachable");
+      expect(err.message).toMatch(/publishes no UCX endpoint/);
+    }
+    for (const bad of ["", "not base64!", "AAAA", "A".repeat(200_000)]) {
       const err = await read(bad);
       expect(err.code, String(bad).slice(0, 20)).toBe("bad_response");
       expect(err.message).toMatch(/UCX endpoint of shard prefill-u is unusable/);

@@ -35,6 +35,9 @@ export class UcxTransport implements KvTransport {
 
   async readChunk(loc: UcxChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
     checkReadArgs(loc, into, opts);
+    if (loc.ucxEndpoint === null || loc.ucxEndpoint === undefined) {
+      throw new TransportError("unreachable", `${chunkLabel(loc)}: the owner of shard ${loc.shardId} publishes no UCX endpoint (it runs without UCX, or with --transport http or shm)`);
+    }
     const ep = decodeUcxEndpoint(loc.ucxEndpoint);
     if (typeof ep === "string") {
       throw new TransportError("bad_response", `${chunkLabel(loc)}: the registry's UCX endpoint of shard ${loc.shardId} is unusable: ${ep}`);
