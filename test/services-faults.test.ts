@@ -104,6 +104,24 @@ describe.each(backends)("faults on $name", (backend) => {
     }
   });
 
+  it.skipIf(!ucxAvailable())("auto: shm on the owner's host, UCX for an owner elsewhere that publishes an endpoint, else HTTP", async () => {
+    const decodeOver = async (prompt: string) => (await postJson(`${s.url}/v1/decode`, { handle: await prefill({ prompt }), max_tokens: 2, temperature: 0 })).body.kv;
+    expect(s.rt.config.transport).toBe("auto");
+    expect(await decodeOver("Read on the owner's own host.")).toMatchObject({ transport: "shm" });
+    const hostId = s.rt.config.hostId;
+    s.rt.config.hostId = "another-host"; // the decode now sees the prefill as remote
+    const shardId = prefillStatus().shard!.id;
+    const [row] = ((await s.rt.db.db.execute(sql`select ucx_endpoint from shards where id = ${shardId} and state = 'active'`)) as unknown as { rows: { ucx_endpoint: string }[] }).rows;
+    try {
+      expect(await decodeOver("Read from a remote owner that publishes UCX.")).toMatchObject({ transport: "ucx" });
+      await s.rt.db.db.execute(sql`update shards set ucx_endpoint = null where id = ${shardId} and state = 'active'`);
+      expect(await decodeOver("Read from a remote owner without UCX.")).toMatchObject({ transport: "http" });
+    } finally {
+      s.rt.config.hostId = hostId;
+      await s.rt.db.db.execute(sql`update shards set ucx_endpoint = ${row!.ucx_endpoint} where id = ${shardId} and state = 'active'`);
+    }
+  });
+
   it.each(TRANSPORTS)("an expired lease is reclaimed by the owner's reaper and its shard space reused (decode over %s)", async (transport) => {
     s.rt.config.transport = transport;
     try {
