@@ -43,6 +43,7 @@ Outcome outcome_of(ucs_status_t status) {
 // While reads are in flight the thread spins on the worker; idle, it still progresses every few
 // ms (wire-up and, where no transport reads remotely, UCX's emulated reads need the owner's worker).
 constexpr auto kIdleProgress = std::chrono::milliseconds(2);
+constexpr auto kBusyAfterProgress = std::chrono::milliseconds(5);
 
 }  // namespace
 
@@ -181,24 +182,29 @@ void Node::run_sync(std::function<void()> command) {
 }
 
 void Node::run() {
+  auto last_progress = std::chrono::steady_clock::now();
   for (;;) {
     std::deque<std::function<void()>> batch;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (commands_.empty() && !stop_ && in_flight_ == 0) wake_.wait_for(lock, kIdleProgress);
+      // Busy a moment after the last progress: an owner serving emulated reads has none in flight
+      // of its own, and sleeping between its fragments would throttle the reader.
+      const bool busy = in_flight_ > 0 || std::chrono::steady_clock::now() - last_progress < kBusyAfterProgress;
+      if (commands_.empty() && !stop_ && !busy) wake_.wait_for(lock, kIdleProgress);
       if (stop_ && commands_.empty()) return;
       batch.swap(commands_);
     }
     for (auto& c : batch) c();
     if (!worker_) continue;
-    while (ucp_worker_progress(worker_) != 0) {
-    }
+    bool progressed = false;
+    while (ucp_worker_progress(worker_) != 0) progressed = true;
+    if (progressed) last_progress = std::chrono::steady_clock::now();
     // Endpoints whose peer failed: their reads have completed with an error by now.
     for (auto it = peers_.begin(); it != peers_.end();) {
       Peer* p = (it++)->second.get();
       if (p->failed) drop_peer(p, true);
     }
-    if (in_flight_ > 0) std::this_thread::yield();
+    std::this_thread::yield();
   }
 }
 
