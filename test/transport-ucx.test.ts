@@ -149,6 +149,9 @@ describe.skipIf(!available)("UCX transport", () => {
       const l = { ...bigLoc, ucxEndpoint: stalled.endpoint };
       await t().readChunk({ ...l, length: 4096 }, new Uint8Array(4096), { deadlineMs: soon() }); // connected
       stalled.child.kill("SIGSTOP");
+      // Another read from the same owner, with a longer deadline: the first one's end leaves it be.
+      const patientInto = new Uint8Array(l.length);
+      const patient = t().readChunk(l, patientInto, { deadlineMs: soon(30_000) });
       const into = new Uint8Array(l.length);
       const started = Date.now();
       const err = await transportError(t().readChunk(l, into, { deadlineMs: Date.now() + 400 }));
@@ -158,6 +161,8 @@ describe.skipIf(!available)("UCX transport", () => {
       stalled.child.kill("SIGCONT");
       await new Promise((r) => setTimeout(r, 300));
       expect(Buffer.compare(into, snapshot)).toBe(0);
+      expect(await patient).toBe(l.length);
+      expect(Buffer.compare(patientInto, big)).toBe(0);
 
       // The caller's signal, likewise.
       stalled.child.kill("SIGSTOP");

@@ -1,5 +1,6 @@
 // The UCX binding: ucxAvailable, ucxWorkerAddress(), ucxExpose(path, length, epoch) ->
-// {id, rkey, base, fence, fenceRkey}, ucxUnexpose(id), ucxGet(address, rkey, remote, into) -> Promise<void>, ucxCancel(address).
+// {id, rkey, base, fence, fenceRkey}, ucxUnexpose(id), ucxGet(address, rkey, remote, into, readId)
+// -> Promise<void>, ucxCancel(readId).
 // Built without UCX (CTXBANK_UCX=OFF, or AUTO without libucx-dev), only ucxAvailable = false.
 #include "ucx/addon_ucx.h"
 
@@ -56,6 +57,14 @@ uint64_t u64_of(const Napi::CallbackInfo& info, size_t i, const char* what) {
   return v;
 }
 
+uint64_t read_id_of(const Napi::CallbackInfo& info, size_t i) {
+  if (info.Length() <= i || !info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), "readId must be a number");
+  const double v = info[i].As<Napi::Number>().DoubleValue();
+  if (!(v >= 0 && v <= 9007199254740991.0 && v == static_cast<double>(static_cast<uint64_t>(v))))
+    throw Napi::RangeError::New(info.Env(), "readId must be a non-negative integer");
+  return static_cast<uint64_t>(v);
+}
+
 // Registry bytes are validated in TypeScript first (services/handoff/transport/ucx-endpoint.ts);
 // these caps only keep a bad call from allocating much.
 constexpr size_t kMaxAddress = 64 << 10;
@@ -110,15 +119,16 @@ Napi::Value Get(const Napi::CallbackInfo& info) {
   std::vector<uint8_t> address = bytes_of(info, 0, "address", kMaxAddress);
   std::vector<uint8_t> rkey = bytes_of(info, 1, "rkey", kMaxRkey);
   const uint64_t remote = u64_of(info, 2, "remote");
-  if (info.Length() != 4 || !info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-    throw Napi::TypeError::New(env, "ucxGet: into must be a Uint8Array");
+  if (info.Length() != 5 || !info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    throw Napi::TypeError::New(env, "ucxGet(address, rkey, remote, into: Uint8Array, readId)");
+  const uint64_t id = read_id_of(info, 4);
   Napi::Uint8Array into = info[3].As<Napi::Uint8Array>();
   if (into.ByteLength() == 0) throw Napi::RangeError::New(env, "ucxGet: into is empty");
   ucx::Node& n = the_node(env);
   auto* read = new Read{Napi::Promise::Deferred::New(env), Napi::Persistent(into), {}};
   if (pending++ == 0) completions.Ref(env);
   Napi::Promise promise = read->deferred.Promise();
-  n.get(std::move(address), std::move(rkey), remote, into.Data(), into.ByteLength(), [read](ucx::Outcome o) {
+  n.get(id, std::move(address), std::move(rkey), remote, into.Data(), into.ByteLength(), [read](ucx::Outcome o) {
     read->outcome = std::move(o);
     completions.NonBlockingCall(read, [](Napi::Env env, Napi::Function, Read* r) {
       if (--pending == 0) completions.Unref(env);
@@ -136,8 +146,8 @@ Napi::Value Get(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value Cancel(const Napi::CallbackInfo& info) {
-  std::vector<uint8_t> address = bytes_of(info, 0, "address", kMaxAddress);
-  if (node) node->cancel(std::move(address));
+  const uint64_t id = read_id_of(info, 0);
+  if (node) node->cancel(id);
   return info.Env().Undefined();
 }
 

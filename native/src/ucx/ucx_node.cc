@@ -48,21 +48,20 @@ constexpr auto kBusyAfterProgress = std::chrono::milliseconds(5);
 }  // namespace
 
 struct Node::Peer {
+  std::vector<uint8_t> address;
   ucp_ep_h ep = nullptr;
   std::map<std::vector<uint8_t>, ucp_rkey_h> rkeys;
   bool failed = false;
-  Node* node = nullptr;
 };
 
 struct Node::Get {
-  std::vector<uint8_t> address;
-  std::vector<uint8_t> rkey;
-  uint64_t remote;
-  void* dst;
-  uint64_t length;
+  uint64_t id;
   std::function<void(Outcome)> done;
   Node* node;
 };
+
+// Idle endpoints kept per owner; more reads at once open more, closed when they come back.
+constexpr size_t kIdlePerOwner = 16;
 
 Node::Node() {
   thread_ = std::thread([this] { run(); });
@@ -143,7 +142,14 @@ Node::Node() {
 
 Node::~Node() {
   run_sync([this] {
-    while (!peers_.empty()) drop_peer(peers_.begin()->second.get(), true);
+    while (!busy_.empty()) {
+      auto peer = std::move(busy_.begin()->second);
+      busy_.erase(busy_.begin());
+      close_peer(std::move(peer));
+    }
+    auto idle = std::move(idle_);
+    for (auto& [address, peers] : idle)
+      for (auto& p : peers) close_peer(std::move(p));
     for (auto& [id, m] : mappings_) {
       ucp_mem_unmap(context_, m.memh);
       munmap(m.addr, m.length);
@@ -199,10 +205,17 @@ void Node::run() {
     bool progressed = false;
     while (ucp_worker_progress(worker_) != 0) progressed = true;
     if (progressed) last_progress = std::chrono::steady_clock::now();
-    // Endpoints whose peer failed: their reads have completed with an error by now.
-    for (auto it = peers_.begin(); it != peers_.end();) {
-      Peer* p = (it++)->second.get();
-      if (p->failed) drop_peer(p, true);
+    // Idle endpoints whose owner failed (busy ones are closed when their read completes).
+    for (auto& [address, peers] : idle_) {
+      for (size_t i = 0; i < peers.size();) {
+        if (!peers[i]->failed) {
+          ++i;
+          continue;
+        }
+        auto dead = std::move(peers[i]);
+        peers.erase(peers.begin() + static_cast<std::ptrdiff_t>(i));
+        close_peer(std::move(dead));
+      }
     }
     std::this_thread::yield();
   }
@@ -210,11 +223,15 @@ void Node::run() {
 
 void Node::on_peer_error(void* arg, ucp_ep_h, ucs_status_t) { static_cast<Peer*>(arg)->failed = true; }
 
-Node::Peer* Node::peer_for(const std::vector<uint8_t>& address, Outcome* err) {
-  auto it = peers_.find(address);
-  if (it != peers_.end()) return it->second.get();
+std::unique_ptr<Node::Peer> Node::take_peer(const std::vector<uint8_t>& address, Outcome* err) {
+  auto it = idle_.find(address);
+  if (it != idle_.end() && !it->second.empty()) {
+    auto peer = std::move(it->second.back());
+    it->second.pop_back();
+    return peer;
+  }
   auto peer = std::make_unique<Peer>();
-  peer->node = this;
+  peer->address = address;
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
@@ -231,80 +248,90 @@ Node::Peer* Node::peer_for(const std::vector<uint8_t>& address, Outcome* err) {
     err->message = std::string("cannot connect to the owner's worker: ") + ucs_status_string(st);
     return nullptr;
   }
-  return (peers_[address] = std::move(peer)).get();
+  return peer;
 }
 
-void Node::drop_peer(Peer* peer, bool force) {
+void Node::close_peer(std::unique_ptr<Peer> peer) {
   for (auto& [bytes, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
   peer->rkeys.clear();
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;  // completes its read in flight, if any, as cancelled
   ucs_status_ptr_t req = ucp_ep_close_nbx(peer->ep, &p);
   if (UCS_PTR_IS_PTR(req)) {
     while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
     ucp_request_free(req);
   }
-  for (auto it = peers_.begin(); it != peers_.end(); ++it) {
-    if (it->second.get() == peer) {
-      peers_.erase(it);
-      break;
-    }
-  }
 }
 
 void Node::on_get_done(void* request, ucs_status_t status, void* user) {
   auto* g = static_cast<Get*>(user);
-  g->node->in_flight_--;
   ucp_request_free(request);
+  g->node->in_flight_--;
+  g->node->finish_get(g->id, status);
   g->done(outcome_of(status));
   delete g;
 }
 
-void Node::start_get(Get* g) {
-  Outcome err;
-  Peer* peer = peer_for(g->address, &err);
-  if (!peer) {
-    g->done(err);
-    delete g;
-    return;
-  }
-  ucp_rkey_h rkey = nullptr;
-  auto rk = peer->rkeys.find(g->rkey);
-  if (rk != peer->rkeys.end()) {
-    rkey = rk->second;
+// The read's endpoint goes back to the pool, or is closed when its owner failed. A cancelled
+// read's endpoint is no longer in busy_ (cancel() took it before closing it).
+void Node::finish_get(uint64_t id, ucs_status_t status) {
+  auto it = busy_.find(id);
+  if (it == busy_.end()) return;
+  auto peer = std::move(it->second);
+  busy_.erase(it);
+  auto& pool = idle_[peer->address];
+  if (status != UCS_OK || peer->failed || pool.size() >= kIdlePerOwner) {
+    close_peer(std::move(peer));
   } else {
-    const ucs_status_t st = ucp_ep_rkey_unpack(peer->ep, g->rkey.data(), &rkey);
-    if (st != UCS_OK) {
-      g->done({"bad_endpoint", std::string("cannot unpack the owner's remote key: ") + ucs_status_string(st)});
-      delete g;
+    pool.push_back(std::move(peer));
+  }
+}
+
+void Node::get(uint64_t id, std::vector<uint8_t> address, std::vector<uint8_t> rkey_bytes, uint64_t remote, void* dst, uint64_t length,
+               std::function<void(Outcome)> done) {
+  post([this, id, address = std::move(address), rkey_bytes = std::move(rkey_bytes), remote, dst, length, done = std::move(done)]() mutable {
+    Outcome err;
+    std::unique_ptr<Peer> owned = take_peer(address, &err);
+    if (!owned) return done(err);
+    Peer* peer = owned.get();
+    busy_[id] = std::move(owned);
+    ucp_rkey_h rkey = nullptr;
+    auto rk = peer->rkeys.find(rkey_bytes);
+    if (rk != peer->rkeys.end()) {
+      rkey = rk->second;
+    } else {
+      const ucs_status_t st = ucp_ep_rkey_unpack(peer->ep, rkey_bytes.data(), &rkey);
+      if (st != UCS_OK) {
+        finish_get(id, st);
+        return done({"bad_endpoint", std::string("cannot unpack the owner's remote key: ") + ucs_status_string(st)});
+      }
+      peer->rkeys[rkey_bytes] = rkey;
+    }
+    auto* g = new Get{id, std::move(done), this};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &Node::on_get_done;
+    p.user_data = g;
+    ucs_status_ptr_t req = ucp_get_nbx(peer->ep, dst, length, remote, rkey, &p);
+    if (UCS_PTR_IS_PTR(req)) {
+      in_flight_++;
       return;
     }
-    peer->rkeys[g->rkey] = rkey;
-  }
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  p.cb.send = &Node::on_get_done;
-  p.user_data = g;
-  ucs_status_ptr_t req = ucp_get_nbx(peer->ep, g->dst, g->length, g->remote, rkey, &p);
-  if (UCS_PTR_IS_PTR(req)) {
-    in_flight_++;
-    return;
-  }
-  g->done(outcome_of(UCS_PTR_STATUS(req)));
-  delete g;
+    const ucs_status_t st = UCS_PTR_STATUS(req);
+    finish_get(id, st);
+    g->done(outcome_of(st));
+    delete g;
+  });
 }
 
-void Node::get(std::vector<uint8_t> address, std::vector<uint8_t> rkey, uint64_t remote, void* dst, uint64_t length,
-               std::function<void(Outcome)> done) {
-  auto* g = new Get{std::move(address), std::move(rkey), remote, dst, length, std::move(done), this};
-  post([this, g] { start_get(g); });
-}
-
-void Node::cancel(std::vector<uint8_t> address) {
-  post([this, address = std::move(address)] {
-    auto it = peers_.find(address);
-    if (it != peers_.end()) drop_peer(it->second.get(), true);
+void Node::cancel(uint64_t id) {
+  post([this, id] {
+    auto it = busy_.find(id);
+    if (it == busy_.end()) return;  // done already, or not started
+    auto peer = std::move(it->second);
+    busy_.erase(it);
+    close_peer(std::move(peer));
   });
 }
 

@@ -54,12 +54,14 @@ class Node {
   // stays reserved until the process ends). Unknown ids are ignored.
   void unexpose(uint64_t id);
 
-  // Reads `length` bytes at `remote` of the worker at `address` (rkey `rkey`) into `dst`.
-  // `done` runs once, on the progress thread, after which nothing writes into `dst`.
-  void get(std::vector<uint8_t> address, std::vector<uint8_t> rkey, uint64_t remote, void* dst, uint64_t length,
+  // Reads `length` bytes at `remote` of the worker at `address` (rkey `rkey`) into `dst`; `id`
+  // names the read for cancel(). `done` runs once, on the progress thread, after which nothing
+  // writes into `dst`. Each read in flight has an endpoint of its own (pooled per owner), so
+  // cancelling one read never touches another's.
+  void get(uint64_t id, std::vector<uint8_t> address, std::vector<uint8_t> rkey, uint64_t remote, void* dst, uint64_t length,
            std::function<void(Outcome)> done);
-  // Ends every read in flight to the worker at `address` (they complete "aborted"): closes the endpoint.
-  void cancel(std::vector<uint8_t> address);
+  // Ends the read `id` if it is still in flight (it completes "aborted"): closes its endpoint.
+  void cancel(uint64_t id);
 
  private:
   struct Peer;
@@ -67,9 +69,9 @@ class Node {
   void run();
   void post(std::function<void()> command);
   void run_sync(std::function<void()> command);
-  Peer* peer_for(const std::vector<uint8_t>& address, Outcome* err);
-  void drop_peer(Peer* peer, bool force);
-  void start_get(Get* g);
+  std::unique_ptr<Peer> take_peer(const std::vector<uint8_t>& address, Outcome* err);
+  void close_peer(std::unique_ptr<Peer> peer);
+  void finish_get(uint64_t id, ucs_status_t status);
   static void on_get_done(void* request, ucs_status_t status, void* user);
   static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
@@ -84,7 +86,8 @@ class Node {
   std::thread thread_;
 
   // Progress-thread state.
-  std::map<std::vector<uint8_t>, std::unique_ptr<Peer>> peers_;
+  std::map<std::vector<uint8_t>, std::vector<std::unique_ptr<Peer>>> idle_;  // by owner address
+  std::map<uint64_t, std::unique_ptr<Peer>> busy_;                          // by read id
   struct Mapping {
     ucp_mem_h memh;
     void* addr;

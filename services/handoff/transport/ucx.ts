@@ -27,6 +27,9 @@ function ucx() {
 /** A location as the registry gives it, with the owner's published UCX endpoint (base64), if any. */
 export type UcxChunkLocation = ChunkLocation & { ucxEndpoint?: string | null };
 
+/** Names each native read, so an abort cancels exactly its own. */
+let nextReadId = 1;
+
 const NATIVE_CODES: Record<string, TransportErrorCode> = { unreachable: "unreachable", aborted: "aborted", bad_endpoint: "bad_response", io_error: "io_error" };
 
 export class UcxTransport implements KvTransport {
@@ -50,17 +53,21 @@ export class UcxTransport implements KvTransport {
     }
     const target = into.subarray(0, loc.length);
     return withDeadline(loc, opts, async (signal) => {
-      // The native read ends only after UCX is done with `target`: cancelling closes the endpoint,
-      // which completes the reads in flight on it, so nothing writes into `target` afterwards.
-      const onAbort = () => this.native.cancel(ep.address);
+      // The native read settles only after UCX is done with `target`: cancelling closes the read's
+      // own endpoint, which completes it, so nothing writes into `target` afterwards.
+      let readId = nextReadId++;
+      const onAbort = () => this.native.cancel(readId);
       signal.addEventListener("abort", onAbort, { once: true });
       const word = Buffer.alloc(8);
       try {
-        await this.native.get(ep.address, ep.rkey, ep.base + BigInt(loc.offset), target);
+        await this.native.get(ep.address, ep.rkey, ep.base + BigInt(loc.offset), target, readId);
         // Read after the chunk: the owner zeroes it before unmapping the epoch's pages, so finding
         // the epoch here means the chunk's bytes came from that epoch's live pages.
-        await this.native.get(ep.address, ep.fenceRkey, ep.fence, word);
+        signal.throwIfAborted();
+        readId = nextReadId++;
+        await this.native.get(ep.address, ep.fenceRkey, ep.fence, word, readId);
       } catch (err) {
+        if (signal.aborted) throw signal.reason;
         const code = NATIVE_CODES[(err as { code?: string }).code ?? ""] ?? "io_error";
         throw new TransportError(code, `${chunkLabel(loc)}: ${(err as Error).message}`, undefined, { cause: err });
       } finally {

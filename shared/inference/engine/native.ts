@@ -240,8 +240,8 @@ interface Addon {
   ucxWorkerAddress?(): Buffer;
   ucxExpose?(path: string, length: number, epoch: number): { id: number; rkey: Buffer; base: bigint; fence: bigint; fenceRkey: Buffer };
   ucxUnexpose?(id: number): void;
-  ucxGet?(address: Uint8Array, rkey: Uint8Array, remote: bigint, into: Uint8Array): Promise<void>;
-  ucxCancel?(address: Uint8Array): void;
+  ucxGet?(address: Uint8Array, rkey: Uint8Array, remote: bigint, into: Uint8Array, readId: number): Promise<void>;
+  ucxCancel?(readId: number): void;
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
