@@ -150,6 +150,11 @@ Node::~Node() {
     auto idle = std::move(idle_);
     for (auto& [address, peers] : idle)
       for (auto& p : peers) close_peer(std::move(p));
+    reap_peers();
+    while (!closing_.empty()) {
+      ucp_worker_progress(worker_);
+      reap_peers();
+    }
     for (auto& [id, m] : mappings_) {
       ucp_mem_unmap(context_, m.memh);
       munmap(m.addr, m.length);
@@ -212,11 +217,11 @@ void Node::run() {
           ++i;
           continue;
         }
-        auto dead = std::move(peers[i]);
+        retired_peers_.push_back(std::move(peers[i]));
         peers.erase(peers.begin() + static_cast<std::ptrdiff_t>(i));
-        close_peer(std::move(dead));
       }
     }
+    reap_peers();
     std::this_thread::yield();
   }
 }
@@ -251,16 +256,31 @@ std::unique_ptr<Node::Peer> Node::take_peer(const std::vector<uint8_t>& address,
   return peer;
 }
 
+// Starts closing (forced: a read in flight on it completes as cancelled). Never called from a
+// UCX callback: UCX calls must not nest in its progress. The peer lives until the close is done.
 void Node::close_peer(std::unique_ptr<Peer> peer) {
   for (auto& [bytes, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
   peer->rkeys.clear();
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_EP_CLOSE_FLAG_FORCE;  // completes its read in flight, if any, as cancelled
+  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
   ucs_status_ptr_t req = ucp_ep_close_nbx(peer->ep, &p);
-  if (UCS_PTR_IS_PTR(req)) {
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
-    ucp_request_free(req);
+  closing_.push_back({std::move(peer), UCS_PTR_IS_PTR(req) ? req : nullptr});
+}
+
+// Closes the endpoints retired inside callbacks, and frees those whose close has finished.
+void Node::reap_peers() {
+  auto retired = std::move(retired_peers_);
+  retired_peers_.clear();
+  for (auto& p : retired) close_peer(std::move(p));
+  for (size_t i = 0; i < closing_.size();) {
+    void* req = closing_[i].request;
+    if (req != nullptr && ucp_request_check_status(req) == UCS_INPROGRESS) {
+      ++i;
+      continue;
+    }
+    if (req != nullptr) ucp_request_free(req);
+    closing_.erase(closing_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
 
@@ -273,8 +293,8 @@ void Node::on_get_done(void* request, ucs_status_t status, void* user) {
   delete g;
 }
 
-// The read's endpoint goes back to the pool, or is closed when its owner failed. A cancelled
-// read's endpoint is no longer in busy_ (cancel() took it before closing it).
+// The read's endpoint goes back to the pool, or is retired (closed by the run loop) when its
+// owner failed. A cancelled read's endpoint is no longer in busy_ (cancel() took it).
 void Node::finish_get(uint64_t id, ucs_status_t status) {
   auto it = busy_.find(id);
   if (it == busy_.end()) return;
@@ -282,7 +302,7 @@ void Node::finish_get(uint64_t id, ucs_status_t status) {
   busy_.erase(it);
   auto& pool = idle_[peer->address];
   if (status != UCS_OK || peer->failed || pool.size() >= kIdlePerOwner) {
-    close_peer(std::move(peer));
+    retired_peers_.push_back(std::move(peer));
   } else {
     pool.push_back(std::move(peer));
   }

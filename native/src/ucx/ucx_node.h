@@ -71,6 +71,7 @@ class Node {
   void run_sync(std::function<void()> command);
   std::unique_ptr<Peer> take_peer(const std::vector<uint8_t>& address, Outcome* err);
   void close_peer(std::unique_ptr<Peer> peer);
+  void reap_peers();
   void finish_get(uint64_t id, ucs_status_t status);
   static void on_get_done(void* request, ucs_status_t status, void* user);
   static void on_peer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -88,6 +89,12 @@ class Node {
   // Progress-thread state.
   std::map<std::vector<uint8_t>, std::vector<std::unique_ptr<Peer>>> idle_;  // by owner address
   std::map<uint64_t, std::unique_ptr<Peer>> busy_;                          // by read id
+  std::vector<std::unique_ptr<Peer>> retired_peers_;                        // to close, out of callbacks
+  struct Closing {
+    std::unique_ptr<Peer> peer;
+    void* request;  // the close in progress, or null when it finished at once
+  };
+  std::vector<Closing> closing_;
   struct Mapping {
     ucp_mem_h memh;
     void* addr;
