@@ -1,6 +1,6 @@
 // Disaggregated equals colocated: `ctxbank prefill` and `ctxbank decode` as separate processes
-// against a real PostgreSQL 15, the KV handed over HTTP (one decode) and shm (another), must give
-// exactly the greedy tokens the engine gives in one process. Then the prefill process is killed
+// against a real PostgreSQL 15, the KV handed over HTTP (one decode), shm (another) and UCX (a
+// third, where the addon has UCX), must give exactly the greedy tokens the engine gives in one process. Then the prefill process is killed
 // after it answered and before decode pulled: decode fails fast, or recomputes when asked.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
@@ -11,12 +11,17 @@ import { ChatTemplate } from "../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
 import { postJson, startService, tempShardDir, type ServiceProcess } from "../tools/lib/services.ts";
+import { ucxAvailable } from "../services/handoff/transport/ucx.ts";
+
+const UCX = ucxAvailable();
+if (!UCX) console.warn("[e2e-disagg] the UCX decode is skipped: the native addon was built without UCX");
 
 let pg: TestPostgres;
 let shards: Awaited<ReturnType<typeof tempShardDir>>;
 let prefill: ServiceProcess;
 let viaHttp: ServiceProcess;
 let viaShm: ServiceProcess;
+let viaUcx: ServiceProcess | undefined;
 let engine: Engine;
 let tok: GgufTokenizer;
 let tmpl: ChatTemplate;
@@ -35,9 +40,10 @@ async function colocated(ids: number[], maxTokens: number): Promise<number[]> {
 beforeAll(async () => {
   [pg, shards] = await Promise.all([startPostgres(), tempShardDir()]);
   prefill = await startService("prefill", [...common(), "--block-tokens", "64", "--instance-id", "prefill-a"]);
-  [viaHttp, viaShm] = await Promise.all([
+  [viaHttp, viaShm, viaUcx] = await Promise.all([
     startService("decode", [...common(), "--transport", "http", "--instance-id", "decode-http"]),
     startService("decode", [...common(), "--transport", "shm", "--instance-id", "decode-shm"]),
+    UCX ? startService("decode", [...common(), "--transport", "ucx", "--instance-id", "decode-ucx"]) : undefined,
   ]);
   const path = await resolveModel();
   engine = new Engine(await loadModel(path), { threads: 1 });
@@ -46,16 +52,17 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  const codes = await Promise.all([viaHttp?.stop(), viaShm?.stop(), prefill?.stop()]);
+  const codes = await Promise.all([viaHttp?.stop(), viaShm?.stop(), viaUcx?.stop(), prefill?.stop()]);
   await pg?.stop();
   await shards?.remove();
-  expect(codes.slice(0, 2)).toEqual([0, 0]);
+  expect(codes.slice(0, 3)).toEqual([0, 0, UCX ? 0 : undefined]);
 });
 
 describe("prefill and decode in separate processes over PostgreSQL 15", () => {
   it.each([
     ["http", () => viaHttp],
     ["shm", () => viaShm],
+    ...(UCX ? ([["ucx", () => viaUcx!]] as const) : []),
   ] as const)("over %s: the greedy tokens equal one process's, for several prompts", async (transport, decode) => {
     for (const prompt of PROMPTS) {
       const p = await postJson(`${prefill.url}/v1/prefill`, { prompt });
@@ -86,7 +93,7 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
 
   it("a prefill killed after answering: decode fails fast with a clear error, or recomputes when asked", async () => {
     const handles: Handle[] = [];
-    for (const prompt of ["The sun is a", "Water boils at"]) handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);
+    for (const prompt of ["The sun is a", "Water boils at", "Snow is"]) handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);
     await prefill.kill();
 
     const t0 = performance.now();
@@ -96,6 +103,12 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
     expect(failed.body.error.code).toBe("kv_load_failed");
     expect(failed.body.error.message).toMatch(/cannot read the KV \(unreachable\).*ECONNREFUSED.*on_kv_failure/);
     expect(ms).toBeLessThan(3_000);
+
+    if (viaUcx) {
+      const overUcx = await postJson(`${viaUcx.url}/v1/decode`, { handle: handles[2], max_tokens: 8, temperature: 0 });
+      expect(overUcx.status).toBe(502);
+      expect(overUcx.body.error.message).toMatch(/cannot read the KV \(unreachable\).*UCX/);
+    }
 
     const recomputed = await postJson(`${viaHttp.url}/v1/decode`, { handle: handles[1], max_tokens: 8, temperature: 0, on_kv_failure: "recompute" });
     expect(recomputed.status).toBe(200);

@@ -122,7 +122,7 @@ describe.each(backends)("registry on $name", (backend) => {
         second,
         sql`select count(*)::int as n from drizzle.__drizzle_migrations`,
       );
-      expect(applied).toEqual([{ n: 2 }]); // 0000_init, 0001_crash_cleanup
+      expect(applied).toEqual([{ n: 3 }]); // 0000_init, 0001_crash_cleanup, 0002_shard_ucx_endpoint
       const tables = await rowsOf<{ table_name: string }>(
         second,
         sql`select table_name from information_schema.tables where table_schema = 'public' order by table_name`,
@@ -258,6 +258,21 @@ describe.each(backends)("registry on $name", (backend) => {
 
       await expectRegistryError(reg.shards.retire("prefill-a", 0), "invalid_input");
       await expectRegistryError(reg.shards.retire("../x", 1), "invalid_input");
+    });
+
+    it("records the owner's UCX endpoint for its active epoch only, and leased locations carry it", async () => {
+      await newShard();
+      const endpoint = Buffer.from("a UCX endpoint envelope").toString("base64");
+      expect((await reg.shards.recordUcxEndpoint("prefill-a", 1, endpoint)).ucxEndpoint).toBe(endpoint);
+      const id = await readyChunk();
+      const [leased] = await reg.chunks.acquireRead([id], 10_000);
+      expect(leased!.location.ucxEndpoint).toBe(endpoint);
+      await reg.shards.create({ id: "prefill-a", instanceId: "p1", sizeBytes: 1 << 30, pathFor: (e) => `/dev/shm/ctxbank/prefill-a.e${e}.shard` });
+      await expectRegistryError(reg.shards.recordUcxEndpoint("prefill-a", 1, endpoint), "stale_epoch");
+      expect((await reg.shards.active("prefill-a"))!.ucxEndpoint).toBeNull(); // a new epoch publishes its own
+      for (const bad of ["", "not base64!", "A".repeat(70_000)]) {
+        await expectRegistryError(reg.shards.recordUcxEndpoint("prefill-a", 2, bad), "invalid_input");
+      }
     });
 
     it("validates shard input", async () => {
@@ -401,6 +416,7 @@ describe.each(backends)("registry on $name", (backend) => {
         ownerBaseUrl: "http://127.0.0.1:7001",
         ownerHostId: "host-1",
         fileId: null, // the owner records its file's device:inode after creating it (see security-cleanup.test.ts)
+        ucxEndpoint: null, // published by an owner that serves UCX (services/handoff/transport/ucx.ts)
         offset: 0,
         length: 4096,
       });

@@ -1,5 +1,5 @@
 // Faults, on PGlite and on PostgreSQL 15: a corrupted chunk byte is detected before the engine
-// sees it (both transports); expired leases (unread handles, crashed readers) are reclaimed and
+// sees it (every transport: http, shm, and UCX where the addon has it); expired leases (unread handles, crashed readers) are reclaimed and
 // the shard space reused; a cancelled stream or prefill frees its KV at once, visibly in the
 // registry and in the services' memory accounting.
 import { randomUUID } from "node:crypto";
@@ -13,6 +13,11 @@ import { chunkHeaderSize } from "../services/handoff/format/chunk.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { startPostgres } from "../tools/lib/postgres.ts";
 import { postJson, tempShardDir, until } from "../tools/lib/services.ts";
+import { ucxAvailable } from "../services/handoff/transport/ucx.ts";
+
+// UCX runs where the addon was built with it (CI installs libucx-dev); elsewhere its cases skip, saying so.
+const TRANSPORTS = ucxAvailable() ? (["http", "shm", "ucx"] as const) : (["http", "shm"] as const);
+if (!ucxAvailable()) console.warn("[services-faults] UCX cases skipped: the native addon was built without UCX");
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },
@@ -67,10 +72,12 @@ describe.each(backends)("faults on $name", (backend) => {
     }
   }
 
-  it.each(["http", "shm"] as const)("a corrupted chunk byte is detected over %s: 502, or a recompute when asked", async (transport) => {
+  it.each(TRANSPORTS)("a corrupted chunk byte is detected over %s: 502, or a recompute when asked", async (transport) => {
     s.rt.config.transport = transport;
     try {
       const prompt = "A corrupted byte must never reach the engine, whatever the transport is that carried it: checksums are verified on arrival, before the import, for every chunk. ".repeat(2);
+      const intact = await postJson(`${s.url}/v1/decode`, { handle: await prefill({ prompt: `${transport} carries this prompt intact.` }), max_tokens: 2, temperature: 0 });
+      expect(intact.body.kv).toMatchObject({ transport, recomputed: false }); // the bytes did come over it
       const [a, b] = [await prefill({ prompt }), await prefill({ prompt: `${prompt} Again.` })];
       expect(a.chunk_ids.length).toBeGreaterThan(1);
       const payloadByte = chunkHeaderSize(30) + 1234;
@@ -97,7 +104,34 @@ describe.each(backends)("faults on $name", (backend) => {
     }
   });
 
-  it("an expired lease is reclaimed by the owner's reaper and its shard space reused", async () => {
+  it.skipIf(!ucxAvailable())("auto: shm on the owner's host, UCX for an owner elsewhere that publishes an endpoint, else HTTP", async () => {
+    const decodeOver = async (prompt: string) => (await postJson(`${s.url}/v1/decode`, { handle: await prefill({ prompt }), max_tokens: 2, temperature: 0 })).body.kv;
+    expect(s.rt.config.transport).toBe("auto");
+    expect(await decodeOver("Read on the owner's own host.")).toMatchObject({ transport: "shm" });
+    const hostId = s.rt.config.hostId;
+    s.rt.config.hostId = "another-host"; // the decode now sees the prefill as remote
+    const shardId = prefillStatus().shard!.id;
+    const [row] = ((await s.rt.db.db.execute(sql`select ucx_endpoint from shards where id = ${shardId} and state = 'active'`)) as unknown as { rows: { ucx_endpoint: string }[] }).rows;
+    try {
+      expect(await decodeOver("Read from a remote owner that publishes UCX.")).toMatchObject({ transport: "ucx" });
+      await s.rt.db.db.execute(sql`update shards set ucx_endpoint = null where id = ${shardId} and state = 'active'`);
+      expect(await decodeOver("Read from a remote owner without UCX.")).toMatchObject({ transport: "http" });
+    } finally {
+      s.rt.config.hostId = hostId;
+      await s.rt.db.db.execute(sql`update shards set ucx_endpoint = ${row!.ucx_endpoint} where id = ${shardId} and state = 'active'`);
+    }
+  });
+
+  it.each(TRANSPORTS)("an expired lease is reclaimed by the owner's reaper and its shard space reused (decode over %s)", async (transport) => {
+    s.rt.config.transport = transport;
+    try {
+      await expiredLease();
+    } finally {
+      s.rt.config.transport = "auto";
+    }
+  });
+
+  async function expiredLease() {
     await until("the shard is empty", () => prefillStatus().shard!.bytes_used === 0);
     const before = prefillStatus().totals.ranges_reclaimed;
     const unread = await prefill({ prompt: "Nobody will ever decode this handle." });
@@ -125,7 +159,7 @@ describe.each(backends)("faults on $name", (backend) => {
     expect((await s.rt.registry.chunks.get(reused!.id))!.state).toBe("reading");
     await s.rt.db.db.execute(sql`update chunks set lease_expires_at = now() - interval '1 second' where id = ${reused!.id}`);
     await until("the crashed reader's chunk is reclaimed", () => prefillStatus().shard!.bytes_used === 0);
-  });
+  }
 
   it.each(["/v1/decode", "/v1/completions"] as const)("a cancelled %s stream frees its KV and its chunks at once", async (route) => {
     await until("idle, with an empty shard", () => idle() && prefillStatus().shard!.bytes_used === 0);

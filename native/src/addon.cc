@@ -8,6 +8,7 @@
 
 #include "engine.h"
 #include "addon_kv_io.h"
+#include "ucx/addon_ucx.h"
 #include "addon_policy.h"
 #include "engine_worker.h"
 #include "gguf.h"
@@ -522,6 +523,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
   exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
   init_kv_io(env, exports);
+  init_ucx(env, exports);
   NativeModel::Init(env, exports);
   NativeSequence::Init(env, exports);
   NativeEngine::Init(env, exports);

@@ -16,7 +16,7 @@ import type { DecodeScheduler } from "./scheduler.ts";
 
 /** How a request's KV reached the decode: the transport, what moved, and whether it was recomputed. */
 export interface KvSummary {
-  transport: "http" | "shm" | "recompute" | "in_process" | "none";
+  transport: "http" | "shm" | "ucx" | "recompute" | "in_process" | "none";
   chunks: number;
   bytes: number;
   ms: number;

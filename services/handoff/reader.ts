@@ -20,6 +20,7 @@ import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "../decode/peer-watch.ts";
 import { SocketHttpTransport } from "./transport/socket.ts";
+import { UcxTransport, ucxAvailable } from "./transport/ucx.ts";
 import { faultPoint } from "../fault-points.ts";
 import type { ChunkFeed } from "./chunk-feed.ts";
 
@@ -37,8 +38,8 @@ export class KvLoadError extends CtxbankError<"kv_load_failed"> {
 }
 
 export interface KvLoadStats {
-  /** shm when every chunk was mapped in place, else http (what the metrics label). */
-  transport: "http" | "shm";
+  /** shm when every chunk was mapped in place, else the transport that read them (what the metrics label). */
+  transport: "http" | "shm" | "ucx";
   chunks: number;
   bytes: number;
   ms: number;
@@ -49,6 +50,8 @@ export class KvLoader {
   readonly http: SocketHttpTransport;
   readonly https: HttpTransport;
   readonly shm: ShmTransport;
+  /** Present when the addon has UCX and the transport mode allows it. */
+  readonly ucx: UcxTransport | undefined;
   private readonly shape: KvShape;
   readonly totals = { loads: 0, chunks: 0, bytes: 0, failures: 0, ms: 0 };
 
@@ -63,22 +66,28 @@ export class KvLoader {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
     this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true, log: rt.log });
+    if (rt.config.transport === "ucx" && !ucxAvailable()) {
+      throw new Error("--transport ucx: the native addon was built without UCX (install libucx-dev and rebuild with CTXBANK_UCX=ON)");
+    }
+    this.ucx = (rt.config.transport === "ucx" || rt.config.transport === "auto") && ucxAvailable() ? new UcxTransport() : undefined;
     this.shape = kvShape(rt.model.config);
   }
 
   /** When set, every chunk is read over this transport (bench/handoff compares them this way). */
   override: KvTransport | undefined;
 
-  /** shm when the chunk's owner runs on this host (and it is allowed), else HTTP. */
+  /** shm when the chunk's owner runs on this host (and it is allowed), else UCX when both ends have it, else HTTP. */
   pick(loc: LeasedChunk["location"]): KvTransport {
     if (this.override) return this.override;
     const mode = this.rt.config.transport;
     if (mode === "shm") return this.shm;
+    if (mode === "ucx") return this.ucx!;
     const http = loc.ownerBaseUrl.startsWith("https:") ? this.https : this.http;
     if (mode === "http") return http;
     const sameHost = loc.ownerHostId === this.rt.config.hostId;
     const allowed = path.dirname(path.resolve(loc.shardPath)) === path.resolve(this.rt.config.shardDir);
-    return sameHost && allowed ? this.shm : http;
+    if (sameHost && allowed) return this.shm;
+    return this.ucx && loc.ucxEndpoint ? this.ucx : http;
   }
 
   /** Checks a chunk (checksum, fingerprint, the registry row's shape) before the engine sees a byte, then imports it. */
@@ -188,7 +197,7 @@ export class KvLoader {
       this.totals.chunks += leased.length;
       this.totals.bytes += bytes;
       this.totals.ms += ms;
-      const transport = transports.has("http") ? "http" : "shm";
+      const transport = transports.has("http") ? "http" : transports.has("ucx") ? "ucx" : "shm";
       this.metrics?.transferDone(transport, ms / 1000);
       return { transport, chunks: leased.length, bytes, ms };
     } catch (e) {
@@ -345,7 +354,7 @@ export class KvLoader {
   }
 
   async close(): Promise<void> {
-    await Promise.all([this.http.close(), this.https.close(), this.shm.close()]);
+    await Promise.all([this.http.close(), this.https.close(), this.shm.close(), this.ucx?.close()]);
   }
 }
 

@@ -19,6 +19,7 @@ import { decideAdmission, PrefillThroughput } from "../../shared/platform/metric
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RegistryError } from "../../shared/platform/registry/registry.ts";
 import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
+import { UcxShardExposure, ucxAvailable } from "../handoff/transport/ucx.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/inference/policy/request.ts";
 import { applyPolicy, checkPolicyBeforeWork, planPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
@@ -63,6 +64,8 @@ export interface PrefillStatus {
 
 export class PrefillService {
   private shard: Shard | undefined;
+  /** The shard's pages mapped for UCX readers, with its endpoint in the registry. */
+  private ucx: UcxShardExposure | undefined;
   private membership: Membership | undefined;
   private reaper: NodeJS.Timeout | undefined;
   private reaping: Promise<void> | undefined;
@@ -151,15 +154,36 @@ export class PrefillService {
       pathFor: (epoch) => path.join(shardDir, shardFileName(this.shardId, epoch)),
     });
     const shard = await Shard.create({ shardId: this.shardId, epoch: row.epoch, sizeBytes, dir: shardDir, alignment: SHARD_ALIGN });
+    let ucx: UcxShardExposure | undefined;
     try {
       await this.rt.registry.shards.recordFile(this.shardId, row.epoch, shard.fileId);
+      ucx = await this.publishUcx(shard);
     } catch (err) {
+      ucx?.close();
       await shard.destroy();
       throw err;
     }
     const old = this.shard;
+    const oldUcx = this.ucx;
     this.shard = shard;
+    this.ucx = ucx;
+    oldUcx?.close(); // before the pages go: UCX readers of the old epoch then see it gone
     await old?.destroy();
+  }
+
+  /** Maps the shard for UCX readers and publishes the endpoint, where this build has UCX and the mode allows it. */
+  private async publishUcx(shard: Shard): Promise<UcxShardExposure | undefined> {
+    const mode = this.rt.config.transport;
+    if (mode === "ucx" && !ucxAvailable()) throw new Error("--transport ucx: the native addon was built without UCX (install libucx-dev and rebuild with CTXBANK_UCX=ON)");
+    if ((mode !== "ucx" && mode !== "auto") || !ucxAvailable()) return undefined;
+    const exposure = UcxShardExposure.create(shard);
+    try {
+      await this.rt.registry.shards.recordUcxEndpoint(shard.shardId, shard.epoch, exposure.endpoint);
+    } catch (err) {
+      exposure.close();
+      throw err;
+    }
+    return exposure;
   }
 
   /** For the chunk route: this instance's current shard. */
@@ -500,6 +524,8 @@ export class PrefillService {
         .retire(shard.shardId, shard.epoch)
         .catch((err: unknown) => this.rt.log.warn({ err }, "could not retire the shard"));
       await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch }).catch((err: unknown) => this.rt.log.warn({ err }, "could not reap the shard's expired chunks"));
+      this.ucx?.close();
+      this.ucx = undefined;
       await shard.destroy();
       this.shard = undefined;
     }

@@ -100,8 +100,11 @@ export const ConfigSchema = z.object({
   /** KV memory decode may hold for its sequences (reserved at admission); 429 beyond it. */
   kvBudgetBytes: bytes.default(2048 * MiB),
   maxBodyBytes: bytes.default(4 * MiB),
-  /** How decode reads chunks: auto = shm on the owner's host, http elsewhere. */
-  transport: z.enum(["auto", "http", "shm"]).default("auto"),
+  /**
+   * How decode reads chunks: auto = shm on the owner's host, else UCX when the owner publishes a
+   * UCX endpoint and this addon has UCX, else http. ucx: UCX only (prefill publishes its endpoint).
+   */
+  transport: z.enum(["auto", "http", "shm", "ucx"]).default("auto"),
   /** Deadline for loading one request's KV. */
   kvTimeoutMs: ms.default(30_000),
   /** Chunks read at once per request. */
@@ -195,7 +198,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },
   kvBudgetBytes: { flag: "kv-budget-bytes", env: ["CTXBANK_KV_BUDGET_BYTES"], help: "decode KV memory budget (then 429)" },
   maxBodyBytes: { flag: "max-body-bytes", env: ["CTXBANK_MAX_BODY_BYTES"], help: "largest request body (then 413)" },
-  transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm" },
+  transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm | ucx (auto: shm on the owner's host, then UCX where both ends have it, then http)" },
   kvTimeoutMs: { flag: "kv-timeout-ms", env: ["CTXBANK_KV_TIMEOUT_MS"], help: "deadline for loading a request's KV" },
   kvConcurrency: { flag: "kv-concurrency", env: ["CTXBANK_KV_CONCURRENCY"], help: "chunk reads in flight per request" },
   kvStreaming: { flag: "kv-streaming", env: ["CTXBANK_KV_STREAMING"], help: "true | false: decode loads the KV while the prefill runs (default true)" },

@@ -235,6 +235,13 @@ interface Addon {
   unmapFile(buffer: ArrayBuffer): void;
   crc32c(bytes: Uint8Array, prev?: number): number;
   cudaStatus(): CudaStatus;
+  /** Whether the addon was built with the UCX transport (native/src/ucx/); the ucx* functions exist only then. */
+  ucxAvailable: boolean;
+  ucxWorkerAddress?(): Buffer;
+  ucxExpose?(path: string, length: number, epoch: number): { id: number; rkey: Buffer; base: bigint; fence: bigint; fenceRkey: Buffer };
+  ucxUnexpose?(id: number): void;
+  ucxGet?(address: Uint8Array, rkey: Uint8Array, remote: bigint, into: Uint8Array, readId: number): Promise<void>;
+  ucxCancel?(readId: number): void;
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 

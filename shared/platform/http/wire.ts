@@ -111,7 +111,7 @@ export const UsageSchema = z.object({ prompt_tokens: z.number().int(), completio
 
 export const KvLoadStatsSchema = z
   .object({
-    transport: z.enum(["http", "shm", "recompute", "in_process", "none"]).openapi({ description: "in_process: `serve` handed the prefill's sequence to the decode (nothing copied)" }),
+    transport: z.enum(["http", "shm", "ucx", "recompute", "in_process", "none"]).openapi({ description: "in_process: `serve` handed the prefill's sequence to the decode (nothing copied)" }),
     chunks: z.number().int(),
     bytes: z.number().int(),
     ms: z.number(),

@@ -19,7 +19,7 @@ export interface MetricsOptions {
 }
 
 const FINISH_REASONS = ["stop", "length", "stop_string"] as const;
-const TRANSPORTS = ["http", "shm"] as const;
+const TRANSPORTS = ["http", "shm", "ucx"] as const;
 
 export class ServiceMetrics {
   readonly registry = new Registry();

@@ -65,6 +65,8 @@ export interface LeasedChunk {
     ownerHostId: string;
     /** "device:inode" of the owner's shard file (null for a shard registered before it was recorded). */
     fileId: string | null;
+    /** The owner's UCX endpoint for the shard's epoch (base64), null when it serves no UCX. */
+    ucxEndpoint: string | null;
     offset: number;
     length: number;
     /** Set by the reader: the capability the owner's chunk route wants. */
@@ -229,14 +231,14 @@ export class ChunkStore {
         .returning({ id: chunks.id });
       if (leased.length < ids.length) throw await unavailable(tx, ids, leased, now, "lease");
       const rows = await tx
-        .select({ chunk: chunks, shardPath: shards.path, fileId: shards.fileId, ownerBaseUrl: instances.baseUrl, ownerHostId: instances.hostId })
+        .select({ chunk: chunks, shardPath: shards.path, fileId: shards.fileId, ucxEndpoint: shards.ucxEndpoint, ownerBaseUrl: instances.baseUrl, ownerHostId: instances.hostId })
         .from(chunks)
         .innerJoin(shards, and(eq(chunks.shardId, shards.id), eq(chunks.shardEpoch, shards.epoch)))
         .innerJoin(instances, eq(shards.instanceId, instances.id))
         .where(inArray(chunks.id, ids));
       const byId = new Map(rows.map((r) => [r.chunk.id, r]));
       return ids.map((id) => {
-        const { chunk, shardPath, fileId, ownerBaseUrl, ownerHostId } = byId.get(id)!;
+        const { chunk, shardPath, fileId, ucxEndpoint, ownerBaseUrl, ownerHostId } = byId.get(id)!;
         return {
           chunk,
           location: {
@@ -246,6 +248,7 @@ export class ChunkStore {
             ownerBaseUrl,
             ownerHostId,
             fileId,
+            ucxEndpoint,
             offset: chunk.offset,
             length: chunk.length,
           },

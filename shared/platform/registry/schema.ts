@@ -63,6 +63,9 @@ export const shards = pgTable(
     // "device:inode" of the file the owner created at `path`: a reader maps only that file (a
     // file planted at the path is refused), and a sweeper deletes only that file.
     fileId: text("file_id"),
+    // The owner's UCX endpoint for this epoch (worker address, packed rkeys, mapped range; base64
+    // of services/handoff/transport/ucx-endpoint.ts's envelope); null when it does not serve UCX.
+    ucxEndpoint: text("ucx_endpoint"),
     sizeBytes: bigint("size_bytes", { mode: "number" }).notNull(),
     state: shardState("state").notNull().default("active"),
     createdAt: timestamptz("created_at").notNull(),

@@ -17,6 +17,9 @@ const CreateShardInput = z.object({
 /** "device:inode" in decimal, as services/handoff/shard/shard-dir.ts's fileIdentity gives. */
 export const FileId = z.string().regex(/^[0-9]{1,20}:[0-9]{1,20}$/, "device:inode in decimal");
 
+/** Base64 of a UCX endpoint envelope; its contents are checked by the reader. */
+const UcxEndpointText = z.string().min(8).max(64 << 10).regex(/^[A-Za-z0-9+/]+={0,2}$/, "base64");
+
 export type CreateShardInput = z.input<typeof CreateShardInput>;
 
 export class ShardStore {
@@ -89,6 +92,19 @@ export class ShardStore {
         .set({ state: "failed", readerCount: 0, updatedAt: this.clock() })
         .where(and(eq(chunks.shardId, id), eq(chunks.shardEpoch, epoch), inArray(chunks.state, ["writing", "ready", "reading"])));
     });
+  }
+
+  /** Publishes the owner's UCX endpoint for its active epoch (readers validate it; see ucx-endpoint.ts). */
+  async recordUcxEndpoint(id: string, epoch: number, endpoint: string): Promise<ShardRow> {
+    parseInput(identifier, id, "shard id");
+    parseInput(UcxEndpointText, endpoint, "UCX endpoint");
+    const [row] = await this.db
+      .update(shards)
+      .set({ ucxEndpoint: endpoint })
+      .where(and(eq(shards.id, id), eq(shards.epoch, epoch), eq(shards.state, "active")))
+      .returning();
+    if (!row) throw new RegistryError("stale_epoch", `shard ${id} epoch ${epoch} is not active`);
+    return row;
   }
 
   async get(id: string, epoch: number): Promise<ShardRow | undefined> {

@@ -1,0 +1,1 @@
+ALTER TABLE "shards" ADD COLUMN "ucx_endpoint" text;

@@ -1,0 +1,123 @@
+// UCX transport: the owner maps its shard for remote reads and publishes its worker address and
+// the shard's packed rkey in the registry (UcxShardExposure); the reader reads each chunk with a
+// one-sided ucp_get_nbx straight into the caller's buffer (UcxTransport). On one host UCX moves the
+// bytes over CMA/shared memory/TCP, across hosts with RDMA NICs over verbs: the same code. The
+// owner's process does no work per read, so what binds a read to its lease is the registry: only a
+// leased chunk's location (and the shard's endpoint) reaches the reader (docs/security.md).
+import { addon } from "../../../shared/inference/engine/native.ts";
+import type { Shard } from "../shard/shard.ts";
+import { TransportError, chunkLabel, type TransportErrorCode } from "./errors.ts";
+import { checkReadArgs, withDeadline } from "./read-checks.ts";
+import type { ChunkLocation, KvTransport, ReadChunkOptions } from "./types.ts";
+import { decodeUcxEndpoint, encodeUcxEndpoint } from "./ucx-endpoint.ts";
+
+/** Whether this build of the addon has the UCX transport. */
+export function ucxAvailable(): boolean {
+  return addon().ucxAvailable === true;
+}
+
+function ucx() {
+  const a = addon();
+  if (!a.ucxAvailable || !a.ucxGet || !a.ucxCancel || !a.ucxExpose || !a.ucxUnexpose || !a.ucxWorkerAddress) {
+    throw new Error("the native addon was built without UCX (install libucx-dev and rebuild with CTXBANK_UCX=ON)");
+  }
+  return { get: a.ucxGet, cancel: a.ucxCancel, expose: a.ucxExpose, unexpose: a.ucxUnexpose, workerAddress: a.ucxWorkerAddress };
+}
+
+/** A location as the registry gives it, with the owner's published UCX endpoint (base64), if any. */
+export type UcxChunkLocation = ChunkLocation & { ucxEndpoint?: string | null };
+
+/** Names each native read, so an abort cancels exactly its own. */
+let nextReadId = 1;
+
+const NATIVE_CODES: Record<string, TransportErrorCode> = { unreachable: "unreachable", aborted: "aborted", bad_endpoint: "bad_response", io_error: "io_error" };
+
+export class UcxTransport implements KvTransport {
+  readonly name = "ucx";
+  private readonly native = ucx();
+
+  async readChunk(loc: UcxChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
+    checkReadArgs(loc, into, opts);
+    if (loc.ucxEndpoint === null || loc.ucxEndpoint === undefined) {
+      throw new TransportError("unreachable", `${chunkLabel(loc)}: the owner of shard ${loc.shardId} publishes no UCX endpoint (it runs without UCX, or with --transport http or shm)`);
+    }
+    const ep = decodeUcxEndpoint(loc.ucxEndpoint);
+    if (typeof ep === "string") {
+      throw new TransportError("bad_response", `${chunkLabel(loc)}: the registry's UCX endpoint of shard ${loc.shardId} is unusable: ${ep}`);
+    }
+    if (ep.epoch !== loc.epoch) {
+      throw new TransportError("stale_epoch", `${chunkLabel(loc)}: shard ${loc.shardId} publishes epoch ${ep.epoch}, not ${loc.epoch}`);
+    }
+    if (loc.offset + loc.length > ep.length) {
+      throw new TransportError("out_of_range", `${chunkLabel(loc)} lies outside the ${ep.length}-byte shard`);
+    }
+    const target = into.subarray(0, loc.length);
+    return withDeadline(loc, opts, async (signal) => {
+      // The native read settles only after UCX is done with `target`: cancelling closes the read's
+      // own endpoint, which completes it, so nothing writes into `target` afterwards.
+      let readId = nextReadId++;
+      const onAbort = () => this.native.cancel(readId);
+      signal.addEventListener("abort", onAbort, { once: true });
+      const word = Buffer.alloc(8);
+      try {
+        await this.native.get(ep.address, ep.rkey, ep.base + BigInt(loc.offset), target, readId);
+        // Read after the chunk: the owner zeroes it before unmapping the epoch's pages, so finding
+        // the epoch here means the chunk's bytes came from that epoch's live pages.
+        signal.throwIfAborted();
+        readId = nextReadId++;
+        await this.native.get(ep.address, ep.fenceRkey, ep.fence, word, readId);
+      } catch (err) {
+        if (signal.aborted) throw signal.reason;
+        const code = NATIVE_CODES[(err as { code?: string }).code ?? ""] ?? "io_error";
+        throw new TransportError(code, `${chunkLabel(loc)}: ${(err as Error).message}`, undefined, { cause: err });
+      } finally {
+        signal.removeEventListener("abort", onAbort);
+      }
+      if (word.readBigUInt64LE(0) !== BigInt(loc.epoch)) {
+        throw new TransportError("stale_epoch", `${chunkLabel(loc)}: the shard's epoch ${loc.epoch} is gone (its owner unmapped it)`);
+      }
+      return loc.length;
+    });
+  }
+
+  async close(): Promise<void> {
+    // Endpoints live in the process's one UCX worker, shared by every transport instance.
+  }
+}
+
+/** The owner's side: a shard's pages mapped for remote reads, and the endpoint to publish for them. */
+export class UcxShardExposure {
+  private closed = false;
+  private constructor(
+    private readonly id: number,
+    /** base64, for shards.ucx_endpoint. */
+    readonly endpoint: string,
+  ) {}
+
+  static create(shard: Pick<Shard, "path" | "epoch" | "sizeBytes">): UcxShardExposure {
+    const native = ucx();
+    const exposed = native.expose(shard.path, shard.sizeBytes, shard.epoch);
+    try {
+      const endpoint = encodeUcxEndpoint({
+        epoch: shard.epoch,
+        base: exposed.base,
+        length: shard.sizeBytes,
+        fence: exposed.fence,
+        address: native.workerAddress(),
+        rkey: exposed.rkey,
+        fenceRkey: exposed.fenceRkey,
+      });
+      return new UcxShardExposure(exposed.id, endpoint);
+    } catch (err) {
+      native.unexpose(exposed.id);
+      throw err;
+    }
+  }
+
+  /** Unmaps the pages: later reads with this endpoint fail. */
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    ucx().unexpose(this.id);
+  }
+}
