@@ -40,8 +40,9 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
     const scheduler = services.decode?.scheduler;
     const compute = scheduler && config.prefillChunking === "slo" ? scheduler.prefill.bind(scheduler) : undefined;
     services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics, compute);
-    // Its own requests' prefills hand their sequences over directly (services/handoff/in-process.ts).
-    services.decode?.useInProcessPrefill(new InProcessHandoff(services.prefill));
+    // Its own requests' prefills hand their sequences over directly (services/handoff/in-process.ts),
+    // unless a transport was named: then they take the shard path over it, as between processes.
+    if (config.transport === "auto") services.decode?.useInProcessPrefill(new InProcessHandoff(services.prefill));
   }
   // One probe for both listeners' /ready: it caches the database's answer for both.
   const dbProbe = new DbProbe(runtime.db);

@@ -198,7 +198,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },
   kvBudgetBytes: { flag: "kv-budget-bytes", env: ["CTXBANK_KV_BUDGET_BYTES"], help: "decode KV memory budget (then 429)" },
   maxBodyBytes: { flag: "max-body-bytes", env: ["CTXBANK_MAX_BODY_BYTES"], help: "largest request body (then 413)" },
-  transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm | ucx (auto: shm on the owner's host, then UCX where both ends have it, then http)" },
+  transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm | ucx (auto: in process under serve, else shm on the owner's host, then UCX where both ends have it, then http; a named transport makes serve use the shard path too)" },
   kvTimeoutMs: { flag: "kv-timeout-ms", env: ["CTXBANK_KV_TIMEOUT_MS"], help: "deadline for loading a request's KV" },
   kvConcurrency: { flag: "kv-concurrency", env: ["CTXBANK_KV_CONCURRENCY"], help: "chunk reads in flight per request" },
   kvStreaming: { flag: "kv-streaming", env: ["CTXBANK_KV_STREAMING"], help: "true | false: decode loads the KV while the prefill runs (default true)" },
