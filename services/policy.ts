@@ -4,12 +4,16 @@
 import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { ApiError } from "../shared/platform/http/errors.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
-import { checkPolicyLimits, PolicyError, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/inference/policy/request.ts";
-import { DEFAULT_MAX_TOKENS, type Runtime } from "./runtime.ts";
+import { checkPolicyLimits, PolicyError, PolicySpecSchema, layerGroupsFromRoles, resolvePolicy, resolvedSpec, type ParsedPolicySpec, type PolicySpec } from "../shared/inference/policy/request.ts";
+import { MAX_TOKENS_DEFAULTS } from "../shared/inference/defaults.ts";
+import type { Runtime } from "./runtime.ts";
 
 export interface PlannedPolicy {
-  spec: PolicySpec;
+  /** The spec to hand on (the request's, defaults written in; rounds with its resolved rounds). */
+  spec: ParsedPolicySpec;
   policy: AttentionPolicy;
+  /** What runs, in the wire's shape: every default, calibrated layer and budget written in (responses report it). */
+  resolved: Exclude<ParsedPolicySpec, string>;
   /** Layer groups for KV chunks: one group under dense policies, dense + one per filter layer under OmniKV. */
   layerGroups: number[][];
 }
@@ -37,9 +41,14 @@ export function planPolicy(
       maxTokens,
     });
     const roles = rt.engine.checkPolicy(policy);
-    const resolved: PolicySpec =
-      policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK ?? 0 } } : chosen;
-    return { spec: resolved, policy, layerGroups: layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, rt.model.config.nLayer) };
+    const handOn: PolicySpec =
+      policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK } } : chosen;
+    return {
+      spec: PolicySpecSchema.parse(handOn),
+      policy,
+      resolved: resolvedSpec(policy),
+      layerGroups: layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, rt.model.config.nLayer),
+    };
   } catch (e) {
     if (e instanceof PolicyError) throw new ApiError(400, "invalid_policy", e.message, e.param);
     throw e;
@@ -52,5 +61,5 @@ export function planPolicy(
  * rounds still to be found). What depends on the prompt is checked again by planPolicy.
  */
 export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "config">, spec: PolicySpec | undefined, opts: { maxTokens?: number | undefined; chat: boolean }): void {
-  planPolicy(rt, spec, 1, opts.maxTokens ?? DEFAULT_MAX_TOKENS, opts.chat ? [0] : undefined);
+  planPolicy(rt, spec, 1, opts.maxTokens ?? MAX_TOKENS_DEFAULTS.generate, opts.chat ? [0] : undefined);
 }

@@ -4,7 +4,7 @@
 // (its greedy tokens equal the engine's under the same policy).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../shared/inference/engine/sampler.ts";
-import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicyInput } from "../shared/inference/engine/native.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
@@ -52,7 +52,7 @@ describe("policies through the services", () => {
     await shards?.remove();
   });
 
-  async function engineGreedy(ids: number[], policy: AttentionPolicy, n: number): Promise<number[]> {
+  async function engineGreedy(ids: number[], policy: AttentionPolicyInput, n: number): Promise<number[]> {
     const { engine } = s.rt;
     const seq = engine.createSequence(ids.length + n);
     seq.setPolicy(policy);

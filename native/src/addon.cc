@@ -521,6 +521,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("ggufInfo", Napi::Function::New(env, GgufInfo));
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
   exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
+  exports.Set("policyFields", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value { return policy_fields_to_js(info.Env()); }));
   init_kv_io(env, exports);
   NativeModel::Init(env, exports);
   NativeSequence::Init(env, exports);

@@ -108,7 +108,10 @@ AttentionPolicy AttentionPolicy::make_rounds(const RoundsConfig& cfg, const Mode
   o.filter_layers = {cfg.watershed_layer};
   o.guard = false;
   o.budget = 1 << 30;  // rounds are kept whole; the selection decides the size
-  o.window = 64;       // the current round's question queries remembered at the watershed layer
+  o.selector = Selector::Last;
+  o.window = 64;  // the current round's question queries remembered at the watershed layer
+  o.lazy_iou = 0.f;
+  o.offload = false;
   AttentionPolicy p = make_omnikv(o, model);
   p.kind = Kind::Rounds;
   p.rounds = cfg;

@@ -3,11 +3,11 @@
 import { createHash } from "node:crypto";
 import { open } from "node:fs/promises";
 
-import { PolicyError } from "../policy/request.ts";
+import { PolicyError } from "../policy/errors.ts";
 import {
   addon,
   ggufInfo,
-  type AttentionPolicy,
+  type AttentionPolicyInput,
   type EngineDevice,
   type EngineInfo,
   type EngineOptions,
@@ -79,7 +79,7 @@ export class Engine {
    * Validates `policy` against the model (as setPolicy would, on a throwaway sequence) and returns
    * OmniKV's per-layer roles; PolicyError with the engine's reason when it is refused.
    */
-  checkPolicy(policy: AttentionPolicy): Pick<PolicyStats, "layerRoles" | "layerGroups"> {
+  checkPolicy(policy: AttentionPolicyInput): Pick<PolicyStats, "layerRoles" | "layerGroups"> {
     const seq = this.native.createSequence(1);
     try {
       seq.setPolicy(policy);

@@ -59,7 +59,7 @@ export const PrefillRequestSchema = z
     path: ["prompt"],
   })
   .openapi("PrefillRequest");
-export type PrefillRequest = z.infer<typeof PrefillRequestSchema>;
+export type PrefillRequest = z.input<typeof PrefillRequestSchema>;
 
 export const HandleSchema = z
   .object({
