@@ -102,7 +102,7 @@ describe("omnikv offload", () => {
 
   it("refuses a malformed offload flag", () => {
     const seq = engine.createSequence(8);
-    expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: FILTERS, budget: 8, offload: "yes" as unknown as boolean } })).toThrow(/offload must be a boolean/);
+    expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: FILTERS, budget: 8, offload: "yes" as unknown as boolean } })).toThrow(/policy\.omnikv\.offload: .*expected boolean/);
     seq.release();
   });
 });

@@ -104,8 +104,8 @@ describe("window selectors", () => {
 
   it("refuses a bad window", () => {
     const seq = engine.createSequence(8);
-    expect(() => seq.setPolicy(omnikv("uniform", 0))).toThrow(/window must be in \[1, 64\]/);
-    expect(() => seq.setPolicy(omnikv("exp", 65))).toThrow(/window must be in \[1, 64\]/);
+    expect(() => seq.setPolicy(omnikv("uniform", 0))).toThrow(/policy\.omnikv\.window: Too small: expected number to be >=1/);
+    expect(() => seq.setPolicy(omnikv("exp", 65))).toThrow(/policy\.omnikv\.window: Too big: expected number to be <=64/);
     seq.release();
   });
 });

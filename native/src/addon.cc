@@ -207,7 +207,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceMethod<&NativeSequence::Truncate>("truncate"),
                                     InstanceMethod<&NativeSequence::Release>("release"),
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
-                                    InstanceMethod<&NativeSequence::SetPolicy>("setPolicy"),
+                                    InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
                                     InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
                                     InstanceMethod<&NativeSequence::ImportRows>("importRows"),
                                     InstanceMethod<&NativeSequence::ExportRows>("exportRows"),

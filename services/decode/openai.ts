@@ -1,14 +1,15 @@
 // OpenAI-compatible routes: POST /v1/completions, POST /v1/chat/completions (streaming and not)
 // and GET /v1/models. Each request is prefilled on a prefill instance picked from the registry
-// and decoded here. Supported: n = 1, max_tokens (default 16 for completions, 256 for chat, less
-// if the context is short), temperature (default 1), top_p (default 1), top_k (extension,
-// default 40), seed, stop, stream, stream_options.include_usage, and on_kv_failure (extension).
+// and decoded here. Supported: n = 1, max_tokens, temperature, top_p, top_k (extension), seed,
+// stop, stream, stream_options.include_usage, and the extensions on_kv_failure and policy. Their
+// defaults (OpenAI's where it has one) are in shared/inference/defaults.ts.
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/platform/http/errors.ts";
 import { requestTenant } from "../../shared/platform/http/tenant.ts";
 import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, SamplingFields, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
+import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../shared/inference/defaults.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
 import { PolicySpecSchema } from "../../shared/inference/policy/request.ts";
 import type { ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
@@ -135,9 +136,9 @@ type Common = { [K in keyof typeof Common]?: z.infer<(typeof Common)[K]> };
 function options(b: Common, maxTokens: number | null | undefined, defaultMax: number): DecodeOptions {
   return {
     maxTokens: maxTokens ?? defaultMax,
-    temperature: b.temperature ?? 1,
-    top_p: b.top_p ?? 1,
-    top_k: b.top_k ?? 40,
+    temperature: b.temperature ?? SAMPLING_DEFAULTS.openai.temperature,
+    top_p: b.top_p ?? SAMPLING_DEFAULTS.openai.topP,
+    top_k: b.top_k ?? SAMPLING_DEFAULTS.openai.topK,
     seed: b.seed ?? undefined,
     stop: b.stop == null ? [] : typeof b.stop === "string" ? [b.stop] : b.stop,
     onKvFailure: b.on_kv_failure,
@@ -167,7 +168,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
     checkPromptSize(rt, prompt); // here too, so an oversized prompt is not sent on to a prefill
     const ac = clientSignal(c);
-    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(16)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
+    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(MAX_TOKENS_DEFAULTS.completions)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `cmpl-${crypto.randomUUID()}`;
     const base = { id, object: "text_completion" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -189,7 +190,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     }));
     checkPromptSize(rt, { messages });
     const ac = clientSignal(c);
-    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
+    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(MAX_TOKENS_DEFAULTS.generate)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const base = { id, object: "chat.completion.chunk" as const, created: now(), model: rt.modelId };
     if (b.stream) {

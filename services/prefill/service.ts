@@ -211,7 +211,7 @@ export class PrefillService {
     // stopping past the context), with a chat's rounds found in the same pass.
     let sampling;
     try {
-      sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
+      sampling = validateSampling({ temperature: req.temperature, topK: req.top_k, topP: req.top_p, ...(req.seed === undefined ? {} : { seed: req.seed }) });
     } catch (e) {
       if (e instanceof SamplingError) throw new ApiError(400, "invalid_request", e.message);
       throw e;

@@ -196,7 +196,8 @@ interface Addon {
   cudaStatus(): CudaStatus;
   /** The policy fields the addon parses, per sub-object (camelCase): the schema's, see test/policy-schema.test.ts. */
   policyFields(): Record<PolicyPart, string[]>;
-  NativeSequence: { prototype: { setPolicy(policy: AttentionPolicy): void } };
+  /** setCompletePolicy takes complete policies only; this module gives every sequence setPolicy over it. */
+  NativeSequence: { prototype: { setCompletePolicy(policy: AttentionPolicy): void; setPolicy?(policy: AttentionPolicyInput): void } };
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
@@ -209,9 +210,8 @@ function loadAddon(): Addon {
   const a = createRequire(import.meta.url)(addonPath) as Addon;
   // The addon holds no defaults and refuses an incomplete policy: every sequence's setPolicy
   // goes through the schema first, which writes them in (shared/inference/defaults.ts).
-  const setComplete = a.NativeSequence.prototype.setPolicy;
-  a.NativeSequence.prototype.setPolicy = function (this: NativeSequence, policy: AttentionPolicyInput) {
-    setComplete.call(this, completePolicy(policy));
+  a.NativeSequence.prototype.setPolicy = function (policy: AttentionPolicyInput) {
+    this.setCompletePolicy(completePolicy(policy));
   };
   return a;
 }
