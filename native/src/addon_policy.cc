@@ -95,11 +95,12 @@ ScopeConfig scope_config(Napi::Object policy) {
   const std::string w = "policy.scope";
   Napi::Object o = sub_object(policy, "scope", kScopeFields);
   ScopeConfig cfg;
+  static const std::pair<const char*, ScopeMode> kModes[] = {
+      {"slide", ScopeMode::Slide}, {"adaptive", ScopeMode::Adaptive}, {"discontinuous", ScopeMode::Discontinuous}};
   const std::string m = string_field(o, "mode", w);
-  if (m == "slide") cfg.mode = ScopeMode::Slide;
-  else if (m == "adaptive") cfg.mode = ScopeMode::Adaptive;
-  else if (m == "discontinuous") cfg.mode = ScopeMode::Discontinuous;
-  else throw Napi::TypeError::New(o.Env(), "policy.scope.mode must be slide, adaptive or discontinuous");
+  const auto* mode = std::find_if(std::begin(kModes), std::end(kModes), [&](const auto& e) { return m == e.first; });
+  if (mode == std::end(kModes)) throw Napi::TypeError::New(o.Env(), "policy.scope.mode must be slide, adaptive or discontinuous");
+  cfg.mode = mode->second;
   cfg.beta1 = int_field(o, "beta1", w);
   cfg.beta2 = int_field(o, "beta2", w);
   cfg.max_output = int_field(o, "maxOutput", w);

@@ -15,7 +15,7 @@ import { ctxbankExtension } from "../../shared/platform/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
 import { requests } from "../../shared/platform/registry/schema.ts";
-import type { PolicySpec } from "../../shared/inference/policy/request.ts";
+import type { ParsedPolicySpec, PolicySpec } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { planPolicy } from "../policy.ts";
 import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
@@ -55,8 +55,11 @@ export interface KvSummary {
   error?: string;
 }
 
+type ResolvedPolicy = Exclude<ParsedPolicySpec, string>;
+
 export type DecodeEvent =
-  | { type: "token"; id: number; text: string; index: number }
+  /** The first token (index 0) carries the policy that runs, every default and budget written in. */
+  | { type: "token"; id: number; text: string; index: number; policy?: ResolvedPolicy }
   | {
       type: "done";
       requestId: string;
@@ -209,7 +212,7 @@ export class DecodeService {
       }
       // Our own prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat);
       // a client's handle may be decoded under another policy the request names.
-      const { policy } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
+      const { policy, resolved } = planPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
@@ -226,7 +229,7 @@ export class DecodeService {
       const first = text.push(handle.first_token);
       clock.token();
       const firstTokenAt = performance.now();
-      yield { type: "token", id: handle.first_token, text: first.text, index: 0 };
+      yield { type: "token", id: handle.first_token, text: first.text, index: 0, policy: resolved };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
       let finish = first.finish;
       if (!finish) {
@@ -266,7 +269,7 @@ export class DecodeService {
         kv,
         ttftMs: timings.ttftMs,
         totalMs: timings.e2eMs,
-        ctxbank: ctxbankExtension(timings, verdict),
+        ctxbank: { ...ctxbankExtension(timings, verdict), policy: resolved },
       };
     } catch (e) {
       if (signal.aborted) {

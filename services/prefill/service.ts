@@ -342,6 +342,7 @@ export class PrefillService {
         prompt_token_ids: tokens,
         layer_groups: groups,
         policy: policy.spec,
+        resolved_policy: policy.resolved,
         block_tokens: config.blockTokens,
         sampling: { temperature: sampling.temperature, top_p: sampling.topP, top_k: sampling.topK, seed: sampling.seed },
         prefill_ms: prefillMs,

@@ -41,7 +41,7 @@ export const OmniKvSpec = z
       .max(8)
       .optional()
       .meta({ description: "1 to 8 layers, increasing. Default: the model's calibrated filter layers" }),
-    budget: Budget.default(D.omnikv.budget).meta({ description: "Prompt tokens each filter layer keeps, or a fraction of the prompt", example: 1024 }),
+    budget: Budget.default(D.omnikv.budget).meta({ description: "Prompt tokens each filter layer keeps, or a fraction of the prompt", example: 512 }),
     selector: z
       .enum(["last", "last_softmax", "uniform", "exp"])
       .default(D.omnikv.selector)
@@ -130,7 +130,7 @@ export const PolicySpecSchema = z
   .meta({
     description:
       "How decode steps attend (prefill is always full): a kind with the model's defaults, or an object { kind, <sub-object of that kind> }. omnikv: filter layers pick prompt tokens; scope: generated-token budget; rounds: Round Attention picks whole earlier conversation rounds; streaming and h2o are baselines.",
-    example: { kind: "omnikv", omnikv: { budget: 1024 } },
+    example: { kind: "omnikv", omnikv: { budget: 512 } },
   });
 
 /** A policy as a request gives it (fields left out take their defaults). */

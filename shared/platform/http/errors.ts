@@ -7,6 +7,7 @@ export type ApiStatus = 400 | 401 | 403 | 404 | 409 | 413 | 421 | 422 | 429 | 49
 
 export type ApiErrorCode =
   | "invalid_request" // the body or a parameter is malformed
+  | "unknown_field" // the body has a key the route does not take (ctxbank's own routes refuse rather than ignore)
   | "unauthorized" // no API key / capability, or a wrong one
   | "forbidden" // a valid capability that does not allow this (another range, an expired lease)
   | "misdirected_request" // the Host header names no host this server answers for
