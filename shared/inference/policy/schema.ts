@@ -56,7 +56,7 @@ export const OmniKvSpec = z
 export const ScopeSpec = z
   .strictObject({
     mode: z.enum(["slide", "adaptive", "discontinuous"]).default(D.scope.mode).meta({ description: "slide: the whole budget from the start; adaptive: grows over max_output; discontinuous: adaptive, re-selecting less often" }),
-    beta1: z.number().int().min(0).max(MAX_TOKENS).default(D.scope.beta1).meta({ description: "Selected earlier generated tokens" }),
+    beta1: Count.default(D.scope.beta1).meta({ description: "Selected earlier generated tokens" }),
     beta2: Count.default(D.scope.beta2).meta({ description: "Most recent generated tokens, always kept" }),
     max_output: Count.optional().meta({ description: "T, the planned output length. Default: the request's max_tokens" }),
     alpha1: z
