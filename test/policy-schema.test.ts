@@ -63,6 +63,23 @@ describe("the addon parses exactly the schema's fields", () => {
     expect(() => setRaw(seq, { kind: "full", omnikv: (complete.omnikv as { omnikv: unknown }).omnikv })).toThrow(/policy\.omnikv is not a field/);
     seq.release();
   });
+  it("reads exactly the sub-objects the schema gives each kind", () => {
+    const seq = engine.createSequence(64);
+    const sub = (part: PolicyPart) => (complete[part] as unknown as Record<string, unknown>)[part];
+    for (const [kind, parts] of Object.entries(POLICY_PARTS) as [keyof typeof POLICY_PARTS, readonly PolicyPart[]][]) {
+      const own = Object.fromEntries(parts.map((p) => [p, sub(p)]));
+      expect(() => setRaw(seq, { kind, ...own }), kind).not.toThrow();
+      for (const part of Object.keys(POLICY_PART_SCHEMAS) as PolicyPart[]) {
+        if (parts.includes(part)) {
+          const { [part]: _dropped, ...rest } = own;
+          expect(() => setRaw(seq, { kind, ...rest }), `${kind} without ${part}`).toThrow(new RegExp(`policy\\.${part} is missing`));
+        } else {
+          expect(() => setRaw(seq, { kind, ...own, [part]: sub(part) }), `${kind} with ${part}`).toThrow(new RegExp(`policy\\.${part} is not a field`));
+        }
+      }
+    }
+    seq.release();
+  });
 });
 
 describe("the schema", () => {
