@@ -6,6 +6,7 @@ import { availableParallelism } from "node:os";
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
 
+import { defaultMaxTokens, MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../shared/inference/defaults.ts";
 import { Engine, loadModel, type EngineDevice } from "../shared/inference/engine/engine.ts";
 import { DEVICE_PATTERN } from "../shared/inference/engine/native.ts";
 import { SamplingError, validateSampling, type SamplingOptions } from "../shared/inference/engine/sampler.ts";
@@ -30,10 +31,10 @@ Prompt (one of):
   --raw                  feed --prompt to the model as-is (no chat template)
 
 Generation:
-  --max-tokens N         most tokens to generate (default 256, less if the context is short)
-  --temperature T        0 = greedy (default 0.8)
-  --top-k K              (default 40; 0 = off)
-  --top-p P              (default 0.95)
+  --max-tokens N         most tokens to generate (default ${MAX_TOKENS_DEFAULTS.generate}, less if the context is short)
+  --temperature T        0 = greedy (default ${SAMPLING_DEFAULTS.cli.temperature})
+  --top-k K              (default ${SAMPLING_DEFAULTS.cli.topK}; 0 = off)
+  --top-p P              (default ${SAMPLING_DEFAULTS.cli.topP})
   --seed S               sampling seed (default random)
   --stop STR             stop before this text; repeatable
 
@@ -44,8 +45,6 @@ Engine:
 
   -h, --help             show this help
 `;
-
-const DEFAULT_MAX_TOKENS = 256;
 
 
 const OPTIONS = {
@@ -96,9 +95,9 @@ function number(flag: string, value: string | undefined, integer: boolean, min: 
 
 function samplingFrom(f: Flags): SamplingOptions {
   const opts: SamplingOptions = {
-    temperature: number("temperature", f.temperature, false, 0) ?? 0.8,
-    topK: number("top-k", f["top-k"], true, 0) ?? 40,
-    topP: number("top-p", f["top-p"], false, 0) ?? 0.95,
+    temperature: number("temperature", f.temperature, false, 0) ?? SAMPLING_DEFAULTS.cli.temperature,
+    topK: number("top-k", f["top-k"], true, 0) ?? SAMPLING_DEFAULTS.cli.topK,
+    topP: number("top-p", f["top-p"], false, 0) ?? SAMPLING_DEFAULTS.cli.topP,
   };
   const seed = number("seed", f.seed, true, 0);
   if (seed !== undefined) opts.seed = seed;
@@ -165,8 +164,7 @@ function chatTemplate(s: Session): ChatTemplate {
 
 /** Streams one generation to stdout; returns the text and the summary. */
 async function streamOnce(s: Session, prompt: number[], signal?: AbortSignal): Promise<{ text: string; done: DoneEvent }> {
-  const room = s.engine.maxContext - prompt.length;
-  const maxTokens = s.maxTokens ?? Math.max(1, Math.min(DEFAULT_MAX_TOKENS, room));
+  const maxTokens = s.maxTokens ?? defaultMaxTokens(s.engine.maxContext, prompt.length);
   let text = "";
   let done: DoneEvent | undefined;
   for await (const ev of generate(s.engine, s.tok, prompt, { ...s.sampling, maxTokens, stop: s.stop, signal })) {

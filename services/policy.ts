@@ -5,13 +5,16 @@
 import type { NativeSequence } from "../shared/inference/engine/engine.ts";
 import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
-import { checkPolicyLimits, layerGroupsFromRoles, resolvePolicy, type PolicySpec } from "../shared/inference/policy/request.ts";
-import { DEFAULT_MAX_TOKENS, type Runtime } from "./runtime.ts";
+import { checkPolicyLimits, PolicySpecSchema, layerGroupsFromRoles, resolvePolicy, resolvedSpec, type ParsedPolicySpec, type PolicySpec } from "../shared/inference/policy/request.ts";
+import { MAX_TOKENS_DEFAULTS } from "../shared/inference/defaults.ts";
+import type { Runtime } from "./runtime.ts";
 
 export interface ResolvedPolicy {
-  /** The spec with what was resolved here written in (a handle carries it to the decode). */
-  spec: PolicySpec;
+  /** The spec to hand on (the request's, defaults written in; rounds with its resolved rounds). */
+  spec: ParsedPolicySpec;
   policy: AttentionPolicy;
+  /** What runs, in the wire's shape: every default, calibrated layer and budget written in (responses report it). */
+  resolved: Exclude<ParsedPolicySpec, string>;
 }
 
 export interface PlannedPolicy extends ResolvedPolicy {
@@ -40,9 +43,9 @@ export function resolveRequestPolicy(
     promptTokens,
     maxTokens,
   });
-  const resolved: PolicySpec =
-    policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK ?? 0 } } : chosen;
-  return { spec: resolved, policy };
+  const handOn: PolicySpec =
+    policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK } } : chosen;
+  return { spec: PolicySpecSchema.parse(handOn), policy, resolved: resolvedSpec(policy) };
 }
 
 /** Resolves the policy and has the engine validate it once, for the layer groups a chunk-writing prefill packs by. */
@@ -69,7 +72,7 @@ export function applyPolicy(rt: Pick<Runtime, "engine">, seq: NativeSequence, po
  * sees it once, with the prompt's own length (planPolicy or applyPolicy).
  */
 export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "config">, spec: PolicySpec | undefined, opts: { maxTokens?: number | undefined; chat: boolean }): void {
-  resolveRequestPolicy(rt, spec, 1, opts.maxTokens ?? DEFAULT_MAX_TOKENS, opts.chat ? [0] : undefined);
+  resolveRequestPolicy(rt, spec, 1, opts.maxTokens ?? MAX_TOKENS_DEFAULTS.generate, opts.chat ? [0] : undefined);
 }
 
 /**

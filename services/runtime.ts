@@ -165,11 +165,8 @@ export function checkTokenIds(ids: readonly number[], nVocab: number, param: str
   }
 }
 
-/** Tokens a decode request without max_tokens may generate: 256, or what the context leaves. */
-export const DEFAULT_MAX_TOKENS = 256;
-export function defaultMaxTokens(maxContext: number, promptTokens: number): number {
-  return Math.max(1, Math.min(DEFAULT_MAX_TOKENS, maxContext - promptTokens));
-}
+/** Tokens a decode request without max_tokens may generate (shared/inference/defaults.ts). */
+export { defaultMaxTokens } from "../shared/inference/defaults.ts";
 
 /** 413 when the prompt leaves no room to generate; 400 when prompt + max tokens exceed the context. */
 export function checkContext(maxContext: number, promptTokens: number, maxTokens: number | undefined): void {

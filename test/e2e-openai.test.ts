@@ -68,6 +68,32 @@ describe("OpenAI client against `ctxbank serve`", () => {
     expect(await docs.text()).toMatch(/swagger/i);
   });
 
+  it("documents every policy default and keeps AttentionPolicy's own description", async () => {
+    const spec = (await getJson(`${svc.url}/openapi.json`)).body;
+    const policy = spec.components.schemas.AttentionPolicy;
+    expect(policy.description).toMatch(/^How decode steps attend/);
+    const object = policy.anyOf.find((s: { type?: string }) => s.type === "object");
+    expect(object.properties.streaming.properties.window.default).toBe(1020);
+    expect(object.properties.h2o.properties.recent).toMatchObject({ default: 256, minimum: 1 });
+    expect(object.properties.omnikv.properties.budget.default).toBe(1024);
+  });
+
+  it("takes the policy extension the way the README shows, and says which policy ran", async () => {
+    const messages = [{ role: "user" as const, content: "Hi!" }];
+    const res = await client.chat.completions.create({
+      model: modelId,
+      messages,
+      max_tokens: 4,
+      temperature: 0,
+      // @ts-expect-error policy is a ctxbank extension; the client sends extra fields as they are
+      policy: { kind: "omnikv", omnikv: { budget: 512 } },
+    });
+    const ran = (res as unknown as { ctxbank: { policy: { kind: string; omnikv: Record<string, unknown> } } }).ctxbank.policy;
+    expect(ran.kind).toBe("omnikv");
+    expect(ran.omnikv).toMatchObject({ budget: 512, selector: "last", window: 16, guard: true, lazy_iou: 0, offload: false });
+    expect(ran.omnikv.filter_layers).toEqual([2, 7, 17]);
+  });
+
   it("completions, not streamed: the text a single process generates", async () => {
     const prompt = "Once upon a time";
     const res = await client.completions.create({ model: modelId, prompt, max_tokens: 12, temperature: 0 });

@@ -32,7 +32,7 @@ describe("decode policies", () => {
   it("equal full attention bit for bit when the budget covers everything", async () => {
     const full = await greedy({ kind: "full" });
     const omnikv = await greedy({ kind: "omnikv", omnikv: { filterLayers: FILTERS, budget: 100_000 } });
-    const scope = await greedy({ kind: "scope", scope: { beta1: 1000, beta2: 1000 } });
+    const scope = await greedy({ kind: "scope", scope: { beta1: 1000, beta2: 1000, maxOutput: STEPS } });
     const both = await greedy({
       kind: "omnikv+scope",
       omnikv: { filterLayers: FILTERS, budget: PROMPT.length },
@@ -51,7 +51,7 @@ describe("decode policies", () => {
   });
 
   it("scope holds each layer and head to beta1 + beta2 generated tokens", async () => {
-    const { stats } = await greedy({ kind: "scope", scope: { mode: "slide", beta1: 3, beta2: 2 } });
+    const { stats } = await greedy({ kind: "scope", scope: { mode: "slide", beta1: 3, beta2: 2, maxOutput: STEPS } });
     const { nLayer, nHeadKv } = engine.model.config;
     expect(stats.decodeTokens).toBe(STEPS);
     expect(stats.decodePoolTokens).toBe(nLayer * nHeadKv * 5);
@@ -68,8 +68,8 @@ describe("decode policies", () => {
     expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [30], budget: 8 } })).toThrow(/out of range/);
     expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [2], budget: 0 } })).toThrow(/budget/);
     expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [2], budget: 8, selector: "best" as never } })).toThrow(/selector/);
-    expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: -4, beta2: 8 } })).toThrow(/beta2 must not exceed beta1 \+ beta2/);
-    expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: 8, beta2: 8, mode: "sideways" as never } })).toThrow(/mode/);
+    expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: -4, beta2: 8, maxOutput: STEPS } })).toThrow(/policy\.scope\.beta1: .*>=0/);
+    expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: 8, beta2: 8, maxOutput: STEPS, mode: "sideways" as never } })).toThrow(/mode/);
     expect(() => seq.setPolicy({ kind: "h2o", h2o: { budget: 8, recent: 8 } })).toThrow(/budget larger than recent/);
     expect(() => seq.setPolicy({ kind: "streaming", streaming: { sinks: 4, window: 0 } })).toThrow(/window/);
     expect(() => seq.setPolicy({ kind: "snapkv" } as never)).toThrow(/kind/);

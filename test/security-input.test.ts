@@ -139,7 +139,7 @@ describe("bounded input", () => {
       [{ kind: "rounds", rounds: { watershed_layer: 12, starts: [0, huge] } }, "policy.rounds.starts", /context/],
       [{ kind: "rounds", rounds: { watershed_layer: 40 } }, "policy.rounds.watershed_layer", /watershed layer 40/],
       [{ kind: "h2o", h2o: { recent: 0 } }, "policy.h2o.recent", /recent/],
-      [{ kind: "h2o", h2o: { budget: 100, recent: 200 } }, "policy", /budget larger than recent/],
+      [{ kind: "h2o", h2o: { budget: 100, recent: 200 } }, "policy.h2o.budget", /budget larger than recent/], // the schema refuses it now, naming the field
       [{ kind: "omnikv", omnikv: { lazy_iou: 1 } }, "policy.omnikv.lazy_iou", /lazy_iou/],
       ["sparse", "policy", /unknown policy/],
       [{ kind: "sparse" }, "policy", /unknown policy/],

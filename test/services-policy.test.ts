@@ -4,11 +4,11 @@
 // (its greedy tokens equal the engine's under the same policy).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../shared/inference/engine/sampler.ts";
-import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicyInput } from "../shared/inference/engine/native.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
-import { layerGroupsFromRoles, PolicyError, resolvePolicy } from "../shared/inference/policy/request.ts";
+import { layerGroupsFromRoles, PolicyError, PolicySpecSchema, resolvePolicy } from "../shared/inference/policy/request.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { postJson, tempShardDir } from "../tools/lib/services.ts";
 
@@ -16,16 +16,20 @@ describe("policy specs", () => {
   it("resolve with the model's filter layers, fractional budgets and SCOPE's planned length", () => {
     const ctx = { filterLayers: [2, 7, 17], promptTokens: 1000, maxTokens: 64 };
     expect(resolvePolicy(undefined, ctx)).toEqual({ kind: "full" });
-    expect(resolvePolicy("omnikv", ctx)).toEqual({ kind: "omnikv", omnikv: { filterLayers: [2, 7, 17], budget: 1024 } });
+    // Complete: every field the request left out has its default (shared/inference/defaults.ts).
+    const omnikvDefaults = { budget: 1024, selector: "last", window: 16, guard: true, lazyIou: 0, offload: false };
+    expect(resolvePolicy("omnikv", ctx)).toEqual({ kind: "omnikv", omnikv: { ...omnikvDefaults, filterLayers: [2, 7, 17] } });
     expect(resolvePolicy({ kind: "omnikv", omnikv: { budget: 0.25, selector: "last_softmax", guard: false } }, ctx)).toEqual({
       kind: "omnikv",
-      omnikv: { filterLayers: [2, 7, 17], budget: 250, selector: "last_softmax", guard: false },
+      omnikv: { ...omnikvDefaults, filterLayers: [2, 7, 17], budget: 250, selector: "last_softmax", guard: false },
     });
     expect(resolvePolicy({ kind: "omnikv+scope", omnikv: { filter_layers: [4] }, scope: { beta1: 100 } }, ctx)).toEqual({
       kind: "omnikv+scope",
-      omnikv: { filterLayers: [4], budget: 1024 },
-      scope: { mode: "slide", beta1: 100, beta2: 256, maxOutput: 64 },
+      omnikv: { ...omnikvDefaults, filterLayers: [4] },
+      scope: { mode: "slide", beta1: 100, beta2: 256, maxOutput: 64, alpha1: 0, alpha2: 8 },
     });
+    expect(resolvePolicy("streaming", ctx)).toEqual({ kind: "streaming", streaming: { sinks: 4, window: 1020 } });
+    expect(resolvePolicy({ kind: "h2o", h2o: { recent: 100 } }, ctx)).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 100 } });
     expect(() => resolvePolicy("omnikv", { promptTokens: 10, maxTokens: 1 })).toThrow(PolicyError);
   });
 
@@ -52,7 +56,7 @@ describe("policies through the services", () => {
     await shards?.remove();
   });
 
-  async function engineGreedy(ids: number[], policy: AttentionPolicy, n: number): Promise<number[]> {
+  async function engineGreedy(ids: number[], policy: AttentionPolicyInput, n: number): Promise<number[]> {
     const { engine } = s.rt;
     const seq = engine.createSequence(ids.length + n);
     seq.setPolicy(policy);
@@ -73,7 +77,9 @@ describe("policies through the services", () => {
     const groups = layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, 30);
     expect(groups).toHaveLength(filterLayers.length + 1);
     expect(handle.layer_groups).toEqual(groups);
-    expect(handle.policy).toEqual(spec);
+    // The handle carries the request's spec as the schema parsed it (defaults written in) and what it resolved to.
+    expect(handle.policy).toEqual(PolicySpecSchema.parse(spec));
+    expect(handle.resolved_policy).toEqual({ kind: "omnikv", omnikv: { budget: 16, selector: "last", window: 16, guard: true, lazy_iou: 0, offload: false, filter_layers: filterLayers } });
     const blocks = Math.ceil(handle.prompt_tokens / 64);
     expect(handle.chunk_ids).toHaveLength(blocks * groups.length);
     const rows = await s.rt.registry.chunks.ofRequest(handle.request_id);
@@ -172,5 +178,53 @@ describe("policies through the services", () => {
     expect(viaOpenAi.status).toBe(400);
     expect(viaOpenAi.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
     expect(s.services.prefill!.status().totals.prefills).toBe(6); // only the tests above prefilled
+  });
+
+  it("say what they did: the resolved policy in the response and the first streamed chunk, ignored fields named", async () => {
+    const messages = [{ role: "user", content: "Say hello." }];
+    const chat = await fetch(`${s.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: s.rt.modelId, messages, max_tokens: 2, temperature: 0, polcy: "h2o", policy: { kind: "h2o", h2o: { recent: 64 } } }),
+    });
+    expect(chat.status).toBe(200);
+    // OpenAI clients send extras: accepted, and named.
+    expect(chat.headers.get("ctxbank-ignored-fields")).toBe("polcy");
+    const body = (await chat.json()) as { ctxbank: { policy: unknown } };
+    expect(body.ctxbank.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 64 } });
+
+    const stream = await fetch(`${s.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: s.rt.modelId, messages, max_tokens: 2, temperature: 0, stream: true, policy: "streaming" }),
+    });
+    const firstData = (await stream.text()).split("\n").find((l) => l.startsWith("data: "))!;
+    expect(JSON.parse(firstData.slice(6)).ctxbank.policy).toEqual({ kind: "streaming", streaming: { sinks: 4, window: 1020 } });
+
+    // ctxbank's own routes refuse what they do not know, naming it.
+    const typo = await postJson(`${s.url}/v1/prefill`, { prompt: "hi", polcy: "omnikv" });
+    expect(typo.status).toBe(400);
+    expect(typo.body.error).toMatchObject({ code: "unknown_field", param: "polcy" });
+    const handle = await postJson(`${s.url}/v1/prefill`, { prompt: "hi there", policy: "h2o" });
+    expect(handle.status, JSON.stringify(handle.body)).toBe(200);
+    expect(handle.body.resolved_policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256 } });
+    const decoded = await postJson(`${s.url}/v1/decode`, { handle: handle.body, max_tokens: 2 });
+    expect(decoded.status, JSON.stringify(decoded.body)).toBe(200);
+    expect(decoded.body.ctxbank.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256 } });
+  });
+
+  it("refuse, as invalid_policy naming the field, what the engine would refuse or ignore", async () => {
+    for (const [policy, param, message] of [
+      [{ kind: "h2o", h2o: { recent: 0 } }, "policy.h2o.recent", /recent/],
+      [{ kind: "h2o", h2o: { budget: 64, recent: 64 } }, "policy.h2o.budget", /budget larger than recent/],
+      [{ kind: "full", omnikv: { budget: 64 } }, "policy.omnikv", /does not apply to kind full/],
+      [{ kind: "snapkv" }, "policy", /unknown policy/],
+      [{ kind: "omnikv", omnikv: { budgte: 64 } }, "policy.omnikv.budgte", /budgte/],
+    ] as const) {
+      const res = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages: [{ role: "user", content: "hi" }], policy });
+      expect(res.status, JSON.stringify(policy)).toBe(400);
+      expect(res.body.error, JSON.stringify(policy)).toMatchObject({ code: "invalid_policy", param });
+      expect(res.body.error.message).toMatch(message);
+    }
   });
 });

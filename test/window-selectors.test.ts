@@ -4,14 +4,14 @@
 // import only decode queries exist (so the first selections may differ, and still keep budgets).
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
-import type { AttentionPolicy, NativeSequence } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicyInput, NativeSequence } from "../shared/inference/engine/native.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;
 const PROMPT = Array.from({ length: 400 }, (_, i) => 100 + ((i * 7919) % 30000));
 const FILTERS = [2, 7, 17];
-const omnikv = (selector: "last_softmax" | "uniform" | "exp", window: number, budget = 32): AttentionPolicy => ({
+const omnikv = (selector: "last_softmax" | "uniform" | "exp", window: number, budget = 32): AttentionPolicyInput => ({
   kind: "omnikv",
   omnikv: { filterLayers: FILTERS, budget, selector, window },
 });
@@ -33,7 +33,7 @@ async function decode(seq: NativeSequence, first: number, steps: number) {
   return { logits, selections };
 }
 
-async function run(policy: AttentionPolicy, steps = 8) {
+async function run(policy: AttentionPolicyInput, steps = 8) {
   const seq = engine.createSequence(PROMPT.length + steps + 1);
   seq.setPolicy(policy);
   const first = argmax(await engine.prefill(seq, PROMPT));
@@ -104,8 +104,8 @@ describe("window selectors", () => {
 
   it("refuses a bad window", () => {
     const seq = engine.createSequence(8);
-    expect(() => seq.setPolicy(omnikv("uniform", 0))).toThrow(/window must be in \[1, 64\]/);
-    expect(() => seq.setPolicy(omnikv("exp", 65))).toThrow(/window must be in \[1, 64\]/);
+    expect(() => seq.setPolicy(omnikv("uniform", 0))).toThrow(/policy\.omnikv\.window: Too small: expected number to be >=1/);
+    expect(() => seq.setPolicy(omnikv("exp", 65))).toThrow(/policy\.omnikv\.window: Too big: expected number to be <=64/);
     seq.release();
   });
 });

@@ -10,7 +10,7 @@ import { parseArgs } from "node:util";
 
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
-import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { writeJson } from "../../tools/lib/json.ts";
@@ -30,17 +30,17 @@ const model = await loadModel(await resolveModel());
 const { nLayer, nHeadKv, headDim } = model.config;
 const PAIR = 2 * nHeadKv * headDim * 2; // one token's f16 K and V rows of one layer
 const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [2, 8, 18];
-const configs: Array<{ id: string; budget?: number; policy: AttentionPolicy }> = [
+const configs: Array<{ id: string; budget?: number; policy: AttentionPolicyInput }> = [
   { id: "full", policy: { kind: "full" } },
-  ...[256, 1024, 2048].map((k) => ({ id: `omnikv k=${k} offload`, budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k, offload: true } } as AttentionPolicy })),
+  ...[256, 1024, 2048].map((k) => ({ id: `omnikv k=${k} offload`, budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k, offload: true } } as AttentionPolicyInput })),
 ];
 
 /** The arena's prediction: device-tier layers x tokens + packed rows at full budget <= BUDGET. */
-function predictedMax(policy: AttentionPolicy, probe: Engine): { max: number; deviceLayers: number; packedBytes: number } {
+function predictedMax(policy: AttentionPolicyInput, probe: Engine): { max: number; deviceLayers: number; packedBytes: number } {
   const roles = probe.checkPolicy(policy).layerRoles;
   const offloaded = policy.kind === "omnikv" && policy.omnikv.offload ? roles.filter((r) => r === "sparse").length : 0;
   const deviceLayers = nLayer - offloaded;
-  const packedBytes = policy.kind === "omnikv" && policy.omnikv.offload ? offloaded * policy.omnikv.budget * PAIR : 0;
+  const packedBytes = policy.kind === "omnikv" && policy.omnikv.offload ? offloaded * policy.omnikv.budget! * PAIR : 0;
   return { max: Math.floor((BUDGET - packedBytes) / (deviceLayers * PAIR)), deviceLayers, packedBytes };
 }
 

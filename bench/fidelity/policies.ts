@@ -1,17 +1,18 @@
 // The decode policies the fidelity bench compares. `budget` is what the chart puts on the x axis:
 // prompt tokens kept for omnikv (generated tokens are always attended on top), tokens attended
 // in all for streaming and h2o, beta1 + beta2 generated tokens for scope (the prompt is kept whole).
-import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
 
 export interface BenchPolicy {
   id: string;
   family: "full" | "omnikv" | "streaming" | "h2o" | "scope" | "omnikv+scope";
   budget: number | null;
-  policy: AttentionPolicy;
+  policy: AttentionPolicyInput;
 }
 
 export const BUDGETS = [256, 1024] as const;
-export const SCOPE = { mode: "slide", beta1: 256, beta2: 256 } as const;
+/** maxOutput (SCOPE's T) only shapes the adaptive and discontinuous budgets: slide mode ignores it. */
+export const SCOPE = { mode: "slide", beta1: 256, beta2: 256, maxOutput: 1024 } as const;
 /** omnikv+scope: OmniKV at this prompt budget, SCOPE as above over the generated tokens. */
 export const OMNIKV_SCOPE_BUDGET = 1024;
 

@@ -1,13 +1,13 @@
 // The decode policies bench/longctx compares, at the settings the issue names.
-import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
 
-export function benchPolicies(filterLayers: number[]): Array<{ id: string; policy: AttentionPolicy }> {
-  const omnikv = (budget: number): AttentionPolicy => ({ kind: "omnikv", omnikv: { filterLayers, budget } });
+export function benchPolicies(filterLayers: number[], steps: number): Array<{ id: string; policy: AttentionPolicyInput }> {
+  const omnikv = (budget: number): AttentionPolicyInput => ({ kind: "omnikv", omnikv: { filterLayers, budget } });
   return [
     { id: "full", policy: { kind: "full" } },
     { id: "omnikv k=256", policy: omnikv(256) },
     { id: "omnikv k=1024", policy: omnikv(1024) },
     { id: "omnikv k=2048", policy: omnikv(2048) },
-    { id: "scope 256+256", policy: { kind: "scope", scope: { mode: "slide", beta1: 256, beta2: 256 } } },
+    { id: "scope 256+256", policy: { kind: "scope", scope: { mode: "slide", beta1: 256, beta2: 256, maxOutput: steps } } },
   ];
 }

@@ -208,7 +208,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceMethod<&NativeSequence::Truncate>("truncate"),
                                     InstanceMethod<&NativeSequence::Release>("release"),
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
-                                    InstanceMethod<&NativeSequence::SetPolicy>("setPolicy"),
+                                    InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
                                     InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
                                     InstanceMethod<&NativeSequence::ImportRows>("importRows"),
                                     InstanceMethod<&NativeSequence::ExportRows>("exportRows"),
@@ -522,6 +522,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("ggufInfo", Napi::Function::New(env, GgufInfo));
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
   exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
+  exports.Set("policyFields", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value { return policy_fields_to_js(info.Env()); }));
   init_kv_io(env, exports);
   init_ucx(env, exports);
   NativeModel::Init(env, exports);

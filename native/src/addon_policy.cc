@@ -10,81 +10,133 @@ namespace ctx {
 
 namespace {
 
-int int_field(Napi::Object o, const char* key, int fallback) {
-  Napi::Value v = o.Get(key);
-  if (v.IsUndefined()) return fallback;
+// The fields each sub-object must carry, all of them: the engine holds no defaults (the binding
+// writes in shared/inference/defaults.ts through the schema, shared/inference/policy/schema.ts,
+// whose field list test/policy-schema.test.ts compares with this one).
+const std::vector<std::string> kOmniKvFields = {"filterLayers", "budget", "selector", "window", "guard", "lazyIou", "offload"};
+const std::vector<std::string> kScopeFields = {"mode", "beta1", "beta2", "maxOutput", "alpha1", "alpha2"};
+const std::vector<std::string> kStreamingFields = {"sinks", "window"};
+const std::vector<std::string> kH2oFields = {"budget", "recent"};
+const std::vector<std::string> kRoundsFields = {"watershedLayer", "starts", "topK"};
+
+// Refuses (TypeError naming it) a key of `o` outside `allowed` and a field of `allowed` it lacks.
+void check_keys(Napi::Object o, const std::vector<std::string>& allowed, const std::string& what) {
+  const Napi::Array names = o.GetPropertyNames();
+  for (uint32_t i = 0; i < names.Length(); ++i) {
+    const std::string key = names.Get(i).As<Napi::String>().Utf8Value();
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end())
+      throw Napi::TypeError::New(o.Env(), what + "." + key + " is not a field of " + what);
+  }
+  for (const std::string& key : allowed)
+    if (o.Get(key).IsUndefined()) throw Napi::TypeError::New(o.Env(), what + "." + key + " is missing (the engine takes complete policies)");
+}
+
+int int_field(Napi::Object o, const char* key, const std::string& what) {
+  const Napi::Value v = o.Get(key);
   if (!v.IsNumber() || v.As<Napi::Number>().DoubleValue() != v.As<Napi::Number>().Int32Value())
-    throw Napi::TypeError::New(o.Env(), std::string(key) + " must be an integer");
+    throw Napi::TypeError::New(o.Env(), what + "." + key + " must be an integer");
   return v.As<Napi::Number>().Int32Value();
 }
 
-// o[key] as an array of integers; `what` names it in the TypeError ("omnikv.filterLayers").
+bool bool_field(Napi::Object o, const char* key, const std::string& what) {
+  const Napi::Value v = o.Get(key);
+  if (!v.IsBoolean()) throw Napi::TypeError::New(o.Env(), what + "." + key + " must be a boolean");
+  return v.As<Napi::Boolean>().Value();
+}
+
+std::string string_field(Napi::Object o, const char* key, const std::string& what) {
+  const Napi::Value v = o.Get(key);
+  if (!v.IsString()) throw Napi::TypeError::New(o.Env(), what + "." + key + " must be a string");
+  return v.As<Napi::String>().Utf8Value();
+}
+
+// o[key] as an array of integers.
 std::vector<int> int_array_field(Napi::Object o, const char* key, const std::string& what) {
   const Napi::Value v = o.Get(key);
-  if (!v.IsArray()) throw Napi::TypeError::New(o.Env(), what + " must be an array of integers");
+  if (!v.IsArray()) throw Napi::TypeError::New(o.Env(), what + "." + key + " must be an array of integers");
   const Napi::Array arr = v.As<Napi::Array>();
   std::vector<int> out;
   for (uint32_t i = 0; i < arr.Length(); ++i) {
     const Napi::Value e = arr.Get(i);
     if (!e.IsNumber() || e.As<Napi::Number>().DoubleValue() != e.As<Napi::Number>().Int32Value())
-      throw Napi::TypeError::New(o.Env(), what + " must hold integers");
+      throw Napi::TypeError::New(o.Env(), what + "." + key + " must hold integers");
     out.push_back(e.As<Napi::Number>().Int32Value());
   }
   return out;
 }
 
-Napi::Object sub_object(Napi::Object o, const char* key) {
-  const Napi::Value v = o.Get(key);
-  if (!v.IsObject()) throw Napi::TypeError::New(o.Env(), std::string("policy.") + key + " must be an object");
+// policy[key], an object with exactly `fields`.
+Napi::Object sub_object(Napi::Object policy, const char* key, const std::vector<std::string>& fields) {
+  const Napi::Value v = policy.Get(key);
+  const std::string what = std::string("policy.") + key;
+  if (!v.IsObject()) throw Napi::TypeError::New(policy.Env(), what + " must be an object");
+  check_keys(v.As<Napi::Object>(), fields, what);
   return v.As<Napi::Object>();
 }
 
 OmniKvConfig omnikv_config(Napi::Object policy) {
-  Napi::Env env = policy.Env();
-  Napi::Object o = sub_object(policy, "omnikv");
+  const std::string w = "policy.omnikv";
+  Napi::Object o = sub_object(policy, "omnikv", kOmniKvFields);
   OmniKvConfig cfg;
-  cfg.filter_layers = int_array_field(o, "filterLayers", "omnikv.filterLayers");
-  cfg.budget = int_field(o, "budget", cfg.budget);
-  const Napi::Value sel = o.Get("selector");
-  if (!sel.IsUndefined() && (!sel.IsString() || !parse_selector(sel.As<Napi::String>().Utf8Value(), &cfg.selector)))
-    throw Napi::TypeError::New(env, "omnikv.selector: unknown selector (supported: last, last_softmax, uniform, exp)");
-  cfg.window = int_field(o, "window", cfg.window);
-  const Napi::Value offload = o.Get("offload");
-  if (!offload.IsUndefined()) {
-    if (!offload.IsBoolean()) throw Napi::TypeError::New(env, "omnikv.offload must be a boolean");
-    cfg.offload = offload.As<Napi::Boolean>().Value();
-  }
-  const Napi::Value guard = o.Get("guard");
-  if (!guard.IsUndefined()) {
-    if (!guard.IsBoolean()) throw Napi::TypeError::New(env, "omnikv.guard must be a boolean");
-    cfg.guard = guard.As<Napi::Boolean>().Value();
-  }
+  cfg.filter_layers = int_array_field(o, "filterLayers", w);
+  cfg.budget = int_field(o, "budget", w);
+  if (!parse_selector(string_field(o, "selector", w), &cfg.selector))
+    throw Napi::TypeError::New(o.Env(), "policy.omnikv.selector: unknown selector (supported: last, last_softmax, uniform, exp)");
+  cfg.window = int_field(o, "window", w);
+  cfg.guard = bool_field(o, "guard", w);
   const Napi::Value lazy = o.Get("lazyIou");
-  if (!lazy.IsUndefined()) {
-    if (!lazy.IsNumber()) throw Napi::TypeError::New(env, "omnikv.lazyIou must be a number");
-    cfg.lazy_iou = lazy.As<Napi::Number>().FloatValue();
-  }
+  if (!lazy.IsNumber()) throw Napi::TypeError::New(o.Env(), "policy.omnikv.lazyIou must be a number");
+  cfg.lazy_iou = lazy.As<Napi::Number>().FloatValue();
+  cfg.offload = bool_field(o, "offload", w);
   return cfg;
 }
+
 ScopeConfig scope_config(Napi::Object policy) {
-  Napi::Env env = policy.Env();
-  Napi::Object o = sub_object(policy, "scope");
+  const std::string w = "policy.scope";
+  Napi::Object o = sub_object(policy, "scope", kScopeFields);
   ScopeConfig cfg;
-  const Napi::Value mode = o.Get("mode");
-  if (!mode.IsUndefined()) {
-    const std::string m = mode.IsString() ? mode.As<Napi::String>().Utf8Value() : "";
-    if (m == "slide") cfg.mode = ScopeMode::Slide;
-    else if (m == "adaptive") cfg.mode = ScopeMode::Adaptive;
-    else if (m == "discontinuous") cfg.mode = ScopeMode::Discontinuous;
-    else throw Napi::TypeError::New(env, "scope.mode must be slide, adaptive or discontinuous");
-  }
-  cfg.beta1 = int_field(o, "beta1", cfg.beta1);
-  cfg.beta2 = int_field(o, "beta2", cfg.beta2);
-  cfg.max_output = int_field(o, "maxOutput", cfg.max_output);
-  cfg.alpha1 = int_field(o, "alpha1", cfg.alpha1);
-  cfg.alpha2 = int_field(o, "alpha2", cfg.alpha2);
+  static const std::pair<const char*, ScopeMode> kModes[] = {
+      {"slide", ScopeMode::Slide}, {"adaptive", ScopeMode::Adaptive}, {"discontinuous", ScopeMode::Discontinuous}};
+  const std::string m = string_field(o, "mode", w);
+  const auto* mode = std::find_if(std::begin(kModes), std::end(kModes), [&](const auto& e) { return m == e.first; });
+  if (mode == std::end(kModes)) throw Napi::TypeError::New(o.Env(), "policy.scope.mode must be slide, adaptive or discontinuous");
+  cfg.mode = mode->second;
+  cfg.beta1 = int_field(o, "beta1", w);
+  cfg.beta2 = int_field(o, "beta2", w);
+  cfg.max_output = int_field(o, "maxOutput", w);
+  cfg.alpha1 = int_field(o, "alpha1", w);
+  cfg.alpha2 = int_field(o, "alpha2", w);
   return cfg;
 }
+
+StreamingConfig streaming_config(Napi::Object policy) {
+  const std::string w = "policy.streaming";
+  Napi::Object o = sub_object(policy, "streaming", kStreamingFields);
+  StreamingConfig cfg;
+  cfg.sinks = int_field(o, "sinks", w);
+  cfg.window = int_field(o, "window", w);
+  return cfg;
+}
+
+H2oConfig h2o_config(Napi::Object policy) {
+  const std::string w = "policy.h2o";
+  Napi::Object o = sub_object(policy, "h2o", kH2oFields);
+  H2oConfig cfg;
+  cfg.budget = int_field(o, "budget", w);
+  cfg.recent = int_field(o, "recent", w);
+  return cfg;
+}
+
+RoundsConfig rounds_config(Napi::Object policy) {
+  const std::string w = "policy.rounds";
+  Napi::Object o = sub_object(policy, "rounds", kRoundsFields);
+  RoundsConfig cfg;
+  cfg.watershed_layer = int_field(o, "watershedLayer", w);
+  cfg.starts = int_array_field(o, "starts", w);
+  cfg.top_k = int_field(o, "topK", w);
+  return cfg;
+}
+
 }  // namespace
 
 AttentionPolicy policy_from_js(Napi::Object o, const ModelConfig& mc) {
@@ -92,37 +144,37 @@ AttentionPolicy policy_from_js(Napi::Object o, const ModelConfig& mc) {
   const Napi::Value kind = o.Get("kind");
   if (!kind.IsString()) throw Napi::TypeError::New(env, "policy.kind must be a string");
   const std::string k = kind.As<Napi::String>().Utf8Value();
+  // The sub-objects each kind reads; any other key is refused.
+  std::vector<std::string> keys = {"kind"};
+  if (k == "omnikv" || k == "omnikv+scope") keys.push_back("omnikv");
+  if (k == "scope" || k == "omnikv+scope") keys.push_back("scope");
+  if (k == "streaming" || k == "h2o" || k == "rounds") keys.push_back(k);
+  const bool known = k == "full" || k == "omnikv" || k == "scope" || k == "omnikv+scope" || k == "streaming" || k == "h2o" || k == "rounds";
+  if (!known) throw Napi::TypeError::New(env, "policy.kind must be one of full, omnikv, scope, omnikv+scope, streaming, h2o, rounds");
+  check_keys(o, keys, "policy");
   try {
     if (k == "full") return AttentionPolicy{};
     if (k == "omnikv") return AttentionPolicy::make_omnikv(omnikv_config(o), mc);
     if (k == "scope") return AttentionPolicy::make_scope(scope_config(o), mc);
     if (k == "omnikv+scope") return AttentionPolicy::make_omnikv_scope(omnikv_config(o), scope_config(o), mc);
-    if (k == "streaming") {
-      Napi::Object so = sub_object(o, "streaming");
-      StreamingConfig cfg;
-      cfg.sinks = int_field(so, "sinks", cfg.sinks);
-      cfg.window = int_field(so, "window", cfg.window);
-      return AttentionPolicy::make_streaming(cfg);
-    }
-    if (k == "rounds") {
-      Napi::Object ro = sub_object(o, "rounds");
-      RoundsConfig cfg;
-      cfg.watershed_layer = int_field(ro, "watershedLayer", cfg.watershed_layer);
-      cfg.top_k = int_field(ro, "topK", cfg.top_k);
-      cfg.starts = int_array_field(ro, "starts", "rounds.starts");
-      return AttentionPolicy::make_rounds(cfg, mc);
-    }
-    if (k == "h2o") {
-      Napi::Object ho = sub_object(o, "h2o");
-      H2oConfig cfg;
-      cfg.budget = int_field(ho, "budget", cfg.budget);
-      cfg.recent = int_field(ho, "recent", cfg.recent);
-      return AttentionPolicy::make_h2o(cfg);
-    }
+    if (k == "streaming") return AttentionPolicy::make_streaming(streaming_config(o));
+    if (k == "rounds") return AttentionPolicy::make_rounds(rounds_config(o), mc);
+    return AttentionPolicy::make_h2o(h2o_config(o));
   } catch (const std::invalid_argument& e) {
     throw Napi::RangeError::New(env, e.what());
   }
-  throw Napi::TypeError::New(env, "policy.kind must be one of full, omnikv, scope, omnikv+scope, streaming, h2o, rounds");
+}
+
+Napi::Object policy_fields_to_js(Napi::Env env) {
+  Napi::Object out = Napi::Object::New(env);
+  const std::pair<const char*, const std::vector<std::string>*> parts[] = {
+      {"omnikv", &kOmniKvFields}, {"scope", &kScopeFields}, {"streaming", &kStreamingFields}, {"h2o", &kH2oFields}, {"rounds", &kRoundsFields}};
+  for (const auto& [name, fields] : parts) {
+    Napi::Array a = Napi::Array::New(env, fields->size());
+    for (size_t i = 0; i < fields->size(); ++i) a.Set(static_cast<uint32_t>(i), (*fields)[i]);
+    out.Set(name, a);
+  }
+  return out;
 }
 
 Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {

@@ -104,11 +104,10 @@ AttentionPolicy AttentionPolicy::make_rounds(const RoundsConfig& cfg, const Mode
   for (size_t i = 1; i < cfg.starts.size(); ++i)
     if (cfg.starts[i] <= cfg.starts[i - 1]) throw std::invalid_argument("rounds: starts must be strictly increasing");
   if (cfg.top_k < 0) throw std::invalid_argument("rounds: top_k must be >= 0 (0 = adaptive)");
-  OmniKvConfig o;
-  o.filter_layers = {cfg.watershed_layer};
-  o.guard = false;
-  o.budget = 1 << 30;  // rounds are kept whole; the selection decides the size
-  o.window = 64;       // the current round's question queries remembered at the watershed layer
+  // The watershed as OmniKV's one filter layer, no guard layer; rounds are kept whole (the round
+  // selection decides the size, not a budget); the window holds the current round's question
+  // queries remembered at the watershed; no lazy reuse, no offload.
+  const OmniKvConfig o{{cfg.watershed_layer}, 1 << 30, Selector::Last, 64, false, 0.f, false};
   AttentionPolicy p = make_omnikv(o, model);
   p.kind = Kind::Rounds;
   p.rounds = cfg;

@@ -32,17 +32,20 @@ enum class Selector {
 };
 inline bool is_window_selector(Selector s) { return s == Selector::Uniform || s == Selector::Exp; }
 
+// The configurations hold no defaults: the caller sets every field (the addon takes complete
+// objects, with the defaults of shared/inference/defaults.ts written in by the binding; the
+// tests build them with native/tests/policy_configs.h).
 struct OmniKvConfig {
   std::vector<int> filter_layers;  // strictly increasing, in [0, n_layer)
-  int budget = 1024;               // prompt tokens kept per filter layer
-  Selector selector = Selector::Last;
-  int window = 16;                 // queries the uniform and exp selectors combine (the current one included)
-  bool guard = true;               // the layer after each filter layer stays dense
-  float lazy_iou = 0.f;            // reuse the previous set when the new one overlaps it more (0 = off)
+  int budget;                      // prompt tokens kept per filter layer
+  Selector selector;
+  int window;                      // queries the uniform and exp selectors combine (the current one included)
+  bool guard;                      // the layer after each filter layer stays dense
+  float lazy_iou;                  // reuse the previous set when the new one overlaps it more (0 = off)
   // Memory tiers: keep the sparse layers' KV in the host bank (KvCache::offload), and at each
   // selection gather the selected tokens' rows of a filter layer's sparse group into one packed
   // device buffer that those layers attend over.
-  bool offload = false;
+  bool offload;
 };
 
 enum class ScopeMode {
@@ -52,15 +55,15 @@ enum class ScopeMode {
 };
 
 struct ScopeConfig {
-  ScopeMode mode = ScopeMode::Slide;
-  int beta1 = 256;         // selected earlier generated tokens
-  int beta2 = 256;         // most recent generated tokens, always kept
-  int max_output = 4096;   // T: the planned output length (adaptive, discontinuous)
+  ScopeMode mode;
+  int beta1;       // selected earlier generated tokens
+  int beta2;       // most recent generated tokens, always kept
+  int max_output;  // T: the planned output length (adaptive, discontinuous)
   // Prompt pool (SnapKV-style, kind `scope` only): 0 = keep the whole prompt; else, per layer and
   // KV head, the last alpha2 prompt tokens plus the alpha1 earlier ones those alpha2 tokens'
   // queries attend to most (GQA: mean over the head's query group, summed over the window).
-  int alpha1 = 0;
-  int alpha2 = 8;
+  int alpha1;
+  int alpha2;
 };
 
 // SCOPE's rules (kv_utils.py), with t the index of the current generated token (0-based):
@@ -79,16 +82,16 @@ void scope_select(const float* importance, const int32_t* positions, int n, int 
 // question's attention mass per earlier round picks the rounds that matter, once per round (at the
 // first decode step), and the layers above it attend only to those rounds plus the current one.
 struct RoundsConfig {
-  int watershed_layer = -1;        // L_w: layers <= L_w attend everything
-  std::vector<int> starts;         // first token of each round, strictly increasing from 0; the last is the current round
-  int top_k = 0;                   // earlier rounds kept; 0 = adaptive (mass > mean + std)
+  int watershed_layer;     // L_w: layers <= L_w attend everything
+  std::vector<int> starts; // first token of each round, strictly increasing from 0; the last is the current round
+  int top_k;               // earlier rounds kept; 0 = adaptive (mass > mean + std)
 };
 // Which earlier rounds to keep from their attention mass: the top_k largest (ties to the earlier
 // round), or with top_k = 0 those above mean + std (population std); ascending round indices.
 std::vector<int> choose_rounds(const std::vector<double>& mass, int top_k);
 
-struct StreamingConfig { int sinks = 4; int window = 1020; };
-struct H2oConfig { int budget = 1024; int recent = 256; };
+struct StreamingConfig { int sinks; int window; };
+struct H2oConfig { int budget; int recent; };
 
 enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
 
@@ -97,11 +100,12 @@ enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
 struct AttentionPolicy {
   enum class Kind { Full, OmniKv, Scope, OmniKvScope, Streaming, H2o, Rounds };
   Kind kind = Kind::Full;
-  OmniKvConfig omnikv;  // Rounds: filter layer = the watershed, no guard, selection by round
-  RoundsConfig rounds;
-  ScopeConfig scope;
-  StreamingConfig streaming;
-  H2oConfig h2o;
+  // Only the kind's own configurations are set (the others stay zero).
+  OmniKvConfig omnikv{};  // Rounds: filter layer = the watershed, no guard, selection by round
+  RoundsConfig rounds{};
+  ScopeConfig scope{};
+  StreamingConfig streaming{};
+  H2oConfig h2o{};
   std::vector<LayerRole> roles;  // per layer (omnikv)
   std::vector<int> group;        // per layer: index into filter_layers of the set it uses, or -1
 

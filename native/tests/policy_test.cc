@@ -8,6 +8,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "policy_configs.h"
 #include "policy.h"
 
 namespace ctx {
@@ -20,8 +21,7 @@ ModelConfig thirty_layers() {
 }
 
 TEST(OmniKvRoles, FollowTheOfficialLayout) {
-  OmniKvConfig cfg;
-  cfg.filter_layers = {2, 8, 18};
+  OmniKvConfig cfg = test::omnikv_config({2, 8, 18}, 1024);
   const AttentionPolicy p = AttentionPolicy::make_omnikv(cfg, thirty_layers());
   for (int l = 0; l < 30; ++l) {
     LayerRole want = LayerRole::Sparse;
@@ -40,8 +40,7 @@ TEST(OmniKvRoles, FollowTheOfficialLayout) {
 }
 
 TEST(OmniKvRoles, RefuseBadConfigurations) {
-  OmniKvConfig cfg;
-  cfg.filter_layers = {30};
+  OmniKvConfig cfg = test::omnikv_config({30}, 1024);
   EXPECT_THROW(AttentionPolicy::make_omnikv(cfg, thirty_layers()), std::invalid_argument);
   cfg.filter_layers = {-1};
   EXPECT_THROW(AttentionPolicy::make_omnikv(cfg, thirty_layers()), std::invalid_argument);
@@ -129,9 +128,7 @@ TEST(Selection, WindowSelectorsParseAndValidate) {
   ASSERT_TRUE(parse_selector("exp", &s));
   EXPECT_EQ(s, Selector::Exp);
   EXPECT_FALSE(parse_selector("window", &s));
-  OmniKvConfig cfg;
-  cfg.filter_layers = {2};
-  cfg.selector = Selector::Uniform;
+  OmniKvConfig cfg = test::omnikv_config({2}, 1024, Selector::Uniform);
   cfg.window = 0;
   EXPECT_THROW(AttentionPolicy::make_omnikv(cfg, thirty_layers()), std::invalid_argument);
   cfg.window = 65;
@@ -152,9 +149,7 @@ TEST(Rounds, ChooseTopKOrAboveMeanPlusStd) {
 }
 
 TEST(Rounds, RolesAndRefusals) {
-  RoundsConfig cfg;
-  cfg.watershed_layer = 10;
-  cfg.starts = {0, 40, 95};
+  RoundsConfig cfg = test::rounds_config(10, {0, 40, 95}, 0);
   const AttentionPolicy p = AttentionPolicy::make_rounds(cfg, thirty_layers());
   EXPECT_EQ(p.kind, AttentionPolicy::Kind::Rounds);
   for (int l = 0; l < 30; ++l) EXPECT_EQ(p.roles[l], l < 10 ? LayerRole::Dense : l == 10 ? LayerRole::Filter : LayerRole::Sparse) << l;
@@ -197,11 +192,7 @@ int official_pool_after(ScopeMode mode, int beta1, int beta2, int T, int t, int 
 
 TEST(Scope, PoolSizesFollowTheOfficialRulesStepByStep) {
   for (ScopeMode mode : {ScopeMode::Slide, ScopeMode::Adaptive, ScopeMode::Discontinuous}) {
-    ScopeConfig cfg;
-    cfg.mode = mode;
-    cfg.beta1 = 16;
-    cfg.beta2 = 8;
-    cfg.max_output = 200;
+    const ScopeConfig cfg = test::scope_config(16, 8, 200, mode);
     std::mt19937 rng(3);
     std::uniform_real_distribution<float> u(0, 1);
     std::vector<int32_t> pool, out, scratch;
@@ -266,8 +257,7 @@ TEST(Scope, SnapSelectKeepsTheObservationWindowAndTheMostAttended) {
 TEST(Scope, RefuseBadConfigurations) {
   ModelConfig m;
   m.n_layer = 30;
-  ScopeConfig cfg;
-  cfg.beta1 = -1;
+  ScopeConfig cfg = test::scope_config(-1, 256, 4096);
   EXPECT_THROW(AttentionPolicy::make_scope(cfg, m), std::invalid_argument);
   cfg.beta1 = 8;
   cfg.beta2 = 0;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "policy_configs.h"
 #include "engine.h"
 #include "model.h"
 
@@ -60,13 +61,7 @@ struct Case { std::string name; AttentionPolicy policy; };
 std::vector<Case> cases(const ModelConfig& m) {
   std::vector<Case> c;
   c.push_back({"full", AttentionPolicy{}});
-  auto omni = [](std::vector<int> f, int budget, Selector sel) {
-    OmniKvConfig o;
-    o.filter_layers = std::move(f);
-    o.budget = budget;
-    o.selector = sel;
-    return o;
-  };
+  auto omni = [](std::vector<int> f, int budget, Selector sel) { return test::omnikv_config(std::move(f), budget, sel); };
   c.push_back({"omnikv_last", AttentionPolicy::make_omnikv(omni({4, 12}, 64, Selector::Last), m)});
   {
     OmniKvConfig o = omni({6}, 48, Selector::LastSoftmax);
@@ -90,11 +85,7 @@ std::vector<Case> cases(const ModelConfig& m) {
     c.push_back({"omnikv_offload", AttentionPolicy::make_omnikv(o, m)});
   }
   auto scope = [](ScopeMode mode, int alpha1) {
-    ScopeConfig s;
-    s.mode = mode;
-    s.beta1 = 8;
-    s.beta2 = 8;
-    s.max_output = 40;
+    ScopeConfig s = test::scope_config(8, 8, 40, mode);
     s.alpha1 = alpha1;
     s.alpha2 = 8;
     return s;
@@ -106,10 +97,7 @@ std::vector<Case> cases(const ModelConfig& m) {
   c.push_back({"omnikv_scope", AttentionPolicy::make_omnikv_scope(omni({4, 12}, 64, Selector::Last),
                                                                  scope(ScopeMode::Slide, 0), m)});
   {
-    RoundsConfig r;
-    r.watershed_layer = 10;
-    r.starts = {0, 100, 200, 280};
-    r.top_k = 1;
+    RoundsConfig r = test::rounds_config(10, {0, 100, 200, 280}, 1);
     c.push_back({"rounds_top1", AttentionPolicy::make_rounds(r, m)});
     r.top_k = 0;
     c.push_back({"rounds_adaptive", AttentionPolicy::make_rounds(r, m)});

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "policy_configs.h"
 #include "engine.h"
 #include "gguf_writer.h"
 #include "model.h"
@@ -64,9 +65,7 @@ struct Case { const char* name; AttentionPolicy policy; int bound; };  // bound:
 
 std::vector<Case> cases() {
   const ModelConfig& m = tiny_model()->config();
-  ScopeConfig s;
-  s.beta1 = 16;
-  s.beta2 = 16;
+  const ScopeConfig s = test::scope_config(16, 16, kGenerate);
   ScopeConfig snap = s;  // with the prompt compressed to 16 + 8 tokens per layer and head
   snap.alpha1 = 16;
   snap.alpha2 = 8;
@@ -105,12 +104,8 @@ TEST(Reclaim, PoliciesThatDoNotReclaimIgnoreTheFlag) {
   EngineOptions o;
   o.max_context = kPrompt + kGenerate;
   Engine e(tiny_model(), o);
-  OmniKvConfig ok;
-  ok.filter_layers = {0};
-  ok.budget = 16;
-  ScopeConfig s;
-  s.beta1 = 4;
-  s.beta2 = 4;
+  const OmniKvConfig ok = test::omnikv_config({0}, 16);
+  const ScopeConfig s = test::scope_config(4, 4, kGenerate);
   Sequence seq(e.config(), 128);
   seq.reclaim = true;
   seq.set_policy(AttentionPolicy::make_omnikv_scope(ok, s, e.config()));

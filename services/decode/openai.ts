@@ -1,16 +1,16 @@
 // OpenAI-compatible routes: POST /v1/completions, POST /v1/chat/completions (streaming and not)
 // and GET /v1/models. Each request is prefilled on a prefill instance picked from the registry
-// and decoded here. Supported: n = 1, max_tokens (default 16 for completions, 256 for chat, less
-// if the context is short), temperature (default 1), top_p (default 1), top_k (extension,
-// default 40), seed, stop, stream, stream_options.include_usage, and on_kv_failure (extension).
+// and decoded here. Supported: n = 1, max_tokens, temperature, top_p, top_k (extension), seed,
+// stop, stream, stream_options.include_usage, and the extensions on_kv_failure and policy. Their
+// defaults (OpenAI's where it has one) are in shared/inference/defaults.ts.
 import { createRoute, z } from "@hono/zod-openapi";
 import type { Context } from "hono";
 import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/platform/http/errors.ts";
 import { requestTenant } from "../../shared/platform/http/tenant.ts";
-import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, SamplingFields, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
+import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, policyField, SamplingFields, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
+import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../shared/inference/defaults.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
-import { PolicySpecSchema } from "../../shared/inference/policy/request.ts";
 import type { ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
 import { checkPromptSize, type Runtime } from "../runtime.ts";
 import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
@@ -19,10 +19,16 @@ import { errorJson } from "./routes.ts";
 
 const Common = {
   model: z.string().min(1).openapi({ example: "SmolLM2-135M-Instruct.Q4_1" }),
-  max_tokens: z.number().int().min(1).nullish(),
+  max_tokens: z
+    .number()
+    .int()
+    .min(1)
+    .nullish()
+    .openapi({ description: `Default ${MAX_TOKENS_DEFAULTS.completions} for completions, ${MAX_TOKENS_DEFAULTS.generate} for chat (less if the context is short)` }),
   ...SamplingFields,
-  temperature: z.number().min(0).max(2).nullish(),
-  top_p: z.number().gt(0).max(1).nullish(),
+  temperature: z.number().min(0).max(2).nullish().openapi({ default: SAMPLING_DEFAULTS.openai.temperature }),
+  top_p: z.number().gt(0).max(1).nullish().openapi({ default: SAMPLING_DEFAULTS.openai.topP }),
+  top_k: z.number().int().min(0).max(1_000_000).nullish().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.openai.topK }),
   seed: z.number().int().min(0).max(2 ** 32 - 1).nullish(),
   stop: StopSchema.nullable(),
   stream: z.boolean().nullish(),
@@ -32,7 +38,7 @@ const Common = {
   presence_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
   frequency_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
   on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({ description: "extension: what to do when the KV cannot be loaded" }),
-  policy: PolicySpecSchema.optional().openapi({ description: "extension: how decode attends (full, omnikv, scope, ...); default: the server's --policy" }),
+  policy: policyField("extension: how decode attends (full, omnikv, scope, ...); default: the server's --policy"),
 };
 
 const CompletionRequest = z
@@ -135,9 +141,9 @@ type Common = { [K in keyof typeof Common]?: z.infer<(typeof Common)[K]> };
 function options(b: Common, maxTokens: number | null | undefined, defaultMax: number): DecodeOptions {
   return {
     maxTokens: maxTokens ?? defaultMax,
-    temperature: b.temperature ?? 1,
-    top_p: b.top_p ?? 1,
-    top_k: b.top_k ?? 40,
+    temperature: b.temperature ?? SAMPLING_DEFAULTS.openai.temperature,
+    top_p: b.top_p ?? SAMPLING_DEFAULTS.openai.topP,
+    top_k: b.top_k ?? SAMPLING_DEFAULTS.openai.topK,
     seed: b.seed ?? undefined,
     stop: b.stop == null ? [] : typeof b.stop === "string" ? [b.stop] : b.stop,
     onKvFailure: b.on_kv_failure,
@@ -162,12 +168,13 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
 
   app.openapi(completionsRoute, async (c) => {
     const b = c.req.valid("json");
+    await reportIgnored(c, CompletionRequest.shape);
     checkModel(b.model);
     const p = b.prompt;
     const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
     checkPromptSize(rt, prompt); // here too, so an oversized prompt is not sent on to a prefill
     const ac = clientSignal(c);
-    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(16)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
+    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(MAX_TOKENS_DEFAULTS.completions)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `cmpl-${crypto.randomUUID()}`;
     const base = { id, object: "text_completion" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -182,6 +189,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
 
   app.openapi(chatRoute, async (c) => {
     const b = c.req.valid("json");
+    await reportIgnored(c, ChatRequest.shape);
     checkModel(b.model);
     const messages: ChatMessage[] = b.messages.map((m) => ({
       role: m.role === "developer" ? "system" : m.role,
@@ -189,7 +197,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     }));
     checkPromptSize(rt, { messages });
     const ac = clientSignal(c);
-    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(256)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
+    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(MAX_TOKENS_DEFAULTS.generate)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const base = { id, object: "chat.completion.chunk" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -218,6 +226,22 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
   return app;
 }
 
+/** The header that lists the top-level request fields these routes ignored (comma-separated). */
+export const IGNORED_FIELDS_HEADER = "ctxbank-ignored-fields";
+
+/**
+ * OpenAI clients send fields ctxbank does not implement (and SDKs add new ones), so unknown
+ * top-level fields are accepted, not refused as on ctxbank's own routes; this header names them,
+ * so a misspelled one (`polcy`) is seen. Inside `policy` an unknown key is always refused.
+ */
+async function reportIgnored(c: Context, shape: Record<string, unknown>): Promise<void> {
+  const body: unknown = await c.req.json();
+  if (body === null || typeof body !== "object" || Array.isArray(body)) return;
+  // Percent-encoded (a key may hold any character, a header value may not), at most 32 of them.
+  const ignored = Object.keys(body).filter((k) => !Object.hasOwn(shape, k));
+  if (ignored.length > 0) c.header(IGNORED_FIELDS_HEADER, ignored.slice(0, 32).map(encodeURIComponent).join(", "));
+}
+
 const now = () => Math.floor(Date.now() / 1000);
 type Done = Extract<DecodeEvent, { type: "done" }>;
 const usage = (d: Done) => ({ prompt_tokens: d.promptTokens, completion_tokens: d.completionTokens, total_tokens: d.promptTokens + d.completionTokens });
@@ -237,13 +261,14 @@ interface ChunkMaker {
 /**
  * OpenAI's stream: `data: <chunk>` per token as soon as it is sampled, then a chunk with empty
  * text and the finish_reason, an optional usage chunk, and `data: [DONE]`. The last chunk before
- * [DONE] carries the `ctxbank` extension (clients ignore fields they do not know).
+ * [DONE] carries the `ctxbank` extension, and the first its `policy` (clients ignore fields they do not know).
  */
 function respondStream(c: Context, ac: AbortController, events: AsyncGenerator<DecodeEvent>, includeUsage: boolean, make: ChunkMaker) {
   return sse(c, ac, events, {
     async event(s, ev) {
       if (ev.type === "token") {
-        await s.writeSSE({ data: JSON.stringify(make.chunk(ev.text, null)) });
+        // The first chunk says which policy runs (every default and budget written in).
+        await s.writeSSE({ data: JSON.stringify({ ...make.chunk(ev.text, null), ...(ev.policy ? { ctxbank: { policy: ev.policy } } : {}) }) });
         return;
       }
       const ext = { ctxbank: ev.ctxbank };

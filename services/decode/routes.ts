@@ -13,7 +13,7 @@ const decodeRoute = createRoute({
   tags: ["decode"],
   summary: "Decode a prefill handle: load its KV (verified) and generate; SSE when stream is true",
   description:
-    "SSE events: `token` {index, id, text} (the first comes from the handle, before the KV is read), `done` (the DecodeResult without text), `error` (the error body).",
+    "SSE events: `token` {index, id, text} (the first comes from the handle, before the KV is read, and adds `policy`: the attention policy that runs, every default and budget written in), `done` (the DecodeResult without text), `error` (the error body).",
   request: { body: { content: { "application/json": { schema: DecodeRequestSchema } }, required: true } },
   responses: {
     200: {
@@ -55,7 +55,7 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
       return sse(c, ac, events, {
         event: (s, ev) =>
           ev.type === "token"
-            ? s.writeSSE({ event: "token", id: String(ev.index), data: JSON.stringify({ index: ev.index, id: ev.id, text: ev.text }) })
+            ? s.writeSSE({ event: "token", id: String(ev.index), data: JSON.stringify({ index: ev.index, id: ev.id, text: ev.text, ...(ev.policy ? { policy: ev.policy } : {}) }) })
             : s.writeSSE({ event: "done", data: JSON.stringify(result(ev, "")) }),
         error: (s, e) => s.writeSSE({ event: "error", data: JSON.stringify(errorJson(e)) }),
       }) as never;

@@ -12,7 +12,7 @@ import { samplingOptions, type CtxbankExtension, type Handle, type PrefillReques
 import { ctxbankExtension } from "../../shared/platform/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
-import type { PolicySpec } from "../../shared/inference/policy/request.ts";
+import type { ParsedPolicySpec, PolicySpec } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { applyPolicy, promptQueriesMissing, resolveRequestPolicy } from "../policy.ts";
 import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
@@ -46,8 +46,12 @@ export interface DecodeOptions {
   tenant?: string | undefined;
 }
 
+/** The attention policy that ran, in the wire's shape (every default and budget written in). */
+type RanPolicy = Exclude<ParsedPolicySpec, string>;
+
 export type DecodeEvent =
-  | { type: "token"; id: number; text: string; index: number }
+  /** The first token (index 0) carries the policy that runs, every default and budget written in. */
+  | { type: "token"; id: number; text: string; index: number; policy?: RanPolicy }
   | {
       type: "done";
       requestId: string;
@@ -238,11 +242,15 @@ export class DecodeService {
       if (handle.first_token >= nFirst) {
         throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
       }
-      // In process, the policy was set on the sequence before its prompt. Otherwise: our own
-      // prefill's handle carries the policy as it resolved it (e.g. the rounds of a chat); a
-      // client's handle may be decoded under another policy the request names.
-      const policy =
-        prefilled.path === "in_process" ? undefined : resolveRequestPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens).policy;
+      // In process, the policy was set on the sequence before its prompt (the handle says what it
+      // resolved to). Otherwise: our own prefill's handle carries the policy as it resolved it
+      // (e.g. the rounds of a chat); a client's handle may be decoded under another policy the
+      // request names.
+      const planned =
+        prefilled.path === "in_process" ? undefined : resolveRequestPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
+      const policy = planned?.policy;
+      // (The wire schema types resolved_policy loosely; our own prefill wrote it from a RanPolicy.)
+      const resolved = planned?.resolved ?? (handle.resolved_policy as RanPolicy | undefined);
       const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
@@ -269,7 +277,7 @@ export class DecodeService {
       const first = text.push(handle.first_token);
       clock.token();
       const firstTokenAt = performance.now();
-      yield { type: "token", id: handle.first_token, text: first.text, index: 0 };
+      yield { type: "token", id: handle.first_token, text: first.text, index: 0, policy: resolved };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
       const warnings: string[] = [];
       let finish = first.finish;
@@ -315,7 +323,7 @@ export class DecodeService {
         kv,
         ttftMs: timings.ttftMs,
         totalMs: timings.e2eMs,
-        ctxbank: { ...ctxbankExtension(timings, verdict), handoff: { path: prefilled.path, ...(warnings.length > 0 ? { warnings } : {}) } },
+        ctxbank: { ...ctxbankExtension(timings, verdict), ...(resolved ? { policy: resolved } : {}), handoff: { path: prefilled.path, ...(warnings.length > 0 ? { warnings } : {}) } },
       };
     } catch (e) {
       if (signal.aborted) {

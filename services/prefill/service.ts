@@ -268,7 +268,7 @@ export class PrefillService {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
-    const sampling = validateSampling({ temperature: req.temperature ?? 0, topK: req.top_k ?? 40, topP: req.top_p ?? 1, ...(req.seed === undefined ? {} : { seed: req.seed }) });
+    const sampling = validateSampling({ temperature: req.temperature, topK: req.top_k, topP: req.top_p, ...(req.seed === undefined ? {} : { seed: req.seed }) });
     checkPolicyBeforeWork(this.rt, req.policy, { maxTokens: req.max_tokens, chat: req.messages !== undefined });
     const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
     const { ids: tokens, roundStarts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined });
@@ -399,6 +399,7 @@ export class PrefillService {
         prompt_token_ids: tokens,
         layer_groups: groups,
         policy: policy.spec,
+        resolved_policy: policy.resolved,
         block_tokens: config.blockTokens,
         sampling: wire,
         prefill_ms: prefillMs,
@@ -469,6 +470,7 @@ export class PrefillService {
             prompt_tokens: n,
             prompt_token_ids: p.tokens,
             policy: policy.spec,
+            resolved_policy: policy.resolved,
             sampling: { temperature, top_p: topP, top_k: topK, seed },
             prefill_ms: prefillMs,
             queue_ms: at.queueMs,

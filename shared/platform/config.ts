@@ -6,7 +6,8 @@ import { availableParallelism, hostname } from "node:os";
 import { z } from "zod";
 import { DEVICE_PATTERN, type EngineDevice } from "../inference/engine/native.ts";
 import { defaultShardDir } from "./shard-root.ts";
-import { POLICY_KINDS } from "../inference/policy/request.ts";
+import { SLO_DEFAULTS } from "../inference/defaults.ts";
+import { POLICY_KINDS } from "../inference/policy/schema.ts";
 
 export type ServiceRole = "serve" | "prefill" | "decode";
 
@@ -119,13 +120,13 @@ export const ConfigSchema = z.object({
    * box: a 1K-token prompt prefills in ~1.4 s, and decode runs ~6 ms/token alone, tens of ms in a
    * full batch on shared cores.
    */
-  sloTtftMs: sloMs.default(2_000),
-  sloTpotMs: sloMs.default(100),
+  sloTtftMs: sloMs.default(SLO_DEFAULTS.ttftMs),
+  sloTpotMs: sloMs.default(SLO_DEFAULTS.tpotMs),
   /** Optional end-to-end objective; unset = not an objective. */
   sloE2eMs: sloMs.optional(),
   /** slo: the prefill refuses (429 slo_unattainable) a prompt whose predicted TTFT exceeds sloTtftMs × (1 + margin). */
   admission: z.enum(["off", "slo"]).default("off"),
-  admissionMargin: z.coerce.number().min(0).max(100).default(0.5),
+  admissionMargin: z.coerce.number().min(0).max(100).default(SLO_DEFAULTS.admissionMargin),
   // Security (services/README.md#security).
   /** API keys: a file of `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines, and/or the same lines inline. */
   apiKeysFile: z.string().min(1).optional(),
@@ -204,11 +205,11 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   kvStreaming: { flag: "kv-streaming", env: ["CTXBANK_KV_STREAMING"], help: "true | false: decode loads the KV while the prefill runs (default true)" },
   drainMs: { flag: "drain-ms", env: ["CTXBANK_DRAIN_MS"], help: "graceful shutdown drain time" },
   logLevel: { flag: "log-level", env: ["CTXBANK_LOG_LEVEL", "LOG_LEVEL"], help: "pino level (info)" },
-  sloTtftMs: { flag: "slo-ttft-ms", env: ["CTXBANK_SLO_TTFT_MS"], help: "TTFT objective in ms (default 2000)" },
-  sloTpotMs: { flag: "slo-tpot-ms", env: ["CTXBANK_SLO_TPOT_MS"], help: "time-per-output-token objective in ms (default 100)" },
+  sloTtftMs: { flag: "slo-ttft-ms", env: ["CTXBANK_SLO_TTFT_MS"], help: `TTFT objective in ms (default ${SLO_DEFAULTS.ttftMs})` },
+  sloTpotMs: { flag: "slo-tpot-ms", env: ["CTXBANK_SLO_TPOT_MS"], help: `time-per-output-token objective in ms (default ${SLO_DEFAULTS.tpotMs})` },
   sloE2eMs: { flag: "slo-e2e-ms", env: ["CTXBANK_SLO_E2E_MS"], help: "end-to-end objective in ms (default: none)" },
   admission: { flag: "admission", env: ["CTXBANK_ADMISSION"], help: "off | slo: refuse prompts whose predicted TTFT misses the SLO (default off)" },
-  admissionMargin: { flag: "admission-margin", env: ["CTXBANK_ADMISSION_MARGIN"], help: "slo admission refuses above slo-ttft × (1 + margin) (default 0.5)" },
+  admissionMargin: { flag: "admission-margin", env: ["CTXBANK_ADMISSION_MARGIN"], help: `slo admission refuses above slo-ttft × (1 + margin) (default ${SLO_DEFAULTS.admissionMargin})` },
   apiKeysFile: { flag: "api-keys-file", env: ["CTXBANK_API_KEYS_FILE"], help: "API keys file: `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines (ctxbank keys new <id>)" },
   apiKeys: { flag: "api-keys", env: ["CTXBANK_API_KEYS"], help: "API key lines inline (as in the file; separated by newlines or ;)" },
   keyRate: { flag: "key-rate", env: ["CTXBANK_KEY_RATE"], help: "default requests/s per API key (default 10; 0 = unlimited)" },

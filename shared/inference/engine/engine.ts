@@ -3,11 +3,11 @@
 import { createHash } from "node:crypto";
 import { open } from "node:fs/promises";
 
-import { PolicyError } from "../policy/request.ts";
+import { PolicyError } from "../policy/errors.ts";
 import {
   addon,
   ggufInfo,
-  type AttentionPolicy,
+  type AttentionPolicyInput,
   type EngineDevice,
   type EngineInfo,
   type EngineOptions,
@@ -90,7 +90,7 @@ export class Engine {
    * Validates `policy` against the model (as setPolicy would, on a throwaway sequence) and returns
    * OmniKV's per-layer roles; PolicyError with the engine's reason when it is refused.
    */
-  checkPolicy(policy: AttentionPolicy): Pick<PolicyStats, "layerRoles" | "layerGroups"> {
+  checkPolicy(policy: AttentionPolicyInput): Pick<PolicyStats, "layerRoles" | "layerGroups"> {
     const seq = this.native.createSequence(1);
     try {
       this.applyPolicy(seq, policy);
@@ -105,7 +105,7 @@ export class Engine {
    * Applies `policy` to `seq` (before its prompt, so what the policy keeps of the prompt's queries
    * is observed); PolicyError with the engine's reason when it is refused.
    */
-  applyPolicy(seq: NativeSequence, policy: AttentionPolicy): void {
+  applyPolicy(seq: NativeSequence, policy: AttentionPolicyInput): void {
     try {
       seq.setPolicy(policy);
     } catch (e) {

@@ -5,6 +5,10 @@ import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 
+import { completePolicy, type AttentionPolicy, type AttentionPolicyInput, type PolicyPart } from "../policy/schema.ts";
+
+export type { AttentionPolicy, AttentionPolicyInput } from "../policy/schema.ts";
+
 export interface ModelConfig {
   architecture: string;
   name: string;
@@ -44,55 +48,6 @@ export interface NativeModel {
   readonly weightsCrc32c: number;
 }
 
-export interface OmniKvOptions {
-  filterLayers: number[];
-  /** Prompt tokens kept per filter layer. */
-  budget: number;
-  /** last (OmniKV's default), last_softmax, or the window selectors uniform and exp over `window` queries. */
-  selector?: "last" | "last_softmax" | "uniform" | "exp";
-  /** Queries the window selectors combine, the current one included (default 16, at most 64). */
-  window?: number;
-  /** The layer after each filter layer stays dense (default true). */
-  guard?: boolean;
-  /** Reuse the previous selection when the new one overlaps it more than this (0 = off). */
-  lazyIou?: number;
-  /**
-   * Memory tiers: keep the sparse layers' KV in a host bank (token-major per filter layer's
-   * group) and gather the selected rows of a group into one packed device buffer per selection.
-   */
-  offload?: boolean;
-}
-
-export interface ScopeOptions {
-  mode?: "slide" | "adaptive" | "discontinuous";
-  beta1: number;
-  beta2: number;
-  /** Planned output length T (adaptive and discontinuous). */
-  maxOutput?: number;
-  /** Prompt pool (kind scope only): 0 (default) keeps the whole prompt; else, per layer and KV head,
-   *  the last alpha2 prompt tokens plus the alpha1 earlier ones they attend to most (SnapKV-style). */
-  alpha1?: number;
-  /** The observation window of the prompt compression (default 8, at most 64). */
-  alpha2?: number;
-}
-
-export type AttentionPolicy =
-  | { kind: "full" }
-  | { kind: "omnikv"; omnikv: OmniKvOptions }
-  | { kind: "scope"; scope: ScopeOptions }
-  | { kind: "omnikv+scope"; omnikv: OmniKvOptions; scope: ScopeOptions }
-  /** Baseline: the first `sinks` tokens plus the most recent `window`. */
-  | { kind: "streaming"; streaming: { sinks: number; window: number } }
-  /** Baseline: per layer and KV head, `recent` newest plus heavy hitters, `budget` in all. */
-  | { kind: "h2o"; h2o: { budget: number; recent: number } }
-  /**
-   * Round Attention: `starts` are the first tokens of the conversation's rounds (from 0; the last
-   * is the current round). At the first decode step the watershed layer weighs each earlier round
-   * by the attention the current round's queries pay it; the layers above attend only to the
-   * chosen rounds (`topK`, or 0 = those above mean + std) and the current round.
-   */
-  | { kind: "rounds"; rounds: { watershedLayer: number; starts: number[]; topK?: number } };
-
 export interface PolicyStats {
   kind: AttentionPolicy["kind"];
   promptLength: number;
@@ -123,8 +78,12 @@ export interface NativeSequence {
   truncate(n: number): void;
   /** Declares that the first n tokens' K/V were written into kvBuffer() (KV import). */
   setLength(n: number): void;
-  /** How decode steps attend (prefill is always full). Throws RangeError on a bad setting. */
-  setPolicy(policy: AttentionPolicy): void;
+  /**
+   * How decode steps attend (prefill is always full). The binding writes in the schema's defaults
+   * (completePolicy) and the addon takes only that complete object. TypeError on a malformed or
+   * incomplete policy, RangeError on a setting the model or the algorithm cannot take.
+   */
+  setPolicy(policy: AttentionPolicyInput): void;
   readonly policyStats: PolicyStats;
   /**
    * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, docs/kv-format.md) into the cache
@@ -242,6 +201,10 @@ interface Addon {
   ucxUnexpose?(id: number): void;
   ucxGet?(address: Uint8Array, rkey: Uint8Array, remote: bigint, into: Uint8Array, readId: number): Promise<void>;
   ucxCancel?(readId: number): void;
+  /** The policy fields the addon parses, per sub-object (camelCase): the schema's, see test/policy-schema.test.ts. */
+  policyFields(): Record<PolicyPart, string[]>;
+  /** setCompletePolicy takes complete policies only; this module gives every sequence setPolicy over it. */
+  NativeSequence: { prototype: { setCompletePolicy(policy: AttentionPolicy): void; setPolicy?(policy: AttentionPolicyInput): void } };
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
@@ -251,7 +214,13 @@ function loadAddon(): Addon {
   if (!existsSync(addonPath)) {
     throw new Error(`native engine not built (${addonPath} is missing): run "npm run build:native"`);
   }
-  return createRequire(import.meta.url)(addonPath) as Addon;
+  const a = createRequire(import.meta.url)(addonPath) as Addon;
+  // The addon holds no defaults and refuses an incomplete policy: every sequence's setPolicy
+  // goes through the schema first, which writes them in (shared/inference/defaults.ts).
+  a.NativeSequence.prototype.setPolicy = function (policy: AttentionPolicyInput) {
+    this.setCompletePolicy(completePolicy(policy));
+  };
+  return a;
 }
 
 let cached: Addon | undefined;

@@ -1,5 +1,6 @@
 // Next-token sampling: greedy, or temperature with top-k and top-p (nucleus) filtering, from a
 // seeded generator so a request with a seed is reproducible.
+import { SAMPLING_DEFAULTS } from "../defaults.ts";
 
 import { CtxbankError } from "../errors.ts";
 
@@ -23,9 +24,9 @@ export class SamplingError extends CtxbankError<"invalid_request"> {
 }
 
 export function validateSampling(o: SamplingOptions): Required<SamplingOptions> {
-  const temperature = o.temperature ?? 0;
-  const topK = o.topK ?? 40;
-  const topP = o.topP ?? 1;
+  const temperature = o.temperature ?? SAMPLING_DEFAULTS.api.temperature;
+  const topK = o.topK ?? SAMPLING_DEFAULTS.api.topK;
+  const topP = o.topP ?? SAMPLING_DEFAULTS.api.topP;
   const seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
   if (!Number.isFinite(temperature) || temperature < 0 || temperature > 10)
     throw new SamplingError("temperature must be a number in [0, 10]", "temperature");

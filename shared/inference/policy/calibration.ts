@@ -9,6 +9,7 @@
 // - Round Attention's watershed: each layer's attention summed per conversation round gives a
 //   distribution over rounds; after the watershed layer L_w it hardly changes from layer to layer
 //   (KL divergence between consecutive layers stays small).
+import { POLICY_DEFAULTS } from "../defaults.ts";
 
 export type Probe = Float32Array[]; // [layer] -> attention over keys
 
@@ -52,7 +53,7 @@ export function filterCapability(sim: number[][], span: number): number[] {
  * guard layer, before the next filter layer) the share of its attention that falls on the top
  * tokens of the filter layer that serves it. This is what OmniKV relies on at decode.
  */
-export function coverage(sim: number[][], filters: number[], guard = true): number {
+export function coverage(sim: number[][], filters: number[], guard: boolean = POLICY_DEFAULTS.omnikv.guard): number {
   let total = 0, n = 0;
   filters.forEach((f, i) => {
     const next = filters[i + 1] ?? sim.length;

@@ -1,101 +1,13 @@
-// The attention policy a request asks for, on the wire (snake_case, as the HTTP APIs take it),
-// and its resolution into the engine's AttentionPolicy: the model's calibrated filter layers
-// (model-defaults.json) fill in what the request leaves out, and a fractional budget becomes a
-// token count once the prompt length is known. The engine validates the result (setPolicy).
-import { z } from "@hono/zod-openapi";
-import type { AttentionPolicy } from "../engine/native.ts";
-import { CtxbankError } from "../errors.ts";
+// The attention policy a request asks for (its schema: ./schema.ts) resolved into the engine's
+// complete AttentionPolicy: the schema's defaults, the model's calibrated layers
+// (model-defaults.json) and the request's length fill in what the request leaves out, and a
+// fractional budget becomes a token count once the prompt length is known. The engine validates
+// the result against the model (setPolicy).
+import { PolicyError } from "./errors.ts";
+import { engineFields, type AttentionPolicy, type ParsedPolicySpec, type PolicyKind, type PolicySpec } from "./schema.ts";
 
-export const POLICY_KINDS = ["full", "omnikv", "scope", "omnikv+scope", "streaming", "h2o", "rounds"] as const;
-export type PolicyKind = (typeof POLICY_KINDS)[number];
-
-const Count = z.number().int().min(1).max(1 << 22);
-/** A token count, or a fraction of the prompt in (0, 1). */
-const Budget = z
-  .number()
-  .gt(0)
-  .max(1 << 22)
-  .refine((b) => b < 1 || Number.isInteger(b), "a budget is a whole number of tokens, or a fraction of the prompt in (0, 1)");
-
-/** What resolvePolicy fills in when a request leaves a field out. */
-export const POLICY_DEFAULTS = { omnikvBudget: 1024, scopeBeta: 256, streamingSinks: 4, streamingWindow: 1020, h2oBudget: 1024, h2oRecent: 256 } as const;
-
-const OmniKvSpec = z
-  .object({
-    filter_layers: z
-      .array(z.number().int().min(0).max(4096))
-      .min(1)
-      .max(8)
-      .optional()
-      .openapi({ description: "1 to 8 layers, increasing. Default: the model's calibrated filter layers" }),
-    budget: Budget.optional().openapi({ description: "Prompt tokens each filter layer keeps (default 1024), or a fraction of the prompt", example: 1024 }),
-    selector: z.enum(["last", "last_softmax", "uniform", "exp"]).optional().openapi({ description: "How the filter layers score tokens: last (default, OmniKV's), last_softmax, or the window selectors uniform and exp" }),
-    window: z.number().int().min(1).max(64).optional().openapi({ description: "Queries the uniform and exp selectors combine, the current one included (default 16)" }),
-    guard: z.boolean().optional().openapi({ description: "The layer after each filter layer stays dense (default true)" }),
-    lazy_iou: z.number().min(0).lt(1).optional().openapi({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
-    offload: z.boolean().optional().openapi({ description: "Keep the sparse layers' KV in the host bank; each selection is one packed gather per filter layer (default false)" }),
-  })
-  .strict();
-
-const ScopeSpec = z
-  .object({
-    mode: z.enum(["slide", "adaptive", "discontinuous"]).optional(),
-    beta1: Count.optional().openapi({ description: "Selected earlier generated tokens (default 256)" }),
-    beta2: Count.optional().openapi({ description: "Most recent generated tokens, always kept (default 256)" }),
-    max_output: Count.optional().openapi({ description: "T, the planned output length (default: the request's max_tokens)" }),
-    alpha1: z.number().int().min(0).max(1 << 22).optional().openapi({ description: "Prompt pool (kind scope): 0 (default) keeps the whole prompt; else the alpha1 prompt tokens the last alpha2 attend to most, per layer and KV head. Needs the prompt's queries: after a KV handoff the prompt is kept whole" }),
-    alpha2: z.number().int().min(1).max(64).optional().openapi({ description: "The prompt pool's observation window (default 8)" }),
-  })
-  .strict();
-
-export const PolicySpecSchema = z
-  .union([
-    z.enum(POLICY_KINDS),
-    z
-      .object({
-        kind: z.enum(POLICY_KINDS),
-        omnikv: OmniKvSpec.optional(),
-        scope: ScopeSpec.optional(),
-        streaming: z.object({ sinks: z.number().int().min(0).max(1 << 22).optional(), window: Count.optional() }).strict().optional(),
-        h2o: z
-          .object({ budget: Count.optional(), recent: Count.optional().openapi({ description: "Most recent tokens always kept, at least 1 (default 256)" }) })
-          .strict()
-          .optional(),
-        rounds: z
-          .object({
-            watershed_layer: z.number().int().min(0).max(4096).optional().openapi({ description: "L_w; default: the model's calibrated watershed (none is known for SmolLM2-135M)" }),
-            starts: z
-              .array(z.number().int().min(0).max(1 << 22))
-              .min(1)
-              .max(4096)
-              .optional()
-              .openapi({ description: "First token of each round, from 0; the last is the current round. Default: one round per user message of a chat request" }),
-            top_k: z.number().int().min(0).max(4096).optional().openapi({ description: "Earlier rounds kept; 0 (default) = adaptive, those above mean + std" }),
-          })
-          .strict()
-          .optional(),
-      })
-      .strict(),
-  ], {
-    // Without this an unknown kind reads "Invalid input".
-    error: (iss) =>
-      iss.code === "invalid_union" ? `unknown policy: give one of ${POLICY_KINDS.join(", ")}, or an object { kind, ... } with one of those kinds` : undefined,
-  })
-  .openapi("AttentionPolicy", {
-    description:
-      "How decode steps attend (prefill is always full): a kind with the model's defaults, or an object. omnikv: filter layers pick prompt tokens; scope: generated-token budget; rounds: Round Attention picks whole earlier conversation rounds; streaming and h2o are baselines.",
-    example: { kind: "omnikv", omnikv: { budget: 1024 } },
-  });
-export type PolicySpec = z.infer<typeof PolicySpecSchema>;
-
-/** The policy cannot run on this model (code invalid_policy; param: the field at fault, e.g. "policy.omnikv.budget"). */
-export class PolicyError extends CtxbankError<"invalid_policy"> {
-  static override readonly codes = ["invalid_policy"] as const;
-  override readonly name = "PolicyError";
-  constructor(message: string, param = "policy") {
-    super("invalid_policy", message, { param });
-  }
-}
+export { PolicyError } from "./errors.ts";
+export { POLICY_KINDS, PolicySpecSchema, type ParsedPolicySpec, type PolicyKind, type PolicySpec } from "./schema.ts";
 
 export interface PolicyLimits {
   /** The model's context in tokens: no budget, window or round start may exceed it. */
@@ -150,31 +62,23 @@ export function policyKind(spec: PolicySpec | undefined): PolicyKind {
   return spec === undefined ? "full" : typeof spec === "string" ? spec : spec.kind;
 }
 
-/** The engine policy a request's spec means for this model and prompt; PolicyError when it cannot be made. */
+/**
+ * The engine policy a request's spec means for this model and prompt, every field filled in (the
+ * schema's defaults, the model's calibration, the request's length); PolicyError when it cannot be made.
+ */
 export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext): AttentionPolicy {
   const o = typeof spec === "object" ? spec : { kind: policyKind(spec) };
   const omnikv = () => {
-    const filterLayers = o.omnikv?.filter_layers ?? ctx.filterLayers;
+    const fields = engineFields("omnikv", o.omnikv);
+    const filterLayers = fields.filterLayers ?? ctx.filterLayers;
     if (!filterLayers) throw new PolicyError("this model has no calibrated OmniKV filter layers: give omnikv.filter_layers (npm run calibrate measures them)");
-    const b = o.omnikv?.budget ?? POLICY_DEFAULTS.omnikvBudget;
-    return {
-      filterLayers: [...filterLayers],
-      budget: b < 1 ? Math.max(1, Math.round(b * ctx.promptTokens)) : b,
-      ...(o.omnikv?.selector ? { selector: o.omnikv.selector } : {}),
-      ...(o.omnikv?.window === undefined ? {} : { window: o.omnikv.window }),
-      ...(o.omnikv?.guard === undefined ? {} : { guard: o.omnikv.guard }),
-      ...(o.omnikv?.lazy_iou === undefined ? {} : { lazyIou: o.omnikv.lazy_iou }),
-      ...(o.omnikv?.offload === undefined ? {} : { offload: o.omnikv.offload }),
-    };
+    const b = fields.budget;
+    return { ...fields, filterLayers: [...filterLayers], budget: b < 1 ? Math.max(1, Math.round(b * ctx.promptTokens)) : b };
   };
-  const scope = () => ({
-    mode: o.scope?.mode ?? "slide",
-    beta1: o.scope?.beta1 ?? POLICY_DEFAULTS.scopeBeta,
-    beta2: o.scope?.beta2 ?? POLICY_DEFAULTS.scopeBeta,
-    maxOutput: o.scope?.max_output ?? ctx.maxTokens,
-    ...(o.scope?.alpha1 === undefined ? {} : { alpha1: o.scope.alpha1 }),
-    ...(o.scope?.alpha2 === undefined ? {} : { alpha2: o.scope.alpha2 }),
-  });
+  const scope = () => {
+    const fields = engineFields("scope", o.scope);
+    return { ...fields, maxOutput: fields.maxOutput ?? ctx.maxTokens };
+  };
   switch (o.kind) {
     case "full":
       return { kind: "full" };
@@ -185,17 +89,30 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
     case "omnikv+scope":
       return { kind: "omnikv+scope", omnikv: omnikv(), scope: scope() };
     case "streaming":
-      return { kind: "streaming", streaming: { sinks: o.streaming?.sinks ?? POLICY_DEFAULTS.streamingSinks, window: o.streaming?.window ?? POLICY_DEFAULTS.streamingWindow } };
+      return { kind: "streaming", streaming: engineFields("streaming", o.streaming) };
     case "h2o":
-      return { kind: "h2o", h2o: { budget: o.h2o?.budget ?? POLICY_DEFAULTS.h2oBudget, recent: o.h2o?.recent ?? POLICY_DEFAULTS.h2oRecent } };
+      return { kind: "h2o", h2o: engineFields("h2o", o.h2o) };
     case "rounds": {
-      const watershedLayer = o.rounds?.watershed_layer ?? ctx.watershedLayer ?? undefined;
+      const fields = engineFields("rounds", o.rounds);
+      const watershedLayer = fields.watershedLayer ?? ctx.watershedLayer ?? undefined;
       if (watershedLayer === undefined) throw new PolicyError("this model has no calibrated watershed layer (npm run calibrate found none): give rounds.watershed_layer");
-      const starts = o.rounds?.starts ?? ctx.roundStarts;
+      const starts = fields.starts ?? ctx.roundStarts;
       if (!starts) throw new PolicyError("rounds needs rounds.starts (the first token of each round) or a chat request, whose user messages start the rounds");
-      return { kind: "rounds", rounds: { watershedLayer, starts: [...starts], topK: o.rounds?.top_k ?? 0 } };
+      return { kind: "rounds", rounds: { ...fields, watershedLayer, starts: [...starts] } };
     }
   }
+}
+
+/**
+ * The spec that ran, in the wire's shape: the resolved engine policy with snake_case keys (every
+ * default, calibrated layer and budget written in). Responses report it; a handle carries it.
+ */
+export function resolvedSpec(policy: AttentionPolicy): Exclude<ParsedPolicySpec, string> {
+  const out: Record<string, unknown> = { kind: policy.kind };
+  for (const [key, value] of Object.entries(policy)) {
+    if (key !== "kind") out[key] = Object.fromEntries(Object.entries(value as object).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`), v]));
+  }
+  return out as Exclude<ParsedPolicySpec, string>;
 }
 
 /**

@@ -11,6 +11,7 @@ import type { Logger } from "pino";
 import type { ContentfulStatusCode } from "hono/utils/http-status";
 import { CtxbankError } from "../../inference/errors.ts";
 import { ApiError, errorAnswer } from "./errors.ts";
+import { PolicySpecSchema } from "./wire.ts";
 import { bodyTimedOut } from "./server.ts";
 
 /**
@@ -33,23 +34,31 @@ export interface AppOptions {
   classifyError?: (err: Error) => ApiError | undefined;
 }
 
-/** A validation failure as a 400 naming the first offending field (invalid_policy when it is in the policy). */
-function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string }[] } }) {
+/**
+ * A validation failure as a 400 naming the first offending field: invalid_policy when it is in
+ * the policy, unknown_field for a key the route does not take (its param names the key).
+ */
+function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string; code?: string; keys?: string[] }[] } }) {
   if (result.success || !result.error) return;
   const issues = result.error.issues;
   const first = issues[0];
-  const param = first && first.path.length > 0 ? first.path.map(String).join(".") : null;
+  const unknownKey = first?.code === "unrecognized_keys" ? first.keys?.[0] : undefined;
+  const path = first ? [...first.path, ...(unknownKey === undefined ? [] : [unknownKey])] : [];
+  const param = path.length > 0 ? path.map(String).join(".") : null;
   const message = issues
     .slice(0, 5)
     .map((i) => (i.path.length ? `${i.path.map(String).join(".")}: ${i.message}` : i.message))
     .join("; ");
   // A malformed attention policy (unknown kind, field out of range) is invalid_policy, like one the model cannot run.
-  const code = first?.path.includes("policy") ? "invalid_policy" : "invalid_request";
+  const code = first?.path.includes("policy") ? "invalid_policy" : unknownKey !== undefined ? "unknown_field" : "invalid_request";
   throw new ApiError(400, code, `invalid request: ${message}`, param, issues);
 }
 
 export function newApp(): ServiceApp {
-  return new OpenAPIHono<AppEnv>({ defaultHook: validationHook });
+  const app = new OpenAPIHono<AppEnv>({ defaultHook: validationHook });
+  // The policy component from its own schema (with its own description) before any route's field uses it.
+  app.openAPIRegistry.register("AttentionPolicy", PolicySpecSchema);
+  return app;
 }
 
 /** The outermost app: middleware and error handling around the services' routes. */

@@ -1,8 +1,9 @@
 // Wire schemas shared by the prefill and decode services: the prefill request, the handle it
 // answers with (what decode needs to find, verify and load the KV), and sampling options.
 import { z } from "@hono/zod-openapi";
-import { PolicySpecSchema } from "../../inference/policy/request.ts";
+import { PolicySpecSchema as PolicySpec } from "../../inference/policy/schema.ts";
 import { MAX_HANDLE_CHUNKS } from "../registry/errors.ts";
+import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../inference/defaults.ts";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
@@ -24,11 +25,11 @@ export const ChatMessageSchema = z
   })
   .openapi("ChatMessage");
 
-/** Sampling options, in OpenAI's names. top_k is an extension (0 = off). */
+/** Sampling options, in OpenAI's names, with ctxbank's own routes' defaults. top_k is an extension (0 = off). */
 export const SamplingFields = {
-  temperature: z.number().min(0).max(10).optional().openapi({ description: "0 = greedy", example: 0 }),
-  top_p: z.number().gt(0).max(1).optional(),
-  top_k: z.number().int().min(0).max(1_000_000).optional().openapi({ description: "extension; 0 = no limit" }),
+  temperature: z.number().min(0).max(10).optional().openapi({ description: "0 = greedy", example: 0.7, default: SAMPLING_DEFAULTS.api.temperature }),
+  top_p: z.number().gt(0).max(1).optional().openapi({ default: SAMPLING_DEFAULTS.api.topP }),
+  top_k: z.number().int().min(0).max(1_000_000).optional().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.api.topK }),
   seed: z.number().int().min(0).max(2 ** 32 - 1).optional(),
 };
 
@@ -40,8 +41,31 @@ export const SamplingSchema = z.object({
 });
 export type WireSampling = z.infer<typeof SamplingSchema>;
 
+/**
+ * The attention policy in the OpenAPI document: the inference library's plain-zod schema
+ * (descriptions and defaults are its metadata), registered here as the AttentionPolicy component.
+ * Each use describes itself with a wrapper, so no route's text overwrites the component's.
+ */
+// (zod v4 copies .openapi onto a schema when it is made; the inference library may have made this
+// one before @hono/zod-openapi added the method, so it is called from the prototype.)
+export const PolicySpecSchema = z.ZodType.prototype.openapi.call(PolicySpec, "AttentionPolicy") as typeof PolicySpec;
+/**
+ * An optional policy field with its own description. The field carries the component's id, so
+ * whichever use the document meets first would give the AttentionPolicy component its text:
+ * newApp() (app.ts) registers the component itself first, and each field then adds its own.
+ */
+export const policyField = (description: string) => PolicySpecSchema.optional().openapi({ description });
+/** The policy a request ran under: every default, calibrated layer and budget written in. */
+export const ResolvedPolicySchema = z
+  .record(z.string(), z.unknown())
+  .openapi("ResolvedPolicy", {
+    description: "The policy that ran, after defaults and calibration: { kind, <its sub-objects with every field> }, in the shape AttentionPolicy takes",
+    example: { kind: "h2o", h2o: { budget: 512, recent: 128 } },
+  });
+
+/** ctxbank's own request bodies are strict: a key it does not know is refused (400 unknown_field) rather than ignored. */
 export const PrefillRequestSchema = z
-  .object({
+  .strictObject({
     prompt: z.string().min(1).optional().openapi({ description: "Plain text, tokenized as is (no chat template)", example: "Once upon a time" }),
     messages: z.array(ChatMessageSchema).min(1).max(MAX_WIRE_MESSAGES).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
     prompt_token_ids: TokenIds.optional().openapi({ description: "Token ids, used as they are" }),
@@ -51,7 +75,7 @@ export const PrefillRequestSchema = z
     max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({
       description: "Tokens the decode will generate; checked against the context before computing",
     }),
-    policy: PolicySpecSchema.optional().openapi({ description: "How the decode will attend; the KV chunks are grouped by its layer roles. Default: the server's --policy" }),
+    policy: policyField("How the decode will attend; the KV chunks are grouped by its layer roles. Default: the server's --policy"),
     stream: z.boolean().optional().openapi({ description: "Answer NDJSON: the handle's start once the first chunk is committed, each chunk id as it commits, then the handle" }),
     ...SamplingFields,
   })
@@ -60,7 +84,7 @@ export const PrefillRequestSchema = z
     path: ["prompt"],
   })
   .openapi("PrefillRequest");
-export type PrefillRequest = z.infer<typeof PrefillRequestSchema>;
+export type PrefillRequest = z.input<typeof PrefillRequestSchema>;
 
 export const HandleSchema = z
   .object({
@@ -77,7 +101,8 @@ export const HandleSchema = z
     prompt_tokens: z.number().int().min(1),
     prompt_token_ids: TokenIds.openapi({ description: "For a local recompute when the KV cannot be loaded" }),
     layer_groups: z.array(z.array(z.number().int().min(0))).min(1),
-    policy: PolicySpecSchema.optional().openapi({ description: "The policy the chunks were grouped for; decode uses it unless its request names another" }),
+    policy: policyField("The policy the chunks were grouped for; decode uses it unless its request names another"),
+    resolved_policy: ResolvedPolicySchema.optional().openapi({ description: "What that policy resolved to for this prompt (defaults, calibrated layers, budgets)" }),
     block_tokens: z.number().int().min(1),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
@@ -88,18 +113,24 @@ export const HandleSchema = z
 export type Handle = z.infer<typeof HandleSchema>;
 
 /** What a handle says of a prefill, less where its chunks are (an in-process prefill writes none). */
-export type PromptHandle = Pick<Handle, "request_id" | "first_token" | "model_fingerprint" | "prompt_tokens" | "prompt_token_ids" | "policy" | "sampling" | "prefill_ms" | "queue_ms">;
+export type PromptHandle = Pick<Handle, "request_id" | "first_token" | "model_fingerprint" | "prompt_tokens" | "prompt_token_ids" | "policy" | "resolved_policy" | "sampling" | "prefill_ms" | "queue_ms">;
 
 export const StopSchema = z.union([z.string().min(1), z.array(z.string().min(1)).max(16)]).optional();
 
 export const DecodeRequestSchema = z
-  .object({
+  .strictObject({
     handle: HandleSchema,
-    max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({ description: "Default 256 (less if the context is short)" }),
+    max_tokens: z
+      .number()
+      .int()
+      .min(1)
+      .max(1 << 22)
+      .optional()
+      .openapi({ description: `Default ${MAX_TOKENS_DEFAULTS.generate} (less if the context is short)` }),
     ...SamplingFields,
     stop: StopSchema,
     stream: z.boolean().optional(),
-    policy: PolicySpecSchema.optional().openapi({ description: "How decode steps attend. Default: the handle's policy" }),
+    policy: policyField("How decode steps attend. Default: the handle's policy"),
     on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({
       description: "fail (default): answer 502 kv_load_failed at once; recompute: prefill the handle's prompt locally",
     }),
@@ -148,6 +179,7 @@ export const CtxbankExtensionSchema = z
         warnings: z.array(z.string()).optional().openapi({ description: "What the decode could not have from the prompt across processes (e.g. SCOPE's prompt pool), and what it did instead" }),
       })
       .optional(),
+    policy: ResolvedPolicySchema.optional().openapi({ description: "The attention policy that ran, every default and budget written in" }),
   })
   .openapi("CtxbankExtension");
 export type CtxbankExtension = z.infer<typeof CtxbankExtensionSchema>;
