@@ -27,18 +27,8 @@ module.exports = {
       name: "inference-is-standalone",
       severity: "error",
       comment: "shared/inference is the library the CLI, services and benches use: no HTTP, no database, no service code.",
-      from: { path: "^shared/inference/", pathNot: "^shared/inference/policy/request\\.ts$" },
+      from: { path: "^shared/inference/" },
       to: { path: ["^shared/platform/", "^services/", "^bin/", HTTP, DATABASE] },
-    },
-    {
-      // The one exemption, until the policy schema moves to plain zod (shared/inference/policy/schema.ts,
-      // in progress): request.ts imports @hono/zod-openapi. test/architecture.test.ts fails once that
-      // import is gone, so this rule folds back into the one above.
-      name: "inference-is-standalone-policy-request",
-      severity: "error",
-      comment: "shared/inference/policy/request.ts: as inference-is-standalone, less its known @hono/zod-openapi import.",
-      from: { path: "^shared/inference/policy/request\\.ts$" },
-      to: { path: ["^shared/platform/", "^services/", "^bin/", HTTP, DATABASE], pathNot: "^node_modules/@hono/zod-openapi/" },
     },
     {
       name: "platform-below-services",

@@ -81,7 +81,7 @@ export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "co
  * prompt's queries does not travel with the KV. Undefined when nothing is missing.
  */
 export function promptQueriesMissing(policy: AttentionPolicy): string | undefined {
-  if (policy.kind === "scope" && (policy.scope.alpha1 ?? 0) > 0) {
+  if (policy.kind === "scope" && policy.scope.alpha1 > 0) {
     return "scope.alpha1: the prompt pool needs the prompt's last queries, which the KV handoff between processes does not carry; the decode kept the whole prompt";
   }
   if ((policy.kind === "omnikv" || policy.kind === "omnikv+scope") && (policy.omnikv.selector === "uniform" || policy.omnikv.selector === "exp")) {

@@ -17,27 +17,12 @@ const run = promisify(execFile);
 const CLI = "bin/ctxbank.ts";
 const HTTP = /(^|\/)node_modules\/(hono|@hono\/[^/]+)\//;
 
-/**
- * Import edges the CLI check tolerates for now, each with the change that removes it. The same
- * edge is exempted in .dependency-cruiser.cjs; the test fails once the edge is gone, so the
- * exemption goes with it.
- */
-const KNOWN_EDGES = [
-  {
-    // The policy schema moving to plain zod (shared/inference/policy/schema.ts, in progress).
-    from: "shared/inference/policy/request.ts",
-    to: /(^|\/)node_modules\/@hono\/zod-openapi\//,
-  },
-];
-
 type Edge = { from: string; to: string };
 
-const isKnown = (e: Edge) => KNOWN_EDGES.some((k) => e.from === k.from && k.to.test(e.to));
-
-/** The modules reachable from `entry` over `edges`, leaving out the known edges. */
+/** The modules reachable from `entry` over `edges`. */
 function reachable(entry: string, edges: Edge[]): Set<string> {
   const next = new Map<string, string[]>();
-  for (const e of edges) if (!isKnown(e)) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
+  for (const e of edges) next.set(e.from, [...(next.get(e.from) ?? []), e.to]);
   const seen = new Set([entry]);
   const todo = [entry];
   while (todo.length > 0) for (const to of next.get(todo.pop()!) ?? []) if (!seen.has(to) && seen.add(to)) todo.push(to);
@@ -81,7 +66,6 @@ describe("import rules", () => {
         .filter((d) => !d.dynamic && !d.dependencyTypes.some((t) => t === "type-only" || t === "type-import"))
         .map((d) => ({ from: m.source, to: d.resolved })),
     );
-    expect(edges.filter(isKnown), "a known edge is gone: remove it from KNOWN_EDGES and .dependency-cruiser.cjs").toHaveLength(KNOWN_EDGES.length);
     const loaded = reachable(CLI, edges);
     expect(loaded.has("shared/inference/generate.ts")).toBe(true);
     expect([...loaded].filter((m) => HTTP.test(m))).toEqual([]);
