@@ -2,8 +2,8 @@
 // same URL, validation and error answers (it delegates everything but a successful read to that
 // route), but the bytes go from the shard into a small ring of reused buffers and straight to the
 // Node response, each buffer returned to the ring once the socket has taken it. That avoids a
-// fresh multi-MiB allocation per piece and the web-stream bridge (measured ~20% less CPU per GB
-// on the owner). Without a Node response (app.request in tests) it is exactly the shared route.
+// fresh multi-MiB allocation per piece and the web-stream bridge (the owner's CPU per GB is in
+// bench/handoff's results). Without a Node response (app.request in tests) it is exactly the shared route.
 import type { HttpBindings } from "@hono/node-server";
 import { RESPONSE_ALREADY_SENT } from "@hono/node-server/utils/response";
 import { Hono } from "hono";

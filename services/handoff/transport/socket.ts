@@ -1,8 +1,7 @@
 // HTTP chunk reads over plain keep-alive sockets whose reads land straight in the caller's buffer
 // (net.Socket's `onread`): the kernel copies the body into the KV staging buffer and nothing is
-// allocated per packet. Measured here against the undici transport (services/handoff/transport/http.ts)
-// on the same server: about a third of the reader's CPU per GB (~250 vs ~700 ms/GB) and twice
-// the throughput. It speaks exactly what the chunk route answers (HTTP/1.1, content-length
+// allocated per packet. Against the undici transport (services/handoff/transport/http.ts) on the
+// same server it takes a fraction of the reader's CPU per GB (bench/handoff/README.md). It speaks exactly what the chunk route answers (HTTP/1.1, content-length
 // bodies) and maps every failure to the same TransportError codes as the undici transport,
 // which stays the fallback for https owners.
 import net from "node:net";
