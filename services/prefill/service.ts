@@ -9,7 +9,7 @@ import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
-import type { Handle, PrefillRequest } from "../../shared/platform/http/wire.ts";
+import { MAX_PROMPT_STATE_BYTES, type Handle, type PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { PrefixHasher } from "../handoff/format/chunk-key.ts";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import { chunkKeySalt, namespacedRequestId } from "../../shared/platform/auth/tenant.ts";
@@ -21,7 +21,7 @@ import { RegistryError } from "../../shared/platform/registry/registry.ts";
 import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/inference/policy/request.ts";
-import { applyPolicy, checkPolicyBeforeWork, planPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
+import { applyPolicy, checkPolicyBeforeWork, planPolicy, prefillObserverPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
 import type { PromptHandle } from "../handoff/in-process.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "../handoff/writer.ts";
@@ -330,6 +330,9 @@ export class PrefillService {
       await this.writer.reserve(plan.flat(), shard, () => this.reap(), tenant, this.quota);
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
+      // Set before the prompt, the decode's policy remembers what it needs of the prompt's queries
+      // (exported with the handle); prefill attention is full either way.
+      applyPolicy(this.rt, seq, prefillObserverPolicy(policy.policy));
       const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
       const ubatch = engine.ubatch;
       let logits: Float32Array | undefined;
@@ -352,6 +355,8 @@ export class PrefillService {
         }
       }
       const firstToken = new Sampler(sampling).sample(logits!);
+      const promptState = seq.exportPromptState();
+      if (promptState && promptState.byteLength > MAX_PROMPT_STATE_BYTES) throw new Error(`the prompt state is ${promptState.byteLength} bytes, more than a handle carries (${MAX_PROMPT_STATE_BYTES})`);
       const results = await Promise.all(writes);
       const failed = results.find((r): r is { error: unknown } => "error" in r);
       if (failed) throw failed.error;
@@ -376,6 +381,7 @@ export class PrefillService {
         prompt_token_ids: tokens,
         layer_groups: groups,
         policy: policy.spec,
+        ...(promptState ? { prompt_state: Buffer.from(promptState.buffer, promptState.byteOffset, promptState.byteLength).toString("base64") } : {}),
         block_tokens: config.blockTokens,
         sampling: wire,
         prefill_ms: prefillMs,

@@ -9,11 +9,12 @@
 #include "policies/common.h"
 #include "policies/policies.h"
 #include "policies/scope_pool.h"
+#include "prompt_state.h"
 
 namespace ctx {
 namespace {
 
-class ScopePolicy final : public DecodePolicy {
+class ScopePolicy final : public DecodePolicy, public PromptQueries {
  public:
   explicit ScopePolicy(const AttentionPolicy& spec) : DecodePolicy(spec), cfg_(this->spec().scope), pool_(cfg_) {}
 
@@ -81,6 +82,19 @@ class ScopePolicy final : public DecodePolicy {
     }
   }
   bool reclaims() const override { return true; }
+
+  // Prompt compression reads every layer's last alpha2 prompt queries.
+  Windows prompt_windows(const ModelConfig& c) override {
+    if (!compresses()) return {};
+    observed_.resize(c.n_layer);
+    Windows w;
+    w.keep = cfg_.alpha2;
+    for (int l = 0; l < c.n_layer; ++l) {
+      w.layers.push_back(l);
+      w.windows.push_back(&observed_[l]);
+    }
+    return w;
+  }
 
   PolicyStats stats() const override {
     PolicyStats s;

@@ -127,6 +127,17 @@ export interface NativeSequence {
   setPolicy(policy: AttentionPolicy): void;
   readonly policyStats: PolicyStats;
   /**
+   * What the policy remembers of the prompt's queries (SCOPE's prompt-pool window, the OmniKV
+   * window selectors' and Round Attention's last queries; native/src/prompt_state.h), for a decode
+   * in another process; null when it remembers none.
+   */
+  exportPromptState(): Uint8Array | null;
+  /**
+   * Loads an exportPromptState() blob after the KV import (setLength). False when it was made for a
+   * policy that remembers other windows (nothing loaded); RangeError when it is malformed.
+   */
+  importPromptState(bytes: Uint8Array): boolean;
+  /**
    * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, docs/kv-format.md) into the cache
    * rows it covers; setLength() then declares the length. RangeError when the rows or the payload
    * size do not fit the cache.

@@ -62,6 +62,9 @@ export const PrefillRequestSchema = z
   .openapi("PrefillRequest");
 export type PrefillRequest = z.infer<typeof PrefillRequestSchema>;
 
+/** The largest prompt state a handle carries (decoded bytes): the remembered queries of every layer at the widest window. */
+export const MAX_PROMPT_STATE_BYTES = 16 << 20;
+
 export const HandleSchema = z
   .object({
     request_id: Identifier,
@@ -78,6 +81,11 @@ export const HandleSchema = z
     prompt_token_ids: TokenIds.openapi({ description: "For a local recompute when the KV cannot be loaded" }),
     layer_groups: z.array(z.array(z.number().int().min(0))).min(1),
     policy: PolicySpecSchema.optional().openapi({ description: "The policy the chunks were grouped for; decode uses it unless its request names another" }),
+    prompt_state: z
+      .base64()
+      .max(Math.ceil(MAX_PROMPT_STATE_BYTES / 3) * 4)
+      .optional()
+      .openapi({ description: "What the policy remembers of the prompt's queries (SCOPE's prompt pool, the OmniKV window selectors), base64; absent when it remembers none. The decode loads it after the KV" }),
     block_tokens: z.number().int().min(1),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
