@@ -8,7 +8,7 @@ import { argmax } from "../shared/inference/engine/sampler.ts";
 import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
-import type { Handle } from "../shared/platform/http/wire.ts";
+import { MAX_PROMPT_STATE_BYTES, type Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { postJson, tempShardDir } from "../tools/lib/services.ts";
 import type { DecodeEvent } from "../services/decode/service.ts";
@@ -138,6 +138,20 @@ describe("serve: the KV handoff in process", () => {
     const o = await postJson(`${s.url}/v1/decode`, { handle: other.body, max_tokens: n, temperature: 0, policy: { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 4 } } });
     expect(o.status, JSON.stringify(o.body)).toBe(200);
     expect(o.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*made under a policy that remembers other queries/)]);
+  });
+
+  it("a prompt state larger than a handle carries is left out, and the decode's answer says what it missed", async () => {
+    const { nLayer, nEmbd } = s.rt.model.config;
+    const alpha2 = 64;
+    // Every layer's last 64 queries, f32: past MAX_PROMPT_STATE_BYTES on this model.
+    expect(nLayer * alpha2 * nEmbd * 4).toBeGreaterThan(MAX_PROMPT_STATE_BYTES);
+    const spec = { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2 } };
+    const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: 8 });
+    expect(p.status, JSON.stringify(p.body)).toBe(200);
+    expect((p.body as Handle).prompt_state).toBeUndefined();
+    const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: 8, temperature: 0 });
+    expect(d.status, JSON.stringify(d.body)).toBe(200);
+    expect(d.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*kept the whole prompt/)]);
   });
 
   it("a malformed prompt state in a client's handle is a 400, never a crash", async () => {

@@ -355,8 +355,11 @@ export class PrefillService {
         }
       }
       const firstToken = new Sampler(sampling).sample(logits!);
-      const promptState = seq.exportPromptState();
-      if (promptState && promptState.byteLength > MAX_PROMPT_STATE_BYTES) throw new Error(`the prompt state is ${promptState.byteLength} bytes, more than a handle carries (${MAX_PROMPT_STATE_BYTES})`);
+      let promptState = seq.exportPromptState();
+      if (promptState && promptState.byteLength > MAX_PROMPT_STATE_BYTES) {
+        log.warn({ requestId, bytes: promptState.byteLength, max: MAX_PROMPT_STATE_BYTES }, "the prompt state is larger than a handle carries; the decode will do without it");
+        promptState = null;
+      }
       const results = await Promise.all(writes);
       const failed = results.find((r): r is { error: unknown } => "error" in r);
       if (failed) throw failed.error;

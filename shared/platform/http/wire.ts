@@ -62,8 +62,12 @@ export const PrefillRequestSchema = z
   .openapi("PrefillRequest");
 export type PrefillRequest = z.infer<typeof PrefillRequestSchema>;
 
-/** The largest prompt state a handle carries (decoded bytes): the remembered queries of every layer at the widest window. */
-export const MAX_PROMPT_STATE_BYTES = 16 << 20;
+/**
+ * The largest prompt state a handle carries (decoded bytes; base64 adds a third): with the largest
+ * prompt_token_ids it still fits a 4 MiB request body and a streamed handle's line. A larger one
+ * is left out, and the decode's answer warns of what its policy misses.
+ */
+export const MAX_PROMPT_STATE_BYTES = 2 << 20;
 
 export const HandleSchema = z
   .object({
