@@ -211,6 +211,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
                                     InstanceMethod<&NativeSequence::SetPolicy>("setPolicy"),
                                     InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
+                                    InstanceMethod<&NativeSequence::PreparePromptStateExport>("preparePromptStateExport"),
                                     InstanceMethod<&NativeSequence::ExportPromptState>("exportPromptState"),
                                     InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"),
                                     InstanceMethod<&NativeSequence::ImportRows>("importRows"),
@@ -290,6 +291,14 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   // Uint8Array; null when it remembers none. importPromptState(bytes): loads one after the KV
   // import (setLength); false when it was made for a policy that remembers other windows;
   // RangeError when it is malformed.
+  // preparePromptStateExport(): after setPolicy, before the prompt: the policy derives its prompt
+  // state as the prompt is cached (SCOPE's kept lists), so exportPromptState ships that.
+  Napi::Value PreparePromptStateExport(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    derive_prompt_state_eagerly(*seq_->policy);
+    return env.Undefined();
+  }
   Napi::Value ExportPromptState(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");

@@ -333,6 +333,7 @@ export class PrefillService {
       // Set before the prompt, the decode's policy remembers what it needs of the prompt's queries
       // (exported with the handle); prefill attention is full either way.
       applyPolicy(this.rt, seq, prefillObserverPolicy(policy.policy));
+      seq.preparePromptStateExport();
       const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
       const ubatch = engine.ubatch;
       let logits: Float32Array | undefined;

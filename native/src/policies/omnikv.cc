@@ -142,7 +142,7 @@ int OmniKvPolicy::filter_index(int layer) const {
   return static_cast<int>(std::find(f.begin(), f.end(), layer) - f.begin());
 }
 
-PromptQueries::Windows OmniKvPolicy::prompt_windows(const ModelConfig&) {
+PromptStateHolder::Windows OmniKvPolicy::prompt_windows(const ModelConfig&) {
   if (!remembers_queries() || cfg_.window <= 1) return {};
   windows_.resize(cfg_.filter_layers.size());
   Windows w;

@@ -11,7 +11,7 @@
 
 namespace ctx {
 
-class OmniKvPolicy : public DecodePolicy, public PromptQueries {
+class OmniKvPolicy : public DecodePolicy, public PromptStateHolder {
  public:
   explicit OmniKvPolicy(const AttentionPolicy& spec) : DecodePolicy(spec), cfg_(this->spec().omnikv) {}
   std::vector<LayerRole> layer_roles() const override { return spec().roles; }

@@ -126,15 +126,17 @@ export interface NativeSequence {
   /** How decode steps attend (prefill is always full). Throws RangeError on a bad setting. */
   setPolicy(policy: AttentionPolicy): void;
   readonly policyStats: PolicyStats;
+  /** After setPolicy, before the prompt: the policy derives its prompt state as the prompt is cached (SCOPE's kept lists), for exportPromptState. */
+  preparePromptStateExport(): void;
   /**
-   * What the policy remembers of the prompt's queries (SCOPE's prompt-pool window, the OmniKV
-   * window selectors' and Round Attention's last queries; native/src/prompt_state.h), for a decode
-   * in another process; null when it remembers none.
+   * What the policy derived from the prompt for its decode steps (SCOPE's prompt pool as kept
+   * lists, or the queries it is computed from; the OmniKV window selectors' and Round Attention's
+   * last queries; native/src/prompt_state.h), for a decode in another process; null when none.
    */
   exportPromptState(): Uint8Array | null;
   /**
    * Loads an exportPromptState() blob after the KV import (setLength). False when it was made for a
-   * policy that remembers other windows (nothing loaded); RangeError when it is malformed.
+   * policy that derives other state (nothing loaded); RangeError when it is malformed.
    */
   importPromptState(bytes: Uint8Array): boolean;
   /**
