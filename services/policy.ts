@@ -75,7 +75,7 @@ export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "co
 
 /**
  * The policy a prefill that writes chunks sets on its own sequence before the prompt, so that the
- * engine remembers what the decode policy needs of the prompt's queries (exported with the handle,
+ * engine derives what the decode policy needs of the prompt (exported with the handle,
  * loadPromptState). Prefill attention is full either way; offload would only move the KV tiers.
  */
 export function prefillObserverPolicy(policy: AttentionPolicy): AttentionPolicy {
@@ -85,8 +85,8 @@ export function prefillObserverPolicy(policy: AttentionPolicy): AttentionPolicy 
 
 /**
  * Loads the prompt state a handle carries (base64, from the prefill's exportPromptState) into
- * `seq`, after its KV import. Undefined when the decode has what its policy needs of the prompt's
- * queries; else why not, a warning for the answer. ApiError 400 when the state is malformed.
+ * `seq`, after its KV import. Undefined when the decode has what its policy needs of the prompt;
+ * else why not, a warning for the answer. ApiError 400 when the state is malformed.
  */
 export function loadPromptState(seq: NativeSequence, policy: AttentionPolicy, promptState: string | undefined): string | undefined {
   const missing = promptQueriesMissing(policy);
@@ -99,12 +99,12 @@ export function loadPromptState(seq: NativeSequence, policy: AttentionPolicy, pr
     throw e;
   }
   if (loaded || !missing) return undefined;
-  return `${missing} (the handle's prompt state was made under a policy that remembers other queries)`;
+  return `${missing} (the handle's prompt state was made under a policy that derives other state from the prompt)`;
 }
 
 /**
  * Why a decode that imported its prompt's KV without the prompt state (a handle that carries none,
- * or one made under a policy remembering other queries) attends differently from one that computed
+ * or one made under a policy deriving other state) attends differently from one that computed
  * it: what the policy keeps of the prompt's queries is missing. Undefined when nothing is.
  */
 export function promptQueriesMissing(policy: AttentionPolicy): string | undefined {

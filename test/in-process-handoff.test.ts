@@ -141,7 +141,7 @@ describe("serve: the KV handoff in process", () => {
     const other = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
     const o = await postJson(`${s.url}/v1/decode`, { handle: other.body, max_tokens: n, temperature: 0, policy: { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 4 } } });
     expect(o.status, JSON.stringify(o.body)).toBe(200);
-    expect(o.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*made under a policy that remembers other queries/)]);
+    expect(o.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*made under a policy that derives other state/)]);
   });
 
   it("a malformed prompt state in a client's handle is a 400, never a crash", async () => {

@@ -330,8 +330,8 @@ export class PrefillService {
       await this.writer.reserve(plan.flat(), shard, () => this.reap(), tenant, this.quota);
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
-      // Set before the prompt, the decode's policy remembers what it needs of the prompt's queries
-      // (exported with the handle); prefill attention is full either way.
+      // Set before the prompt, the decode's policy derives what it needs of the prompt as it is
+      // cached (exported with the handle); prefill attention is full either way.
       applyPolicy(this.rt, seq, prefillObserverPolicy(policy.policy));
       seq.preparePromptStateExport();
       const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
