@@ -7,6 +7,7 @@ import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
 import { checkPolicyLimits, PolicySpecSchema, layerGroupsFromRoles, resolvePolicy, resolvedSpec, type ParsedPolicySpec, type PolicySpec } from "../shared/inference/policy/request.ts";
 import { MAX_TOKENS_DEFAULTS } from "../shared/inference/defaults.ts";
+import { ApiError } from "../shared/platform/http/errors.ts";
 import type { Runtime } from "./runtime.ts";
 
 export interface ResolvedPolicy {
@@ -76,16 +77,45 @@ export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "co
 }
 
 /**
- * Why a decode that imported its prompt's KV from another process attends differently from one
- * that computed it (or took the prefill's sequence in process): what the policy keeps of the
- * prompt's queries does not travel with the KV. Undefined when nothing is missing.
+ * The policy a prefill that writes chunks sets on its own sequence before the prompt, so that the
+ * engine derives what the decode policy needs of the prompt (exported with the handle,
+ * loadPromptState). Prefill attention is full either way; offload would only move the KV tiers.
+ */
+export function prefillObserverPolicy(policy: AttentionPolicy): AttentionPolicy {
+  if ((policy.kind === "omnikv" || policy.kind === "omnikv+scope") && policy.omnikv.offload) return { ...policy, omnikv: { ...policy.omnikv, offload: false } };
+  return policy;
+}
+
+/**
+ * Loads the prompt state a handle carries (base64, from the prefill's exportPromptState) into
+ * `seq`, after its KV import. Undefined when the decode has what its policy needs of the prompt;
+ * else why not, a warning for the answer. ApiError 400 when the state is malformed.
+ */
+export function loadPromptState(seq: NativeSequence, policy: AttentionPolicy, promptState: string | undefined): string | undefined {
+  const missing = promptQueriesMissing(policy);
+  if (promptState === undefined) return missing;
+  let loaded: boolean;
+  try {
+    loaded = seq.importPromptState(Buffer.from(promptState, "base64"));
+  } catch (e) {
+    if (e instanceof RangeError) throw new ApiError(400, "invalid_request", `handle.prompt_state: ${e.message}`, "handle.prompt_state");
+    throw e;
+  }
+  if (loaded || !missing) return undefined;
+  return `${missing} (the handle's prompt state was made under a policy that derives other state from the prompt)`;
+}
+
+/**
+ * Why a decode that imported its prompt's KV without the prompt state (a handle that carries none,
+ * or one made under a policy deriving other state) attends differently from one that computed
+ * it: what the policy keeps of the prompt's queries is missing. Undefined when nothing is.
  */
 export function promptQueriesMissing(policy: AttentionPolicy): string | undefined {
   if (policy.kind === "scope" && policy.scope.alpha1 > 0) {
-    return "scope.alpha1: the prompt pool needs the prompt's last queries, which the KV handoff between processes does not carry; the decode kept the whole prompt";
+    return "scope.alpha1: the prompt pool needs the prompt's last queries, which the handle does not carry; the decode kept the whole prompt";
   }
   if ((policy.kind === "omnikv" || policy.kind === "omnikv+scope") && (policy.omnikv.selector === "uniform" || policy.omnikv.selector === "exp")) {
-    return `omnikv.selector ${policy.omnikv.selector}: the prompt's last queries, part of the selection window, do not travel with the KV between processes; the window starts with the generated tokens' queries only`;
+    return `omnikv.selector ${policy.omnikv.selector}: the prompt's last queries, part of the selection window, did not come with the handle; the window starts with the generated tokens' queries only`;
   }
   return undefined;
 }

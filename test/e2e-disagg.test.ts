@@ -1,9 +1,15 @@
 // Disaggregated equals colocated: `ctxbank prefill` and `ctxbank decode` as separate processes
 // against a real PostgreSQL 15, the KV handed over HTTP (one decode), shm (another) and UCX (a
-// third, where the addon has UCX), must give exactly the greedy tokens the engine gives in one process. Then the prefill process is killed
+// third, where the addon has UCX), must give exactly the greedy tokens the engine gives in one
+// process — under SCOPE's prompt pool and the OmniKV exp selector too, whose prompt state comes
+// with the handle. Then the prefill process is killed
 // after it answered and before decode pulled: decode fails fast, or recomputes when asked.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
+import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
+import { argmax } from "../shared/inference/engine/sampler.ts";
+import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
+import { resolvePolicy, type PolicySpec } from "../shared/inference/policy/request.ts";
 import { generate } from "../shared/inference/generate.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
@@ -23,6 +29,7 @@ let viaHttp: ServiceProcess;
 let viaShm: ServiceProcess;
 let viaUcx: ServiceProcess | undefined;
 let engine: Engine;
+let model: LoadedModel;
 let tok: GgufTokenizer;
 let tmpl: ChatTemplate;
 
@@ -30,6 +37,19 @@ const common = () => ["--threads", "1", "--database-url", pg.url, "--shard-dir",
 // A long prompt spans several 64-token blocks, so several chunks are handed over.
 const LONG = "In a quiet village by the sea, the fishermen rose before dawn to mend their nets. ".repeat(4);
 const PROMPTS = ["Once upon a time", "The capital of Italy is", LONG, "1, 2, 3, 4,"];
+
+/** Greedy tokens of the engine in one process, the policy set before the prompt. */
+async function withPolicy(ids: number[], policy: AttentionPolicy, n: number): Promise<number[]> {
+  const seq = engine.createSequence(ids.length + n);
+  try {
+    seq.setPolicy(policy);
+    const out = [argmax(await engine.prefill(seq, ids))];
+    while (out.length < n && !tok.isEog(out.at(-1)!)) out.push(argmax((await engine.decode([seq], [out.at(-1)!]))[0]!));
+    return out;
+  } finally {
+    seq.release();
+  }
+}
 
 async function colocated(ids: number[], maxTokens: number): Promise<number[]> {
   const out: number[] = [];
@@ -46,7 +66,8 @@ beforeAll(async () => {
     UCX ? startService("decode", [...common(), "--transport", "ucx", "--instance-id", "decode-ucx"]) : undefined,
   ]);
   const path = await resolveModel();
-  engine = new Engine(await loadModel(path), { threads: 1 });
+  model = await loadModel(path);
+  engine = new Engine(model, { threads: 1 });
   tok = GgufTokenizer.fromGguf(path);
   tmpl = ChatTemplate.fromGguf(path, tok);
 });
@@ -83,12 +104,29 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
     expect(res.body.choices[0].message.content).toBe(tok.decode(ids.filter((id) => !tok.isEog(id))));
   });
 
-  it("SCOPE's prompt pool cannot cross processes: the decode keeps the whole prompt and the answer says so", async () => {
-    const policy = { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 8 } };
-    const res = await postJson(`${viaShm.url}/v1/completions`, { model: "default", prompt: LONG, max_tokens: 8, temperature: 0, policy });
+  it("SCOPE's prompt pool and the OmniKV exp selector cross processes: one process's greedy tokens, no warning", async () => {
+    const n = 12;
+    const scope = { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 8 } } as const;
+    const exp = { kind: "omnikv", omnikv: { budget: 16, selector: "exp", window: 16 } } as const;
+    const ids = tok.encode(LONG);
+    const defaults = policyDefaultsFor(model.fingerprint);
+    const resolved = (spec: PolicySpec) => resolvePolicy(spec, { ...(defaults ? { filterLayers: defaults.filterLayers } : {}), promptTokens: ids.length, maxTokens: n });
+    const pooled = await withPolicy(ids, resolved(scope), n);
+    // The pool changes what the decode attends to: without the prompt state it would differ.
+    expect(pooled).not.toEqual(await withPolicy(ids, resolved({ kind: "scope", scope: { beta1: 64, beta2: 64 } }), n));
+
+    const res = await postJson(`${viaShm.url}/v1/completions`, { model: "default", prompt: LONG, max_tokens: n, temperature: 0, policy: scope });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
-    expect(res.body.ctxbank.handoff.path).toBe("shard");
-    expect(res.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*kept the whole prompt/)]);
+    expect(res.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(res.body.choices[0].text).toBe(tok.decode(pooled.filter((id) => !tok.isEog(id))));
+
+    const p = await postJson(`${prefill.url}/v1/prefill`, { prompt: LONG, policy: exp, max_tokens: n });
+    expect(p.status, JSON.stringify(p.body)).toBe(200);
+    expect((p.body as Handle).prompt_state).toBeDefined();
+    const d = await postJson(`${viaHttp.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
+    expect(d.status, JSON.stringify(d.body)).toBe(200);
+    expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(d.body.token_ids).toEqual(await withPolicy(ids, resolved(exp), n));
   });
 
   it("a prefill killed after answering: decode fails fast with a clear error, or recomputes when asked", async () => {

@@ -1,8 +1,8 @@
 // `serve` hands the prefill's sequence to the decode in process: no chunk written to the shard,
 // no KV bytes read back, no HTTP call to its own prefill — and the same greedy tokens as the
 // shard path (/v1/prefill, then /v1/decode with the handle: what separate processes do). What
-// needs the prompt's queries now runs in the server (SCOPE's prompt pool); over the shard path
-// the answer says it could not.
+// needs the prompt's queries (SCOPE's prompt pool, the OmniKV window selectors) comes with the
+// handle on the shard path; a handle without it is decoded with a warning in the answer.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../shared/inference/engine/sampler.ts";
 import type { AttentionPolicyInput } from "../shared/inference/engine/native.ts";
@@ -101,7 +101,7 @@ describe("serve: the KV handoff in process", () => {
     expect(res.body.choices[0].text).toBe(s.rt.tokenizer.decode(await engineGreedy(ids, { kind: "full" }, 8)));
   });
 
-  it("SCOPE's prompt pool runs in process; over the shard path the answer says it could not", async () => {
+  it("SCOPE's prompt pool runs in process and over the shard path alike: the handle carries the prompt state", async () => {
     const n = 24;
     const spec = { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 8 } };
     const ids = s.rt.tokenizer.encode(PROMPT);
@@ -118,27 +118,95 @@ describe("serve: the KV handoff in process", () => {
 
     const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
     expect(p.status).toBe(200);
-    const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
+    const handle = p.body as Handle;
+    // The kept lists (kind 2, native/src/prompt_state.h), not the queries they are computed from.
+    const state = Buffer.from(handle.prompt_state!, "base64");
+    const { nLayer, nHeadKv } = s.rt.model.config;
+    expect(state.readUInt32LE(16)).toBe(2);
+    expect(state.length).toBe(32 + nLayer * nHeadKv * (1 + 16 + 8) * 4);
+    const d = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: n, temperature: 0 });
     expect(d.status, JSON.stringify(d.body)).toBe(200);
-    expect(d.body.ctxbank.handoff.path).toBe("shard");
-    expect(d.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*kept the whole prompt/)]);
-    expect(d.body.token_ids).toEqual(withoutPool);
+    expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(d.body.token_ids).toEqual(withPool);
+
+    // A handle without its prompt state: the whole prompt, and the answer says why.
+    const bare = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
+    const { prompt_state: _, ...stripped } = bare.body as Handle;
+    const b = await postJson(`${s.url}/v1/decode`, { handle: stripped, max_tokens: n, temperature: 0 });
+    expect(b.status, JSON.stringify(b.body)).toBe(200);
+    expect(b.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*kept the whole prompt/)]);
+    expect(b.body.token_ids).toEqual(withoutPool);
+
+    // Decoded under a policy that remembers another window: not loaded, and said so.
+    const other = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
+    const o = await postJson(`${s.url}/v1/decode`, { handle: other.body, max_tokens: n, temperature: 0, policy: { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 4 } } });
+    expect(o.status, JSON.stringify(o.body)).toBe(200);
+    expect(o.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*made under a policy that derives other state/)]);
   });
 
-  it("the OmniKV window selectors see the prompt's last queries in process; over the shard the answer says they did not", async () => {
+  it("a malformed prompt state in a client's handle is a 400, never a crash", async () => {
+    const spec = { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 8 } };
+    // SCOPE's state: the kept lists (native/src/prompt_state.h): 5 header words, alpha1, alpha2,
+    // n_lists, then each list's count and positions.
+    const tamper: ((b: Buffer) => Buffer)[] = [
+      (b) => b.subarray(0, b.length - 1), // truncated
+      (b) => Buffer.concat([b, Buffer.alloc(4)]), // trailing bytes
+      (b) => Buffer.concat([Buffer.from("XXXX"), b.subarray(4)]), // magic
+      (b) => withU32(b, 4, 99), // version
+      (b) => withU32(b, 12, 5), // another prompt length
+      (b) => withU32(b, 16, 7), // an unknown kind
+      (b) => withU32(b, 28, 1000), // lists for another model
+      (b) => withU32(b, 32, 0xffff_ffff), // a list longer than alpha1 + alpha2
+      (b) => withU32(b, 36, 0x7fff_ffff), // a position past the prompt
+    ];
+    for (const [i, change] of tamper.entries()) {
+      const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: 8 });
+      const handle = p.body as Handle;
+      const bad = change(Buffer.from(handle.prompt_state!, "base64")).toString("base64");
+      const d = await postJson(`${s.url}/v1/decode`, { handle: { ...handle, prompt_state: bad }, max_tokens: 8, temperature: 0 });
+      expect(d.status, `tamper ${i}: ${JSON.stringify(d.body)}`).toBe(400);
+      expect(d.body.error).toMatchObject({ code: "invalid_request", param: "handle.prompt_state" });
+    }
+    const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: 8 });
+    const notBase64 = await postJson(`${s.url}/v1/decode`, { handle: { ...p.body, prompt_state: "not base64!" }, max_tokens: 8 });
+    expect(notBase64.status).toBe(400);
+    expect(s.services.decode!.status()).toMatchObject({ live_sequences: 0, admitted: 0, kv_reserved_bytes: 0 });
+  });
+
+  it.each(["exp", "uniform"] as const)("the OmniKV %s selector sees the prompt's last queries in process and over the shard path alike", async (selector) => {
     const n = 12;
     const filterLayers = policyDefaultsFor(s.rt.model.fingerprint)!.filterLayers;
-    const spec = { kind: "omnikv", omnikv: { budget: 16, selector: "exp", window: 16 } };
+    const spec = { kind: "omnikv", omnikv: { budget: 16, selector, window: 16 } };
     const ids = s.rt.tokenizer.encode(PROMPT);
+    const expected = await engineGreedy(ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16, selector, window: 16 } }, n);
     const local = await complete(PROMPT, n, spec);
     expect(local.ctxbank.handoff).toEqual({ path: "in_process" });
-    expect(local.tokenIds).toEqual(await engineGreedy(ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16, selector: "exp", window: 16 } }, n));
+    expect(local.tokenIds).toEqual(expected);
 
     const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
     expect(p.status).toBe(200);
+    expect((p.body as Handle).prompt_state).toBeDefined();
     const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
     expect(d.status, JSON.stringify(d.body)).toBe(200);
-    expect(d.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^omnikv\.selector exp: /)]);
+    expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(d.body.token_ids).toEqual(expected);
+
+    const { prompt_state: _, ...stripped } = (await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n })).body as Handle;
+    // (On this repetitive prompt the greedy tokens come out the same without the prompt's queries;
+    // native/tests/prompt_state_test.cc shows the logits differ without them, and match with them.)
+    const b = await postJson(`${s.url}/v1/decode`, { handle: stripped, max_tokens: n, temperature: 0 });
+    expect(b.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(new RegExp(`^omnikv\\.selector ${selector}: `))]);
+  });
+
+  it("policies that remember no prompt queries put no state in the handle", async () => {
+    for (const policy of [undefined, { kind: "scope", scope: { beta1: 64, beta2: 64 } }, { kind: "omnikv", omnikv: { budget: 16 } }]) {
+      const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, max_tokens: 4, ...(policy ? { policy } : {}) });
+      expect(p.status, JSON.stringify(p.body)).toBe(200);
+      expect((p.body as Handle).prompt_state, JSON.stringify(policy)).toBeUndefined();
+      const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: 4, temperature: 0 });
+      expect(d.status).toBe(200);
+      expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+    }
   });
 
   it("a bad policy is refused before any work, in process as over HTTP", async () => {
@@ -163,3 +231,9 @@ describe("serve: the KV handoff in process", () => {
     expect(s.services.prefill!.status()).toMatchObject({ prefills_running: 0, prefills_queued: 0 });
   });
 });
+
+function withU32(b: Buffer, at: number, v: number): Buffer {
+  const out = Buffer.from(b);
+  out.writeUInt32LE(v, at);
+  return out;
+}

@@ -216,6 +216,29 @@ describe("forward() with bad input", () => {
     expect(a.nPast).toBe(4);
   });
 
+  it("prompt state: wrong arguments are TypeErrors, malformed bytes RangeErrors, and the sequence keeps working", async () => {
+    const policy = { kind: "scope", scope: { beta1: 4, beta2: 4, alpha1: 2, alpha2: 2, maxOutput: 8 } } as const;
+    const seq = engine.createSequence();
+    seq.setPolicy(policy);
+    await engine.prefill(seq, [1, 2, 3, 4, 5, 6]);
+    const state = seq.exportPromptState()!;
+    expect(state).toBeInstanceOf(Uint8Array);
+    for (const bad of [undefined, "x", [1, 2], new Int32Array(4), new Float32Array(state.buffer.slice(0, 8))])
+      expect(() => seq.importPromptState(bad as never)).toThrow(TypeError);
+    for (const bad of [new Uint8Array(0), state.subarray(0, state.length - 1), Uint8Array.from([...state, 0]), new Uint8Array(state.length).fill(0xff)])
+      expect(() => seq.importPromptState(bad)).toThrow(/^importPromptState: prompt state: /);
+    // Not read from a sequence of another length.
+    const other = engine.createSequence();
+    other.setPolicy(policy);
+    await engine.prefill(other, [1, 2, 3]);
+    expect(() => other.importPromptState(state)).toThrow(RangeError);
+    expect(seq.importPromptState(state)).toBe(true);
+    await engine.decode([seq], [7]);
+    const full = engine.createSequence();
+    await engine.prefill(full, [1, 2, 3]);
+    expect(full.exportPromptState()).toBeNull(); // full attention remembers nothing
+  });
+
   it("a normal prefill still works and matches a fresh engine", async () => {
     const seq = engine.createSequence();
     const logits = await engine.prefill(seq, [1, 2, 3, 4, 5]);

@@ -2,6 +2,7 @@
 // hands heavy work to the engine's worker thread. No math here.
 #include <napi.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "addon_kv_io.h"
 #include "ucx/addon_ucx.h"
 #include "addon_policy.h"
+#include "prompt_state.h"
 #include "engine_worker.h"
 #include "gguf.h"
 #include "model.h"
@@ -210,6 +212,9 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
                                     InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
                                     InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
+                                    InstanceMethod<&NativeSequence::PreparePromptStateExport>("preparePromptStateExport"),
+                                    InstanceMethod<&NativeSequence::ExportPromptState>("exportPromptState"),
+                                    InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"),
                                     InstanceMethod<&NativeSequence::ImportRows>("importRows"),
                                     InstanceMethod<&NativeSequence::ExportRows>("exportRows"),
                                     InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
@@ -283,6 +288,39 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     return env.Undefined();
   }
   Napi::Value PolicyStats(const Napi::CallbackInfo& info) { return policy_stats_to_js(info.Env(), *seq_); }
+  // exportPromptState(): what the policy remembers of the prompt's queries (prompt_state.h), as a
+  // Uint8Array; null when it remembers none. importPromptState(bytes): loads one after the KV
+  // import (setLength); false when it was made for a policy that remembers other windows;
+  // RangeError when it is malformed.
+  // preparePromptStateExport(): after setPolicy, before the prompt: the policy derives its prompt
+  // state as the prompt is cached (SCOPE's kept lists), so exportPromptState ships that.
+  Napi::Value PreparePromptStateExport(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    derive_prompt_state_eagerly(*seq_->policy);
+    return env.Undefined();
+  }
+  Napi::Value ExportPromptState(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    const std::vector<uint8_t> out = export_prompt_state(*seq_->policy, model_->config(), seq_->n_past());
+    if (out.empty()) return env.Null();
+    Napi::Uint8Array arr = Napi::Uint8Array::New(env, out.size());
+    std::memcpy(arr.Data(), out.data(), out.size());
+    return arr;
+  }
+  Napi::Value ImportPromptState(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    if (info.Length() != 1 || !info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+      throw Napi::TypeError::New(env, "importPromptState(bytes) needs a Uint8Array");
+    Napi::Uint8Array bytes = info[0].As<Napi::Uint8Array>();
+    try {
+      return Napi::Boolean::New(env, import_prompt_state(*seq_->policy, model_->config(), seq_->n_past(), bytes.Data(), bytes.ByteLength()));
+    } catch (const std::invalid_argument& e) {
+      throw Napi::RangeError::New(env, std::string("importPromptState: ") + e.what());
+    }
+  }
   // importRows(payload, layerIds, tokenStart, tokenCount): writes a token-major chunk payload
   // ([token][layer][K|V][kv_dim] f16) into the cache rows it covers; setLength() then declares
   // the length. exportRows(into, ...) is the reverse. RangeError when rows or sizes do not fit.

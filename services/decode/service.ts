@@ -14,7 +14,7 @@ import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
 import type { ParsedPolicySpec, PolicySpec } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
-import { applyPolicy, promptQueriesMissing, resolveRequestPolicy } from "../policy.ts";
+import { applyPolicy, loadPromptState, resolveRequestPolicy } from "../policy.ts";
 import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
@@ -290,7 +290,8 @@ export class DecodeService {
           kv = await this.loadOrRecompute(prefilled.handle, seq!, opts.onKvFailure ?? "fail", signal, log, streamed ? () => streamed.result() : undefined);
           // The KV is ours now: the prefill's shard space can be reclaimed.
           await registry.chunks.releaseRequest(requestId);
-          const missing = kv.recomputed ? undefined : promptQueriesMissing(policy!);
+          // A recompute observed the prompt itself; an import needs the prefill's prompt state.
+          const missing = kv.recomputed ? undefined : loadPromptState(seq!, policy!, prefilled.handle.prompt_state);
           if (missing) warnings.push(missing);
         }
         slot = new Slot(seq!, handle.first_token, sampler, text, firstTokenAt);

@@ -1,7 +1,7 @@
 // The KV handoff inside one process (`ctxbank serve`): the prefill's own sequence passes to the
 // decode as it is — its prompt KV, and what the decode policy keeps of the prompt's queries
-// (SCOPE's prompt-pool observation window, the OmniKV window selectors' last queries), which a
-// KV export cannot carry. Nothing is exported, checksummed, written to a shard or read back, and
+// (SCOPE's prompt-pool observation window, the OmniKV window selectors' last queries), which the
+// shard path ships as the handle's prompt_state. Nothing is exported, checksummed, written to a shard or read back, and
 // the decode makes no HTTP call to its own prefill. Prefill and decode in separate processes
 // keep the shard path (writer.ts, reader.ts); see docs/architecture.md.
 import type { Logger } from "pino";

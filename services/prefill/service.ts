@@ -9,7 +9,7 @@ import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
-import type { Handle, PrefillRequest, PromptHandle } from "../../shared/platform/http/wire.ts";
+import { MAX_PROMPT_STATE_BYTES, type Handle, type PrefillRequest, type PromptHandle } from "../../shared/platform/http/wire.ts";
 import { PrefixHasher } from "../handoff/format/chunk-key.ts";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import { chunkKeySalt, namespacedRequestId } from "../../shared/platform/auth/tenant.ts";
@@ -22,7 +22,7 @@ import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
 import { UcxShardExposure, ucxAvailable } from "../handoff/transport/ucx.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/inference/policy/request.ts";
-import { applyPolicy, checkPolicyBeforeWork, planPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
+import { applyPolicy, checkPolicyBeforeWork, planPolicy, prefillObserverPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
 import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { ChunkWriter, planChunks, SHARD_ALIGN, type WriteResult } from "../handoff/writer.ts";
 import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
@@ -353,6 +353,10 @@ export class PrefillService {
       await this.writer.reserve(plan.flat(), shard, () => this.reap(), tenant, this.quota);
       await registry.requests.mark(requestId, { event: "prefill_start" });
       seq = engine.createSequence(n);
+      // Set before the prompt, the decode's policy derives what it needs of the prompt as it is
+      // cached (exported with the handle); prefill attention is full either way.
+      applyPolicy(this.rt, seq, prefillObserverPolicy(policy.policy));
+      seq.preparePromptStateExport();
       const hasher = new PrefixHasher(model.fingerprint, { salt: chunkKeySalt(tenant) });
       const ubatch = engine.ubatch;
       let logits: Float32Array | undefined;
@@ -375,6 +379,11 @@ export class PrefillService {
         }
       }
       const firstToken = new Sampler(sampling).sample(logits!);
+      let promptState = seq.exportPromptState();
+      if (promptState && promptState.byteLength > MAX_PROMPT_STATE_BYTES) {
+        log.warn({ requestId, bytes: promptState.byteLength, max: MAX_PROMPT_STATE_BYTES }, "the prompt state is larger than a handle carries; the decode will do without it");
+        promptState = null;
+      }
       const results = await Promise.all(writes);
       const failed = results.find((r): r is { error: unknown } => "error" in r);
       if (failed) throw failed.error;
@@ -400,6 +409,7 @@ export class PrefillService {
         layer_groups: groups,
         policy: policy.spec,
         resolved_policy: policy.resolved,
+        ...(promptState ? { prompt_state: Buffer.from(promptState.buffer, promptState.byteOffset, promptState.byteLength).toString("base64") } : {}),
         block_tokens: config.blockTokens,
         sampling: wire,
         prefill_ms: prefillMs,

@@ -142,6 +142,18 @@ int OmniKvPolicy::filter_index(int layer) const {
   return static_cast<int>(std::find(f.begin(), f.end(), layer) - f.begin());
 }
 
+PromptStateHolder::Windows OmniKvPolicy::prompt_windows(const ModelConfig&) {
+  if (!remembers_queries() || cfg_.window <= 1) return {};
+  windows_.resize(cfg_.filter_layers.size());
+  Windows w;
+  w.keep = cfg_.window - 1;
+  for (size_t i = 0; i < windows_.size(); ++i) {
+    w.layers.push_back(cfg_.filter_layers[i]);
+    w.windows.push_back(&windows_[i]);
+  }
+  return w;
+}
+
 QueryWindow& OmniKvPolicy::window_of(int layer) {
   windows_.resize(cfg_.filter_layers.size());
   return windows_[filter_index(layer)];

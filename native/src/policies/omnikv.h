@@ -7,10 +7,11 @@
 
 #include "decode_policy.h"
 #include "policies/common.h"
+#include "prompt_state.h"
 
 namespace ctx {
 
-class OmniKvPolicy : public DecodePolicy {
+class OmniKvPolicy : public DecodePolicy, public PromptStateHolder {
  public:
   explicit OmniKvPolicy(const AttentionPolicy& spec) : DecodePolicy(spec), cfg_(this->spec().omnikv) {}
   std::vector<LayerRole> layer_roles() const override { return spec().roles; }
@@ -23,6 +24,8 @@ class OmniKvPolicy : public DecodePolicy {
   LayerKeys keys(int layer, const PolicyStep& step) override;
   PolicyStats stats() const override;
   size_t state_bytes() const override;
+  // The filter layers' remembered queries, where the selection reads them.
+  Windows prompt_windows(const ModelConfig& c) override;
 
  protected:
   // The first decode step after a prompt (prompt_len_ is set): size the per-step state.

@@ -1,7 +1,9 @@
 // SCOPE (Wu et al., 2024; follows Linking-ai/SCOPE's code): every layer and KV head attends to
 // the prompt plus its pool of generated tokens (scope_pool.h). With alpha1 > 0 the prompt is
-// compressed too, SnapKV-style, once per layer at the first decode step: the last alpha2
-// prompt tokens plus the alpha1 earlier ones their queries attend to most.
+// compressed too, SnapKV-style, once per layer at the first decode step: the last alpha2 prompt
+// tokens plus the alpha1 earlier ones their queries attend to most. A prefill that ships the
+// kept lists to another process (prompt_state.h) has them computed as each prompt chunk is
+// cached instead (the last chunk's stand).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -9,11 +11,12 @@
 #include "policies/common.h"
 #include "policies/policies.h"
 #include "policies/scope_pool.h"
+#include "prompt_state.h"
 
 namespace ctx {
 namespace {
 
-class ScopePolicy final : public DecodePolicy {
+class ScopePolicy final : public DecodePolicy, public PromptStateHolder {
  public:
   explicit ScopePolicy(const AttentionPolicy& spec) : DecodePolicy(spec), cfg_(this->spec().scope), pool_(cfg_) {}
 
@@ -22,7 +25,7 @@ class ScopePolicy final : public DecodePolicy {
     pool_.clear();
     observed_.clear();
     prompt_pool_.clear();
-    prompt_pool_done_.clear();
+    pool_len_.clear();
     prompt_dropped_.clear();
   }
 
@@ -36,22 +39,31 @@ class ScopePolicy final : public DecodePolicy {
     prompt_len_ = step.pos0;
     pool_.start(c);
     keys_.resize(c.n_head_kv);
-    prompt_pool_.assign(compresses() ? static_cast<size_t>(c.n_layer) * c.n_head_kv : 0, {});
-    prompt_pool_done_.assign(compresses() ? c.n_layer : 0, false);
+    if (!compresses()) return;
+    size_pools(c);
     prompt_dropped_.assign(prompt_pool_.size(), 0);
   }
 
-  // Prompt compression: each layer keeps the prompt's last alpha2 queries.
+  // Prompt compression: each layer keeps the prompt's last alpha2 queries (and, eagerly, the pool
+  // they select from the prompt so far).
   void observe_prompt(int layer, const PolicyStep& step) override {
     if (!compresses()) return;
-    observed_.resize(step.backend.config().n_layer);
+    const ModelConfig& c = step.backend.config();
+    observed_.resize(c.n_layer);
     for (int j = std::max(0, step.count - cfg_.alpha2); j < step.count; ++j)
       observed_[layer].push(step.backend, step.t + j, cfg_.alpha2);
+    if (!eager_) return;
+    size_pools(c);
+    compute_prompt_pool(layer, step, step.pos0 + step.count);
   }
 
   LayerKeys keys(int layer, const PolicyStep& step) override {
     const int hkv = static_cast<int>(keys_.size());
-    if (compresses() && !prompt_pool_done_[layer]) compute_prompt_pool(layer, step);
+    if (compresses() && pool_len_[layer] != prompt_len_) {
+      const bool observed = layer < static_cast<int>(observed_.size()) && !observed_[layer].q.empty();
+      if (observed) compute_prompt_pool(layer, step, prompt_len_);
+      else keep_whole_prompt(layer, hkv);  // KV imported without the prompt state
+    }
     for (int g = 0; g < hkv; ++g) {
       std::vector<int32_t>& keys = keys_[g];
       keys.clear();
@@ -82,6 +94,35 @@ class ScopePolicy final : public DecodePolicy {
   }
   bool reclaims() const override { return true; }
 
+  void derive_eagerly() override { eager_ = true; }
+  // Without the pool (not derived eagerly), the queries it is computed from.
+  Windows prompt_windows(const ModelConfig& c) override {
+    if (!compresses()) return {};
+    observed_.resize(c.n_layer);
+    Windows w;
+    w.keep = cfg_.alpha2;
+    for (int l = 0; l < c.n_layer; ++l) {
+      w.layers.push_back(l);
+      w.windows.push_back(&observed_[l]);
+    }
+    return w;
+  }
+  // The prompt pool as computed for this prompt at every layer (the prefill's export).
+  Pools prompt_pools(const ModelConfig& c, int n_tokens) const override {
+    if (!compresses() || static_cast<int>(pool_len_.size()) != c.n_layer) return {};
+    for (int len : pool_len_)
+      if (len != n_tokens) return {};
+    return Pools{&prompt_pool_, cfg_.alpha1, cfg_.alpha2};
+  }
+  bool take_prompt_pools(const ModelConfig& c, int n_tokens, int alpha1, int alpha2,
+                         std::vector<std::vector<int32_t>>& lists) override {
+    if (!compresses() || alpha1 != cfg_.alpha1 || alpha2 != cfg_.alpha2) return false;
+    if (lists.size() != static_cast<size_t>(c.n_layer) * c.n_head_kv) return false;
+    prompt_pool_.swap(lists);
+    pool_len_.assign(c.n_layer, n_tokens);
+    return true;
+  }
+
   PolicyStats stats() const override {
     PolicyStats s;
     s.prompt_len = prompt_len_;
@@ -91,7 +132,7 @@ class ScopePolicy final : public DecodePolicy {
   }
 
   size_t state_bytes() const override {
-    size_t n = pool_.bytes() + vector_bytes(keys_) + vector_bytes(prompt_pool_) + vector_bytes(importance_);
+    size_t n = pool_.bytes() + vector_bytes(keys_) + vector_bytes(prompt_pool_) + vector_bytes(pool_len_) + vector_bytes(importance_);
     for (const QueryWindow& w : observed_) n += w.bytes();
     return n;
   }
@@ -99,19 +140,31 @@ class ScopePolicy final : public DecodePolicy {
  private:
   bool compresses() const { return cfg_.alpha1 > 0; }
 
-  // The importance of each earlier prompt token is the attention the observed queries pay it
-  // (softmax over the keys each query sees, mean over a KV head's query group, summed over the
-  // queries); each KV head keeps its top alpha1 plus the last alpha2. Without those queries (KV
-  // imported) the prompt is kept whole.
-  void compute_prompt_pool(int layer, const PolicyStep& step) {
+  void size_pools(const ModelConfig& c) {
+    prompt_pool_.resize(static_cast<size_t>(c.n_layer) * c.n_head_kv);
+    pool_len_.resize(c.n_layer, -1);
+  }
+
+  void keep_whole_prompt(int layer, int hkv) {
+    for (int g = 0; g < hkv; ++g) {
+      std::vector<int32_t>& kept = prompt_pool_[static_cast<size_t>(layer) * hkv + g];
+      kept.resize(prompt_len_);
+      std::iota(kept.begin(), kept.end(), 0);
+    }
+    pool_len_[layer] = prompt_len_;
+  }
+
+  // The importance of each earlier prompt token (of the P cached) is the attention the observed
+  // queries pay it (softmax over the keys each query sees, mean over a KV head's query group,
+  // summed over the queries); each KV head keeps its top alpha1 plus the last alpha2.
+  void compute_prompt_pool(int layer, const PolicyStep& step, int P) {
     PolicyBackend& be = step.backend;
     const ModelConfig& c = be.config();
-    const int P = prompt_len_, hkv = c.n_head_kv, group = c.n_head / hkv;
-    prompt_pool_done_[layer] = true;
-    const bool observed = layer < static_cast<int>(observed_.size()) && !observed_[layer].q.empty();
+    const int hkv = c.n_head_kv, group = c.n_head / hkv;
+    pool_len_[layer] = P;
     importance_.resize(hkv);
     for (int g = 0; g < hkv; ++g) importance_[g].assign(P, 0.f);
-    if (observed && P > cfg_.alpha1 + cfg_.alpha2) {
+    if (P > cfg_.alpha1 + cfg_.alpha2) {
       const QueryWindow& w = observed_[layer];
       for (size_t j = 0; j < w.q.size(); ++j) {
         const int n_all = std::min(w.pos[j], P - 1) + 1;
@@ -124,14 +177,8 @@ class ScopePolicy final : public DecodePolicy {
           }
       }
     }
-    for (int g = 0; g < hkv; ++g) {
-      std::vector<int32_t>& kept = prompt_pool_[static_cast<size_t>(layer) * hkv + g];
-      if (observed) snap_select(importance_[g].data(), P, cfg_.alpha1, cfg_.alpha2, kept);
-      else {
-        kept.resize(P);
-        std::iota(kept.begin(), kept.end(), 0);
-      }
-    }
+    for (int g = 0; g < hkv; ++g)
+      snap_select(importance_[g].data(), P, cfg_.alpha1, cfg_.alpha2, prompt_pool_[static_cast<size_t>(layer) * hkv + g]);
   }
 
   const ScopeConfig& cfg_;
@@ -139,10 +186,12 @@ class ScopePolicy final : public DecodePolicy {
   int prompt_len_ = -1;
   std::vector<std::vector<int32_t>> keys_;  // per KV head: the current layer's list
   // Prompt compression: per layer, the last alpha2 prompt queries (kept while this engine
-  // prefills), and per (layer, KV head) the compressed prompt, computed at the first decode step.
+  // prefills), and per (layer, KV head) the compressed prompt, with per layer the prompt length it
+  // was computed for (-1: none; a mismatch at a decode step keeps the whole prompt).
   std::vector<QueryWindow> observed_;
   std::vector<std::vector<int32_t>> prompt_pool_;
-  std::vector<bool> prompt_pool_done_;
+  std::vector<int> pool_len_;
+  bool eager_ = false;  // derive_eagerly()
   std::vector<uint8_t> prompt_dropped_;  // per (layer, KV head): dropped prompt reported as evicted
   std::vector<std::vector<float>> importance_;  // per KV head, scratch
 };

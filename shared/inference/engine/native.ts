@@ -85,6 +85,19 @@ export interface NativeSequence {
    */
   setPolicy(policy: AttentionPolicyInput): void;
   readonly policyStats: PolicyStats;
+  /** After setPolicy, before the prompt: the policy derives its prompt state as the prompt is cached (SCOPE's kept lists), for exportPromptState. */
+  preparePromptStateExport(): void;
+  /**
+   * What the policy derived from the prompt for its decode steps (SCOPE's prompt pool as kept
+   * lists, or the queries it is computed from; the OmniKV window selectors' and Round Attention's
+   * last queries; native/src/prompt_state.h), for a decode in another process; null when none.
+   */
+  exportPromptState(): Uint8Array | null;
+  /**
+   * Loads an exportPromptState() blob after the KV import (setLength). False when it was made for a
+   * policy that derives other state (nothing loaded); RangeError when it is malformed.
+   */
+  importPromptState(bytes: Uint8Array): boolean;
   /**
    * Writes a token-major chunk payload ([token][layer][K|V][kvDim] f16, docs/kv-format.md) into the cache
    * rows it covers; setLength() then declares the length. RangeError when the rows or the payload

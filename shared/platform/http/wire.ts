@@ -86,6 +86,13 @@ export const PrefillRequestSchema = z
   .openapi("PrefillRequest");
 export type PrefillRequest = z.input<typeof PrefillRequestSchema>;
 
+/**
+ * The largest prompt state a handle carries (decoded bytes; base64 adds a third): with the largest
+ * prompt_token_ids it still fits a 4 MiB request body and a streamed handle's line. A larger one
+ * is left out, and the decode's answer warns of what its policy misses.
+ */
+export const MAX_PROMPT_STATE_BYTES = 2 << 20;
+
 export const HandleSchema = z
   .object({
     request_id: Identifier,
@@ -103,6 +110,11 @@ export const HandleSchema = z
     layer_groups: z.array(z.array(z.number().int().min(0))).min(1),
     policy: policyField("The policy the chunks were grouped for; decode uses it unless its request names another"),
     resolved_policy: ResolvedPolicySchema.optional().openapi({ description: "What that policy resolved to for this prompt (defaults, calibrated layers, budgets)" }),
+    prompt_state: z
+      .base64()
+      .max(Math.ceil(MAX_PROMPT_STATE_BYTES / 3) * 4)
+      .optional()
+      .openapi({ description: "What the policy remembers of the prompt's queries (SCOPE's prompt pool, the OmniKV window selectors), base64; absent when it remembers none. The decode loads it after the KV" }),
     block_tokens: z.number().int().min(1),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
