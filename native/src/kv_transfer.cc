@@ -67,10 +67,10 @@ ChunkImport import_chunk_checked(KvCache& kv, const ChunkRows& rows, const uint8
   crc = crc32c(crc, chunk + kSumEnd, header_bytes - kSumEnd);
   const size_t rb = kv.row_elems() * sizeof(uint16_t);
   for_each_row_pair(kv, rows, [&](size_t at, int l, int t) {
-    crc = crc32c(crc, payload + at, 2 * rb);
-    std::memcpy(kv.k(l, t), payload + at, rb);
-    std::memcpy(kv.v(l, t), payload + at + rb, rb);
+    crc = crc32c_copy(crc, reinterpret_cast<uint8_t*>(kv.k(l, t)), payload + at, rb);
+    crc = crc32c_copy(crc, reinterpret_cast<uint8_t*>(kv.v(l, t)), payload + at + rb, rb);
   });
+  crc32c_copy_fence();
   r.computed = crc;
   return r;
 }

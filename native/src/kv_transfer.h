@@ -28,9 +28,9 @@ void check_chunk_rows(const KvCache& kv, const ChunkRows& rows, size_t payload_b
 void import_chunk_rows(KvCache& kv, const ChunkRows& rows, const uint8_t* payload, size_t payload_bytes);
 
 // A whole chunk (header + payload, docs/kv-format.md) -> cache rows, verifying its checksum in the
-// same pass: CRC-32C of bytes [0, 8) and [12, header_bytes), then of each row pair of the payload
-// as it is copied into the cache, so the payload is read from memory once (a row pair is at most a
-// few KiB, so the copy reads it from L1). The caller has parsed the header (header_bytes, rows).
+// same pass: CRC-32C of bytes [0, 8) and [12, header_bytes), then of each row of the payload as it
+// is copied into the cache (crc32c_copy: one read of the payload, streaming stores into the cache).
+// The caller has parsed the header (header_bytes, rows).
 // Throws std::invalid_argument when the sizes or rows do not fit; otherwise writes the rows and
 // returns the result (the rows are written whether or not the checksums match: the caller
 // declares the length only for a chunk that verified).

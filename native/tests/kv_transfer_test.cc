@@ -103,7 +103,7 @@ bool same_cache(const KvCache& a, const KvCache& b) {
 }
 
 TEST(KvTransfer, CheckedImportMatchesASeparateChecksumAndImport) {
-  const int L = 4, D = 24, C = 40;
+  const int L = 4, D = 200, C = 40;  // 400-byte rows: crc32c_copy's three-chain path
   KvCache src(L, D, C), fused(L, D, C), separate(L, D, C);
   fill(src);
   const ChunkRows rows{{1, 3}, 5, 30};
@@ -121,7 +121,7 @@ TEST(KvTransfer, CheckedImportMatchesASeparateChecksumAndImport) {
 }
 
 TEST(KvTransfer, CheckedImportCatchesEveryCorruptByte) {
-  const int L = 2, D = 8, C = 6;
+  const int L = 2, D = 56, C = 6;
   KvCache src(L, D, C), dst(L, D, C);
   fill(src);
   const ChunkRows rows{{0, 1}, 1, 3};
