@@ -77,9 +77,11 @@ struct ZerosShift {
   __attribute__((target("sse4.2"))) void build(size_t n) {
     uint32_t basis[32];
     for (int j = 0; j < 32; ++j) {
-      uint32_t c = 1u << j;
-      for (size_t i = 0; i < n; ++i) c = _mm_crc32_u8(c, 0);
-      basis[j] = c;
+      uint64_t c = 1u << j;
+      for (size_t i = 0; i < n / 8; ++i) c = _mm_crc32_u64(c, 0);
+      uint32_t c32 = static_cast<uint32_t>(c);
+      for (size_t i = 0; i < n % 8; ++i) c32 = _mm_crc32_u8(c32, 0);
+      basis[j] = c32;
     }
     for (int k = 0; k < 4; ++k)
       for (int b = 0; b < 256; ++b) {
@@ -93,15 +95,15 @@ struct ZerosShift {
   uint32_t apply(uint32_t v) const { return t[0][v & 255] ^ t[1][(v >> 8) & 255] ^ t[2][(v >> 16) & 255] ^ t[3][v >> 24]; }
 };
 
-// The shift for `n` bytes, built once per thread for the last two lengths asked (a KV import asks
-// the same two, row after row). The reference stays valid until the next call.
+// The shift for `n` bytes, built once per thread for the last four lengths asked (a KV import asks
+// the same two, row after row; crc32c_copy's blocks two more). Valid until the next call.
 const ZerosShift& shift_for(size_t n) {
-  thread_local ZerosShift cache[2];
+  thread_local ZerosShift cache[4];
   thread_local int next = 0;
   for (const ZerosShift& s : cache)
     if (s.len == n) return s;
   ZerosShift& s = cache[next];
-  next ^= 1;
+  next = (next + 1) % 4;
   s.build(n);
   return s;
 }
@@ -156,9 +158,12 @@ uint32_t crc32c(uint32_t prev, const uint8_t* p, size_t n) {
 uint32_t crc32c_copy(uint32_t prev, uint8_t* dst, const uint8_t* src, size_t n) {
 #if defined(__x86_64__)
   if (has_sse42()) {
-    constexpr size_t kThreeWay = 96;  // below it the join costs more than the chains save
-    if (n >= kThreeWay && (reinterpret_cast<uintptr_t>(dst) & 15) == 0) return ~crc32c_copy3_sse42(~prev, dst, src, n);
-    return ~crc32c_copy_sse42(~prev, dst, src, n);
+    constexpr size_t kThreeWayMin = 96;  // below it the join costs more than the chains save
+    constexpr size_t kBlock = 3 * 4096;  // longer copies go by blocks, so the shifts have few lengths
+    if (n < kThreeWayMin || (reinterpret_cast<uintptr_t>(dst) & 15) != 0) return ~crc32c_copy_sse42(~prev, dst, src, n);
+    uint32_t c = ~prev;
+    for (; n > kBlock; n -= kBlock, dst += kBlock, src += kBlock) c = crc32c_copy3_sse42(c, dst, src, kBlock);
+    return ~(n >= kThreeWayMin ? crc32c_copy3_sse42(c, dst, src, n) : crc32c_copy_sse42(c, dst, src, n));
   }
 #endif
   if (n > 0) std::memcpy(dst, src, n);

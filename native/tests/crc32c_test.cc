@@ -55,6 +55,12 @@ TEST(Crc32c, CopyEqualsMemcpyAndCrcAtEveryAlignment) {
         for (size_t i = 0; i < dst.size(); ++i)  // not a byte outside [d_off, d_off + n)
           if (i < d_off || i >= d_off + n) ASSERT_EQ(dst[i], 0xEE) << "byte " << i;
       }
+  std::vector<uint8_t> big(100000), out(100000);  // several blocks and a short last one
+  for (auto& b : big) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 16);
+  for (size_t n : {12288u, 12289u, 12288u + 95u, 12288u + 96u, 99999u}) {
+    EXPECT_EQ(ctx::crc32c_copy(7, out.data(), big.data(), n), ctx::crc32c_portable(7, big.data(), n)) << n;
+    EXPECT_EQ(std::memcmp(out.data(), big.data(), n), 0) << n;
+  }
 }
 
 }  // namespace
