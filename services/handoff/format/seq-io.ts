@@ -1,8 +1,9 @@
 // Between a NativeSequence's f16 cache and KV chunks: the plan of chunks for a prompt (layer
 // groups x token blocks), zero-copy per-layer views of a token range of the cache (for reading
 // it from JS), and export / import of one chunk, whose token-major ⇄ layer-major transpose runs
-// natively (seq.exportRows / seq.importRows; seq.importChunk checksums the chunk in the same pass). The cache layout (native.ts): layer l's K starts at
-// element l*2*capacity*kvDim and its V at l*2*capacity*kvDim + capacity*kvDim; rows are [token][kvDim].
+// natively (seq.exportRows / seq.importRows; seq.importChunk also checksums the chunk in the same
+// pass). The cache layout (native.ts): layer l's K starts at element l*2*capacity*kvDim and its V
+// at l*2*capacity*kvDim + capacity*kvDim; rows are [token][kvDim].
 import type { ModelConfig, NativeSequence } from "../../../shared/inference/engine/native.ts";
 import {
   ChunkError,
