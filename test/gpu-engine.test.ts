@@ -11,6 +11,8 @@ import { loadConfig } from "../shared/platform/config.ts";
 import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
 import { cudaStatus } from "../shared/inference/engine/native.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
+import { chunkByteLength, chunkHeaderSize, type ChunkMeta } from "../services/handoff/format/chunk.ts";
+import { exportChunk, importVerifiedChunk, kvShape } from "../services/handoff/format/seq-io.ts";
 
 const status = cudaStatus();
 const gpu = status.usable;
@@ -110,6 +112,30 @@ describe.skipIf(!gpu)("CUDA engine vs CPU engine, real model", () => {
     g.exportRows(back, layers, 0, 300);
     expect(Buffer.compare(Buffer.from(back), Buffer.from(payload))).toBe(0);
   }, 120_000);
+
+  it("a verified chunk import reaches a GPU sequence; a corrupt chunk's rows are not uploaded", () => {
+    const shape = kvShape(model.config);
+    const layers = Array.from({ length: model.config.nLayer }, (_, l) => l);
+    const meta: ChunkMeta = { fingerprint: "ef".repeat(32), dtype: "f16", layerIds: layers, hkv: shape.hkv, headDim: shape.headDim, tokenStart: 0, tokenCount: 64 };
+    const c = cpu.createSequence(128);
+    const cache = new Uint16Array(c.kvBuffer());
+    for (let i = 0; i < cache.length; i++) cache[i] = (i * 40503) & 0x3fff; // finite f16 values
+    const chunk = new Uint8Array(chunkByteLength(meta));
+    exportChunk(chunk, meta, c, shape);
+    const payload = chunk.subarray(chunkHeaderSize(layers.length));
+    const back = new Uint8Array(payload.length);
+    const good = cuda.createSequence(128);
+    importVerifiedChunk(chunk, { fingerprint: meta.fingerprint }, good, shape);
+    good.exportRows(back, layers, 0, 64);
+    expect(Buffer.compare(Buffer.from(back), Buffer.from(payload))).toBe(0);
+    const corrupt = chunk.slice();
+    corrupt[corrupt.length - 1]! ^= 0x01;
+    const bad = cuda.createSequence(128);
+    expect(() => importVerifiedChunk(corrupt, {}, bad, shape)).toThrow(/checksum/);
+    bad.exportRows(back, layers, 0, 64); // what the device holds
+    expect(Buffer.compare(Buffer.from(back), Buffer.from(corrupt.subarray(chunkHeaderSize(layers.length))))).not.toBe(0);
+    for (const s of [c, good, bad]) s.release();
+  });
 
   it("reports the device and its memory", () => {
     expect(cuda.device).toBe("cuda:0");

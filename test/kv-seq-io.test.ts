@@ -1,12 +1,14 @@
 // KV export/import between a sequence's cache and chunks: the native transpose (seq.exportRows /
 // importRows) must give exactly what chunk-pack.ts's reference pack/unpack gives over zero-copy
-// views of the cache, for aligned and unaligned payloads; and it refuses what does not fit.
+// views of the cache, for aligned and unaligned payloads; the checksummed import of a whole chunk
+// (seq.importChunk) writes what verifyChunk + importRows write and catches a corrupt byte; and it
+// refuses what does not fit.
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../shared/inference/engine/native.ts";
-import { chunkByteLength, verifyChunk, type ChunkMeta } from "../services/handoff/format/chunk.ts";
+import { ChunkError, chunkByteLength, verifyChunk, type ChunkMeta } from "../services/handoff/format/chunk.ts";
 import { encodeChunkFromLayers, unpackKv } from "../services/handoff/format/chunk-pack.ts";
-import { coverageProblem, exportChunk, importChunk, kvShape, layerViews, tokenBlocks, type KvShape } from "../services/handoff/format/seq-io.ts";
+import { coverageProblem, exportChunk, importChunk, importVerifiedChunk, kvShape, layerViews, tokenBlocks, type KvShape } from "../services/handoff/format/seq-io.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 
 const cap = 40;
@@ -58,6 +60,59 @@ describe("seq-io", () => {
     expect(view(dst)).toEqual(view(src));
     expect(new Uint16Array(dst.kvBuffer())[0]).toBe(0xaaaa);
     for (const s of [src, dst, expected]) s.release();
+  });
+
+  it.each([0, 3])("a verified import of the whole chunk writes what verifyChunk + importChunk write (offset %i)", (shift) => {
+    const src = seqWith((i) => (i * 48271) & 0xffff);
+    const m = meta();
+    const bytes = new Uint8Array(chunkByteLength(m) + shift).subarray(shift);
+    exportChunk(bytes, m, src, shape);
+    const fused = seqWith(() => 0x5555);
+    const header = importVerifiedChunk(bytes, { fingerprint: FP, tokenStart: 7, layerIds: m.layerIds }, fused, shape);
+    expect(header.tokenCount).toBe(20);
+    const separate = seqWith(() => 0x5555);
+    const verified = verifyChunk(bytes, { fingerprint: FP });
+    importChunk(verified.payload, verified.header, separate, shape);
+    expect(Buffer.compare(new Uint8Array(fused.kvBuffer()), new Uint8Array(separate.kvBuffer()))).toBe(0);
+    expect(fused.nPast).toBe(0); // the caller declares the length
+    for (const s of [src, fused, separate]) s.release();
+  });
+
+  it("a verified import refuses a corrupt byte, a short chunk, and a chunk not the one expected", () => {
+    const src = seqWith((i) => (i * 69621) & 0xffff);
+    const m = meta();
+    const good = new Uint8Array(chunkByteLength(m));
+    exportChunk(good, m, src, shape);
+    const dst = seqWith(() => 0);
+    const codeOf = (bytes: Uint8Array, expect = {}, into = dst) => {
+      try {
+        importVerifiedChunk(bytes, expect, into, shape);
+      } catch (e) {
+        if (e instanceof ChunkError) return e.code;
+        throw e;
+      }
+      return "ok";
+    };
+    // The checksum field, the header's zero padding, the payload.
+    for (const at of [9, 100, good.byteLength - 1]) {
+      const bad = good.slice();
+      bad[at]! ^= 0x40;
+      expect(codeOf(bad)).toBe(at === 100 ? "bad_header" : "checksum_mismatch");
+    }
+    const flipped = good.slice();
+    flipped[good.byteLength >> 1]! ^= 1;
+    expect(() => importVerifiedChunk(flipped, {}, dst, shape)).toThrow(/chunk checksum 0x[0-9a-f]{8} does not match stored/);
+    expect(codeOf(good.subarray(0, 0))).toBe("truncated");
+    expect(codeOf(good.subarray(0, good.byteLength - 1))).toBe("truncated");
+    // Not the chunk the registry row describes: refused before a row is written.
+    const [untouched, clean] = [seqWith(() => 0), seqWith(() => 0)];
+    expect(codeOf(good, { tokenStart: 8 }, untouched)).toBe("metadata_mismatch");
+    expect(codeOf(good, { fingerprint: "ab".repeat(32) }, untouched)).toBe("fingerprint_mismatch");
+    expect(Buffer.compare(new Uint8Array(untouched.kvBuffer()), new Uint8Array(clean.kvBuffer()))).toBe(0);
+    expect(codeOf(good)).toBe("ok");
+    expect(() => dst.importChunk(good, 12, m.layerIds, 7, 20)).toThrow(/payload has \d+ bytes, the rows need/);
+    expect(() => dst.importChunk(good.subarray(0, 8), 64, m.layerIds, 7, 20)).toThrow(/cannot hold a header of 64/);
+    for (const s of [src, dst, untouched, clean]) s.release();
   });
 
   it("refuses chunks that do not fit the model or the sequence", () => {

@@ -1,5 +1,5 @@
 // Faults, on PGlite and on PostgreSQL 15: a corrupted chunk byte is detected before the engine
-// sees it (every transport: http, shm, and UCX where the addon has it); expired leases (unread handles, crashed readers) are reclaimed and
+// uses it (every transport: http, shm, and UCX where the addon has it); expired leases (unread handles, crashed readers) are reclaimed and
 // the shard space reused; a cancelled stream or prefill frees its KV at once, visibly in the
 // registry and in the services' memory accounting.
 import { randomUUID } from "node:crypto";

@@ -217,6 +217,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"),
                                     InstanceMethod<&NativeSequence::ImportRows>("importRows"),
                                     InstanceMethod<&NativeSequence::ExportRows>("exportRows"),
+                                    InstanceMethod<&NativeSequence::ImportChunk>("importChunk"),
                                     InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeSequence", f);
@@ -351,6 +352,31 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
       throw Napi::RangeError::New(env, std::string(import ? "importRows: " : "exportRows: ") + e.what());
     }
     return env.Undefined();
+  }
+  // importChunk(chunk, headerSize, layerIds, tokenStart, tokenCount) -> number: importRows of a
+  // whole chunk (header + payload) whose header the caller has parsed, computing its CRC-32C in the
+  // same pass over the bytes (kv_transfer.h); returns that checksum. The rows count only when it
+  // equals the header's: a GPU sequence uploads them only then, and the caller declares nothing
+  // otherwise. RangeError when the sizes or rows do not fit.
+  Napi::Value ImportChunk(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    const BytesArg chunk = bytes_arg(info, 0, "chunk");
+    if (info.Length() < 2 || !info[1].IsNumber()) throw Napi::TypeError::New(env, "importChunk: headerSize must be a number");
+    const double header = info[1].As<Napi::Number>().DoubleValue();
+    if (!(header >= 0 && header <= 65535 && header == static_cast<double>(static_cast<int>(header))))
+      throw Napi::RangeError::New(env, "importChunk: headerSize must be an integer in 0..65535");
+    const ChunkRows rows = chunk_rows_arg(info, 2);
+    try {
+      const ChunkImport r = import_chunk_checked(seq_->kv, rows, chunk.data, chunk.size, static_cast<size_t>(header));
+      if (DeviceKv* gpu = seq_->device_kv.get(); gpu && r.ok())
+        for (int l : rows.layers) gpu->upload(seq_->kv, l, rows.token_start, rows.token_count);
+      return Napi::Number::New(env, r.computed);
+    } catch (const DeviceError& e) {
+      throw device_error(env, e);
+    } catch (const std::invalid_argument& e) {
+      throw Napi::RangeError::New(env, std::string("importChunk: ") + e.what());
+    }
   }
   // release(): frees the cache's memory now instead of at garbage collection.
   Napi::Value Release(const Napi::CallbackInfo& info) {

@@ -59,11 +59,16 @@ FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length, cons
   const uint64_t start = offset - offset % page;
   mapped_bytes_ = static_cast<size_t>(offset + length - start);
   // No MAP_POPULATE: on a private writable mapping it would write-fault, copying every page.
-  // Read faults map the file's own pages (with fault-around, 16 pages per fault on tmpfs).
+  // Read faults map the file's own pages; MADV_POPULATE_READ below takes them all at once.
   void* p = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, static_cast<off_t>(start));
   const int err = errno;
   ::close(fd);  // the mapping keeps the file's pages alive
   if (p == MAP_FAILED) fail(path, errno_name(err), std::strerror(err));
+#ifdef MADV_POPULATE_READ
+  // The reader reads every byte (a KV import): mapping the pages in one call costs less than
+  // taking their read faults as the import reaches them. Best effort: kernels before 5.14 refuse it.
+  (void)::madvise(p, mapped_bytes_, MADV_POPULATE_READ);
+#endif
   base_ = p;
   data_ = static_cast<uint8_t*>(p) + (offset - start);
   size_ = static_cast<size_t>(length);

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "crc32c.h"
+
 namespace ctx {
 
 size_t chunk_payload_bytes(const KvCache& kv, const ChunkRows& rows) {
@@ -50,6 +52,27 @@ void import_chunk_rows(KvCache& kv, const ChunkRows& rows, const uint8_t* payloa
     std::memcpy(kv.k(l, t), payload + at, rb);
     std::memcpy(kv.v(l, t), payload + at + rb, rb);
   });
+}
+
+ChunkImport import_chunk_checked(KvCache& kv, const ChunkRows& rows, const uint8_t* chunk, size_t chunk_bytes, size_t header_bytes) {
+  constexpr size_t kSumAt = 8, kSumEnd = 12;  // the checksum field, left out of its own sum
+  if (header_bytes < kSumEnd || header_bytes > chunk_bytes)
+    throw std::invalid_argument("a chunk of " + std::to_string(chunk_bytes) + " bytes cannot hold a header of " +
+                                std::to_string(header_bytes));
+  const uint8_t* payload = chunk + header_bytes;
+  check_chunk_rows(kv, rows, chunk_bytes - header_bytes);
+  ChunkImport r{};
+  std::memcpy(&r.stored, chunk + kSumAt, sizeof r.stored);  // little-endian, as x86 and arm64 are
+  uint32_t crc = crc32c(0, chunk, kSumAt);
+  crc = crc32c(crc, chunk + kSumEnd, header_bytes - kSumEnd);
+  const size_t rb = kv.row_elems() * sizeof(uint16_t);
+  for_each_row_pair(kv, rows, [&](size_t at, int l, int t) {
+    crc = crc32c_copy(crc, reinterpret_cast<uint8_t*>(kv.k(l, t)), payload + at, rb);
+    crc = crc32c_copy(crc, reinterpret_cast<uint8_t*>(kv.v(l, t)), payload + at + rb, rb);
+  });
+  crc32c_copy_fence();
+  r.computed = crc;
+  return r;
 }
 
 void export_chunk_rows(const KvCache& kv, const ChunkRows& rows, uint8_t* payload, size_t payload_bytes) {

@@ -27,6 +27,20 @@ void check_chunk_rows(const KvCache& kv, const ChunkRows& rows, size_t payload_b
 // payload -> cache rows. Does not change the cache's size (the caller declares the length).
 void import_chunk_rows(KvCache& kv, const ChunkRows& rows, const uint8_t* payload, size_t payload_bytes);
 
+// A whole chunk (header + payload, docs/kv-format.md) -> cache rows, verifying its checksum in the
+// same pass: CRC-32C of bytes [0, 8) and [12, header_bytes), then of each row of the payload as it
+// is copied into the cache (crc32c_copy: one read of the payload, streaming stores into the cache).
+// The caller has parsed the header (header_bytes, rows).
+// Throws std::invalid_argument when the sizes or rows do not fit; otherwise writes the rows and
+// returns the result (the rows are written whether or not the checksums match: the caller
+// declares the length only for a chunk that verified).
+struct ChunkImport {
+  uint32_t stored;    // the checksum in the header, bytes [8, 12)
+  uint32_t computed;  // the checksum of the bytes
+  bool ok() const { return stored == computed; }
+};
+ChunkImport import_chunk_checked(KvCache& kv, const ChunkRows& rows, const uint8_t* chunk, size_t chunk_bytes, size_t header_bytes);
+
 // cache rows -> payload.
 void export_chunk_rows(const KvCache& kv, const ChunkRows& rows, uint8_t* payload, size_t payload_bytes);
 

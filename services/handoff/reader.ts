@@ -1,7 +1,8 @@
 // Loads a handle's KV into a fresh sequence: lease the chunks in the registry, read them over the
-// transport the locality allows (shm on the owner's host, else HTTP), verify each (checksum,
-// model fingerprint, the registry row's shape) before the engine sees a byte, and import it into
-// the cache as it arrives, several chunks in flight at once.
+// transport the locality allows (shm on the owner's host, else HTTP), verify each (model
+// fingerprint, the registry row's shape, then the checksum, computed natively in the same pass as
+// the import into the cache) as it arrives, several chunks in flight at once; the sequence's
+// length is declared only once every chunk has verified.
 import path from "node:path";
 import { CtxbankError } from "../../shared/inference/errors.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
@@ -9,8 +10,8 @@ import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
-import { ChunkError, verifyChunk } from "./format/chunk.ts";
-import { coverageProblem, importChunk, kvShape, type KvShape } from "./format/seq-io.ts";
+import { ChunkError } from "./format/chunk.ts";
+import { coverageProblem, importVerifiedChunk, kvShape, type KvShape } from "./format/seq-io.ts";
 import { RegistryError, type LeasedChunk } from "../../shared/platform/registry/registry.ts";
 import { TransportError, chunkLabel } from "./transport/errors.ts";
 import { HttpTransport } from "./transport/http.ts";
@@ -90,25 +91,28 @@ export class KvLoader {
     return this.ucx && loc.ucxEndpoint ? this.ucx : http;
   }
 
-  /** Checks a chunk (checksum, fingerprint, the registry row's shape) before the engine sees a byte, then imports it. */
+  /** Imports a chunk into `seq` if it is the registry row's and intact (fingerprint, shape, checksum); else KvLoadError. */
   private importVerified(bytes: Uint8Array, chunk: LeasedChunk["chunk"], seq: NativeSequence): void {
-    let verified;
     try {
-      verified = verifyChunk(bytes, {
-        fingerprint: this.rt.model.fingerprint,
-        ...(chunk.checksum === null ? {} : { checksum: chunk.checksum }),
-        tokenStart: chunk.tokenStart,
-        tokenCount: chunk.tokenEnd - chunk.tokenStart,
-        layerIds: chunk.layerIds,
-        dtype: chunk.dtype,
-      });
+      importVerifiedChunk(
+        bytes,
+        {
+          fingerprint: this.rt.model.fingerprint,
+          ...(chunk.checksum === null ? {} : { checksum: chunk.checksum }),
+          tokenStart: chunk.tokenStart,
+          tokenCount: chunk.tokenEnd - chunk.tokenStart,
+          layerIds: chunk.layerIds,
+          dtype: chunk.dtype,
+        },
+        seq,
+        this.shape,
+      );
     } catch (e) {
       if (e instanceof ChunkError) {
         throw new KvLoadError(`chunk ${chunk.id} (tokens ${chunk.tokenStart}..${chunk.tokenEnd}) failed verification: ${e.code}: ${e.message}`, "corrupt", { cause: e });
       }
       throw e;
     }
-    importChunk(verified.payload, verified.header, seq, this.shape);
   }
 
   /**

@@ -251,16 +251,41 @@ export interface ChunkExpectation {
  * the caller expects. Returns the header and a view of the payload (no copy).
  */
 export function verifyChunk(bytes: Uint8Array, expect: ChunkExpectation = {}): { header: ChunkHeader; payload: Uint8Array } {
+  const header = chunkLength(bytes);
+  checkChecksum(header, computeChecksum(bytes, bytes.byteLength));
+  checkExpectation(header, expect);
+  return { header, payload: bytes.subarray(header.headerSize) };
+}
+
+/**
+ * verifyChunk without the checksum, for a reader that computes it as it imports the payload
+ * (seq-io.ts importVerifiedChunk) and then calls checkChecksum. Returns the header.
+ */
+export function checkChunkButChecksum(bytes: Uint8Array, expect: ChunkExpectation = {}): ChunkHeader {
+  const header = chunkLength(bytes);
+  checkExpectation(header, expect);
+  return header;
+}
+
+/** Throws checksum_mismatch unless `computed` (CRC-32C of the chunk's bytes) is the header's checksum. */
+export function checkChecksum(header: ChunkHeader, computed: number): void {
+  if (computed !== header.checksum) {
+    throw new ChunkError("checksum_mismatch", `chunk checksum ${hex32(computed)} does not match stored ${hex32(header.checksum)}`);
+  }
+}
+
+/** The header of a chunk that is exactly `bytes` long. */
+function chunkLength(bytes: Uint8Array): ChunkHeader {
   const header = decodeChunkHeader(bytes);
   const total = header.headerSize + header.payloadLength;
   if (bytes.byteLength < total) throw new ChunkError("truncated", `chunk is ${total} bytes, got ${bytes.byteLength}`);
   if (bytes.byteLength > total) {
     throw new ChunkError("length_mismatch", `chunk is ${total} bytes but ${bytes.byteLength} were given`);
   }
-  const actual = computeChecksum(bytes, total);
-  if (actual !== header.checksum) {
-    throw new ChunkError("checksum_mismatch", `chunk checksum ${hex32(actual)} does not match stored ${hex32(header.checksum)}`);
-  }
+  return header;
+}
+
+function checkExpectation(header: ChunkHeader, expect: ChunkExpectation): void {
   if (expect.fingerprint !== undefined && expect.fingerprint !== header.fingerprint) {
     throw new ChunkError(
       "fingerprint_mismatch",
@@ -276,7 +301,6 @@ export function verifyChunk(bytes: Uint8Array, expect: ChunkExpectation = {}): {
   if (mismatches.length > 0) {
     throw new ChunkError("metadata_mismatch", `chunk is not the one expected: ${mismatches.join(", ")} differ`);
   }
-  return { header, payload: bytes.subarray(header.headerSize, total) };
 }
 
 function computeChecksum(chunk: Uint8Array, total: number): number {

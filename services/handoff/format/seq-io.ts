@@ -1,10 +1,21 @@
 // Between a NativeSequence's f16 cache and KV chunks: the plan of chunks for a prompt (layer
 // groups x token blocks), zero-copy per-layer views of a token range of the cache (for reading
 // it from JS), and export / import of one chunk, whose token-major ⇄ layer-major transpose runs
-// natively (seq.exportRows / seq.importRows). The cache layout (native.ts): layer l's K starts at
-// element l*2*capacity*kvDim and its V at l*2*capacity*kvDim + capacity*kvDim; rows are [token][kvDim].
+// natively (seq.exportRows / seq.importRows; seq.importChunk also checksums the chunk in the same
+// pass). The cache layout (native.ts): layer l's K starts at element l*2*capacity*kvDim and its V
+// at l*2*capacity*kvDim + capacity*kvDim; rows are [token][kvDim].
 import type { ModelConfig, NativeSequence } from "../../../shared/inference/engine/native.ts";
-import { ChunkError, chunkPayloadLength, sealChunk, writeChunkHeader, type ChunkMeta } from "./chunk.ts";
+import {
+  ChunkError,
+  checkChecksum,
+  checkChunkButChecksum,
+  chunkPayloadLength,
+  sealChunk,
+  writeChunkHeader,
+  type ChunkExpectation,
+  type ChunkHeader,
+  type ChunkMeta,
+} from "./chunk.ts";
 import type { LayerKv } from "./chunk-pack.ts";
 
 export interface KvShape {
@@ -53,7 +64,7 @@ export function layerViews(cache: CacheView, shape: KvShape, layerIds: readonly 
 }
 
 /** What export and import need of a sequence. */
-export type RowMover = Pick<NativeSequence, "exportRows" | "importRows">;
+export type RowMover = Pick<NativeSequence, "exportRows" | "importRows" | "importChunk">;
 
 /** Encodes the chunk `meta` describes from the sequence's cache into `into`; returns the bytes written. */
 export function exportChunk(into: Uint8Array, meta: ChunkMeta, seq: RowMover, shape: KvShape): number {
@@ -74,6 +85,21 @@ export function importChunk(payload: Uint8Array, meta: ChunkMeta, seq: RowMover,
   moveRows(() => seq.importRows(payload, meta.layerIds, meta.tokenStart, meta.tokenCount));
 }
 
+/**
+ * A whole chunk as it arrived (exactly its bytes) into the cache rows it covers, verified: the
+ * header and `expect` first (so only the rows the caller expects are written), then the payload is
+ * transposed into the cache and checksummed in one native pass (seq.importChunk). Throws
+ * ChunkError, checksum_mismatch included; the rows are then written but must not be declared
+ * (the caller sets no length for a load that failed). Returns the header.
+ */
+export function importVerifiedChunk(bytes: Uint8Array, expect: ChunkExpectation, seq: RowMover, shape: KvShape): ChunkHeader {
+  const header = checkChunkButChecksum(bytes, expect);
+  checkShape(header, shape);
+  const computed = moveRows(() => seq.importChunk(bytes, header.headerSize, header.layerIds, header.tokenStart, header.tokenCount));
+  checkChecksum(header, computed);
+  return header;
+}
+
 function checkShape(meta: ChunkMeta, shape: KvShape): void {
   if (meta.dtype !== "f16") throw new ChunkError("invalid_meta", `the engine's cache is f16, the chunk is ${meta.dtype}`);
   if (meta.hkv !== shape.hkv || meta.headDim !== shape.headDim) {
@@ -82,9 +108,9 @@ function checkShape(meta: ChunkMeta, shape: KvShape): void {
 }
 
 /** The engine's RangeError (rows outside the cache, a layer the model lacks) as a ChunkError. */
-function moveRows(move: () => void): void {
+function moveRows<T>(move: () => T): T {
   try {
-    move();
+    return move();
   } catch (e) {
     if (e instanceof RangeError) throw new ChunkError("invalid_meta", e.message);
     throw e;

@@ -104,6 +104,12 @@ export interface NativeSequence {
    * size do not fit the cache.
    */
   importRows(payload: Uint8Array, layerIds: readonly number[], tokenStart: number, tokenCount: number): void;
+  /**
+   * importRows of a whole KV chunk (header + payload; its header parsed by the caller), computing
+   * the chunk's CRC-32C in the same pass over its bytes; returns that checksum. The rows count only
+   * when it equals the header's (a GPU sequence uploads them only then; declare no length otherwise).
+   */
+  importChunk(chunk: Uint8Array, headerSize: number, layerIds: readonly number[], tokenStart: number, tokenCount: number): number;
   /** The reverse of importRows: cache rows into a token-major payload of exactly the right size. */
   exportRows(into: Uint8Array, layerIds: readonly number[], tokenStart: number, tokenCount: number): void;
   /** Frees the cache's memory now (the sequence is empty afterwards). */
