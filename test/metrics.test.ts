@@ -123,8 +123,10 @@ describe("metrics on `serve` (both services, one registry)", () => {
     });
     const chunks = [];
     for await (const chunk of stream) chunks.push(chunk as typeof chunk & { ctxbank?: CtxbankExtension });
-    // The extension rides on the last chunk before [DONE] (here the usage chunk), and only there.
-    expect(chunks.map((c) => c.ctxbank !== undefined)).toEqual([...Array(chunks.length - 1).fill(false), true]);
+    // The extension rides on the last chunk before [DONE] (here the usage chunk); before it, only
+    // the first token's chunk carries a part of it: the policy that runs.
+    expect(chunks.map((c) => c.ctxbank !== undefined)).toEqual([true, ...Array(chunks.length - 2).fill(false), true]);
+    expect(Object.keys(chunks[0]!.ctxbank!)).toEqual(["policy"]);
     const finishChunk = chunks.find((c) => c.choices[0]?.finish_reason);
     answers.push({ finish: finishChunk!.choices[0]!.finish_reason!, usage: chunks.at(-1)!.usage!, ctxbank: chunks.at(-1)!.ctxbank! });
     await expect(client.completions.create({ model: "default", prompt: "x", temperature: 5 })).rejects.toMatchObject({ status: 400, code: "invalid_request" });

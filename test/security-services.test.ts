@@ -93,11 +93,20 @@ describe("services under hostile input and a database outage", () => {
     expect(await bad.json()).toMatchObject({ error: { code: "invalid_request", type: "invalid_request_error", param: null } });
   });
 
-  /** Until the test ends, this server's decode prefills on the registry's prefill instances (through the shard). */
+  /**
+   * Until the test ends, this server's decode prefills on the registry's prefill instances (through
+   * the shard) and loads the KV after the handle, as a client's /v1/decode does: the first token is
+   * out before the load that these tests make fail (a streamed load fails before it).
+   */
   function shardHandoff(): void {
     const inProcess = s.services.decode!.inProcessPrefill;
+    const streaming = s.rt.config.kvStreaming;
     s.services.decode!.useInProcessPrefill(undefined);
-    onTestFinished(() => s.services.decode!.useInProcessPrefill(inProcess));
+    s.rt.config.kvStreaming = false;
+    onTestFinished(() => {
+      s.services.decode!.useInProcessPrefill(inProcess);
+      s.rt.config.kvStreaming = streaming;
+    });
   }
 
   it("a stream whose KV load fails after the first token ends with an error event, then [DONE]", async () => {
