@@ -14,6 +14,7 @@
 #include "engine.h"
 #include "gguf_writer.h"
 #include "model.h"
+#include "policy_configs.h"
 #include "prompt_state.h"
 
 namespace {
@@ -31,16 +32,13 @@ std::shared_ptr<Model> tiny_model() {
 }
 
 AttentionPolicy scope_pool(const ModelConfig& c, int alpha2) {
-  ScopeConfig s;
-  s.beta1 = 4, s.beta2 = 4, s.alpha1 = 6, s.alpha2 = alpha2;
+  ScopeConfig s = test::scope_config(4, 4, 64);
+  s.alpha1 = 6, s.alpha2 = alpha2;
   return AttentionPolicy::make_scope(s, c);
 }
 
 AttentionPolicy omnikv_window(const ModelConfig& c, Selector selector) {
-  OmniKvConfig o;
-  o.filter_layers = {1};
-  o.budget = 10;
-  o.selector = selector;
+  OmniKvConfig o = test::omnikv_config({1}, 10, selector);
   o.guard = false;  // layer 2 attends to the selection
   o.window = 4;  // 3 prompt tokens forced in, the rest of the budget ranked
   return AttentionPolicy::make_omnikv(o, c);
@@ -106,7 +104,7 @@ TEST(PromptState, OmniKvExpWindowDecodesAsIfObserved) {
 
 TEST(PromptState, PoliciesWithoutPromptQueriesExportNothing) {
   const ModelConfig& c = tiny_model()->config();
-  for (const AttentionPolicy& p : {AttentionPolicy{}, AttentionPolicy::make_scope(ScopeConfig{}, c)})
+  for (const AttentionPolicy& p : {AttentionPolicy{}, AttentionPolicy::make_scope(test::scope_config(4, 4, 64), c)})
     EXPECT_TRUE(export_prompt_state(*make_decode_policy(p), c, 10).empty());
 }
 
