@@ -230,6 +230,11 @@ interface Addon {
 const addonPath = process.env.CTXBANK_ADDON ?? fileURLToPath(new URL("../../../native/build/Release/ctxbank_native.node", import.meta.url));
 
 function loadAddon(): Addon {
+  // A UCX-built addon loads UCX into this process: keep its malloc/mmap hooks and its fatal-signal
+  // handlers out of Node's (they are for RDMA registration caches and its own crash reports; the
+  // transport registers its memory explicitly). A user's own UCX_* settings win.
+  process.env.UCX_MEM_EVENTS ??= "no";
+  process.env.UCX_ERROR_SIGNALS ??= "";
   if (!existsSync(addonPath)) {
     throw new Error(`native engine not built (${addonPath} is missing): run "npm run build:native"`);
   }
