@@ -82,8 +82,9 @@ export function checkPolicyBeforeWork(rt: Pick<Runtime, "engine" | "model" | "co
  * loadPromptState). Prefill attention is full either way; offload would only move the KV tiers.
  */
 export function prefillObserverPolicy(policy: AttentionPolicy): AttentionPolicy {
-  if ((policy.kind === "omnikv" || policy.kind === "omnikv+scope") && policy.omnikv.offload) return { ...policy, omnikv: { ...policy.omnikv, offload: false } };
-  return policy;
+  if ((policy.kind !== "omnikv" && policy.kind !== "omnikv+scope") || !policy.omnikv.offload) return policy;
+  const { offload, ...omnikv } = policy.omnikv; // on here: the prefill's sequence keeps its KV in one tier
+  return { ...policy, omnikv: { ...omnikv, offload: !offload } };
 }
 
 /**

@@ -35,7 +35,7 @@ class PromptStateHolder {
 
   struct Pools {
     const std::vector<std::vector<int32_t>>* lists = nullptr;  // per (layer, KV head), ascending
-    int alpha1 = 0, alpha2 = 0;
+    int alpha1{}, alpha2{};  // zero: no pools
   };
   // The kept prompt lists computed for a prompt of n_tokens; lists null when there are none.
   virtual Pools prompt_pools(const ModelConfig& c, int n_tokens) const { return {}; }

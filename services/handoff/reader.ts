@@ -91,6 +91,32 @@ export class KvLoader {
     return this.ucx && loc.ucxEndpoint ? this.ucx : http;
   }
 
+  /**
+   * Reads one leased chunk over `transport` and imports it into `seq`. A read that fails because
+   * the owner was declared dead says so; any other failure is the transport's (KvLoadError).
+   */
+  private async readAndImport(
+    transport: KvTransport,
+    location: ChunkLocation,
+    chunk: LeasedChunk["chunk"],
+    seq: NativeSequence,
+    scratch: { buf: Buffer },
+    at: { deadlineMs: number; stop: AbortSignal; ownerDead: AbortSignal; caller: AbortSignal },
+  ): Promise<void> {
+    let view: ChunkView;
+    try {
+      view = await fetchChunk(transport, location, scratch, { deadlineMs: at.deadlineMs, signal: at.stop });
+    } catch (e) {
+      if (at.ownerDead.aborted && !at.caller.aborted) throw ownerGone(at.ownerDead.reason);
+      throw transportError(e, at.caller);
+    }
+    try {
+      this.importVerified(view.bytes, chunk, seq);
+    } finally {
+      view.release();
+    }
+  }
+
   /** Imports a chunk into `seq` if it is the registry row's and intact (fingerprint, shape, checksum); else KvLoadError. */
   private importVerified(bytes: Uint8Array, chunk: LeasedChunk["chunk"], seq: NativeSequence): void {
     try {
@@ -167,18 +193,7 @@ export class KvLoader {
           const { chunk, location } = leased[nextIndex++]!;
           const transport = this.pick(location);
           transports.add(transport.name);
-          let view: ChunkView;
-          try {
-            view = await fetchChunk(transport, location, scratch, { deadlineMs, signal: stop.signal });
-          } catch (e) {
-            if (ownerDead.signal.aborted && !signal.aborted) throw ownerGone(ownerDead.signal.reason);
-            throw transportError(e, signal);
-          }
-          try {
-            this.importVerified(view.bytes, chunk, seq);
-          } finally {
-            view.release();
-          }
+          await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
           bytes += location.length;
           this.metrics?.transferBytes(transport.name, location.length);
         }
@@ -256,18 +271,8 @@ export class KvLoader {
           await faultPoint("decode.load", this.rt.log);
         }
         transports.add(transport.name);
-        let view: ChunkView;
-        try {
-          view = await fetchChunk(transport, location, scratch, { deadlineMs: Date.now() + config.kvTimeoutMs, signal: stop.signal });
-        } catch (e) {
-          if (ownerDead.signal.aborted && !signal.aborted) throw ownerGone(ownerDead.signal.reason);
-          throw transportError(e, signal);
-        }
-        try {
-          this.importVerified(view.bytes, chunk, seq);
-        } finally {
-          view.release();
-        }
+        const deadlineMs = Date.now() + config.kvTimeoutMs;
+        await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
         rows.push(chunk);
         bytes += location.length;
         this.metrics?.transferBytes(transport.name, location.length);
