@@ -42,7 +42,10 @@ export function createLogger(config: Pick<Config, "logLevel" | "role" | "instanc
 export async function openRuntime(config: Config, log: Logger = createLogger(config)): Promise<Runtime> {
   const modelPath = await resolveModel(config.model !== undefined ? { path: config.model } : {});
   const model = await loadModel(modelPath);
-  const engine = new Engine(model, { threads: config.threads, device: config.device });
+  const engine = new Engine(model, { threads: config.threads, device: config.device, maxContext: config.maxContext });
+  if (engine.maxContext > model.config.nCtxTrain) {
+    log.warn({ maxContext: engine.maxContext, trainedContext: model.config.nCtxTrain }, "the context is longer than the model was trained for: positions past it give no meaningful answers");
+  }
   const meta = readGgufMetadata(modelPath);
   const tokenizer = GgufTokenizer.fromMetadata(meta);
   const chat = ChatTemplate.fromMetadataIfAny(meta, tokenizer);

@@ -28,6 +28,12 @@ export const ConfigSchema = z.object({
   /** GGUF path; default: $CTXBANK_MODEL, else the default model (downloaded once). */
   model: z.string().min(1).optional(),
   threads: int(1, 256).default(Math.max(1, Math.min(availableParallelism(), 2))),
+  /**
+   * Tokens one sequence may hold (prompt and generated). Default: the model's trained context.
+   * Past it the engine computes (RoPE positions go on) but the model never saw such positions:
+   * for measuring long-context cost, not for answers; the runtime warns.
+   */
+  maxContext: int(1, 1 << 22).optional(),
   /** Where the engine computes: cpu | cuda | cuda:N | auto (CUDA when a GPU is usable, else the CPU). */
   device: z
     .string()
@@ -167,6 +173,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   databaseUrl: { flag: "database-url", env: ["DATABASE_URL"], help: "postgres://… or pglite://memory | pglite:///dir" },
   model: { flag: "model", env: ["CTXBANK_MODEL"], help: "GGUF file (default: the default model)" },
   threads: { flag: "threads", env: ["CTXBANK_THREADS"], help: "engine threads" },
+  maxContext: { flag: "max-context", env: ["CTXBANK_MAX_CONTEXT"], help: "tokens one sequence may hold (default: the model's trained context; past it a warning: for measuring, not for answers)" },
   device: { flag: "device", env: ["CTXBANK_DEVICE"], help: "cpu | cuda | cuda:N | auto: where the engine computes (default cpu)" },
   instanceId: { flag: "instance-id", env: ["CTXBANK_INSTANCE_ID"], help: "registry id (stable across restarts)" },
   hostId: { flag: "host-id", env: ["CTXBANK_HOST_ID"], help: "host identity for shm locality (default hostname)" },
