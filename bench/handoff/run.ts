@@ -22,6 +22,8 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
 import { loadConfig } from "../../shared/platform/config.ts";
+import { loadModel } from "../../shared/inference/engine/engine.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { KvLoader } from "../../services/handoff/reader.ts";
 import type { KvTransport } from "../../services/handoff/transport/types.ts";
@@ -187,10 +189,10 @@ async function eventTimes(res: Response, t0: number, n: number): Promise<number[
  * reniced once the engine's threads exist, then timed from the sequence's creation to the first
  * token.
  */
-async function colocated(ids: number[], threads: number, nice: number): Promise<number> {
+async function colocated(ids: number[], threads: number, nice: number, maxContext: number): Promise<number> {
   const file = join(await mkdtemp("/tmp/ctxbank-colocated-"), "ids.json");
   await writeFile(file, JSON.stringify(ids));
-  const child = spawn(process.execPath, ["--import", "tsx", join(here, "colocated.ts"), file, String(threads)], { cwd: repoRoot, stdio: ["pipe", "pipe", "inherit"] });
+  const child = spawn(process.execPath, ["--import", "tsx", join(here, "colocated.ts"), file, String(threads), String(maxContext)], { cwd: repoRoot, stdio: ["pipe", "pipe", "inherit"] });
   let out = "";
   child.stdout.setEncoding("utf8");
   const exited = new Promise<number | null>((r) => child.once("exit", r));
@@ -316,6 +318,12 @@ async function main(): Promise<void> {
   log(`lengths ${opts.lengths.join(",")}, ${opts.reps} reps, ${opts.threads} threads, blocks of ${opts.blockTokens}`);
   const niceError = setProcessNice(opts.nice);
   if (niceError) log(`could not set nice ${opts.nice}: ${niceError}`);
+  // Lengths past the model's trained context are measured with the engine's context raised to
+  // them (--max-context): the bytes moved and the compute are those of a model with that context,
+  // the answers are not meaningful (2 tokens are generated, and only timed).
+  const trained = (await loadModel(await resolveModel())).config.nCtxTrain;
+  const maxContext = Math.max(trained, Math.max(...opts.lengths, ...(opts.transferOnly ? [] : opts.ttftLengths)) + 2);
+  if (maxContext > trained) log(`context raised to ${maxContext} tokens (the model's is ${trained}): timings only, not answers`);
   const pg = await startPostgres("ctxbank_bench");
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-");
   const procs: ServiceProcess[] = [];
@@ -333,7 +341,12 @@ async function main(): Promise<void> {
     });
   }
   try {
-    const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", "3600000", "--kv-timeout-ms", "600000"];
+    // A 32K-token prefill takes ~12 min on 2 cores: the decode's prefill call and KV load
+    // deadlines are raised to an hour so that only a real failure ends a run. The heartbeat
+    // timeout too (60 s): a run on a loaded box once lost its prefill to the registry declaring it
+    // dead mid-prefill (cause not found); the bench measures the handoff, not failure detection.
+    const long = String(3_600_000);
+    const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", long, "--kv-timeout-ms", long, "--prefill-timeout-ms", long, "--heartbeat-timeout-ms", "60000", "--max-context", String(maxContext)];
     log("starting prefill and two decode processes (KV over shm, streamed and not) against PostgreSQL 15");
     const prefill = await startService("prefill", [...common, "--threads", String(opts.threads), "--block-tokens", String(opts.blockTokens), "--shard-bytes", String(2 * 2 ** 30), "--instance-id", "bench-prefill"]);
     procs.push(prefill);
@@ -343,12 +356,12 @@ async function main(): Promise<void> {
     ]);
     procs.push(streamed, unstreamed);
     for (const p of procs) reniceProcess(p.child.pid, opts.nice);
-    const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: opts.threads, logLevel: "warn", kvTimeoutMs: 600_000 });
+    const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: opts.threads, logLevel: "warn", kvTimeoutMs: 3_600_000, maxContext });
     rt = await openRuntime(config, createLogger(config));
     // The bench's own reads carry capabilities signed with the services' shared secret.
     const loader = new KvLoader(rt, undefined, new InternalAuth(TEST_INTERNAL_SECRET));
     const tok = rt.tokenizer;
-    const allIds = tok.encode(benchText(Math.ceil(Math.max(...opts.lengths) / 500) + 1));
+    const allIds = tok.encode(benchText(Math.ceil((maxContext - 2) / 500) + 1));
 
     // One short request through the whole path first: connections, JIT and the engines' first
     // forward are then warm in every process, as in a running deployment.
@@ -369,7 +382,7 @@ async function main(): Promise<void> {
 
     const points: LengthPoint[] = [];
     for (const wanted of opts.lengths) {
-      const n = wanted === 8192 ? maxPrompt : wanted; // "8K" = the largest prompt the context holds
+      const n = wanted;
       if (n > maxPrompt) {
         skip("transfer", wanted);
         continue;
@@ -402,7 +415,7 @@ async function main(): Promise<void> {
 
     const ttft: TtftPoint[] = [];
     for (const wanted of opts.transferOnly ? [] : opts.ttftLengths) {
-      const n = wanted === 8192 ? maxPrompt : wanted;
+      const n = wanted;
       if (n > maxPrompt) {
         skip("TTFT", wanted);
         continue;
@@ -423,7 +436,7 @@ async function main(): Promise<void> {
         log(`${n} tokens: colocated, disaggregated streamed, disaggregated unstreamed (${r + 1}/${reps})`);
         await quiet();
         otherHere.push(other.at(-1)!);
-        const colocatedMs = await colocated(ids, opts.threads, opts.nice);
+        const colocatedMs = await colocated(ids, opts.threads, opts.nice, maxContext);
         const s1 = await disagg(streamed);
         const u1 = await disagg(unstreamed);
         runs.push({ colocatedMs, streamed: s1, unstreamed: u1 });
@@ -460,6 +473,13 @@ async function main(): Promise<void> {
     process.stdout.write(markdown(points, ttft, skipped) + "\n");
     log(`wrote ${join(opts.out, "handoff.json")}, handoff.svg, handoff.md`);
     await loader.close();
+  } catch (err) {
+    // The services log at info into memory: their warnings and errors say why a run failed.
+    for (const p of procs) {
+      const bad = p.log().split("\n").filter((l) => /"level":(4|5|6)0/.test(l));
+      if (bad.length > 0) log(`pid ${p.child.pid} warned or failed:\n${bad.slice(-20).join("\n")}`);
+    }
+    throw err;
   } finally {
     await cleanup();
   }
