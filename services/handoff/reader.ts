@@ -24,6 +24,7 @@ import { SocketHttpTransport } from "./transport/socket.ts";
 import { UcxTransport, ucxAvailable } from "./transport/ucx.ts";
 import { faultPoint } from "../fault-points.ts";
 import type { ChunkFeed } from "./chunk-feed.ts";
+import { ScratchPool, type Scratch } from "./scratch-pool.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
 export class KvLoadError extends CtxbankError<"kv_load_failed"> {
@@ -54,6 +55,8 @@ export class KvLoader {
   /** Present when the addon has UCX and the transport mode allows it. */
   readonly ucx: UcxTransport | undefined;
   private readonly shape: KvShape;
+  /** HTTP and UCX reads' staging buffers, reused across loads. */
+  private readonly scratch: ScratchPool;
   readonly totals = { loads: 0, chunks: 0, bytes: 0, failures: 0, ms: 0 };
 
   constructor(
@@ -72,6 +75,7 @@ export class KvLoader {
     }
     this.ucx = (rt.config.transport === "ucx" || rt.config.transport === "auto") && ucxAvailable() ? new UcxTransport() : undefined;
     this.shape = kvShape(rt.model.config);
+    this.scratch = new ScratchPool(rt.config.kvConcurrency);
   }
 
   /** When set, every chunk is read over this transport (bench/handoff compares them this way). */
@@ -100,7 +104,7 @@ export class KvLoader {
     location: ChunkLocation,
     chunk: LeasedChunk["chunk"],
     seq: NativeSequence,
-    scratch: { buf: Buffer },
+    scratch: Scratch,
     at: { deadlineMs: number; stop: AbortSignal; ownerDead: AbortSignal; caller: AbortSignal },
   ): Promise<void> {
     let view: ChunkView;
@@ -188,14 +192,18 @@ export class KvLoader {
       ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
       const untrack = await this.watchOwners(leased, ownerDead);
       const worker = async () => {
-        const scratch = { buf: Buffer.allocUnsafe(0) };
-        while (nextIndex < leased.length && !stop.signal.aborted) {
-          const { chunk, location } = leased[nextIndex++]!;
-          const transport = this.pick(location);
-          transports.add(transport.name);
-          await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
-          bytes += location.length;
-          this.metrics?.transferBytes(transport.name, location.length);
+        const scratch = this.scratch.take();
+        try {
+          while (nextIndex < leased.length && !stop.signal.aborted) {
+            const { chunk, location } = leased[nextIndex++]!;
+            const transport = this.pick(location);
+            transports.add(transport.name);
+            await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
+            bytes += location.length;
+            this.metrics?.transferBytes(transport.name, location.length);
+          }
+        } finally {
+          this.scratch.put(scratch);
         }
       };
       const workers = Array.from({ length: Math.min(config.kvConcurrency, leased.length) }, () =>
@@ -249,7 +257,7 @@ export class KvLoader {
     const transports = new Set<string>();
     let bytes = 0;
     let firstLease = true;
-    const readOne = async (id: string, scratch: { buf: Buffer }) => {
+    const readOne = async (id: string, scratch: Scratch) => {
       let leased: LeasedChunk;
       try {
         [leased] = (await registry.chunks.acquireRead([id], config.readLeaseMs)) as [LeasedChunk];
@@ -281,11 +289,15 @@ export class KvLoader {
       }
     };
     const worker = async () => {
-      const scratch = { buf: Buffer.allocUnsafe(0) };
-      for (;;) {
-        const id = await feed.next(stop.signal);
-        if (id === undefined || stop.signal.aborted) return;
-        await readOne(id, scratch);
+      const scratch = this.scratch.take();
+      try {
+        for (;;) {
+          const id = await feed.next(stop.signal);
+          if (id === undefined || stop.signal.aborted) return;
+          await readOne(id, scratch);
+        }
+      } finally {
+        this.scratch.put(scratch);
       }
     };
     try {
@@ -368,7 +380,7 @@ export class KvLoader {
 }
 
 /** The chunk's bytes: mapped in place where the transport can (shm), else read into `scratch`. */
-async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: { buf: Buffer }, opts: ReadChunkOptions): Promise<ChunkView> {
+async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: Scratch, opts: ReadChunkOptions): Promise<ChunkView> {
   if (opts.signal?.aborted) throw new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
   if (transport.viewChunk) return transport.viewChunk(loc);
   if (scratch.buf.byteLength < loc.length) scratch.buf = Buffer.allocUnsafe(loc.length);
