@@ -370,7 +370,7 @@ export class KvLoader {
 /** The chunk's bytes: mapped in place where the transport can (shm), else read into `scratch`. */
 async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: { buf: Buffer }, opts: ReadChunkOptions): Promise<ChunkView> {
   if (opts.signal?.aborted) throw new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
-  if (transport.viewChunk) return transport.viewChunk(loc);
+  if (transport.viewChunk) return await transport.viewChunk(loc);
   if (scratch.buf.byteLength < loc.length) scratch.buf = Buffer.allocUnsafe(loc.length);
   const bytes = scratch.buf.subarray(0, loc.length);
   await transport.readChunk(loc, bytes, opts);
