@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, unlink, writeFile } from "node:fs/promises";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
@@ -12,6 +12,7 @@ import type { LeasedChunk } from "../shared/platform/registry/registry.ts";
 import { chunkRoutes } from "../services/handoff/transport/chunk-server.ts";
 import { TransportError } from "../services/handoff/transport/errors.ts";
 import { HttpTransport } from "../services/handoff/transport/http.ts";
+import { ShardMaps } from "../services/handoff/transport/shard-maps.ts";
 import { ShmTransport } from "../services/handoff/transport/shm.ts";
 import type { ChunkLocation, KvTransport } from "../services/handoff/transport/types.ts";
 import { listen, misbehavingOwner, transportError } from "./helpers/transport.ts";
@@ -107,6 +108,21 @@ describe("KV transports", () => {
     b.release();
     expect(b.bytes.byteLength).toBe(0); // unmapped and detached
     expect(a.bytes.byteLength).toBe(0);
+  });
+
+  it("an idle mapping goes when its file is removed, without another view", async () => {
+    const file = path.join(dir, "idle-check");
+    await writeFile(file, chunk);
+    const maps = new ShardMaps(20);
+    const view = await maps.view(file, 4096, 4096);
+    expect(Buffer.compare(view.bytes, chunk.subarray(4096, 8192))).toBe(0);
+    view.release();
+    await new Promise((r) => setTimeout(r, 60));
+    expect(view.bytes.byteLength).toBe(4096); // the file is there: kept
+    await unlink(file);
+    await new Promise((r) => setTimeout(r, 100));
+    expect(view.bytes.byteLength).toBe(0); // unmapped, the removed file's memory let go
+    maps.close();
   });
 
   it("a wrong epoch is a clear stale_epoch on both", async () => {

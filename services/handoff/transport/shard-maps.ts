@@ -1,9 +1,11 @@
 // The shm reader's mappings: one per shard file, kept across chunks and loads, so a chunk costs a
 // stat of the path and the population of its own pages rather than an mmap and a munmap. Each
-// view still checks the path's file identity and size first; a mapping goes when its file is gone
-// or replaced, when it has been idle a while (a mapping keeps a removed file's memory alive), and
-// on close. Views are ranges of the one mapping; unmapping it detaches them all, and that waits
-// for the last view to be released.
+// view still checks the path's file identity and size first. A mapping goes when its file is gone
+// or replaced (found by a view, by a new mapping, or by a check every few seconds while it is idle:
+// a mapping keeps a removed file's memory alive) and on close. It is kept while its file lives
+// because making one costs more than an mmap: V8 counts the whole file as external memory and may
+// collect garbage at once. Views are ranges of the one mapping; unmapping it detaches them all,
+// and that waits for the last view to be released.
 import { statSync } from "node:fs";
 import { mapFile, populateMapped, unmapFile } from "../../../shared/inference/engine/native.ts";
 
@@ -19,7 +21,7 @@ interface ShardMap {
   buffer: ArrayBuffer;
   users: number; // views not yet released
   dropped: boolean; // no longer handed out; unmapped once users is 0
-  idle: NodeJS.Timeout | undefined;
+  idle: NodeJS.Timeout | undefined; // the check for a removed file while no view is out
 }
 
 /** Errors carry mapFile's codes: ENOENT (no file at the path), ESTALE (not the expected file), ERANGE. */
@@ -30,7 +32,7 @@ function mapError(code: string, message: string): NodeJS.ErrnoException {
 export class ShardMaps {
   private readonly byPath = new Map<string, ShardMap>();
 
-  constructor(private readonly idleMs = 10_000) {}
+  constructor(private readonly checkMs = 5_000) {}
 
   /**
    * Bytes [offset, offset + length) of the file at `path`, which must be `expectId`
@@ -93,7 +95,20 @@ export class ShardMaps {
     map.users--;
     if (map.users > 0) return;
     if (map.dropped) unmapFile(map.buffer);
-    else map.idle = setTimeout(() => this.drop(map), this.idleMs).unref();
+    else this.checkLater(map);
+  }
+
+  private checkLater(map: ShardMap): void {
+    map.idle = setTimeout(() => {
+      if (map.dropped || map.users > 0) return;
+      if (this.removed(map)) this.drop(map);
+      else this.checkLater(map);
+    }, this.checkMs).unref();
+  }
+
+  private removed(map: ShardMap): boolean {
+    const st = statSync(map.path, { bigint: true, throwIfNoEntry: false });
+    return !st || `${st.dev}:${st.ino}` !== map.fileId;
   }
 
   private drop(map: ShardMap): void {
@@ -106,9 +121,6 @@ export class ShardMaps {
 
   /** Drops the mappings of files that were removed or replaced since they were mapped. */
   private dropRemoved(): void {
-    for (const map of [...this.byPath.values()]) {
-      const st = statSync(map.path, { bigint: true, throwIfNoEntry: false });
-      if (!st || `${st.dev}:${st.ino}` !== map.fileId) this.drop(map);
-    }
+    for (const map of [...this.byPath.values()]) if (this.removed(map)) this.drop(map);
   }
 }
