@@ -6,7 +6,7 @@
 //   fresh: before each load the owner freed and rewrote the chunks' ranges (punched holes, wrote
 //          again), so the reader meets pages it has never mapped: what a decode sees in service;
 //   again: the same pages loaded once more (what bench:handoff's repetitions after the first see).
-// Seconds on a 2-core box, so A/B two trees by running this on each, interleaved.
+// To compare two trees, run it in each, alternating, and compare the medians.
 import { randomBytes, randomUUID } from "node:crypto";
 import { openSync, closeSync, readSync, writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
