@@ -4,7 +4,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { mapFile, unmapFile } from "../shared/inference/engine/native.ts";
+import { mapFile, populateMapped, unmapFile } from "../shared/inference/engine/native.ts";
 
 const dir = mkdtempSync(path.join(os.tmpdir(), "ctxbank-map-"));
 const file = path.join(dir, "shard");
@@ -25,6 +25,15 @@ describe("mapFile", () => {
     expect(ab.byteLength).toBe(0); // detached: no view can reach the unmapped pages
     expect(view.byteLength).toBe(0);
     expect(() => unmapFile(ab)).toThrow(/not a live mapping/);
+  });
+
+  it("maps without the pages and populates a range later, off the JS thread", async () => {
+    const ab = mapFile(file, 0, bytes.length, undefined, false);
+    await populateMapped(ab, 4099, 5000);
+    expect(Buffer.compare(new Uint8Array(ab), bytes)).toBe(0);
+    expect(() => populateMapped(ab, bytes.length - 1, 2)).toThrow(RangeError);
+    unmapFile(ab);
+    expect(() => populateMapped(ab, 0, 1)).toThrow(/not a live mapping/);
   });
 
   it("refuses missing files, bad ranges and foreign buffers", () => {

@@ -96,7 +96,7 @@ describe("registered shard file", () => {
   it("a file planted at the registered path is neither mapped nor read", async () => {
     const shm = new ShmTransport({ allowedDirs: [path.dirname(shard.path)], requireFileId: true });
     try {
-      const view = shm.viewChunk(loc);
+      const view = await shm.viewChunk(loc);
       expect(view.bytes[0]).toBe(0x5a);
       view.release();
       await shm.readChunk(loc, new Uint8Array(MiB), { deadlineMs: Date.now() + 5_000 });

@@ -1,5 +1,5 @@
 import { existsSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { mkdtemp, rm, unlink, writeFile } from "node:fs/promises";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
@@ -12,6 +12,7 @@ import type { LeasedChunk } from "../shared/platform/registry/registry.ts";
 import { chunkRoutes } from "../services/handoff/transport/chunk-server.ts";
 import { TransportError } from "../services/handoff/transport/errors.ts";
 import { HttpTransport } from "../services/handoff/transport/http.ts";
+import { ShardMaps } from "../services/handoff/transport/shard-maps.ts";
 import { ShmTransport } from "../services/handoff/transport/shm.ts";
 import type { ChunkLocation, KvTransport } from "../services/handoff/transport/types.ts";
 import { listen, misbehavingOwner, transportError } from "./helpers/transport.ts";
@@ -74,26 +75,54 @@ describe("KV transports", () => {
     }
   });
 
-  it("shm maps the chunk in place: the same bytes, no copy, and refusals with the transport's codes", () => {
+  it("shm maps the chunk in place: the same bytes, no copy, and refusals with the transport's codes", async () => {
     const t = track(shm());
-    const view = t.viewChunk(loc);
+    const view = await t.viewChunk(loc);
     expect(Buffer.compare(view.bytes, chunk)).toBe(0);
     expect(verifyChunk(view.bytes, { fingerprint: FP }).header.tokenCount).toBe(256);
     view.release();
-    expect(view.bytes.byteLength).toBe(0); // unmapped and detached
     view.release(); // twice is harmless
-    const code = (l: Partial<ChunkLocation>) => {
+    const code = async (l: Partial<ChunkLocation>) => {
       try {
-        t.viewChunk({ ...loc, ...l }).release();
+        (await t.viewChunk({ ...loc, ...l })).release();
         return "ok";
       } catch (e) {
         return (e as TransportError).code;
       }
     };
-    expect(code({ epoch: 1 })).toBe("stale_epoch");
-    expect(code({ offset: 96 * MiB - 10, length: 11 })).toBe("out_of_range");
-    expect(code({ length: 0 })).toBe("invalid_request");
-    expect(code({ shardPath: "/etc/passwd" })).toBe("invalid_request");
+    expect(await code({ epoch: 1 })).toBe("stale_epoch");
+    expect(await code({ offset: 96 * MiB - 10, length: 11 })).toBe("out_of_range");
+    expect(await code({ length: 0 })).toBe("invalid_request");
+    expect(await code({ shardPath: "/etc/passwd" })).toBe("invalid_request");
+  });
+
+  it("shm keeps one mapping per shard file and unmaps it on close, once the last view is released", async () => {
+    const t = shm();
+    const a = await t.viewChunk(loc);
+    const b = await t.viewChunk({ ...loc, offset: loc.offset + 4096, length: 4096 });
+    expect(a.bytes.buffer).toBe(b.bytes.buffer); // one mapping of the file
+    expect(Buffer.compare(b.bytes, chunk.subarray(4096, 8192))).toBe(0);
+    a.release();
+    await t.close();
+    expect(b.bytes.byteLength).toBe(4096); // still out: still mapped
+    b.release();
+    expect(b.bytes.byteLength).toBe(0); // unmapped and detached
+    expect(a.bytes.byteLength).toBe(0);
+  });
+
+  it("an idle mapping goes when its file is removed, without another view", async () => {
+    const file = path.join(dir, "idle-check");
+    await writeFile(file, chunk);
+    const maps = new ShardMaps(20);
+    const view = await maps.view(file, 4096, 4096);
+    expect(Buffer.compare(view.bytes, chunk.subarray(4096, 8192))).toBe(0);
+    view.release();
+    await new Promise((r) => setTimeout(r, 60));
+    expect(view.bytes.byteLength).toBe(4096); // the file is there: kept
+    await unlink(file);
+    await new Promise((r) => setTimeout(r, 100));
+    expect(view.bytes.byteLength).toBe(0); // unmapped, the removed file's memory let go
+    maps.close();
   });
 
   it("a wrong epoch is a clear stale_epoch on both", async () => {
@@ -234,9 +263,13 @@ describe("KV transports", () => {
   it("a restarted owner's old shard file reads as stale_epoch, cached handle or not", async () => {
     const warm = track(shm());
     await warm.readChunk(loc, new Uint8Array(loc.length), { deadlineMs: soon() }); // caches the handle
+    const view = await warm.viewChunk(loc); // maps the file
+    view.release();
     const restarted = await Shard.create({ dir, shardId: "prefill-a", epoch: 3, sizeBytes: MiB }); // removes epoch 2's file
     try {
       expect((await transportError(warm.readChunk(loc, new Uint8Array(loc.length), { deadlineMs: soon() }))).code).toBe("stale_epoch");
+      expect((await transportError(warm.viewChunk(loc))).code).toBe("stale_epoch");
+      expect(view.bytes.byteLength).toBe(0); // the old file's mapping is gone with it
       expect((await transportError(track(shm()).readChunk(loc, new Uint8Array(loc.length), { deadlineMs: soon() }))).code).toBe("stale_epoch");
     } finally {
       await restarted.close();

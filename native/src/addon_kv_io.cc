@@ -64,10 +64,12 @@ std::unordered_map<const void*, std::shared_ptr<FileMap>> live_maps;
 
 Napi::Value MapFile(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 3 || info.Length() > 4 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber() ||
-      (info.Length() == 4 && !info[3].IsString() && !info[3].IsUndefined()))
-    throw Napi::TypeError::New(env, "mapFile(path, offset, length, expectId?) needs a string, two numbers and an optional string");
-  const std::string expect_id = info.Length() == 4 && info[3].IsString() ? info[3].As<Napi::String>().Utf8Value() : "";
+  if (info.Length() < 3 || info.Length() > 5 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber() ||
+      (info.Length() >= 4 && !info[3].IsString() && !info[3].IsUndefined()) ||
+      (info.Length() == 5 && !info[4].IsBoolean() && !info[4].IsUndefined()))
+    throw Napi::TypeError::New(env, "mapFile(path, offset, length, expectId?, populate?) needs a string, two numbers, an optional string and an optional boolean");
+  const std::string expect_id = info.Length() >= 4 && info[3].IsString() ? info[3].As<Napi::String>().Utf8Value() : "";
+  const bool populate = !(info.Length() == 5 && info[4].IsBoolean() && !info[4].As<Napi::Boolean>().Value());
   const double offset = info[1].As<Napi::Number>().DoubleValue();
   const double length = info[2].As<Napi::Number>().DoubleValue();
   constexpr double kMaxSafe = 9007199254740991.0;
@@ -77,7 +79,7 @@ Napi::Value MapFile(const Napi::CallbackInfo& info) {
   std::shared_ptr<FileMap> map;
   try {
     map = std::make_shared<FileMap>(info[0].As<Napi::String>().Utf8Value(), static_cast<uint64_t>(offset),
-                                    static_cast<uint64_t>(length), expect_id);
+                                    static_cast<uint64_t>(length), expect_id, populate);
   } catch (const FileMapError& e) {
     Napi::Error err = Napi::Error::New(env, e.what());
     err.Set("code", Napi::String::New(env, e.code));
@@ -120,6 +122,51 @@ Napi::Value UnmapFile(const Napi::CallbackInfo& info) {
   ab.Detach();
   map->unmap();
   return env.Undefined();
+}
+
+// Maps in a range of a mapping's pages on a libuv worker thread, so a reader can import one chunk
+// while the next one's pages are mapped in. Holds the mapping; an unmapFile() meanwhile is the
+// caller's mistake and only makes the madvise fail (ShmTransport unmaps only when no view is out).
+class PopulateWorker : public Napi::AsyncWorker {
+ public:
+  PopulateWorker(Napi::Env env, std::shared_ptr<FileMap> map, size_t offset, size_t length)
+      : Napi::AsyncWorker(env), map_(std::move(map)), offset_(offset), length_(length), deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+  void Execute() override { map_->populate(offset_, length_); }
+  void OnOK() override { deferred_.Resolve(Env().Undefined()); }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  std::shared_ptr<FileMap> map_;
+  size_t offset_, length_;
+  Napi::Promise::Deferred deferred_;
+};
+
+// populateMapped(buffer, offset, length) -> Promise<void>: maps in the pages behind bytes
+// [offset, offset + length) of a live mapFile(..., populate = false) buffer, off the JS thread.
+Napi::Value PopulateMapped(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() != 3 || !info[0].IsArrayBuffer() || !info[1].IsNumber() || !info[2].IsNumber())
+    throw Napi::TypeError::New(env, "populateMapped(buffer, offset, length) needs an ArrayBuffer and two numbers");
+  const void* data = info[0].As<Napi::ArrayBuffer>().Data();
+  const double offset = info[1].As<Napi::Number>().DoubleValue();
+  const double length = info[2].As<Napi::Number>().DoubleValue();
+  std::shared_ptr<FileMap> map;
+  {
+    std::lock_guard<std::mutex> lock(maps_mutex);
+    auto it = live_maps.find(data);
+    if (data == nullptr || it == live_maps.end())
+      throw Napi::Error::New(env, "populateMapped: the buffer is not a live mapping from mapFile()");
+    map = it->second;
+  }
+  const double size = static_cast<double>(map->size());
+  if (!(offset >= 0 && length >= 0 && offset == static_cast<double>(static_cast<uint64_t>(offset)) &&
+        length == static_cast<double>(static_cast<uint64_t>(length)) && offset + length <= size))
+    throw Napi::RangeError::New(env, "populateMapped: the range must be whole numbers inside the mapping");
+  auto* worker = new PopulateWorker(env, std::move(map), static_cast<size_t>(offset), static_cast<size_t>(length));
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
 }
 
 // crc32c(bytes, prev = 0): continues a CRC-32C over bytes (chunk checksums).
@@ -166,6 +213,7 @@ Napi::Value PunchHole(const Napi::CallbackInfo& info) {
 void init_kv_io(Napi::Env env, Napi::Object exports) {
   exports.Set("mapFile", Napi::Function::New(env, MapFile));
   exports.Set("unmapFile", Napi::Function::New(env, UnmapFile));
+  exports.Set("populateMapped", Napi::Function::New(env, PopulateMapped));
   exports.Set("crc32c", Napi::Function::New(env, Crc32c));
   exports.Set("punchHole", Napi::Function::New(env, PunchHole));
 }

@@ -20,7 +20,8 @@ BytesArg bytes_arg(const Napi::CallbackInfo& info, size_t i, const char* what);
 // (layerIds: number[] | Int32Array, tokenStart: number, tokenCount: number) from info[i..i+2].
 ChunkRows chunk_rows_arg(const Napi::CallbackInfo& info, size_t i);
 
-// Adds mapFile(path, offset, length, expectId?) -> ArrayBuffer, unmapFile(buffer),
+// Adds mapFile(path, offset, length, expectId?, populate?) -> ArrayBuffer, unmapFile(buffer),
+// populateMapped(buffer, offset, length) -> Promise<void>,
 // crc32c(bytes, prev?) -> number and punchHole(fd, offset, length) -> boolean to `exports`.
 void init_kv_io(Napi::Env env, Napi::Object exports);
 

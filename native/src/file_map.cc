@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -33,7 +34,7 @@ int punch_hole(int fd, uint64_t offset, uint64_t length) {
   return 0;
 }
 
-FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id) {
+FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id, bool populate) {
   if (length == 0) fail(path, "EINVAL", "the range is empty");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(path, errno_name(errno), std::strerror(errno));
@@ -64,14 +65,26 @@ FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length, cons
   const int err = errno;
   ::close(fd);  // the mapping keeps the file's pages alive
   if (p == MAP_FAILED) fail(path, errno_name(err), std::strerror(err));
-#ifdef MADV_POPULATE_READ
-  // The reader reads every byte (a KV import): mapping the pages in one call costs less than
-  // taking their read faults as the import reaches them. Best effort: kernels before 5.14 refuse it.
-  (void)::madvise(p, mapped_bytes_, MADV_POPULATE_READ);
-#endif
   base_ = p;
   data_ = static_cast<uint8_t*>(p) + (offset - start);
   size_ = static_cast<size_t>(length);
+  if (populate) this->populate(0, size_);
+}
+
+void FileMap::populate(size_t offset, size_t length) const {
+#ifdef MADV_POPULATE_READ
+  // The reader reads every byte (a KV import): mapping the pages in one call costs less than
+  // taking their read faults as the import reaches them. Best effort: kernels before 5.14 refuse it.
+  if (!base_ || offset >= size_ || length == 0) return;
+  length = std::min(length, size_ - offset);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data_ + offset) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data_ + offset + length);
+  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+#else
+  (void)offset;
+  (void)length;
+#endif
 }
 
 void FileMap::unmap() {

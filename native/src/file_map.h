@@ -23,8 +23,10 @@ class FileMap {
   // the file and the reason) when it is missing, not regular, or shorter than the range. With
   // `expect_id` ("device:inode", as file_identity gives), the opened file must be that one, so a
   // file planted at the path (or a later file with the same name) is refused, checked on the
-  // descriptor that is mapped (no window between the check and the map).
-  FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id = "");
+  // descriptor that is mapped (no window between the check and the map). With `populate`, the
+  // range's pages are mapped in at once (MADV_POPULATE_READ); without, populate() does it later.
+  FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id = "",
+          bool populate = true);
   ~FileMap();
   FileMap(const FileMap&) = delete;
   FileMap& operator=(const FileMap&) = delete;
@@ -33,6 +35,9 @@ class FileMap {
   size_t size() const { return size_; }
   bool mapped() const { return base_ != nullptr; }
   void unmap();
+  // Maps in the file's pages behind bytes [offset, offset + length) of the view (read faults taken
+  // all at once; best effort: kernels before 5.14 cannot). Safe from any thread while mapped.
+  void populate(size_t offset, size_t length) const;
 
  private:
   void* base_ = nullptr;  // page-aligned start of the mapping

@@ -48,6 +48,22 @@ TEST(FileMap, ViewsTheFileBytesAtAnUnalignedOffset) {
   std::remove(path.c_str());
 }
 
+TEST(FileMap, PopulatesARangeLaterAndIgnoresRangesPastTheEnd) {
+  std::vector<uint8_t> bytes(3 * 4096 + 100);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 5 + 1);
+  const std::string path = temp_file(bytes);
+  {
+    ctx::FileMap m(path, 100, bytes.size() - 100, "", /*populate=*/false);
+    m.populate(4000, 5000);          // an unaligned range inside the view
+    m.populate(m.size() - 1, 4096);  // clipped to the view
+    m.populate(m.size(), 1);         // past the end: nothing
+    for (size_t i = 0; i < m.size(); ++i) ASSERT_EQ(m.data()[i], bytes[100 + i]) << i;
+    m.unmap();
+    m.populate(0, 1);  // unmapped: nothing
+  }
+  std::remove(path.c_str());
+}
+
 TEST(FileMap, RefusesMissingFilesAndRangesOutsideTheFile) {
   const std::string path = temp_file(std::vector<uint8_t>(1000, 1));
   EXPECT_THROW(ctx::FileMap("/nonexistent/ctxbank", 0, 1), std::runtime_error);

@@ -152,6 +152,10 @@ export class KvLoader {
   async load(handle: Handle, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
     const { registry, config, model } = this.rt;
     const t0 = performance.now();
+    // The request's chunks are looked up while the leases are taken (one round trip less); a
+    // lease failure is reported first, as when the two ran one after the other.
+    const ofRequest = registry.chunks.ofRequest(handle.request_id);
+    ofRequest.catch(() => {}); // awaited below, once the leases are held
     let leased: LeasedChunk[];
     try {
       leased = await registry.chunks.acquireRead(handle.chunk_ids, config.readLeaseMs);
@@ -163,7 +167,7 @@ export class KvLoader {
     const ids = leased.map((l) => l.chunk.id);
     try {
       // A handle is the client's to send: every chunk it names must be one its own request holds.
-      const held = new Set((await registry.chunks.ofRequest(handle.request_id)).map((c) => c.id));
+      const held = new Set((await ofRequest).map((c) => c.id));
       if (ids.some((id) => !held.has(id))) {
         throw new ApiError(400, "invalid_request", "the handle names chunks its request does not hold", "handle.chunk_ids");
       }
@@ -382,7 +386,7 @@ export class KvLoader {
 /** The chunk's bytes: mapped in place where the transport can (shm), else read into `scratch`. */
 async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: Scratch, opts: ReadChunkOptions): Promise<ChunkView> {
   if (opts.signal?.aborted) throw new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
-  if (transport.viewChunk) return transport.viewChunk(loc);
+  if (transport.viewChunk) return await transport.viewChunk(loc);
   if (scratch.buf.byteLength < loc.length) scratch.buf = Buffer.allocUnsafe(loc.length);
   const bytes = scratch.buf.subarray(0, loc.length);
   await transport.readChunk(loc, bytes, opts);

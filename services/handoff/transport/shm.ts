@@ -1,14 +1,15 @@
 // Same-host transport: the chunk's bytes straight out of the owner's shard file (tmpfs pages).
-// viewChunk maps the chunk's range (native mmap): the decode verifies and imports from the
-// owner's own pages, so the only copy is the one into the cache. readChunk copies into the
-// caller's buffer, for callers that need their own bytes.
+// viewChunk gives the chunk's range of the shard file's mapping (native mmap, one per file, kept
+// by ShardMaps): the decode verifies and imports from the owner's own pages, so the only copy is
+// the one into the cache. readChunk copies into the caller's buffer, for callers that need their
+// own bytes.
 import { open, type FileHandle } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
 import { parseShardFileName } from "../shard/shard.ts";
-import { mapFile, unmapFile } from "../../../shared/inference/engine/native.ts";
 import { TransportError, chunkLabel } from "./errors.ts";
 import { checkLocation, checkReadArgs, withDeadline } from "./read-checks.ts";
+import { ShardMaps } from "./shard-maps.ts";
 import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "./types.ts";
 
 export interface ShmTransportOptions {
@@ -35,6 +36,7 @@ interface OpenFile {
 export class ShmTransport implements KvTransport {
   readonly name = "shm";
   private readonly files = new Map<string, OpenFile>();
+  private readonly maps = new ShardMaps();
   private readonly allowedDirs: string[];
   private readonly pieceBytes: number;
   private readonly requireFileId: boolean;
@@ -82,12 +84,11 @@ export class ShmTransport implements KvTransport {
     });
   }
 
-  viewChunk(loc: ChunkLocation): ChunkView {
+  async viewChunk(loc: ChunkLocation): Promise<ChunkView> {
     checkLocation(loc);
     this.checkPath(loc);
-    let buffer: ArrayBuffer;
     try {
-      buffer = mapFile(loc.shardPath, loc.offset, loc.length, loc.fileId ?? undefined);
+      return await this.maps.view(loc.shardPath, loc.offset, loc.length, loc.fileId ?? undefined);
     } catch (err) {
       const { code, message } = err as NodeJS.ErrnoException;
       // A missing file means its owner restarted (the epoch is in the file name).
@@ -95,17 +96,10 @@ export class ShmTransport implements KvTransport {
       if (code === "ESTALE") throw new TransportError("file_mismatch", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
       throw new TransportError(code === "ERANGE" ? "out_of_range" : "io_error", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
     }
-    let released = false;
-    return {
-      bytes: new Uint8Array(buffer),
-      release: () => {
-        if (!released) unmapFile(buffer);
-        released = true;
-      },
-    };
   }
 
   async close(): Promise<void> {
+    this.maps.close();
     const entries = [...this.files.values()];
     this.files.clear();
     await Promise.all(entries.map((e) => this.closeFile(e)));

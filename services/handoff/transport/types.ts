@@ -34,13 +34,13 @@ export interface KvTransport {
    * The chunk's bytes in place, without copying, where the transport can map the shard (shm).
    * Absent where it cannot. The caller must release() the view when done with it.
    */
-  viewChunk?(loc: ChunkLocation): ChunkView;
+  viewChunk?(loc: ChunkLocation): Promise<ChunkView>;
   close(): Promise<void>;
 }
 
 export interface ChunkView {
   readonly bytes: Uint8Array;
-  /** Unmaps the bytes; every view of them becomes empty. */
+  /** The caller is done with the bytes (shm: they are unmapped, and every view of them emptied, once no view of the shard file is out). */
   release(): void;
 }
 

@@ -208,7 +208,8 @@ interface Addon {
   readGgufMetadata(path: string): Record<string, unknown>;
   ggufInfo(path: string): GgufInfo;
   loadModel(path: string): Promise<NativeModel>;
-  mapFile(path: string, offset: number, length: number, expectId?: string): ArrayBuffer;
+  mapFile(path: string, offset: number, length: number, expectId?: string, populate?: boolean): ArrayBuffer;
+  populateMapped(buffer: ArrayBuffer, offset: number, length: number): Promise<void>;
   punchHole(fd: number, offset: number, length: number): boolean;
   unmapFile(buffer: ArrayBuffer): void;
   crc32c(bytes: Uint8Array, prev?: number): number;
@@ -270,9 +271,19 @@ export function ggufInfo(path: string): GgufInfo {
  * A zero-copy view of bytes [offset, offset + length) of a file (mmap; private, so writes never
  * reach the file). Throws an Error naming the file and the reason when it cannot be mapped. Hand
  * the buffer to unmapFile() when done: that detaches it (views become empty) and unmaps at once.
+ * The pages are mapped in up front unless `populate` is false (then populateMapped() does it).
  */
-export function mapFile(path: string, offset: number, length: number, expectId?: string): ArrayBuffer {
-  return expectId === undefined ? addon().mapFile(path, offset, length) : addon().mapFile(path, offset, length, expectId);
+export function mapFile(path: string, offset: number, length: number, expectId?: string, populate = true): ArrayBuffer {
+  return addon().mapFile(path, offset, length, expectId, populate);
+}
+
+/**
+ * Maps in the pages behind bytes [offset, offset + length) of a live mapFile() buffer on a worker
+ * thread (best effort), so the reader's later pass takes no page faults. The buffer must stay
+ * mapped until the promise settles.
+ */
+export function populateMapped(buffer: ArrayBuffer, offset: number, length: number): Promise<void> {
+  return addon().populateMapped(buffer, offset, length);
 }
 
 /**

@@ -1,0 +1,113 @@
+// node --import tsx bench/handoff/shm-load.ts [lengths, default 4096,8192] [reps, default 15]
+//
+// The whole shm load (KvLoader.load: lease → ready to decode) without a prefill: chunks of random
+// KV of the default model's shape are written to a shard file and registered as a prefill does,
+// then loaded over and over into one sequence. Two cases, interleaved, medians printed:
+//   fresh: before each load the owner freed and rewrote the chunks' ranges (punched holes, wrote
+//          again), so the reader meets pages it has never mapped: what a decode sees in service;
+//   again: the same pages loaded once more (what bench:handoff's repetitions after the first see).
+// To compare two trees, run it in each, alternating, and compare the medians.
+import { randomBytes, randomUUID } from "node:crypto";
+import { openSync, closeSync, readSync, writeSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { loadConfig } from "../../shared/platform/config.ts";
+import type { Handle } from "../../shared/platform/http/wire.ts";
+import { punchHole } from "../../shared/inference/engine/native.ts";
+import { KvLoader } from "../../services/handoff/reader.ts";
+import { createLogger, openRuntime } from "../../services/runtime.ts";
+import { Shard, shardFileName } from "../../services/handoff/shard/shard.ts";
+import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../services/handoff/format/chunk.ts";
+import { encodeChunkFromLayers } from "../../services/handoff/format/chunk-pack.ts";
+import { kvShape } from "../../services/handoff/format/seq-io.ts";
+import { startPostgres } from "../../tools/lib/postgres.ts";
+
+const lengths = (process.argv[2] ?? "4096,8192").split(",").map(Number);
+const reps = Number(process.argv[3] ?? 15);
+const BLOCK = 512;
+const SHARD_BYTES = 2 * 2 ** 30;
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
+
+const pg = await startPostgres("ctxbank_shm_load");
+const shardDir = await mkdtemp("/dev/shm/ctxbank-shm-load-");
+const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: 1, logLevel: "warn", kvTimeoutMs: 600_000 });
+const rt = await openRuntime(config, createLogger(config));
+const owner = "shm-load-owner";
+await rt.registry.instances.register({ id: owner, role: "prefill", baseUrl: "http://127.0.0.1:9", hostId: config.hostId });
+const beat = setInterval(() => void rt.registry.instances.heartbeat(owner).catch(() => {}), 1000);
+const row = await rt.registry.shards.create({ id: owner, instanceId: owner, sizeBytes: SHARD_BYTES, pathFor: (e) => `${shardDir}/${shardFileName(owner, e)}` });
+const shard = await Shard.create({ dir: shardDir, shardId: owner, epoch: row.epoch, sizeBytes: SHARD_BYTES });
+await rt.registry.shards.recordFile(owner, row.epoch, shard.fileId);
+const shape = kvShape(rt.model.config);
+const layerIds = Array.from({ length: shape.nLayer }, (_, i) => i);
+const f16 = (n: number) => new Uint16Array(randomBytes(n * 2).buffer).map((x) => x & 0x3bff); // finite halves
+
+/** A committed handle of n tokens, one chunk (every layer) per block; and its ranges in the shard. */
+async function makeHandle(n: number): Promise<{ handle: Handle; ranges: { offset: number; length: number }[] }> {
+  const requestId = `req-${randomUUID()}`;
+  await rt.registry.requests.create({ id: requestId, sessionId: null, roundId: null, promptTokens: n });
+  const ids: string[] = [];
+  const ranges: { offset: number; length: number }[] = [];
+  for (let t = 0; t < n; t += BLOCK) {
+    const meta: ChunkMeta = { fingerprint: rt.model.fingerprint, dtype: "f16", layerIds, hkv: shape.hkv, headDim: shape.headDim, tokenStart: t, tokenCount: Math.min(BLOCK, n - t) };
+    const elems = meta.tokenCount * shape.hkv * shape.headDim;
+    const bytes = Buffer.alloc(chunkByteLength(meta));
+    encodeChunkFromLayers(bytes, meta, layerIds.map(() => ({ k: f16(elems), v: f16(elems) })));
+    const offset = shard.alloc(bytes.length)!;
+    const begun = await rt.registry.chunks.begin({
+      key: randomBytes(32).toString("hex"), requestId, sessionId: null, roundId: null, layerGroup: 0, layerIds, tokenStart: t, tokenEnd: t + meta.tokenCount,
+      shardId: owner, shardEpoch: row.epoch, offset, length: bytes.length, dtype: "f16", layoutVersion: LAYOUT_VERSION, modelFingerprint: rt.model.fingerprint, writeLeaseMs: 60_000,
+    });
+    await shard.write(offset, bytes);
+    await rt.registry.chunks.commit(begun.chunk.id, { checksum: bytes.readUInt32LE(8), retainMs: 3_600_000 });
+    ids.push(begun.chunk.id);
+    ranges.push({ offset, length: bytes.length });
+  }
+  return { handle: { request_id: requestId, chunk_ids: ids, prompt_tokens: n } as Handle, ranges };
+}
+
+/** As an owner that freed the ranges and wrote them again: new pages, none mapped by any reader. */
+function rewrite(ranges: { offset: number; length: number }[]): void {
+  const fd = openSync(shard.path, "r+");
+  try {
+    for (const { offset, length } of ranges) {
+      const b = Buffer.allocUnsafe(length);
+      readSync(fd, b, 0, length, offset);
+      punchHole(fd, offset, length);
+      writeSync(fd, b, 0, length, offset);
+    }
+  } finally {
+    closeSync(fd);
+  }
+}
+
+try {
+  const loader = new KvLoader(rt);
+  loader.override = loader.shm;
+  for (const wanted of lengths) {
+    const n = Math.min(wanted, rt.engine.maxContext - 2);
+    const { handle, ranges } = await makeHandle(n);
+    const seq = rt.engine.createSequence(n + 1);
+    const ms = { fresh: [] as number[], again: [] as number[] };
+    let bytes = 0;
+    for (let r = 0; r <= reps; r++) {
+      for (const kind of r % 2 ? (["again", "fresh"] as const) : (["fresh", "again"] as const)) {
+        if (kind === "fresh") rewrite(ranges);
+        seq.truncate(0);
+        const stats = await loader.load(handle, seq, new AbortController().signal);
+        bytes = stats.bytes;
+        if (r > 0) ms[kind].push(stats.ms); // the first round warms up
+      }
+    }
+    seq.release();
+    const gbps = (m: number) => (bytes / 1e9 / (m / 1000)).toFixed(2);
+    console.log(`${n} tokens (${(bytes / 2 ** 20).toFixed(1)} MiB, ${handle.chunk_ids.length} chunks), whole shm load, median of ${reps}:`);
+    for (const [kind, v] of Object.entries(ms)) console.log(`  ${kind}: ${median(v).toFixed(1)} ms = ${gbps(median(v))} GB/s  [${v.map((x) => x.toFixed(0)).join(" ")}]`);
+  }
+  await loader.close();
+} finally {
+  clearInterval(beat);
+  await shard.destroy().catch(() => {});
+  await rt.close();
+  await pg.stop();
+  await rm(shardDir, { recursive: true, force: true });
+}
