@@ -1,6 +1,6 @@
 // Disaggregated equals colocated: `ctxbank prefill` and `ctxbank decode` as separate processes
 // against a real PostgreSQL 15, the KV handed over HTTP (one decode), shm (another) and UCX (a
-// third, where the addon has UCX), must give exactly the greedy tokens the engine gives in one
+// third, where the UCX addon is built), must give exactly the greedy tokens the engine gives in one
 // process — under SCOPE's prompt pool and the OmniKV exp selector too, whose prompt state comes
 // with the handle. Then the prefill process is killed
 // after it answered and before decode pulled: decode fails fast, or recomputes when asked.
@@ -20,7 +20,7 @@ import { postJson, startService, tempShardDir, type ServiceProcess } from "../to
 import { ucxAvailable } from "../services/handoff/transport/ucx.ts";
 
 const UCX = ucxAvailable();
-if (!UCX) console.warn("[e2e-disagg] the UCX decode is skipped: the native addon was built without UCX");
+if (!UCX) console.warn("[e2e-disagg] the UCX decode is skipped: the UCX transport addon is not built");
 
 let pg: TestPostgres;
 let shards: Awaited<ReturnType<typeof tempShardDir>>;

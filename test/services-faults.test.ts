@@ -1,5 +1,5 @@
 // Faults, on PGlite and on PostgreSQL 15: a corrupted chunk byte is detected before the engine
-// uses it (every transport: http, shm, and UCX where the addon has it); expired leases (unread handles, crashed readers) are reclaimed and
+// uses it (every transport: http, shm, and UCX where its addon is built); expired leases (unread handles, crashed readers) are reclaimed and
 // the shard space reused; a cancelled stream or prefill frees its KV at once, visibly in the
 // registry and in the services' memory accounting.
 import { randomUUID } from "node:crypto";
@@ -17,7 +17,7 @@ import { ucxAvailable } from "../services/handoff/transport/ucx.ts";
 
 // UCX runs where the addon was built with it (CI installs libucx-dev); elsewhere its cases skip, saying so.
 const TRANSPORTS = ucxAvailable() ? (["http", "shm", "ucx"] as const) : (["http", "shm"] as const);
-if (!ucxAvailable()) console.warn("[services-faults] UCX cases skipped: the native addon was built without UCX");
+if (!ucxAvailable()) console.warn("[services-faults] UCX cases skipped: the UCX transport addon is not built");
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },

@@ -2,10 +2,16 @@
 // bytes and the same error codes as the other transports (test/transport.test.ts), a restarted
 // owner's old epoch read as stale_epoch, an owner killed before or during a read, a stalled owner
 // ended by the deadline, and every malformed endpoint the registry could hand out refused cleanly
-// before a byte of it reaches UCX. Skips, saying so, where the addon was built without UCX (CI
-// installs libucx-dev and builds with CTXBANK_UCX=ON, so it runs there).
-import { mkdtemp, rm } from "node:fs/promises";
+// before a byte of it reaches UCX. UCX lives in its own addon, loaded on first use only: the
+// engine's addon maps no UCX library, and a UCX addon that is missing or cannot be loaded is a
+// clear error (test/helpers/ucx-load-probe.ts, in processes of their own). The transport's cases
+// skip, saying so, where the UCX addon is not built (CI installs libucx-dev and builds with
+// CTXBANK_UCX=ON, so they run there).
+import { execFile } from "node:child_process";
+import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { chunkByteLength, verifyChunk, type ChunkMeta } from "../services/handoff/format/chunk.ts";
 import { encodeChunkFromLayers } from "../services/handoff/format/chunk-pack.ts";
@@ -13,6 +19,7 @@ import { Shard } from "../services/handoff/shard/shard.ts";
 import { UcxShardExposure, UcxTransport, ucxAvailable, type UcxChunkLocation } from "../services/handoff/transport/ucx.ts";
 import { decodeUcxEndpoint, encodeUcxEndpoint } from "../services/handoff/transport/ucx-endpoint.ts";
 import { transportError } from "./helpers/transport.ts";
+import type { UcxLoadProbe } from "./helpers/ucx-load-probe.ts";
 import { startUcxOwner, type UcxOwner } from "./helpers/ucx-owner.ts";
 
 const FP = "5e".repeat(32);
@@ -20,7 +27,51 @@ const MiB = 1 << 20;
 const soon = (ms = 10_000) => Date.now() + ms;
 
 const available = ucxAvailable();
-if (!available) console.warn("[transport-ucx] skipped: the native addon was built without UCX (install libucx-dev, rebuild with CTXBANK_UCX=ON)");
+if (!available) console.warn("[transport-ucx] UCX cases skipped: the UCX transport addon is not built (install libucx-dev, run npm run build:native)");
+
+async function probe(args: string[], env: NodeJS.ProcessEnv = {}): Promise<UcxLoadProbe> {
+  const script = fileURLToPath(new URL("./helpers/ucx-load-probe.ts", import.meta.url));
+  const { stdout } = await promisify(execFile)(process.execPath, ["--import", "tsx", script, ...args], { env: { ...process.env, ...env } });
+  return JSON.parse(stdout) as UcxLoadProbe;
+}
+
+describe("the UCX addon is loaded on first use only", () => {
+  it("the engine's addon maps no UCX library, nor does asking whether UCX is available; loading the UCX addon does", async () => {
+    const p = await probe(["engine"]);
+    expect(p.afterEngine).toEqual([]);
+    expect(p.available).toBe(available);
+    expect(p.afterAvailable).toEqual([]);
+    if (available) {
+      expect(p.loadError).toBeUndefined();
+      expect(p.afterLoad).toEqual(expect.arrayContaining([expect.stringMatching(/^libucp\.so/), expect.stringMatching(/^libucs\.so/)]));
+    } else {
+      expect(p.loadError).toMatch(/the UCX transport is not built/);
+    }
+  }, 60_000);
+
+  it("a missing UCX addon: not available, and using it says it is not built", async () => {
+    const dir = await mkdtemp(path.join("/tmp", "ctxbank-ucx-addon-"));
+    try {
+      const p = await probe([], { CTXBANK_ADDON: path.join(dir, "ctxbank_native.node") });
+      expect(p).toMatchObject({ available: false, availableAfterLoad: false, afterLoad: [] });
+      expect(p.loadError).toMatch(/the UCX transport is not built \(.*ctxbank_ucx\.node is missing\)/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
+
+  it("a UCX addon that cannot be loaded: a clear error, not a crash, and UCX is unavailable afterwards", async () => {
+    const dir = await mkdtemp(path.join("/tmp", "ctxbank-ucx-addon-"));
+    try {
+      await writeFile(path.join(dir, "ctxbank_ucx.node"), "not a shared object");
+      const p = await probe([], { CTXBANK_ADDON: path.join(dir, "ctxbank_native.node") });
+      expect(p).toMatchObject({ available: true, availableAfterLoad: false, afterLoad: [] });
+      expect(p.loadError).toMatch(/cannot load the UCX transport addon .*ctxbank_ucx\.node/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  }, 60_000);
+});
 
 describe.skipIf(!available)("UCX transport", () => {
   let dir: string;

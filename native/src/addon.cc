@@ -9,7 +9,6 @@
 
 #include "engine.h"
 #include "addon_kv_io.h"
-#include "ucx/addon_ucx.h"
 #include "addon_policy.h"
 #include "prompt_state.h"
 #include "engine_worker.h"
@@ -588,7 +587,6 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
   exports.Set("policyFields", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value { return policy_fields_to_js(info.Env()); }));
   init_kv_io(env, exports);
-  init_ucx(env, exports);
   NativeModel::Init(env, exports);
   NativeSequence::Init(env, exports);
   NativeEngine::Init(env, exports);

@@ -21,7 +21,7 @@ import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "../decode/peer-watch.ts";
 import { SocketHttpTransport } from "./transport/socket.ts";
-import { UcxTransport, ucxAvailable } from "./transport/ucx.ts";
+import { UcxTransport, loadUcx, ucxAvailable } from "./transport/ucx.ts";
 import { faultPoint } from "../fault-points.ts";
 import type { ChunkFeed } from "./chunk-feed.ts";
 import { ScratchPool, type Scratch } from "./scratch-pool.ts";
@@ -52,7 +52,7 @@ export class KvLoader {
   readonly http: SocketHttpTransport;
   readonly https: HttpTransport;
   readonly shm: ShmTransport;
-  /** Present when the addon has UCX and the transport mode allows it. */
+  /** Present when the UCX addon is built and the transport mode allows it (its addon loads on first use). */
   readonly ucx: UcxTransport | undefined;
   private readonly shape: KvShape;
   /** HTTP and UCX reads' staging buffers, reused across loads. */
@@ -70,10 +70,13 @@ export class KvLoader {
     this.http = new SocketHttpTransport({ maxIdle: 8 });
     this.https = new HttpTransport({ connections: 8 });
     this.shm = new ShmTransport({ allowedDirs: [path.resolve(rt.config.shardDir)], requireFileId: true, log: rt.log });
-    if (rt.config.transport === "ucx" && !ucxAvailable()) {
-      throw new Error("--transport ucx: the native addon was built without UCX (install libucx-dev and rebuild with CTXBANK_UCX=ON)");
-    }
+    // The UCX addon is loaded on first use: at once under --transport ucx (a clear error now rather
+    // than at the first read), under auto at the first chunk whose owner publishes an endpoint.
     this.ucx = (rt.config.transport === "ucx" || rt.config.transport === "auto") && ucxAvailable() ? new UcxTransport() : undefined;
+    if (rt.config.transport === "ucx") {
+      if (!this.ucx) throw new Error("--transport ucx: the UCX transport is not built (install libucx-dev and run \"npm run build:native\" with CTXBANK_UCX=AUTO or ON)");
+      loadUcx();
+    }
     this.shape = kvShape(rt.model.config);
     this.scratch = new ScratchPool(rt.config.kvConcurrency);
   }
@@ -92,7 +95,23 @@ export class KvLoader {
     const sameHost = loc.ownerHostId === this.rt.config.hostId;
     const allowed = path.dirname(path.resolve(loc.shardPath)) === path.resolve(this.rt.config.shardDir);
     if (sameHost && allowed) return this.shm;
-    return this.ucx && loc.ucxEndpoint ? this.ucx : http;
+    return loc.ucxEndpoint && this.ucx && this.canLoadUcx() ? this.ucx : http;
+  }
+
+  /** Set when the UCX addon failed to load: auto then reads over HTTP (the failure is logged once). */
+  private ucxLoadFailed = false;
+
+  /** Under auto, for an owner that publishes an endpoint: loads the UCX addon the first time. */
+  private canLoadUcx(): boolean {
+    if (this.ucxLoadFailed) return false;
+    try {
+      loadUcx();
+      return true;
+    } catch (err) {
+      this.ucxLoadFailed = true;
+      this.rt.log.warn({ err }, "--transport auto: the UCX transport cannot be loaded; reading over HTTP instead");
+      return false;
+    }
   }
 
   /**

@@ -19,7 +19,7 @@ import { decideAdmission, PrefillThroughput } from "../../shared/platform/metric
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RegistryError } from "../../shared/platform/registry/registry.ts";
 import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
-import { UcxShardExposure, ucxAvailable } from "../handoff/transport/ucx.ts";
+import { UcxShardExposure, loadUcx, ucxAvailable } from "../handoff/transport/ucx.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/inference/policy/request.ts";
 import { applyPolicy, checkPolicyBeforeWork, planPolicy, prefillObserverPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
@@ -171,11 +171,23 @@ export class PrefillService {
     await old?.destroy();
   }
 
-  /** Maps the shard for UCX readers and publishes the endpoint, where this build has UCX and the mode allows it. */
+  /**
+   * Maps the shard for UCX readers and publishes the endpoint, where the UCX transport is built and
+   * the mode allows it (the first publication loads the UCX addon). Under auto a UCX that cannot be
+   * loaded is logged and left out; under ucx it is an error.
+   */
   private async publishUcx(shard: Shard): Promise<UcxShardExposure | undefined> {
     const mode = this.rt.config.transport;
-    if (mode === "ucx" && !ucxAvailable()) throw new Error("--transport ucx: the native addon was built without UCX (install libucx-dev and rebuild with CTXBANK_UCX=ON)");
+    if (mode === "ucx" && !ucxAvailable()) throw new Error("--transport ucx: the UCX transport is not built (install libucx-dev and run \"npm run build:native\" with CTXBANK_UCX=AUTO or ON)");
     if ((mode !== "ucx" && mode !== "auto") || !ucxAvailable()) return undefined;
+    if (mode === "auto") {
+      try {
+        loadUcx();
+      } catch (err) {
+        this.rt.log.warn({ err }, "--transport auto: the UCX transport cannot be used; publishing no UCX endpoint");
+        return undefined;
+      }
+    }
     const exposure = UcxShardExposure.create(shard);
     try {
       await this.rt.registry.shards.recordUcxEndpoint(shard.shardId, shard.epoch, exposure.endpoint);

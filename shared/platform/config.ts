@@ -109,7 +109,7 @@ export const ConfigSchema = z.object({
   maxBodyBytes: bytes.default(4 * MiB),
   /**
    * How decode reads chunks: auto = shm on the owner's host, else UCX when the owner publishes a
-   * UCX endpoint and this addon has UCX, else http. ucx: UCX only (prefill publishes its endpoint).
+   * UCX endpoint and the UCX addon is built here, else http. ucx: UCX only (prefill publishes its endpoint).
    */
   transport: z.enum(["auto", "http", "shm", "ucx"]).default("auto"),
   /** Deadline for loading one request's KV. */

@@ -1,21 +1,19 @@
-// The UCX binding: ucxAvailable, ucxWorkerAddress(), ucxExpose(path, length, epoch) ->
-// {id, rkey, base, fence, fenceRkey}, ucxUnexpose(id), ucxGet(address, rkey, remote, into, readId)
-// -> Promise<void>, ucxCancel(readId).
-// Built without UCX (CTXBANK_UCX=OFF, or AUTO without libucx-dev), only ucxAvailable = false.
-#include "ucx/addon_ucx.h"
+// The UCX addon (ctxbank_ucx.node, its own module next to ctxbank_native.node, linked to UCX;
+// the engine's addon has no UCX): workerAddress(), expose(path, length, epoch) ->
+// {id, rkey, base, fence, fenceRkey}, unexpose(id), get(address, rkey, remote, into, readId)
+// -> Promise<void>, cancel(readId). Loaded only by the process that uses the UCX transport
+// (services/handoff/transport/ucx-addon.ts); CTXBANK_UCX (native/CMakeLists.txt) decides whether it
+// is built.
+#include <napi.h>
 
-#ifdef CTXBANK_WITH_UCX
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "ucx/ucx_node.h"
-#endif
 
 namespace ctx {
-
-#ifdef CTXBANK_WITH_UCX
 namespace {
 
 // One per process (the addon is loaded once per process in the services): created on first use.
@@ -78,13 +76,13 @@ Napi::Value WorkerAddress(const Napi::CallbackInfo& info) {
 Napi::Value Expose(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() != 3 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber())
-    throw Napi::TypeError::New(env, "ucxExpose(path, length, epoch)");
+    throw Napi::TypeError::New(env, "expose(path, length, epoch)");
   const double epoch = info[2].As<Napi::Number>().DoubleValue();
   if (!(epoch >= 1 && epoch <= 4294967295.0 && epoch == static_cast<double>(static_cast<uint32_t>(epoch))))
-    throw Napi::RangeError::New(env, "ucxExpose: epoch must be a positive u32");
+    throw Napi::RangeError::New(env, "expose: epoch must be a positive u32");
   const double length = info[1].As<Napi::Number>().DoubleValue();
   if (!(length >= 1 && length <= 9007199254740991.0 && length == static_cast<double>(static_cast<uint64_t>(length))))
-    throw Napi::RangeError::New(env, "ucxExpose: length must be a positive integer");
+    throw Napi::RangeError::New(env, "expose: length must be a positive integer");
   ucx::Exposed out;
   uint64_t id;
   try {
@@ -103,7 +101,7 @@ Napi::Value Expose(const Napi::CallbackInfo& info) {
 
 Napi::Value Unexpose(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "ucxUnexpose(id)");
+  if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "unexpose(id)");
   if (node) node->unexpose(static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value()));
   return env.Undefined();
 }
@@ -120,10 +118,10 @@ Napi::Value Get(const Napi::CallbackInfo& info) {
   std::vector<uint8_t> rkey = bytes_of(info, 1, "rkey", kMaxRkey);
   const uint64_t remote = u64_of(info, 2, "remote");
   if (info.Length() != 5 || !info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-    throw Napi::TypeError::New(env, "ucxGet(address, rkey, remote, into: Uint8Array, readId)");
+    throw Napi::TypeError::New(env, "get(address, rkey, remote, into: Uint8Array, readId)");
   const uint64_t id = read_id_of(info, 4);
   Napi::Uint8Array into = info[3].As<Napi::Uint8Array>();
-  if (into.ByteLength() == 0) throw Napi::RangeError::New(env, "ucxGet: into is empty");
+  if (into.ByteLength() == 0) throw Napi::RangeError::New(env, "get: into is empty");
   ucx::Node& n = the_node(env);
   auto* read = new Read{Napi::Promise::Deferred::New(env), Napi::Persistent(into), {}};
   if (pending++ == 0) completions.Ref(env);
@@ -151,20 +149,17 @@ Napi::Value Cancel(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-}  // namespace
-#endif
-
-void init_ucx(Napi::Env env, Napi::Object exports) {
-#ifdef CTXBANK_WITH_UCX
-  exports.Set("ucxAvailable", Napi::Boolean::New(env, true));
-  exports.Set("ucxWorkerAddress", Napi::Function::New(env, WorkerAddress));
-  exports.Set("ucxExpose", Napi::Function::New(env, Expose));
-  exports.Set("ucxUnexpose", Napi::Function::New(env, Unexpose));
-  exports.Set("ucxGet", Napi::Function::New(env, Get));
-  exports.Set("ucxCancel", Napi::Function::New(env, Cancel));
-#else
-  exports.Set("ucxAvailable", Napi::Boolean::New(env, false));
-#endif
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("workerAddress", Napi::Function::New(env, WorkerAddress));
+  exports.Set("expose", Napi::Function::New(env, Expose));
+  exports.Set("unexpose", Napi::Function::New(env, Unexpose));
+  exports.Set("get", Napi::Function::New(env, Get));
+  exports.Set("cancel", Napi::Function::New(env, Cancel));
+  return exports;
 }
 
+}  // namespace
 }  // namespace ctx
+
+static Napi::Object InitUcxAddon(Napi::Env env, Napi::Object exports) { return ctx::Init(env, exports); }
+NODE_API_MODULE(ctxbank_ucx, InitUcxAddon)

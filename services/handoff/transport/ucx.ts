@@ -4,24 +4,24 @@
 // bytes over CMA/shared memory/TCP, across hosts with RDMA NICs over verbs: the same code. The
 // owner's process does no work per read, so what binds a read to its lease is the registry: only a
 // leased chunk's location (and the shard's endpoint) reaches the reader (docs/security.md).
-import { addon } from "../../../shared/inference/engine/native.ts";
 import type { Shard } from "../shard/shard.ts";
 import { TransportError, chunkLabel, type TransportErrorCode } from "./errors.ts";
 import { checkReadArgs, withDeadline } from "./read-checks.ts";
 import type { ChunkLocation, KvTransport, ReadChunkOptions } from "./types.ts";
+import { ucxAddon, ucxAddonBuilt, type UcxAddon } from "./ucx-addon.ts";
 import { decodeUcxEndpoint, encodeUcxEndpoint } from "./ucx-endpoint.ts";
 
-/** Whether this build of the addon has the UCX transport. */
+/**
+ * Whether this installation has the UCX transport (its addon is built, and has not failed to load
+ * in this process). Loads nothing: the addon is loaded on first use (ucx-addon.ts).
+ */
 export function ucxAvailable(): boolean {
-  return addon().ucxAvailable === true;
+  return ucxAddonBuilt();
 }
 
-function ucx() {
-  const a = addon();
-  if (!a.ucxAvailable || !a.ucxGet || !a.ucxCancel || !a.ucxExpose || !a.ucxUnexpose || !a.ucxWorkerAddress) {
-    throw new Error("the native addon was built without UCX (install libucx-dev and rebuild with CTXBANK_UCX=ON)");
-  }
-  return { get: a.ucxGet, cancel: a.ucxCancel, expose: a.ucxExpose, unexpose: a.ucxUnexpose, workerAddress: a.ucxWorkerAddress };
+/** Loads the UCX addon now, if it is not loaded yet; throws an Error saying why it cannot. */
+export function loadUcx(): void {
+  ucxAddon();
 }
 
 /** A location as the registry gives it, with the owner's published UCX endpoint (base64), if any. */
@@ -34,7 +34,6 @@ const NATIVE_CODES: Record<string, TransportErrorCode> = { unreachable: "unreach
 
 export class UcxTransport implements KvTransport {
   readonly name = "ucx";
-  private readonly native = ucx();
 
   async readChunk(loc: UcxChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
     checkReadArgs(loc, into, opts);
@@ -51,21 +50,27 @@ export class UcxTransport implements KvTransport {
     if (loc.offset + loc.length > ep.length) {
       throw new TransportError("out_of_range", `${chunkLabel(loc)} lies outside the ${ep.length}-byte shard`);
     }
+    let native: UcxAddon;
+    try {
+      native = ucxAddon();
+    } catch (err) {
+      throw new TransportError("io_error", `${chunkLabel(loc)}: ${(err as Error).message}`, undefined, { cause: err });
+    }
     const target = into.subarray(0, loc.length);
     return withDeadline(loc, opts, async (signal) => {
       // The native read settles only after UCX is done with `target`: cancelling closes the read's
       // own endpoint, which completes it, so nothing writes into `target` afterwards.
       let readId = nextReadId++;
-      const onAbort = () => this.native.cancel(readId);
+      const onAbort = () => native.cancel(readId);
       signal.addEventListener("abort", onAbort, { once: true });
       const word = Buffer.alloc(8);
       try {
-        await this.native.get(ep.address, ep.rkey, ep.base + BigInt(loc.offset), target, readId);
+        await native.get(ep.address, ep.rkey, ep.base + BigInt(loc.offset), target, readId);
         // Read after the chunk: the owner zeroes it before unmapping the epoch's pages, so finding
         // the epoch here means the chunk's bytes came from that epoch's live pages.
         signal.throwIfAborted();
         readId = nextReadId++;
-        await this.native.get(ep.address, ep.fenceRkey, ep.fence, word, readId);
+        await native.get(ep.address, ep.fenceRkey, ep.fence, word, readId);
       } catch (err) {
         if (signal.aborted) throw signal.reason;
         const code = NATIVE_CODES[(err as { code?: string }).code ?? ""] ?? "io_error";
@@ -95,7 +100,7 @@ export class UcxShardExposure {
   ) {}
 
   static create(shard: Pick<Shard, "path" | "epoch" | "sizeBytes">): UcxShardExposure {
-    const native = ucx();
+    const native = ucxAddon();
     const exposed = native.expose(shard.path, shard.sizeBytes, shard.epoch);
     try {
       const endpoint = encodeUcxEndpoint({
@@ -118,6 +123,6 @@ export class UcxShardExposure {
   close(): void {
     if (this.closed) return;
     this.closed = true;
-    ucx().unexpose(this.id);
+    ucxAddon().unexpose(this.id);
   }
 }

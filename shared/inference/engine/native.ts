@@ -214,13 +214,6 @@ interface Addon {
   unmapFile(buffer: ArrayBuffer): void;
   crc32c(bytes: Uint8Array, prev?: number): number;
   cudaStatus(): CudaStatus;
-  /** Whether the addon was built with the UCX transport (native/src/ucx/); the ucx* functions exist only then. */
-  ucxAvailable: boolean;
-  ucxWorkerAddress?(): Buffer;
-  ucxExpose?(path: string, length: number, epoch: number): { id: number; rkey: Buffer; base: bigint; fence: bigint; fenceRkey: Buffer };
-  ucxUnexpose?(id: number): void;
-  ucxGet?(address: Uint8Array, rkey: Uint8Array, remote: bigint, into: Uint8Array, readId: number): Promise<void>;
-  ucxCancel?(readId: number): void;
   /** The policy fields the addon parses, per sub-object (camelCase): the schema's, see test/policy-schema.test.ts. */
   policyFields(): Record<PolicyPart, string[]>;
   /** setCompletePolicy takes complete policies only; this module gives every sequence setPolicy over it. */
@@ -228,18 +221,14 @@ interface Addon {
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
-const addonPath = process.env.CTXBANK_ADDON ?? fileURLToPath(new URL("../../../native/build/Release/ctxbank_native.node", import.meta.url));
+/** The engine's addon file (the UCX transport's addon, ctxbank_ucx.node, lies beside it). */
+export const nativeAddonPath = process.env.CTXBANK_ADDON ?? fileURLToPath(new URL("../../../native/build/Release/ctxbank_native.node", import.meta.url));
 
 function loadAddon(): Addon {
-  // A UCX-built addon loads UCX into this process: keep its malloc/mmap hooks and its fatal-signal
-  // handlers out of Node's (they are for RDMA registration caches and its own crash reports; the
-  // transport registers its memory explicitly). A user's own UCX_* settings win.
-  process.env.UCX_MEM_EVENTS ??= "no";
-  process.env.UCX_ERROR_SIGNALS ??= "";
-  if (!existsSync(addonPath)) {
-    throw new Error(`native engine not built (${addonPath} is missing): run "npm run build:native"`);
+  if (!existsSync(nativeAddonPath)) {
+    throw new Error(`native engine not built (${nativeAddonPath} is missing): run "npm run build:native"`);
   }
-  const a = createRequire(import.meta.url)(addonPath) as Addon;
+  const a = createRequire(import.meta.url)(nativeAddonPath) as Addon;
   // The addon holds no defaults and refuses an incomplete policy: every sequence's setPolicy
   // goes through the schema first, which writes them in (shared/inference/defaults.ts).
   a.NativeSequence.prototype.setPolicy = function (policy: AttentionPolicyInput) {
