@@ -21,6 +21,7 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
+import { Agent, fetch, type Response } from "undici";
 import { loadConfig } from "../../shared/platform/config.ts";
 import { loadModel } from "../../shared/inference/engine/engine.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
@@ -221,8 +222,11 @@ async function colocated(ids: number[], threads: number, nice: number, maxContex
   }
 }
 
+/** No header or body timeout: a 32K-token prefill answers after ~12 minutes (fetch's default gives up at 5). */
+const patient = new Agent({ headersTimeout: 0, bodyTimeout: 0 });
+
 async function post(url: string, body: unknown): Promise<Response> {
-  return fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  return fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), dispatcher: patient });
 }
 
 /** utime + stime of a process in ms, from /proc (Linux). */
