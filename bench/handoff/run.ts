@@ -142,7 +142,7 @@ function parse() {
   }
   const quick = values.quick ?? false;
   return {
-    lengths: (values.lengths ?? (quick ? "512,1024" : "4096,8192,32768")).split(",").map(Number),
+    lengths: (values.lengths ?? (quick ? "512,1024" : "4096,8192,32768")).split(",").filter(Boolean).map(Number),
     ttftLengths: (values["ttft-lengths"] ?? (quick ? "1024" : "4096,32768")).split(",").filter(Boolean).map(Number),
     transports: (values.transports ?? TRANSPORTS.map((t) => t.name).join(",")).split(","),
     reps: Number(values.reps ?? (quick ? 2 : 5)),
