@@ -33,7 +33,7 @@ import { startPostgres } from "../../tools/lib/postgres.ts";
 import { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import { TEST_INTERNAL_SECRET, startService, type ServiceProcess } from "../../tools/lib/services.ts";
-import { benchText } from "../engine/text.ts";
+import { benchTokens } from "../engine/text.ts";
 import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
 import { gitInfo, machineInfo, setProcessNice } from "../../tools/lib/machine.ts";
 import { renderChart, type Panel } from "../../tools/lib/svg-chart.ts";
@@ -372,7 +372,7 @@ async function main(): Promise<void> {
     // The bench's own reads carry capabilities signed with the services' shared secret.
     const loader = new KvLoader(rt, undefined, new InternalAuth(TEST_INTERNAL_SECRET));
     const tok = rt.tokenizer;
-    const allIds = tok.encode(benchText(Math.ceil((maxContext - 2) / 500) + 1));
+    const allIds = benchTokens((text) => tok.encode(text), maxContext - 2);
 
     // One short request through the whole path first: connections, JIT and the engines' first
     // forward are then warm in every process, as in a running deployment.
