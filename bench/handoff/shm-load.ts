@@ -2,10 +2,12 @@
 //
 // The whole shm load (KvLoader.load: lease → ready to decode) without a prefill: chunks of random
 // KV of the default model's shape are written to a shard file and registered as a prefill does,
-// then loaded over and over into one sequence. Two cases, interleaved, medians printed:
-//   fresh: before each load the owner freed and rewrote the chunks' ranges (punched holes, wrote
-//          again), so the reader meets pages it has never mapped: what a decode sees in service;
-//   again: the same pages loaded once more (what bench:handoff's repetitions after the first see).
+// then loaded over and over. Three cases, interleaved, medians printed:
+//   service: the owner freed and rewrote the chunks' ranges (punched holes, wrote again), so the
+//            reader meets pages it has never mapped, and the KV lands in a new sequence: what a
+//            decode sees in service;
+//   fresh:   new owner pages as in service, loaded into one sequence reused across loads;
+//   again:   the same pages into the same sequence once more (bench:handoff's repetitions).
 // To compare two trees, run it in each, alternating, and compare the medians.
 import { randomBytes, randomUUID } from "node:crypto";
 import { openSync, closeSync, readSync, writeSync } from "node:fs";
@@ -87,13 +89,17 @@ try {
     const n = Math.min(wanted, rt.engine.maxContext - 2);
     const { handle, ranges } = await makeHandle(n);
     const seq = rt.engine.createSequence(n + 1);
-    const ms = { fresh: [] as number[], again: [] as number[] };
+    const ms = { service: [] as number[], fresh: [] as number[], again: [] as number[] };
+    const kinds = ["service", "fresh", "again"] as const;
     let bytes = 0;
     for (let r = 0; r <= reps; r++) {
-      for (const kind of r % 2 ? (["again", "fresh"] as const) : (["fresh", "again"] as const)) {
-        if (kind === "fresh") rewrite(ranges);
+      for (let i = 0; i < kinds.length; i++) {
+        const kind = kinds[(i + r) % kinds.length]!;
+        if (kind !== "again") rewrite(ranges);
         seq.truncate(0);
-        const stats = await loader.load(handle, seq, new AbortController().signal);
+        const into = kind === "service" ? rt.engine.createSequence(n + 1) : seq;
+        const stats = await loader.load(handle, into, new AbortController().signal);
+        if (into !== seq) into.release();
         bytes = stats.bytes;
         if (r > 0) ms[kind].push(stats.ms); // the first round warms up
       }

@@ -1,7 +1,8 @@
 // The f16 KV cache of one sequence. Each layer holds K and V as [token][kv_head][head_dim], so
 // the rows of layer l at token t are addressable for export and sparse attention. The whole
 // capacity is reserved up front as one anonymous mapping: the address never moves (JS views
-// stay valid) and the kernel commits pages only as tokens are written.
+// stay valid) and the kernel commits pages only as tokens are written (huge pages where the
+// kernel allows: kv_cache.cc).
 //
 // Two memory tiers (OmniKV's context bank, docs/architecture.md): offload() moves groups of layers out of
 // the "device" arena into a host bank, one mapping per group laid out token-major

@@ -2,8 +2,12 @@
 // between rows, size bounds and byte accounting.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kv_cache.h"
@@ -90,6 +94,31 @@ TEST(KvCache, LargeReservationIsLazy) {
   kv.k(29, 8191)[191] = 0x3C00;
   kv.v(29, 8191)[191] = 0x3C00;
   EXPECT_EQ(kv.v(29, 8191) + 192, kv.k(0) + kv.bytes_reserved() / 2);  // last element ends the block
+}
+
+// The VmFlags line of /proc/self/smaps for the mapping holding p ("" when not found).
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-') inside = lo <= at && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// Both tiers ask for transparent huge pages ("hg" in VmFlags): a long import or prefill would
+// otherwise fault once per 4 KiB. Skipped where the kernel has no THP.
+TEST(KvCache, TiersAskForHugePages) {
+  if (!std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled")) GTEST_SKIP() << "this kernel has no transparent huge pages";
+  KvCache kv(4, 64, 8192);
+  EXPECT_NE(vm_flags_of(kv.k(0)).find(" hg"), std::string::npos) << vm_flags_of(kv.k(0));
+  kv.offload({{2, 3}});
+  EXPECT_NE(vm_flags_of(kv.k(2)).find(" hg"), std::string::npos) << vm_flags_of(kv.k(2));
 }
 
 // Offload: rows keep their values through k()/v() in either tier, the bank is token-major per
