@@ -131,6 +131,25 @@ describe("seq-io", () => {
     seq.release();
   });
 
+  it("prefault commits a sequence's rows without changing them or its length, and checks its argument", async () => {
+    const seq = seqWith((i) => (i * 40503) & 0xffff);
+    const before = new Uint8Array(seq.kvBuffer()).slice();
+    seq.setLength(5);
+    expect(typeof (await seq.prefault(cap))).toBe("boolean"); // false only on kernels before Linux 5.14
+    expect(seq.nPast).toBe(5);
+    expect(Buffer.compare(new Uint8Array(seq.kvBuffer()), before)).toBe(0);
+    expect(() => seq.prefault(cap + 1)).toThrow(RangeError);
+    expect(() => seq.prefault(-1)).toThrow(RangeError);
+    expect(() => seq.prefault(1.5)).toThrow(RangeError);
+    expect(() => (seq.prefault as (x: unknown) => unknown)("8")).toThrow(TypeError);
+    // Released while it runs: it stops, and the sequence reads as empty zeros as after any release.
+    const racing = seq.prefault(cap);
+    seq.release();
+    await racing;
+    expect(seq.nPast).toBe(0);
+    expect(new Uint16Array(seq.kvBuffer()).every((x) => x === 0)).toBe(true);
+  });
+
   it("plans blocks and checks coverage", () => {
     expect(tokenBlocks(5, 2)).toEqual([
       { tokenStart: 0, tokenEnd: 2 },

@@ -17,7 +17,7 @@
 import { spawn } from "node:child_process";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import os from "node:os";
-import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 import { parseArgs } from "node:util";
@@ -335,7 +335,10 @@ async function main(): Promise<void> {
   const trained = (await loadModel(await resolveModel())).config.nCtxTrain;
   const maxContext = Math.max(trained, Math.max(...opts.lengths, ...(opts.transferOnly ? [] : opts.ttftLengths)) + 2);
   if (maxContext > trained) log(`context raised to ${maxContext} tokens (the model's is ${trained}): timings only, not answers`);
-  const pg = await startPostgres("ctxbank_bench");
+  await mkdir(opts.out, { recursive: true });
+  // The registry's server log (slow statements, lock waits, connections) is kept beside the results:
+  // earlier long runs saw registry queries time out in the prefill, cause not yet found.
+  const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(opts.out, "postgres.log") });
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-");
   const procs: ServiceProcess[] = [];
   let rt: Runtime | undefined;

@@ -208,6 +208,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
                                     InstanceAccessor<&NativeSequence::HostBytes>("hostBytesUsed"),
                                     InstanceMethod<&NativeSequence::Truncate>("truncate"),
                                     InstanceMethod<&NativeSequence::Release>("release"),
+                                    InstanceMethod<&NativeSequence::Prefault>("prefault"),
                                     InstanceMethod<&NativeSequence::SetLength>("setLength"),
                                     InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
                                     InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
@@ -385,6 +386,22 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     if (seq_->device_kv) seq_->device_kv->release();
     seq_->reset_policy_state();
     return env.Undefined();
+  }
+  // prefault(tokens) -> Promise<boolean>: commits, on a worker thread, the pages that rows
+  // [nPast, tokens) will use, so an import that follows finds them ready (kv_cache.h). False when
+  // there was nothing it could do: a GPU sequence, or a kernel without MADV_POPULATE_WRITE.
+  Napi::Value Prefault(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "prefault(tokens) needs a number");
+    const double tokens = info[0].As<Napi::Number>().DoubleValue();
+    if (!(tokens >= 0 && tokens <= seq_->kv.capacity() && tokens == static_cast<int>(tokens)))
+      throw Napi::RangeError::New(env, "prefault: tokens must be an integer in [0, capacity]");
+    if (seq_->device_kv) {
+      auto done = Napi::Promise::Deferred::New(env);
+      done.Resolve(Napi::Boolean::New(env, false));
+      return done.Promise();
+    }
+    return prefault_rows(env, std::shared_ptr<const KvCache>(seq_, &seq_->kv), seq_->n_past(), static_cast<int>(tokens));
   }
   // kvBuffer(): the whole cache as one external ArrayBuffer, no copy. Layer l's K starts at
   // element l * 2 * capacity * kvDim, its V capacity * kvDim later; rows are [token][kv_dim].

@@ -142,6 +142,27 @@ class PopulateWorker : public Napi::AsyncWorker {
   Napi::Promise::Deferred deferred_;
 };
 
+// The worker behind prefault_rows: the spans are taken here, on the JS thread that owns the
+// cache's layout; the worker only touches their pages (kv_cache.h: prefault).
+class PrefaultWorker : public Napi::AsyncWorker {
+ public:
+  PrefaultWorker(Napi::Env env, std::shared_ptr<const KvCache> kv, int from, int to)
+      : Napi::AsyncWorker(env), kv_(std::move(kv)), spans_(kv_->row_spans()), gen_(kv_->generation()), from_(from), to_(to),
+        deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise Promise() const { return deferred_.Promise(); }
+  void Execute() override { done_ = kv_->prefault(spans_, from_, to_, gen_); }
+  void OnOK() override { deferred_.Resolve(Napi::Boolean::New(Env(), done_)); }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  std::shared_ptr<const KvCache> kv_;
+  std::vector<KvCache::RowSpan> spans_;
+  uint32_t gen_;
+  int from_, to_;
+  bool done_ = false;
+  Napi::Promise::Deferred deferred_;
+};
+
 // populateMapped(buffer, offset, length) -> Promise<void>: maps in the pages behind bytes
 // [offset, offset + length) of a live mapFile(..., populate = false) buffer, off the JS thread.
 Napi::Value PopulateMapped(const Napi::CallbackInfo& info) {
@@ -209,6 +230,13 @@ Napi::Value PunchHole(const Napi::CallbackInfo& info) {
 }
 
 }  // namespace
+
+Napi::Promise prefault_rows(Napi::Env env, std::shared_ptr<const KvCache> kv, int from, int to) {
+  auto* worker = new PrefaultWorker(env, std::move(kv), from, to);
+  Napi::Promise promise = worker->Promise();
+  worker->Queue();
+  return promise;
+}
 
 void init_kv_io(Napi::Env env, Napi::Object exports) {
   exports.Set("mapFile", Napi::Function::New(env, MapFile));

@@ -5,7 +5,9 @@
 #include <napi.h>
 
 #include <cstdint>
+#include <memory>
 
+#include "kv_cache.h"
 #include "kv_transfer.h"
 
 namespace ctx {
@@ -19,6 +21,10 @@ struct BytesArg {
 BytesArg bytes_arg(const Napi::CallbackInfo& info, size_t i, const char* what);
 // (layerIds: number[] | Int32Array, tokenStart: number, tokenCount: number) from info[i..i+2].
 ChunkRows chunk_rows_arg(const Napi::CallbackInfo& info, size_t i);
+
+// A promise for KvCache::prefault of rows [from, to) on a libuv worker; resolves to false where
+// the kernel cannot prefault. Holds `kv` (aliasing its sequence) until done.
+Napi::Promise prefault_rows(Napi::Env env, std::shared_ptr<const KvCache> kv, int from, int to);
 
 // Adds mapFile(path, offset, length, expectId?, populate?) -> ArrayBuffer, unmapFile(buffer),
 // populateMapped(buffer, offset, length) -> Promise<void>,

@@ -3,11 +3,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels answer EINVAL
+#endif
 
 namespace ctx {
 
@@ -43,6 +48,7 @@ KvCache::~KvCache() {
 }
 
 void KvCache::release() {
+  generation_.fetch_add(1, std::memory_order_relaxed);
   madvise(base_, bytes_, MADV_DONTNEED);
   for (const Bank& b : banks_) madvise(b.base, b.bytes, MADV_DONTNEED);
   size_ = 0;
@@ -126,6 +132,38 @@ void KvCache::gather_bank(int bank, const int32_t* tokens, int n, uint16_t* out)
   const Bank& b = banks_[bank];
   const size_t run = static_cast<size_t>(b.n_layers) * 2 * kv_dim_;
   for (int j = 0; j < n; ++j) std::memcpy(out + j * run, b.base + static_cast<size_t>(tokens[j]) * run, run * sizeof(uint16_t));
+}
+
+std::vector<KvCache::RowSpan> KvCache::row_spans() const {
+  std::vector<RowSpan> spans;
+  const size_t row = static_cast<size_t>(kv_dim_) * sizeof(uint16_t);
+  for (int l = 0; l < n_layer_; ++l)
+    if (bank_of_[l] < 0) {
+      spans.push_back({reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(k(l))), row, row});
+      spans.push_back({reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(v(l))), row, row});
+    }
+  for (const Bank& b : banks_) {
+    const size_t run = static_cast<size_t>(b.n_layers) * row_pair_bytes();
+    spans.push_back({reinterpret_cast<uint8_t*>(b.base), run, run});
+  }
+  return spans;
+}
+
+bool KvCache::prefault(const std::vector<RowSpan>& spans, int from, int to, uint32_t gen) const {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  constexpr int kBlock = 256;  // tokens per step: fine enough to stay just ahead of an import
+  for (int t0 = std::max(from, 0); t0 < std::min(to, capacity_); t0 += kBlock) {
+    if (generation() != gen) return true;
+    const int t1 = std::min({t0 + kBlock, to, capacity_});
+    for (const RowSpan& s : spans) {
+      const uintptr_t begin = reinterpret_cast<uintptr_t>(s.base + t0 * s.token_bytes) / page * page;
+      const uintptr_t end = reinterpret_cast<uintptr_t>(s.base + (t1 - 1) * s.token_bytes + s.row_bytes);
+      // EINVAL: no MADV_POPULATE_WRITE here. ENOMEM/EFAULT: the span went away meanwhile (the
+      // JS thread offloaded or restored); a later span still may be valid.
+      if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) return false;
+    }
+  }
+  return true;
 }
 
 void KvCache::set_size(int n) {

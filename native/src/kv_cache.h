@@ -10,6 +10,7 @@
 // layer of a group for one token are one contiguous run and a gather over selected tokens reads
 // each token once. k()/v() and ld() address either tier, so readers and writers need not care.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -54,6 +55,22 @@ class KvCache {
   size_t host_bytes_used() const { return row_pair_bytes() * size_ * banked_layers_; }
   size_t row_pair_bytes() const { return 2 * static_cast<size_t>(kv_dim_) * sizeof(uint16_t); }  // one token, one layer
 
+  // Where rows of every layer live, for prefault() on another thread: each span's token t rows
+  // start at base + t * token_bytes. Taken on the owning thread; valid until offload/restore.
+  struct RowSpan {
+    uint8_t* base;
+    size_t token_bytes;
+    size_t row_bytes;  // bytes of one token's rows at that address
+  };
+  std::vector<RowSpan> row_spans() const;
+  // release() bumps it, so a prefault() running elsewhere can tell the rows are no longer wanted.
+  uint32_t generation() const { return generation_.load(std::memory_order_relaxed); }
+  // Commits the pages that rows [from, to) of `spans` will occupy (MADV_POPULATE_WRITE: allocated
+  // and mapped writable, contents untouched), a block of tokens at a time in the order an import
+  // writes them, so a writer on another thread mostly finds them ready. Stops early when
+  // generation() moves on from `gen`. False when the kernel cannot (Linux before 5.14).
+  bool prefault(const std::vector<RowSpan>& spans, int from, int to, uint32_t gen) const;
+
   // Moves each group's layers (distinct, each in at most one group) into a host bank, rows of
   // stored tokens included, and returns their device pages. Replaces any earlier offload.
   void offload(const std::vector<std::vector<int>>& groups);
@@ -85,6 +102,7 @@ class KvCache {
   std::vector<Bank> banks_;
   std::vector<int> bank_of_, slot_;  // per layer: its bank and place in it, or -1
   int banked_layers_ = 0;
+  std::atomic<uint32_t> generation_{0};
 };
 
 }  // namespace ctx

@@ -1,6 +1,8 @@
 // KvCache: the documented layout (layer-major, K then V, [token][kv_dim] rows), no overlap
 // between rows, size bounds and byte accounting.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -119,6 +121,44 @@ TEST(KvCache, TiersAskForHugePages) {
   EXPECT_NE(vm_flags_of(kv.k(0)).find(" hg"), std::string::npos) << vm_flags_of(kv.k(0));
   kv.offload({{2, 3}});
   EXPECT_NE(vm_flags_of(kv.k(2)).find(" hg"), std::string::npos) << vm_flags_of(kv.k(2));
+}
+
+// Pages of [p, p + bytes) that are resident (mincore).
+size_t resident_pages(const void* p, size_t bytes) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) / page * page;
+  const size_t n = (reinterpret_cast<uintptr_t>(p) + bytes - begin + page - 1) / page;
+  std::vector<unsigned char> in(n);
+  if (mincore(reinterpret_cast<void*>(begin), n * page, in.data()) != 0) return 0;
+  size_t count = 0;
+  for (unsigned char c : in) count += c & 1;
+  return count;
+}
+
+// prefault commits the rows asked for, in both tiers, and leaves every value as it was; a
+// prefault that starts after a release() (another generation) does nothing.
+TEST(KvCache, PrefaultCommitsRowsAndKeepsTheirValues) {
+  const int L = 4, D = 64, C = 4096;  // 512 KiB per layer's K
+  KvCache kv(L, D, C);
+  kv.k(1, 7)[3] = 0x1234;
+  kv.offload({{2, 3}});
+  kv.v(3, 9)[5] = 0x4321;
+  const size_t rows = static_cast<size_t>(C) * D * sizeof(uint16_t);
+  if (!kv.prefault(kv.row_spans(), 0, C, kv.generation())) GTEST_SKIP() << "no MADV_POPULATE_WRITE in this kernel";
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_GE(resident_pages(kv.k(0), rows) * page, rows);
+  EXPECT_GE(resident_pages(kv.v(1), rows) * page, rows);
+  EXPECT_GE(resident_pages(kv.k(2), 2 * rows * 2) * page, 2 * rows * 2);  // the bank: 2 layers, K and V
+  EXPECT_EQ(kv.k(1, 7)[3], 0x1234);
+  EXPECT_EQ(kv.v(3, 9)[5], 0x4321);
+  EXPECT_EQ(kv.k(0, 100)[0], 0);
+
+  KvCache stale(L, D, C);
+  const uint32_t gen = stale.generation();
+  const auto spans = stale.row_spans();
+  stale.release();
+  EXPECT_TRUE(stale.prefault(spans, 0, C, gen));
+  EXPECT_EQ(resident_pages(stale.k(0), rows), 0u);
 }
 
 // Offload: rows keep their values through k()/v() in either tier, the bank is token-major per

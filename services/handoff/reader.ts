@@ -171,6 +171,7 @@ export class KvLoader {
   async load(handle: Handle, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
     const { registry, config, model } = this.rt;
     const t0 = performance.now();
+    prefaultFor(seq, handle.prompt_tokens);
     // The request's chunks are looked up while the leases are taken (one round trip less); a
     // lease failure is reported first, as when the two ran one after the other.
     const ofRequest = registry.chunks.ofRequest(handle.request_id);
@@ -269,6 +270,7 @@ export class KvLoader {
   async loadStream(feed: ChunkFeed, start: { request_id: string; prompt_tokens: number }, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
     const { registry, config, model } = this.rt;
     const t0 = performance.now();
+    prefaultFor(seq, start.prompt_tokens);
     const stop = new AbortController();
     const onAbort = () => stop.abort(signal.reason);
     signal.addEventListener("abort", onAbort, { once: true });
@@ -444,4 +446,14 @@ function transportError(e: unknown, signal: AbortSignal): unknown {
     return new KvLoadError(`cannot read the KV (${e.code}): ${e.message}`, "transport", { cause: e });
   }
   return e;
+}
+
+/**
+ * Starts committing the destination's memory for the prompt's rows on a worker thread while the
+ * leases are taken and the first chunks read: a new sequence's pages would otherwise be faulted
+ * in one by one inside the import (most of a first load's time, bench/handoff/shm-load.ts).
+ * A hint: nothing waits for it, a failure only loses the head start.
+ */
+function prefaultFor(seq: NativeSequence, promptTokens: number): void {
+  if (promptTokens > seq.nPast && promptTokens <= seq.capacity) seq.prefault(promptTokens).catch(() => {});
 }

@@ -3,7 +3,7 @@
 // run as root), trust auth, a free 127.0.0.1 port, the unix socket inside the temp dir.
 import { execFile } from "node:child_process";
 import { existsSync } from "node:fs";
-import { chown, mkdtemp, rm } from "node:fs/promises";
+import { chown, copyFile, mkdtemp, rm } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -24,7 +24,12 @@ export interface TestPostgres {
   startUp(): Promise<void>;
 }
 
-export async function startPostgres(database = "ctxbank_test"): Promise<TestPostgres> {
+export interface StartOptions {
+  /** Copy the server's log here when it stops (it logs statements over 200 ms and lock waits). */
+  keepLogAt?: string;
+}
+
+export async function startPostgres(database = "ctxbank_test", options: StartOptions = {}): Promise<TestPostgres> {
   if (!existsSync(path.join(PG_BIN, "initdb"))) {
     throw new Error(`PostgreSQL binaries not found in ${PG_BIN} (set CTXBANK_PG_BIN)`);
   }
@@ -40,7 +45,8 @@ export async function startPostgres(database = "ctxbank_test"): Promise<TestPost
       "-D", dataDir, "-A", "trust", "-U", SUPERUSER, "-E", "UTF8", "--no-locale", "--no-sync",
     ]);
     const port = await freePort();
-    const serverOptions = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50`;
+    const logging = options.keepLogAt ? " -c log_min_duration_statement=200 -c log_lock_waits=on -c log_connections=on -c log_disconnections=on" : "";
+    const serverOptions = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50${logging}`;
     const startServer = () => pgctl("-o", serverOptions, "-l", path.join(dir, "server.log"), "-w", "-t", "60", "start");
     await startServer();
     const admin = new pg.Client({ connectionString: `postgresql://${SUPERUSER}@127.0.0.1:${port}/postgres` });
@@ -60,6 +66,7 @@ export async function startPostgres(database = "ctxbank_test"): Promise<TestPost
         stopped = true;
         try {
           await pgctl("-m", "fast", "-w", "stop").catch(() => {}); // already down after shutDown()
+          if (options.keepLogAt) await copyFile(path.join(dir, "server.log"), options.keepLogAt).catch(() => {});
         } finally {
           await rm(dir, { recursive: true, force: true });
         }

@@ -115,6 +115,13 @@ export interface NativeSequence {
   /** Frees the cache's memory now (the sequence is empty afterwards). */
   release(): void;
   /**
+   * Commits, on a worker thread, the memory rows [nPast, tokens) will use, without writing them, so
+   * an import that follows (importChunk on this thread) does not stop to fault pages in. A hint:
+   * resolves false where it did nothing (a GPU sequence, a kernel before Linux 5.14), stops early
+   * when the sequence is released meanwhile. RangeError unless 0 <= tokens <= capacity.
+   */
+  prefault(tokens: number): Promise<boolean>;
+  /**
    * The whole f16 cache, zero-copy: layer l's K at element l*2*capacity*kvDim, V after it. Under
    * omnikv offload the sparse layers live in the host bank instead (their range here reads as
    * zeros): use exportRows/importRows, which address either tier. A GPU engine's sequences keep
