@@ -339,6 +339,8 @@ async function main(): Promise<void> {
   // The registry's server log (slow statements, lock waits, connections) is kept beside the results:
   // earlier long runs saw registry queries time out in the prefill, cause not yet found.
   const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(opts.out, "postgres.log") });
+  // The registry is part of what is measured: it runs at the services' priority, not below them.
+  reniceProcess(pg.pid(), opts.nice);
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-");
   const procs: ServiceProcess[] = [];
   let rt: Runtime | undefined;

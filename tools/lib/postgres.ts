@@ -2,7 +2,7 @@
 // initdb into a fresh temp dir (as the `postgres` user when we are root, since initdb refuses to
 // run as root), trust auth, a free 127.0.0.1 port, the unix socket inside the temp dir.
 import { execFile } from "node:child_process";
-import { existsSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { chown, copyFile, mkdtemp, rm } from "node:fs/promises";
 import net from "node:net";
 import os from "node:os";
@@ -16,6 +16,8 @@ const SUPERUSER = "app";
 
 export interface TestPostgres {
   url: string;
+  /** The postmaster's process id (backends are its children), while it runs. */
+  pid(): number | undefined;
   /** Stops and removes the cluster. */
   stop(): Promise<void>;
   /** An outage: stops the server (fast shutdown: clients are disconnected), keeping its data. */
@@ -59,6 +61,13 @@ export async function startPostgres(database = "ctxbank_test", options: StartOpt
     let stopped = false;
     return {
       url: `postgresql://${SUPERUSER}@127.0.0.1:${port}/${database}`,
+      pid() {
+        try {
+          return Number(readFileSync(path.join(dataDir, "postmaster.pid"), "utf8").split("\n")[0]) || undefined;
+        } catch {
+          return undefined; // not running
+        }
+      },
       shutDown: () => pgctl("-m", "fast", "-w", "stop"),
       startUp: startServer,
       async stop() {
