@@ -7,12 +7,14 @@
 //     available is skipped with a note): the transport read alone (every chunk of a handle into
 //     buffers, as many in flight as decode uses) and the whole load decode does (lease, read,
 //     verify checksum + fingerprint, import into a sequence's cache, release: lease → ready to
-//     decode), a few repetitions each, plus a memcpy of the same bytes as the floor;
+//     decode), a few repetitions each, plus a memcpy of the same bytes as the floor. Each
+//     repetition is a first load as in service: the shard's pages are renewed before it
+//     (fresh-pages.ts) and the whole load goes into a new sequence;
 //   * for each TTFT length (--ttft-lengths): TTFT colocated (the engine alone in a process of its
 //     own: the same prefill + first token) against disaggregated (client → decode's
 //     /v1/completions → prefill process → first token streamed), with and without streaming,
 //     and the time to the second token, the first that needs the handed-over KV.
-// Lengths past the model's context are skipped with a note. Writes results/handoff.json,
+// Lengths past the model's context run with the context raised (timings only). Writes results/handoff.json,
 // results/handoff.svg, results/handoff.md.
 import { spawn } from "node:child_process";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -27,6 +29,7 @@ import { loadModel } from "../../shared/inference/engine/engine.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { KvLoader } from "../../services/handoff/reader.ts";
+import { renewPages } from "./fresh-pages.ts";
 import type { KvTransport } from "../../services/handoff/transport/types.ts";
 import { createLogger, openRuntime, type Runtime } from "../../services/runtime.ts";
 import { startPostgres } from "../../tools/lib/postgres.ts";
@@ -47,7 +50,7 @@ const HELP = `Usage: npm run bench:handoff -- [options]
 
   --lengths LIST     KV lengths in tokens for the transfers (default 4096,8192,32768)
   --ttft-lengths L   prompt lengths for TTFT (default 4096,32768)
-  --transports LIST  transports to measure (default shm,socket,http); one not available is skipped with a note
+  --transports LIST  transports to measure (default shm,socket,http,ucx); one not available is skipped with a note
   --reps N           transfer repetitions per transport and length (default 5)
   --ttft-reps N      TTFT runs per length and kind up to 4K, best kept (default 2; longer: 1)
   --threads N        engine threads for prefill, colocated and disaggregated alike (default 2)
@@ -75,11 +78,6 @@ interface TransportPoint {
   readBps: Summary;
   /** The whole load decode does (lease → ready to decode): bytes/s per repetition. */
   loadBps: Summary;
-  /**
-   * The first whole load of the handle in this process: its pages are new to the reader (a decode
-   * in service loads each handle once). Later repetitions find the shm pages already mapped.
-   */
-  firstLoadBps: number;
   loadMs: Summary;
   /**
    * CPU time per GB (ms), summed over all repetitions: the reader (this process) for the read
@@ -256,7 +254,6 @@ async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, trans
   let readBytes = 0;
   let loadBytes = 0;
   const owner0 = processCpuMs(ownerPid);
-  const seq = rt.engine.createSequence(handle.prompt_tokens + 1);
   // The read-alone buffers, allocated and faulted in once: fresh ones every repetition would make
   // V8 collect them during the whole load timed next.
   const bufFor = new Map<string, Buffer>();
@@ -264,6 +261,10 @@ async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, trans
     for (let r = 0; r < reps; r++) {
       // The transport alone: every chunk into its own buffer, kvConcurrency reads in flight.
       const leased = await rt.registry.chunks.acquireRead(handle.chunk_ids, 60_000);
+      // Every repetition is a decode's first load of a handle: new pages at the owner (below,
+      // again before the whole load) and a new destination sequence.
+      const renew = () => renewPages(leased[0]!.location.shardPath, leased.map((l) => l.location));
+      renew();
       const bufs = leased.map(({ chunk, location }) => bufFor.get(chunk.id) ?? bufFor.set(chunk.id, Buffer.alloc(location.length)).get(chunk.id)!);
       const auth = new InternalAuth(TEST_INTERNAL_SECRET);
       const locs = leased.map(({ chunk, location }) => ({
@@ -287,23 +288,23 @@ async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, trans
       const bytes = bufs.reduce((s, b) => s + b.byteLength, 0);
       readBytes += bytes;
       readBps.push(bytes / (readMs / 1000));
-      // The whole load, as decode does it: lease → ready to decode.
-      seq.truncate(0);
+      // The whole load, as decode does it: lease → ready to decode, into a new sequence.
+      renew();
+      const seq = rt.engine.createSequence(handle.prompt_tokens + 1);
       const c1 = process.cpuUsage();
-      const stats = await loader.load(handle, seq, new AbortController().signal);
+      const stats = await loader.load(handle, seq, new AbortController().signal).finally(() => seq.release());
       loadCpu += cpuMs(c1);
       loadBytes += stats.bytes;
       loadBps.push(stats.bytes / (stats.ms / 1000));
       loadMs.push(stats.ms);
     }
   } finally {
-    seq.release();
     loader.override = undefined;
   }
   const owner1 = processCpuMs(ownerPid);
   const cpuMsPerGB: TransportPoint["cpuMsPerGB"] = { readerRead: readCpu / (readBytes / 1e9), readerLoad: loadCpu / (loadBytes / 1e9) };
   if (ownerPid !== undefined && owner0 !== undefined && owner1 !== undefined) cpuMsPerGB.owner = (owner1 - owner0) / ((readBytes + loadBytes) / 1e9);
-  return { readBps: summarize(readBps), loadBps: summarize(loadBps), firstLoadBps: loadBps[0]!, loadMs: summarize(loadMs), cpuMsPerGB };
+  return { readBps: summarize(readBps), loadBps: summarize(loadBps), loadMs: summarize(loadMs), cpuMsPerGB };
 }
 
 function memcpyBps(bytes: number): number {
@@ -422,7 +423,7 @@ async function main(): Promise<void> {
         const point = await transferReps(rt, loader, handle, t, opts.reps, name === "shm" ? undefined : prefill.child.pid);
         transports[name] = point;
         kvBytes = Math.round(point.loadBps.median * (point.loadMs.median / 1000));
-        log(`${n}: ${name} read ${gbps(point.readBps.median)}, whole load ${gbps(point.loadBps.median)} (first ${gbps(point.firstLoadBps)})`);
+        log(`${n}: ${name} read ${gbps(point.readBps.median)}, whole load ${gbps(point.loadBps.median)}`);
       }
       const cores = cpu.stop().otherCores ?? 0;
       await post(`${unstreamed.url}/v1/decode`, { handle, max_tokens: 1 }).then((r) => r.text()); // releases the handle's chunks
@@ -518,7 +519,7 @@ export function markdown(points: LengthPoint[], ttft: TtftPoint[], skipped: stri
   };
   const load = markdownTable({
     headers: ["KV tokens", "KV", "chunks", ...names.map((n) => `${n} whole load`), "memcpy"],
-    rows: points.map((p) => [String(p.tokens), `${(p.kvBytes / 2 ** 20).toFixed(1)} MiB`, String(p.chunks), ...names.map((n) => cell(p, n, (t) => `${medBest(t.loadBps)}; first ${gbps(t.firstLoadBps)}`)), gbps(p.memcpyBps)]),
+    rows: points.map((p) => [String(p.tokens), `${(p.kvBytes / 2 ** 20).toFixed(1)} MiB`, String(p.chunks), ...names.map((n) => cell(p, n, (t) => medBest(t.loadBps))), gbps(p.memcpyBps)]),
   });
   const read = markdownTable({
     headers: ["KV tokens", ...names.map((n) => `${n} read`)],
@@ -551,8 +552,7 @@ export function markdown(points: LengthPoint[], ttft: TtftPoint[], skipped: stri
   return [
     "### Whole load, lease → ready to decode (median of the repetitions, best in parentheses; GB = 10^9 bytes)",
     "What decode does: lease, read, verify (CRC-32C, fingerprint, shape), import into the cache, release. " +
-      "*First* = the first of the repetitions, the one a decode in service makes (each handle is loaded once): its pages are new to the reader; " +
-      "the later ones find shm pages the reader has mapped already, so for shm the median is the better case.",
+      "Each repetition is a first load, as in service: the owner's pages are new (rewritten before each load) and the destination is a new sequence.",
     load,
     "### The transport read alone (every chunk of the handle into a buffer of its own)",
     read,

@@ -10,11 +10,10 @@
 //   again:   the same pages into the same sequence once more (bench:handoff's repetitions).
 // To compare two trees, run it in each, alternating, and compare the medians.
 import { randomBytes, randomUUID } from "node:crypto";
-import { openSync, closeSync, readSync, writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
-import { punchHole } from "../../shared/inference/engine/native.ts";
+import { renewPages } from "./fresh-pages.ts";
 import { KvLoader } from "../../services/handoff/reader.ts";
 import { createLogger, openRuntime } from "../../services/runtime.ts";
 import { Shard, shardFileName } from "../../services/handoff/shard/shard.ts";
@@ -67,21 +66,6 @@ async function makeHandle(n: number): Promise<{ handle: Handle; ranges: { offset
   return { handle: { request_id: requestId, chunk_ids: ids, prompt_tokens: n } as Handle, ranges };
 }
 
-/** As an owner that freed the ranges and wrote them again: new pages, none mapped by any reader. */
-function rewrite(ranges: { offset: number; length: number }[]): void {
-  const fd = openSync(shard.path, "r+");
-  try {
-    for (const { offset, length } of ranges) {
-      const b = Buffer.allocUnsafe(length);
-      readSync(fd, b, 0, length, offset);
-      punchHole(fd, offset, length);
-      writeSync(fd, b, 0, length, offset);
-    }
-  } finally {
-    closeSync(fd);
-  }
-}
-
 try {
   const loader = new KvLoader(rt);
   loader.override = loader.shm;
@@ -95,7 +79,7 @@ try {
     for (let r = 0; r <= reps; r++) {
       for (let i = 0; i < kinds.length; i++) {
         const kind = kinds[(i + r) % kinds.length]!;
-        if (kind !== "again") rewrite(ranges);
+        if (kind !== "again") renewPages(shard.path, ranges);
         seq.truncate(0);
         const into = kind === "service" ? rt.engine.createSequence(n + 1) : seq;
         const stats = await loader.load(handle, into, new AbortController().signal);
