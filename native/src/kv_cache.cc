@@ -159,7 +159,8 @@ bool KvCache::prefault(const std::vector<RowSpan>& spans, int from, int to, uint
       const uintptr_t begin = reinterpret_cast<uintptr_t>(s.base + t0 * s.token_bytes) / page * page;
       const uintptr_t end = reinterpret_cast<uintptr_t>(s.base + (t1 - 1) * s.token_bytes + s.row_bytes);
       // EINVAL: no MADV_POPULATE_WRITE here. ENOMEM/EFAULT: the span went away meanwhile (the
-      // JS thread offloaded or restored); a later span still may be valid.
+      // JS thread offloaded or restored; were its addresses mapped again, their pages would be
+      // committed early, nothing worse); a later span still may be valid.
       if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) return false;
     }
   }

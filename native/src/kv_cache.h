@@ -68,7 +68,9 @@ class KvCache {
   // Commits the pages that rows [from, to) of `spans` will occupy (MADV_POPULATE_WRITE: allocated
   // and mapped writable, contents untouched), a block of tokens at a time in the order an import
   // writes them, so a writer on another thread mostly finds them ready. Stops early when
-  // generation() moves on from `gen`. False when the kernel cannot (Linux before 5.14).
+  // generation() moves on from `gen` (a release() during a step may leave that step's pages
+  // committed until the cache is destroyed or released again). False when the kernel cannot
+  // (Linux before 5.14).
   bool prefault(const std::vector<RowSpan>& spans, int from, int to, uint32_t gen) const;
 
   // Moves each group's layers (distinct, each in at most one group) into a host bank, rows of
