@@ -337,9 +337,10 @@ async function main(): Promise<void> {
   const maxContext = Math.max(trained, Math.max(...opts.lengths, ...(opts.transferOnly ? [] : opts.ttftLengths)) + 2);
   if (maxContext > trained) log(`context raised to ${maxContext} tokens (the model's is ${trained}): timings only, not answers`);
   await mkdir(opts.out, { recursive: true });
-  // The registry's server log (slow statements, lock waits, connections) is kept beside the results:
-  // earlier long runs saw registry queries time out in the prefill, cause not yet found.
-  const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(opts.out, "postgres.log") });
+  // The registry's server log (slow statements, lock waits, connections) is kept beside the
+  // results: in long runs on the 2-core box, registry statements have stalled for 4-25 s (README),
+  // so its files live in tmpfs and the services wait up to 2 minutes for a statement.
+  const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(opts.out, "postgres.log"), baseDir: "/dev/shm" });
   // The registry is part of what is measured: it runs at the services' priority, not below them.
   reniceProcess(pg.pid(), opts.nice);
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-");
@@ -363,7 +364,7 @@ async function main(): Promise<void> {
     // timeout too (60 s): a run on a loaded box once lost its prefill to the registry declaring it
     // dead mid-prefill (cause not found); the bench measures the handoff, not failure detection.
     const long = String(3_600_000);
-    const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", long, "--kv-timeout-ms", long, "--prefill-timeout-ms", long, "--heartbeat-timeout-ms", "60000", "--max-context", String(maxContext)];
+    const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", long, "--kv-timeout-ms", long, "--prefill-timeout-ms", long, "--heartbeat-timeout-ms", "60000", "--db-timeout-ms", "120000", "--max-context", String(maxContext)];
     log("starting prefill and two decode processes (KV over shm, streamed and not) against PostgreSQL 15");
     const prefill = await startService("prefill", [...common, "--threads", String(opts.threads), "--block-tokens", String(opts.blockTokens), "--shard-bytes", String(2 * 2 ** 30), "--instance-id", "bench-prefill"]);
     procs.push(prefill);

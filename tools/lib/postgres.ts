@@ -29,13 +29,15 @@ export interface TestPostgres {
 export interface StartOptions {
   /** Copy the server's log here when it stops (it logs statements over 200 ms and lock waits). */
   keepLogAt?: string;
+  /** Where the cluster's temp dir goes (default os.tmpdir()); a tmpfs keeps its files off the disk. */
+  baseDir?: string;
 }
 
 export async function startPostgres(database = "ctxbank_test", options: StartOptions = {}): Promise<TestPostgres> {
   if (!existsSync(path.join(PG_BIN, "initdb"))) {
     throw new Error(`PostgreSQL binaries not found in ${PG_BIN} (set CTXBANK_PG_BIN)`);
   }
-  const dir = await mkdtemp(path.join(os.tmpdir(), "ctxbank-pg-"));
+  const dir = await mkdtemp(path.join(options.baseDir ?? os.tmpdir(), "ctxbank-pg-"));
   const dataDir = path.join(dir, "data");
   const asRoot = process.getuid?.() === 0;
   const pgUser = asRoot ? await lookupUser("postgres") : undefined;
