@@ -167,6 +167,37 @@ function reniceProcess(pid: number | undefined, nice: number): void {
   }
 }
 
+/**
+ * Renices a process and, every 500 ms, each child it has started since (reniceProcess). For the
+ * registry: every PostgreSQL backend starts a session of its own (setsid), so it is an autogroup
+ * at nice 0 whatever the postmaster's nice; behind the services' autogroups at -10, with the
+ * prefill's engine threads on both cores, backends waited ~55 ms per wake-up on the run queue
+ * (/proc schedstat) and single statements stalled 2-25 s, ending runs with 503 not_ready.
+ */
+function keepChildrenReniced(pid: number | undefined, nice: number): () => void {
+  if (pid === undefined) return () => {};
+  const done = new Set<number>();
+  const sweep = () => {
+    for (const p of [pid, ...childrenOf(pid)]) {
+      if (done.has(p)) continue;
+      done.add(p);
+      reniceProcess(p, nice);
+    }
+  };
+  sweep();
+  const timer = setInterval(sweep, 500);
+  timer.unref();
+  return () => clearInterval(timer);
+}
+
+function childrenOf(pid: number): number[] {
+  try {
+    return readFileSync(`/proc/${pid}/task/${pid}/children`, "utf8").split(" ").filter(Boolean).map(Number);
+  } catch {
+    return []; // gone, or not Linux
+  }
+}
+
 /** Times SSE events of a streaming response: ms (from `t0`) at which each of the first `n` events arrived. */
 async function eventTimes(res: Response, t0: number, n: number): Promise<number[]> {
   const times: number[] = [];
@@ -341,17 +372,15 @@ async function main(): Promise<void> {
   // results: in long runs on the 2-core box, registry statements have stalled for 4-25 s (README),
   // so its files live in tmpfs and the services wait up to 2 minutes for a statement.
   const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(opts.out, "postgres.log"), baseDir: "/dev/shm" });
-  // The registry runs above the services (nice - 9, at most -20): a prefill's engine threads keep
-  // both cores busy, and at equal priority PostgreSQL's backends waited ~60 ms per wake-up on the
-  // run queue, seconds at worst (their /proc schedstat), enough to stall a statement 4-25 s. A
-  // deployment gives the registry CPU of its own; this is the closest one box gets.
-  reniceProcess(pg.pid(), Math.max(-20, opts.nice - 9));
+  // The registry runs at the services' priority too, its backends included (keepChildrenReniced).
+  const stopRenicing = keepChildrenReniced(pg.pid(), opts.nice);
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-");
   const procs: ServiceProcess[] = [];
   let rt: Runtime | undefined;
   const cleanup = async () => {
     await Promise.all(procs.map((p) => p.stop()));
     await rt?.close();
+    stopRenicing();
     await pg.stop();
     await rm(shardDir, { recursive: true, force: true });
   };
