@@ -369,8 +369,7 @@ async function main(): Promise<void> {
   if (maxContext > trained) log(`context raised to ${maxContext} tokens (the model's is ${trained}): timings only, not answers`);
   await mkdir(opts.out, { recursive: true });
   // The registry's server log (slow statements, lock waits, connections) is kept beside the
-  // results: in long runs on the 2-core box, registry statements have stalled for 4-25 s (README),
-  // so its files live in tmpfs and the services wait up to 2 minutes for a statement.
+  // results, and its files live in tmpfs, off the disk.
   const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(opts.out, "postgres.log"), baseDir: "/dev/shm" });
   // The registry runs at the services' priority too, its backends included (keepChildrenReniced).
   const stopRenicing = keepChildrenReniced(pg.pid(), opts.nice);
@@ -393,8 +392,9 @@ async function main(): Promise<void> {
   try {
     // A 32K-token prefill takes ~12 min on 2 cores: the decode's prefill call and KV load
     // deadlines are raised to an hour so that only a real failure ends a run. The heartbeat
-    // timeout too (60 s): a run on a loaded box once lost its prefill to the registry declaring it
-    // dead mid-prefill (cause not found); the bench measures the handoff, not failure detection.
+    // timeout (60 s) and the registry's statement deadline (2 min) too: the bench measures the
+    // handoff, not failure detection (runs used to lose the prefill to a starved registry:
+    // keepChildrenReniced).
     const long = String(3_600_000);
     const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", long, "--kv-timeout-ms", long, "--prefill-timeout-ms", long, "--heartbeat-timeout-ms", "60000", "--db-timeout-ms", "120000", "--max-context", String(maxContext)];
     log("starting prefill and two decode processes (KV over shm, streamed and not) against PostgreSQL 15");

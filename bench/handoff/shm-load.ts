@@ -82,8 +82,9 @@ try {
         if (kind !== "again") renewPages(shard.path, ranges);
         seq.truncate(0);
         const into = kind === "service" ? rt.engine.createSequence(n + 1) : seq;
-        const stats = await loader.load(handle, into, new AbortController().signal);
-        if (into !== seq) into.release();
+        const stats = await loader.load(handle, into, new AbortController().signal).finally(() => {
+          if (into !== seq) into.release();
+        });
         bytes = stats.bytes;
         if (r > 0) ms[kind].push(stats.ms); // the first round warms up
       }
