@@ -7,9 +7,11 @@
 // clear error (test/helpers/ucx-load-probe.ts, in processes of their own). The transport's cases
 // skip, saying so, where the UCX addon is not built (CI installs libucx-dev and builds with
 // CTXBANK_UCX=ON, so they run there).
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
+import { once } from "node:events";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
+import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -154,14 +156,13 @@ describe.skipIf(!available)("UCX transport", () => {
       expect(err.code, String(bad).slice(0, 20)).toBe("bad_response");
       expect(err.message).toMatch(/UCX endpoint of shard prefill-u is unusable/);
     }
-    // A byte flipped anywhere (the worker address, the rkeys, the lengths, the range) fails the
-    // envelope's checksum: UCX's own parsers, which trust their input, never see it.
+    // A byte flipped anywhere (the mapping, the token, the length, the worker address) fails the
+    // envelope's checksum: UCX's own address parser, which trusts its input, never sees it.
     const raw = Buffer.from(owner.endpoint, "base64");
     const ep = decodeUcxEndpoint(owner.endpoint);
     if (typeof ep === "string") throw new Error(ep);
-    const addressAt = 48;
-    const rkeyAt = addressAt + ep.address.byteLength;
-    for (const at of [8, 24, 32, 36, addressAt, addressAt + 5, rkeyAt, rkeyAt + 3, raw.byteLength - 6, raw.byteLength - 1]) {
+    const addressAt = 40;
+    for (const at of [4, 8, 16, 24, 32, addressAt, addressAt + 5, raw.byteLength - 6, raw.byteLength - 1]) {
       const flipped = Buffer.from(raw);
       flipped[at]! ^= 0x40;
       const err = await read(flipped.toString("base64"));
@@ -169,9 +170,19 @@ describe.skipIf(!available)("UCX transport", () => {
       expect(err.message).toMatch(/checksum mismatch|wrong magic/);
     }
     expect((await read(raw.subarray(0, raw.byteLength - 9).toString("base64"))).code).toBe("bad_response");
-    // A well-formed envelope that promises more than the owner mapped cannot widen the read.
+    // A well-formed envelope cannot widen the read past what the owner mapped (the owner checks),
+    // nor read a mapping without its token.
     const widened = encodeUcxEndpoint({ ...ep, length: 8 * MiB });
     expect((await transportError(t().readChunk({ ...bigLoc, ucxEndpoint: widened }, new Uint8Array(bigLoc.length), { deadlineMs: soon() }))).code).toBe("out_of_range");
+    const past = encodeUcxEndpoint({ ...ep, length: 200 * MiB });
+    const beyond = await transportError(t().readChunk({ ...loc, offset: 96 * MiB, length: 4096, ucxEndpoint: past }, new Uint8Array(4096), { deadlineMs: soon() }));
+    expect(beyond.code).toBe("out_of_range");
+    expect(beyond.message).toMatch(/outside the owner's mapping/);
+    const guessed = await transportError(t().readChunk({ ...loc, ucxEndpoint: encodeUcxEndpoint({ ...ep, token: ep.token ^ 1n }) }, new Uint8Array(loc.length), { deadlineMs: soon() }));
+    expect(guessed.code).toBe("bad_response");
+    expect(guessed.message).toMatch(/refused the read \(wrong token\)/);
+    const otherMapping = await transportError(t().readChunk({ ...loc, ucxEndpoint: encodeUcxEndpoint({ ...ep, mapping: ep.mapping + 7n }) }, new Uint8Array(loc.length), { deadlineMs: soon() }));
+    expect(otherMapping.code).toBe("stale_epoch");
   });
 
   it("a wrong epoch is stale_epoch; so is a restarted owner's old epoch", async () => {
@@ -231,25 +242,47 @@ describe.skipIf(!available)("UCX transport", () => {
     const l = { ...bigLoc, ucxEndpoint: doomed.endpoint };
     const into = new Uint8Array(l.length);
     await t().readChunk(l, into, { deadlineMs: soon(30_000) }); // connected and warm
-    const reads = Array.from({ length: 4 }, () => {
+    // A read starts every 8 ms, the owner dies at ~36 ms: reads in flight then, and those after.
+    const reads: Promise<true | string>[] = [];
+    const killedAt = new Promise<number>((resolve) => setTimeout(() => void doomed.kill().then(() => resolve(Date.now())), 36));
+    for (let i = 0; i < 8; i++) {
       const target = new Uint8Array(l.length);
-      return t().readChunk(l, target, { deadlineMs: soon(30_000) }).then(
-        () => Buffer.compare(target, big) === 0 || "wrong bytes",
-        (e: { code?: string }) => e.code ?? String(e),
+      reads.push(
+        t()
+          .readChunk(l, target, { deadlineMs: soon(30_000) })
+          .then(
+            () => Buffer.compare(target, big) === 0 || "wrong bytes",
+            (e: { code?: string }) => e.code ?? String(e),
+          ),
       );
-    });
-    await new Promise((r) => setTimeout(r, 30));
-    const killedAt = Date.now();
-    await doomed.kill();
+      await new Promise((r) => setTimeout(r, 8));
+    }
     const outcomes = await Promise.all(reads);
-    expect(Date.now() - killedAt).toBeLessThan(5_000);
+    expect(Date.now() - (await killedAt)).toBeLessThan(5_000);
     for (const o of outcomes) expect([true, "unreachable"]).toContain(o);
-    expect(outcomes).toContain("unreachable"); // 256 MiB queued over loopback outlast 30 ms
+    expect(outcomes).toContain("unreachable");
 
     const started = Date.now();
     const err = await transportError(t().readChunk(l, new Uint8Array(l.length), { deadlineMs: soon() }));
     expect(err.code).toBe("unreachable");
     expect(Date.now() - started).toBeLessThan(3_000);
+  });
+
+  it("a reader killed mid-read leaves the owner serving others", async () => {
+    const script = fileURLToPath(new URL("./helpers/ucx-reader.ts", import.meta.url));
+    const reader = spawn(process.execPath, ["--import", "tsx", script, JSON.stringify(bigLoc)], { stdio: ["ignore", "pipe", "inherit"] });
+    const exited = new Promise((r) => reader.once("exit", r));
+    try {
+      const [line] = (await once(createInterface({ input: reader.stdout! }), "line")) as [string];
+      expect(line).toBe("reading");
+    } finally {
+      reader.kill("SIGKILL");
+      await exited;
+    }
+    const into = new Uint8Array(big.byteLength);
+    await t().readChunk(bigLoc, into, { deadlineMs: soon(30_000) });
+    expect(Buffer.compare(into, big)).toBe(0);
+    expect(owner.child.exitCode).toBeNull();
   });
 
   it("prints the throughput of a 64 MiB read (not asserted)", async () => {

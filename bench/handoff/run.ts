@@ -70,7 +70,7 @@ const TRANSPORTS: { name: string; note: string; open: (loader: KvLoader) => KvTr
   { name: "shm", note: "the owner's tmpfs shard mapped in place (same host)", open: (l) => l.shm },
   { name: "socket", note: "HTTP/1.1 over keep-alive sockets, bodies read straight into the staging buffer (decode's reader for http:// owners)", open: (l) => l.http },
   { name: "http", note: "undici (decode's reader for https:// owners)", open: (l) => l.https },
-  { name: "ucx", note: "UCX one-sided get from the owner's registered shard (on one host: UCX's TCP transport)", open: (l) => l.ucx ?? "the UCX transport addon is not built (CTXBANK_UCX, libucx-dev)" },
+  { name: "ucx", note: "UCX active-message rendezvous: the decode asks, pulls the owner's answer into its buffer (on one host: CMA)", open: (l) => l.ucx ?? "the UCX transport addon is not built (CTXBANK_UCX, libucx-dev)" },
 ];
 
 interface TransportPoint {

@@ -1,7 +1,7 @@
 // The UCX addon (ctxbank_ucx.node, its own module next to ctxbank_native.node, linked to UCX;
-// the engine's addon has no UCX): workerAddress(), expose(path, length, epoch) ->
-// {id, rkey, base, fence, fenceRkey}, unexpose(id), get(address, rkey, remote, into, readId)
-// -> Promise<void>, cancel(readId). Loaded only by the process that uses the UCX transport
+// the engine's addon has no UCX): workerAddress(), expose(path, length, epoch) -> {id, token},
+// unexpose(id), read(address, mapping, token, epoch, offset, into, readId) -> Promise<void>,
+// cancel(readId). Loaded only by the process that uses the UCX transport
 // (services/handoff/transport/ucx-addon.ts); CTXBANK_UCX (native/CMakeLists.txt) decides whether it
 // is built.
 #include <napi.h>
@@ -55,18 +55,20 @@ uint64_t u64_of(const Napi::CallbackInfo& info, size_t i, const char* what) {
   return v;
 }
 
-uint64_t read_id_of(const Napi::CallbackInfo& info, size_t i) {
-  if (info.Length() <= i || !info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), "readId must be a number");
+// A JS number that is an integer in [0, max].
+uint64_t integer_of(const Napi::CallbackInfo& info, size_t i, const char* what, double max) {
+  if (info.Length() <= i || !info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a number");
   const double v = info[i].As<Napi::Number>().DoubleValue();
-  if (!(v >= 0 && v <= 9007199254740991.0 && v == static_cast<double>(static_cast<uint64_t>(v))))
-    throw Napi::RangeError::New(info.Env(), "readId must be a non-negative integer");
+  if (!(v >= 0 && v <= max && v == static_cast<double>(static_cast<uint64_t>(v))))
+    throw Napi::RangeError::New(info.Env(), std::string(what) + " must be an integer in [0, " + std::to_string(static_cast<uint64_t>(max)) + "]");
   return static_cast<uint64_t>(v);
 }
 
+constexpr double kMaxSafe = 9007199254740991.0;
+
 // Registry bytes are validated in TypeScript first (services/handoff/transport/ucx-endpoint.ts);
-// these caps only keep a bad call from allocating much.
+// this cap only keeps a bad call from allocating much.
 constexpr size_t kMaxAddress = 64 << 10;
-constexpr size_t kMaxRkey = 64 << 10;
 
 Napi::Value WorkerAddress(const Napi::CallbackInfo& info) {
   const std::vector<uint8_t> a = the_node(info.Env()).worker_address();
@@ -75,34 +77,28 @@ Napi::Value WorkerAddress(const Napi::CallbackInfo& info) {
 
 Napi::Value Expose(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() != 3 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber())
-    throw Napi::TypeError::New(env, "expose(path, length, epoch)");
-  const double epoch = info[2].As<Napi::Number>().DoubleValue();
-  if (!(epoch >= 1 && epoch <= 4294967295.0 && epoch == static_cast<double>(static_cast<uint32_t>(epoch))))
-    throw Napi::RangeError::New(env, "expose: epoch must be a positive u32");
-  const double length = info[1].As<Napi::Number>().DoubleValue();
-  if (!(length >= 1 && length <= 9007199254740991.0 && length == static_cast<double>(static_cast<uint64_t>(length))))
-    throw Napi::RangeError::New(env, "expose: length must be a positive integer");
-  ucx::Exposed out;
+  if (info.Length() != 3 || !info[0].IsString()) throw Napi::TypeError::New(env, "expose(path, length, epoch)");
+  const uint64_t length = integer_of(info, 1, "expose: length", kMaxSafe);
+  const uint64_t epoch = integer_of(info, 2, "expose: epoch", 4294967295.0);
+  if (length == 0 || epoch == 0) throw Napi::RangeError::New(env, "expose: length and epoch must be positive");
+  uint64_t token = 0;
   uint64_t id;
   try {
-    id = the_node(env).expose(info[0].As<Napi::String>().Utf8Value(), static_cast<uint64_t>(length), static_cast<uint64_t>(epoch), &out);
+    id = the_node(env).expose(info[0].As<Napi::String>().Utf8Value(), length, static_cast<uint32_t>(epoch), &token);
   } catch (const std::runtime_error& e) {
     throw Napi::Error::New(env, e.what());
   }
   Napi::Object r = Napi::Object::New(env);
-  r.Set("id", Napi::Number::New(env, static_cast<double>(id)));
-  r.Set("rkey", Napi::Buffer<uint8_t>::Copy(env, out.rkey.data(), out.rkey.size()));
-  r.Set("base", Napi::BigInt::New(env, out.base));
-  r.Set("fence", Napi::BigInt::New(env, out.fence));
-  r.Set("fenceRkey", Napi::Buffer<uint8_t>::Copy(env, out.fence_rkey.data(), out.fence_rkey.size()));
+  r.Set("id", Napi::BigInt::New(env, id));
+  r.Set("token", Napi::BigInt::New(env, token));
   return r;
 }
 
 Napi::Value Unexpose(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "unexpose(id)");
-  if (node) node->unexpose(static_cast<uint64_t>(info[0].As<Napi::Number>().Int64Value()));
+  if (info.Length() != 1) throw Napi::TypeError::New(env, "unexpose(id)");
+  const uint64_t id = u64_of(info, 0, "unexpose: id");
+  if (node) node->unexpose(id);
   return env.Undefined();
 }
 
@@ -112,21 +108,26 @@ struct Read {
   ucx::Outcome outcome;
 };
 
-Napi::Value Get(const Napi::CallbackInfo& info) {
+Napi::Value ReadRange(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
+  if (info.Length() != 7) throw Napi::TypeError::New(env, "read(address, mapping, token, epoch, offset, into: Uint8Array, readId)");
   std::vector<uint8_t> address = bytes_of(info, 0, "address", kMaxAddress);
-  std::vector<uint8_t> rkey = bytes_of(info, 1, "rkey", kMaxRkey);
-  const uint64_t remote = u64_of(info, 2, "remote");
-  if (info.Length() != 5 || !info[3].IsTypedArray() || info[3].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
-    throw Napi::TypeError::New(env, "get(address, rkey, remote, into: Uint8Array, readId)");
-  const uint64_t id = read_id_of(info, 4);
-  Napi::Uint8Array into = info[3].As<Napi::Uint8Array>();
-  if (into.ByteLength() == 0) throw Napi::RangeError::New(env, "get: into is empty");
+  ucx::Range range;
+  range.mapping = u64_of(info, 1, "mapping");
+  range.token = u64_of(info, 2, "token");
+  range.epoch = static_cast<uint32_t>(integer_of(info, 3, "epoch", 4294967295.0));
+  range.offset = integer_of(info, 4, "offset", kMaxSafe);
+  if (!info[5].IsTypedArray() || info[5].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    throw Napi::TypeError::New(env, "read: into must be a Uint8Array");
+  const uint64_t id = integer_of(info, 6, "readId", kMaxSafe);
+  Napi::Uint8Array into = info[5].As<Napi::Uint8Array>();
+  if (into.ByteLength() == 0) throw Napi::RangeError::New(env, "read: into is empty");
+  range.length = into.ByteLength();
   ucx::Node& n = the_node(env);
   auto* read = new Read{Napi::Promise::Deferred::New(env), Napi::Persistent(into), {}};
   if (pending++ == 0) completions.Ref(env);
   Napi::Promise promise = read->deferred.Promise();
-  n.get(id, std::move(address), std::move(rkey), remote, into.Data(), into.ByteLength(), [read](ucx::Outcome o) {
+  n.read(id, std::move(address), range, into.Data(), [read](ucx::Outcome o) {
     read->outcome = std::move(o);
     completions.NonBlockingCall(read, [](Napi::Env env, Napi::Function, Read* r) {
       if (--pending == 0) completions.Unref(env);
@@ -144,7 +145,7 @@ Napi::Value Get(const Napi::CallbackInfo& info) {
 }
 
 Napi::Value Cancel(const Napi::CallbackInfo& info) {
-  const uint64_t id = read_id_of(info, 0);
+  const uint64_t id = integer_of(info, 0, "readId", kMaxSafe);
   if (node) node->cancel(id);
   return info.Env().Undefined();
 }
@@ -153,7 +154,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("workerAddress", Napi::Function::New(env, WorkerAddress));
   exports.Set("expose", Napi::Function::New(env, Expose));
   exports.Set("unexpose", Napi::Function::New(env, Unexpose));
-  exports.Set("get", Napi::Function::New(env, Get));
+  exports.Set("read", Napi::Function::New(env, ReadRange));
   exports.Set("cancel", Napi::Function::New(env, Cancel));
   return exports;
 }

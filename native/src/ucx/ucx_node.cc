@@ -1,23 +1,44 @@
 #include "ucx/ucx_node.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <future>
+#include <random>
 #include <stdexcept>
 
 namespace ctx::ucx {
 
 namespace {
 
-std::runtime_error ucx_error(const char* what, ucs_status_t status) {
-  return std::runtime_error(std::string(what) + ": " + ucs_status_string(status));
-}
+// Active-message ids and their headers (both ends are this code, on hosts of one byte order).
+constexpr unsigned kAsk = 1;     // reader -> owner: Ask, no data
+constexpr unsigned kAnswer = 2;  // owner -> reader: Answer, then the range's bytes when status is kOk
+constexpr uint32_t kWire = 0x31414358;  // "XCA1"
+
+struct Ask {
+  uint32_t wire;
+  uint32_t epoch;
+  uint64_t read_id;
+  uint64_t mapping;
+  uint64_t token;
+  uint64_t offset;
+  uint64_t length;
+};
+
+enum AnswerStatus : uint32_t { kOk = 0, kGone = 1, kOutOfRange = 2, kRefused = 3, kMalformed = 4 };
+
+struct Answer {
+  uint32_t wire;
+  uint32_t status;
+  uint64_t read_id;
+};
 
 Outcome outcome_of(ucs_status_t status) {
   if (status == UCS_OK) return {};
@@ -40,30 +61,74 @@ Outcome outcome_of(ucs_status_t status) {
   }
 }
 
-// While reads are in flight the thread spins on the worker; idle, it still progresses every few
-// ms (wire-up and, where no transport reads remotely, UCX's emulated reads need the owner's worker).
-constexpr auto kIdleProgress = std::chrono::milliseconds(2);
-constexpr auto kBusyAfterProgress = std::chrono::milliseconds(5);
+Outcome outcome_of(AnswerStatus status) {
+  switch (status) {
+    case kOk:
+      return {};
+    case kGone:
+      return {"stale_epoch", "the owner no longer serves this shard epoch"};
+    case kOutOfRange:
+      return {"out_of_range", "the range lies outside the owner's mapping"};
+    case kRefused:
+      return {"bad_endpoint", "the owner refused the read (wrong token)"};
+    default:
+      return {"bad_endpoint", "the owner could not parse the read"};
+  }
+}
+
+// While a read is pulling bytes the thread spins on the worker (the pull advances only in
+// progress calls); otherwise it sleeps until the worker has an event (an ask, an answer, wire-up)
+// or a command arrives, and wakes every so often to finish closing endpoints.
+constexpr int kClosingPollMs = 5;
+constexpr int kIdlePollMs = 200;
+
+// Idle endpoints kept per owner; more reads at once open more, closed when they come back.
+constexpr size_t kIdlePerOwner = 16;
+
+uint64_t random_token() {
+  std::random_device device;  // /dev/urandom
+  return (static_cast<uint64_t>(device()) << 32) ^ device();
+}
 
 }  // namespace
 
 struct Node::Peer {
   std::vector<uint8_t> address;
   ucp_ep_h ep = nullptr;
-  std::map<std::vector<uint8_t>, ucp_rkey_h> rkeys;
   bool failed = false;
 };
 
-struct Node::Get {
-  uint64_t id;
+// A read in flight: asked, then (once answered) receiving into dst.
+struct Node::Read {
+  std::unique_ptr<Peer> peer;  // its own endpoint; null once cancel() closed it
+  void* dst;
+  uint64_t length;
   std::function<void(Outcome)> done;
-  Node* node;
+  bool receiving = false;  // a ucp_am_recv_data_nbx is writing into dst
 };
 
-// Idle endpoints kept per owner; more reads at once open more, closed when they come back.
-constexpr size_t kIdlePerOwner = 16;
+struct Node::Mapping {
+  ucp_mem_h memh;
+  void* addr;
+  uint64_t length;
+  uint32_t epoch;
+  uint64_t token;
+  bool retired = false;  // unexposed: answers nothing new, released when `sending` reaches 0
+  size_t sending = 0;    // answers whose bytes a reader may still be pulling
+};
+
+// What a send callback needs; the header lives here until the send completes.
+struct Node::Sending {
+  Node* node;
+  uint64_t id;  // the read (an ask) or the mapping (an answer)
+  Ask ask;
+  Answer answer;
+  bool with_data;
+};
 
 Node::Node() {
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) throw std::runtime_error(std::string("UCX: eventfd: ") + std::strerror(errno));
   thread_ = std::thread([this] { run(); });
   std::string error;
   run_sync([&] {
@@ -75,7 +140,7 @@ Node::Node() {
     }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
-    params.features = UCP_FEATURE_RMA;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     st = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (st != UCS_OK) {
@@ -90,6 +155,18 @@ Node::Node() {
       error = std::string("ucp_worker_create: ") + ucs_status_string(st);
       return;
     }
+    for (auto [id, cb] : {std::pair{kAsk, &Node::on_ask}, std::pair{kAnswer, &Node::on_answer}}) {
+      ucp_am_handler_param_t hp{};
+      hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+      hp.id = id;
+      hp.cb = cb;
+      hp.arg = this;
+      st = ucp_worker_set_am_recv_handler(worker_, &hp);
+      if (st != UCS_OK) {
+        error = std::string("ucp_worker_set_am_recv_handler: ") + ucs_status_string(st);
+        return;
+      }
+    }
     ucp_address_t* addr = nullptr;
     size_t len = 0;
     st = ucp_worker_get_address(worker_, &addr, &len);
@@ -99,54 +176,27 @@ Node::Node() {
     }
     address_.assign(reinterpret_cast<uint8_t*>(addr), reinterpret_cast<uint8_t*>(addr) + len);
     ucp_worker_release_address(worker_, addr);
-    void* page = mmap(nullptr, kFenceSlots * sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (page == MAP_FAILED) {
-      error = "cannot map the epoch page";
-      return;
-    }
-    fence_ = static_cast<uint64_t*>(page);
-    ucp_mem_map_params_t mp{};
-    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_PROT;
-    mp.address = page;
-    mp.length = kFenceSlots * sizeof(uint64_t);
-    mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE | UCP_MEM_MAP_PROT_REMOTE_READ;
-    st = ucp_mem_map(context_, &mp, &fence_memh_);
-    if (st != UCS_OK) {
-      error = std::string("ucp_mem_map: ") + ucs_status_string(st);
-      return;
-    }
-    void* packed = nullptr;
-    size_t size = 0;
-    st = ucp_rkey_pack(context_, fence_memh_, &packed, &size);
-    if (st != UCS_OK) {
-      error = std::string("ucp_rkey_pack: ") + ucs_status_string(st);
-      return;
-    }
-    fence_rkey_.assign(static_cast<uint8_t*>(packed), static_cast<uint8_t*>(packed) + size);
-    ucp_rkey_buffer_release(packed);
+    st = ucp_worker_get_efd(worker_, &worker_fd_);
+    if (st != UCS_OK) error = std::string("ucp_worker_get_efd: ") + ucs_status_string(st);
   });
   if (!error.empty()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
     }
-    wake_.notify_all();
+    wake();
     thread_.join();
-    if (fence_memh_) ucp_mem_unmap(context_, fence_memh_);
-    if (fence_) munmap(fence_, kFenceSlots * sizeof(uint64_t));
     if (worker_) ucp_worker_destroy(worker_);
     if (context_) ucp_cleanup(context_);
+    ::close(wake_fd_);
     throw std::runtime_error("UCX: " + error);
   }
 }
 
 Node::~Node() {
   run_sync([this] {
-    while (!busy_.empty()) {
-      auto peer = std::move(busy_.begin()->second);
-      busy_.erase(busy_.begin());
-      close_peer(std::move(peer));
-    }
+    for (auto& [id, r] : reads_)
+      if (r->peer) close_peer(std::move(r->peer));
     auto idle = std::move(idle_);
     for (auto& [address, peers] : idle)
       for (auto& p : peers) close_peer(std::move(p));
@@ -162,17 +212,16 @@ Node::~Node() {
     mappings_.clear();
     for (auto& [addr, length] : retired_) munmap(addr, length);
     retired_.clear();
-    ucp_mem_unmap(context_, fence_memh_);
   });
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake();
   thread_.join();
   ucp_worker_destroy(worker_);
   ucp_cleanup(context_);
-  munmap(fence_, kFenceSlots * sizeof(uint64_t));
+  ::close(wake_fd_);
 }
 
 void Node::post(std::function<void()> command) {
@@ -180,7 +229,21 @@ void Node::post(std::function<void()> command) {
     std::lock_guard<std::mutex> lock(mutex_);
     commands_.push_back(std::move(command));
   }
-  wake_.notify_all();
+  wake();
+}
+
+void Node::wake() {
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(wake_fd_, &one, sizeof one);  // fails only when the counter is full: awake anyway
+  (void)ignored;
+}
+
+// Sleeps until the worker has an event, a command is posted, or `timeout_ms` pass. Arming fails
+// (busy) when events are already pending: then it returns at once to progress them.
+void Node::wait_for_events(int timeout_ms) {
+  if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) return;
+  pollfd fds[2] = {{wake_fd_, POLLIN, 0}, {worker_fd_, POLLIN, 0}};
+  ::poll(fds, 2, timeout_ms);
 }
 
 void Node::run_sync(std::function<void()> command) {
@@ -193,24 +256,26 @@ void Node::run_sync(std::function<void()> command) {
 }
 
 void Node::run() {
-  auto last_progress = std::chrono::steady_clock::now();
   for (;;) {
+    // Clear the wake-ups first: a command posted after this wakes the next wait.
+    uint64_t posted = 0;
+    ssize_t ignored = ::read(wake_fd_, &posted, sizeof posted);
+    (void)ignored;
     std::deque<std::function<void()>> batch;
     {
-      std::unique_lock<std::mutex> lock(mutex_);
-      // Busy a moment after the last progress: an owner serving emulated reads has none in flight
-      // of its own, and sleeping between its fragments would throttle the reader.
-      const bool busy = in_flight_ > 0 || std::chrono::steady_clock::now() - last_progress < kBusyAfterProgress;
-      if (commands_.empty() && !stop_ && !busy) wake_.wait_for(lock, kIdleProgress);
+      std::lock_guard<std::mutex> lock(mutex_);
       if (stop_ && commands_.empty()) return;
       batch.swap(commands_);
     }
     for (auto& c : batch) c();
-    if (!worker_) continue;
-    bool progressed = false;
-    while (ucp_worker_progress(worker_) != 0) progressed = true;
-    if (progressed) last_progress = std::chrono::steady_clock::now();
-    // Idle endpoints whose owner failed (busy ones are closed when their read completes).
+    if (!worker_) {
+      if (batch.empty()) wait_idle();
+      continue;
+    }
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    fail_orphaned_reads();
+    // Idle endpoints whose owner failed.
     for (auto& [address, peers] : idle_) {
       for (size_t i = 0; i < peers.size();) {
         if (!peers[i]->failed) {
@@ -222,11 +287,27 @@ void Node::run() {
       }
     }
     reap_peers();
-    std::this_thread::yield();
+    if (receiving_ > 0) continue;  // pulling: spin
+    wait_for_events(closing_.empty() ? kIdlePollMs : kClosingPollMs);
   }
 }
 
+// Before the worker exists (start-up): only commands wake the thread.
+void Node::wait_idle() {
+  pollfd fd{wake_fd_, POLLIN, 0};
+  ::poll(&fd, 1, kIdlePollMs);
+}
+
 void Node::on_peer_error(void* arg, ucp_ep_h, ucs_status_t) { static_cast<Peer*>(arg)->failed = true; }
+
+// A read still waiting for its answer from an owner that failed gets none: it ends here. (A read
+// already receiving ends through its receive, which UCX completes with the error.)
+void Node::fail_orphaned_reads() {
+  std::vector<uint64_t> orphaned;
+  for (auto& [id, r] : reads_)
+    if (!r->receiving && r->peer && r->peer->failed) orphaned.push_back(id);
+  for (uint64_t id : orphaned) finish_read(id, {"unreachable", "the owner's endpoint failed before it answered"});
+}
 
 std::unique_ptr<Node::Peer> Node::take_peer(const std::vector<uint8_t>& address, Outcome* err) {
   auto it = idle_.find(address);
@@ -241,8 +322,9 @@ std::unique_ptr<Node::Peer> Node::take_peer(const std::vector<uint8_t>& address,
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
   // A dead owner fails the reads instead of hanging them, and a forced close can cancel them. In
-  // UCX 1.13 this rules out the shared-memory transports (no peer failure handling): on one host
-  // the reads then go over TCP, with UCX serving them on the owner's worker (see the README).
+  // UCX 1.13 this rules out the shared-memory transports (no peer failure handling) and CMA
+  // unless UCX_CMA_MEMORY_INVALIDATE=y (ucx-addon.ts sets it): on one host the asks and answers
+  // go over TCP, the bytes over CMA.
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &Node::on_peer_error;
   ep.err_handler.arg = peer.get();
@@ -256,11 +338,9 @@ std::unique_ptr<Node::Peer> Node::take_peer(const std::vector<uint8_t>& address,
   return peer;
 }
 
-// Starts closing (forced: a read in flight on it completes as cancelled). Never called from a
+// Starts closing (forced: what is in flight on it completes as cancelled). Never called from a
 // UCX callback: UCX calls must not nest in its progress. The peer lives until the close is done.
 void Node::close_peer(std::unique_ptr<Peer> peer) {
-  for (auto& [bytes, rkey] : peer->rkeys) ucp_rkey_destroy(rkey);
-  peer->rkeys.clear();
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -284,78 +364,179 @@ void Node::reap_peers() {
   }
 }
 
-void Node::on_get_done(void* request, ucs_status_t status, void* user) {
-  auto* g = static_cast<Get*>(user);
-  ucp_request_free(request);
-  g->node->in_flight_--;
-  g->node->finish_get(g->id, status);
-  g->done(outcome_of(status));
-  delete g;
-}
-
-// The read's endpoint goes back to the pool, or is retired (closed by the run loop) when its
-// owner failed. A cancelled read's endpoint is no longer in busy_ (cancel() took it).
-void Node::finish_get(uint64_t id, ucs_status_t status) {
-  auto it = busy_.find(id);
-  if (it == busy_.end()) return;
-  auto peer = std::move(it->second);
-  busy_.erase(it);
-  auto& pool = idle_[peer->address];
-  if (status != UCS_OK || peer->failed || pool.size() >= kIdlePerOwner) {
-    retired_peers_.push_back(std::move(peer));
-  } else {
-    pool.push_back(std::move(peer));
+// Ends a read: its endpoint goes back to the pool, or is retired (closed by the run loop) when
+// the read failed or its owner did; then its `done` runs. Unknown ids (ended already) are ignored.
+void Node::finish_read(uint64_t id, Outcome outcome) {
+  auto it = reads_.find(id);
+  if (it == reads_.end()) return;
+  std::unique_ptr<Read> r = std::move(it->second);
+  reads_.erase(it);
+  if (r->peer) {
+    auto& pool = idle_[r->peer->address];
+    if (!outcome.code.empty() || r->peer->failed || pool.size() >= kIdlePerOwner) retired_peers_.push_back(std::move(r->peer));
+    else pool.push_back(std::move(r->peer));
   }
+  r->done(std::move(outcome));
 }
 
-void Node::get(uint64_t id, std::vector<uint8_t> address, std::vector<uint8_t> rkey_bytes, uint64_t remote, void* dst, uint64_t length,
-               std::function<void(Outcome)> done) {
-  post([this, id, address = std::move(address), rkey_bytes = std::move(rkey_bytes), remote, dst, length, done = std::move(done)]() mutable {
+void Node::read(uint64_t id, std::vector<uint8_t> address, Range range, void* dst, std::function<void(Outcome)> done) {
+  post([this, id, address = std::move(address), range, dst, done = std::move(done)]() mutable {
+    if (reads_.count(id) != 0) return done({"bad_endpoint", "a read with this id is already in flight"});
     Outcome err;
-    std::unique_ptr<Peer> owned = take_peer(address, &err);
-    if (!owned) return done(err);
-    Peer* peer = owned.get();
-    busy_[id] = std::move(owned);
-    ucp_rkey_h rkey = nullptr;
-    auto rk = peer->rkeys.find(rkey_bytes);
-    if (rk != peer->rkeys.end()) {
-      rkey = rk->second;
-    } else {
-      const ucs_status_t st = ucp_ep_rkey_unpack(peer->ep, rkey_bytes.data(), &rkey);
-      if (st != UCS_OK) {
-        finish_get(id, st);
-        return done({"bad_endpoint", std::string("cannot unpack the owner's remote key: ") + ucs_status_string(st)});
-      }
-      peer->rkeys[rkey_bytes] = rkey;
-    }
-    auto* g = new Get{id, std::move(done), this};
+    std::unique_ptr<Peer> peer = take_peer(address, &err);
+    if (!peer) return done(err);
+    ucp_ep_h ep = peer->ep;
+    reads_[id] = std::make_unique<Read>(Read{std::move(peer), dst, range.length, std::move(done)});
+    auto* s = new Sending{this, id, Ask{kWire, range.epoch, id, range.mapping, range.token, range.offset, range.length}, {}, false};
     ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = &Node::on_get_done;
-    p.user_data = g;
-    ucs_status_ptr_t req = ucp_get_nbx(peer->ep, dst, length, remote, rkey, &p);
-    if (UCS_PTR_IS_PTR(req)) {
-      in_flight_++;
-      return;
-    }
-    const ucs_status_t st = UCS_PTR_STATUS(req);
-    finish_get(id, st);
-    g->done(outcome_of(st));
-    delete g;
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_AM_SEND_FLAG_REPLY;  // the owner answers on its endpoint back to this one
+    p.cb.send = &Node::on_ask_sent;
+    p.user_data = s;
+    ucs_status_ptr_t req = ucp_am_send_nbx(ep, kAsk, &s->ask, sizeof s->ask, nullptr, 0, &p);
+    if (UCS_PTR_IS_PTR(req)) return;
+    delete s;
+    if (UCS_PTR_IS_ERR(req)) finish_read(id, outcome_of(UCS_PTR_STATUS(req)));
   });
+}
+
+void Node::on_ask_sent(void* request, ucs_status_t status, void* user) {
+  auto* s = static_cast<Sending*>(user);
+  ucp_request_free(request);
+  // A failed ask fails its read, unless the answer is already arriving (then its receive ends it).
+  if (status != UCS_OK) {
+    auto it = s->node->reads_.find(s->id);
+    if (it != s->node->reads_.end() && !it->second->receiving) {
+      if (it->second->peer) it->second->peer->failed = true;  // fail_orphaned_reads ends it, out of this callback
+      else s->node->finish_read(s->id, outcome_of(status));
+    }
+  }
+  delete s;
+}
+
+ucs_status_t Node::on_answer(void* arg, const void* header, size_t header_length, void* data, size_t length, const ucp_am_recv_param_t* param) {
+  return static_cast<Node*>(arg)->receive(header, header_length, data, length, param);
+}
+
+// The owner's answer to one of this process's reads: the range's bytes (pulled into the read's
+// destination), or why not. Answers for reads that ended, or from another endpoint than the one
+// the read asked on, are dropped.
+ucs_status_t Node::receive(const void* header, size_t header_length, void* data, size_t length, const ucp_am_recv_param_t* param) {
+  Answer a{};
+  if (header_length != sizeof a) return UCS_ERR_INVALID_PARAM;
+  std::memcpy(&a, header, sizeof a);
+  auto it = reads_.find(a.read_id);
+  if (a.wire != kWire || it == reads_.end() || it->second->receiving || !it->second->peer) return UCS_ERR_CANCELED;
+  Read& r = *it->second;
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && param->reply_ep != r.peer->ep) return UCS_ERR_CANCELED;
+  if (a.status != kOk) {
+    finish_read(a.read_id, outcome_of(static_cast<AnswerStatus>(a.status)));
+    return UCS_OK;
+  }
+  if (length != r.length) {
+    finish_read(a.read_id, {"bad_endpoint", "the owner answered " + std::to_string(length) + " bytes, not " + std::to_string(r.length)});
+    return rndv ? UCS_ERR_INVALID_PARAM : UCS_OK;
+  }
+  if (!rndv) {  // small enough to come with the answer
+    std::memcpy(r.dst, data, length);
+    finish_read(a.read_id, {});
+    return UCS_OK;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  p.cb.recv_am = &Node::on_received;
+  p.user_data = new Sending{this, a.read_id, {}, {}, true};
+  ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_, data, r.dst, length, &p);
+  if (UCS_PTR_IS_PTR(req)) {
+    r.receiving = true;
+    receiving_++;
+    return UCS_OK;
+  }
+  delete static_cast<Sending*>(p.user_data);
+  finish_read(a.read_id, outcome_of(UCS_PTR_IS_ERR(req) ? UCS_PTR_STATUS(req) : UCS_OK));
+  return UCS_OK;
+}
+
+void Node::on_received(void* request, ucs_status_t status, size_t, void* user) {
+  auto* s = static_cast<Sending*>(user);
+  ucp_request_free(request);
+  s->node->receiving_--;
+  Outcome o = outcome_of(status);
+  if (status == UCS_ERR_CANCELED) o.message = "cancelled";
+  // The pull failed mid-way: on one host CMA says so when the owner's process is gone.
+  if (status == UCS_ERR_IO_ERROR) o = {"unreachable", std::string("the owner failed mid-read: ") + ucs_status_string(status)};
+  s->node->finish_read(s->id, std::move(o));
+  delete s;
 }
 
 void Node::cancel(uint64_t id) {
   post([this, id] {
-    auto it = busy_.find(id);
-    if (it == busy_.end()) return;  // done already, or not started
-    auto peer = std::move(it->second);
-    busy_.erase(it);
-    close_peer(std::move(peer));
+    auto it = reads_.find(id);
+    if (it == reads_.end() || !it->second->peer) return;  // done already, or cancelled
+    Read& r = *it->second;
+    close_peer(std::move(r.peer));
+    // A read still waiting for its answer ends now (a late answer finds no read); a read that is
+    // receiving ends when UCX completes its receive as cancelled, after which nothing writes.
+    if (!r.receiving) finish_read(id, {"aborted", "cancelled"});
   });
 }
 
-uint64_t Node::expose(const std::string& path, uint64_t length, uint64_t epoch, Exposed* out) {
+ucs_status_t Node::on_ask(void* arg, const void* header, size_t header_length, void*, size_t, const ucp_am_recv_param_t* param) {
+  return static_cast<Node*>(arg)->answer(header, header_length, param);
+}
+
+// Answers a reader's ask on its reply endpoint: a rendezvous send of the asked range from the
+// mapped shard (the reader pulls it), or a header saying why not. UCX allows sends in a receive
+// callback; the reply endpoint is valid here, and may not be later.
+ucs_status_t Node::answer(const void* header, size_t header_length, const ucp_am_recv_param_t* param) {
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == nullptr) return UCS_OK;  // no way to answer
+  auto* s = new Sending{this, 0, {}, {kWire, kMalformed, 0}, false};
+  Ask ask{};
+  if (header_length == sizeof ask) {
+    std::memcpy(&ask, header, sizeof ask);
+    s->answer.read_id = ask.read_id;
+    auto m = mappings_.find(ask.mapping);
+    if (ask.wire != kWire) s->answer.status = kMalformed;
+    else if (m == mappings_.end() || m->second.retired || m->second.epoch != ask.epoch) s->answer.status = kGone;
+    else if (m->second.token != ask.token) s->answer.status = kRefused;
+    else if (ask.length == 0 || ask.offset > m->second.length || ask.length > m->second.length - ask.offset) s->answer.status = kOutOfRange;
+    else s->answer.status = kOk;
+  }
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.cb.send = &Node::on_answer_sent;
+  p.user_data = s;
+  const void* bytes = nullptr;
+  size_t count = 0;
+  if (s->answer.status == kOk) {
+    Mapping& m = mappings_.at(ask.mapping);
+    s->id = ask.mapping;
+    s->with_data = true;
+    m.sending++;
+    bytes = static_cast<const uint8_t*>(m.addr) + ask.offset;
+    count = ask.length;
+    p.flags |= UCP_AM_SEND_FLAG_RNDV;  // the reader pulls the bytes; the owner copies none
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = m.memh;
+  }
+  ucs_status_ptr_t req = ucp_am_send_nbx(param->reply_ep, kAnswer, &s->answer, sizeof s->answer, bytes, count, &p);
+  if (!UCS_PTR_IS_PTR(req)) on_answer_sent(nullptr, UCS_PTR_STATUS(req), s);
+  return UCS_OK;
+}
+
+void Node::on_answer_sent(void* request, ucs_status_t, void* user) {
+  auto* s = static_cast<Sending*>(user);
+  if (request) ucp_request_free(request);
+  if (s->with_data) {
+    auto it = s->node->mappings_.find(s->id);
+    if (it != s->node->mappings_.end() && --it->second.sending == 0 && it->second.retired) s->node->release_mapping(it);
+  }
+  delete s;
+}
+
+uint64_t Node::expose(const std::string& path, uint64_t length, uint32_t epoch, uint64_t* token) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("UCX expose: cannot open " + path + ": " + std::strerror(errno));
   struct stat st {};
@@ -363,13 +544,14 @@ uint64_t Node::expose(const std::string& path, uint64_t length, uint64_t epoch, 
     ::close(fd);
     throw std::runtime_error("UCX expose: " + path + " is smaller than " + std::to_string(length) + " bytes");
   }
-  // Shared and read-only: remote readers see what the owner writes to the file, and cannot write.
+  // Shared and read-only: readers see what the owner writes to the file, and cannot write.
   void* addr = mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
   const int map_errno = errno;
   ::close(fd);
   if (addr == MAP_FAILED) throw std::runtime_error("UCX expose: cannot map " + path + ": " + std::strerror(map_errno));
   std::string error;
   uint64_t id = 0;
+  const uint64_t secret = random_token();
   run_sync([&] {
     ucp_mem_map_params_t mp{};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_PROT;
@@ -377,52 +559,40 @@ uint64_t Node::expose(const std::string& path, uint64_t length, uint64_t epoch, 
     mp.length = length;
     mp.prot = UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ;
     ucp_mem_h memh = nullptr;
-    ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
+    const ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
     if (s != UCS_OK) {
-      error = ucx_error("ucp_mem_map", s).what();
+      error = std::string("ucp_mem_map: ") + ucs_status_string(s);
       return;
     }
-    void* packed = nullptr;
-    size_t size = 0;
-    s = ucp_rkey_pack(context_, memh, &packed, &size);
-    if (s != UCS_OK) {
-      ucp_mem_unmap(context_, memh);
-      error = ucx_error("ucp_rkey_pack", s).what();
-      return;
-    }
-    out->rkey.assign(static_cast<uint8_t*>(packed), static_cast<uint8_t*>(packed) + size);
-    ucp_rkey_buffer_release(packed);
     id = next_mapping_++;
-    const size_t slot = next_slot_++ % kFenceSlots;
-    __atomic_store_n(&fence_[slot], epoch, __ATOMIC_RELEASE);
-    mappings_[id] = {memh, addr, length, slot};
-    out->fence = reinterpret_cast<uint64_t>(&fence_[slot]);
-    out->fence_rkey = fence_rkey_;
+    mappings_[id] = Mapping{memh, addr, length, epoch, secret};
   });
   if (!error.empty()) {
     munmap(addr, length);
     throw std::runtime_error("UCX expose: " + error);
   }
-  out->base = reinterpret_cast<uint64_t>(addr);
-  out->length = length;
+  *token = secret;
   return id;
 }
 
 void Node::unexpose(uint64_t id) {
   run_sync([&] {
     auto it = mappings_.find(id);
-    if (it == mappings_.end()) return;
-    // The epoch word goes first: a reader that still finds it read the pages before they went.
-    __atomic_store_n(&fence_[it->second.slot], 0, __ATOMIC_SEQ_CST);
-    ucp_mem_unmap(context_, it->second.memh);
-    // The range stays reserved, as zero pages, until the process ends: where UCX serves reads on
-    // this worker (emulated RMA), a late read of the old range copies zeros instead of faulting,
-    // and it never sees whatever a later mapping at the same address would hold.
-    void* zeros = mmap(it->second.addr, it->second.length, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-    if (zeros == MAP_FAILED) munmap(it->second.addr, it->second.length);
-    else retired_.push_back({it->second.addr, it->second.length});
-    mappings_.erase(it);
+    if (it == mappings_.end() || it->second.retired) return;
+    it->second.retired = true;
+    if (it->second.sending == 0) release_mapping(it);
   });
+}
+
+// Unregisters a retired mapping with no answers in flight. Its range stays reserved, as zero
+// pages, until the process ends: a reader that still pulls from it (its endpoint failed on this
+// side only) copies zeros instead of whatever a later mapping at that address would hold.
+void Node::release_mapping(std::map<uint64_t, Mapping>::iterator it) {
+  ucp_mem_unmap(context_, it->second.memh);
+  void* zeros = mmap(it->second.addr, it->second.length, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+  if (zeros == MAP_FAILED) munmap(it->second.addr, it->second.length);
+  else retired_.push_back({it->second.addr, it->second.length});
+  mappings_.erase(it);
 }
 
 }  // namespace ctx::ucx

@@ -8,22 +8,24 @@ import { createRequire } from "node:module";
 import path from "node:path";
 import { nativeAddonPath } from "../../../shared/inference/engine/native.ts";
 
-/** A shard's pages registered for remote reads (native/src/ucx/addon_ucx.cc). */
+/** A shard's pages mapped for readers (native/src/ucx/addon_ucx.cc). */
 export interface UcxExposed {
-  id: number;
-  rkey: Buffer;
-  base: bigint;
-  fence: bigint;
-  fenceRkey: Buffer;
+  id: bigint;
+  /** The mapping's secret, published with it: the owner answers only asks that carry it. */
+  token: bigint;
 }
 
 /** The UCX addon's functions (native/src/ucx/addon_ucx.cc); one UCX worker per process behind them. */
 export interface UcxAddon {
   workerAddress(): Buffer;
   expose(path: string, length: number, epoch: number): UcxExposed;
-  unexpose(id: number): void;
-  /** Reads remote [remote, remote + into.length) into `into`; settles only once UCX is done with it. Rejects with an Error whose code is unreachable, aborted, bad_endpoint or io_error. */
-  get(address: Uint8Array, rkey: Uint8Array, remote: bigint, into: Uint8Array, readId: number): Promise<void>;
+  unexpose(id: bigint): void;
+  /**
+   * Reads [offset, offset + into.length) of the owner's mapping into `into`; settles only once UCX
+   * is done with it. Rejects with an Error whose code is unreachable, aborted, bad_endpoint,
+   * stale_epoch, out_of_range or io_error.
+   */
+  read(address: Uint8Array, mapping: bigint, token: bigint, epoch: number, offset: number, into: Uint8Array, readId: number): Promise<void>;
   cancel(readId: number): void;
 }
 
@@ -53,9 +55,14 @@ export function ucxAddon(): UcxAddon {
   }
   // Keep UCX's malloc/mmap hooks and its fatal-signal handlers out of Node's (they serve RDMA
   // registration caches and UCX's own crash reports; the transport registers its memory
-  // explicitly). UCX reads them when it loads, so they are set first; a user's own UCX_* win.
+  // explicitly). On one host, let the bytes of a read move by CMA: UCX 1.13 offers CMA to
+  // endpoints with peer failure handling only when told it may (MEMORY_INVALIDATE), and the
+  // reader pulls them (get_zcopy) rather than the owner pushing. UCX reads these when it loads,
+  // so they are set first; a user's own UCX_* win.
   process.env.UCX_MEM_EVENTS ??= "no";
   process.env.UCX_ERROR_SIGNALS ??= "";
+  process.env.UCX_CMA_MEMORY_INVALIDATE ??= "y";
+  process.env.UCX_RNDV_SCHEME ??= "get_zcopy";
   try {
     loaded = createRequire(import.meta.url)(ucxAddonPath) as UcxAddon;
   } catch (err) {

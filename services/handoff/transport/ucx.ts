@@ -1,9 +1,11 @@
-// UCX transport: the owner maps its shard for remote reads and publishes its worker address and
-// the shard's packed rkey in the registry (UcxShardExposure); the reader reads each chunk with a
-// one-sided ucp_get_nbx straight into the caller's buffer (UcxTransport). On one host UCX moves the
-// bytes over CMA/shared memory/TCP, across hosts with RDMA NICs over verbs: the same code. The
-// owner's process does no work per read, so what binds a read to its lease is the registry: only a
-// leased chunk's location (and the shard's endpoint) reaches the reader (docs/security.md).
+// UCX transport: the owner maps its shard and publishes its worker address, the mapping's id and
+// its secret token in the registry (UcxShardExposure); the reader asks the owner's worker for each
+// chunk's range, and the owner answers with a UCX rendezvous send that the reader pulls straight
+// into the caller's buffer with a zero-copy get (UcxTransport; native/src/ucx/ucx_node.cc). On one
+// host the bytes move by CMA, across hosts with RDMA NICs by RDMA READ: the same code; the owner's
+// CPU never copies them. The owner checks the epoch, token and range of every ask; what binds a
+// read to its lease is the registry: only a leased chunk's location (and the shard's endpoint)
+// reaches the reader (docs/security.md).
 import type { Shard } from "../shard/shard.ts";
 import { TransportError, chunkLabel, type TransportErrorCode } from "./errors.ts";
 import { checkReadArgs, withDeadline } from "./read-checks.ts";
@@ -30,7 +32,14 @@ export type UcxChunkLocation = ChunkLocation & { ucxEndpoint?: string | null };
 /** Names each native read, so an abort cancels exactly its own. */
 let nextReadId = 1;
 
-const NATIVE_CODES: Record<string, TransportErrorCode> = { unreachable: "unreachable", aborted: "aborted", bad_endpoint: "bad_response", io_error: "io_error" };
+const NATIVE_CODES: Record<string, TransportErrorCode> = {
+  unreachable: "unreachable",
+  aborted: "aborted",
+  bad_endpoint: "bad_response",
+  stale_epoch: "stale_epoch",
+  out_of_range: "out_of_range",
+  io_error: "io_error",
+};
 
 export class UcxTransport implements KvTransport {
   readonly name = "ucx";
@@ -60,26 +69,18 @@ export class UcxTransport implements KvTransport {
     return withDeadline(loc, opts, async (signal) => {
       // The native read settles only after UCX is done with `target`: cancelling closes the read's
       // own endpoint, which completes it, so nothing writes into `target` afterwards.
-      let readId = nextReadId++;
+      const readId = nextReadId++;
       const onAbort = () => native.cancel(readId);
       signal.addEventListener("abort", onAbort, { once: true });
-      const word = Buffer.alloc(8);
       try {
-        await native.get(ep.address, ep.rkey, ep.base + BigInt(loc.offset), target, readId);
-        // Read after the chunk: the owner zeroes it before unmapping the epoch's pages, so finding
-        // the epoch here means the chunk's bytes came from that epoch's live pages.
-        signal.throwIfAborted();
-        readId = nextReadId++;
-        await native.get(ep.address, ep.fenceRkey, ep.fence, word, readId);
+        await native.read(ep.address, ep.mapping, ep.token, ep.epoch, loc.offset, target, readId);
       } catch (err) {
         if (signal.aborted) throw signal.reason;
         const code = NATIVE_CODES[(err as { code?: string }).code ?? ""] ?? "io_error";
-        throw new TransportError(code, `${chunkLabel(loc)}: ${(err as Error).message}`, undefined, { cause: err });
+        const why = code === "stale_epoch" ? `the shard's epoch ${loc.epoch} is gone (its owner unmapped it)` : (err as Error).message;
+        throw new TransportError(code, `${chunkLabel(loc)}: ${why}`, undefined, { cause: err });
       } finally {
         signal.removeEventListener("abort", onAbort);
-      }
-      if (word.readBigUInt64LE(0) !== BigInt(loc.epoch)) {
-        throw new TransportError("stale_epoch", `${chunkLabel(loc)}: the shard's epoch ${loc.epoch} is gone (its owner unmapped it)`);
       }
       return loc.length;
     });
@@ -94,7 +95,7 @@ export class UcxTransport implements KvTransport {
 export class UcxShardExposure {
   private closed = false;
   private constructor(
-    private readonly id: number,
+    private readonly id: bigint,
     /** base64, for shards.ucx_endpoint. */
     readonly endpoint: string,
   ) {}
@@ -103,15 +104,7 @@ export class UcxShardExposure {
     const native = ucxAddon();
     const exposed = native.expose(shard.path, shard.sizeBytes, shard.epoch);
     try {
-      const endpoint = encodeUcxEndpoint({
-        epoch: shard.epoch,
-        base: exposed.base,
-        length: shard.sizeBytes,
-        fence: exposed.fence,
-        address: native.workerAddress(),
-        rkey: exposed.rkey,
-        fenceRkey: exposed.fenceRkey,
-      });
+      const endpoint = encodeUcxEndpoint({ epoch: shard.epoch, mapping: exposed.id, token: exposed.token, length: shard.sizeBytes, address: native.workerAddress() });
       return new UcxShardExposure(exposed.id, endpoint);
     } catch (err) {
       native.unexpose(exposed.id);
@@ -119,7 +112,7 @@ export class UcxShardExposure {
     }
   }
 
-  /** Unmaps the pages: later reads with this endpoint fail. */
+  /** Stops answering reads of this epoch (later ones fail stale_epoch); the pages go once the answers in flight are done. */
   close(): void {
     if (this.closed) return;
     this.closed = true;
