@@ -4,7 +4,7 @@ import path from "node:path";
 import pino, { type DestinationStream, type Logger } from "pino";
 import type { Config } from "../shared/platform/config.ts";
 import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
-import { readGgufMetadata } from "../shared/inference/engine/native.ts";
+import { kvPool, readGgufMetadata } from "../shared/inference/engine/native.ts";
 import { boundedError } from "../shared/platform/http/error-log.ts";
 import { ApiError } from "../shared/platform/http/errors.ts";
 import type { SloTargets } from "../shared/platform/metrics/slo.ts";
@@ -43,6 +43,7 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
   const modelPath = await resolveModel(config.model !== undefined ? { path: config.model } : {});
   const model = await loadModel(modelPath);
   const engine = new Engine(model, { threads: config.threads, device: config.device, maxContext: config.maxContext });
+  kvPool(config.kvPoolMib * 2 ** 20);
   if (engine.maxContext > model.config.nCtxTrain) {
     log.warn({ maxContext: engine.maxContext, trainedContext: model.config.nCtxTrain }, "the context is longer than the model was trained for: positions past it give no meaningful answers");
   }

@@ -13,6 +13,7 @@
 #include "prompt_state.h"
 #include "engine_worker.h"
 #include "gguf.h"
+#include "kv_pool.h"
 #include "model.h"
 
 namespace ctx {
@@ -116,6 +117,26 @@ Napi::Value CudaStatus(const Napi::CallbackInfo& info) {
     o.Set("code", why->code());
     o.Set("message", why->what());
   }
+  return o;
+}
+
+// kvPool(limitBytes?): sets the KV memory pool's limit when given (0 turns it off), and returns
+// { limitBytes, readyRegions, readyBytes, takes, misses } (native/src/kv_pool.h).
+Napi::Value KvPoolStats(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() > 0 && !info[0].IsUndefined()) {
+    const double limit = info[0].IsNumber() ? info[0].As<Napi::Number>().DoubleValue() : -1;
+    if (!(limit >= 0 && limit <= 9007199254740991.0 && limit == static_cast<double>(static_cast<uint64_t>(limit))))
+      throw Napi::RangeError::New(env, "kvPool: limitBytes must be a non-negative integer");
+    KvPool::instance().set_limit(static_cast<size_t>(limit));
+  }
+  const KvPool::Stats s = KvPool::instance().stats();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("limitBytes", static_cast<double>(KvPool::instance().limit()));
+  o.Set("readyRegions", static_cast<double>(s.ready_regions));
+  o.Set("readyBytes", static_cast<double>(s.ready_resident_bytes));
+  o.Set("takes", static_cast<double>(s.takes));
+  o.Set("misses", static_cast<double>(s.misses));
   return o;
 }
 
@@ -602,6 +623,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("ggufInfo", Napi::Function::New(env, GgufInfo));
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
   exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
+  exports.Set("kvPool", Napi::Function::New(env, KvPoolStats));
   exports.Set("policyFields", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value { return policy_fields_to_js(info.Env()); }));
   init_kv_io(env, exports);
   NativeModel::Init(env, exports);

@@ -10,6 +10,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "kv_pool.h"
+
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4  // Linux 5.7
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older kernels answer EINVAL
 #endif
@@ -34,7 +39,8 @@ void* map_kv(size_t bytes) {
 KvCache::KvCache(int n_layer, int kv_dim, int capacity) : n_layer_(n_layer), kv_dim_(kv_dim), capacity_(capacity) {
   if (n_layer <= 0 || kv_dim <= 0 || capacity <= 0) throw std::invalid_argument("kv cache: dimensions must be positive");
   bytes_ = static_cast<size_t>(n_layer) * 2 * capacity * kv_dim * sizeof(uint16_t);
-  void* p = map_kv(bytes_);
+  void* p = KvPool::instance().take(bytes_);  // zeroed, its pages mostly resident
+  if (p == nullptr) p = map_kv(bytes_);
   if (p == MAP_FAILED)
     throw std::runtime_error("kv cache: cannot reserve " + std::to_string(bytes_ >> 20) + " MiB: " + std::strerror(errno));
   base_ = static_cast<uint16_t*>(p);
@@ -44,12 +50,18 @@ KvCache::KvCache(int n_layer, int kv_dim, int capacity) : n_layer_(n_layer), kv_
 
 KvCache::~KvCache() {
   for (const Bank& b : banks_) munmap(b.base, b.bytes);
-  munmap(base_, bytes_);
+  KvPool::instance().give(base_, bytes_);
 }
 
 void KvCache::release() {
   generation_.fetch_add(1, std::memory_order_relaxed);
-  madvise(base_, bytes_, MADV_DONTNEED);
+  // The pages move to the pool (MREMAP_DONTUNMAP leaves this range mapped and empty: reads see
+  // zeros, as after MADV_DONTNEED); without a pool, or on a kernel before 5.7, they go back to the OS.
+  // The new address is passed (null: anywhere) because Linux checks it under MREMAP_DONTUNMAP
+  // even without MREMAP_FIXED; left out, the call reads whatever the register holds.
+  void* moved = KvPool::instance().limit() > 0 ? mremap(base_, bytes_, bytes_, MREMAP_MAYMOVE | MREMAP_DONTUNMAP, nullptr) : MAP_FAILED;
+  if (moved != MAP_FAILED) KvPool::instance().give(moved, bytes_);
+  else madvise(base_, bytes_, MADV_DONTNEED);
   for (const Bank& b : banks_) madvise(b.base, b.bytes, MADV_DONTNEED);
   size_ = 0;
 }

@@ -2,7 +2,8 @@
 // the rows of layer l at token t are addressable for export and sparse attention. The whole
 // capacity is reserved up front as one anonymous mapping: the address never moves (JS views
 // stay valid) and the kernel commits pages only as tokens are written (huge pages where the
-// kernel allows: kv_cache.cc).
+// kernel allows: kv_cache.cc). A new cache takes recycled memory from the KV pool when it has
+// some (zeroed, already resident: kv_pool.h); release() and the destructor give it back.
 //
 // Two memory tiers (OmniKV's context bank, docs/architecture.md): offload() moves groups of layers out of
 // the "device" arena into a host bank, one mapping per group laid out token-major
@@ -29,8 +30,8 @@ class KvCache {
   int capacity() const { return capacity_; }
   int size() const { return size_; }           // tokens whose KV is stored
   void set_size(int n);                        // after a forward pass or an import; <= capacity
-  // Returns the physical memory to the OS now; the mapping stays valid (reads see zeros), so
-  // views held elsewhere cannot fault. The cache is empty afterwards.
+  // Gives the physical memory up now (to the KV pool, else to the OS); the mapping stays valid
+  // (reads see zeros), so views held elsewhere cannot fault. The cache is empty afterwards.
   void release();
   size_t row_elems() const { return static_cast<size_t>(kv_dim_); }
 

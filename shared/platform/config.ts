@@ -116,6 +116,11 @@ export const ConfigSchema = z.object({
   kvTimeoutMs: ms.default(30_000),
   /** Chunks read at once per request. */
   kvConcurrency: int(1, 64).default(4),
+  /**
+   * Resident MiB of released sequences' KV memory kept, zeroed, for new sequences (they then
+   * skip page faults and the kernel's zeroing); 0 turns it off.
+   */
+  kvPoolMib: int(0, 1 << 24).default(1024),
   /** Decode loads a prompt's KV while its prefill still runs (the streamed handle); off: after the handle. */
   kvStreaming: z.stringbool().default(true),
   /** Graceful shutdown: how long in-flight requests may take to finish. */
@@ -209,6 +214,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm | ucx (auto: in process under serve, else shm on the owner's host, then UCX where both ends have it, then http; a named transport makes serve use the shard path too)" },
   kvTimeoutMs: { flag: "kv-timeout-ms", env: ["CTXBANK_KV_TIMEOUT_MS"], help: "deadline for loading a request's KV" },
   kvConcurrency: { flag: "kv-concurrency", env: ["CTXBANK_KV_CONCURRENCY"], help: "chunk reads in flight per request" },
+  kvPoolMib: { flag: "kv-pool-mib", env: ["CTXBANK_KV_POOL_MIB"], help: "MiB of released KV memory kept zeroed for new sequences (default 1024; 0 = off)" },
   kvStreaming: { flag: "kv-streaming", env: ["CTXBANK_KV_STREAMING"], help: "true | false: decode loads the KV while the prefill runs (default true)" },
   drainMs: { flag: "drain-ms", env: ["CTXBANK_DRAIN_MS"], help: "graceful shutdown drain time" },
   logLevel: { flag: "log-level", env: ["CTXBANK_LOG_LEVEL", "LOG_LEVEL"], help: "pino level (info)" },

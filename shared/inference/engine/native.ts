@@ -221,6 +221,7 @@ interface Addon {
   unmapFile(buffer: ArrayBuffer): void;
   crc32c(bytes: Uint8Array, prev?: number): number;
   cudaStatus(): CudaStatus;
+  kvPool(limitBytes?: number): KvPoolStats;
   /** The policy fields the addon parses, per sub-object (camelCase): the schema's, see test/policy-schema.test.ts. */
   policyFields(): Record<PolicyPart, string[]>;
   /** setCompletePolicy takes complete policies only; this module gives every sequence setPolicy over it. */
@@ -252,6 +253,26 @@ export function addon(): Addon {
 
 export function cudaStatus(): CudaStatus {
   return addon().cudaStatus();
+}
+
+/** The process's pool of recycled KV cache memory (native/src/kv_pool.h). */
+export interface KvPoolStats {
+  /** Resident bytes the pool may hold; 0: off. */
+  limitBytes: number;
+  readyRegions: number;
+  /** Zeroed, resident bytes waiting for a sequence. */
+  readyBytes: number;
+  /** New sequences that got pooled memory, and those that found none ready. */
+  takes: number;
+  misses: number;
+}
+
+/**
+ * The KV memory pool's state; with `limitBytes`, sets its limit first (0 turns it off and
+ * returns what it holds to the OS).
+ */
+export function kvPool(limitBytes?: number): KvPoolStats {
+  return addon().kvPool(limitBytes);
 }
 
 /** Every metadata key of a GGUF file. Throws a clear "gguf: ..." error for a bad file. */
