@@ -157,6 +157,24 @@ describe("Shard", () => {
     expect(shard.largestFree).toBe(shard.sizeBytes);
   });
 
+  it("views bytes in place: later writes show, freed ranges read zeros, a view outlives close", async () => {
+    const shard = await create(1);
+    const off = shard.alloc(8192)!;
+    const view = shard.view(off, 8192);
+    expect(view.every((b) => b === 0)).toBe(true);
+    const data = new Uint8Array(8192).map((_, i) => (i * 7) % 253);
+    await shard.write(off, data);
+    expect(Buffer.compare(view, data)).toBe(0); // the file's pages, not a copy
+    expect(shard.view(off + 100, 10)).toEqual(data.subarray(100, 110));
+    for (const [o, n] of [[-1, 1], [shard.sizeBytes - 10, 11], [0.5, 1], [0, Number.NaN]]) expect(() => shard.view(o!, n!)).toThrow(RangeError);
+    shard.free(off); // punched: the same view now reads zeros
+    expect(view.every((b) => b === 0)).toBe(true);
+    await shard.close();
+    expect(() => shard.view(off, 10)).toThrow(/closed/);
+    expect(view.byteLength).toBe(8192); // still mapped while referenced
+    expect(view[0]).toBe(0);
+  });
+
   it("a restart makes a new file for the new epoch and removes this shard's stale files only", async () => {
     const old = await create(1);
     const off = old.alloc(100)!;

@@ -1,9 +1,10 @@
 // The prefill's chunk route with a leaner send path than services/handoff/transport/chunk-server.ts: the
 // same URL, validation and error answers (it delegates everything but a successful read to that
-// route), but the bytes go from the shard into a small ring of reused buffers and straight to the
-// Node response, each buffer returned to the ring once the socket has taken it. That avoids a
-// fresh multi-MiB allocation per piece and the web-stream bridge (the owner's CPU per GB is in
-// bench/handoff's results). Without a Node response (app.request in tests) it is exactly the shared route.
+// route), but the bytes go to the Node response in place: one write of a view of the shard's
+// mapping, which the socket copies straight out of the shard's pages (no read into a buffer
+// first, no web-stream bridge; the owner's CPU per GB is in bench/handoff's results). A source
+// without a mapping sends through a small ring of reused buffers instead. Without a Node response
+// (app.request in tests) it is exactly the shared route.
 import type { HttpBindings } from "@hono/node-server";
 import { RESPONSE_ALREADY_SENT } from "@hono/node-server/utils/response";
 import { Hono } from "hono";
@@ -48,7 +49,18 @@ export function fastChunkRoutes(lookup: (shardId: string) => ChunkSource | undef
       return shared.fetch(c.req.raw, c.env);
     }
     const res = outgoing as HttpBindings["outgoing"];
+    let inPlace: Uint8Array | undefined;
+    try {
+      inPlace = shard.view?.(offset, length);
+    } catch {
+      return shared.fetch(c.req.raw, c.env); // closed meanwhile: the shared route answers
+    }
     res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(length) });
+    if (inPlace) {
+      // The socket holds the view (and so the mapping) until it has sent every byte.
+      res.end(inPlace);
+      return RESPONSE_ALREADY_SENT;
+    }
     let sent = 0;
     let inFlight = 0;
     let wake: (() => void) | undefined;

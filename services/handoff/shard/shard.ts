@@ -3,7 +3,7 @@
 // a co-located decode can open it by path, and a restarted owner finds (and removes) the old one.
 import { open, readdir, statfs, unlink, type FileHandle } from "node:fs/promises";
 import path from "node:path";
-import { punchHole } from "../../../shared/inference/engine/native.ts";
+import { mapFile, punchHole } from "../../../shared/inference/engine/native.ts";
 import { defaultShardDir } from "../../../shared/platform/shard-root.ts";
 import { RangeAllocator } from "./range-allocator.ts";
 import { ensureShardDir, fileIdentity } from "./shard-dir.ts";
@@ -49,6 +49,7 @@ export class Shard {
   private closed = false;
   /** Cleared when the file system cannot punch holes (freed pages then stay until the file goes). */
   private punching = true;
+  private mapping: ArrayBuffer | undefined; // view()'s
 
   private constructor(
     readonly shardId: string,
@@ -164,9 +165,26 @@ export class Shard {
     }
   }
 
+  /**
+   * The bytes at [offset, offset + length) in place: a view of one read-only mapping of the whole
+   * file, made on first use, whose pages come in as they are touched. For sending a chunk without
+   * copying it first (services/handoff/chunk-route.ts). A view keeps the mapping alive after
+   * close() (it goes at garbage collection), so a send in flight never faults; punched ranges
+   * read as zeros.
+   */
+  view(offset: number, length: number): Uint8Array {
+    this.assertOpen();
+    if (!Number.isSafeInteger(offset) || !Number.isSafeInteger(length) || offset < 0 || length < 0 || offset + length > this.sizeBytes) {
+      throw new RangeError(`view of ${length} bytes at ${offset} is outside the shard (${this.sizeBytes} bytes)`);
+    }
+    this.mapping ??= mapFile(this.path, 0, this.sizeBytes, this.fileId, false); // this very file, not one swapped in at the path
+    return new Uint8Array(this.mapping, offset, length);
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    this.mapping = undefined; // unmapped when the last view is collected
     await this.file.close();
   }
 
