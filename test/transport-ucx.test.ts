@@ -237,6 +237,28 @@ describe.skipIf(!available)("UCX transport", () => {
     }
   });
 
+  it("a read aborted while it pulls the bytes settles promptly, and nothing is written after", async () => {
+    const outcomes: string[] = [];
+    for (const afterMs of [1, 2, 4, 6, 8, 12]) {
+      const ac = new AbortController();
+      const into = new Uint8Array(bigLoc.length);
+      const read = t().readChunk(bigLoc, into, { deadlineMs: soon(30_000), signal: ac.signal });
+      setTimeout(() => ac.abort(), afterMs);
+      const started = Date.now();
+      outcomes.push(await read.then(() => "read", (e: { code?: string }) => e.code ?? String(e)));
+      expect(Date.now() - started).toBeLessThan(3_000);
+      const snapshot = Buffer.from(into);
+      await new Promise((r) => setTimeout(r, 30));
+      expect(Buffer.compare(into, snapshot)).toBe(0);
+    }
+    for (const o of outcomes) expect(["read", "aborted"]).toContain(o);
+    expect(outcomes).toContain("aborted");
+    // The owner still serves this reader afterwards.
+    const into = new Uint8Array(bigLoc.length);
+    await t().readChunk(bigLoc, into, { deadlineMs: soon(30_000) });
+    expect(Buffer.compare(into, big)).toBe(0);
+  });
+
   it("an owner killed mid-read or before it: unreachable, quickly, and never wrong bytes", async () => {
     const doomed = await startUcxOwner(shard.path, shard.sizeBytes, 2);
     const l = { ...bigLoc, ucxEndpoint: doomed.endpoint };

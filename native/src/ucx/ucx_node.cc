@@ -340,12 +340,12 @@ std::unique_ptr<Node::Peer> Node::take_peer(const std::vector<uint8_t>& address,
 
 // Starts closing (forced: what is in flight on it completes as cancelled). Never called from a
 // UCX callback: UCX calls must not nest in its progress. The peer lives until the close is done.
-void Node::close_peer(std::unique_ptr<Peer> peer) {
+void Node::close_peer(std::unique_ptr<Peer> peer, std::optional<uint64_t> read) {
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   p.flags = UCP_EP_CLOSE_FLAG_FORCE;
   ucs_status_ptr_t req = ucp_ep_close_nbx(peer->ep, &p);
-  closing_.push_back({std::move(peer), UCS_PTR_IS_PTR(req) ? req : nullptr});
+  closing_.push_back({std::move(peer), UCS_PTR_IS_PTR(req) ? req : nullptr, read});
 }
 
 // Closes the endpoints retired inside callbacks, and frees those whose close has finished.
@@ -360,7 +360,11 @@ void Node::reap_peers() {
       continue;
     }
     if (req != nullptr) ucp_request_free(req);
+    // The endpoint is gone, and with it every way to write into a cancelled read's buffer: the
+    // read ends here if UCX did not complete its receive when the close purged it.
+    const std::optional<uint64_t> read = closing_[i].read;
     closing_.erase(closing_.begin() + static_cast<std::ptrdiff_t>(i));
+    if (read) finish_read(*read, {"aborted", "cancelled"});
   }
 }
 
@@ -371,6 +375,7 @@ void Node::finish_read(uint64_t id, Outcome outcome) {
   if (it == reads_.end()) return;
   std::unique_ptr<Read> r = std::move(it->second);
   reads_.erase(it);
+  if (r->receiving) receiving_--;
   if (r->peer) {
     auto& pool = idle_[r->peer->address];
     if (!outcome.code.empty() || r->peer->failed || pool.size() >= kIdlePerOwner) retired_peers_.push_back(std::move(r->peer));
@@ -461,7 +466,6 @@ ucs_status_t Node::receive(const void* header, size_t header_length, void* data,
 void Node::on_received(void* request, ucs_status_t status, size_t, void* user) {
   auto* s = static_cast<Sending*>(user);
   ucp_request_free(request);
-  s->node->receiving_--;
   Outcome o = outcome_of(status);
   if (status == UCS_ERR_CANCELED) o.message = "cancelled";
   // The pull failed mid-way: on one host CMA says so when the owner's process is gone.
@@ -475,10 +479,15 @@ void Node::cancel(uint64_t id) {
     auto it = reads_.find(id);
     if (it == reads_.end() || !it->second->peer) return;  // done already, or cancelled
     Read& r = *it->second;
-    close_peer(std::move(r.peer));
     // A read still waiting for its answer ends now (a late answer finds no read); a read that is
-    // receiving ends when UCX completes its receive as cancelled, after which nothing writes.
-    if (!r.receiving) finish_read(id, {"aborted", "cancelled"});
+    // receiving ends when UCX completes its receive as cancelled, or at the latest when its
+    // endpoint's close is done: after either, nothing writes into its buffer.
+    if (!r.receiving) {
+      close_peer(std::move(r.peer));
+      finish_read(id, {"aborted", "cancelled"});
+    } else {
+      close_peer(std::move(r.peer), id);
+    }
   });
 }
 

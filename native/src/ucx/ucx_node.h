@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -77,7 +78,7 @@ class Node {
   void post(std::function<void()> command);
   void run_sync(std::function<void()> command);
   std::unique_ptr<Peer> take_peer(const std::vector<uint8_t>& address, Outcome* err);
-  void close_peer(std::unique_ptr<Peer> peer);
+  void close_peer(std::unique_ptr<Peer> peer, std::optional<uint64_t> read = std::nullopt);
   void reap_peers();
   void finish_read(uint64_t id, Outcome outcome);
   void fail_orphaned_reads();
@@ -109,7 +110,8 @@ class Node {
   std::vector<std::unique_ptr<Peer>> retired_peers_;                        // to close, out of callbacks
   struct Closing {
     std::unique_ptr<Peer> peer;
-    void* request;  // the close in progress, or null when it finished at once
+    void* request;                   // the close in progress, or null when it finished at once
+    std::optional<uint64_t> read;    // a cancelled read that was receiving on it
   };
   std::vector<Closing> closing_;
   // Owner side:
