@@ -132,7 +132,7 @@ Napi::Value KvPoolStats(const Napi::CallbackInfo& info) {
   }
   const KvPool::Stats s = KvPool::instance().stats();
   Napi::Object o = Napi::Object::New(env);
-  o.Set("limitBytes", static_cast<double>(KvPool::instance().limit()));
+  o.Set("limitBytes", static_cast<double>(s.limit));
   o.Set("readyRegions", static_cast<double>(s.ready_regions));
   o.Set("readyBytes", static_cast<double>(s.ready_resident_bytes));
   o.Set("takes", static_cast<double>(s.takes));

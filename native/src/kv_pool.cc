@@ -136,6 +136,7 @@ void KvPool::settle() {
 KvPool::Stats KvPool::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   Stats s = stats_;
+  s.limit = limit_;
   s.ready_regions = ready_.size();
   s.ready_resident_bytes = ready_resident_;
   return s;

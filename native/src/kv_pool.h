@@ -35,6 +35,7 @@ class KvPool {
   void settle();
 
   struct Stats {
+    size_t limit = 0;
     size_t ready_regions = 0;
     size_t ready_resident_bytes = 0;
     size_t takes = 0;  // take() calls that returned pooled memory

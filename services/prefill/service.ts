@@ -18,7 +18,6 @@ import { Shard, shardFileName } from "../handoff/shard/shard.ts";
 import { decideAdmission, PrefillThroughput } from "../../shared/platform/metrics/admission.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RegistryError } from "../../shared/platform/registry/registry.ts";
-import type { ChunkSource } from "../handoff/transport/chunk-server.ts";
 import { UcxShardExposure, loadUcx, ucxAvailable } from "../handoff/transport/ucx.ts";
 import { Membership } from "../membership.ts";
 import { policyKind } from "../../shared/inference/policy/request.ts";
@@ -199,7 +198,7 @@ export class PrefillService {
   }
 
   /** For the chunk route: this instance's current shard. */
-  chunkSource(shardId: string): ChunkSource | undefined {
+  chunkSource(shardId: string): Shard | undefined {
     return shardId === this.shardId ? this.shard : undefined;
   }
 

@@ -117,10 +117,10 @@ struct Node::Mapping {
   size_t sending = 0;    // answers whose bytes a reader may still be pulling
 };
 
-// What a send callback needs; the header lives here until the send completes.
+// What a send or receive callback needs; a send's header lives here until the send completes.
 struct Node::Sending {
   Node* node;
-  uint64_t id;  // the read (an ask) or the mapping (an answer)
+  uint64_t id;  // the read (an ask, a receive) or the mapping (an answer)
   Ask ask;
   Answer answer;
   bool with_data;
@@ -451,7 +451,7 @@ ucs_status_t Node::receive(const void* header, size_t header_length, void* data,
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   p.cb.recv_am = &Node::on_received;
-  p.user_data = new Sending{this, a.read_id, {}, {}, true};
+  p.user_data = new Sending{this, a.read_id, {}, {}, false};
   ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_, data, r.dst, length, &p);
   if (UCS_PTR_IS_PTR(req)) {
     r.receiving = true;

@@ -13,11 +13,6 @@ export interface ChunkSource {
   readonly sizeBytes: number;
   holds(offset: number, length: number): boolean;
   read(offset: number, into: Uint8Array): Promise<void>;
-  /**
-   * The bytes at [offset, offset + length) in place (a mapping of the shard, no copy), where the
-   * source has one; they stay readable while the view is referenced.
-   */
-  view?(offset: number, length: number): Uint8Array;
 }
 
 export interface ChunkRoutesOptions {
