@@ -1,4 +1,4 @@
-// node --import tsx bench/handoff/shm-load.ts [lengths, default 4096,8192] [reps, default 15]
+// node --import tsx bench/handoff/shm-load.ts [lengths, default 4096,8192] [reps, default 15] [KV pool MiB, default 1024; 0 = off]
 //
 // The whole shm load (KvLoader.load: lease → ready to decode) without a prefill: chunks of random
 // KV of the default model's shape are written to a shard file and registered as a prefill does,
@@ -24,13 +24,14 @@ import { startPostgres } from "../../tools/lib/postgres.ts";
 
 const lengths = (process.argv[2] ?? "4096,8192").split(",").map(Number);
 const reps = Number(process.argv[3] ?? 15);
+const kvPoolMib = Number(process.argv[4] ?? 1024);
 const BLOCK = 512;
 const SHARD_BYTES = 2 * 2 ** 30;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 
 const pg = await startPostgres("ctxbank_shm_load");
 const shardDir = await mkdtemp("/dev/shm/ctxbank-shm-load-");
-const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: 1, logLevel: "warn", kvTimeoutMs: 600_000 });
+const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: 1, logLevel: "warn", kvTimeoutMs: 600_000, kvPoolMib });
 const rt = await openRuntime(config, createLogger(config));
 const owner = "shm-load-owner";
 await rt.registry.instances.register({ id: owner, role: "prefill", baseUrl: "http://127.0.0.1:9", hostId: config.hostId });
