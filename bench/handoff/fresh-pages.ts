@@ -5,11 +5,16 @@
 import { closeSync, openSync, readSync, writeSync } from "node:fs";
 import { punchHole } from "../../shared/inference/engine/native.ts";
 
+// One buffer for every range, kept: a fresh one per range would be tens of MiB of garbage per
+// call, which V8 collects with a full mark-compact during the load timed next (in this process).
+let scratch = Buffer.allocUnsafe(0);
+
 export function renewPages(path: string, ranges: readonly { offset: number; length: number }[]): void {
   const fd = openSync(path, "r+");
   try {
     for (const { offset, length } of ranges) {
-      const bytes = Buffer.allocUnsafe(length);
+      if (scratch.byteLength < length) scratch = Buffer.allocUnsafe(length);
+      const bytes = scratch.subarray(0, length);
       if (readSync(fd, bytes, 0, length, offset) !== length) throw new Error(`${path}: short read at ${offset}`);
       punchHole(fd, offset, length);
       writeSync(fd, bytes, 0, length, offset);

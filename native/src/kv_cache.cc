@@ -30,7 +30,9 @@ namespace {
 // ones belong to its own capacity, which the services admit in full (decode: prompt + max tokens).
 // Ignored where THP is off or not built in.
 void* map_kv(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* at = reserve_huge_aligned(bytes);
+  if (at == MAP_FAILED) return MAP_FAILED;
+  void* p = mmap(at, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   if (p != MAP_FAILED) madvise(p, bytes, MADV_HUGEPAGE);
   return p;
 }
@@ -57,9 +59,8 @@ void KvCache::release() {
   generation_.fetch_add(1, std::memory_order_relaxed);
   // The pages move to the pool (MREMAP_DONTUNMAP leaves this range mapped and empty: reads see
   // zeros, as after MADV_DONTNEED); without a pool, or on a kernel before 5.7, they go back to the OS.
-  // The new address is passed (null: anywhere) because Linux checks it under MREMAP_DONTUNMAP
-  // even without MREMAP_FIXED; left out, the call reads whatever the register holds.
-  void* moved = KvPool::instance().limit() > 0 ? mremap(base_, bytes_, bytes_, MREMAP_MAYMOVE | MREMAP_DONTUNMAP, nullptr) : MAP_FAILED;
+  // They move to a 2 MiB-aligned address, so their huge pages stay whole (kv_pool.h).
+  void* moved = KvPool::instance().limit() > 0 ? move_huge_aligned(base_, bytes_, bytes_, MREMAP_DONTUNMAP) : MAP_FAILED;
   if (moved != MAP_FAILED) KvPool::instance().give(moved, bytes_);
   else madvise(base_, bytes_, MADV_DONTNEED);
   for (const Bank& b : banks_) madvise(b.base, b.bytes, MADV_DONTNEED);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -56,7 +57,33 @@ size_t zero_resident(void* p, size_t bytes) {
   return resident;
 }
 
+constexpr size_t kHugePage = size_t{2} << 20;
+
 }  // namespace
+
+void* reserve_huge_aligned(size_t bytes) {
+  const size_t span = round_up(bytes, page_size()) + kHugePage;
+  void* r = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (r == MAP_FAILED) return MAP_FAILED;
+  auto* lo = static_cast<uint8_t*>(r);
+  auto* start = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(lo), kHugePage));
+  uint8_t* end = start + round_up(bytes, page_size());
+  if (start > lo) munmap(lo, static_cast<size_t>(start - lo));
+  if (lo + span > end) munmap(end, static_cast<size_t>(lo + span - end));
+  return start;
+}
+
+void* move_huge_aligned(void* p, size_t old_bytes, size_t new_bytes, int flags) {
+  void* to = reserve_huge_aligned(new_bytes);
+  if (to == MAP_FAILED) return MAP_FAILED;
+  void* moved = mremap(p, old_bytes, new_bytes, MREMAP_MAYMOVE | MREMAP_FIXED | flags, to);
+  if (moved == MAP_FAILED) {
+    const int err = errno;
+    munmap(to, new_bytes);
+    errno = err;
+  }
+  return moved;
+}
 
 KvPool& KvPool::instance() {
   static KvPool* pool = new KvPool();
@@ -101,8 +128,8 @@ void* KvPool::take(size_t bytes) {
   if (have > want) {
     munmap(static_cast<uint8_t*>(r.p) + want, have - want);
   } else if (have < want) {
-    // Grown in place or moved with its pages; the new tail is fresh (zero) memory.
-    void* q = mremap(r.p, have, want, MREMAP_MAYMOVE);
+    // Moved with its pages to room for the new size; the new tail is fresh (zero) memory.
+    void* q = move_huge_aligned(r.p, have, want, 0);
     if (q == MAP_FAILED) {
       munmap(r.p, have);
       return nullptr;

@@ -15,6 +15,16 @@
 
 namespace ctx {
 
+// Address space for `bytes` bytes starting on a 2 MiB boundary (inaccessible until a mapping is
+// moved or placed over it); MAP_FAILED when there is none. KV memory lives at such addresses so
+// that its transparent huge pages stay mapped whole when the pool moves it: mremap to an address
+// that is not 2 MiB aligned splits every huge page into 4 KiB entries for good.
+void* reserve_huge_aligned(size_t bytes);
+
+// mremap(p, old_bytes, new_bytes) to a fresh 2 MiB-aligned address (`flags` adds e.g.
+// MREMAP_DONTUNMAP); MAP_FAILED with errno on failure, when p is left as it was.
+void* move_huge_aligned(void* p, size_t old_bytes, size_t new_bytes, int flags);
+
 class KvPool {
  public:
   // The process's pool (never destroyed: its thread may still be zeroing at exit).

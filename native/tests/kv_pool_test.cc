@@ -85,6 +85,34 @@ TEST(KvPool, ADestroyedCacheIsPooledAndFitsSmallerAndLargerCaches) {
   EXPECT_EQ(big.v(29, 4095)[191], 0x3c00);
 }
 
+bool huge_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % (2 * MiB) == 0; }
+
+// Huge pages stay mapped whole only where KV memory starts on a 2 MiB boundary: a cache, the
+// pooled region a release moves its pages to, and a region grown for a larger cache all do.
+TEST(KvPool, KvMemoryStartsOnHugePageBoundariesThroughThePool) {
+  reset_pool(256 * MiB);
+  KvCache a(30, 192, 2047);  // a size that is not a multiple of 2 MiB
+  EXPECT_TRUE(huge_aligned(a.k(0)));
+  std::memset(a.k(0), 0x11, a.bytes_reserved());
+  a.release();
+  KvPool::instance().settle();
+  KvCache b(30, 192, 2047);  // the pooled pages
+  EXPECT_EQ(KvPool::instance().stats().ready_regions, 0u);
+  EXPECT_TRUE(huge_aligned(b.k(0)));
+  std::memset(b.k(0), 0x22, b.bytes_reserved());
+  b.release();
+  KvPool::instance().settle();
+  KvCache c(30, 192, 3000);  // grown from them
+  EXPECT_EQ(KvPool::instance().stats().ready_regions, 0u);
+  EXPECT_TRUE(huge_aligned(c.k(0)));
+  EXPECT_TRUE(all_zero(c));
+
+  void* r = ctx::reserve_huge_aligned(3 * MiB + 4096);
+  ASSERT_NE(r, MAP_FAILED);
+  EXPECT_TRUE(huge_aligned(r));
+  munmap(r, 3 * MiB + 4096);
+}
+
 TEST(KvPool, KeepsAtMostItsLimitAndNothingWhenOff) {
   reset_pool(64 * MiB);
   for (int i = 0; i < 3; ++i) {
