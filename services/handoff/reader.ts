@@ -214,7 +214,8 @@ export class KvLoader {
       signal.addEventListener("abort", onAbort, { once: true });
       const ownerDead = new AbortController();
       ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
-      const untrack = await this.watchOwners(leased, ownerDead);
+      // Looked up while the first chunks move: a dead owner is noticed a round trip later at worst.
+      const watching = this.watchOwners(leased, ownerDead);
       const worker = async () => {
         const scratch = this.scratch.take();
         try {
@@ -238,7 +239,7 @@ export class KvLoader {
       );
       const settled = await Promise.allSettled(workers);
       signal.removeEventListener("abort", onAbort);
-      untrack();
+      (await watching)();
       const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
       if (failure) throw firstCause(settled, failure.reason);
       signal.throwIfAborted();

@@ -210,6 +210,40 @@ export class ChunkStore {
     throw await this.wrongState(id, "fail", "writing");
   }
 
+  private leaseStatement: ReturnType<ChunkStore["prepareLease"]> | undefined;
+
+  /**
+   * The read lease as one prepared statement: one round trip, parsed and planned once per
+   * connection (a decode pays it before its first byte moves; the explicit transaction it
+   * replaced took four round trips, 10-15 ms at 4K tokens on the 2-core box, a third of the
+   * load: bench/handoff). All or none: `locked` locks the chunks that can be leased now (and
+   * whose shard epoch and owner are registered), and the update runs only when that is every one
+   * of them; a locked row cannot change before the statement ends, so the count cannot go stale.
+   * The owner's address comes from the same snapshot as the lock's check of the shard row.
+   */
+  private prepareLease() {
+    const now = sql`${sql.placeholder("now")}::timestamptz`;
+    const locked = this.db.$with("locked").as(
+      this.db
+        .select({ id: chunks.id })
+        .from(chunks)
+        .where(and(sql`${chunks.id} = any(${sql.placeholder("ids")}::uuid[])`, inArray(chunks.state, ["ready", "reading"]), sql`${chunks.leaseExpiresAt} > ${now}`, ownerRegistered))
+        .for("update"),
+    );
+    return this.db
+      .with(locked)
+      .update(chunks)
+      .set({
+        state: "reading",
+        readerCount: sql`${chunks.readerCount} + 1`,
+        leaseExpiresAt: sql`greatest(${chunks.leaseExpiresAt}, ${sql.placeholder("until")}::timestamptz)`,
+        updatedAt: now,
+      })
+      .where(and(inArray(chunks.id, this.db.select({ id: locked.id }).from(locked)), sql`(select count(*) from ${locked}) = ${sql.placeholder("count")}`))
+      .returning({ ...getTableColumns(chunks), owner: ownerOfChunk })
+      .prepare("ctxbank_acquire_read");
+  }
+
   /**
    * Takes a read lease on every chunk or on none: each must be ready/reading with an unexpired
    * lease. The lease is extended to at least now + leaseMs and blocks reclaiming until then.
@@ -219,37 +253,8 @@ export class ChunkStore {
     parseInput(chunkIds, ids, "chunk ids");
     parseInput(positiveMs, leaseMs, "lease");
     const now = this.clock();
-    // One statement, one round trip (a decode pays it before its first byte moves; the explicit
-    // transaction it replaces took four, 10-15 ms at 4K tokens on the 2-core box, a third of the
-    // load: bench/handoff). All or none: `locked` locks the chunks that can be leased now (and
-    // whose shard epoch is registered), and the update runs only when that is every one of them;
-    // a locked row cannot change before the statement ends, so the count cannot go stale. The
-    // owner's address comes from the same snapshot as the lock's check of the shard row.
-    const locked = this.db.$with("locked").as(
-      this.db
-        .select({ id: chunks.id })
-        .from(chunks)
-        .where(
-          and(
-            inArray(chunks.id, ids),
-            inArray(chunks.state, ["ready", "reading"]),
-            gt(chunks.leaseExpiresAt, now),
-            ownerRegistered,
-          ),
-        )
-        .for("update"),
-    );
-    const rows = await this.db
-      .with(locked)
-      .update(chunks)
-      .set({
-        state: "reading",
-        readerCount: sql`${chunks.readerCount} + 1`,
-        leaseExpiresAt: laterOf(addMs(now, leaseMs)),
-        updatedAt: now,
-      })
-      .where(and(inArray(chunks.id, this.db.select({ id: locked.id }).from(locked)), sql`(select count(*) from ${locked}) = ${ids.length}`))
-      .returning({ ...getTableColumns(chunks), owner: ownerOfChunk });
+    this.leaseStatement ??= this.prepareLease();
+    const rows = await this.leaseStatement.execute({ ids, count: ids.length, now: now.toISOString(), until: addMs(now, leaseMs).toISOString() });
     if (rows.length < ids.length) throw await unavailable(this.db, ids, [], now, "lease");
     const byId = new Map(rows.map((r) => [r.id, r]));
     return ids.map((id) => {
@@ -424,13 +429,22 @@ export class ChunkStore {
   /** Chunks the request holds (wrote or reused), by layer group then token start. */
   async ofRequest(requestId: string): Promise<ChunkRow[]> {
     parseInput(identifier, requestId, "request id");
+    this.ofRequestStatement ??= this.prepareOfRequest();
+    const rows = await this.ofRequestStatement.execute({ requestId });
+    return rows.map((r) => r.chunk);
+  }
+
+  private ofRequestStatement: ReturnType<ChunkStore["prepareOfRequest"]> | undefined;
+
+  /** Prepared: every load asks it beside the lease (parsed and planned once per connection). */
+  private prepareOfRequest() {
     return this.db
       .select({ chunk: chunks })
       .from(chunkRefs)
       .innerJoin(chunks, eq(chunkRefs.chunkId, chunks.id))
-      .where(eq(chunkRefs.requestId, requestId))
+      .where(eq(chunkRefs.requestId, sql.placeholder("requestId")))
       .orderBy(chunks.layerGroup, chunks.tokenStart)
-      .then((rows) => rows.map((r) => r.chunk));
+      .prepare("ctxbank_chunks_of_request");
   }
 
   private async wrongState(id: string, op: string, wanted: string): Promise<RegistryError> {
