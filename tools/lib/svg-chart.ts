@@ -55,7 +55,9 @@ function defaultFormat(v: number): string {
   const a = Math.abs(v);
   if (a >= 1000 && v % 1024 === 0) return `${v / 1024}K`;
   if (a >= 10000) return `${Math.round(v / 1000)}k`;
-  return Number.isInteger(v) ? String(v) : v.toPrecision(3).replace(/\.?0+$/, "");
+  if (Number.isInteger(v) || a >= 100) return String(Math.round(v));
+  // Three significant digits; trailing zeros go only after a decimal point (120.2 is "120", not "12").
+  return v.toPrecision(3).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
 }
 
 function renderPanel(p: Panel, x0: number, y0: number, w: number, h: number): string {

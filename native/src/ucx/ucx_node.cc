@@ -9,10 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <utility>
 #include <future>
 #include <random>
 #include <stdexcept>
+#include <utility>
 
 namespace ctx::ucx {
 
@@ -524,15 +524,12 @@ ucs_status_t Node::on_ask(void* arg, const void* header, size_t header_length, v
   return static_cast<Node*>(arg)->answer(header, header_length, param);
 }
 
-// Answers a reader's ask on its reply endpoint: a rendezvous send of the asked range from the
-// mapped shard (the reader pulls it), or a header saying why not. UCX allows sends in a receive
-// callback; the reply endpoint is valid here, and may not be later.
 // Maps the shard pages of [p, p + n) into this process's page tables before a reader pulls
 // them. A chunk the prefill has just written is in the shard file but not yet in the mapping;
-// a CMA pull would then fault each 4 KiB page in one by one, on the reader's CPU and time
-// (process_vm_readv of 90 MiB: ~22 ms so, ~18 ms with the pages mapped, bench/handoff). Done
-// here it costs the owner ~1.5 ms per 11 MiB chunk, while the reader pulls the previous chunk
-// (answers are pulled one at a time, Node::receive). Already mapped pages cost next to nothing.
+// a CMA pull would then fault each 4 KiB page in one by one, on the reader's CPU and time (a
+// process_vm_readv of 90 MiB of such pages took ~22 ms here, ~18.5 ms once mapped). Done here it
+// costs the owner ~6 ms per 90 MiB, while the reader pulls the previous chunk (answers are
+// pulled one at a time, Node::receive). Pages already mapped cost next to nothing.
 // A hint: a kernel without MADV_POPULATE_READ (before 5.14) leaves the faults to the pull.
 void Node::populate(const void* p, size_t n) {
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -541,6 +538,9 @@ void Node::populate(const void* p, size_t n) {
   madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
 }
 
+// Answers a reader's ask on its reply endpoint: a rendezvous send of the asked range from the
+// mapped shard (the reader pulls it), or a header saying why not. UCX allows sends in a receive
+// callback; the reply endpoint is valid here, and may not be later.
 ucs_status_t Node::answer(const void* header, size_t header_length, const ucp_am_recv_param_t* param) {
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) || param->reply_ep == nullptr) return UCS_OK;  // no way to answer
   auto* s = new Sending{this, 0, {}, {kWire, kMalformed, 0}, false};
