@@ -527,8 +527,8 @@ ucs_status_t Node::on_ask(void* arg, const void* header, size_t header_length, v
 // Maps the shard pages of [p, p + n) into this process's page tables before a reader pulls
 // them. A chunk the prefill has just written is in the shard file but not yet in the mapping;
 // a CMA pull would then fault each 4 KiB page in one by one, on the reader's CPU and time (a
-// process_vm_readv of 90 MiB of such pages took ~22 ms here, ~18.5 ms once mapped). Done here it
-// costs the owner ~6 ms per 90 MiB, while the reader pulls the previous chunk (answers are
+// throwaway process_vm_readv test here, not kept: a fifth slower than from mapped pages). Done
+// here it costs the owner about as much, while the reader pulls the previous chunk (answers are
 // pulled one at a time, Node::receive). Pages already mapped cost next to nothing.
 // A hint: a kernel without MADV_POPULATE_READ (before 5.14) leaves the faults to the pull.
 void Node::populate(const void* p, size_t n) {

@@ -215,8 +215,8 @@ export class ChunkStore {
   /**
    * The read lease as one prepared statement: one round trip, parsed and planned once per
    * connection (a decode pays it before its first byte moves; the explicit transaction it
-   * replaced took four round trips: 14-17 ms of a 43-59 ms load of 4K tokens of KV on the 2-core
-   * box, bench/handoff). All or none: `locked` locks the chunks that can be leased now (and
+   * replaced took four round trips, a third of a 4K-token load on the 2-core box by a temporary
+   * trace of bench/handoff). All or none: `locked` locks the chunks that can be leased now (and
    * whose shard epoch and owner are registered), and the update runs only when that is every one
    * of them; a locked row cannot change before the statement ends, so the count cannot go stale.
    * The owner's address comes from the same snapshot as the lock's check of the shard row.
