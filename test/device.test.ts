@@ -105,6 +105,20 @@ describe("device strings", () => {
     expect(() => new Engine(tiny, { device: 1 as unknown as "cpu" })).toThrow(TypeError);
   });
 
+  it("the engine refuses an unknown CUDA kernel set with invalid_cuda_kernels, on any device", () => {
+    for (const cudaKernels of ["", "quick", "fast,", "matvec,gemm2", "FAST"]) {
+      let err: (Error & { code?: string }) | undefined;
+      try {
+        new Engine(tiny, { device: "cpu", cudaKernels });
+      } catch (e) {
+        err = e as Error & { code?: string };
+      }
+      expect(err?.code, cudaKernels).toBe("invalid_cuda_kernels");
+    }
+    expect(() => new Engine(tiny, { cudaKernels: 1 as unknown as string })).toThrow(TypeError);
+    expect(new Engine(tiny, { device: "cpu", cudaKernels: "matvec,gemm" }).native.info.cudaKernels).toBe("");
+  });
+
   it("the engine says where it runs", () => {
     const e = new Engine(tiny, { device: "cpu" });
     expect(e.device).toBe("cpu");

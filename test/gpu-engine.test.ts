@@ -1,6 +1,7 @@
 // The CUDA engine on the real model against the CPU engine, through the same TS API the services
-// use. Skipped, with the reason, where no GPU is usable (CI); run on the GPU machine by
-// bench/gpu/run-on-device.sh. Needs the real weights: $CTXBANK_MODEL, else the default model.
+// use. Skipped, with the reason, where no GPU is usable (CI). Not yet run on a GPU: that needs Node
+// and the real weights on the GPU machine (bench/gpu/README.md). Needs the real weights:
+// $CTXBANK_MODEL, else the default model.
 // Writes its measured figures to $CTXBANK_GPU_RESULTS/gpu-engine.json when that is set.
 import { mkdir, writeFile } from "node:fs/promises";
 import { join } from "node:path";
@@ -42,6 +43,9 @@ afterAll(async () => {
 const prompt = (n: number, seed: number, vocab: number) => Array.from({ length: n }, (_, i) => (i * 7919 + seed * 104729 + 17) % vocab);
 const maxAbsDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math.max(m, Math.abs(x - b[i]!)), 0);
 const argmax = (a: Float32Array) => a.reduce((best, x, i) => (x > a[best]! ? i : best), 0);
+/** The GPU's top token is the CPU's, or the CPU scores it within `tol` of its own best (a near-tie). */
+const sameTopWithin = (cpuLogits: Float32Array, gpuLogits: Float32Array, tol: number) =>
+  cpuLogits[argmax(cpuLogits)]! - cpuLogits[argmax(gpuLogits)]! <= tol;
 
 describe.skipIf(!gpu)("CUDA engine vs CPU engine, real model", () => {
   it("logits after prompts of 1, 100 and 1000 tokens", async () => {
@@ -53,7 +57,7 @@ describe.skipIf(!gpu)("CUDA engine vs CPU engine, real model", () => {
       const range = a.reduce((m, x) => Math.max(m, Math.abs(x)), 0);
       diffs[`prompt${n}`] = maxAbsDiff(a, b);
       expect(maxAbsDiff(a, b), `prompt of ${n}`).toBeLessThanOrEqual(0.02 * range);
-      expect(argmax(b)).toBe(argmax(a));
+      expect(sameTopWithin(a, b, 0.02 * range), `top token after a prompt of ${n}`).toBe(true);
     }
     results.maxAbsDeltaLogit = diffs;
   }, 300_000);

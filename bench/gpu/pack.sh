@@ -1,66 +1,78 @@
 #!/usr/bin/env bash
-# Packs what the GPU machine lacks into ignored folders, for bench/gpu/run-on-device.sh. The GPU
-# machine has CUDA, cmake, ninja and g++ but no Node, npm, GoogleTest or network, and a command
-# takes at most 64 MiB along, so the pieces go in separate folders, one per device command:
+# Builds, here, everything the GPU machine runs, into one ignored folder that a device command
+# carries (bench/gpu/README.md): the GPU machine has CUDA and g++ but no Node, GoogleTest or
+# network, and one command takes at most 64 MiB along, working tree included.
 #
-#   .gpu-carry/        node (xz), node_modules (xz, without the dev-only giants), GoogleTest
-#                      source, the model's header (a full-size zero-weight copy is made from it)
-#   .gpu-model/partN   the real model's weights in two halves (two small commands before the run)
-#   .gpu-llama/        llama.cpp's source, from the copy node-llama-cpp bundles (llama phase)
+#   bench/gpu/pack.sh            -> .gpu-carry/
 #
-#   bench/gpu/pack.sh [carry|model|llama|all]      (default all)
+# .gpu-carry/ holds the CUDA test binary and the bench (sm_90a, the H100; CUDA runtime, GoogleTest,
+# libstdc++ and libgcc linked in statically, stripped), the model's header (metadata and tensor
+# table: the GPU machine makes a full-size copy with zero weights from it) and a manifest. The
+# binaries are checked: H100 code present, no shared library beyond glibc's, no glibc symbol newer
+# than this machine's.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-what="${1:-all}"
 model="${CTXBANK_MODEL:-$HOME/.cache/ctxbank/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
-nm="$(readlink -f node_modules)"
-max=$((64 * 1024 * 1024 - 2 * 1024 * 1024))  # what one command carries, less room for the tree
+carry=.gpu-carry build=.gpu-build
+limit=$((64 * 1024 * 1024))
 
-check_size() {
-  local bytes
-  bytes=$(du -sb "$1" | cut -f1)
-  echo "$1: $((bytes / 1024 / 1024)) MiB"
-  if [ "$bytes" -gt "$max" ]; then
-    echo "pack: $1 is over what one device command can carry" >&2
+if [ ! -f "$model" ]; then
+  echo "pack: no model at $model (npm run model fetches it; or set CTXBANK_MODEL)" >&2
+  exit 1
+fi
+nvcc="$(native/cuda/install-nvcc.sh)"
+# cuobjdump (to check the binaries hold sm_90a code): PyPI has no 13.0 build; a newer one reads 13.0 binaries.
+tools="${XDG_CACHE_HOME:-$HOME/.cache}/ctxbank/cuobjdump-13.2"
+if [ ! -x "$tools/nvidia/cu13/bin/cuobjdump" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$tools" nvidia-cuda-cuobjdump==13.2.51 >&2
+fi
+cuobjdump="$tools/nvidia/cu13/bin/cuobjdump"
+
+cmake -S native -B "$build" -DCMAKE_BUILD_TYPE=Release -DCTXBANK_NATIVE_TESTS=ON -DCTXBANK_CUDA=ON -DCTXBANK_UCX=OFF \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90a \
+  -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" >/dev/null
+cmake --build "$build" --parallel "$(nproc)" --target ctxbank_native_tests ctxbank_gpu_bench
+
+rm -rf "$carry" && mkdir -p "$carry"
+glibc_here="$(ldd --version | head -1 | grep -oE '[0-9]+\.[0-9]+$')"
+for bin in ctxbank_native_tests ctxbank_gpu_bench; do
+  strip -o "$carry/$bin" "$build/$bin"
+  elves="$("$cuobjdump" --list-elf "$carry/$bin")"  # (not piped into grep -q: SIGPIPE under pipefail)
+  if ! grep -q 'sm_90a' <<<"$elves"; then
+    echo "pack: $bin has no sm_90a code" >&2
     exit 1
   fi
-}
+  # Shared libraries: only glibc's own (the CUDA driver, libcuda, is loaded at run time by the runtime).
+  extra="$(ldd "$carry/$bin" | grep -vE 'linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so' || true)"
+  if [ -n "$extra" ]; then
+    echo "pack: $bin needs shared libraries the GPU machine may lack:" >&2
+    echo "$extra" >&2
+    exit 1
+  fi
+  newest="$(objdump -T "$carry/$bin" | grep -oE 'GLIBC_[0-9]+\.[0-9]+' | sort -uV | tail -1)"
+  if [ "$(printf '%s\n' "GLIBC_$glibc_here" "$newest" | sort -V | tail -1)" != "GLIBC_$glibc_here" ]; then
+    echo "pack: $bin needs $newest, newer than this machine's glibc $glibc_here" >&2
+    exit 1
+  fi
+done
 
-if [ "$what" = carry ] || [ "$what" = all ]; then
-  rm -rf .gpu-carry && mkdir -p .gpu-carry
-  xz -T2 -6 -c "$(readlink -f "$(command -v node)")" > .gpu-carry/node.xz
-  # Every installed package except the large dev-only ones nothing on the GPU machine runs.
-  (cd "$(dirname "$nm")" && ls -A node_modules |
-    grep -vxE 'node-llama-cpp|@node-llama-cpp|typescript|kubernetes-models|@kubernetes-models|playwright-core|@resvg|drizzle-kit|@types|\.cache|\.vite|\.vitest' |
-    sed 's#^#node_modules/#' | tar -cf - -T -) | xz -T2 -6 > .gpu-carry/node_modules.tar.xz
-  gtest="${GTEST_SOURCE:-/usr/src/googletest}"
-  tar -C "$(dirname "$gtest")" -cJf .gpu-carry/googletest.tar.xz "$(basename "$gtest")"
-  # The model's header (metadata + tensor table, up to where the weights start) and its size.
-  node -e '
-    const a = require(process.argv[1]);
-    const i = a.ggufInfo(process.argv[2]);
-    const start = Math.ceil(i.headerBytes / i.alignment) * i.alignment;
-    console.log(start + " " + i.fileSize);
-  ' "$PWD/native/build/Release/ctxbank_native.node" "$model" > .gpu-carry/model-layout.txt
-  read -r head_bytes _ < .gpu-carry/model-layout.txt
-  head -c "$head_bytes" "$model" | xz -T2 -6 > .gpu-carry/model-head.xz
-  sha256sum "$model" | cut -d' ' -f1 > .gpu-carry/model.sha256
-  git rev-parse HEAD > .gpu-carry/revision
-  check_size .gpu-carry
-fi
+# The model's header: every byte before the weights, and the file's size.
+read -r data_start file_size < <("$carry/ctxbank_gpu_bench" --layout "$model")
+head -c "$data_start" "$model" > "$carry/model-head.gguf"
+{
+  echo "revision $(git rev-parse HEAD)$(git diff --quiet HEAD -- native bench/gpu || echo ' (with uncommitted changes)')"
+  echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "model $(basename "$model") $file_size bytes, weights from byte $data_start, sha256 $(sha256sum "$model" | cut -d' ' -f1)"
+  (cd "$carry" && sha256sum ctxbank_native_tests ctxbank_gpu_bench model-head.gguf)
+} > "$carry/manifest.txt"
 
-if [ "$what" = model ] || [ "$what" = all ]; then
-  rm -rf .gpu-model && mkdir -p .gpu-model
-  split -n 2 -d -a 1 "$model" .gpu-model/part
-  check_size .gpu-model/part0
-  check_size .gpu-model/part1
+# What one device command carries: this folder and the working tree (tracked and untracked files
+# that git does not ignore).
+tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
+packed=$(du -sb "$carry" | cut -f1)
+echo "pack: $carry $((packed / 1024)) KiB + working tree $((tree / 1024)) KiB of $((limit / 1024)) KiB one command carries"
+if [ $((packed + tree)) -gt "$limit" ]; then
+  echo "pack: over what one device command carries" >&2
+  exit 1
 fi
-
-if [ "$what" = llama ] || [ "$what" = all ]; then
-  rm -rf .gpu-llama && mkdir -p .gpu-llama
-  tmp="$(mktemp -d)"
-  git -c advice.detachedHead=false clone -q "$nm/node-llama-cpp/llama/gitRelease.bundle" "$tmp/llama.cpp"
-  (cd "$tmp/llama.cpp" && tar -cJf - --ignore-failed-read CMakeLists.txt cmake common ggml include src vendor tools licenses LICENSE app 2>/dev/null) > .gpu-llama/llama-src.tar.xz
-  rm -rf "$tmp"
-  check_size .gpu-llama
-fi
+cat "$carry/manifest.txt"

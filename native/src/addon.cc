@@ -456,7 +456,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     exports.Set("NativeEngine", f);
   }
 
-  // new NativeEngine(model, { threads, ubatch, maxContext, deviceBudgetBytes, device })
+  // new NativeEngine(model, { threads, ubatch, maxContext, deviceBudgetBytes, device, cudaGraphs, cudaKernels })
   explicit NativeEngine(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeEngine>(info) {
     Napi::Env env = info.Env();
     if (info.Length() < 1 || !info[0].IsObject() || !info[0].As<Napi::Object>().InstanceOf(NativeModel::ctor.Value()))
@@ -484,6 +484,11 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
       if (!device.IsString()) throw Napi::TypeError::New(env, "device must be a string (cpu, cuda, cuda:N or auto)");
       opts.device = device.As<Napi::String>().Utf8Value();
     }
+    const Napi::Value kernels = o.Get("cudaKernels");
+    if (!kernels.IsUndefined()) {
+      if (!kernels.IsString()) throw Napi::TypeError::New(env, "cudaKernels must be a string (simple, fast or a list)");
+      opts.cuda_kernels = kernels.As<Napi::String>().Utf8Value();
+    }
     try {
       engine_ = std::make_shared<Engine>(NativeModel::Unwrap(info[0].As<Napi::Object>())->model(), opts);
     } catch (const DeviceError& e) {
@@ -505,6 +510,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("deviceBudgetBytes", static_cast<double>(engine_->options().device_budget_bytes));
     o.Set("device", engine_->device_name());
     o.Set("cudaGraphs", engine_->options().cuda_graphs && engine_->device() != nullptr);
+    o.Set("cudaKernels", engine_->device() ? cuda_kernels_name(parse_cuda_kernels(engine_->options().cuda_kernels)) : "");
     o.Set("deviceDescription", engine_->device_description());
     o.Set("deviceWeightBytes", static_cast<double>(engine_->device() ? engine_->device()->weight_bytes() : 0));
     return o;

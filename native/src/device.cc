@@ -1,7 +1,9 @@
 // Device selection, and the CUDA entry points of a build without the CUDA backend.
 #include "device.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
 
 namespace ctx {
 
@@ -18,6 +20,48 @@ DeviceSpec parse_device(const std::string& s) {
     if (index >= 0 && !(s[5] == '0' && s.size() > 6)) return {DeviceSpec::Kind::Cuda, index};
   }
   throw DeviceError("invalid_device", "device must be cpu, cuda, cuda:N or auto (got \"" + s.substr(0, 32) + "\")");
+}
+
+namespace {
+struct Variant { const char* name; bool CudaKernelSet::*flag; };
+constexpr Variant kVariants[] = {
+    {"fused", &CudaKernelSet::fused},
+    {"matvec", &CudaKernelSet::matvec},
+    {"attention", &CudaKernelSet::attention},
+    {"prefill-attention", &CudaKernelSet::prefill_attention},
+    {"gemm", &CudaKernelSet::gemm},
+};
+}  // namespace
+
+CudaKernelSet parse_cuda_kernels(const std::string& s) {
+  CudaKernelSet k;
+  if (s == "simple") return k;
+  if (s == "fast") {
+    for (const Variant& v : kVariants) k.*v.flag = true;
+    return k;
+  }
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t end = std::min(s.find(',', start), s.size());
+    const std::string name = s.substr(start, end - start);
+    bool known = false;
+    for (const Variant& v : kVariants)
+      if (name == v.name) k.*v.flag = known = true;
+    if (!known)
+      throw DeviceError("invalid_cuda_kernels", "cuda kernels must be simple, fast or a comma list of fused, matvec, "
+                                                "attention, prefill-attention, gemm (got \"" + s.substr(0, 64) + "\")");
+    start = end + 1;
+  }
+  return k;
+}
+
+std::string cuda_kernels_name(const CudaKernelSet& k) {
+  std::string list;
+  size_t on = 0;
+  for (const Variant& v : kVariants)
+    if (k.*v.flag) list += (on++ ? "," : "") + std::string(v.name);
+  if (on == 0) return "simple";
+  return on == std::size(kVariants) ? "fast" : list;
 }
 
 #ifndef CTXBANK_WITH_CUDA

@@ -18,6 +18,7 @@ class Sequence;
 
 // A device that cannot be used. `code` is stable (snake_case) for the services' error shape:
 //   invalid_device             the device string is not cpu | cuda | cuda:N | auto
+//   invalid_cuda_kernels       the kernel set is not simple | fast | a list of known variants
 //   cuda_unavailable_in_build  this addon was built without the CUDA backend
 //   no_gpu                     no CUDA driver, no GPU, or no GPU with that index
 //   cuda_driver_too_old        the driver is older than the runtime the addon was built with
@@ -39,6 +40,27 @@ struct DeviceSpec {
 };
 // Parses "cpu" | "cuda" | "cuda:N" | "auto"; throws DeviceError(invalid_device).
 DeviceSpec parse_device(const std::string& s);
+
+// Which kernels a CUDA engine runs. The simple kernels (cuda/kernels.cu) are the reference: each
+// faster variant is tested against them (or against the CPU) and can be switched on alone, so a
+// benchmark can tell what each one gives.
+struct CudaKernelSet {
+  bool fused = false;              // RMSNorm + activation quantization, RoPE + KV store: one launch each (cuda/fused.cu)
+  bool matvec = false;             // dp4a matvecs on repacked weights; Q/K/V and gate/up + SwiGLU in one launch
+                                   // each, residual adds in the output projections (cuda/matvec_fast.cu)
+  bool attention = false;          // decode attention reading each K/V tile once per GQA group (cuda/attention_fast.cu)
+  bool prefill_attention = false;  // prefill attention on tensor cores (cuda/attention_fast.cu)
+  bool gemm = false;               // GEMM on repacked weights with tiles that fill the GPU (cuda/gemm_fast.cu)
+  bool operator==(const CudaKernelSet& o) const {
+    return fused == o.fused && matvec == o.matvec && attention == o.attention && prefill_attention == o.prefill_attention &&
+           gemm == o.gemm;
+  }
+};
+// Parses "simple" (none), "fast" (all) or a comma list of fused, matvec, attention,
+// prefill-attention, gemm; throws DeviceError(invalid_cuda_kernels).
+CudaKernelSet parse_cuda_kernels(const std::string& s);
+// The canonical spelling of a set: "simple", "fast" or the comma list.
+std::string cuda_kernels_name(const CudaKernelSet& k);
 
 // One sequence's KV cache in GPU memory: f16, per layer K then V, rows [token][kv_dim] (the CPU
 // cache's logical addressing, kv_cache.h), `capacity` tokens reserved at creation.

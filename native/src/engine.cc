@@ -29,6 +29,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
   if (max_ctx_ > (1 << 22)) throw std::invalid_argument("engine: max_context too large");
   const DeviceSpec spec = parse_device(opts_.device);
+  parse_cuda_kernels(opts_.cuda_kernels);  // refused on any device, like a bad device string
   if (spec.kind == DeviceSpec::Kind::Cuda) {
     device_ = make_cuda_backend(model_, opts_, spec.index);
   } else if (spec.kind == DeviceSpec::Kind::Auto && !cuda_unusable(0)) {

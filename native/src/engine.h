@@ -35,6 +35,8 @@ struct EngineOptions {
   // CUDA only: replay each micro-batch shape's layers as a CUDA graph (decode steps are
   // launch-bound). Off by default until measured on a GPU.
   bool cuda_graphs = false;
+  // CUDA only: which kernels run (device.h parse_cuda_kernels): "simple", "fast" or a list.
+  std::string cuda_kernels = "simple";
 };
 
 class Sequence {

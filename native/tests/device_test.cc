@@ -59,6 +59,32 @@ TEST(Device, ParsesTheDeviceStrings) {
   }
 }
 
+TEST(Device, ParsesTheCudaKernelSets) {
+  EXPECT_EQ(parse_cuda_kernels("simple"), CudaKernelSet{});
+  const CudaKernelSet all = parse_cuda_kernels("fast");
+  EXPECT_TRUE(all.fused && all.matvec && all.attention && all.prefill_attention && all.gemm);
+  const CudaKernelSet two = parse_cuda_kernels("gemm,matvec");
+  EXPECT_TRUE(two.gemm && two.matvec && !two.fused && !two.attention && !two.prefill_attention);
+  EXPECT_EQ(parse_cuda_kernels("fused,matvec,attention,prefill-attention,gemm"), all);
+  // The canonical name reads back as the same set.
+  for (const char* s : {"simple", "fast", "matvec", "gemm,matvec", "prefill-attention,fused"})
+    EXPECT_EQ(parse_cuda_kernels(cuda_kernels_name(parse_cuda_kernels(s))), parse_cuda_kernels(s)) << s;
+  EXPECT_EQ(cuda_kernels_name(two), "matvec,gemm");
+  EXPECT_EQ(cuda_kernels_name(all), "fast");
+  for (const char* bad : {"", "quick", "fast,", ",matvec", "matvec,,gemm", "FAST", "simple,matvec", "attention "}) {
+    try {
+      parse_cuda_kernels(bad);
+      ADD_FAILURE() << "accepted \"" << bad << "\"";
+    } catch (const DeviceError& e) {
+      EXPECT_EQ(e.code(), "invalid_cuda_kernels") << bad;
+    }
+  }
+  // Refused by the engine on any device, like a bad device string.
+  EngineOptions o = on("cpu");
+  o.cuda_kernels = "quick";
+  EXPECT_THROW(Engine(tiny_model(), o), DeviceError);
+}
+
 TEST(Device, CudaWithoutAUsableGpuFailsWithACode) {
   const std::unique_ptr<DeviceError> why = cuda_unusable(0);
   if (!why) GTEST_SKIP() << "a GPU is usable here: the CUDA tests (cuda_*_test.cc) cover it";

@@ -4,12 +4,19 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "cuda/attention_fast.cuh"
 #include "cuda/common.cuh"
+#include "cuda/fused.cuh"
+#include "cuda/gemm_fast.cuh"
 #include "cuda/kernels.cuh"
+#include "cuda/matvec_fast.cuh"
+#include "cuda/repack.h"
 #include "engine.h"
 #include "model.h"
 
@@ -80,10 +87,14 @@ struct PinnedBuf {
   void alloc(size_t count) { CTX_CUDA(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T))); }
 };
 
+// Every operation on a cache goes on the backend's stream (non-blocking: it does not wait for the
+// legacy default stream, so work queued there could still be running when a forward pass reads).
 class CudaKv : public DeviceKv {
  public:
-  CudaKv(int device, int n_layer, int kv_dim, int capacity) : device_(device), n_layer_(n_layer), kv_dim_(kv_dim), cap_(capacity) {
+  CudaKv(int device, cudaStream_t stream, int n_layer, int kv_dim, int capacity)
+      : device_(device), stream_(stream), n_layer_(n_layer), kv_dim_(kv_dim), cap_(capacity) {
     ensure();
+    CTX_CUDA(cudaStreamSynchronize(stream_));
   }
   size_t bytes_reserved() const override { return buf_.p ? buf_.n * sizeof(__half) : 0; }
   void release() override { buf_.free(); }
@@ -93,7 +104,7 @@ class CudaKv : public DeviceKv {
     if (buf_.p) return;
     CTX_CUDA(cudaSetDevice(device_));
     buf_.alloc(static_cast<size_t>(n_layer_) * 2 * cap_ * kv_dim_, "the KV cache of a sequence");
-    CTX_CUDA(cudaMemset(buf_.p, 0, buf_.n * sizeof(__half)));
+    CTX_CUDA(cudaMemsetAsync(buf_.p, 0, buf_.n * sizeof(__half), stream_));
   }
   __half* base() const { return buf_.p; }
   int capacity() const { return cap_; }
@@ -110,15 +121,20 @@ class CudaKv : public DeviceKv {
     const size_t row = static_cast<size_t>(kv_dim_) * sizeof(__half);
     __half* k = buf_.p + static_cast<size_t>(layer) * 2 * cap_ * kv_dim_ + static_cast<size_t>(t0) * kv_dim_;
     __half* v = k + static_cast<size_t>(cap_) * kv_dim_;
+    // Pageable host memory: the copies are staged by the driver; the sync makes them complete
+    // (and ordered after the stream's kernels) before the call returns.
     if (to_device) {
-      CTX_CUDA(cudaMemcpy(k, host.k(layer, t0), n * row, cudaMemcpyHostToDevice));
-      CTX_CUDA(cudaMemcpy(v, host.v(layer, t0), n * row, cudaMemcpyHostToDevice));
+      CTX_CUDA(cudaMemcpyAsync(k, host.k(layer, t0), n * row, cudaMemcpyHostToDevice, stream_));
+      CTX_CUDA(cudaMemcpyAsync(v, host.v(layer, t0), n * row, cudaMemcpyHostToDevice, stream_));
     } else {
-      CTX_CUDA(cudaMemcpy(host.k(layer, t0), k, n * row, cudaMemcpyDeviceToHost));
-      CTX_CUDA(cudaMemcpy(host.v(layer, t0), v, n * row, cudaMemcpyDeviceToHost));
+      CTX_CUDA(cudaMemcpyAsync(host.k(layer, t0), k, n * row, cudaMemcpyDeviceToHost, stream_));
+      CTX_CUDA(cudaMemcpyAsync(host.v(layer, t0), v, n * row, cudaMemcpyDeviceToHost, stream_));
     }
+    CTX_CUDA(cudaStreamSynchronize(stream_));
   }
-  int device_, n_layer_, kv_dim_, cap_;
+  int device_;
+  cudaStream_t stream_;
+  int n_layer_, kv_dim_, cap_;
   DevBuf<__half> buf_;
 };
 
@@ -134,21 +150,33 @@ class CudaBackend : public DeviceBackend {
   size_t weight_bytes() const override { return weights_.n; }
   std::unique_ptr<DeviceKv> create_kv(int capacity) override {
     const ModelConfig& c = model_->config();
-    return std::make_unique<CudaKv>(index_, c.n_layer, c.kv_dim(), capacity);
+    return std::make_unique<CudaKv>(index_, stream_, c.n_layer, c.kv_dim(), capacity);
   }
   void forward(const std::vector<BatchItem>& items) override;
 
  private:
   using Slice = UbatchSlice;
-  struct Layer { const float* attn_norm; DevWeight wq, wk, wv, wo; const float* ffn_norm; DevWeight w_gate, w_up, w_down; };
+  // A weight matrix: its file-layout copy (the simple kernels), and the repacked copy the fast
+  // kernels read when a variant that uses one is on and the type has one.
+  struct Mat {
+    DevWeight w;
+    DevQWeight q;
+    bool repacked = false;
+  };
+  struct Layer { const float* attn_norm; Mat wq, wk, wv, wo; const float* ffn_norm; Mat w_gate, w_up, w_down; };
   void upload_weights();
+  void upload_repacked();
   void forward_ubatch(const std::vector<Slice>& slices);
   void run_layers(int n);
   void run_layers_graph(int n);
   void clear_graphs();
   void plan_attention(const std::vector<Slice>& slices);
-  // y = x W^T for n tokens; x must be the activations `act_` was quantized from when quantized_.
-  void matmul(const DevWeight& w, const float* x, int n, float* y, int ldy);
+  // y = x W^T for n tokens (y += x W^T when `accumulate`). Quantized weights at n <= kMatvecTokens
+  // read act_, quantized from x here unless it already holds x (quantized_).
+  void matmul(const Mat& m, const float* x, int n, float* y, int ldy, bool accumulate = false);
+  void quantize(const float* x, int n, int k);
+  bool fast_matvec(const Mat& m, int n) const { return kernels_.matvec && m.repacked && n <= kMatvecTokens; }
+  void attention(int layer, int n);
 
   std::shared_ptr<const Model> model_;
   EngineOptions opts_;
@@ -159,7 +187,10 @@ class CudaBackend : public DeviceBackend {
 
   DevBuf<uint8_t> weights_;  // every weight and norm, file layout, one allocation
   std::vector<Layer> layers_;
-  DevWeight token_embd_, output_;
+  DevWeight token_embd_;
+  Mat output_;
+  DevBuf<uint8_t> repacked_;  // the repacked copies (upload_repacked), one allocation
+  CudaKernelSet kernels_;
   const float* output_norm_ = nullptr;
   DevBuf<float> rope_cos_, rope_sin_;
 
@@ -182,8 +213,9 @@ class CudaBackend : public DeviceBackend {
   PinnedBuf<AttnCombine> h_combine_;
   PinnedBuf<float> h_logits_;
   int n_works_ = 0;
+  int n_decode_works_ = 0;  // with a fast attention variant, the works of at most kSplitTokens queries come first
   static constexpr size_t kMaxGraphs = 64;  // all are dropped when full (contexts grow by splits)
-  std::map<std::pair<int, int>, cudaGraphExec_t> graphs_;  // (tokens, work items) -> layers
+  std::map<std::tuple<int, int, int>, cudaGraphExec_t> graphs_;  // (tokens, work items, decode work items) -> layers
   size_t max_works_ = 0, max_parts_ = 0;
   std::vector<Slice> slices_;
   std::vector<AttnSlice> attn_slices_;
@@ -191,7 +223,7 @@ class CudaBackend : public DeviceBackend {
 };
 
 CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions& opts, int index)
-    : model_(std::move(model)), opts_(opts), index_(index) {
+    : model_(std::move(model)), opts_(opts), index_(index), kernels_(parse_cuda_kernels(opts.cuda_kernels)) {
   if (auto why = cuda_unusable(index)) throw *why;
   const ModelConfig& c = model_->config();
   if (c.head_dim % 32 != 0 || c.head_dim > kMaxHeadDimGpu || c.n_embd % 32 != 0 || c.n_ff % 32 != 0)
@@ -206,6 +238,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions
   CTX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
   upload_weights();
+  if (kernels_.matvec || kernels_.gemm) upload_repacked();
 
   // RoPE tables computed exactly as engine.cc does, on the host, then uploaded.
   const int half = c.head_dim / 2;
@@ -221,8 +254,9 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions
   }
   rope_cos_.alloc(cs.size(), "RoPE table");
   rope_sin_.alloc(sn.size(), "RoPE table");
-  CTX_CUDA(cudaMemcpy(rope_cos_.p, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice));
-  CTX_CUDA(cudaMemcpy(rope_sin_.p, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice));
+  CTX_CUDA(cudaMemcpyAsync(rope_cos_.p, cs.data(), cs.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  CTX_CUDA(cudaMemcpyAsync(rope_sin_.p, sn.data(), sn.size() * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  CTX_CUDA(cudaStreamSynchronize(stream_));  // cs and sn go out of scope
 
   const size_t U = opts_.ubatch, E = c.n_embd, F = c.n_ff, KV = c.kv_dim(), wide = std::max(E, F);
   x_.alloc(U * E, "activations");
@@ -301,27 +335,73 @@ void CudaBackend::upload_weights() {
   }
   weights_.alloc(total, "the model's weights");
   for (size_t i = 0; i < parts.size(); ++i)
-    CTX_CUDA(cudaMemcpy(weights_.p + offsets[i], parts[i].first, parts[i].second, cudaMemcpyHostToDevice));
+    CTX_CUDA(cudaMemcpyAsync(weights_.p + offsets[i], parts[i].first, parts[i].second, cudaMemcpyHostToDevice, stream_));
+  CTX_CUDA(cudaStreamSynchronize(stream_));  // the sources are pageable (the file's mapping)
   auto dev = [&](const Weight& w, size_t id) {
     return DevWeight{w.type, weights_.p + offsets[id], w.rows, w.cols, w.row_bytes};
   };
+  auto mat = [&](const Weight& w, size_t id) {
+    Mat m;
+    m.w = dev(w, id);
+    return m;
+  };
   auto norm = [&](size_t id) { return reinterpret_cast<const float*>(weights_.p + offsets[id]); };
   token_embd_ = dev(model_->token_embd(), embd_id);
-  output_ = dev(model_->output(), out_id);
+  output_ = mat(model_->output(), out_id);
   output_norm_ = norm(out_norm_id);
   size_t k = 0;
   for (const LayerWeights& lw : model_->layers()) {
     Layer L;
     L.attn_norm = norm(ids[k++]);
-    L.wq = dev(lw.wq, ids[k++]);
-    L.wk = dev(lw.wk, ids[k++]);
-    L.wv = dev(lw.wv, ids[k++]);
-    L.wo = dev(lw.wo, ids[k++]);
+    L.wq = mat(lw.wq, ids[k++]);
+    L.wk = mat(lw.wk, ids[k++]);
+    L.wv = mat(lw.wv, ids[k++]);
+    L.wo = mat(lw.wo, ids[k++]);
     L.ffn_norm = norm(ids[k++]);
-    L.w_gate = dev(lw.w_gate, ids[k++]);
-    L.w_up = dev(lw.w_up, ids[k++]);
-    L.w_down = dev(lw.w_down, ids[k++]);
+    L.w_gate = mat(lw.w_gate, ids[k++]);
+    L.w_up = mat(lw.w_up, ids[k++]);
+    L.w_down = mat(lw.w_down, ids[k++]);
     layers_.push_back(L);
+  }
+}
+
+// The repacked copies (repack.h) of every Q4_0/Q4_1/Q8_0 matrix, made on the host and copied once.
+// They sit beside the file-layout copies (the embedding rows and the simple kernels read those):
+// the weights then take up to twice their size in GPU memory while a fast variant is on.
+void CudaBackend::upload_repacked() {
+  std::vector<std::pair<Mat*, const Weight*>> mats;
+  if (repackable(output_.w.type)) mats.push_back({&output_, &model_->output()});
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    Layer& L = layers_[l];
+    const LayerWeights& lw = model_->layers()[l];
+    const std::pair<Mat*, const Weight*> all[] = {{&L.wq, &lw.wq},         {&L.wk, &lw.wk},     {&L.wv, &lw.wv},
+                                                  {&L.wo, &lw.wo},         {&L.w_gate, &lw.w_gate},
+                                                  {&L.w_up, &lw.w_up},     {&L.w_down, &lw.w_down}};
+    for (const auto& m : all)
+      if (repackable(m.second->type)) mats.push_back(m);
+  }
+  auto round_up = [](size_t x) { return (x + 255) / 256 * 256; };
+  size_t total = 0;
+  for (const auto& [m, w] : mats)
+    total += round_up(repacked_qs_bytes(w->type, w->rows, w->cols)) + round_up(repacked_blocks(w->rows, w->cols) * 4);
+  if (total == 0) return;
+  repacked_.alloc(total, "the repacked weights");
+  std::vector<uint8_t> qs;
+  std::vector<uint16_t> dm;
+  size_t off = 0;
+  for (const auto& [m, w] : mats) {
+    const size_t qs_bytes = repacked_qs_bytes(w->type, w->rows, w->cols), blocks = repacked_blocks(w->rows, w->cols);
+    qs.resize(qs_bytes);
+    dm.resize(2 * blocks);
+    repack_weight(*w, qs.data(), dm.data());
+    uint8_t* dq = repacked_.p + off;
+    uint8_t* ddm = dq + round_up(qs_bytes);
+    CTX_CUDA(cudaMemcpyAsync(dq, qs.data(), qs_bytes, cudaMemcpyHostToDevice, stream_));
+    CTX_CUDA(cudaMemcpyAsync(ddm, dm.data(), blocks * 4, cudaMemcpyHostToDevice, stream_));
+    CTX_CUDA(cudaStreamSynchronize(stream_));  // qs and dm are reused for the next matrix
+    m->q = DevQWeight{w->type, w->rows, w->cols, dq, reinterpret_cast<const __half2*>(ddm)};
+    m->repacked = true;
+    off += round_up(qs_bytes) + round_up(blocks * 4);
   }
 }
 
@@ -331,18 +411,24 @@ void CudaBackend::forward(const std::vector<BatchItem>& items) {
   for_each_ubatch(items, opts_.ubatch, slices_, [this](const std::vector<Slice>& slices) { forward_ubatch(slices); });
 }
 
-void CudaBackend::matmul(const DevWeight& w, const float* x, int n, float* y, int ldy) {
+void CudaBackend::quantize(const float* x, int n, int k) {
+  if (quantized_ == x && quantized_n_ == n && act_.k == k) return;
+  act_.k = k;
+  quantize_q8(x, n, k, act_, stream_);
+  quantized_ = x;
+  quantized_n_ = n;
+}
+
+void CudaBackend::matmul(const Mat& m, const float* x, int n, float* y, int ldy, bool accumulate) {
+  if (accumulate && !fast_matvec(m, n)) throw std::logic_error("cuda: only the fast matvec adds into its output");
   if (n > kMatvecTokens) {
-    gemm(w, x, n, y, ldy, stream_);
+    if (kernels_.gemm && m.repacked) gemm_fast(m.q, x, n, y, ldy, stream_);
+    else gemm(m.w, x, n, y, ldy, stream_);
     return;
   }
-  if (is_quantized(w.type) && (quantized_ != x || quantized_n_ != n || act_.k != w.cols)) {
-    act_.k = w.cols;
-    quantize_q8(x, n, w.cols, act_, stream_);
-    quantized_ = x;
-    quantized_n_ = n;
-  }
-  matvec(w, x, &act_, n, y, ldy, stream_);
+  if (is_quantized(m.w.type)) quantize(x, n, m.w.cols);
+  if (fast_matvec(m, n)) matvec_fast(m.q, act_, n, y, ldy, accumulate, stream_);
+  else matvec(m.w, x, &act_, n, y, ldy, stream_);
 }
 
 void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
@@ -355,6 +441,30 @@ void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
   }
   n_works_ = cuda::plan_attention(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
                                   static_cast<int>(max_parts_));
+  n_decode_works_ = 0;
+  if (kernels_.attention || kernels_.prefill_attention) {
+    // Decode-shaped works (a few queries, a key range) and prefill tiles go to different kernels:
+    // decode-shaped first. Each work writes its own partial rows, so their order is free.
+    AttnWork* mid = std::stable_partition(h_works_.p, h_works_.p + n_works_, [](const AttnWork& w) { return w.nq <= kSplitTokens; });
+    n_decode_works_ = static_cast<int>(mid - h_works_.p);
+  }
+}
+
+// The layer's attention over the planned works, then the merge of split partials.
+void CudaBackend::attention(int layer, int n) {
+  const ModelConfig& c = model_->config();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  auto run = [&](decltype(&cuda::attention) kernel, const AttnWork* works, int count) {
+    if (count > 0) kernel(q_.p, works, count, c.n_head, c.n_head_kv, c.head_dim, layer, scale, part_o_.p, part_ml_.p, stream_);
+  };
+  if (kernels_.attention || kernels_.prefill_attention) {
+    run(kernels_.attention ? &attention_gqa : &cuda::attention, works_.p, n_decode_works_);
+    run(kernels_.prefill_attention ? &attention_prefill_tc : &cuda::attention, works_.p + n_decode_works_,
+        n_works_ - n_decode_works_);
+  } else {
+    run(&cuda::attention, works_.p, n_works_);
+  }
+  attention_combine(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim, attn_.p, stream_);
 }
 
 void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
@@ -410,44 +520,79 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
 
 // Embedding and every layer, as kernels on the stream only (no copies, no host reads), so the
 // whole sequence can be captured into a CUDA graph; the launches depend on n and the attention
-// plan's size alone (the per-step metadata lives in device buffers copied before).
+// plan's size alone (the per-step metadata lives in device buffers copied before). Each step has
+// its simple form and, when its variant is on (kernels_), a faster one that computes the same.
 void CudaBackend::run_layers(int n) {
   const ModelConfig& c = model_->config();
   const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
   quantized_ = nullptr;
   embed(token_embd_, tokens_.p, n, x_.p, stream_);
+  // RMSNorm of x_ into xn_; fused with the quantization the next (quantized, matvec) product needs.
+  auto norm = [&](const float* weight, const Mat& next) {
+    if (kernels_.fused && n <= kMatvecTokens && is_quantized(next.w.type) && E * sizeof(float) <= 48 * 1024) {
+      act_.k = E;
+      rms_norm_quantize(x_.p, weight, xn_.p, n, E, c.rms_eps, act_, stream_);
+      quantized_ = xn_.p;
+      quantized_n_ = n;
+    } else {
+      rms_norm(x_.p, weight, xn_.p, n, E, c.rms_eps, stream_);
+      quantized_ = nullptr;
+    }
+  };
+  // x_ += x W^T: fused into the fast matvec, else a product into xn_ and an add.
+  auto add_product = [&](const Mat& m, const float* x) {
+    if (fast_matvec(m, n)) {
+      matmul(m, x, n, x_.p, E, /*accumulate=*/true);
+    } else {
+      matmul(m, x, n, xn_.p, E);
+      quantized_ = nullptr;  // xn_ was rewritten
+      add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+    }
+  };
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   for (int l = 0; l < c.n_layer; ++l) {
-    const Layer& lw = layers_[l];
-    rms_norm(x_.p, lw.attn_norm, xn_.p, n, E, c.rms_eps, stream_);
-    matmul(lw.wq, xn_.p, n, q_.p, E);
-    matmul(lw.wk, xn_.p, n, kc_.p, KV);
-    matmul(lw.wv, xn_.p, n, vc_.p, KV);
-    rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
-    rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
-    store_kv(kc_.p, vc_.p, token_kv_.p, n, KV, l, stream_);
-    attention(q_.p, works_.p, n_works_, c.n_head, c.n_head_kv, c.head_dim, l, scale, part_o_.p, part_ml_.p, stream_);
-    attention_combine(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim, attn_.p, stream_);
-    quantized_ = nullptr;  // xn_ is rewritten below
-    matmul(lw.wo, attn_.p, n, xn_.p, E);
-    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+    const Layer& L = layers_[l];
+    norm(L.attn_norm, L.wq);
+    if (fast_matvec(L.wq, n) && fast_matvec(L.wk, n) && fast_matvec(L.wv, n)) {
+      quantize(xn_.p, n, E);
+      const DevQWeight* w[3] = {&L.wq.q, &L.wk.q, &L.wv.q};
+      float* const y[3] = {q_.p, kc_.p, vc_.p};
+      const int ldy[3] = {E, KV, KV};
+      matvec_fast_multi(w, y, ldy, 3, act_, n, stream_);
+    } else {
+      matmul(L.wq, xn_.p, n, q_.p, E);
+      matmul(L.wk, xn_.p, n, kc_.p, KV);
+      matmul(L.wv, xn_.p, n, vc_.p, KV);
+    }
+    if (kernels_.fused) {
+      rope_store_kv(q_.p, kc_.p, vc_.p, n, c.n_head, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, token_kv_.p, l,
+                    stream_);
+    } else {
+      rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+      rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+      store_kv(kc_.p, vc_.p, token_kv_.p, n, KV, l, stream_);
+    }
+    attention(l, n);
+    add_product(L.wo, attn_.p);
 
-    rms_norm(x_.p, lw.ffn_norm, xn_.p, n, E, c.rms_eps, stream_);
-    quantized_ = nullptr;
-    matmul(lw.w_gate, xn_.p, n, gate_.p, F);
-    matmul(lw.w_up, xn_.p, n, up_.p, F);
-    swiglu(gate_.p, up_.p, static_cast<size_t>(n) * F, stream_);
-    matmul(lw.w_down, gate_.p, n, xn_.p, E);
-    quantized_ = nullptr;
-    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+    norm(L.ffn_norm, L.w_gate);
+    if (fast_matvec(L.w_gate, n) && fast_matvec(L.w_up, n)) {
+      quantize(xn_.p, n, E);
+      matvec_fast_swiglu(L.w_gate.q, L.w_up.q, act_, n, gate_.p, F, stream_);
+    } else {
+      matmul(L.w_gate, xn_.p, n, gate_.p, F);
+      matmul(L.w_up, xn_.p, n, up_.p, F);
+      swiglu(gate_.p, up_.p, static_cast<size_t>(n) * F, stream_);
+    }
+    add_product(L.w_down, gate_.p);
+    quantized_ = nullptr;  // gate_, attn_ and xn_ are rewritten by the next layer
   }
 }
 
 // The layers as one CUDA graph per (tokens, attention work items): captured the first time,
 // replayed after (a decode step is ~20 launches per layer, launch-bound without a graph).
 void CudaBackend::run_layers_graph(int n) {
-  const std::pair<int, int> key{n, n_works_};
+  const std::tuple<int, int, int> key{n, n_works_, n_decode_works_};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (graphs_.size() >= kMaxGraphs) clear_graphs();

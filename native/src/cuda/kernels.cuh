@@ -20,6 +20,15 @@ struct DevWeight {
   size_t row_bytes = 0;
 };
 
+// A Q4_0/Q4_1/Q8_0 weight repacked for the fast kernels (repack.h: quants contiguous and 16-byte
+// aligned per block, the (d, m) scales apart). The backend keeps it beside the file-layout copy.
+struct DevQWeight {
+  GgmlType type = GgmlType::Q4_1;
+  int rows = 0, cols = 0;
+  const uint8_t* qs = nullptr;   // [rows][cols/32][16] (Q4) or [rows][cols/32][32] (Q8_0)
+  const __half2* dm = nullptr;   // [rows][cols/32]: (d, m)
+};
+
 // Activations quantized to 8 bits per 32-element block exactly as the CPU engine does (kernels.h
 // ActQ8, kernels_scalar.cc quantize_q8), so quantized matvecs match the CPU's integer dot products.
 struct DevActQ8 {

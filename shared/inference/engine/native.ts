@@ -160,6 +160,12 @@ export interface EngineOptions {
   device?: EngineDevice;
   /** CUDA only: replay each batch shape's layers as a CUDA graph (default false until measured). */
   cudaGraphs?: boolean;
+  /**
+   * CUDA only: which kernels run: "simple" (default: the reference kernels), "fast" (every faster
+   * variant) or a comma list of fused, matvec, attention, prefill-attention, gemm. An unknown
+   * name throws an Error with code invalid_cuda_kernels.
+   */
+  cudaKernels?: string;
 }
 
 export type EngineDevice = "cpu" | "cuda" | "auto" | `cuda:${number}`;
@@ -178,6 +184,7 @@ export interface CudaStatus {
 /** Codes of the Error a device problem throws (err.code). */
 export const DEVICE_ERROR_CODES = [
   "invalid_device",
+  "invalid_cuda_kernels",
   "cuda_unavailable_in_build",
   "no_gpu",
   "cuda_driver_too_old",
@@ -203,6 +210,8 @@ export interface EngineInfo {
   deviceWeightBytes: number;
   /** Whether decode steps replay CUDA graphs (false on the CPU). */
   cudaGraphs: boolean;
+  /** The CUDA kernel set in use ("simple", "fast" or a list); "" on the CPU. */
+  cudaKernels: string;
 }
 
 export interface NativeEngine {
