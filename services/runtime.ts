@@ -13,6 +13,7 @@ import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/d
 import { Registry } from "../shared/platform/registry/registry.ts";
 import { ChatTemplate, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
+import type { PromptJob } from "../shared/inference/tokenizer/prompt-job.ts";
 import { TokenizerPool } from "./tokenizer-pool.ts";
 
 export interface Runtime {
@@ -114,17 +115,22 @@ export function maxPromptChars(rt: Pick<Runtime, "engine" | "tokenizer">): numbe
  * and stops just past the context, user text never yields control tokens. 400 when it cannot be
  * encoded. `rounds`: also find a chat's Round Attention rounds (in the same pass).
  */
-export async function encodePrompt(rt: Pick<Runtime, "tokenizer" | "prompts" | "model" | "engine">, input: PromptInput, opts: { rounds?: boolean } = {}): Promise<EncodedPrompt> {
+export async function encodePrompt(
+  rt: Pick<Runtime, "tokenizer" | "prompts" | "model" | "engine">,
+  input: PromptInput,
+  opts: { rounds?: boolean; tenant?: string; signal?: AbortSignal } = {},
+): Promise<EncodedPrompt> {
   const maxContext = rt.engine.maxContext;
   checkPromptSize(rt, input);
   if (input.prompt_token_ids !== undefined) {
     checkTokenIds(input.prompt_token_ids, rt.model.config.nVocab, "prompt_token_ids");
     return { ids: input.prompt_token_ids };
   }
-  const result =
+  const job: PromptJob =
     input.messages !== undefined
-      ? await rt.prompts.run({ kind: "chat", messages: input.messages, maxTokens: maxContext, ...(opts.rounds ? { rounds: true } : {}) })
-      : await rt.prompts.run({ kind: "text", text: input.prompt ?? "", maxTokens: maxContext });
+      ? { kind: "chat", messages: input.messages, maxTokens: maxContext, ...(opts.rounds ? { rounds: true } : {}) }
+      : { kind: "text", text: input.prompt ?? "", maxTokens: maxContext };
+  const result = await rt.prompts.run(job, opts.tenant, opts.signal);
   if (!result.ok) throw new ApiError(400, "invalid_request", result.message, result.param);
   const param = input.messages !== undefined ? "messages" : "prompt";
   if (result.ids.length > maxContext) tooLong(`the prompt has more than ${maxContext} tokens, the model's context`, param);

@@ -1,6 +1,7 @@
-// The bounded per-key fair queue (shared/platform/queue/fair-queue.ts) on its own: round robin across
-// keys, a full queue refusing with 429 queue_full and Retry-After, the key over its share pushed
-// out instead of a newcomer, and a cancelled waiter leaving at once.
+// The bounded per-key fair queue (shared/platform/queue/fair-queue.ts) on its own: the least
+// recently served key goes next (a newcomer waits for one running request at most), a per-key cap
+// that leaves places to the others, a full queue refusing with 429 queue_full and Retry-After, the
+// key over its share pushed out instead of a newcomer, and a cancelled waiter leaving at once.
 import { describe, expect, it } from "vitest";
 import { ApiError } from "../shared/platform/http/errors.ts";
 import { FairQueue } from "../shared/platform/queue/fair-queue.ts";
@@ -37,9 +38,8 @@ describe("FairQueue", () => {
       release();
     }
     await Promise.all(entries);
-    // FIFO would serve b after all 17 a's; round robin serves it second.
-    expect(served.slice(0, 4)).toEqual(["a0", "a1", "b17", "a2"]);
-    expect(served.indexOf("b18")).toBe(4);
+    // FIFO would serve b after all 17 a's; a holds the place when b arrives, so b goes next.
+    expect(served.slice(0, 5)).toEqual(["a0", "b17", "a1", "b18", "a2"]);
     expect(q.running).toBe(0);
     expect(q.queued).toBe(0);
   });
@@ -61,10 +61,43 @@ describe("FairQueue", () => {
     expect(q.queuedFor("a")).toBe(2);
     expect(q.queuedFor("b")).toBe(1);
     expect(q.rejected).toBe(2);
-    ((await a[0]) as () => void)(); // a's turn first (it was waiting first), then b's
-    ((await a[1]) as () => void)();
+    ((await a[0]) as () => void)(); // b goes next: a was served last
     await b[0];
-    expect(served).toEqual(["a0", "a1", "b0"]);
+    expect(served).toEqual(["a0", "b0"]);
+  });
+
+  it("a key that took a place straight away waits behind a newcomer (one running request at most ahead of it)", async () => {
+    const q = new FairQueue({ stage: "prefill", limit: 1, capacity: 10 });
+    const served: string[] = [];
+    const [a0, a1, a2] = enterAll(q, ["a", "a", "a"], served); // a0 runs at once, a1 and a2 wait
+    await Promise.resolve();
+    const [b] = enterAll(q, ["b"], served);
+    ((await a0!) as () => void)();
+    await b;
+    expect(served).toEqual(["a0", "b0"]); // not behind a1
+    ((await b!) as () => void)();
+    ((await a1!) as () => void)();
+    ((await a2!) as () => void)();
+    expect(served).toEqual(["a0", "b0", "a1", "a2"]);
+  });
+
+  it("a per-key cap leaves a place free for the others", async () => {
+    const q = new FairQueue({ stage: "tokenize", limit: 2, capacity: 10, perTenant: 1 });
+    const served: string[] = [];
+    const as = enterAll(q, ["a", "a", "a"], served);
+    await Promise.resolve();
+    expect(q.running).toBe(1); // a holds one of two places; its others wait
+    expect(q.queuedFor("a")).toBe(2);
+    const [b] = enterAll(q, ["b"], served);
+    await b; // the free place, at once
+    expect(served).toEqual(["a0", "b0"]);
+    expect(q.runningFor("b")).toBe(1);
+    ((await as[0]!) as () => void)();
+    ((await as[1]!) as () => void)();
+    ((await b!) as () => void)();
+    ((await as[2]!) as () => void)();
+    expect(served).toEqual(["a0", "b0", "a1", "a2"]);
+    expect(q.running).toBe(0);
   });
 
   it("a cancelled waiter leaves the queue at once", async () => {
@@ -83,7 +116,7 @@ describe("FairQueue", () => {
   it("estimates Retry-After from how fast the stage drains", async () => {
     const q = new FairQueue({ stage: "test", limit: 1, capacity: 2 });
     const releases: Array<() => void> = [await q.enter("a", never())];
-    const waiters = [q.enter("a", never()), q.enter("b", never())];
+    const waiters = [q.enter("b", never()), q.enter("a", never())]; // served in this order (b: never served yet)
     for (const w of waiters) {
       await new Promise((r) => setTimeout(r, 300));
       releases.shift()!();

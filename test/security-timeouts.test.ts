@@ -1,7 +1,9 @@
 // Listener intake limits (shared/platform/http/server.ts) on the real app middleware, no model needed:
 // slow-body connections get 408 and are closed after the body idle timeout, a connection that
-// never finishes its headers is closed, connections over the cap are refused, and none of it
-// cuts a streaming response that runs longer than every timeout. And the registry's PostgreSQL
+// never finishes its headers is closed, one that sends nothing is closed at the first-byte
+// deadline, idle or half-sent connections at the cap (in all or per peer) give way to new ones
+// while connections all serving requests refuse more, and none of it cuts a streaming response
+// that runs longer than every timeout. And the registry's PostgreSQL
 // calls: a server that stops answering fails them at the query deadline instead of hanging.
 import net from "node:net";
 import { streamSSE } from "hono/streaming";
@@ -15,7 +17,15 @@ import { Registry } from "../shared/platform/registry/registry.ts";
 import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
 import { until } from "../tools/lib/services.ts";
 
-const LIMITS = { headersTimeoutMs: 600, requestTimeoutMs: 2_000, bodyIdleTimeoutMs: 500, keepAliveTimeoutMs: 1_000, maxConnections: 30 };
+const LIMITS = {
+  headersTimeoutMs: 600,
+  requestTimeoutMs: 2_000,
+  bodyIdleTimeoutMs: 500,
+  keepAliveTimeoutMs: 1_000,
+  maxConnections: 30,
+  maxConnectionsPerPeer: 30,
+  firstByteTimeoutMs: 400,
+};
 const STREAM_MS = 2_500; // longer than every limit above: they bound receiving a request, never a response
 
 interface RawResult {
@@ -120,6 +130,24 @@ describe("listener timeouts and connection cap", () => {
     expect(r.closedAfterMs).toBeLessThan(LIMITS.requestTimeoutMs + 2_000);
   });
 
+  it("a connection that sends nothing is closed at the first-byte deadline", async () => {
+    const { done } = raw(server.port, "");
+    const r = await done;
+    expect(r.text).toBe("");
+    expect(r.closedAfterMs).toBeGreaterThanOrEqual(LIMITS.firstByteTimeoutMs - 50);
+    expect(r.closedAfterMs).toBeLessThan(LIMITS.firstByteTimeoutMs + 180); // before the headers timeout (600) would close it
+  });
+
+  it("at the cap, idle and half-sent connections give way: a real request is served", async () => {
+    // Fill the cap with connections that send part of their headers (and then nothing).
+    const squatters = Array.from({ length: LIMITS.maxConnections }, () => raw(server.port, "GET /health HTTP/1.1\r\nHo"));
+    await new Promise((r) => setTimeout(r, 150));
+    for (let i = 0; i < 5; i++) expect((await fetch(`${server.url}/health`)).status).toBe(200);
+    // The real connection (fetch keeps one alive) closed the oldest squatter, before any deadline did.
+    expect((await squatters[0]!.done).closedAfterMs).toBeLessThan(LIMITS.headersTimeoutMs);
+    for (const s of squatters) s.socket.destroy();
+  });
+
   it("connections beyond the cap are refused; streams longer than every timeout are not cut", async () => {
     const streams = Array.from({ length: LIMITS.maxConnections }, () => raw(server.port, "GET /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
     await new Promise((r) => setTimeout(r, 300)); // every stream has started
@@ -135,6 +163,34 @@ describe("listener timeouts and connection cap", () => {
     }
     // Under the cap again: served.
     expect((await fetch(`${server.url}/health`)).status).toBe(200);
+  });
+});
+
+describe("the per-peer connection cap", () => {
+  it("a peer at its cap closes its own oldest idle connection, or is refused while all of them serve requests", async () => {
+    const app = createApp({ log: pino({ level: "silent" }), maxBodyBytes: 1 << 20 });
+    app.get("/slow", async (c) => {
+      await new Promise((r) => setTimeout(r, 1_500));
+      return c.text("done");
+    });
+    app.get("/health", (c) => c.json({ status: "ok" }));
+    const srv = await listen(app.fetch, "127.0.0.1", 0, { ...LIMITS, maxConnections: 100, maxConnectionsPerPeer: 4, firstByteTimeoutMs: 5_000 });
+    try {
+      const idle = Array.from({ length: 4 }, () => raw(srv.port, ""));
+      await new Promise((r) => setTimeout(r, 100));
+      expect((await fetch(`${srv.url}/health`)).status).toBe(200); // the oldest idle one made room
+      expect((await idle[0]!.done).text).toBe("");
+      for (const s of idle) s.socket.destroy();
+      await new Promise((r) => setTimeout(r, 100));
+      // Four connections busy with requests: a fifth from the same peer is refused at once.
+      const busy = Array.from({ length: 4 }, () => raw(srv.port, "GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+      await new Promise((r) => setTimeout(r, 200));
+      const refused = await raw(srv.port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").done;
+      expect(refused.text).toBe("");
+      for (const r of await Promise.all(busy.map((b) => b.done))) expect(r.text).toContain("done");
+    } finally {
+      await srv.close(0);
+    }
   });
 });
 
@@ -195,6 +251,9 @@ describe("listener limit flags", () => {
   it("are read from flags and the environment, with defaults, and a headers timeout over the request timeout is refused", () => {
     const d = loadConfig("serve", {}, {});
     expect([d.headersTimeoutMs, d.requestTimeoutMs, d.bodyIdleTimeoutMs, d.keepAliveTimeoutMs, d.maxConnections]).toEqual([10_000, 120_000, 10_000, 65_000, 1024]);
+    expect([d.maxConnectionsPerPeer, d.firstByteTimeoutMs]).toEqual([256, 3_000]);
+    const p = loadConfig("serve", { "max-connections-per-peer": "8" }, { CTXBANK_FIRST_BYTE_TIMEOUT_MS: "1500" });
+    expect([p.maxConnectionsPerPeer, p.firstByteTimeoutMs]).toEqual([8, 1_500]);
     const c = loadConfig("serve", { "body-idle-timeout-ms": "2500", "max-connections": "64" }, { CTXBANK_HEADERS_TIMEOUT_MS: "3000" });
     expect([c.bodyIdleTimeoutMs, c.maxConnections, c.headersTimeoutMs]).toEqual([2500, 64, 3000]);
     expect(() => loadConfig("serve", { "headers-timeout-ms": "5000", "request-timeout-ms": "1000" }, {})).toThrow(ConfigError);

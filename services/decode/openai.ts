@@ -8,8 +8,10 @@ import type { Context } from "hono";
 import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/platform/http/errors.ts";
 import { requestTenant } from "../../shared/platform/http/tenant.ts";
+import { isJsonMediaType } from "../../shared/platform/http/json-depth.ts";
 import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, policyField, SamplingFields, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
 import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../shared/inference/defaults.ts";
+import { MAX_TOP_K } from "../../shared/inference/engine/sampler.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
 import type { ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
 import { checkPromptSize, type Runtime } from "../runtime.ts";
@@ -17,8 +19,10 @@ import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
 import { errorJson } from "./routes.ts";
 
+/** Fields that change what the answer means, which ctxbank does not implement: accepted only when empty or null, refused otherwise (not ignored). */
+const unsupported = (what: string) => ({ description: `not supported: ${what}` });
 const Common = {
-  model: z.string().min(1).openapi({ example: "SmolLM2-135M-Instruct.Q4_1" }),
+  model: z.string().min(1).max(256).openapi({ example: "SmolLM2-135M-Instruct.Q4_1" }),
   max_tokens: z
     .number()
     .int()
@@ -28,7 +32,7 @@ const Common = {
   ...SamplingFields,
   temperature: z.number().min(0).max(2).nullish().openapi({ default: SAMPLING_DEFAULTS.openai.temperature }),
   top_p: z.number().gt(0).max(1).nullish().openapi({ default: SAMPLING_DEFAULTS.openai.topP }),
-  top_k: z.number().int().min(0).max(1_000_000).nullish().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.openai.topK }),
+  top_k: z.number().int().min(0).max(MAX_TOP_K).nullish().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.openai.topK }),
   seed: z.number().int().min(0).max(2 ** 32 - 1).nullish(),
   stop: StopSchema.nullable(),
   stream: z.boolean().nullish(),
@@ -37,6 +41,12 @@ const Common = {
   user: z.string().optional(),
   presence_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
   frequency_penalty: z.literal(0).nullish().openapi({ description: "only 0 (not supported)" }),
+  logit_bias: z.strictObject({}).nullish().openapi(unsupported("only {} or null")),
+  tools: z.array(z.unknown()).max(0).nullish().openapi(unsupported("only [] or null")),
+  tool_choice: z.literal("none").nullish().openapi(unsupported('only "none" or null')),
+  functions: z.array(z.unknown()).max(0).nullish().openapi(unsupported("only [] or null")),
+  function_call: z.literal("none").nullish().openapi(unsupported('only "none" or null')),
+  response_format: z.strictObject({ type: z.literal("text") }).nullish().openapi(unsupported('only { type: "text" } or null')),
   on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({ description: "extension: what to do when the KV cannot be loaded" }),
   policy: policyField("extension: how decode attends (full, omnikv, scope, ...); default: the server's --policy"),
 };
@@ -235,6 +245,7 @@ export const IGNORED_FIELDS_HEADER = "ctxbank-ignored-fields";
  * so a misspelled one (`polcy`) is seen. Inside `policy` an unknown key is always refused.
  */
 async function reportIgnored(c: Context, shape: Record<string, unknown>): Promise<void> {
+  if (!isJsonMediaType(c.req.header("content-type"))) return; // the route read no body (createApp checked JSON ones)
   const body: unknown = await c.req.json();
   if (body === null || typeof body !== "object" || Array.isArray(body)) return;
   // Percent-encoded (a key may hold any character, a header value may not), at most 32 of them.

@@ -42,7 +42,8 @@ export class PrefillClient {
     peers: PeerWatch,
   ) {
     const c = rt.config;
-    this.queue = new FairQueue({ stage: "prefill_calls", limit: c.maxPrefillCalls, capacity: c.maxPrefillCallQueue });
+    // One key holds all prefill calls but one: another key's prompt is sent at once.
+    this.queue = new FairQueue({ stage: "prefill_calls", limit: c.maxPrefillCalls, capacity: c.maxPrefillCallQueue, perTenant: Math.max(1, c.maxPrefillCalls - 1) });
     this.peers = peers;
     this.timeoutMs = c.prefillTimeoutMs ?? defaultPrefillTimeoutMs(rt.engine.maxContext);
   }

@@ -8,6 +8,12 @@
 // decode tokens, sized so the running decodes keep their pace (step-plan.ts). Without decodes a
 // step carries a whole micro-batch.
 //
+// Batch places are shared fairly between API keys: a free place goes to the waiting key that joined
+// least recently, and a key waiting with fewer places than another key holds minus one takes one
+// of that key's places (its newest sequence pauses, its KV kept, and resumes at the next free
+// place). So one key's long generations never keep another key's request out of the batch for
+// longer than one step.
+//
 // Admission happens before any work: a request reserves its KV bytes (prompt + max tokens) and a
 // place; when the places (batch + queue) or the KV budget are used up it gets 429 at once.
 import type { Logger } from "pino";
@@ -54,6 +60,8 @@ export interface SchedulerStatus {
   steps: number;
   tokens: number;
   max_batch_seen: number;
+  /** Sequences paused to give their batch place to another key's, since the start. */
+  preemptions: number;
   /** Prompts waiting for or in the steps; steps that carried prompt tokens next to decodes. */
   prefills: number;
   mixed_steps: number;
@@ -72,6 +80,7 @@ export class DecodeScheduler {
   private steps = 0;
   private tokens = 0;
   private maxBatchSeen = 0;
+  private preemptions = 0;
   private mixedSteps = 0;
   private prefillTokens = 0;
   /** Sequences of requests in this decode and not yet released (see adopt / release). */
@@ -137,7 +146,7 @@ export class DecodeScheduler {
 
   /** Hands a loaded sequence to the batch; it is released when it finishes or is cancelled. */
   start(slot: Slot): void {
-    slot.queuedAt = performance.now();
+    slot.wait();
     this.waiting.push(slot);
     if (!this.looping) void this.loop();
   }
@@ -183,6 +192,7 @@ export class DecodeScheduler {
       steps: this.steps,
       tokens: this.tokens,
       max_batch_seen: this.maxBatchSeen,
+      preemptions: this.preemptions,
       prefills: this.prefills.length,
       mixed_steps: this.mixedSteps,
       prefill_tokens: this.prefillTokens,
@@ -222,6 +232,37 @@ export class DecodeScheduler {
     return slot!;
   }
 
+  /**
+   * Fills the batch for the next step: free places to waiting sequences (nextWaiting), then, while
+   * a key waits holding at least two places fewer than the key holding the most, that key's newest
+   * sequence pauses and gives its place (max-min fair shares; a difference of one never moves a
+   * place, so shares settle instead of swapping every step).
+   */
+  private fillBatch(): void {
+    const join = () => {
+      const slot = this.nextWaiting();
+      slot.join();
+      this.running.push(slot);
+    };
+    while (this.running.length < this.options.maxBatch && this.waiting.length > 0) join();
+    for (;;) {
+      const held = new Map<string, number>();
+      for (const s of this.running) held.set(s.tenant, (held.get(s.tenant) ?? 0) + 1);
+      let heaviest: string | undefined;
+      for (const [tenant, n] of held) if (heaviest === undefined || n > held.get(heaviest)!) heaviest = tenant;
+      const starved = this.waiting.find((s) => (held.get(s.tenant) ?? 0) + 1 < held.get(heaviest!)!);
+      if (heaviest === undefined || starved === undefined) return;
+      const victim = this.running.findLast((s) => s.tenant === heaviest)!;
+      this.running.splice(this.running.indexOf(victim), 1);
+      victim.wait();
+      this.waiting.push(victim);
+      this.preemptions++;
+      // The place goes to the starved key: its turn comes before the victim's key (which joined last).
+      this.lastJoined.delete(starved.tenant);
+      join();
+    }
+  }
+
   /** The prompt chunks the next step carries beside `decodes` decode tokens. */
   private planPrefill(decodes: Slot[]): PrefillChunk[] {
     for (const job of this.prefills.filter((j) => j.signal?.aborted)) this.endPrefill(job, job.signal!.reason);
@@ -256,11 +297,7 @@ export class DecodeScheduler {
     this.looping = true;
     try {
       for (;;) {
-        while (this.running.length < this.options.maxBatch && this.waiting.length > 0) {
-          const slot = this.nextWaiting();
-          slot.joinedAt = performance.now();
-          this.running.push(slot);
-        }
+        this.fillBatch();
         const batch = this.running.slice();
         const chunks = this.planPrefill(batch);
         if (batch.length === 0 && chunks.length === 0) return;

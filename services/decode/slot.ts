@@ -16,9 +16,11 @@ export class Slot {
   private wake: (() => void) | undefined;
   cancelled = false;
   ended = false;
-  /** performance.now() when it was handed to the batch, and when it first joined a step. */
-  queuedAt: number | undefined;
-  joinedAt: number | undefined;
+  /** performance.now() when it last started waiting for a batch place (undefined while in the batch). */
+  private waitingSince: number | undefined;
+  /** Time spent waiting for a batch place before now: at the start, and while paused for another key. */
+  private waitedMs = 0;
+  private everWaited = false;
   /** Whose request it is (the API key id): batch places go to the keys in turn. */
   tenant = "local";
 
@@ -38,9 +40,22 @@ export class Slot {
     wake?.();
   }
 
-  /** How long it waited for a batch place (so far, if it has not joined yet). */
+  /** It waits for a batch place (handed to the scheduler, or paused to give its place to another key). */
+  wait(now: number = performance.now()): void {
+    this.waitingSince = now;
+    this.everWaited = true;
+  }
+
+  /** It has a place in the batch. */
+  join(now: number = performance.now()): void {
+    if (this.waitingSince !== undefined) this.waitedMs += now - this.waitingSince;
+    this.waitingSince = undefined;
+  }
+
+  /** How long it has waited for a batch place in all (so far, if it is waiting now). */
   batchWaitMs(now: number = performance.now()): number {
-    return this.queuedAt === undefined ? 0 : (this.joinedAt ?? now) - this.queuedAt;
+    if (!this.everWaited) return 0;
+    return this.waitedMs + (this.waitingSince === undefined ? 0 : now - this.waitingSince);
   }
 
   /** The next event; rejects with the signal's reason once the signal fires. */

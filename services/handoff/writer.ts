@@ -1,7 +1,6 @@
 // A prefill's KV chunks: one per layer group per token block (planChunks); every shard range
 // reserved before any compute, so a full shard is a 429 up front; each chunk registered, written
 // and committed two-phase in the registry as soon as its block is computed (ChunkWriter.write).
-import { ApiError, retryAfter } from "../../shared/platform/http/errors.ts";
 import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "./format/chunk.ts";
 import { exportChunk, type BlockRange, type KvShape, type RowMover } from "./format/seq-io.ts";
@@ -79,11 +78,10 @@ export class ChunkWriter {
       }
       if (attempt === 0) await reap(); // expired chunks may free enough
     }
-    throw retryAfter(1, new ApiError(
-      429,
-      "shard_full",
+    throw quota.full(
       `the KV shard has ${shard.bytesFree} of ${shard.sizeBytes} bytes free (largest range ${shard.largestFree}); this prompt needs ${need}. Retry when earlier requests have been decoded`,
-    ));
+      tenant,
+    );
   }
 
   /** Registers, writes and commits one chunk, or takes a live chunk with the same key. Never rejects. */

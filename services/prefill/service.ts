@@ -93,16 +93,19 @@ export class PrefillService {
     private readonly compute: PrefillCompute = (seq, tokens) => rt.engine.prefill(seq, tokens),
   ) {
     const c = rt.config;
-    this.gate = new FairQueue({ stage: "prefill", limit: c.maxPrefills, capacity: c.maxPrefillQueue });
-    // The default cap (half the shard) is for API keys; a keyless server has one tenant, "local",
-    // with nobody to share the shard with. An explicit --max-shard-bytes-per-key applies to all.
+    // One key holds all prefill places but one (when there are several): another key's prompt starts at once.
+    this.gate = new FairQueue({ stage: "prefill", limit: c.maxPrefills, capacity: c.maxPrefillQueue, perTenant: Math.max(1, c.maxPrefills - 1) });
+    // Shares (and the default cap, half the shard) are for API keys; a keyless server has one
+    // tenant, "local", with nobody to share the shard with. An explicit --max-shard-bytes-per-key
+    // applies to all.
     this.quota = new ShardQuota(
       c.maxShardBytesPerKey ?? Math.floor(c.shardBytes / 2),
       new Set(c.maxShardBytesPerKey === undefined ? ["local"] : []),
-      Math.min(60, Math.ceil(c.retainMs / 1000)),
+      c.retainMs + c.heartbeatTimeoutMs,
     );
     metrics.watchRequests("prefill", () => ({ running: this.gate.running, waiting: this.gate.queued }));
     metrics.watchQueue("prefill", () => ({ queued: this.gate.queued, rejected: this.gate.rejected }));
+    metrics.watchQueue("tokenize", () => ({ queued: rt.prompts.queue.queued, rejected: rt.prompts.queue.rejected }));
     metrics.watchKv("shard", () => ({ inUse: this.shard?.bytesUsed ?? 0, capacity: this.shard?.sizeBytes ?? 0 }));
     metrics.watchPrefillThroughput(() => this.throughput.tokensPerSecond);
     this.shape = kvShape(rt.model.config);
@@ -248,7 +251,7 @@ export class PrefillService {
   /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/platform/auth/tenant.ts). */
   async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT, progress?: HandleProgress): Promise<Handle> {
     const t0 = performance.now();
-    const p = await this.prepare(req);
+    const p = await this.prepare(req, tenant, signal);
     // The engine validates the policy once, here: the layer groups the chunks are packed by.
     const policy = planPolicy(this.rt, req.policy, p.tokens.length, p.maxTokens, p.roundStarts);
     return this.inPlace(p.tokens.length, tenant, signal, async (work, queueMs) => ({
@@ -265,24 +268,26 @@ export class PrefillService {
    */
   async prefillInProcess(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<{ handle: PromptHandle; seq: NativeSequence }> {
     const t0 = performance.now();
-    const p = await this.prepare(req);
+    const p = await this.prepare(req, tenant, signal);
     const policy = resolveRequestPolicy(this.rt, req.policy, p.tokens.length, p.maxTokens, p.roundStarts);
     return this.inPlace(p.tokens.length, tenant, signal, (work, queueMs) => this.runInProcess(req, tenant, p, policy, signal, log, { t0, work, queueMs }));
   }
 
   /**
    * Everything checked before any work (503 unless ready, sampling, the policy's limits), then the
-   * prompt tokenized (off the event loop, stopping past the context), with a chat's rounds found
-   * in the same pass, and checked against the context.
+   * prompt tokenized (off the event loop, in the tenant's turn, stopping past the context), with a
+   * chat's rounds found in the same pass, and checked against the context.
    */
-  private async prepare(req: PrefillRequest): Promise<PreparedPrompt> {
+  private async prepare(req: PrefillRequest, tenant: string, signal: AbortSignal): Promise<PreparedPrompt> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
     const sampling = validateSampling({ temperature: req.temperature, topK: req.top_k, topP: req.top_p, ...(req.seed === undefined ? {} : { seed: req.seed }) });
     checkPolicyBeforeWork(this.rt, req.policy, { maxTokens: req.max_tokens, chat: req.messages !== undefined });
     const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
-    const { ids: tokens, roundStarts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined });
+    const { ids: tokens, roundStarts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined, tenant, signal }).catch((e: unknown) => {
+      throw signal.aborted && !(e instanceof ApiError) ? clientClosed() : e;
+    });
     checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
     // The length the decode plans for (SCOPE's T is max_tokens, or the decode's default).
     const maxTokens = req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length);

@@ -93,8 +93,14 @@ export const ConfigSchema = z.object({
    * load balancer idle timeout (60 s), so a balancer never reuses a connection being closed.
    */
   keepAliveTimeoutMs: ms.default(65_000),
-  /** Every listener: open connections at most; more are refused (closed at once). */
+  /**
+   * Every listener: open connections at most, in all and from one peer address. At a cap, a new
+   * connection closes the oldest one serving no request; when all serve one, it is refused.
+   */
   maxConnections: int(1, 1_000_000).default(1024),
+  maxConnectionsPerPeer: int(1, 1_000_000).default(256),
+  /** Every listener: a connection that sends no byte for this long after it is accepted is closed. */
+  firstByteTimeoutMs: ms.default(3_000),
   /** Sequences decoded together in one step (continuous batching) / waiting for a slot. */
   maxBatch: int(1, 256).default(8),
   maxQueue: int(0, 10_000).default(32),
@@ -205,7 +211,9 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   requestTimeoutMs: { flag: "request-timeout-ms", env: ["CTXBANK_REQUEST_TIMEOUT_MS"], help: "time to receive a whole request, headers and body, then 408 (default 120 000; responses are not limited)" },
   bodyIdleTimeoutMs: { flag: "body-idle-timeout-ms", env: ["CTXBANK_BODY_IDLE_TIMEOUT_MS"], help: "longest pause inside a request body, then 408 (default 10 000)" },
   keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 65 000)" },
-  maxConnections: { flag: "max-connections", env: ["CTXBANK_MAX_CONNECTIONS"], help: "open connections per listener (default 1024)" },
+  maxConnections: { flag: "max-connections", env: ["CTXBANK_MAX_CONNECTIONS"], help: "open connections per listener (default 1024; at the cap a new one closes the oldest idle one)" },
+  maxConnectionsPerPeer: { flag: "max-connections-per-peer", env: ["CTXBANK_MAX_CONNECTIONS_PER_PEER"], help: "open connections per listener from one address (default 256)" },
+  firstByteTimeoutMs: { flag: "first-byte-timeout-ms", env: ["CTXBANK_FIRST_BYTE_TIMEOUT_MS"], help: "time from accepting a connection to its first byte (default 3 000)" },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
   prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },

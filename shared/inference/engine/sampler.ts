@@ -1,5 +1,7 @@
 // Next-token sampling: greedy, or temperature with top-k and top-p (nucleus) filtering, from a
-// seeded generator so a request with a seed is reproducible.
+// seeded generator so a request with a seed is reproducible. Sampling runs on the event loop once
+// per generated token, so its work is bounded by the vocabulary, never by vocabulary x k: the
+// candidates are found by selection (O(vocab)) and only they are sorted.
 import { SAMPLING_DEFAULTS } from "../defaults.ts";
 
 import { CtxbankError } from "../errors.ts";
@@ -23,6 +25,9 @@ export class SamplingError extends CtxbankError<"invalid_request"> {
   }
 }
 
+/** The largest top_k accepted: sampling sorts at most this many candidates per token. 0 = no limit. */
+export const MAX_TOP_K = 1000;
+
 export function validateSampling(o: SamplingOptions): Required<SamplingOptions> {
   const temperature = o.temperature ?? SAMPLING_DEFAULTS.api.temperature;
   const topK = o.topK ?? SAMPLING_DEFAULTS.api.topK;
@@ -30,7 +35,8 @@ export function validateSampling(o: SamplingOptions): Required<SamplingOptions> 
   const seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
   if (!Number.isFinite(temperature) || temperature < 0 || temperature > 10)
     throw new SamplingError("temperature must be a number in [0, 10]", "temperature");
-  if (!Number.isInteger(topK) || topK < 0) throw new SamplingError("top_k must be a non-negative integer", "top_k");
+  if (!Number.isInteger(topK) || topK < 0 || topK > MAX_TOP_K)
+    throw new SamplingError(`top_k must be an integer in [0, ${MAX_TOP_K}] (0 = no limit)`, "top_k");
   if (!Number.isFinite(topP) || topP <= 0 || topP > 1) throw new SamplingError("top_p must be in (0, 1]", "top_p");
   if (!Number.isInteger(seed) || seed < 0 || seed >= 2 ** 32) throw new SamplingError("seed must be an integer in [0, 2^32)", "seed");
   return { temperature, topK, topP, seed };
@@ -75,20 +81,42 @@ export function argmax(logits: ArrayLike<number>): number {
   return best;
 }
 
-/** Indices of the k largest logits, best first (k <= length). */
-function topIndices(logits: ArrayLike<number>, k: number): number[] {
-  if (k >= logits.length) return Array.from({ length: logits.length }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]!);
-  // Keep a sorted window of the k best seen so far; cheap for the small k sampling uses.
-  const best: number[] = [];
-  for (let i = 0; i < logits.length; i++) {
-    const v = logits[i]!;
-    if (best.length === k && v <= logits[best[k - 1]!]!) continue;
-    let pos = best.length === k ? k - 1 : best.length;
-    while (pos > 0 && logits[best[pos - 1]!]! < v) pos--;
-    best.splice(pos, 0, i);
-    if (best.length > k) best.pop();
+/** Whether token a ranks before token b: the larger logit, then the lower id (a strict total order, so a seed's choice is reproducible). */
+function ranksBefore(logits: ArrayLike<number>, a: number, b: number): boolean {
+  const x = logits[a]!, y = logits[b]!;
+  return x > y || (x === y && a < b);
+}
+
+/**
+ * Indices of the k best-ranked tokens, best first (1 <= k <= length): quickselect moves them to
+ * the front of an index array in O(length), then only those k are sorted.
+ */
+export function topIndices(logits: ArrayLike<number>, k: number): Int32Array {
+  const n = logits.length;
+  const idx = new Int32Array(n);
+  for (let i = 0; i < n; i++) idx[i] = i;
+  let lo = 0, hi = n - 1;
+  while (lo < hi) {
+    // Median of three as the pivot; Hoare partition around it.
+    const mid = (lo + hi) >>> 1;
+    const [a, b, c] = [idx[lo]!, idx[mid]!, idx[hi]!];
+    const pivot = ranksBefore(logits, a, b) ? (ranksBefore(logits, b, c) ? b : ranksBefore(logits, a, c) ? c : a)
+      : ranksBefore(logits, a, c) ? a : ranksBefore(logits, b, c) ? c : b;
+    let i = lo, j = hi;
+    while (i <= j) {
+      while (ranksBefore(logits, idx[i]!, pivot)) i++;
+      while (ranksBefore(logits, pivot, idx[j]!)) j--;
+      if (i <= j) {
+        const t = idx[i]!;
+        idx[i++] = idx[j]!;
+        idx[j--] = t;
+      }
+    }
+    if (k - 1 <= j) hi = j;
+    else if (k - 1 >= i) lo = i;
+    else break;
   }
-  return best;
+  return idx.subarray(0, k).sort((a, b) => (ranksBefore(logits, a, b) ? -1 : 1));
 }
 
 export class Sampler {
@@ -103,9 +131,23 @@ export class Sampler {
   sample(logits: ArrayLike<number>): number {
     const { temperature, topK, topP } = this.options;
     if (temperature === 0) return argmax(logits);
-    const ids = topIndices(logits, topK === 0 ? logits.length : Math.min(topK, logits.length));
+    if (topK === 0 && topP === 1) return this.sampleAll(logits);
+    // Candidates best first: top_k of them, or (no top_k, a nucleus) a window that doubles until
+    // it holds top_p of the mass — a few dozen tokens for a peaked distribution.
+    let ids = topIndices(logits, topK === 0 ? Math.min(64, logits.length) : Math.min(topK, logits.length));
     const max = logits[ids[0]!]!;
-    const probs = ids.map((id) => Math.exp((logits[id]! - max) / temperature));
+    const weight = (id: number) => Math.exp((logits[id]! - max) / temperature);
+    if (topK === 0) {
+      let total = 0;
+      for (let i = 0; i < logits.length; i++) total += weight(i);
+      for (;;) {
+        let mass = 0;
+        for (const id of ids) mass += weight(id);
+        if (mass >= topP * total || ids.length === logits.length) break;
+        ids = topIndices(logits, Math.min(2 * ids.length, logits.length));
+      }
+    }
+    const probs = Array.from(ids, weight);
     const total = probs.reduce((a, b) => a + b, 0);
     // Nucleus: the shortest prefix (already sorted) whose mass reaches topP.
     let keep = ids.length;
@@ -126,5 +168,23 @@ export class Sampler {
       if (r < 0) return ids[i]!;
     }
     return ids[keep - 1]!;
+  }
+
+  /** No top-k, no nucleus: one pass over softmax(logits / T), nothing sorted. */
+  private sampleAll(logits: ArrayLike<number>): number {
+    const { temperature } = this.options;
+    const max = logits[argmax(logits)]!;
+    let total = 0;
+    for (let i = 0; i < logits.length; i++) total += Math.exp((logits[i]! - max) / temperature);
+    let r = this.rng.next() * total;
+    let last = 0;
+    for (let i = 0; i < logits.length; i++) {
+      const w = Math.exp((logits[i]! - max) / temperature);
+      if (w === 0) continue;
+      last = i;
+      r -= w;
+      if (r < 0) return i;
+    }
+    return last;
   }
 }

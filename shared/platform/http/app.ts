@@ -11,6 +11,7 @@ import type { Logger } from "pino";
 import type { ContentfulStatusCode } from "hono/utils/http-status";
 import { CtxbankError } from "../../inference/errors.ts";
 import { ApiError, errorAnswer } from "./errors.ts";
+import { isJsonMediaType, jsonNestsDeeperThan, MAX_JSON_DEPTH } from "./json-depth.ts";
 import { PolicySpecSchema } from "./wire.ts";
 import { bodyTimedOut } from "./server.ts";
 
@@ -85,6 +86,15 @@ export function createApp(options: AppOptions): ServiceApp {
       },
     }),
   );
+  // Every JSON body (public and internal routes) is scanned for its nesting before any route parses
+  // it; the text is cached on the request, so the route's own parse reads it from there.
+  app.use("*", async (c, next) => {
+    if (c.req.method !== "GET" && c.req.method !== "HEAD" && isJsonMediaType(c.req.header("content-type"))) {
+      if (jsonNestsDeeperThan(await c.req.text(), MAX_JSON_DEPTH))
+        throw new ApiError(400, "invalid_request", `the request body nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels`);
+    }
+    await next();
+  });
   /** Answers `err` (any thrown value) in the shared shape and records its code on the context. */
   const answer = (c: Context<AppEnv>, err: unknown): Response => {
     const a = errorAnswer(err);

@@ -2,13 +2,16 @@
 // bounded request intake and a close that stops accepting, lets in-flight requests finish within
 // a deadline, then drops whatever is left.
 //
-// Intake limits (ListenLimits): a connection cap (more connections are dropped at accept), a
-// deadline for a request's headers and one for the whole request (Node's own, answered 408),
-// a body idle timeout (no body byte for that long: 408 and the connection closed; a sweep over
-// the requests whose body is still arriving), and a keep-alive idle timeout. None of them touches
-// a response: once a request is received, an SSE stream runs as long as it needs.
+// Intake limits (ListenLimits): a connection cap, in all and per peer address (at the cap, a new
+// connection closes the oldest one serving no request, so idle or half-sent connections cannot
+// keep real clients out; only when every connection is serving one is the new one dropped), a
+// deadline for a connection's first byte, one for a request's headers and one for the whole
+// request (Node's own, answered 408), a body idle timeout (no body byte for that long: 408 and
+// the connection closed; a sweep over the requests whose body is still arriving), and a
+// keep-alive idle timeout. None of them touches a response: once a request is received, an SSE
+// stream runs as long as it needs.
 import type http from "node:http";
-import type { AddressInfo } from "node:net";
+import type { AddressInfo, Socket } from "node:net";
 import { serve } from "@hono/node-server";
 import { errorBody } from "./errors.ts";
 
@@ -40,8 +43,11 @@ export interface ListenLimits {
   /** Longest pause between two body bytes before the request is answered 408 and its connection closed. */
   bodyIdleTimeoutMs: number;
   keepAliveTimeoutMs: number;
-  /** Connections open at once; one more is closed as soon as it is accepted. */
+  /** Connections open at once (in all, and from one peer address); see evict() for what one more does. */
   maxConnections: number;
+  maxConnectionsPerPeer: number;
+  /** Time from accepting a connection to its first byte; then it is closed. */
+  firstByteTimeoutMs: number;
 }
 
 export const DEFAULT_LIMITS: ListenLimits = {
@@ -50,6 +56,8 @@ export const DEFAULT_LIMITS: ListenLimits = {
   bodyIdleTimeoutMs: 10_000,
   keepAliveTimeoutMs: 65_000,
   maxConnections: 1024,
+  maxConnectionsPerPeer: 256,
+  firstByteTimeoutMs: 3_000,
 };
 
 export async function listen(
@@ -72,7 +80,7 @@ export async function listen(
       connectionsCheckingInterval: Math.max(100, Math.min(1_000, limits.headersTimeoutMs / 4)),
     },
   }) as http.Server;
-  server.maxConnections = limits.maxConnections;
+  const connections = limitConnections(server, limits);
   const bodies = watchBodies(server, limits.bodyIdleTimeoutMs);
   server.on("request", (_req, res) => {
     inFlight++;
@@ -99,6 +107,7 @@ export async function listen(
     close(drainMs = 10_000) {
       closing ??= (async () => {
         bodies.stop();
+        connections.stop();
         const closed = new Promise<void>((r) => server.close(() => r()));
         server.closeIdleConnections();
         if (inFlight > 0) {
@@ -110,6 +119,65 @@ export async function listen(
       return closing;
     },
   };
+}
+
+interface Connection {
+  peer: string;
+  /** Requests being served on it now (a response may outlive its request). */
+  serving: number;
+  acceptedAt: number;
+}
+
+/**
+ * The connection caps and the first-byte deadline. Connections are kept in accept order; at a
+ * cap, the new connection closes the oldest connection (of that peer, for the per-peer cap) that
+ * serves no request: one still sending its headers, or idle between keep-alive requests. Only
+ * when every such connection is serving a request is the new one closed instead.
+ */
+function limitConnections(server: http.Server, limits: ListenLimits): { stop(): void } {
+  const open = new Map<Socket, Connection>();
+  const perPeer = new Map<string, number>();
+  const evict = (from: string | undefined): boolean => {
+    for (const [socket, c] of open) {
+      if (c.serving === 0 && (from === undefined || c.peer === from)) {
+        socket.destroy();
+        return true;
+      }
+    }
+    return false;
+  };
+  server.on("connection", (socket: Socket) => {
+    const peer = socket.remoteAddress ?? "";
+    if ((perPeer.get(peer) ?? 0) >= limits.maxConnectionsPerPeer && !evict(peer)) return socket.destroy();
+    if (open.size >= limits.maxConnections && !evict(undefined)) return socket.destroy();
+    open.set(socket, { peer, serving: 0, acceptedAt: performance.now() });
+    perPeer.set(peer, (perPeer.get(peer) ?? 0) + 1);
+    socket.once("close", () => {
+      if (!open.delete(socket)) return;
+      const left = perPeer.get(peer)! - 1;
+      if (left > 0) perPeer.set(peer, left);
+      else perPeer.delete(peer);
+    });
+  });
+  server.on("request", (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const c = open.get(req.socket);
+    if (!c) return;
+    c.serving++;
+    res.once("close", () => c.serving--);
+  });
+  // Connections that sent nothing within the first-byte deadline (accept order: the oldest first).
+  const sweep = setInterval(
+    () => {
+      const now = performance.now();
+      for (const [socket, c] of open) {
+        if (now - c.acceptedAt < limits.firstByteTimeoutMs) break;
+        if (socket.bytesRead === 0 && c.serving === 0) socket.destroy();
+      }
+    },
+    Math.max(50, Math.min(1_000, limits.firstByteTimeoutMs / 4)),
+  );
+  sweep.unref();
+  return { stop: () => clearInterval(sweep) };
 }
 
 /**

@@ -4,6 +4,7 @@ import { z } from "@hono/zod-openapi";
 import { PolicySpecSchema as PolicySpec } from "../../inference/policy/schema.ts";
 import { MAX_HANDLE_CHUNKS } from "../registry/errors.ts";
 import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../inference/defaults.ts";
+import { MAX_TOP_K } from "../../inference/engine/sampler.ts";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
@@ -29,14 +30,14 @@ export const ChatMessageSchema = z
 export const SamplingFields = {
   temperature: z.number().min(0).max(10).optional().openapi({ description: "0 = greedy", example: 0.7, default: SAMPLING_DEFAULTS.api.temperature }),
   top_p: z.number().gt(0).max(1).optional().openapi({ default: SAMPLING_DEFAULTS.api.topP }),
-  top_k: z.number().int().min(0).max(1_000_000).optional().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.api.topK }),
+  top_k: z.number().int().min(0).max(MAX_TOP_K).optional().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.api.topK }),
   seed: z.number().int().min(0).max(2 ** 32 - 1).optional(),
 };
 
 export const SamplingSchema = z.object({
   temperature: z.number(),
   top_p: z.number(),
-  top_k: z.number().int(),
+  top_k: z.number().int().min(0).max(MAX_TOP_K),
   seed: z.number().int(),
 });
 export type WireSampling = z.infer<typeof SamplingSchema>;

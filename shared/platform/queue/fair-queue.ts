@@ -1,7 +1,9 @@
 // A bounded, per-tenant fair queue in front of a stage: `limit` requests run at once, up to
-// `capacity` wait, and a free place goes to the tenants in turn (round robin over the tenants
-// that have someone waiting, FIFO within a tenant), so one client's burst of long prompts does not
-// make another client's short request wait behind all of it. When the queue is full, a newcomer
+// `capacity` wait, and a free place goes to the waiting tenant served least recently (FIFO within
+// a tenant). "Served" counts every place a tenant takes, straight away or after waiting, so a
+// tenant that holds places never keeps its turn ahead of a newcomer: a newcomer waits for at most
+// one of the places in use to free. `perTenant` caps the places one tenant holds (below `limit`,
+// a place is always left for the others). When the queue is full, a newcomer
 // whose tenant waits less than the heaviest one takes the place of that tenant's newest waiter
 // (who gets the 429): the tenant over its share is refused, the others still fit. Refusals are
 // 429 `queue_full` with a Retry-After estimated from the stage's drain rate. A waiter whose
@@ -15,6 +17,8 @@ export interface FairQueueOptions {
   limit: number;
   /** Requests waiting at most (0 = none: a full stage refuses at once). */
   capacity: number;
+  /** Places one tenant holds at most (default: limit). Its further requests wait even when places are free. */
+  perTenant?: number;
 }
 
 interface Waiter {
@@ -36,8 +40,13 @@ export function queueFull(message: string, retryAfterS: number): ApiError {
 
 export class FairQueue {
   private active = 0;
-  /** Waiters per tenant; the map's order is the round-robin order (a served tenant moves to the back). */
+  /** Places held per tenant (tenants holding none are absent). */
+  private readonly activeBy = new Map<string, number>();
+  /** Waiters per tenant, FIFO. */
   private readonly byTenant = new Map<string, Waiter[]>();
+  /** When each tenant last took a place (a counter); the least recent waiting tenant goes next. */
+  private readonly lastServed = new Map<string, number>();
+  private serves = 0;
   private size = 0;
   private lastRelease: number | undefined;
   /** EWMA of the time between two releases (ms): how fast the stage drains. */
@@ -49,6 +58,12 @@ export class FairQueue {
 
   get running(): number {
     return this.active;
+  }
+  runningFor(tenant: string): number {
+    return this.activeBy.get(tenant) ?? 0;
+  }
+  private get perTenant(): number {
+    return this.options.perTenant ?? this.options.limit;
   }
   get queued(): number {
     return this.size;
@@ -67,9 +82,9 @@ export class FairQueue {
   /** Resolves with a release function once the tenant has a place; throws 429 when there is none to wait for. */
   async enter(tenant: string, signal: AbortSignal): Promise<() => void> {
     signal.throwIfAborted();
-    if (this.active < this.options.limit && this.size === 0) {
-      this.active++;
-      return this.releaser();
+    if (this.active < this.options.limit && this.size === 0 && this.runningFor(tenant) < this.perTenant) {
+      this.take(tenant);
+      return this.releaser(tenant);
     }
     if (this.size >= this.options.capacity) this.makeRoom(tenant);
     await new Promise<void>((resolve, reject) => {
@@ -93,8 +108,9 @@ export class FairQueue {
       if (list) list.push(waiter);
       else this.byTenant.set(tenant, [waiter]);
       this.size++;
+      this.dispatch(); // places may be free (a tenant at its cap was holding the queue)
     });
-    return this.releaser();
+    return this.releaser(tenant);
   }
 
   /** The queue is full: push out the newest waiter of a tenant holding more places than `tenant` would, or refuse. */
@@ -128,19 +144,46 @@ export class FairQueue {
     if (list.length === 0) this.byTenant.delete(waiter.tenant);
   }
 
-  /** The next waiter in round-robin order over the tenants; its tenant moves to the back of the turn. */
-  private next(): Waiter | undefined {
-    for (const [tenant, list] of this.byTenant) {
-      const w = list.shift()!;
-      this.size--;
-      this.byTenant.delete(tenant);
-      if (list.length > 0) this.byTenant.set(tenant, list);
-      return w;
+  /** A place goes to `tenant`: counted, and its turn moves behind every other tenant's. */
+  private take(tenant: string): void {
+    this.active++;
+    this.activeBy.set(tenant, this.runningFor(tenant) + 1);
+    this.lastServed.delete(tenant); // re-inserted last: the map stays ordered by recency
+    this.lastServed.set(tenant, this.serves++);
+    if (this.lastServed.size > 4 * (this.options.limit + this.options.capacity) + 16) {
+      // Forget the tenant served longest ago that holds and awaits nothing (it counts as never served).
+      for (const t of this.lastServed.keys())
+        if (!this.activeBy.has(t) && !this.byTenant.has(t)) {
+          this.lastServed.delete(t);
+          break;
+        }
     }
-    return undefined;
   }
 
-  private releaser(): () => void {
+  /** Gives free places to waiters: each to the least recently served tenant under its cap. */
+  private dispatch(): void {
+    while (this.active < this.options.limit) {
+      let chosen: string | undefined;
+      let turn = Infinity;
+      for (const tenant of this.byTenant.keys()) {
+        if (this.runningFor(tenant) >= this.perTenant) continue;
+        const t = this.lastServed.get(tenant) ?? -1;
+        if (t < turn) {
+          chosen = tenant;
+          turn = t;
+        }
+      }
+      if (chosen === undefined) return;
+      const list = this.byTenant.get(chosen)!;
+      const w = list.shift()!;
+      this.size--;
+      if (list.length === 0) this.byTenant.delete(chosen);
+      this.take(chosen);
+      w.go();
+    }
+  }
+
+  private releaser(tenant: string): () => void {
     let done = false;
     return () => {
       if (done) return;
@@ -152,9 +195,11 @@ export class FairQueue {
         this.gapMs = this.gapMs === undefined ? gap : ALPHA * gap + (1 - ALPHA) * this.gapMs;
       }
       this.lastRelease = now;
-      const next = this.next();
-      if (next) next.go(); // the place passes straight to the next waiter
-      else this.active--;
+      this.active--;
+      const held = this.runningFor(tenant) - 1;
+      if (held > 0) this.activeBy.set(tenant, held);
+      else this.activeBy.delete(tenant);
+      this.dispatch();
     };
   }
 }
