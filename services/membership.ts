@@ -1,11 +1,13 @@
 // A service's life in the registry: register, heartbeat (and sweep instances that went silent,
 // so their shards are retired and their chunks failed), drain, and leave.
+import { FailureLog } from "../shared/platform/failure-log.ts";
 import { RegistryError } from "../shared/platform/registry/registry.ts";
 import type { Runtime } from "./runtime.ts";
 
 export class Membership {
   private timer: NodeJS.Timeout | undefined;
   private beating = false;
+  private failures: FailureLog | undefined;
 
   constructor(
     private readonly rt: Runtime,
@@ -17,7 +19,11 @@ export class Membership {
   ) {}
 
   async start(): Promise<void> {
+    const startedAt = this.rt.registry.clock();
     await this.register();
+    // Requests of this id's previous life (a restart under the same id) end now, not never.
+    const ended = await this.rt.registry.sweep.endPreviousLife(this.id, startedAt);
+    if (ended > 0) this.rt.log.warn({ requests: ended }, "ended the open requests this instance's previous life left");
     this.timer = setInterval(() => void this.beat(), this.rt.config.heartbeatMs);
     this.timer.unref();
   }
@@ -32,6 +38,7 @@ export class Membership {
     try {
       await this.rt.registry.instances.heartbeat(this.id);
       const dead = await this.rt.registry.instances.markDead(this.rt.config.heartbeatTimeoutMs);
+      this.failures?.succeeded();
       if (dead.length > 0) this.rt.log.warn({ dead }, "declared silent instances dead (their shards are retired)");
     } catch (err) {
       if (err instanceof RegistryError && (err.code === "instance_dead" || err.code === "not_found")) {
@@ -43,7 +50,7 @@ export class Membership {
           this.rt.log.error({ err: e }, "could not register again");
         }
       } else {
-        this.rt.log.warn({ err }, "heartbeat failed");
+        (this.failures ??= new FailureLog(this.rt.log, "heartbeat failed")).failed(err);
       }
     } finally {
       this.beating = false;

@@ -4,7 +4,7 @@
 // key over its share pushed out instead of a newcomer, and a cancelled waiter leaving at once.
 import { describe, expect, it } from "vitest";
 import { ApiError } from "../shared/platform/http/errors.ts";
-import { FairQueue } from "../shared/platform/queue/fair-queue.ts";
+import { DrainRate, FairQueue } from "../shared/platform/queue/fair-queue.ts";
 
 const never = () => new AbortController().signal;
 
@@ -128,5 +128,19 @@ describe("FairQueue", () => {
     expect((refused as ApiError).headers["retry-after"]).toBe("1");
     releases.shift()!();
     for (const m of more) (await m)();
+  });
+});
+
+describe("DrainRate", () => {
+  it("estimates from the gaps between places freed while saturated, ignoring idle gaps", () => {
+    const d = new DrainRate();
+    expect(d.retryAfterSeconds(5)).toBe(1); // no estimate yet
+    d.freed(false, 0);
+    d.freed(false, 60_000); // idle: says nothing
+    expect(d.retryAfterSeconds(5)).toBe(1);
+    d.freed(true, 62_000); // 2 s per place while saturated
+    expect(d.retryAfterSeconds(1)).toBe(2);
+    expect(d.retryAfterSeconds(10)).toBe(20);
+    expect(d.retryAfterSeconds(1000)).toBe(60); // capped at a minute
   });
 });

@@ -185,7 +185,8 @@ describe("Shard", () => {
 
     const restarted = await create(5);
     expect(restarted.path).not.toBe(old.path);
-    expect((await readdir(dir)).sort()).toEqual(["notes.txt", "prefill-a.e5.shard", "prefill-b.e2.shard"]);
+    expect((await readdir(dir)).filter((n) => !n.endsWith(".owner")).sort()).toEqual(["notes.txt", "prefill-a.e5.shard", "prefill-b.e2.shard"]);
+    expect((await readdir(dir)).filter((n) => n.endsWith(".owner")).sort()).toEqual(["prefill-a.e5.shard.owner", "prefill-b.e2.shard.owner"]);
     const fresh = new Uint8Array(100);
     await restarted.read(off, fresh);
     expect(fresh.every((b) => b === 0)).toBe(true);

@@ -588,5 +588,25 @@ describe.each(backends)("registry on $name", (backend) => {
       expect((await reg.requests.get("r1"))?.decodeInstanceId).toBe("d1");
       expect(await reg.requests.recordDecoder("nope", "d1")).toBe(false);
     });
+
+    it("a restart under the same instance id ends the open requests of its previous life, and only those", async () => {
+      await reg.requests.create({ id: "prefilling-here", prefillInstanceId: "serve-1" });
+      await reg.requests.mark("prefilling-here", { event: "prefill_start" });
+      await reg.requests.create({ id: "decoding-here", prefillInstanceId: "p-other" });
+      await reg.requests.mark("decoding-here", { event: "prefill_end" });
+      expect(await reg.requests.claimDecode("decoding-here", "serve-1")).toBe(true);
+      await reg.requests.create({ id: "elsewhere", prefillInstanceId: "p-other" });
+      await reg.requests.create({ id: "finished", prefillInstanceId: "serve-1" });
+      await reg.requests.finish("finished", { state: "done" });
+      clock.advance(1_000);
+      const restartedAt = clock.now();
+      clock.advance(10);
+      await reg.requests.create({ id: "new-life", prefillInstanceId: "serve-1" }); // arrived after the restart
+      expect(await reg.sweep.endPreviousLife("serve-1", restartedAt)).toBe(2);
+      expect(await reg.requests.get("prefilling-here")).toMatchObject({ state: "failed", error: "the instance serve-1 restarted during the request" });
+      expect(await reg.requests.get("decoding-here")).toMatchObject({ state: "failed" });
+      for (const id of ["elsewhere", "new-life"]) expect((await reg.requests.get(id))?.state).toBe("queued");
+      expect((await reg.requests.get("finished"))?.state).toBe("done");
+    });
   });
 });

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { UsageError } from "../shared/inference/errors.ts";
 import { keysCommand } from "../bin/keys.ts";
 import { ApiKeyError, ApiKeys, newApiKey, parseApiKeys } from "../shared/platform/auth/api-keys.ts";
-import { InternalAuth } from "../shared/platform/auth/capability.ts";
+import { InternalAuth, Nonces } from "../shared/platform/auth/capability.ts";
 import { AllowedHosts } from "../shared/platform/auth/hosts.ts";
 import { KeyLimiter } from "../shared/platform/auth/rate-limit.ts";
 import { ConfigError, configFlags, loadConfig } from "../shared/platform/config.ts";
@@ -72,7 +72,7 @@ describe("API keys", () => {
 
 describe("capabilities", () => {
   const auth = new InternalAuth("s".repeat(40));
-  const cap = { route: "prefill" as const, tenant: "alice", exp: Date.now() + 10_000 };
+  const cap = { route: "prefill" as const, tenant: "alice", exp: Date.now() + 10_000, nonce: InternalAuth.nonce() };
   it("verify what was signed, refuse a changed payload, another secret or an expired one", () => {
     const token = auth.sign(cap);
     expect(auth.verify(token)).toEqual(cap);
@@ -83,6 +83,16 @@ describe("capabilities", () => {
     expect(auth.verify(auth.sign({ ...cap, exp: Date.now() - 1 }))).toBeUndefined();
     expect(auth.verify(`${payload}`)).toBeUndefined();
     expect(() => new InternalAuth("short")).toThrow(/32/);
+  });
+
+  it("a single-use nonce is accepted once until it expires; expired ones are forgotten", () => {
+    const nonces = new Nonces();
+    const now = 1_000_000;
+    expect(nonces.use("n1", now + 1_000, now)).toBe(true);
+    expect(nonces.use("n1", now + 1_000, now + 10)).toBe(false);
+    expect(nonces.use("n2", now + 2_000, now + 10)).toBe(true);
+    expect(nonces.use("n3", now + 3_000, now + 1_500)).toBe(true); // n1 expired: dropped
+    expect(nonces.size).toBe(2);
   });
 });
 
@@ -236,10 +246,14 @@ describe("a keyed server", () => {
   it("the internal listener: prefill calls need a capability, status the shared secret", async () => {
     const plain = await postJson(`${s.internalUrl}/v1/prefill`, { prompt: "hi" }, as(alice));
     expect(plain.status).toBe(401);
-    const cap = s.security.internal.sign({ route: "prefill", tenant: "alice", exp: Date.now() + 10_000 });
+    const cap = s.security.internal.sign({ route: "prefill", tenant: "alice", exp: Date.now() + 10_000, nonce: InternalAuth.nonce() });
     const ok = await postJson(`${s.internalUrl}/v1/prefill`, { prompt: "hi" }, { authorization: `Bearer ${cap}` });
     expect(ok.status).toBe(200);
     expect(ok.body.request_id).toMatch(/^alice:/);
+    // The same capability again (a replay): refused.
+    const replay = await postJson(`${s.internalUrl}/v1/prefill`, { prompt: "hi" }, { authorization: `Bearer ${cap}` });
+    expect(replay.status).toBe(401);
+    expect(replay.body.error.message).toMatch(/used already/);
     expect((await getJson(`${s.internalUrl}/v1/decode/status`, as(alice))).status).toBe(401);
     expect((await getJson(`${s.internalUrl}/v1/decode/status`, { authorization: `Bearer ${s.security.internalSecret}` })).status).toBe(200);
   });

@@ -60,7 +60,7 @@ it("a live prefill sweeps a killed one's shard file, chunks, refs and open reque
     },
     30_000,
   );
-  expect(readdirSync(shards.dir)).toEqual(["pf-live.e1.shard"]);
+  expect(readdirSync(shards.dir).sort()).toEqual(["pf-live.e1.shard", "pf-live.e1.shard.owner"]);
   expect((await one<{ n: number }>("select count(*)::int as n from chunk_refs")).n).toBe(0);
   expect(await one("select state, error from requests where id = 'req-mid'")).toEqual({ state: "failed", error: "the prefill instance pf-dead died during the request" });
   expect(await one("select state from requests where id = $1", [requestId])).toEqual({ state: "failed" });

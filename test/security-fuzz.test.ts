@@ -86,7 +86,7 @@ describe("fuzzing every route", () => {
     let turn = 0;
     const credentials = (r: FuzzRequest): Record<string, string> => {
       if (r.listener !== "internal" || turn++ % 2 === 0) return r.headers;
-      const token = r.path.startsWith("/v1/prefill?") || r.path === "/v1/prefill" ? internal.sign({ route: "prefill", tenant: "local", exp: Date.now() + 60_000 }) : TEST_INTERNAL_SECRET;
+      const token = r.path.startsWith("/v1/prefill?") || r.path === "/v1/prefill" ? internal.sign({ route: "prefill", tenant: "local", exp: Date.now() + 60_000, nonce: InternalAuth.nonce() }) : TEST_INTERNAL_SECRET;
       return { ...r.headers, authorization: `Bearer ${token}` };
     };
     const send = async (r: FuzzRequest) => {

@@ -186,6 +186,10 @@ describe("DATABASE_URL redaction", () => {
   it("hides the password in user:password@ and in ?password=", async () => {
     expect(redactDatabaseUrl("postgres://app:hunter2@db:5432/x")).toBe("postgres://app:***@db:5432/x");
     expect(redactDatabaseUrl("postgres://app@db/x?sslmode=require&password=hunter2&x=1")).toBe("postgres://app@db/x?sslmode=require&password=***&x=1");
+    // Unencoded @, / and ? in the password: nothing of it is left.
+    expect(redactDatabaseUrl("postgres://app:hun@ter@2@db:5432/x")).toBe("postgres://app:***@db:5432/x");
+    expect(redactDatabaseUrl("postgres://app:a/b?c#d@db/x")).toBe("postgres://app:***@db/x");
+    expect(redactDatabaseUrl("postgres://db/x")).toBe("postgres://db/x");
     expect(redactDatabaseUrl("postgresql://db/x?PASSWORD=hunter2")).toBe("postgresql://db/x?PASSWORD=***");
     const err = await openDatabase("postgresql://app@127.0.0.1:1/x?password=hunter2").then(
       () => undefined,

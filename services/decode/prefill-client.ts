@@ -9,7 +9,7 @@
 // instance dead (502 prefill_failed). The key travels in the call's signed capability, so the prefill's own queue is fair too.
 import { Pool } from "undici";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
-import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
+import { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ApiError, type ApiErrorCode, type ApiStatus } from "../../shared/platform/http/errors.ts";
 import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
@@ -96,7 +96,7 @@ export class PrefillClient {
             path: new URL(inst.baseUrl).pathname.replace(/\/+$/, "") + "/v1/prefill",
             headers: {
               "content-type": "application/json",
-              ...(this.auth ? { authorization: `Bearer ${this.auth.sign({ route: "prefill", tenant, exp: Date.now() + CAPABILITY_MS })}` } : {}),
+              ...(this.auth ? { authorization: `Bearer ${this.auth.sign({ route: "prefill", tenant, exp: Date.now() + CAPABILITY_MS, nonce: InternalAuth.nonce() })}` } : {}),
             },
             body: JSON.stringify(body),
             signal: ac.signal,

@@ -19,7 +19,7 @@
 import type { Logger } from "pino";
 import type { Engine, ForwardItem, NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { ApiError, retryAfter } from "../../shared/platform/http/errors.ts";
-import { queueFull } from "../../shared/platform/queue/fair-queue.ts";
+import { DrainRate, queueFull } from "../../shared/platform/queue/fair-queue.ts";
 import { Reservation, Slot } from "./slot.ts";
 import { prefillChunkTokens, StepCosts } from "./step-plan.ts";
 
@@ -76,6 +76,8 @@ export class DecodeScheduler {
   private readonly costs = new StepCosts();
   private admitted = 0;
   private reservedBytes = 0;
+  /** How fast admitted requests end while the batch is full: the Retry-After of a refusal. */
+  private readonly drain = new DrainRate();
   private looping = false;
   private steps = 0;
   private tokens = 0;
@@ -102,7 +104,8 @@ export class DecodeScheduler {
     const { maxBatch, maxQueue } = this.options;
     if (this.admitted >= maxBatch + maxQueue) {
       this.rejected++;
-      throw queueFull(`decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry later`, 1);
+      const retry = this.drain.retryAfterSeconds(this.admitted - (maxBatch + maxQueue) + 1);
+      throw queueFull(`decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry in ${retry} s`, retry);
     }
   }
 
@@ -111,7 +114,7 @@ export class DecodeScheduler {
     const { kvBudgetBytes } = this.options;
     this.checkPlace();
     if (this.reservedBytes + bytes > kvBudgetBytes) {
-      throw retryAfter(1, new ApiError(
+      throw retryAfter(this.drain.retryAfterSeconds(1), new ApiError(
         429,
         "kv_memory_full",
         `not enough KV memory: this request needs ${bytes} bytes, ${kvBudgetBytes - this.reservedBytes} of ${kvBudgetBytes} are free; retry later or ask for fewer tokens`,
@@ -123,6 +126,7 @@ export class DecodeScheduler {
   }
 
   unreserve(bytes: number): void {
+    this.drain.freed(this.admitted >= this.options.maxBatch);
     this.admitted--;
     this.reservedBytes -= bytes;
   }

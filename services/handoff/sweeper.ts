@@ -6,7 +6,8 @@
 import { lstat, unlink } from "node:fs/promises";
 import path from "node:path";
 import type { Logger } from "pino";
-import { parseShardFileName } from "./shard/shard.ts";
+import { removeOwnerMark } from "./shard/owner-mark.ts";
+import { parseShardFileName, removeOrphanShardFiles } from "./shard/shard.ts";
 import type { Registry } from "../../shared/platform/registry/registry.ts";
 
 export interface SweepSettings {
@@ -50,7 +51,8 @@ export class Sweeper {
 
   /**
    * Deletes dead instances' shard files on this host: only a file in our shard directory, named
-   * for that shard and epoch, that is still the very file (device:inode) its owner registered.
+   * for that shard and epoch, that is still the very file (device:inode) its owner registered;
+   * and the files whose marked owner process is gone.
    */
   private async sweepFiles(): Promise<string[]> {
     const dir = path.resolve(this.settings.shardDir);
@@ -67,7 +69,10 @@ export class Sweeper {
         (e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? false : Promise.reject(e)), // another sweeper was first
       );
       if (gone) removed.push(file);
+      await removeOwnerMark(file);
     }
+    // Files of owners that died without the registry knowing them (owner-mark.ts).
+    removed.push(...(await removeOrphanShardFiles(dir)));
     return removed;
   }
 }

@@ -30,6 +30,7 @@ import { RequestOutcomes } from "../request-outcomes.ts";
 import { Sweeper } from "../handoff/sweeper.ts";
 import { announceWrites, type HandleProgress } from "../handoff/handle-stream.ts";
 import { faultPoint } from "../fault-points.ts";
+import { FailureLog } from "../../shared/platform/failure-log.ts";
 
 /** Computes a micro-batch of a prompt into `seq` and returns the next-token logits. */
 export type PrefillCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -70,6 +71,7 @@ export class PrefillService {
   private reaping: Promise<void> | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> | undefined;
+  private readonly sweepLog: FailureLog;
   readonly sweeper: Sweeper;
   /** How failed prefills end in the registry, retried while it cannot be reached. */
   readonly outcomes: RequestOutcomes;
@@ -95,6 +97,7 @@ export class PrefillService {
     const c = rt.config;
     // One key holds all prefill places but one (when there are several): another key's prompt starts at once.
     this.gate = new FairQueue({ stage: "prefill", limit: c.maxPrefills, capacity: c.maxPrefillQueue, perTenant: Math.max(1, c.maxPrefills - 1) });
+    this.sweepLog = new FailureLog(rt.log, "sweep failed");
     // Shares (and the default cap, half the shard) are for API keys; a keyless server has one
     // tenant, "local", with nobody to share the shard with. An explicit --max-shard-bytes-per-key
     // applies to all.
@@ -138,7 +141,15 @@ export class PrefillService {
     this.membership = new Membership(this.rt, "prefill", this.instanceId, baseUrl, () => this.newEpoch());
     await this.membership.start();
     await this.newEpoch();
-    this.reaper = setInterval(() => void this.reap().catch((err) => this.rt.log.warn({ err }, "reaper failed")), this.rt.config.reapMs);
+    const reaping = new FailureLog(this.rt.log, "reaper failed");
+    this.reaper = setInterval(
+      () =>
+        void this.reap().then(
+          () => reaping.succeeded(),
+          (err: unknown) => reaping.failed(err),
+        ),
+      this.rt.config.reapMs,
+    );
     this.reaper.unref();
     this.sweepTimer = setInterval(() => void this.sweep(), this.rt.config.sweepMs);
     this.sweepTimer.unref();
@@ -229,8 +240,10 @@ export class PrefillService {
   sweep(): Promise<void> {
     this.sweeping ??= this.sweeper
       .sweep()
-      .then(() => undefined)
-      .catch((err: unknown) => this.rt.log.warn({ err }, "sweep failed"))
+      .then(
+        () => this.sweepLog.succeeded(),
+        (err: unknown) => this.sweepLog.failed(err),
+      )
       .finally(() => (this.sweeping = undefined));
     return this.sweeping;
   }

@@ -6,6 +6,7 @@ import path from "node:path";
 import { mapFile, punchHole } from "../../../shared/inference/engine/native.ts";
 import { defaultShardDir } from "../../../shared/platform/shard-root.ts";
 import { RangeAllocator } from "./range-allocator.ts";
+import { removeOrphanShards, removeOwnerMark, writeOwnerMark } from "./owner-mark.ts";
 import { ensureShardDir, fileIdentity } from "./shard-dir.ts";
 
 /** Shard ids become file names and URL path segments: no slashes, no leading dot. */
@@ -41,7 +42,13 @@ export async function removeShardFiles(dir: string, shardId: string, except?: nu
   const paths = stale.map((n) => path.join(dir, n));
   // Readers that still have a file open keep its pages until they close it.
   await Promise.all(paths.map((p) => unlink(p).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)))));
+  await Promise.all(paths.map(removeOwnerMark));
   return paths;
+}
+
+/** Deletes the shard files in `dir` whose owning process is gone (owner-mark.ts); returns their paths. */
+export function removeOrphanShardFiles(dir: string): Promise<string[]> {
+  return removeOrphanShards(dir, (name) => parseShardFileName(name) !== null);
 }
 
 export class Shard {
@@ -78,6 +85,8 @@ export class Shard {
     // free space: after a crash its pages still fill the tmpfs (a pod's /dev/shm survives a
     // container restart), and the restarted process would never fit.
     await removeShardFiles(dir, shardId);
+    // And those of any owner that died (under another shard id: a restart on another port).
+    await removeOrphanShardFiles(dir);
     const fs = await statfs(dir);
     const available = fs.bavail * fs.bsize;
     if (sizeBytes > available) {
@@ -87,9 +96,11 @@ export class Shard {
     const file = await open(filePath, "wx+", 0o600);
     try {
       await file.truncate(sizeBytes); // sparse on tmpfs: pages are committed as chunks are written
+      await writeOwnerMark(filePath);
       return new Shard(shardId, epoch, filePath, sizeBytes, file, alignment, await fileIdentity(file));
     } catch (err) {
       await file.close();
+      await removeOwnerMark(filePath);
       // The file was made just now by this call (wx); one that is gone already needs nothing.
       await unlink(filePath).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(new AggregateError([err, e], `could not remove ${filePath} after failing to create it`))));
       throw err;
@@ -192,6 +203,7 @@ export class Shard {
   async destroy(): Promise<void> {
     await this.close();
     await unlink(this.path).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
+    await removeOwnerMark(this.path);
   }
 
   private assertOpen(): void {

@@ -16,8 +16,11 @@ const DOMAIN = "ctxbank/cap/v1\0";
 export const MIN_SECRET_LENGTH = 32;
 
 const CapabilitySchema = z.discriminatedUnion("route", [
-  /** POST /v1/prefill on a prefill's internal listener, for a decode acting for `tenant`. */
-  z.object({ route: z.literal("prefill"), tenant: z.string(), exp: z.number() }),
+  /**
+   * POST /v1/prefill on a prefill's internal listener, for a decode acting for `tenant`; once
+   * (`nonce`: a fresh random id per call; the prefill refuses one it has seen, see Nonces).
+   */
+  z.object({ route: z.literal("prefill"), tenant: z.string(), exp: z.number(), nonce: z.string().min(16).max(64) }),
   /** GET /v1/chunks/{shard}/{epoch}?offset&length: exactly this chunk's range, for the request that leased it. */
   z.object({
     route: z.literal("chunk"),
@@ -39,6 +42,11 @@ export class InternalAuth {
   constructor(secret: string) {
     if (secret.length < MIN_SECRET_LENGTH) throw new Error(`the internal secret must be at least ${MIN_SECRET_LENGTH} characters`);
     this.key = Buffer.from(secret, "utf8");
+  }
+
+  /** A fresh random id for a single-use capability. */
+  static nonce(): string {
+    return randomBytes(16).toString("base64url");
   }
 
   /** A fresh random secret, for a `serve` process that talks only to itself. */
@@ -78,5 +86,29 @@ export class InternalAuth {
 
   private mac(payload: Buffer): Buffer {
     return createHmac("sha256", this.key).update(DOMAIN).update(payload).digest();
+  }
+}
+
+/**
+ * The nonces of single-use capabilities seen until they expire: a token replayed (sniffed off the
+ * internal network, say) before its expiry is refused. Expired entries are dropped as new ones come,
+ * so the set holds at most one capability lifetime's worth of calls.
+ */
+export class Nonces {
+  private readonly seen = new Map<string, number>(); // nonce -> exp (ms), in insertion order
+
+  /** True the first time `nonce` is presented (before `exp`); false for a replay. */
+  use(nonce: string, exp: number, nowMs: number = Date.now()): boolean {
+    for (const [n, e] of this.seen) {
+      if (e > nowMs) break; // (exp grows with insertion nearly always; a late one is dropped on a later pass)
+      this.seen.delete(n);
+    }
+    if (this.seen.has(nonce)) return false;
+    this.seen.set(nonce, exp);
+    return true;
+  }
+
+  get size(): number {
+    return this.seen.size;
   }
 }

@@ -33,6 +33,30 @@ const MAX_RETRY_S = 60;
 /** Weight of the newest gap between two releases in the drain-rate estimate. */
 const ALPHA = 0.2;
 
+/**
+ * How fast a saturated stage frees places: an EWMA of the time between two places coming free
+ * while the stage was full (an idle stage's gaps say nothing about its drain rate).
+ */
+export class DrainRate {
+  private last: number | undefined;
+  private gapMs: number | undefined;
+
+  /** A place came free; `saturated`: someone was waiting for it (or the stage was full). */
+  freed(saturated: boolean, now: number = performance.now()): void {
+    if (saturated && this.last !== undefined) {
+      const gap = now - this.last;
+      this.gapMs = this.gapMs === undefined ? gap : ALPHA * gap + (1 - ALPHA) * this.gapMs;
+    }
+    this.last = now;
+  }
+
+  /** Seconds until `ahead` more places are likely free: 1 to 60, and 1 without an estimate yet. */
+  retryAfterSeconds(ahead: number): number {
+    if (this.gapMs === undefined) return MIN_RETRY_S;
+    return Math.min(MAX_RETRY_S, Math.max(MIN_RETRY_S, Math.ceil((ahead * this.gapMs) / 1000)));
+  }
+}
+
 /** A 429 queue_full that tells the client when to come back. */
 export function queueFull(message: string, retryAfterS: number): ApiError {
   return retryAfter(retryAfterS, new ApiError(429, "queue_full", message));
@@ -48,9 +72,7 @@ export class FairQueue {
   private readonly lastServed = new Map<string, number>();
   private serves = 0;
   private size = 0;
-  private lastRelease: number | undefined;
-  /** EWMA of the time between two releases (ms): how fast the stage drains. */
-  private gapMs: number | undefined;
+  private readonly drain = new DrainRate();
   /** Refused for want of a place (429), since the start. */
   rejected = 0;
 
@@ -74,9 +96,7 @@ export class FairQueue {
 
   /** Seconds until a place is likely free for a newcomer: the queue ahead at the measured drain rate. */
   retryAfterSeconds(): number {
-    if (this.gapMs === undefined) return MIN_RETRY_S;
-    const s = Math.ceil(((this.size + 1) * this.gapMs) / 1000);
-    return Math.min(MAX_RETRY_S, Math.max(MIN_RETRY_S, s));
+    return this.drain.retryAfterSeconds(this.size + 1);
   }
 
   /** Resolves with a release function once the tenant has a place; throws 429 when there is none to wait for. */
@@ -188,13 +208,7 @@ export class FairQueue {
     return () => {
       if (done) return;
       done = true;
-      const now = performance.now();
-      // Only a saturated stage's releases tell its drain rate (an idle gap says nothing).
-      if (this.size > 0 && this.lastRelease !== undefined) {
-        const gap = now - this.lastRelease;
-        this.gapMs = this.gapMs === undefined ? gap : ALPHA * gap + (1 - ALPHA) * this.gapMs;
-      }
-      this.lastRelease = now;
+      this.drain.freed(this.size > 0);
       this.active--;
       const held = this.runningFor(tenant) - 1;
       if (held > 0) this.activeBy.set(tenant, held);

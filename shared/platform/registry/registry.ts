@@ -13,9 +13,12 @@ export class Registry {
   readonly chunks: ChunkStore;
   readonly requests: RequestStore;
   readonly sweep: SweepStore;
+  /** The registry's time (the system clock, or a test's). */
+  readonly clock: Clock;
 
   constructor(db: Database, options: { clock?: Clock } = {}) {
     const clock = options.clock ?? systemClock;
+    this.clock = clock;
     this.instances = new InstanceStore(db, clock);
     this.shards = new ShardStore(db, clock);
     this.chunks = new ChunkStore(db, clock);

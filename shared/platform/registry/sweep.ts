@@ -123,6 +123,30 @@ export class SweepStore {
   }
 
   /**
+   * Ends the open requests an earlier life of `instanceId` left (a restart under the same id: the
+   * sweep never sees that instance dead): every open row it was working on that arrived before
+   * `startedAt`, when this life began. Returns how many.
+   */
+  async endPreviousLife(instanceId: string, startedAt: Date): Promise<number> {
+    parseInput(identifier, instanceId, "instance id");
+    const ended = await this.db
+      .update(requests)
+      .set({ state: "failed", endedAt: this.clock(), error: `the instance ${instanceId} restarted during the request` })
+      .where(
+        and(
+          inArray(requests.state, OPEN),
+          lte(requests.arrivalAt, startedAt),
+          or(
+            eq(requests.decodeInstanceId, instanceId),
+            and(isNull(requests.decodeInstanceId), inArray(requests.state, ["queued", "prefilling"]), eq(requests.prefillInstanceId, instanceId)),
+          ),
+        ),
+      )
+      .returning({ id: requests.id });
+    return ended.length;
+  }
+
+  /**
    * Deletes ended requests older than `retentionMs`, and instances dead for longer than
    * `instanceRetentionMs` (default: the same) with their shard rows (their chunks went long ago).
    * Returns the counts.
