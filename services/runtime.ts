@@ -11,7 +11,7 @@ import type { SloTargets } from "../shared/platform/metrics/slo.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/db.ts";
 import { Registry } from "../shared/platform/registry/registry.ts";
-import { ChatTemplate, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
+import { ChatTemplate, noChatTemplate, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import type { PromptJob } from "../shared/inference/tokenizer/prompt-job.ts";
 import { TokenizerPool } from "./tokenizer-pool.ts";
@@ -113,14 +113,17 @@ export function maxPromptChars(rt: Pick<Runtime, "engine" | "tokenizer">): numbe
  * Token ids of a prompt given as text, a conversation, or ids, with bounded work: sizes are
  * checked before tokenizing (400 context_length_exceeded), tokenizing runs on the tokenizer threads
  * and stops just past the context, user text never yields control tokens. 400 when it cannot be
- * encoded. `rounds`: also find a chat's Round Attention rounds (in the same pass).
+ * encoded, 400 no_chat_template for a conversation when the model has no chat template (Gemma 3
+ * 270M base: it serves plain completions only). `rounds`: also find a chat's Round Attention rounds
+ * (in the same pass).
  */
 export async function encodePrompt(
-  rt: Pick<Runtime, "tokenizer" | "prompts" | "model" | "engine">,
+  rt: Pick<Runtime, "tokenizer" | "prompts" | "model" | "engine" | "chat">,
   input: PromptInput,
   opts: { rounds?: boolean; tenant?: string; signal?: AbortSignal } = {},
 ): Promise<EncodedPrompt> {
   const maxContext = rt.engine.maxContext;
+  if (input.messages !== undefined && rt.chat === undefined) throw noChatTemplate();
   checkPromptSize(rt, input);
   if (input.prompt_token_ids !== undefined) {
     checkTokenIds(input.prompt_token_ids, rt.model.config.nVocab, "prompt_token_ids");

@@ -9,6 +9,7 @@ import { readGgufMetadata } from "../shared/inference/engine/native.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { ChatTemplate, ChatTemplateError, validateMessages } from "../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer, TokenizerError, type GgufMetadata } from "../shared/inference/tokenizer/tokenizer.ts";
+import { CORPUS, fuzzCorpus } from "./helpers/tokenizer-corpus.ts";
 
 let modelPath = "";
 let meta: GgufMetadata;
@@ -30,86 +31,6 @@ afterAll(async () => {
   await model?.dispose();
   await llama?.dispose();
 });
-
-const CORPUS: string[] = [
-  "",
-  "Hello world",
-  "Hello, world! How are you?",
-  // digits, long numbers, Unicode numbers (llama.cpp isolates every \p{N})
-  " 123",
-  "3.14159265358979323846 and 12345678901234567890 and 0x7fffffff",
-  "Call 555-0199 by 2024-12-31T23:59:59Z, total $1,234.56 (−7%)",
-  "x²+y³=z¹ ½ ¾ Ⅻ ١٢٣ ５６７ ⑤",
-  // contractions
-  "I'm sure you can't, won't, shouldn't; they're, we've, he'll, she'd. IT'S ALL'S 'S",
-  "'s 't 're 've 'm 'll 'd ' s''",
-  // punctuation
-  "!!!???... ,,, ;; :: -- —— … «quoted» „low“ ¿qué? ¡sí!",
-  // runs of spaces / newlines / tabs / CR
-  "   leading spaces",
-  "trailing spaces   ",
-  "a  b   c    d     e",
-  "\n\n\nx\n",
-  "para one\n\npara two\n\n\n\npara three",
-  "\t\ttabs\tand\t \tmixed",
-  "\r\n\r\nwindows\r\nlines\r\n",
-  " \n \n  \n",
-  "x \u2028y\u2029z",
-  // exotic whitespace: NEL is White_Space for llama.cpp, BOM/ZWSP are not
-  "a\u0085b \u00a0c\u3000d\ufeffe\u200bf\u202fg",
-  "x \u0085\u0085 y\ufeff\ufeff! \u0085z \ufeff.\u00a0\u00a0w",
-  // accented letters
-  "Café déjà vu, naïve façade, Ærøskøbing, Straße, İstanbul, ǅemal",
-  "e\u0301 (combining) vs é",
-  // CJK / other scripts
-  "日本語のテキスト、中文。한국어 텍스트",
-  "Привет, мир! Γειά σου κόσμε. שלום עולם. مرحبا بالعالم. नमस्ते दुनिया",
-  // emoji incl. ZWJ sequences, skin tones, flags, variation selectors
-  "emoji 😀👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 🇫🇷 ❤️ ✌🏿 🧑‍💻",
-  "😀😀😀😀😀",
-  // code
-  "function f(x) { return x*2; } // comment\n\tif (a<=b && c!==d) { arr[i++] = `t${v}`; }",
-  "def main():\n    print(\"hi\")  # py\n\n    return {'a': [1, 2, 3]}\n",
-  "#include <stdio.h>\nint main(void){printf(\"%d\\n\", 42);}",
-  "SELECT * FROM t WHERE id IN (1,2,3) AND name LIKE '%x%';",
-  "https://example.com/path?q=1&r=two#frag user@example.org",
-  // special tokens, partial specials, adjacent specials
-  "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
-  "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
-  "<|endoftext|><reponame>x<file_sep>y<filename>z<gh_stars>",
-  "<|im_start|<|im_end|>|> <|im_start|> <|im_end|",
-  "text<|im_end|><|im_end|>text",
-  // byte-level look-alikes, control characters, lone surrogate (becomes U+FFFD)
-  "Ġ Ċ ĉ",
-  "\u0000 nul \u0007 bell \u001b[0m",
-  "lone \ud800 surrogate",
-  "\u{10FFFF} \u{E000} private use",
-  "ab".repeat(300),
-  " ".repeat(64) + "x" + "\n".repeat(17),
-];
-
-// Deterministic random strings mixing all the classes above.
-function fuzzCorpus(n: number): string[] {
-  let seed = 0x2545f491;
-  const rnd = (): number => {
-    seed ^= seed << 13;
-    seed ^= seed >>> 17;
-    seed ^= seed << 5;
-    return (seed >>> 0) / 2 ** 32;
-  };
-  const pool = [" ", "  ", "\n", "\t", "\r\n", "a", "Z", "é", "ß", "'", "'s", "'ll", "0", "7", "١", "²", "½", ".", ",",
-    "!", "?", "-", "_", "(", ")", "{", "}", "<", ">", "|", "日", "本", "한", "😀", "👍🏽", "👨‍👩‍👧", "\u200d", "\ufe0f",
-    "\u0301", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "Ġ", "\u00a0", "\u3000", "\u0085", "the", " the", "ing",
-    "http://x.y/z?q=1", "\\", "\"", "#", "$", "%", "^", "&", "*", "🏳️‍🌈", "\u{1F9D1}"];
-  const out: string[] = [];
-  for (let k = 0; k < n; k++) {
-    const len = 1 + Math.floor(rnd() * 30);
-    let s = "";
-    for (let i = 0; i < len; i++) s += pool[Math.floor(rnd() * pool.length)];
-    out.push(s);
-  }
-  return out;
-}
 
 /** node-llama-cpp brands token ids; ours are plain numbers. */
 const T = (id: number): Token => id as Token;
@@ -152,8 +73,10 @@ describe("tokenizer metadata", () => {
 
   it("rejects unsupported tokenizer models and pre-tokenizers with clear errors", () => {
     const bad = (over: Record<string, unknown>) => () => GgufTokenizer.fromMetadata({ ...meta, ...over });
-    expect(bad({ "tokenizer.ggml.model": "llama" })).toThrow(/unsupported tokenizer model "llama" \(SentencePiece \(SPM\)\)/);
-    expect(bad({ "tokenizer.ggml.pre": "qwen2" })).toThrow(/unsupported pre-tokenizer "qwen2".*supported: smollm, starcoder/);
+    expect(bad({ "tokenizer.ggml.model": "t5" })).toThrow(/unsupported tokenizer model "t5" \(Unigram \(T5\)\): ctxbank supports .*"gpt2".*"llama"/);
+    // SentencePiece is supported, but this BPE vocabulary has no byte-fallback tokens for it.
+    expect(bad({ "tokenizer.ggml.model": "llama" })).toThrow(/no byte-fallback token for byte 0x00/);
+    expect(bad({ "tokenizer.ggml.pre": "qwen35" })).toThrow(/unsupported pre-tokenizer "qwen35".*supported: smollm, starcoder/);
     expect(bad({ "tokenizer.ggml.pre": undefined })).toThrow(/no tokenizer\.ggml\.pre/);
     expect(bad({ "tokenizer.ggml.pre": "constructor" })).toThrow(/unsupported pre-tokenizer "constructor"/);
     expect(bad({ "tokenizer.ggml.model": undefined })).toThrow(TokenizerError);

@@ -131,6 +131,8 @@ export interface TinyLlamaOptions {
   nCtx?: number;
   /** Overrides per tensor name (e.g. an unsupported type for one weight). */
   override?: Record<string, Partial<GgufTensor>>;
+  /** More metadata (e.g. a tokenizer vocabulary). */
+  kv?: Record<string, GgufValue>;
 }
 
 /** A tiny Llama model with F32 weights from a fixed-seed generator; loadable by the engine. */
@@ -175,6 +177,7 @@ export function tinyLlama(o: TinyLlamaOptions = {}): Buffer {
       "llama.attention.head_count": u32(H),
       "llama.attention.head_count_kv": u32(HKV),
       "llama.attention.layer_norm_rms_epsilon": f32(1e-5),
+      ...o.kv,
     },
     tensors,
   );

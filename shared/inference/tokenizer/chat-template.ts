@@ -28,8 +28,17 @@ export class ChatTemplateError extends CtxbankError<ChatTemplateErrorCode> {
   static override readonly codes = CHAT_TEMPLATE_ERROR_CODES;
   override readonly name = "ChatTemplateError";
   constructor(code: ChatTemplateErrorCode, message: string, options?: { cause?: unknown }) {
-    super(code, message, { ...options, param: code === "invalid_messages" ? "messages" : null });
+    super(code, message, { ...options, param: code === "invalid_messages" || code === "no_chat_template" ? "messages" : null });
   }
+}
+
+/** The error a conversation gets from a model without a chat template (HTTP 400 no_chat_template). */
+export function noChatTemplate(): ChatTemplateError {
+  return new ChatTemplateError(
+    "no_chat_template",
+    "this model has no chat template (GGUF key tokenizer.chat_template is missing); use plain completions " +
+      "(/v1/completions) or a model with a chat template",
+  );
 }
 
 /**
@@ -103,13 +112,7 @@ export class ChatTemplate {
 
   static fromMetadata(meta: GgufMetadata, tokenizer?: GgufTokenizer): ChatTemplate {
     const src = meta["tokenizer.chat_template"];
-    if (typeof src !== "string" || src.trim() === "") {
-      throw new ChatTemplateError(
-        "no_chat_template",
-        "this model has no chat template (GGUF key tokenizer.chat_template is missing); use plain completions " +
-          "(/v1/completions) or a model with a chat template",
-      );
-    }
+    if (typeof src !== "string" || src.trim() === "") throw noChatTemplate();
     const text = (id: number | undefined): string | undefined => {
       if (id === undefined) return undefined;
       if (tokenizer) return tokenizer.tokenText(id);

@@ -1,67 +1,82 @@
 /**
  * Pre-tokenization: splitting plain text into the pieces BPE merges within, like llama.cpp.
  *
- * For the `smollm`/`starcoder`/… family every `\p{N}` code point is isolated first; then the GPT-2
- * split ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+) runs, ported
- * from llama.cpp's hand-written `unicode_regex_split_custom_gpt2` rather than a JS regex, because
- * its whitespace set is Unicode White_Space (not JS `\s`) and its classes are llama.cpp's.
+ * Three splits, each ported from llama.cpp's hand-written `unicode_regex_split_custom_*` rather
+ * than a JS regex, because their whitespace set is Unicode White_Space (not JS `\s`) and their
+ * classes are llama.cpp's:
+ *   - GPT-2 ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+), for
+ *     the `smollm`/`starcoder`/… family after every `\p{N}` code point is isolated;
+ *   - Llama 3 ((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+ *      ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+);
+ *   - Qwen 2: Llama 3's with single digits (\p{N} for \p{N}{1,3}).
  */
 
+/** How a pre-tokenizer splits text (see the module comment). */
+export type PreTokenizerSplit = "gpt2" | "digits-gpt2" | "llama3" | "qwen2";
+
 export interface PreTokenizerFamily {
-  /** isolate every \p{N} code point before the GPT-2 split */
-  digitsFirst: boolean;
+  split: PreTokenizerSplit;
   /** llama.cpp's per-pre `clean_spaces` decode flag */
   cleanSpaces: boolean;
+  /** llama.cpp's per-pre default for adding BOS (the file's tokenizer.ggml.add_bos_token wins) */
+  addBos: boolean;
+  /** llama.cpp's `ignore_merges`: a piece that is a vocabulary token as a whole is that token, unmerged */
+  ignoreMerges: boolean;
 }
 
-// Pre-tokenizer families (llama.cpp `llama_vocab::impl::load`). Both share the GPT-2 split; the
-// first isolates every \p{N} first. `cleanSpaces` is llama.cpp's per-pre `clean_spaces` flag.
-const DIGITS_THEN_GPT2: Record<string, { cleanSpaces: boolean }> = {
-  smollm: { cleanSpaces: false },
-  starcoder: { cleanSpaces: true },
-  refact: { cleanSpaces: true },
-  "command-r": { cleanSpaces: false },
-  codeshell: { cleanSpaces: true },
-  exaone: { cleanSpaces: true },
-  "minerva-7b": { cleanSpaces: true },
-};
-const GPT2_ONLY: Record<string, { cleanSpaces: boolean }> = {
-  "gpt-2": { cleanSpaces: true },
-  "phi-2": { cleanSpaces: true },
-  "jina-es": { cleanSpaces: true },
-  "jina-de": { cleanSpaces: true },
-  gigachat: { cleanSpaces: true },
-  "jina-v2-es": { cleanSpaces: true },
-  "jina-v2-de": { cleanSpaces: true },
-  "a.x-4.0": { cleanSpaces: true },
-  mellum: { cleanSpaces: true },
-  "modern-bert": { cleanSpaces: true },
-  exaone4: { cleanSpaces: true },
-  mpt: { cleanSpaces: true },
-  olmo: { cleanSpaces: true },
-  jais: { cleanSpaces: true },
-  trillion: { cleanSpaces: false },
-  "granite-docling": { cleanSpaces: false },
+const family = (split: PreTokenizerSplit, cleanSpaces: boolean, addBos = false, ignoreMerges = false): PreTokenizerFamily => ({
+  split,
+  cleanSpaces,
+  addBos,
+  ignoreMerges,
+});
+const LLAMA3 = family("llama3", true, true, true);
+const QWEN2 = family("qwen2", false);
+
+// `tokenizer.ggml.pre` values and their families (llama.cpp `llama_vocab::impl::load`).
+const PRE_TOKENIZERS: Record<string, PreTokenizerFamily> = {
+  smollm: family("digits-gpt2", false),
+  starcoder: family("digits-gpt2", true),
+  refact: family("digits-gpt2", true),
+  "command-r": family("digits-gpt2", false),
+  codeshell: family("digits-gpt2", true),
+  exaone: family("digits-gpt2", true),
+  "minerva-7b": family("digits-gpt2", true),
+  "gpt-2": family("gpt2", true),
+  "phi-2": family("gpt2", true),
+  "jina-es": family("gpt2", true),
+  "jina-de": family("gpt2", true),
+  gigachat: family("gpt2", true),
+  "jina-v2-es": family("gpt2", true),
+  "jina-v2-de": family("gpt2", true),
+  "a.x-4.0": family("gpt2", true),
+  mellum: family("gpt2", true),
+  "modern-bert": family("gpt2", true),
+  exaone4: family("gpt2", true),
+  mpt: family("gpt2", true),
+  olmo: family("gpt2", true),
+  jais: family("gpt2", true),
+  trillion: family("gpt2", false),
+  "granite-docling": family("gpt2", false),
+  "llama-bpe": LLAMA3,
+  llama3: LLAMA3,
+  "llama-v3": LLAMA3,
+  qwen2: QWEN2,
+  "deepseek-r1-qwen": QWEN2,
 };
 
-export const SUPPORTED_PRE_TOKENIZERS: readonly string[] = [
-  ...Object.keys(DIGITS_THEN_GPT2),
-  ...Object.keys(GPT2_ONLY),
-];
+export const SUPPORTED_PRE_TOKENIZERS: readonly string[] = Object.keys(PRE_TOKENIZERS);
 
 /** The family of a `tokenizer.ggml.pre` value, or undefined when it is not supported. */
 export function preTokenizerFamily(pre: string): PreTokenizerFamily | undefined {
   // Own keys only: a file naming "constructor" or "toString" must not match Object.prototype.
-  const digitsFirst = Object.hasOwn(DIGITS_THEN_GPT2, pre);
-  if (!digitsFirst && !Object.hasOwn(GPT2_ONLY, pre)) return undefined;
-  const fam = digitsFirst ? DIGITS_THEN_GPT2[pre]! : GPT2_ONLY[pre]!;
-  return { digitsFirst, cleanSpaces: fam.cleanSpaces };
+  return Object.hasOwn(PRE_TOKENIZERS, pre) ? PRE_TOKENIZERS[pre] : undefined;
 }
 
 /** Split well-formed text into pre-token pieces, each as code points. */
-export function preTokenize(text: string, digitsFirst: boolean): number[][] {
+export function preTokenize(text: string, split: PreTokenizerSplit): number[][] {
   const pieces: number[][] = [];
-  eachPreToken(text, digitsFirst, (p) => {
+  eachPreToken(text, split, (p) => {
     pieces.push(p);
     return true;
   });
@@ -72,9 +87,13 @@ export function preTokenize(text: string, digitsFirst: boolean): number[][] {
  * Calls `emit` with each pre-token piece of well-formed text, in order, until it returns false:
  * the split stops there, so a caller that has enough tokens does no work on the rest of the text.
  */
-export function eachPreToken(text: string, digitsFirst: boolean, emit: (piece: number[]) => boolean): void {
+export function eachPreToken(text: string, split: PreTokenizerSplit, emit: (piece: number[]) => boolean): void {
   const cps = codePoints(text);
-  if (!digitsFirst) {
+  if (split === "llama3" || split === "qwen2") {
+    splitLlama3(cps, split === "llama3" ? 3 : 1, emit);
+    return;
+  }
+  if (split === "gpt2") {
     splitGpt2(cps, 0, cps.length, emit);
     return;
   }
@@ -155,6 +174,8 @@ function flagsOf(cp: number): number {
 
 const APOS = 0x27;
 const SPACE = 0x20;
+const CR = 0x0d;
+const LF = 0x0a;
 const c_s = 0x73, c_t = 0x74, c_m = 0x6d, c_d = 0x64, c_r = 0x72, c_e = 0x65, c_v = 0x76, c_l = 0x6c;
 
 /**
@@ -229,4 +250,98 @@ function splitGpt2(cps: number[], start: number, end: number, emit: (piece: numb
     add(++pos); // no match (unreachable with the classes above, kept for parity)
   }
   return go;
+}
+
+/** ASCII letters lower-cased; llama.cpp's `unicode_tolower` maps no other code point to s, t, r, e, v, m, l or d. */
+const lowerAscii = (c: number): number => (c >= 0x41 && c <= 0x5a ? c + 0x20 : c);
+
+/**
+ * Port of llama.cpp `unicode_regex_split_custom_llama3` (maxDigits 3) and `…_qwen2` (maxDigits 1)
+ * over the whole of `cps`.
+ */
+function splitLlama3(cps: number[], maxDigits: number, emit: (piece: number[]) => boolean): void {
+  const end = cps.length;
+  const cpt = (p: number): number => (p < end ? cps[p]! : -1);
+  const flags = (p: number): number => (p < end ? flagsOf(cps[p]!) : 0);
+  let prev = 0;
+  let go = true;
+  const add = (p: number): number => {
+    const len = p - prev;
+    if (len > 0 && go) go = emit(cps.slice(prev, p));
+    prev = p;
+    return len;
+  };
+  for (let pos = 0; pos < end && go; ) {
+    const c = cps[pos]!;
+    const f = flagsOf(c);
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if (c === APOS && pos + 1 < end) {
+      const n1 = lowerAscii(cps[pos + 1]!);
+      if (n1 === c_s || n1 === c_t || n1 === c_m || n1 === c_d) {
+        pos += add(pos + 2);
+        continue;
+      }
+      if (pos + 2 < end) {
+        const n2 = lowerAscii(cps[pos + 2]!);
+        if ((n1 === c_r && n2 === c_e) || (n1 === c_v && n2 === c_e) || (n1 === c_l && n2 === c_l)) {
+          pos += add(pos + 3);
+          continue;
+        }
+      }
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+
+    if (c !== CR && c !== LF && f !== F_NUMBER && (f === F_LETTER || flags(pos + 1) === F_LETTER)) {
+      pos++;
+      while (flags(pos) === F_LETTER) pos++;
+      add(pos);
+      continue;
+    }
+    // \p{N}{1,maxDigits}: a run of numbers in pieces of maxDigits from its start
+    if (f === F_NUMBER) {
+      let ini = pos;
+      while (flags(pos) === F_NUMBER) {
+        if (++pos - ini >= maxDigits) {
+          add(pos);
+          ini = pos;
+        }
+      }
+      add(pos);
+      continue;
+    }
+    // <space>?[^\s\p{L}\p{N}]+[\r\n]*  (a lone trailing space lands here too, as in llama.cpp)
+    let f2 = c === SPACE ? flags(pos + 1) : f;
+    if (f2 === F_OTHER || f2 === 0) {
+      pos += c === SPACE ? 1 : 0;
+      while (f2 === F_OTHER) f2 = flags(++pos);
+      while (cpt(pos) === CR || cpt(pos) === LF) pos++;
+      add(pos);
+      continue;
+    }
+    let nws = 0;
+    let afterLastNewline = 0;
+    while (flags(pos + nws) === F_WHITESPACE) {
+      const c2 = cps[pos + nws]!;
+      if (c2 === CR || c2 === LF) afterLastNewline = pos + nws + 1;
+      nws++;
+    }
+    // \s*[\r\n]+
+    if (afterLastNewline > 0) {
+      pos = afterLastNewline;
+      add(pos);
+      continue;
+    }
+    // \s+(?!\S)
+    if (nws > 1 && cpt(pos + nws) !== -1) {
+      pos += nws - 1;
+      add(pos);
+      continue;
+    }
+    // \s+
+    if (nws > 0) {
+      pos += nws;
+      add(pos);
+      continue;
+    }
+    add(++pos); // no match (unreachable with the classes above, kept for parity)
+  }
 }

@@ -4,7 +4,7 @@
  * template, control tokens only from the template). Encoding stops just past `maxTokens`.
  * A plain function of serialisable data, so it runs the same inline or in a worker thread.
  */
-import { ChatTemplateError, type ChatTemplate } from "./chat-template.ts";
+import { ChatTemplateError, noChatTemplate, type ChatTemplate } from "./chat-template.ts";
 import { encodeChat, needsBos } from "./chat-encode.ts";
 import type { GgufTokenizer } from "./tokenizer.ts";
 
@@ -23,7 +23,7 @@ export function runPromptJob(tok: GgufTokenizer, chat: ChatTemplate | undefined,
     const bos = needsBos(tok, "");
     return { ok: true, ids: [...bos, ...tok.encode(job.text, { maxTokens: job.maxTokens - bos.length })] };
   }
-  if (!chat) return { ok: false, param: "messages", message: "this model has no chat template; send a plain prompt instead" };
+  if (!chat) return { ok: false, param: "messages", message: noChatTemplate().message };
   try {
     const enc = encodeChat(tok, chat, job.messages, {
       maxTokens: job.maxTokens,

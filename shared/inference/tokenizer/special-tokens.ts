@@ -36,14 +36,15 @@ const EOT_NAMES = [
   "<|end_of_text|>",
   "<EOT>",
   "_<EOT>",
+  "[EOT]",
   "<｜end▁of▁sentence｜>",
   "<end_of_utterance>",
 ];
 const EOM_NAMES = ["<|eom_id|>"];
-const FIM_PRE_NAMES = ["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>"];
-const FIM_SUF_NAMES = ["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>"];
-const FIM_MID_NAMES = ["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>"];
-const FIM_PAD_NAMES = ["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"];
+const FIM_PRE_NAMES = ["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"];
+const FIM_SUF_NAMES = ["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"];
+const FIM_MID_NAMES = ["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"];
+const FIM_PAD_NAMES = ["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const FIM_REP_NAMES = ["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_NAMES = ["<|file_sep|>"];
 const EOG_NAMES = [
@@ -52,25 +53,40 @@ const EOG_NAMES = [
   "<|end|>",
   "<|return|>",
   "<|call|>",
+  "<|flush|>",
+  "<|calls|>",
   "<end_of_turn>",
   "<|endoftext|>",
+  "</s>",
   "<|eom_id|>",
   "<EOT>",
   "_<EOT>",
+  "[EOT]",
+  "[EOS]",
   "<|end_of_text|>",
   "<end_of_utterance>",
+  "<eos>",
+  "<turn|>",
+  "<|tool_response>",
+  "<｜end▁of▁sentence｜>",
+  "[e~[",
 ];
+// gpt-oss: llama.cpp always renders these, as user-defined tokens.
+const ALWAYS_USER_DEFINED = ["<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"];
 
 /**
  * Special ids (all but `nl`, which needs a working encoder) and the end-of-generation set, computed
- * like llama.cpp's `special_eog_ids`. Tokens detected by name are forced to CONTROL in `types`, as
- * llama.cpp does; `types` is updated in place.
+ * like llama.cpp's `special_eog_ids`. `defaults` are the tokenizer model's ids, used where the file
+ * names none (llama.cpp's: bos 1, eos 2, unk 0 for SentencePiece; bos = eos = 11 for GPT-2 BPE).
+ * Tokens detected by name are forced to CONTROL in `types`, as llama.cpp does; `types` is updated
+ * in place.
  */
 export function findSpecialTokens(
   meta: GgufMetadata,
   tokens: readonly string[],
   types: Uint8Array,
   tokenToId: ReadonlyMap<string, number>,
+  defaults: Pick<SpecialTokenIds, "bos" | "eos" | "unk">,
 ): { special: SpecialTokenIds; eog: Set<number> } {
   // Special ids from metadata (out-of-range ids are ignored, as llama.cpp does).
   const idKey = (key: string): number | undefined => {
@@ -82,11 +98,12 @@ export function findSpecialTokens(
   const set = (k: keyof SpecialTokenIds, v: number | undefined): void => {
     if (v !== undefined) sp[k] = v;
   };
-  set("bos", idKey("tokenizer.ggml.bos_token_id"));
-  set("eos", idKey("tokenizer.ggml.eos_token_id"));
+  const inVocab = (id: number | undefined): number | undefined => (id !== undefined && id < tokens.length ? id : undefined);
+  set("bos", idKey("tokenizer.ggml.bos_token_id") ?? inVocab(defaults.bos));
+  set("eos", idKey("tokenizer.ggml.eos_token_id") ?? inVocab(defaults.eos));
   set("eot", idKey("tokenizer.ggml.eot_token_id"));
   set("eom", idKey("tokenizer.ggml.eom_token_id"));
-  set("unk", idKey("tokenizer.ggml.unknown_token_id"));
+  set("unk", idKey("tokenizer.ggml.unknown_token_id") ?? inVocab(defaults.unk));
   set("sep", idKey("tokenizer.ggml.seperator_token_id") ?? idKey("tokenizer.ggml.separator_token_id"));
   set("pad", idKey("tokenizer.ggml.padding_token_id"));
   set("mask", idKey("tokenizer.ggml.mask_token_id"));
@@ -127,18 +144,31 @@ export function findSpecialTokens(
   for (const k of ["fimPad", "fimRep", "fimSep"] as const) if (sp[k] !== undefined) eog.add(sp[k]);
   const eogNames = new Set(EOG_NAMES);
   for (let i = 0; i < tokens.length; i++) {
-    if (eogNames.has(tokens[i]!)) {
+    // By text, so of a duplicated text only the id llama.cpp's text → id map keeps (the last).
+    if (eogNames.has(tokens[i]!) && tokenToId.get(tokens[i]!) === i) {
       eog.add(i);
       types[i] = TokenType.CONTROL;
     }
   }
+  for (const name of ALWAYS_USER_DEFINED) {
+    const id = tokenToId.get(name);
+    if (id !== undefined) types[id] = TokenType.USER_DEFINED;
+  }
   for (const k of ["eos", "eot", "eom"] as const) if (sp[k] !== undefined) eog.add(sp[k]);
-  // o200k_harmony workaround in llama.cpp: with <|return|> and <|call|>, <|end|> is not EOG.
+  // o200k_harmony and solar-open workaround in llama.cpp: with <|return|> and <|call|> (or <|calls|>
+  // and <|flush|>), <|end|> is not EOG.
   const textIn = (t: string): number | undefined => [...eog].find((id) => tokens[id] === t);
   const endId = textIn("<|end|>");
-  if (endId !== undefined && textIn("<|return|>") !== undefined && textIn("<|call|>") !== undefined) {
+  const call = textIn("<|call|>") !== undefined || textIn("<|calls|>") !== undefined;
+  if (endId !== undefined && call && (textIn("<|return|>") !== undefined || textIn("<|flush|>") !== undefined)) {
     eog.delete(endId);
     types[endId] = TokenType.USER_DEFINED;
+  }
+  // Gemma 4 and PaddleOCR workaround in llama.cpp: with <|tool_response>, </s> is a normal token.
+  const closeS = textIn("</s>");
+  if (closeS !== undefined && textIn("<|tool_response>") !== undefined) {
+    eog.delete(closeS);
+    types[closeS] = TokenType.NORMAL;
   }
   return { special: sp, eog };
 }
@@ -174,6 +204,10 @@ export function partitionOnSpecials(text: string, specials: readonly number[], t
   let frags: Fragment[] = [{ text }];
   for (const id of specials) {
     const tok = tokens[id]!;
+    // Fragments are pieces of `text`: a token it does not hold is in none of them. One search of the
+    // text instead of a walk over every fragment keeps a text cut into many pieces cheap for a
+    // vocabulary with thousands of special tokens (Gemma 3: 6,400).
+    if (frags.length > 1 && !text.includes(tok)) continue;
     let changed = false;
     const next: Fragment[] = [];
     for (const f of frags) {

@@ -1,15 +1,20 @@
 /**
- * GPT-2 style byte-level BPE tokenizer built from GGUF metadata, matching llama.cpp's tokenizer
- * (`llama-vocab.cpp`) id for id.
+ * The tokenizer of a GGUF, built from its metadata, matching llama.cpp's tokenizer
+ * (`llama-vocab.cpp`) id for id: GPT-2 style byte-level BPE (`tokenizer.ggml.model` = "gpt2", with
+ * the SmolLM/StarCoder, GPT-2, Llama 3 and Qwen 2 pre-tokenizers) and SentencePiece ("llama", e.g.
+ * Gemma 3 and Llama 2).
  *
  * Pipeline (the same as llama.cpp's `tokenize(text, add_special, parse_special)`):
  *   1. split the text on special tokens (control/unknown tokens only when `parseSpecial`,
  *      user-defined tokens always), longest token first — llama.cpp's `tokenizer_st_partition`
  *      (`special-tokens.ts`);
- *   2. pre-tokenize each raw fragment: for the `smollm`/`starcoder`/… family every `\p{N}` code point
- *      is isolated first, then the GPT-2 split, ported from llama.cpp (`pre-tokenize.ts`);
- *   3. byte-level encode each piece (GPT-2 bytes→unicode table, `byte-level.ts`) and apply BPE
- *      merges by rank (`bpe.ts`, llama.cpp's merge order and tie-breaking).
+ *   2. BPE: pre-tokenize each raw fragment with the file's pre-tokenizer, ported from llama.cpp
+ *      (`pre-tokenize.ts`); byte-level encode each piece (GPT-2 bytes→unicode table,
+ *      `byte-level.ts`) and apply BPE merges by rank (`bpe.ts`, llama.cpp's merge order and
+ *      tie-breaking);
+ *   3. SentencePiece: each raw fragment, with a space before it when the file asks for a space
+ *      prefix and the fragment starts the text or follows a special token, spaces escaped as "▁",
+ *      is merged by token score with byte fallback (`spm.ts`).
  *
  * Why not `@huggingface/tokenizers` end to end: its `Digits` pre-tokenizer matches only ASCII `\d`
  * while llama.cpp isolates every Unicode number (`²`, `١`, `５`…), its `\s` is JS whitespace rather
@@ -25,8 +30,9 @@ import { readGgufMetadata } from "../engine/native.ts";
 import { BytePairEncoder } from "./bpe.ts";
 import { byteLevelDecode, byteLevelEncode } from "./byte-level.ts";
 import { cleanSpacesBytes, StreamingDetokenizer } from "./detokenize.ts";
-import { eachPreToken, fromCodePoints, preTokenize, wellFormed } from "./pre-tokenize.ts";
+import { eachPreToken, fromCodePoints, preTokenize, wellFormed, type PreTokenizerSplit } from "./pre-tokenize.ts";
 import { findSpecialTokens, partitionOnSpecials, specialPartitionLists, type Fragment, type SpecialTokenIds } from "./special-tokens.ts";
+import { escapeSpaces, SentencePieceEncoder } from "./spm.ts";
 import { readVocab, TokenizerError, TokenType, type GgufMetadata } from "./vocab.ts";
 
 export { StreamingDetokenizer } from "./detokenize.ts";
@@ -72,15 +78,33 @@ export interface DecodeOptions {
   cleanSpaces?: boolean;
 }
 
+/** UTF-8 length of a well-formed string, without encoding it. */
+function utf8Length(s: string): number {
+  let n = 0;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x80) n += 1;
+    else if (c < 0x800) n += 2;
+    else if (c >= 0xd800 && c <= 0xdbff) {
+      n += 4; // a surrogate pair: one 4-byte character
+      i++;
+    } else n += 3;
+  }
+  return n;
+}
+
 const utf8 = new TextEncoder();
 const EMPTY = new Uint8Array(0);
 
 export class GgufTokenizer {
-  readonly model: string;
+  /** `tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece). */
+  readonly model: "gpt2" | "llama";
   readonly pre: string;
   readonly vocabSize: number;
   readonly addBos: boolean;
   readonly addEos: boolean;
+  /** SentencePiece's space before text (llama.cpp `add_space_prefix`); decoding drops it again. */
+  readonly addSpacePrefix: boolean;
   readonly cleanSpaces: boolean;
   readonly special: Readonly<SpecialTokenIds>;
   /** End-of-generation ids, computed like llama.cpp's `special_eog_ids`. */
@@ -88,8 +112,13 @@ export class GgufTokenizer {
 
   private readonly tokens: readonly string[];
   private readonly types: Uint8Array;
-  private readonly digitsFirst: boolean;
-  private readonly bpe: BytePairEncoder;
+  /** BPE only: the pre-tokenizer, whether a whole piece that is a token skips merging, the merges. */
+  private readonly split: PreTokenizerSplit | undefined;
+  private readonly ignoreMerges: boolean;
+  private readonly bpe: BytePairEncoder | undefined;
+  /** SentencePiece only: the encoder, and the most UTF-8 bytes of escaped text one token covers. */
+  private readonly spm: SentencePieceEncoder | undefined;
+  private readonly spmMaxTokenBytes: number;
   private readonly tokenToId: Map<string, number>;
   private readonly specialAll: number[]; // control | user-defined | unknown, longest first
   private readonly specialUser: number[]; // user-defined only, longest first
@@ -97,36 +126,51 @@ export class GgufTokenizer {
   private longestToken: number | undefined;
 
   private constructor(meta: GgufMetadata) {
-    const { model, pre, digitsFirst, cleanSpaces, tokens, merges, types } = readVocab(meta);
+    const vocab = readVocab(meta);
+    const { model, pre, tokens, types } = vocab;
     this.model = model;
     this.pre = pre;
-    this.digitsFirst = digitsFirst;
-    this.cleanSpaces = cleanSpaces;
+    this.cleanSpaces = vocab.cleanSpaces;
+    this.addBos = vocab.addBos;
+    this.addEos = vocab.addEos;
+    this.addSpacePrefix = vocab.addSpacePrefix;
     this.tokens = tokens;
     this.vocabSize = tokens.length;
 
-    // text → id (later duplicates win, like llama.cpp's token_to_id map)
+    // text → id (texts are unique: readVocab refuses a repeated one, as llama.cpp does)
     this.tokenToId = new Map();
     for (let i = 0; i < tokens.length; i++) this.tokenToId.set(tokens[i]!, i);
 
-    const { special, eog } = findSpecialTokens(meta, tokens, types, this.tokenToId); // may retype tokens
+    // llama.cpp's default special ids for the tokenizer model, used where the file names none.
+    const defaults = vocab.model === "llama" ? { bos: 1, eos: 2, unk: 0 } : { bos: 11, eos: 11 };
+    const { special, eog } = findSpecialTokens(meta, tokens, types, this.tokenToId, defaults); // may retype tokens
     this.eog = eog;
     this.types = types;
-
-    const addBos = meta["tokenizer.ggml.add_bos_token"];
-    const addEos = meta["tokenizer.ggml.add_eos_token"];
-    this.addBos = typeof addBos === "boolean" ? addBos : false;
-    this.addEos = typeof addEos === "boolean" ? addEos : false;
 
     const { all, user } = specialPartitionLists(tokens, types);
     this.specialAll = all;
     this.specialUser = user;
-
-    this.bpe = new BytePairEncoder(tokens, merges);
     this.pieceCache = new Array(tokens.length);
 
-    const nl = this.encode("\n");
-    if (nl.length > 0) special.nl = nl[0]!;
+    if (vocab.model === "llama") {
+      this.split = undefined;
+      this.ignoreMerges = false;
+      this.bpe = undefined;
+      this.spm = new SentencePieceEncoder(this.tokenToId, vocab.scores);
+      let max = 1;
+      for (const t of tokens) max = Math.max(max, utf8Length(t));
+      this.spmMaxTokenBytes = max;
+      special.nl = this.spm.byteToken(0x0a); // llama.cpp: the newline byte's token
+    } else {
+      this.split = vocab.split;
+      this.ignoreMerges = vocab.ignoreMerges;
+      this.bpe = new BytePairEncoder(tokens, vocab.merges);
+      this.spm = undefined;
+      this.spmMaxTokenBytes = 0;
+      const nl = this.encode("\n");
+      if (nl.length > 0) special.nl = nl[0]!;
+      else if (special.pad !== undefined) special.nl = special.pad; // llama.cpp's fallback
+    }
     this.special = Object.freeze(special);
   }
 
@@ -209,16 +253,24 @@ export class GgufTokenizer {
     // Marks in offset order, walked once alongside the fragments.
     const order = marks.map((_, i) => i).sort((a, b) => marks[a]! - marks[b]!);
     let k = 0;
+    let afterSpecial = true; // SentencePiece's space prefix goes before the first text and after each special token
     for (const f of frags) {
       if (out.length > limit) break;
       const end = f.start + (f.text?.length ?? this.tokens[f.id!]!.length);
       for (; k < order.length && marks[order[k]!]! <= f.start; k++) if (marks[order[k]!] === f.start) markIds[order[k]!] = out.length;
       if (f.id !== undefined) {
         out.push(f.id);
+        afterSpecial = true;
         continue;
       }
       const inside: number[] = [];
       for (; k < order.length && marks[order[k]!]! < end; k++) inside.push(order[k]!);
+      if (this.spm !== undefined) {
+        // SentencePiece merges across the whole fragment, so no mark inside one is vouched for (they stay -1).
+        this.encodeSentencePiece(f.text!, afterSpecial, out, limit);
+        afterSpecial = false;
+        continue;
+      }
       if (inside.length === 0) {
         this.encodeRaw(f.text!, out, limit);
         continue;
@@ -242,9 +294,13 @@ export class GgufTokenizer {
     return this.longestToken;
   }
 
-  /** The pre-tokenizer's pieces of plain text (no special-token handling); for inspection and tests. */
+  /**
+   * The pre-tokenizer's pieces of plain text (no special-token handling); for inspection and tests.
+   * SentencePiece has no pre-tokenizer: the text is one piece.
+   */
   preTokenize(text: string): string[] {
-    return preTokenize(wellFormed(text), this.digitsFirst).map(fromCodePoints);
+    if (this.split === undefined) return text === "" ? [] : [wellFormed(text)];
+    return preTokenize(wellFormed(text), this.split).map(fromCodePoints);
   }
 
   /** Bytes of one token as llama.cpp's `token_to_piece` produces them. */
@@ -256,19 +312,25 @@ export class GgufTokenizer {
     if (b === undefined) {
       const text = this.tokens[id]!;
       if (t === TokenType.USER_DEFINED) b = utf8.encode(text);
-      else if (t === TokenType.NORMAL) b = byteLevelDecode(text);
-      else b = EMPTY; // unused / byte / undefined types render nothing in llama.cpp's BPE path
+      else if (t === TokenType.NORMAL) b = this.spm ? utf8.encode(text.replaceAll("\u2581", " ")) : byteLevelDecode(text);
+      else if (t === TokenType.BYTE && this.spm) b = Uint8Array.of(parseInt(text.slice(3, 5), 16)); // "<0xNN>", checked on load
+      else b = EMPTY; // unused / undefined types render nothing (and byte types in llama.cpp's BPE path)
       this.pieceCache[id] = b;
     }
     return b;
   }
 
+  /**
+   * llama.cpp's `detokenize` (without removing special tokens): the pieces joined; with a space
+   * prefix, one leading space of the first token's piece dropped; then `clean_spaces` if asked.
+   */
   decodeBytes(ids: readonly number[], opts: DecodeOptions = {}): Uint8Array {
     const special = opts.special ?? false;
     const parts: Uint8Array[] = [];
     let n = 0;
     for (const id of ids) {
-      const b = this.tokenBytes(id, special);
+      let b = this.tokenBytes(id, special);
+      if (parts.length === 0 && this.addSpacePrefix && b[0] === 0x20) b = b.subarray(1);
       parts.push(b);
       n += b.length;
     }
@@ -297,12 +359,37 @@ export class GgufTokenizer {
     }
   }
 
-  /** Appends the ids of plain text to `out`, stopping once `out` holds more than `limit`. */
+  /** Appends the BPE ids of plain text to `out`, stopping once `out` holds more than `limit`. */
   private encodeRaw(text: string, out: number[], limit: number): void {
-    eachPreToken(text, this.digitsFirst, (p) => {
-      this.bpe.encodeWord(byteLevelEncode(fromCodePoints(p)), out);
+    eachPreToken(text, this.split!, (p) => {
+      this.mergeWord(byteLevelEncode(fromCodePoints(p)), out);
       return out.length <= limit;
     });
+  }
+
+  /**
+   * Appends the SentencePiece ids of one plain-text fragment to `out`; false once `out` holds more
+   * than `limit`. A fragment that cannot fit what is left (it makes at least bytes / spmMaxTokenBytes
+   * tokens) is not merged, since merging costs time in proportion to its length: `out` is filled to
+   * limit + 1 with its first bytes' byte tokens, which are not the text's tokenization (past the
+   * limit only the count matters).
+   */
+  private encodeSentencePiece(text: string, afterSpecial: boolean, out: number[], limit: number): boolean {
+    if (text === "") return out.length <= limit; // llama.cpp has no fragment for empty text (so no space prefix)
+    const escaped = escapeSpaces(this.addSpacePrefix && afterSpecial ? " " + text : text);
+    if (out.length + Math.ceil(utf8Length(escaped) / this.spmMaxTokenBytes) > limit) {
+      this.spm!.encodeBytes(escaped, limit + 1 - out.length, out);
+      return false;
+    }
+    this.spm!.encode(escaped, out);
+    return out.length <= limit;
+  }
+
+  /** BPE of one byte-level word; with llama.cpp's `ignore_merges` (Llama 3), a word that is a token is that token. */
+  private mergeWord(word: string, out: number[]): void {
+    const whole = this.ignoreMerges ? this.tokenToId.get(word) : undefined;
+    if (whole !== undefined) out.push(whole);
+    else this.bpe!.encodeWord(word, out);
   }
 
   /**
@@ -318,10 +405,10 @@ export class GgufTokenizer {
     const starts: number[] = []; // offsets of the pieces so far
     const pieces: number[][] = [];
     let at = 0;
-    eachPreToken(text, this.digitsFirst, (p) => {
+    eachPreToken(text, this.split!, (p) => {
       if (wanted.has(at) && starts.length > 0) {
         const from = starts[Math.max(0, starts.length - 2)]!;
-        const again = preTokenize(text.slice(from, at), this.digitsFirst);
+        const again = preTokenize(text.slice(from, at), this.split!);
         const had = pieces.slice(Math.max(0, pieces.length - 2));
         if (again.length === had.length && again.every((q, i) => q.length === had[i]!.length && q.every((c, j) => c === had[i]![j]))) {
           found.set(base + at, out.length);
@@ -334,7 +421,7 @@ export class GgufTokenizer {
         pieces.shift();
       }
       for (const c of p) at += c > 0xffff ? 2 : 1;
-      this.bpe.encodeWord(byteLevelEncode(fromCodePoints(p)), out);
+      this.mergeWord(byteLevelEncode(fromCodePoints(p)), out);
       return out.length <= limit;
     });
     return found;
