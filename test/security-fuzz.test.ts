@@ -152,4 +152,56 @@ describe("fuzzing every route", () => {
     expect(rssAfter - rssMid).toBeLessThan(rssBefore * 0.08);
     expect(rssAfter).toBeLessThan(rssBefore * 1.25);
   }, 600_000);
+
+  // What once stalled the event loop for seconds: top_k just under the vocabulary (a sorted
+  // window kept with splice), a body of a million nested brackets (JSON.parse), and single words
+  // too long for the context (merged whole). Each at its bounds, several at once.
+  it("the stall cases: every sampling field at its bounds, deep nesting, the worst words of every script", async () => {
+    const model = ((await (await fetch(`${svc.url}/v1/models`)).json()) as { data: { id: string }[] }).data[0]!.id;
+    const chat = (extra: Record<string, unknown>, content = "Tell me a story.") => ({ path: "/v1/chat/completions", body: { model, messages: [{ role: "user", content }], max_tokens: 12, ...extra } });
+    const cases: { path: string; body: unknown; raw?: string; want: number[] }[] = [];
+    for (const top_k of [0, 1, 40, 999, 1000]) for (const top_p of [1, 0.999, 0.5, 1e-9]) cases.push({ ...chat({ temperature: 2, top_k, top_p, seed: top_k }), want: [200] });
+    cases.push({ path: "/v1/completions", body: { model, prompt: "Hi", max_tokens: 12, temperature: 10, top_k: 0, top_p: 1 }, want: [400] }); // OpenAI's temperature is at most 2
+    cases.push({ path: "/v1/prefill", body: { prompt: "Hi", max_tokens: 12, temperature: 10, top_k: 1000, top_p: 1e-9 }, want: [200] });
+    for (const top_k of [1001, 49_151, 1_000_000]) cases.push({ ...chat({ temperature: 1, top_k }), want: [400] });
+    // Nesting: 120,000 brackets at the top, and inside a field the schema reads.
+    cases.push({ path: "/v1/completions", body: undefined, raw: "[".repeat(120_000) + "]".repeat(120_000), want: [400] });
+    cases.push({ path: "/v1/chat/completions", body: undefined, raw: `{"model":"${model}","messages":${"[".repeat(100_000)}${"]".repeat(100_000)}}`, want: [400] });
+    // One word per script, as long as the body limit lets it be (256 KiB here).
+    const words = ["a", "é", "ж", "ع", "क", "中", "ア", "한", "€", "😀", "1", "\u00a0", "\u200b"];
+    for (const w of words) {
+      const bytes = Buffer.byteLength(w);
+      cases.push({ ...chat({ temperature: 0 }, w.repeat(Math.floor((240 << 10) / bytes))), want: [200, 400] });
+    }
+    const idle = async () => {
+      await new Promise((r) => setTimeout(r, 2000));
+      return metric(await scrape(), "nodejs_eventloop_lag_max_seconds");
+    };
+    const idleLag = await idle();
+    let maxLag = 0;
+    const lagTimer = setInterval(() => {
+      void scrape().then((t) => (maxLag = Math.max(maxLag, metric(t, "nodejs_eventloop_lag_max_seconds"))), () => {});
+    }, 500);
+    const wrong: string[] = [];
+    try {
+      let next = 0;
+      await Promise.all(
+        Array.from({ length: 4 }, async () => {
+          while (next < cases.length) {
+            const c = cases[next++]!;
+            const body = c.raw ?? JSON.stringify(c.body);
+            const res = await request(`${svc.url}${c.path}`, { method: "POST", headers: { "content-type": "application/json" }, body, headersTimeout: 120_000, bodyTimeout: 120_000 });
+            const text = await res.body.text();
+            if (!c.want.includes(res.statusCode)) wrong.push(`${res.statusCode} ${c.path} ${body.slice(0, 120)}: ${text.slice(0, 200)}`);
+          }
+        }),
+      );
+    } finally {
+      clearInterval(lagTimer);
+    }
+    maxLag = Math.max(maxLag, await idle());
+    console.log("stall cases", JSON.stringify({ cases: cases.length, maxLagMs: Math.round(maxLag * 1000), idleLagMs: Math.round(idleLag * 1000) }));
+    expect(wrong).toEqual([]);
+    expect((maxLag - idleLag) * 1000).toBeLessThan(100);
+  }, 600_000);
 });

@@ -74,6 +74,16 @@ export class BytePairEncoder {
     for (const id of result) out.push(id);
   }
 
+  /** Appends the ids of the first `count` characters of a byte-level word, each on its own (no merging). */
+  encodeChars(word: string, count: number, out: number[]): void {
+    let n = 0;
+    for (const c of word) {
+      if (n++ === count) return;
+      const id = this.symbolId.get(c);
+      out.push(id !== undefined && id < this.vocabSize ? id : 0); // byte-level vocabularies hold every byte's character
+    }
+  }
+
   private merge(word: string): number[] {
     // Initial symbols: the word's characters (code points).
     const chars = Array.from(word);

@@ -361,10 +361,7 @@ export class GgufTokenizer {
 
   /** Appends the BPE ids of plain text to `out`, stopping once `out` holds more than `limit`. */
   private encodeRaw(text: string, out: number[], limit: number): void {
-    eachPreToken(text, this.split!, (p) => {
-      this.mergeWord(byteLevelEncode(fromCodePoints(p)), out);
-      return out.length <= limit;
-    });
+    eachPreToken(text, this.split!, (p) => this.encodeWord(p, out, limit));
   }
 
   /**
@@ -382,6 +379,27 @@ export class GgufTokenizer {
       return false;
     }
     this.spm!.encode(escaped, out);
+    return out.length <= limit;
+  }
+
+  /**
+   * BPE of one pre-token piece into `out`; false once `out` holds more than `limit`. A piece that
+   * goes past the limit by more than a token (it makes at least bytes / maxTokenBytes) is not merged:
+   * merging a word costs time in proportion to its length (a 2 MB word, seconds), and past the limit
+   * only the count matters, so `out` is filled to limit + 1 with the piece's first characters' own
+   * ids (like the cut at limit + 1, those ids are not the text's tokenization).
+   */
+  private encodeWord(piece: number[], out: number[], limit: number): boolean {
+    let bytes = 0; // UTF-8 length, without building the word
+    for (const c of piece) bytes += c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+    // (limit + 1: a word that ends just past the limit is merged, so the ids up to the cut are the
+    // text's own whenever the word at the cut is short.)
+    if (out.length + Math.ceil(bytes / this.maxTokenBytes) > limit + 1) {
+      const missing = limit + 1 - out.length; // <= bytes: a piece makes no more tokens than bytes
+      this.bpe!.encodeChars(byteLevelEncode(fromCodePoints(piece.slice(0, missing))), missing, out);
+      return false;
+    }
+    this.mergeWord(byteLevelEncode(fromCodePoints(piece)), out);
     return out.length <= limit;
   }
 
@@ -421,8 +439,7 @@ export class GgufTokenizer {
         pieces.shift();
       }
       for (const c of p) at += c > 0xffff ? 2 : 1;
-      this.mergeWord(byteLevelEncode(fromCodePoints(p)), out);
-      return out.length <= limit;
+      return this.encodeWord(p, out, limit);
     });
     return found;
   }

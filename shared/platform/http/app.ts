@@ -11,7 +11,7 @@ import type { Logger } from "pino";
 import type { ContentfulStatusCode } from "hono/utils/http-status";
 import { CtxbankError } from "../../inference/errors.ts";
 import { ApiError, errorAnswer } from "./errors.ts";
-import { isJsonMediaType, jsonNestsDeeperThan, MAX_JSON_DEPTH } from "./json-depth.ts";
+import { isJsonMediaType, MAX_JSON_DEPTH, readJsonWithin } from "./json-depth.ts";
 import { PolicySpecSchema } from "./wire.ts";
 import { bodyTimedOut } from "./server.ts";
 
@@ -86,12 +86,15 @@ export function createApp(options: AppOptions): ServiceApp {
       },
     }),
   );
-  // Every JSON body (public and internal routes) is scanned for its nesting before any route parses
-  // it; the text is cached on the request, so the route's own parse reads it from there.
+  // Every JSON body (public and internal routes) is scanned for its nesting as it arrives, before
+  // any route parses it: one nested too deep is refused at once, unread past that point (and the
+  // connection closed). The routes then read the body from the text read here.
   app.use("*", async (c, next) => {
-    if (c.req.method !== "GET" && c.req.method !== "HEAD" && isJsonMediaType(c.req.header("content-type"))) {
-      if (jsonNestsDeeperThan(await c.req.text(), MAX_JSON_DEPTH))
-        throw new ApiError(400, "invalid_request", `the request body nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels`);
+    const body = c.req.raw.body;
+    if (body && c.req.method !== "GET" && c.req.method !== "HEAD" && isJsonMediaType(c.req.header("content-type"))) {
+      const text = await readJsonWithin(body, MAX_JSON_DEPTH);
+      if (text === undefined) throw closing(new ApiError(400, "invalid_request", `the request body nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels`));
+      c.req.raw = new Request(c.req.raw, { body: text });
     }
     await next();
   });
