@@ -413,6 +413,13 @@ describe("malformed SentencePiece vocabularies are refused with clear errors", (
     expect(bad(set("tokenizer.ggml.tokens", 900, "<0x41>"))).toThrow(/tokenizer\.ggml\.tokens repeats "<0x41>" \(ids 68 and 900\)/);
   });
 
+  it("a vocabulary llama.cpp strips whitespace around special tokens for (Phi-3, by name) is refused", () => {
+    const phi3 = readGgufMetadata(llamaCppVocab("phi-3"));
+    expect(phi3["general.name"]).toBe("Phi3");
+    expect(() => GgufTokenizer.fromMetadata(phi3)).toThrow(/unsupported tokenizer of "Phi3": llama\.cpp strips whitespace beside special tokens for phi3 models/);
+    expect(bad((m) => (m["general.name"] = "Phi-3 Mini"))).toThrow(/for phi-3 models/);
+  });
+
   it("an unknown token type is undefined (renders nothing), an empty token text is named as llama.cpp names it", () => {
     const t = bad((m) => {
       set("tokenizer.ggml.token_type", 1000, 77)(m);

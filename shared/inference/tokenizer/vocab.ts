@@ -86,6 +86,17 @@ export function readVocab(meta: GgufMetadata): Vocab {
         `(tokenizer.ggml.model = "gpt2") and SentencePiece (tokenizer.ggml.model = "llama")`,
     );
   }
+  // llama.cpp strips whitespace beside special tokens for models it knows by name (Phi-3: after
+  // every special token; ModernBERT: before [MASK]); those rules are not implemented here.
+  const name = typeof meta["general.name"] === "string" ? meta["general.name"].toLowerCase() : "";
+  const stripping = ["phi-3", "phi3", "modern-bert"].find((n) => name.includes(n));
+  if (stripping !== undefined) {
+    throw new TokenizerError(
+      "tokenizer_unsupported_model",
+      `unsupported tokenizer of "${meta["general.name"] as string}": llama.cpp strips whitespace beside special tokens ` +
+        `for ${stripping} models, which ctxbank does not implement`,
+    );
+  }
   const tokens = readTokens(meta);
   const types = readTypes(meta, tokens.length);
   const flag = (key: string, fallback: boolean): boolean => {
