@@ -418,6 +418,7 @@ describe("malformed SentencePiece vocabularies are refused with clear errors", (
     expect(phi3["general.name"]).toBe("Phi3");
     expect(() => GgufTokenizer.fromMetadata(phi3)).toThrow(/unsupported tokenizer of "Phi3": llama\.cpp strips whitespace beside special tokens for phi3 models/);
     expect(bad((m) => (m["general.name"] = "Phi-3 Mini"))).toThrow(/for phi-3 models/);
+    expect(bad((m) => (m["general.architecture"] = "jina-bert-v3"))).toThrow(/for jina-bert-v3 models/);
   });
 
   it("an unknown token type is undefined (renders nothing), an empty token text is named as llama.cpp names it", () => {

@@ -47,8 +47,6 @@ const PRE_TOKENIZERS: Record<string, PreTokenizerFamily> = {
   "jina-es": family("gpt2", true),
   "jina-de": family("gpt2", true),
   gigachat: family("gpt2", true),
-  "jina-v2-es": family("gpt2", true),
-  "jina-v2-de": family("gpt2", true),
   "a.x-4.0": family("gpt2", true),
   mellum: family("gpt2", true),
   "modern-bert": family("gpt2", true),

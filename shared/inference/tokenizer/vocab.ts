@@ -87,13 +87,18 @@ export function readVocab(meta: GgufMetadata): Vocab {
     );
   }
   // llama.cpp strips whitespace beside special tokens for models it knows by name (Phi-3: after
-  // every special token; ModernBERT: before [MASK]); those rules are not implemented here.
-  const name = typeof meta["general.name"] === "string" ? meta["general.name"].toLowerCase() : "";
-  const stripping = ["phi-3", "phi3", "modern-bert"].find((n) => name.includes(n));
+  // every special token; ModernBERT, Jina v2/v3 and Nomic BERT-MoE: before the mask token); those
+  // rules are not implemented here.
+  const text = (key: string): string => (typeof meta[key] === "string" ? (meta[key] as string) : "");
+  const name = text("general.name").toLowerCase();
+  const stripping =
+    ["phi-3", "phi3", "modern-bert"].find((n) => name.includes(n)) ??
+    ["jina-v2-de", "jina-v2-es", "jina-v2-code"].find((n) => text("tokenizer.ggml.pre").includes(n)) ??
+    ["nomic-bert-moe", "jina-bert-v3"].find((n) => text("general.architecture").includes(n));
   if (stripping !== undefined) {
     throw new TokenizerError(
       "tokenizer_unsupported_model",
-      `unsupported tokenizer of "${meta["general.name"] as string}": llama.cpp strips whitespace beside special tokens ` +
+      `unsupported tokenizer of "${text("general.name")}": llama.cpp strips whitespace beside special tokens ` +
         `for ${stripping} models, which ctxbank does not implement`,
     );
   }
