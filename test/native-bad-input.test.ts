@@ -53,12 +53,12 @@ describe("model files", () => {
   });
 
   it("a model with an unsupported tensor type names the tensor and the type", async () => {
-    const p = join(dir, "q6k.gguf");
-    // Q6_K rows hold 256 values, so give the FFN that width and quantize its down projection.
-    await writeFile(p, tinyLlama({ nFf: 256, override: { "blk.0.ffn_down.weight": { type: GgmlType.Q6_K } } }));
-    expect(ggufInfo(p).tensors.find((t) => t.name === "blk.0.ffn_down.weight")?.type).toBe("Q6_K");
+    const p = join(dir, "q3k.gguf");
+    // Q3_K rows hold 256 values, so give the FFN that width and quantize its down projection.
+    await writeFile(p, tinyLlama({ nFf: 256, override: { "blk.0.ffn_down.weight": { type: GgmlType.Q3_K } } }));
+    expect(ggufInfo(p).tensors.find((t) => t.name === "blk.0.ffn_down.weight")?.type).toBe("Q3_K");
     await expect(loadModel(p)).rejects.toThrow(
-      "model: tensor 'blk.0.ffn_down.weight' has type Q6_K, which ctxbank does not support",
+      "model: tensor 'blk.0.ffn_down.weight' has type Q3_K, which ctxbank does not support",
     );
   });
 

@@ -16,11 +16,12 @@ namespace ctx {
 namespace {
 constexpr int kLogitRows = 32;  // next-token logits computed per output matmul
 
-bool is_quantized(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0; }
+// Quantized weights are packed at load (packed.h) and multiplied with 8-bit activations.
+bool is_quantized(GgmlType t) { return is_packable(t); }
 }  // namespace
 
 Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
-    : model_(std::move(model)), opts_(opts), k_(select_kernels()), pool_(opts.n_threads) {
+    : model_(std::move(model)), opts_(opts), k_(opts.kernels ? *opts.kernels : select_kernels()), pool_(opts.n_threads) {
   const ModelConfig& c = model_->config();
   if (opts_.n_threads < 1 || opts_.n_threads > 256) throw std::invalid_argument("engine: threads must be 1..256");
   if (opts_.n_threads_decode != 1 && opts_.n_threads_decode != opts_.n_threads)
@@ -235,7 +236,7 @@ void Engine::matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, 
     if (is_quantized(w.type)) {
       const uint8_t* wp = w.packed + static_cast<size_t>(t.r0 / kRowGroup) * w.group_bytes;
       const GemmQ8Args a{wp, w.group_bytes, t.rows, &act_, 0, n, y, t.job->ldy};
-      (w.type == GgmlType::Q4_0 ? k_.gemm_q4_0 : w.type == GgmlType::Q4_1 ? k_.gemm_q4_1 : k_.gemm_q8_0)(a);
+      gemm_q8_for(k_, w.type)(a);
     } else {
       const uint8_t* wp = w.data + static_cast<size_t>(t.r0) * w.row_bytes;
       const GemmF32Args a{wp, w.row_bytes, t.rows, x, k, n, y, t.job->ldy};

@@ -37,6 +37,8 @@ struct EngineOptions {
   bool cuda_graphs = false;
   // CUDA only: which kernels run (device.h parse_cuda_kernels): "simple", "fast" or a list.
   std::string cuda_kernels = "simple";
+  // CPU kernel table (tests comparing tables in one process); nullptr = select_kernels().
+  const KernelTable* kernels = nullptr;
 };
 
 class Sequence {

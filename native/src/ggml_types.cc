@@ -34,11 +34,49 @@ std::string ggml_type_name(uint32_t type) {
 bool is_supported_weight_type(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
-    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q8_0:
+    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
       return true;
     default:
       return false;
   }
+}
+
+const char* supported_weight_types() { return "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"; }
+
+void k_scale_min(const uint8_t scales[12], int s, uint8_t* sc, uint8_t* m) {
+  if (s < 4) {
+    *sc = scales[s] & 63;
+    *m = scales[s + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((scales[s + 4] >> 4) | ((scales[s] >> 6) << 4));
+  }
+}
+
+void quants_q5(const uint8_t qh[4], const uint8_t qs[16], uint8_t q[32]) {
+  for (int j = 0; j < 32; ++j) {
+    const int low = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+    q[j] = static_cast<uint8_t>(low | ((qh[j / 8] >> (j % 8)) & 1) << 4);
+  }
+}
+
+void quants_q4_k(const BlockQ4_K& b, int s, uint8_t q[32]) {
+  const uint8_t* qs = b.qs + 32 * (s / 2);
+  for (int l = 0; l < 32; ++l) q[l] = s % 2 ? qs[l] >> 4 : qs[l] & 0xF;
+}
+
+void quants_q5_k(const BlockQ5_K& b, int s, uint8_t q[32]) {
+  const uint8_t* qs = b.qs + 32 * (s / 2);
+  for (int l = 0; l < 32; ++l) q[l] = static_cast<uint8_t>((s % 2 ? qs[l] >> 4 : qs[l] & 0xF) | ((b.qh[l] >> s) & 1) << 4);
+}
+
+void quants_q6_k(const BlockQ6_K& b, int s, uint8_t q[32]) {
+  const int h = s / 4, a = s % 4;
+  const uint8_t* ql = b.ql + 64 * h + 32 * (a % 2);
+  const uint8_t* qh = b.qh + 32 * h;
+  for (int l = 0; l < 32; ++l)
+    q[l] = static_cast<uint8_t>((a < 2 ? ql[l] & 0xF : ql[l] >> 4) | ((qh[l] >> (2 * a)) & 3) << 4);
 }
 
 }  // namespace ctx

@@ -5,11 +5,15 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ggml_types.h"
+
 namespace ctx {
 
 // Activations quantized to 8 bits in 32-element blocks, the way ggml feeds quantized
-// weights: per block a scale d (rounded to f16), the f16-rounded d*sum(qs) (for Q4_1) and
-// the integer sum of qs (for Q4_0). Stored structure-of-arrays, one row per token.
+// weights: per block a scale d (rounded to f16), the f16-rounded d*sum(qs) (for Q4_1/Q5_1, as
+// ggml's Q8_1) and the integer sum of qs (for the other offsets: Q4_0, Q5_0, the K-quants' mins
+// and Q6_K's -32). Stored structure-of-arrays, one row per token. The K-quants use the same
+// 32-element blocks, one per sub-block (ggml uses 256-element Q8_K activations for them).
 struct ActQ8 {
   int8_t* qs = nullptr;    // [rows][k]
   float* d = nullptr;      // [rows][k/32]
@@ -49,6 +53,11 @@ struct KernelTable {
   void (*gemm_q4_0)(const GemmQ8Args&);
   void (*gemm_q4_1)(const GemmQ8Args&);
   void (*gemm_q8_0)(const GemmQ8Args&);
+  void (*gemm_q5_0)(const GemmQ8Args&);
+  void (*gemm_q5_1)(const GemmQ8Args&);
+  void (*gemm_q4_k)(const GemmQ8Args&);
+  void (*gemm_q5_k)(const GemmQ8Args&);
+  void (*gemm_q6_k)(const GemmQ8Args&);
   void (*gemm_f32)(const GemmF32Args&);
   void (*gemm_f16)(const GemmF32Args&);
   void (*gemm_bf16)(const GemmF32Args&);
@@ -66,6 +75,10 @@ struct KernelTable {
   float (*exp_sum)(float* x, int n, float max);
   void (*f32_to_f16)(const float* x, uint16_t* y, int n);
 };
+
+// The table's GEMM for a packed quantized weight type (packed.h is_packable); nullptr for others.
+using GemmQ8Fn = void (*)(const GemmQ8Args&);
+GemmQ8Fn gemm_q8_for(const KernelTable& k, GgmlType t);
 
 const KernelTable& scalar_kernels();
 const KernelTable* avx2_kernels();    // nullptr when not compiled in

@@ -29,28 +29,40 @@ void quantize_q8(const float* x, int k, int8_t* qs, float* d, float* s, int32_t*
   }
 }
 
-// Walks packed row groups; dot_block(block, row, x, d, s, isum) gives one row's block term.
-template <typename Packed, typename DotBlock>
+// One activation row's view at a packed block's columns: its first 8-bit quant and the
+// per-32 scale, scaled sum and integer sum of each of its 32-element blocks.
+struct XBlock {
+  const int8_t* qs;
+  const float* d;
+  const float* s;
+  const int32_t* isum;
+};
+
+// Walks packed row groups of blocks of kCols columns; dot_block(block, row, x) gives one row's
+// term for one block.
+template <typename Packed, int kCols, typename DotBlock>
 void gemm_packed(const GemmQ8Args& a, DotBlock dot_block) {
-  const int nb = a.x->blocks();
+  const int nb = a.x->k / kCols, nb32 = a.x->blocks();
+  constexpr int kSub = kCols / 32;
   for (int g0 = 0; g0 < a.n_rows; g0 += kRowGroup) {
     const auto* pb = reinterpret_cast<const Packed*>(a.w + (g0 / kRowGroup) * a.group_bytes);
     for (int t = 0; t < a.n_tok; ++t) {
       const int row = a.tok0 + t;
       const int8_t* xq = a.x->qs + static_cast<size_t>(row) * a.x->k;
-      const float* xd = a.x->d + static_cast<size_t>(row) * nb;
-      const float* xs = a.x->s + static_cast<size_t>(row) * nb;
-      const int32_t* xi = a.x->isum + static_cast<size_t>(row) * nb;
+      const float* xd = a.x->d + static_cast<size_t>(row) * nb32;
+      const float* xs = a.x->s + static_cast<size_t>(row) * nb32;
+      const int32_t* xi = a.x->isum + static_cast<size_t>(row) * nb32;
       for (int r = 0; r < kRowGroup && g0 + r < a.n_rows; ++r) {
         float acc = 0;
-        for (int b = 0; b < nb; ++b) acc += dot_block(pb[b], r, xq + b * 32, xd[b], xs[b], xi[b]);
+        for (int b = 0; b < nb; ++b)
+          acc += dot_block(pb[b], r, XBlock{xq + b * kCols, xd + b * kSub, xs + b * kSub, xi + b * kSub});
         a.y[static_cast<size_t>(t) * a.ldy + g0 + r] = acc;
       }
     }
   }
 }
 
-// Sum over a Q4 packed block of one row: byte (g*8+r)*4+i holds weights 4g+i and 16+4g+i.
+// Sum over a Q4 run (packed.h) of one row: byte (g*8+r)*4+i holds weights 4g+i and 16+4g+i.
 int q4_dot(const uint8_t* qs, int r, const int8_t* x) {
   int sumi = 0;
   for (int g = 0; g < 4; ++g)
@@ -61,24 +73,102 @@ int q4_dot(const uint8_t* qs, int r, const int8_t* x) {
   return sumi;
 }
 
+// The same for 5-bit quants: the Q4 run plus bit 4 from the high-bit vector (packed.h).
+int q5_dot(const uint8_t* qs, const uint8_t* qh, int r, const int8_t* x) {
+  int sumi = 0;
+  for (int g = 0; g < 4; ++g)
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t q = qs[(g * 8 + r) * 4 + i], h = qh[r * 4 + i];
+      const int lo = (q & 0xF) | ((h >> g) & 1) << 4, hi = (q >> 4) | ((h >> (4 + g)) & 1) << 4;
+      sumi += lo * x[4 * g + i] + hi * x[16 + 4 * g + i];
+    }
+  return sumi;
+}
+
+// 6-bit quants (offset not applied): the sums over the first and the second 16 weights, which
+// have scales of their own.
+void q6_dots(const uint8_t* qs, const uint8_t* qh, int r, const int8_t* x, int* first, int* second) {
+  *first = *second = 0;
+  for (int g = 0; g < 4; ++g)
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t q = qs[(g * 8 + r) * 4 + i], h = qh[32 * (g / 2) + r * 4 + i];
+      const int sh = 2 * (g % 2);
+      *first += ((q & 0xF) | ((h >> sh) & 3) << 4) * x[4 * g + i];
+      *second += ((q >> 4) | ((h >> (4 + sh)) & 3) << 4) * x[16 + 4 * g + i];
+    }
+}
+
 void gemm_q4_0(const GemmQ8Args& a) {
-  gemm_packed<PackedQ4_0>(a, [](const PackedQ4_0& p, int r, const int8_t* x, float xd, float, int32_t xsum) {
-    return fp16_to_fp32(p.d[r]) * xd * static_cast<float>(q4_dot(p.qs, r, x) - 8 * xsum);
+  gemm_packed<PackedQ4_0, 32>(a, [](const PackedQ4_0& p, int r, const XBlock& x) {
+    return fp16_to_fp32(p.d[r]) * x.d[0] * static_cast<float>(q4_dot(p.qs, r, x.qs) - 8 * x.isum[0]);
   });
 }
 
 void gemm_q4_1(const GemmQ8Args& a) {
-  gemm_packed<PackedQ4_1>(a, [](const PackedQ4_1& p, int r, const int8_t* x, float xd, float xs, int32_t) {
-    return fp16_to_fp32(p.d[r]) * xd * static_cast<float>(q4_dot(p.qs, r, x)) + fp16_to_fp32(p.m[r]) * xs;
+  gemm_packed<PackedQ4_1, 32>(a, [](const PackedQ4_1& p, int r, const XBlock& x) {
+    return fp16_to_fp32(p.d[r]) * x.d[0] * static_cast<float>(q4_dot(p.qs, r, x.qs)) + fp16_to_fp32(p.m[r]) * x.s[0];
+  });
+}
+
+void gemm_q5_0(const GemmQ8Args& a) {
+  gemm_packed<PackedQ5_0, 32>(a, [](const PackedQ5_0& p, int r, const XBlock& x) {
+    return fp16_to_fp32(p.d[r]) * x.d[0] * static_cast<float>(q5_dot(p.qs, p.qh, r, x.qs) - 16 * x.isum[0]);
+  });
+}
+
+void gemm_q5_1(const GemmQ8Args& a) {
+  gemm_packed<PackedQ5_1, 32>(a, [](const PackedQ5_1& p, int r, const XBlock& x) {
+    return fp16_to_fp32(p.d[r]) * x.d[0] * static_cast<float>(q5_dot(p.qs, p.qh, r, x.qs)) + fp16_to_fp32(p.m[r]) * x.s[0];
   });
 }
 
 void gemm_q8_0(const GemmQ8Args& a) {
-  gemm_packed<PackedQ8_0>(a, [](const PackedQ8_0& p, int r, const int8_t* x, float xd, float, int32_t) {
+  gemm_packed<PackedQ8_0, 32>(a, [](const PackedQ8_0& p, int r, const XBlock& x) {
     int sumi = 0;
     for (int g = 0; g < 8; ++g)
-      for (int i = 0; i < 4; ++i) sumi += p.qs[(g * 8 + r) * 4 + i] * x[4 * g + i];
-    return fp16_to_fp32(p.d[r]) * xd * static_cast<float>(sumi);
+      for (int i = 0; i < 4; ++i) sumi += p.qs[(g * 8 + r) * 4 + i] * x.qs[4 * g + i];
+    return fp16_to_fp32(p.d[r]) * x.d[0] * static_cast<float>(sumi);
+  });
+}
+
+// Q4_K / Q5_K super-block: d * sum_s xd_s * sc_s * dot_s - dmin * sum_s xd_s * m_s * isum_s. The
+// integer products are exact (|sc * dot| <= 63 * 31 * 127 * 32 < 2^24, so exact in float too).
+template <typename Packed, typename Dot>
+float k4_block(const Packed& p, int r, const XBlock& x, Dot dot) {
+  float sum = 0, mins = 0;
+  for (int s = 0; s < 8; ++s) {
+    sum += static_cast<float>(p.sc[s][r] * dot(s)) * x.d[s];
+    mins += static_cast<float>(p.m[s][r] * x.isum[s]) * x.d[s];
+  }
+  return fp16_to_fp32(p.d[r]) * sum - fp16_to_fp32(p.dmin[r]) * mins;
+}
+
+void gemm_q4_k(const GemmQ8Args& a) {
+  gemm_packed<PackedQ4_K, 256>(a, [](const PackedQ4_K& p, int r, const XBlock& x) {
+    return k4_block(p, r, x, [&](int s) { return q4_dot(p.qs[s], r, x.qs + 32 * s); });
+  });
+}
+
+void gemm_q5_k(const GemmQ8Args& a) {
+  gemm_packed<PackedQ5_K, 256>(a, [](const PackedQ5_K& p, int r, const XBlock& x) {
+    return k4_block(p, r, x, [&](int s) { return q5_dot(p.qs[s], p.qh[s], r, x.qs + 32 * s); });
+  });
+}
+
+// Q6_K super-block: d * sum_s xd_s * (sc_2s * (dot_first - 32 sum_first(x)) + sc_2s+1 * (...)).
+void gemm_q6_k(const GemmQ8Args& a) {
+  gemm_packed<PackedQ6_K, 256>(a, [](const PackedQ6_K& p, int r, const XBlock& x) {
+    float sum = 0;
+    for (int s = 0; s < 8; ++s) {
+      const int8_t* xs = x.qs + 32 * s;
+      int first, second, x_first = 0;
+      q6_dots(p.qs[s], p.qh[s], r, xs, &first, &second);
+      for (int j = 0; j < 16; ++j) x_first += xs[j];
+      const int x_second = x.isum[s] - x_first;
+      const int t = p.sc[2 * s][r] * (first - 32 * x_first) + p.sc[2 * s + 1][r] * (second - 32 * x_second);
+      sum += static_cast<float>(t) * x.d[s];
+    }
+    return fp16_to_fp32(p.d[r]) * sum;
   });
 }
 
@@ -146,7 +236,8 @@ void f32_to_f16(const float* x, uint16_t* y, int n) {
 }
 
 const KernelTable kScalar = {
-    "scalar", quantize_q8, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_f32, gemm_f16, gemm_bf16,
+    "scalar", quantize_q8, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q5_0, gemm_q5_1, gemm_q4_k, gemm_q5_k, gemm_q6_k,
+    gemm_f32, gemm_f16, gemm_bf16,
     kv_to_f32, kv_gather_f32, attn_scores, attn_values, exp_sum, f32_to_f16,
 };
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "dequant.h"
 #include "kernels.h"
 #include "packed.h"
 #include <stdexcept>
@@ -45,7 +46,7 @@ Weight Model::weight(const std::string& name, int cols, int rows) const {
   const auto type = static_cast<GgmlType>(t->type);
   if (!is_supported_weight_type(type))
     throw std::invalid_argument("model: tensor '" + name + "' has type " + ggml_type_name(t->type) +
-                                ", which ctxbank does not support (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)");
+                                ", which ctxbank does not support (supported: " + supported_weight_types() + ")");
   const GgmlTypeTraits* tr = ggml_type_traits(t->type);
   Weight w;
   w.type = type;
@@ -53,6 +54,13 @@ Weight Model::weight(const std::string& name, int cols, int rows) const {
   w.cols = cols;
   w.rows = rows;
   w.row_bytes = static_cast<size_t>(cols) / tr->block_size * tr->type_size;
+  // Every bit pattern of a block is a valid quant except a scale that is Inf or NaN: such a file
+  // is corrupt, and would only surface as NaN logits.
+  if (const int64_t b = first_nonfinite_scale(w); b >= 0) {
+    const int64_t per_row = cols / tr->block_size;
+    throw GgufError("gguf: tensor '" + name + "' (" + tr->name + ") has a non-finite scale in block " +
+                    std::to_string(b % per_row) + " of row " + std::to_string(b / per_row));
+  }
   return w;
 }
 

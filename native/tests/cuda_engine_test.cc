@@ -135,6 +135,24 @@ TEST_P(CudaEngineKernels, EveryWeightTypePrefillThenDecode) {
   }
 }
 
+// Q5_0, Q5_1 and the K-quants (float paths on the GPU, 8-bit activations on the CPU) in a model
+// 256 wide, every matrix and the tied embedding of the type.
+TEST_P(CudaEngineKernels, Q5AndKQuantModelsPrefillThenDecode) {
+  SKIP_WITHOUT_GPU();
+  static ctxtest::TempDir dir;
+  ctxtest::TinyLlama c = ctxtest::kTinyWide;
+  c.n_vocab = 300, c.n_ctx = 1024, c.rope_base = 1000.f;
+  for (uint32_t type : {ctxtest::kTQ5_0, ctxtest::kTQ5_1, ctxtest::kTQ4_K, ctxtest::kTQ5_K, ctxtest::kTQ6_K}) {
+    const auto m = Model::load(dir.write("w" + std::to_string(type) + ".gguf",
+                                         ctxtest::build(ctxtest::quantized_tiny_llama_spec(c, type, 21 + type)).bytes));
+    Pair p(m, 512, GetParam());
+    p.add(1024);
+    p.step({{0, tokens(300, 300, 2)}}, kRel, "type " + std::to_string(type) + " prefill 300");
+    for (int i = 0; i < 10; ++i)
+      p.step({{0, {static_cast<int32_t>((i * 41) % 300)}}}, kRel, "type " + std::to_string(type) + " decode " + std::to_string(i));
+  }
+}
+
 TEST_P(CudaEngineKernels, LongContextAcrossDecodeSplits) {
   SKIP_WITHOUT_GPU();
   Pair p(model_of(ctxtest::kTQ4_1), 512, GetParam());

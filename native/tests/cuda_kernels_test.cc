@@ -79,7 +79,7 @@ std::vector<float> cpu_matmul(const HostWeight& hw, const std::vector<float>& x,
                     d.data() + t * nb, s.data() + t * nb, isum.data() + t * nb);
     const ActQ8 act{qs.data(), d.data(), s.data(), isum.data(), w.cols};
     const GemmQ8Args a{packed.data(), packed_group_bytes(w.type, w.cols), w.rows, &act, 0, n, y.data(), w.rows};
-    (w.type == GgmlType::Q4_0 ? k.gemm_q4_0 : w.type == GgmlType::Q4_1 ? k.gemm_q4_1 : k.gemm_q8_0)(a);
+    gemm_q8_for(k, w.type)(a);
   } else {
     const GemmF32Args a{w.data, w.row_bytes, w.rows, x.data(), w.cols, n, y.data(), w.rows};
     (w.type == GgmlType::F32 ? k.gemm_f32 : k.gemm_f16)(a);
@@ -177,6 +177,44 @@ TEST(CudaKernels, EmbedIsDequantizeRow) {
     std::vector<float> want(tokens.size() * 64);
     for (size_t i = 0; i < tokens.size(); ++i) dequantize_row(hw.w, tokens[i], want.data() + i * 64);
     EXPECT_EQ(got, want) << "type " << type;
+  }
+}
+
+// Q5_0, Q5_1 and the K-quants have no 8-bit-activation kernels on the GPU: its float paths read
+// them through load_weight. Embedding rows are dequantize_row's bit for bit; the matvec (f32
+// activations and sums) and the f16 tensor-core GEMM match a double-precision product with the
+// dequantized weights (the same bounds as the float types above).
+TEST(CudaKernels, FloatPathsReadQ5AndKQuantWeights) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t type : {ctxtest::kTQ5_0, ctxtest::kTQ5_1, ctxtest::kTQ4_K, ctxtest::kTQ5_K, ctxtest::kTQ6_K}) {
+    const int rows = 130, cols = 512;  // 3 x 64-row GEMM tiles; 2 super-blocks
+    const HostWeight hw(type, rows, cols, 60 + type);
+    const std::vector<float> deq = hw.dequantized();
+    const std::vector<int32_t> tokens = {0, 129, 7, 7, 64};
+    std::vector<float> rows_want(tokens.size() * cols);
+    for (size_t i = 0; i < tokens.size(); ++i)
+      std::copy(deq.begin() + static_cast<size_t>(tokens[i]) * cols, deq.begin() + static_cast<size_t>(tokens[i] + 1) * cols,
+                rows_want.begin() + i * cols);
+    EXPECT_EQ(gpu::embed(hw.w, tokens), rows_want) << "type " << type;
+    for (int n : {1, 3, 8, 9, 64, 100}) {
+      const std::vector<float> x = randoms(static_cast<size_t>(n) * cols, 70 + n, -2.f, 2.f);
+      std::vector<float> want(static_cast<size_t>(n) * rows);
+      std::vector<double> scale(want.size());
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < rows; ++r) {
+          double s = 0, a = 0;
+          for (int c = 0; c < cols; ++c) {
+            const double p = static_cast<double>(deq[static_cast<size_t>(r) * cols + c]) * x[static_cast<size_t>(t) * cols + c];
+            s += p;
+            a += std::fabs(p);
+          }
+          want[static_cast<size_t>(t) * rows + r] = static_cast<float>(s);
+          scale[static_cast<size_t>(t) * rows + r] = a;
+        }
+      const std::string what = "type " + std::to_string(type) + " n " + std::to_string(n);
+      if (n <= 8) expect_close(gpu::matvec(hw.w, x, n), want, scale, 1e-5, 1e-6, what + " matvec");
+      else expect_close(gpu::gemm(hw.w, x, n), want, scale, 2e-3, 1e-5, what + " gemm");
+    }
   }
 }
 

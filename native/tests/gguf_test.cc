@@ -12,6 +12,7 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "model.h"
+#include "packed.h"
 
 namespace {
 
@@ -441,12 +442,157 @@ TEST_F(ModelLoadTest, RefusesWrongShape) {
 
 TEST_F(ModelLoadTest, RefusesUnsupportedTensorType) {
   TinyLlama c;
-  c.n_ff = 256;  // Q6_K rows hold 256 elements
+  c.n_ff = 256;  // Q3_K rows hold 256 elements
   Spec s = tiny_llama_spec(c);
   Tensor& t = s.tensor("blk.0.ffn_down.weight");
-  t.type = kTQ6_K;
-  t.data.clear();  // the writer sizes it: 32 rows x 1 block x 210 bytes
-  ExpectLoadFails<std::invalid_argument>(s, "tensor 'blk.0.ffn_down.weight' has type Q6_K, which ctxbank does not support");
+  t.type = kTQ3_K;
+  t.data.clear();  // the writer sizes it: 32 rows x 1 block x 110 bytes
+  ExpectLoadFails<std::invalid_argument>(
+      s, "tensor 'blk.0.ffn_down.weight' has type Q3_K, which ctxbank does not support (supported: F32, F16, BF16, "
+         "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The quant types Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: valid files load; malformed ones are refused
+// with a message that names the problem.
+
+const uint32_t kNewQuantTypes[] = {kTQ5_0, kTQ5_1, kTQ4_K, kTQ5_K, kTQ6_K};
+
+TEST_F(ModelLoadTest, LoadsEveryNewQuantType) {
+  for (uint32_t type : kNewQuantTypes) {
+    SCOPED_TRACE(type);
+    const auto m = ctx::Model::load(dir.write("q.gguf", build(quantized_tiny_llama_spec(kTinyWide, type)).bytes));
+    const auto& w = m->layers()[1].w_down;
+    EXPECT_EQ(static_cast<uint32_t>(w.type), type);
+    EXPECT_EQ(w.row_bytes, tensor_bytes(type, 512));  // one row of 512 columns, the writer's own size table
+    ASSERT_NE(w.packed, nullptr);
+    EXPECT_EQ(w.group_bytes, ctx::packed_group_bytes(w.type, 512));
+    // The tied output is the packed embedding.
+    EXPECT_TRUE(m->config().tied_output);
+    EXPECT_EQ(m->output().packed, m->token_embd().packed);
+    EXPECT_NE(m->token_embd().packed, nullptr);
+  }
+}
+
+TEST_F(GgufTest, RefusesNewQuantTypesWithRowsThatAreNotWholeBlocks) {
+  auto with = [](Tensor t) {
+    Spec s = small_spec();
+    s.tensors.push_back(std::move(t));
+    return s;
+  };
+  EXPECT_TRUE(Rejects(dir, with({"z", {48, 2}, kTQ5_0, "", {}, false}), "'z' row of 48 is not a multiple of the Q5_0 block size"));
+  EXPECT_TRUE(Rejects(dir, with({"z", {80, 2}, kTQ5_1, "", {}, false}), "'z' row of 80 is not a multiple of the Q5_1 block size"));
+  // Multiples of 32 that are not whole super-blocks.
+  EXPECT_TRUE(Rejects(dir, with({"z", {288, 2}, kTQ4_K, "", {}, false}), "'z' row of 288 is not a multiple of the Q4_K block size"));
+  EXPECT_TRUE(Rejects(dir, with({"z", {32, 8}, kTQ5_K, "", {}, false}), "'z' row of 32 is not a multiple of the Q5_K block size"));
+  EXPECT_TRUE(Rejects(dir, with({"z", {640, 1}, kTQ6_K, "", {}, false}), "'z' row of 640 is not a multiple of the Q6_K block size"));
+}
+
+TEST_F(GgufTest, RefusesUnknownTypeNumbers) {
+  // Numbers ggml retired (Q4_2, Q4_3, the Q4_0 repackings 31..33 and 36..38) or never defined.
+  for (uint32_t type : {4u, 5u, 31u, 32u, 33u, 36u, 37u, 38u, 40u, 255u, 1u << 31, 0xFFFFFFFFu}) {
+    SCOPED_TRACE(type);
+    Spec s = small_spec();
+    s.tensors.push_back({"z", {256}, type, "", {}, false});
+    EXPECT_TRUE(Rejects(dir, s, "'z' has unknown ggml type " + std::to_string(type)));
+  }
+}
+
+// A tensor whose bytes are sized for another type: the next tensor's data overlaps it, or, last
+// in the file, it runs past the end.
+TEST_F(GgufTest, RefusesNewQuantTensorsOfTheWrongByteSize) {
+  const std::pair<uint32_t, uint32_t> written_as[] = {
+      {kTQ5_0, kTQ4_0}, {kTQ5_1, kTQ5_0}, {kTQ4_K, kTQ3_K}, {kTQ5_K, kTQ4_K}, {kTQ6_K, kTQ5_K}};
+  for (const auto& [type, smaller] : written_as) {
+    SCOPED_TRACE(type);
+    const std::string short_data = pattern(tensor_bytes(smaller, 512), 5);
+    Spec last = small_spec();
+    last.tensors.push_back({"z", {256, 2}, type, short_data, {}, true});
+    EXPECT_TRUE(Rejects(dir, last, "'z' extends past the end of the file"));
+    Spec middle = small_spec();
+    middle.tensors.insert(middle.tensors.begin(), {"z", {256, 2}, type, short_data, {}, true});
+    middle.tensors.push_back({"tail", {256}, kTF32, pattern(1024, 6), {}, true});  // the file goes on past z's true end
+    EXPECT_TRUE(Rejects(dir, middle, "overlap"));
+  }
+}
+
+// Every strict prefix of a file holding each new type is refused.
+TEST_F(GgufTest, EveryTruncationOfNewQuantTensorsIsRefused) {
+  Spec s = small_spec();
+  for (uint32_t type : kNewQuantTypes)
+    s.tensors.push_back({"t" + std::to_string(type), {256, 2}, type, pattern(tensor_bytes(type, 512), static_cast<int>(type)), {}, true});
+  const std::string full = build(s).bytes;
+  ASSERT_NO_THROW(GgufFile::open(dir.write("full.gguf", full)));
+  for (size_t n = 0; n < full.size(); ++n) {
+    const std::string path = dir.write("cut.gguf", full.substr(0, n));
+    try {
+      GgufFile::open(path);
+      ADD_FAILURE() << "prefix of " << n << " bytes accepted";
+    } catch (const GgufError& e) {
+      EXPECT_TRUE(std::regex_search(e.what(), std::regex("truncated|too small to be a GGUF file|past the end")))
+          << "prefix " << n << ": " << e.what();
+    }
+  }
+}
+
+// Every bit pattern of a block is a valid weight except an Inf or NaN scale: refused at load,
+// naming the tensor, its type, the block and the row.
+TEST_F(ModelLoadTest, RefusesNonFiniteBlockScales) {
+  struct Case {
+    uint32_t type;
+    size_t block_elems, field;  // the f16 field's byte offset in its block
+    uint16_t bits;
+  };
+  const Case cases[] = {
+      {kTQ5_0, 32, 0, 0x7C00},     // d = +Inf
+      {kTQ5_1, 32, 2, 0x7E00},     // m = NaN
+      {kTQ4_K, 256, 0, 0xFC00},    // d = -Inf
+      {kTQ5_K, 256, 2, 0x7C01},    // dmin = NaN
+      {kTQ6_K, 256, 208, 0x7C00},  // d, the last field of a Q6_K block
+      {kTQ4_0, 32, 0, 0x7C00},     // the older types are checked the same way
+      {kTQ8_0, 32, 0, 0x7FFF},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.type);
+    Spec s = quantized_tiny_llama_spec(kTinyWide, c.type);
+    Tensor& t = s.tensor("blk.1.ffn_up.weight");  // 512 rows of 256 columns
+    const size_t row_bytes = tensor_bytes(c.type, 256), block_bytes = tensor_bytes(c.type, c.block_elems);
+    const size_t row = 300, block = 256 / c.block_elems - 1;
+    std::memcpy(&t.data[row * row_bytes + block * block_bytes + c.field], &c.bits, 2);
+    ExpectLoadFails<GgufError>(s, "tensor 'blk.1.ffn_up.weight' (" + std::string(ctx::ggml_type_name(c.type)) +
+                                      ") has a non-finite scale in block " + std::to_string(block) + " of row " +
+                                      std::to_string(row));
+  }
+}
+
+// Random byte corruption anywhere in a file of new-type tensors: either it loads (a changed quant
+// is a valid quant) or it is refused with GgufError / std::invalid_argument -- never a crash, a
+// hang or another exception.
+TEST_F(ModelLoadTest, RandomCorruptionLoadsOrIsRefused) {
+  std::mt19937 rng(77);
+  int loaded = 0, refused = 0;
+  for (uint32_t type : kNewQuantTypes) {
+    const std::string good = build(quantized_tiny_llama_spec(kTinyWide, type)).bytes;
+    for (int trial = 0; trial < 60; ++trial) {
+      std::string bad = good;
+      // Mostly the header (where a flip changes meaning), some in the data.
+      const size_t span = trial % 3 == 0 ? bad.size() : std::min<size_t>(bad.size(), 2048);
+      for (int flips = 1 + trial % 4; flips > 0; --flips) bad[std::uniform_int_distribution<size_t>(0, span - 1)(rng)] ^= static_cast<char>(1 + rng() % 255);
+      try {
+        ctx::Model::load(dir.write("fuzz.gguf", bad));
+        ++loaded;
+      } catch (const GgufError& e) {
+        ++refused;
+        EXPECT_GT(std::strlen(e.what()), 10u);
+      } catch (const std::invalid_argument& e) {
+        ++refused;
+        EXPECT_GT(std::strlen(e.what()), 10u);
+      }
+    }
+  }
+  // Both outcomes occur, so the loop exercised the loader's refusals as well as its success path.
+  EXPECT_GT(loaded, 0);
+  EXPECT_GT(refused, 0);
 }
 
 }  // namespace

@@ -26,7 +26,10 @@ enum : uint32_t {
   kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
 };
 // ggml type numbers used by the tests.
-enum : uint32_t { kTF32 = 0, kTF16 = 1, kTQ4_0 = 2, kTQ4_1 = 3, kTQ8_0 = 8, kTQ6_K = 14 };
+enum : uint32_t {
+  kTF32 = 0, kTF16 = 1, kTQ4_0 = 2, kTQ4_1 = 3, kTQ5_0 = 6, kTQ5_1 = 7, kTQ8_0 = 8,
+  kTQ3_K = 11, kTQ4_K = 12, kTQ5_K = 13, kTQ6_K = 14,
+};
 
 // Little-endian byte builder.
 struct Bytes {
@@ -72,7 +75,12 @@ inline uint64_t tensor_bytes(uint32_t type, uint64_t n) {
     case kTF16: return n * 2;
     case kTQ4_0: return n / 32 * 18;
     case kTQ4_1: return n / 32 * 20;
+    case kTQ5_0: return n / 32 * 22;
+    case kTQ5_1: return n / 32 * 24;
     case kTQ8_0: return n / 32 * 34;
+    case kTQ3_K: return n / 256 * 110;
+    case kTQ4_K: return n / 256 * 144;
+    case kTQ5_K: return n / 256 * 176;
     case kTQ6_K: return n / 256 * 210;
     default: throw std::logic_error("gguf_writer: no size for this type; give data explicitly");
   }
@@ -208,11 +216,13 @@ inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float lo, f
 // Round-to-nearest quantization of one row (length multiple of 32) into ggml blocks, for
 // building quantized test models (independent of the engine's fp16.h).
 inline uint16_t to_half(float f) {
-  // Normal-range values only (test scales are ~1e-3..1): round the mantissa to 10 bits.
+  // Up to the normal range (test scales are ~1e-5..1).
   if (f == 0.f) return 0;
   uint32_t b;
   std::memcpy(&b, &f, 4);
   const uint32_t sign = (b >> 16) & 0x8000;
+  // Subnormal halves are multiples of 2^-24 (1024 of them is the smallest normal, 0x0400).
+  if (std::fabs(f) < std::ldexp(1.f, -14)) return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(std::ldexp(std::fabs(f), 24))));
   const int exp = static_cast<int>((b >> 23) & 0xFF) - 127 + 15;
   uint32_t mant = (b & 0x7FFFFF) + 0x1000;  // round half up at bit 13
   int e = exp;
@@ -225,8 +235,85 @@ inline float from_half(uint16_t h) {
   const float v = e == 0 ? std::ldexp(static_cast<float>(m), -24) : std::ldexp(static_cast<float>(m + 1024), e - 25);
   return (h & 0x8000) ? -v : v;
 }
+inline long round_clamp(float v, long lo, long hi) { return std::clamp<long>(std::lround(v), lo, hi); }
+
+// A Q4_K (nmax 15) or Q5_K (nmax 31) super-block: per 32-sub-block an offset min(0, min x) and a
+// step (max - min) / nmax, both as 6-bit multiples of the super-block's dmin and d.
+inline void quantize_k4(const float* x, int nmax, Bytes& out) {
+  float step[8], mn[8];
+  for (int j = 0; j < 8; ++j) {
+    float lo = 0, hi = 0;
+    for (int l = 0; l < 32; ++l) lo = std::min(lo, x[32 * j + l]), hi = std::max(hi, x[32 * j + l]);
+    step[j] = (hi - lo) / nmax;
+    mn[j] = -lo;
+  }
+  const uint16_t dh = to_half(*std::max_element(step, step + 8) / 63), mh = to_half(*std::max_element(mn, mn + 8) / 63);
+  const float d = from_half(dh), dmin = from_half(mh);
+  uint8_t sc[8], m[8], scales[12] = {}, qs[128] = {}, qh[32] = {};
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(d > 0 ? round_clamp(step[j] / d, 0, 63) : 0);
+    m[j] = static_cast<uint8_t>(dmin > 0 ? round_clamp(mn[j] / dmin, 0, 63) : 0);
+    if (j < 4) {
+      scales[j] = sc[j];
+      scales[j + 4] = m[j];
+    } else {
+      scales[j + 4] = static_cast<uint8_t>((sc[j] & 0xF) | (m[j] & 0xF) << 4);
+      scales[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+      scales[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
+    }
+    const float ds = d * sc[j], dm = dmin * m[j];
+    for (int l = 0; l < 32; ++l) {
+      const auto q = static_cast<uint8_t>(ds > 0 ? round_clamp((x[32 * j + l] + dm) / ds, 0, nmax) : 0);
+      qs[32 * (j / 2) + l] |= static_cast<uint8_t>((q & 0xF) << (4 * (j % 2)));
+      qh[l] |= static_cast<uint8_t>(((q >> 4) & 1) << j);
+    }
+  }
+  out.put(dh).put(mh);
+  for (uint8_t v : scales) out.u8(v);
+  if (nmax == 31)
+    for (uint8_t v : qh) out.u8(v);
+  for (uint8_t v : qs) out.u8(v);
+}
+
+// A Q6_K super-block: per 16-group a signed step (the value of largest magnitude maps to -32) as
+// an 8-bit multiple of d.
+inline void quantize_q6_k(const float* x, Bytes& out) {
+  float step[16], amax = 0;
+  for (int g = 0; g < 16; ++g) {
+    float big = 0;
+    for (int l = 0; l < 16; ++l)
+      if (std::fabs(x[16 * g + l]) > std::fabs(big)) big = x[16 * g + l];
+    step[g] = big / -32;
+    amax = std::max(amax, std::fabs(step[g]));
+  }
+  const uint16_t dh = to_half(amax / 127);
+  const float d = from_half(dh);
+  int8_t sc[16];
+  uint8_t ql[128] = {}, qh[64] = {};
+  for (int g = 0; g < 16; ++g) sc[g] = static_cast<int8_t>(d > 0 ? round_clamp(step[g] / d, -128, 127) : 0);
+  for (int e = 0; e < 256; ++e) {
+    const float ds = d * sc[e / 16];
+    const auto q = static_cast<uint8_t>(ds != 0 ? round_clamp(x[e] / ds + 32, 0, 63) : 32);
+    const int h = e / 128, a = (e % 128) / 32, l = e % 32;
+    ql[64 * h + 32 * (a % 2) + l] |= static_cast<uint8_t>((q & 0xF) << (a < 2 ? 0 : 4));
+    qh[32 * h + l] |= static_cast<uint8_t>((q >> 4) << (2 * a));
+  }
+  for (uint8_t v : ql) out.u8(v);
+  for (uint8_t v : qh) out.u8(v);
+  for (int8_t v : sc) out.put(v);
+  out.put(dh);
+}
+
 inline std::string quantize_row(uint32_t type, const float* x, int n) {
   Bytes out;
+  if (type == kTQ4_K || type == kTQ5_K || type == kTQ6_K) {
+    if (n % 256 != 0) throw std::logic_error("quantize_row: K-quant rows hold multiples of 256");
+    for (int b = 0; b < n / 256; ++b) {
+      if (type == kTQ6_K) quantize_q6_k(x + 256 * b, out);
+      else quantize_k4(x + 256 * b, type == kTQ4_K ? 15 : 31, out);
+    }
+    return out.b;
+  }
   for (int b = 0; b < n / 32; ++b) {
     const float* xb = x + b * 32;
     if (type == kTQ8_0) {
@@ -254,11 +341,34 @@ inline std::string quantize_row(uint32_t type, const float* x, int n) {
       out.put(dh);
       auto q = [&](int j) { return static_cast<uint8_t>(d != 0 ? std::clamp<long>(std::lround(xb[j] / d + 8.f), 0, 15) : 8); };
       for (int j = 0; j < 16; ++j) out.u8(static_cast<uint8_t>(q(j) | (q(j + 16) << 4)));
+    } else if (type == kTQ5_0 || type == kTQ5_1) {
+      // Q5_0 as Q4_0 (largest magnitude -> -16), Q5_1 as Q4_1 with 31 steps; bit 4 in qh.
+      uint8_t q[32];
+      float lo = xb[0], hi = xb[0], amax = 0, max = 0;
+      for (int j = 0; j < 32; ++j) {
+        lo = std::min(lo, xb[j]), hi = std::max(hi, xb[j]);
+        if (std::fabs(xb[j]) > amax) amax = std::fabs(xb[j]), max = xb[j];
+      }
+      if (type == kTQ5_0) {
+        const uint16_t dh = to_half(max / -16.f);
+        const float d = from_half(dh);
+        out.put(dh);
+        for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(d != 0 ? round_clamp(xb[j] / d + 16.f, 0, 31) : 16);
+      } else {
+        const uint16_t dh = to_half((hi - lo) / 31.f), mh = to_half(lo);
+        const float d = from_half(dh), m = from_half(mh);
+        out.put(dh).put(mh);
+        for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(d > 0 ? round_clamp((xb[j] - m) / d, 0, 31) : 0);
+      }
+      uint32_t qh = 0;
+      for (int j = 0; j < 32; ++j) qh |= static_cast<uint32_t>(q[j] >> 4) << j;
+      out.put(qh);
+      for (int j = 0; j < 16; ++j) out.u8(static_cast<uint8_t>((q[j] & 0xF) | (q[j + 16] & 0xF) << 4));
     } else if (type == kTF16) {
       // Values too small for a normal half become 0 (to_half handles normal values only).
       for (int j = 0; j < 32; ++j) out.put(std::fabs(xb[j]) < 1e-4f ? static_cast<uint16_t>(0) : to_half(xb[j]));
     } else {
-      throw std::logic_error("quantize_row: Q8_0, Q4_0, Q4_1 and F16 only");
+      throw std::logic_error("quantize_row: no quantizer for this type");
     }
   }
   return out.b;
@@ -316,5 +426,21 @@ inline Spec tiny_llama_spec(const TinyLlama& c, uint32_t seed = 1) {
   }
   return s;
 }
+
+// tiny_llama_spec with every 2-D tensor (the embedding, tied output, and the layers' matrices)
+// converted to `type`.
+inline Spec quantized_tiny_llama_spec(const TinyLlama& c, uint32_t type, uint32_t seed = 1) {
+  Spec s = tiny_llama_spec(c, seed);
+  for (auto& t : s.tensors)
+    if (t.dims.size() == 2) quantize_tensor(t, type);
+  return s;
+}
+
+// A tiny Llama whose widths are multiples of 256, so every matrix can be a K-quant.
+constexpr TinyLlama kTinyWide = [] {
+  TinyLlama c;
+  c.n_embd = 256, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 512, c.n_layer = 2, c.n_vocab = 40, c.n_ctx = 128;
+  return c;
+}();
 
 }  // namespace ctxtest

@@ -16,6 +16,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "packed.h"
+#include "quant_test_util.h"
 
 namespace {
 
@@ -55,23 +56,35 @@ struct QWeights {
   size_t group_bytes = 0;
 };
 
-// Random blocks; Q8_0 includes -128, which ggml never writes but the format allows.
+// Byte offsets of a block's f16 fields (d, and m or dmin).
+std::vector<size_t> half_fields(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q6_K: return {208};
+    default: return {0};
+  }
+}
+
+// Random blocks: every quant and sub-block scale bit pattern; the f16 fields overwritten with
+// sane halves (d positive, m and dmin of either sign). Q8_0 includes -128, which ggml never
+// writes but the format allows.
 QWeights make_qweights(GgmlType type, int rows, int k, std::mt19937& rng) {
-  const size_t bsize = type == GgmlType::Q4_0 ? 18 : type == GgmlType::Q4_1 ? 20 : 34;
+  const GgmlTypeTraits& tr = *ggml_type_traits(static_cast<uint32_t>(type));
+  const size_t bsize = tr.type_size;
   QWeights q;
-  q.bytes.resize(static_cast<size_t>(rows) * (k / 32) * bsize);
+  q.bytes.resize(static_cast<size_t>(rows) * (k / tr.block_size) * bsize);
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : q.bytes) b = static_cast<uint8_t>(byte(rng));
   std::uniform_real_distribution<float> scale(0.002f, 0.05f), mn(-0.3f, 0.3f);
-  for (size_t off = 0; off < q.bytes.size(); off += bsize) {  // overwrite d (and m) with sane halves
-    const uint16_t d = fp32_to_fp16(scale(rng));
-    std::memcpy(&q.bytes[off], &d, 2);
-    if (type == GgmlType::Q4_1) {
-      const uint16_t m = fp32_to_fp16(mn(rng));
-      std::memcpy(&q.bytes[off + 2], &m, 2);
+  const std::vector<size_t> fields = half_fields(type);
+  for (size_t off = 0; off < q.bytes.size(); off += bsize)
+    for (size_t i = 0; i < fields.size(); ++i) {
+      // The second field is Q4_1/Q5_1's offset m, or the K-quants' dmin (a scale of 6-bit mins).
+      const float v = i == 0 ? scale(rng) : type == GgmlType::Q4_K || type == GgmlType::Q5_K ? mn(rng) / 16 : mn(rng);
+      const uint16_t h = fp32_to_fp16(v);
+      std::memcpy(&q.bytes[off + fields[i]], &h, 2);
     }
-  }
-  q.w = {type, q.bytes.data(), k, rows, k / 32 * bsize};
+  q.w = {type, q.bytes.data(), k, rows, k / tr.block_size * bsize};
   q.group_bytes = packed_group_bytes(type, k);
   q.packed.resize(q.group_bytes * ((rows + kRowGroup - 1) / kRowGroup));
   pack_matrix(type, q.bytes.data(), rows, k, q.packed.data());
@@ -80,27 +93,8 @@ QWeights make_qweights(GgmlType type, int rows, int k, std::mt19937& rng) {
   return q;
 }
 
-struct Act {
-  std::vector<int8_t> qs;
-  std::vector<float> d, s;
-  std::vector<int32_t> isum;
-  ActQ8 a;
-  Act(int rows, int k) : qs(static_cast<size_t>(rows) * k), d(rows * k / 32), s(rows * k / 32), isum(rows * k / 32) {
-    a = {qs.data(), d.data(), s.data(), isum.data(), k};
-  }
-  // `a` points into the vectors: a move keeps their buffers, a copy would not.
-  Act(const Act&) = delete;
-  Act(Act&&) = default;
-};
-
-Act quantize_all(const KernelTable& kt, const std::vector<float>& x, int rows, int k) {
-  Act act(rows, k);
-  const int nb = k / 32;
-  for (int r = 0; r < rows; ++r)
-    kt.quantize_q8(&x[static_cast<size_t>(r) * k], k, &act.qs[static_cast<size_t>(r) * k], &act.d[r * nb],
-                   &act.s[r * nb], &act.isum[r * nb]);
-  return act;
-}
+using quanttest::Act;
+using quanttest::quantize_all;
 
 // Activation rows for quantization tests: random values, an all-zero block, a block whose
 // values sit exactly halfway between integers after scaling (round-half-even ties), and one
@@ -116,35 +110,24 @@ std::vector<float> activation_rows(std::mt19937& rng, int rows, int k) {
   return x;
 }
 
-typedef void (*GemmQ8Fn)(const GemmQ8Args&);
-GemmQ8Fn gemm_of(const KernelTable& kt, GgmlType t) {
-  return t == GgmlType::Q4_0 ? kt.gemm_q4_0 : t == GgmlType::Q4_1 ? kt.gemm_q4_1 : kt.gemm_q8_0;
-}
-
-// Upper bound on the magnitudes summed for one output: sum_j (|w_j| + |offset|) * |x_j|,
-// where the offset is the per-block constant the kernels fold in separately (8d for Q4_0, m
-// for Q4_1). Float rounding is relative to this, not to the (possibly cancelling) result.
+// Float rounding in a quantized GEMM is relative to this bound on the magnitudes it sums
+// (quant_test_util.h), not to the (possibly cancelling) result.
 double gemm_magnitude(const Weight& w, int row, const ActQ8& x, int tok) {
   std::vector<float> wr(w.cols);
   dequantize_row(w, row, wr.data());
-  const uint8_t* blk0 = w.data + static_cast<size_t>(row) * w.row_bytes;
-  double mag = 0;
-  for (int j = 0; j < w.cols; ++j) {
-    const int b = j / 32;
-    double off = 0;
-    if (w.type == GgmlType::Q4_0) off = 8 * fp16_to_fp32(reinterpret_cast<const BlockQ4_0*>(blk0)[b].d);
-    if (w.type == GgmlType::Q4_1) off = std::fabs(fp16_to_fp32(reinterpret_cast<const BlockQ4_1*>(blk0)[b].m));
-    const double xv = static_cast<double>(x.qs[static_cast<size_t>(tok) * x.k + j]) * x.d[tok * x.blocks() + b];
-    mag += (std::fabs(wr[j]) + off) * std::fabs(xv);
-  }
-  return mag;
+  return quanttest::gemm_magnitude(w, row, wr, x, tok);
 }
 
-const GgmlType kQuantTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0};
+const GgmlType kQuantTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                                GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 // Packed groups hold 8 rows: counts below, at and above one group, partial last groups.
 const int kRowCounts[] = {1, 2, 3, 4, 5, 7, 8, 9, 13, 17};
 const int kTokCounts[] = {1, 2, 3, 4, 5, 7, 8, 33};
-const int kKs[] = {32, 576, 1536};
+// Row lengths: one block, and several (K-quants: whole super-blocks of 256).
+std::vector<int> ks_for(GgmlType t) {
+  if (packed_block_cols(t) == kSuperBlock) return {256, 1536};
+  return {32, 576, 1536};
+}
 
 // ---------------------------------------------------------------------------------------------
 // SIMD tables vs scalar.
@@ -183,7 +166,7 @@ TEST_P(SimdVsScalar, QuantizeQ8IsBitIdentical) {
 TEST_P(SimdVsScalar, QuantizedGemms) {
   std::mt19937 rng(12);
   for (GgmlType type : kQuantTypes)
-    for (int k : kKs)
+    for (int k : ks_for(type))
       for (int rows : kRowCounts)
         for (int n_tok : kTokCounts) {
           SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) +
@@ -197,17 +180,17 @@ TEST_P(SimdVsScalar, QuantizedGemms) {
           // The scalar table does all rows in one call; the SIMD one as an engine task split
           // would (first group, then the rest from the second group on) when there are two.
           GemmQ8Args a{qw.packed.data(), qw.group_bytes, rows, &act.a, tok0, n_tok, ya.data(), ldy};
-          gemm_of(ref(), type)(a);
+          gemm_q8_for(ref(), type)(a);
           GemmQ8Args b = a;
           b.y = yb.data();
           if (rows > kRowGroup) {
             b.n_rows = kRowGroup;
-            gemm_of(simd(), type)(b);
+            gemm_q8_for(simd(), type)(b);
             b.w += qw.group_bytes;
             b.n_rows = rows - kRowGroup;
             b.y += kRowGroup;
           }
-          gemm_of(simd(), type)(b);
+          gemm_q8_for(simd(), type)(b);
           for (int t = 0; t < n_tok; ++t)
             for (int r = 0; r < ldy; ++r) {
               const size_t i = static_cast<size_t>(t) * ldy + r;
@@ -419,47 +402,32 @@ class KernelsVsReference : public ::testing::TestWithParam<std::string> {
   const KernelTable* kt_ = nullptr;
 };
 
-// Activations built to be exactly representable in the Q8 format: per block a half scale d
-// and integers q in [-127, 127] with |q| = 127 somewhere, x = q * d. Quantizing them must give
+// Activations exactly representable in the Q8 format (quant_test_util.h): quantizing them gives
 // back exactly q and d, so the GEMM result equals the dequantized weights times x up to float
-// rounding -- plus, for Q4_1, the f16 rounding of s = d * sum(q) that ggml's Q8_1 format has.
+// rounding -- plus, for Q4_1/Q5_1, the f16 rounding of s = d * sum(q) that ggml's Q8_1 format has.
 TEST_P(KernelsVsReference, QuantizedGemmMatchesDequantizedWeights) {
   std::mt19937 rng(21);
-  std::uniform_int_distribution<int> qdist(-127, 127);
-  std::uniform_real_distribution<float> ddist(0.01f, 0.1f);
   for (GgmlType type : kQuantTypes)
-    for (int k : kKs)
+    for (int k : ks_for(type))
       for (int n_tok : {1, 3, 4, 5}) {
         const int rows = 11;  // a full group and a partial one
         SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) + " tok=" + std::to_string(n_tok));
         const QWeights qw = make_qweights(type, rows, k, rng);
-        std::vector<int> q(static_cast<size_t>(n_tok) * k);
-        std::vector<float> dx(static_cast<size_t>(n_tok) * k / 32), x(q.size());
-        for (size_t b = 0; b < dx.size(); ++b) {
-          dx[b] = round_fp16(ddist(rng));
-          for (int j = 0; j < 32; ++j) q[b * 32 + j] = qdist(rng);
-          q[b * 32 + b % 32] = b % 2 ? 127 : -127;
-          for (int j = 0; j < 32; ++j) x[b * 32 + j] = static_cast<float>(q[b * 32 + j]) * dx[b];
-        }
-        const Act act = quantize_all(*kt_, x, n_tok, k);
-        for (size_t i = 0; i < q.size(); ++i) ASSERT_EQ(act.qs[i], q[i]) << "element " << i;
-        for (size_t b = 0; b < dx.size(); ++b) ASSERT_EQ(act.d[b], dx[b]) << "block " << b;
+        const quanttest::ExactAct ex = quanttest::exact_activations(rng, n_tok, k);
+        const Act act = quantize_all(*kt_, ex.x, n_tok, k);
+        for (size_t i = 0; i < ex.q.size(); ++i) ASSERT_EQ(act.qs[i], ex.q[i]) << "element " << i;
+        for (size_t b = 0; b < ex.d.size(); ++b) ASSERT_EQ(act.d[b], ex.d[b]) << "block " << b;
 
         std::vector<float> y(static_cast<size_t>(n_tok) * rows);
-        gemm_of(*kt_, type)({qw.packed.data(), qw.group_bytes, rows, &act.a, 0, n_tok, y.data(), rows});
+        gemm_q8_for(*kt_, type)({qw.packed.data(), qw.group_bytes, rows, &act.a, 0, n_tok, y.data(), rows});
         std::vector<float> wr(k);
         for (int r = 0; r < rows; ++r) {
           dequantize_row(qw.w, r, wr.data());
           for (int t = 0; t < n_tok; ++t) {
-            double want = 0, mag = 0, s_err = 0;
-            for (int j = 0; j < k; ++j) want += static_cast<double>(wr[j]) * x[static_cast<size_t>(t) * k + j];
-            mag = gemm_magnitude(qw.w, r, act.a, t);
-            if (type == GgmlType::Q4_1)
-              for (int b = 0; b < k / 32; ++b) {
-                const size_t blk = static_cast<size_t>(t) * (k / 32) + b;
-                const float m = fp16_to_fp32(reinterpret_cast<const BlockQ4_1*>(qw.w.data + r * qw.w.row_bytes)[b].m);
-                s_err += std::fabs(m * (static_cast<double>(act.s[blk]) - static_cast<double>(dx[blk]) * act.isum[blk]));
-              }
+            double want = 0;
+            for (int j = 0; j < k; ++j) want += static_cast<double>(wr[j]) * ex.x[static_cast<size_t>(t) * k + j];
+            const double mag = quanttest::gemm_magnitude(qw.w, r, wr, act.a, t);
+            const double s_err = quanttest::s_rounding_error(qw.w, r, act.a, t);
             EXPECT_TRUE(Within(y[static_cast<size_t>(t) * rows + r], want, 1e-5 * mag + s_err)) << "r=" << r << " t=" << t;
           }
         }
@@ -588,7 +556,7 @@ INSTANTIATE_TEST_SUITE_P(Tables, KernelsVsReference, ::testing::Values("scalar",
 TEST(Packing, LayoutMatchesDocumentation) {
   std::mt19937 rng(31);
   const int rows = 11, k = 64, nb = k / 32;
-  for (GgmlType type : kQuantTypes) {
+  for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0}) {
     SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
     const QWeights qw = make_qweights(type, rows, k, rng);
     ASSERT_EQ(qw.group_bytes, nb * (type == GgmlType::Q4_0 ? sizeof(PackedQ4_0)
@@ -628,6 +596,102 @@ TEST(Packing, LayoutMatchesDocumentation) {
           }
           for (int j = 0; j < 16; ++j)
             EXPECT_EQ(pqs[(j / 4 * 8 + rr) * 4 + j % 4], oqs ? oqs[j] : 0) << "r=" << r << " b=" << b << " j=" << j;
+        }
+      }
+  }
+}
+
+// The 5- and 6-bit types and the K-quants, read back from the packed layout as packed.h
+// documents it: per row and 32-weight unit the quants (nibbles from the Q4 run, bit 4 or bits
+// 4-5 from the high-bit vectors) and the scales equal the source block's; missing rows are zero.
+// (The source quants come from ggml_types.h's helpers, which the dequantization tests check
+// against gguf-py.)
+TEST(Packing, HighBitAndKQuantLayoutsMatchDocumentation) {
+  std::mt19937 rng(32);
+  const int rows = 11;
+  for (GgmlType type : {GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
+    const int bc = packed_block_cols(type), k = 2 * bc, nb = 2, units = bc / 32;
+    const GgmlTypeTraits& tr = *ggml_type_traits(static_cast<uint32_t>(type));
+    const QWeights qw = make_qweights(type, rows, k, rng);
+    const size_t packed_size = type == GgmlType::Q5_0   ? sizeof(PackedQ5_0)
+                               : type == GgmlType::Q5_1 ? sizeof(PackedQ5_1)
+                               : type == GgmlType::Q4_K ? sizeof(PackedQ4_K)
+                               : type == GgmlType::Q5_K ? sizeof(PackedQ5_K)
+                                                        : sizeof(PackedQ6_K);
+    ASSERT_EQ(qw.group_bytes, nb * packed_size);
+    for (int r = 0; r < 16; ++r)
+      for (int b = 0; b < nb; ++b) {
+        const uint8_t* pb = qw.packed.data() + (r / 8) * qw.group_bytes + b * packed_size;
+        const int rr = r % 8;
+        std::vector<uint8_t> src(tr.type_size, 0);  // a missing row reads as a zero block
+        if (r < rows) std::memcpy(src.data(), qw.bytes.data() + r * qw.w.row_bytes + b * tr.type_size, tr.type_size);
+        for (int u = 0; u < units; ++u) {
+          uint8_t want[32], sc = 0, m = 0;
+          const uint8_t *run = nullptr, *hv = nullptr;
+          int high_bits = 1;
+          switch (type) {
+            case GgmlType::Q5_0: {
+              const auto& s = *reinterpret_cast<const BlockQ5_0*>(src.data());
+              const auto& p = *reinterpret_cast<const PackedQ5_0*>(pb);
+              quants_q5(s.qh, s.qs, want);
+              EXPECT_EQ(p.d[rr], s.d);
+              run = p.qs, hv = p.qh;
+              break;
+            }
+            case GgmlType::Q5_1: {
+              const auto& s = *reinterpret_cast<const BlockQ5_1*>(src.data());
+              const auto& p = *reinterpret_cast<const PackedQ5_1*>(pb);
+              quants_q5(s.qh, s.qs, want);
+              EXPECT_EQ(p.d[rr], s.d);
+              EXPECT_EQ(p.m[rr], s.m);
+              run = p.qs, hv = p.qh;
+              break;
+            }
+            case GgmlType::Q4_K: {
+              const auto& s = *reinterpret_cast<const BlockQ4_K*>(src.data());
+              const auto& p = *reinterpret_cast<const PackedQ4_K*>(pb);
+              quants_q4_k(s, u, want);
+              k_scale_min(s.scales, u, &sc, &m);
+              EXPECT_EQ(p.d[rr], s.d);
+              EXPECT_EQ(p.dmin[rr], s.dmin);
+              EXPECT_EQ(p.sc[u][rr], sc);
+              EXPECT_EQ(p.m[u][rr], m);
+              run = p.qs[u], high_bits = 0;
+              break;
+            }
+            case GgmlType::Q5_K: {
+              const auto& s = *reinterpret_cast<const BlockQ5_K*>(src.data());
+              const auto& p = *reinterpret_cast<const PackedQ5_K*>(pb);
+              quants_q5_k(s, u, want);
+              k_scale_min(s.scales, u, &sc, &m);
+              EXPECT_EQ(p.d[rr], s.d);
+              EXPECT_EQ(p.dmin[rr], s.dmin);
+              EXPECT_EQ(p.sc[u][rr], sc);
+              EXPECT_EQ(p.m[u][rr], m);
+              run = p.qs[u], hv = p.qh[u];
+              break;
+            }
+            default: {
+              const auto& s = *reinterpret_cast<const BlockQ6_K*>(src.data());
+              const auto& p = *reinterpret_cast<const PackedQ6_K*>(pb);
+              quants_q6_k(s, u, want);
+              EXPECT_EQ(p.d[rr], s.d);
+              EXPECT_EQ(p.sc[2 * u][rr], s.scales[2 * u]);
+              EXPECT_EQ(p.sc[2 * u + 1][rr], s.scales[2 * u + 1]);
+              run = p.qs[u], hv = p.qh[u], high_bits = 2;
+              break;
+            }
+          }
+          for (int j = 0; j < 32; ++j) {
+            const int g = (j % 16) / 4, i = j % 4;
+            const uint8_t byte = run[(g * 8 + rr) * 4 + i];
+            int q = j < 16 ? byte & 0xF : byte >> 4;
+            if (high_bits == 1) q |= ((hv[rr * 4 + i] >> (j < 16 ? g : 4 + g)) & 1) << 4;
+            if (high_bits == 2)
+              q |= ((hv[32 * (g / 2) + rr * 4 + i] >> ((j < 16 ? 0 : 4) + 2 * (g % 2))) & 3) << 4;
+            EXPECT_EQ(q, want[j]) << "r=" << r << " b=" << b << " unit=" << u << " j=" << j;
+          }
         }
       }
   }

@@ -2,11 +2,11 @@
 // tiny Llama models, valid or deliberately broken, without the real 98 MB file.
 
 /** ggml tensor type numbers. */
-export const GgmlType = { F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q8_0: 8, Q6_K: 14 } as const;
+export const GgmlType = { F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q8_0: 8, Q3_K: 11 } as const;
 
 // Bytes per block and elements per block, for sizing tensor data.
 const TYPE_SIZE: Record<number, [bytes: number, block: number]> = {
-  0: [4, 1], 1: [2, 1], 2: [18, 32], 3: [20, 32], 8: [34, 32], 14: [210, 256],
+  0: [4, 1], 1: [2, 1], 2: [18, 32], 3: [20, 32], 8: [34, 32], 11: [110, 256],
 };
 
 type Scalar = "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "f32" | "bool" | "u64" | "i64" | "f64" | "string";

@@ -50,6 +50,8 @@ std::unique_ptr<DeviceError> cuda_unusable(int index) {
 namespace cuda {
 namespace {
 
+// The types with 8-bit-activation kernels here. The others the CPU engine supports (F32, F16,
+// BF16, Q5_0, Q5_1 and the K-quants) go through the float paths, which read any of them (load_weight).
 bool is_quantized(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0; }
 constexpr int kLogitRows = 32;   // as engine.cc
 
@@ -317,7 +319,7 @@ void CudaBackend::upload_weights() {
     return parts.size() - 1;
   };
   auto add_weight = [&](const Weight& w) {
-    if (!(is_quantized(w.type) || w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16))
+    if (!is_supported_weight_type(w.type))
       throw DeviceError("cuda_unsupported_model", "cuda: weight type " + ggml_type_name(static_cast<uint32_t>(w.type)) +
                                                       " has no GPU kernel");
     return add(w.data, w.row_bytes * w.rows);

@@ -32,6 +32,12 @@ __device__ __forceinline__ float half_at(const uint8_t* p) {
 // The f16-rounded value of f, as the CPU's round_fp16 (round to nearest even).
 __device__ __forceinline__ float round_half(float f) { return __half2float(__float2half_rn(f)); }
 
+// Quant j (0..31) of a Q5_0/Q5_1 block: its nibble in qs, bit 4 from the little-endian qh.
+__device__ __forceinline__ int q5_quant(const uint8_t* qh, const uint8_t* qs, int j) {
+  const int low = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+  return low | ((qh[j / 8] >> (j % 8)) & 1) << 4;
+}
+
 // Element (row, col) of a weight in its file layout, as dequant.cc computes it.
 __device__ float load_weight(const DevWeight& w, int row, int col) {
   const uint8_t* p = w.data + static_cast<size_t>(row) * w.row_bytes;
@@ -55,6 +61,44 @@ __device__ float load_weight(const DevWeight& w, int row, int col) {
     case GgmlType::Q8_0: {
       const uint8_t* b = p + static_cast<size_t>(col / 32) * sizeof(BlockQ8_0);
       return static_cast<float>(reinterpret_cast<const int8_t*>(b + 2)[col % 32]) * half_at(b);
+    }
+    // The types below (ggml_types.h has their layouts) round as dequant.cc does: no fused
+    // multiply-adds, so an embedding row is bit for bit the CPU's.
+    case GgmlType::Q5_0: {
+      const uint8_t* b = p + static_cast<size_t>(col / 32) * sizeof(BlockQ5_0);
+      return __fmul_rn(static_cast<float>(q5_quant(b + 2, b + 6, col % 32) - 16), half_at(b));
+    }
+    case GgmlType::Q5_1: {
+      const uint8_t* b = p + static_cast<size_t>(col / 32) * sizeof(BlockQ5_1);
+      return __fadd_rn(__fmul_rn(static_cast<float>(q5_quant(b + 4, b + 8, col % 32)), half_at(b)), half_at(b + 2));
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool q5 = w.type == GgmlType::Q5_K;
+      const uint8_t* b = p + static_cast<size_t>(col / 256) * (q5 ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K));
+      const int e = col % 256, s = e / 32, l = e % 32;
+      const uint8_t* scales = b + 4;
+      int sc, m;
+      if (s < 4) {
+        sc = scales[s] & 63;
+        m = scales[s + 4] & 63;
+      } else {
+        sc = (scales[s + 4] & 0xF) | ((scales[s - 4] >> 6) << 4);
+        m = (scales[s + 4] >> 4) | ((scales[s] >> 6) << 4);
+      }
+      const uint8_t* qs = b + (q5 ? 48 : 16) + 32 * (s / 2);
+      int q = s % 2 ? qs[l] >> 4 : qs[l] & 0xF;
+      if (q5) q |= ((b[16 + l] >> s) & 1) << 4;
+      return __fsub_rn(__fmul_rn(__fmul_rn(half_at(b), static_cast<float>(sc)), static_cast<float>(q)),
+                       __fmul_rn(half_at(b + 2), static_cast<float>(m)));
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* b = p + static_cast<size_t>(col / 256) * sizeof(BlockQ6_K);
+      const int e = col % 256, h = e / 128, a = (e % 128) / 32, l = e % 32;
+      const uint8_t ql = b[64 * h + 32 * (a % 2) + l];
+      const int q = (a < 2 ? ql & 0xF : ql >> 4) | ((b[128 + 32 * h + l] >> (2 * a)) & 3) << 4;
+      const float sc = static_cast<float>(reinterpret_cast<const int8_t*>(b + 192)[e / 16]);
+      return __fmul_rn(__fmul_rn(half_at(b + 208), sc), static_cast<float>(q - 32));
     }
     default: return 0.f;  // the backend refuses other types at load
   }
