@@ -45,6 +45,13 @@ module.exports = {
       to: { path: "^test/" },
     },
     {
+      name: "no-bench-code-in-tools",
+      severity: "error",
+      comment: "Tools serve benches, tests and operators; what a bench and a tool share lives in tools/lib, never in bench/.",
+      from: { path: "^tools/" },
+      to: { path: "^bench/" },
+    },
+    {
       name: "cli-loads-services-lazily",
       severity: "error",
       comment:

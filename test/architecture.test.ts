@@ -1,8 +1,9 @@
 // The import rules as a test. dependency-cruiser checks the rules in .dependency-cruiser.cjs (no
 // import loop; the database only behind the registry's stores; shared/inference standalone;
-// shared/platform below services; bench and tools never import test code; bin/ reaches services
-// only lazily). Then `ctxbank generate` must not load the HTTP stack: checked on the static import
-// graph from bin/ctxbank.ts and on the modules a real run of the CLI resolves.
+// shared/platform below services; bench and tools never import test code, tools never import
+// bench; bin/ reaches services only lazily). Then `ctxbank generate` must not load the HTTP
+// stack: checked on the static import graph from bin/ctxbank.ts and on the modules a real run of
+// the CLI resolves.
 import { execFile } from "node:child_process";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";

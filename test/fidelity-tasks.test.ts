@@ -13,10 +13,10 @@ import {
   scoreLongGen,
   scorePasskey,
   scoreTwoStage,
-  seededRng,
   twoStageDict,
   twoStageTask,
 } from "../bench/fidelity/tasks.ts";
+import { seededRng } from "../tools/lib/random.ts";
 
 /** Fake tokenizer: one token per whitespace-separated word, plus 10 for the "template". */
 const measure = (s: string) => 10 + s.split(/\s+/).filter(Boolean).length;

@@ -6,7 +6,7 @@ import { openLoopSchedule } from "../tools/loadgen/arrivals.ts";
 import { checkTarget, isLoopback } from "../tools/loadgen/host-guard.ts";
 import { UsageError } from "../shared/inference/errors.ts";
 import { parseCli } from "../tools/loadgen/options.ts";
-import { exponential, makeRng, standardNormal } from "../tools/loadgen/random.ts";
+import { exponential, seededRng, standardNormal } from "../tools/lib/random.ts";
 import { SseParser } from "../tools/loadgen/sse.ts";
 import { cdfPoints, latencySummary, meetsSlo, percentile, runStats } from "../tools/loadgen/stats.ts";
 import { sweepMaxRate } from "../tools/loadgen/sweep.ts";
@@ -17,7 +17,7 @@ import { drawLength, parseLengthDist } from "../tools/loadgen/workloads.ts";
 describe("arrival processes", () => {
   it("Poisson: exponential gaps with mean 1/rate, Poisson counts, reproducible per seed", () => {
     const rate = 5;
-    const times = openLoopSchedule({ kind: "poisson", rate }, 20_000, Infinity, makeRng(7));
+    const times = openLoopSchedule({ kind: "poisson", rate }, 20_000, Infinity, seededRng(7));
     expect(times).toHaveLength(20_000);
     const gaps = times.map((t, i) => (i === 0 ? t : t - times[i - 1]!) / 1000);
     const mean = gaps.reduce((s, g) => s + g, 0) / gaps.length;
@@ -42,29 +42,29 @@ describe("arrival processes", () => {
     expect(wm).toBeCloseTo(5, 0);
     expect(wv / wm).toBeGreaterThan(0.9);
     expect(wv / wm).toBeLessThan(1.1);
-    expect(openLoopSchedule({ kind: "poisson", rate }, 50, Infinity, makeRng(7))).toEqual(times.slice(0, 50));
-    expect(openLoopSchedule({ kind: "poisson", rate }, 50, Infinity, makeRng(8))).not.toEqual(times.slice(0, 50));
+    expect(openLoopSchedule({ kind: "poisson", rate }, 50, Infinity, seededRng(7))).toEqual(times.slice(0, 50));
+    expect(openLoopSchedule({ kind: "poisson", rate }, 50, Infinity, seededRng(8))).not.toEqual(times.slice(0, 50));
   });
 
   it("stops at the duration and the job cap; a regular process with the same seed scales", () => {
-    const t = openLoopSchedule({ kind: "poisson", rate: 10 }, 1e6, 30_000, makeRng(1));
+    const t = openLoopSchedule({ kind: "poisson", rate: 10 }, 1e6, 30_000, seededRng(1));
     expect(t.at(-1)!).toBeLessThan(30_000);
     expect(t.length).toBeGreaterThan(240);
     expect(t.length).toBeLessThan(360);
-    expect(openLoopSchedule({ kind: "poisson", rate: 10 }, 17, 1e9, makeRng(1))).toHaveLength(17);
+    expect(openLoopSchedule({ kind: "poisson", rate: 10 }, 17, 1e9, seededRng(1))).toHaveLength(17);
     // Common random numbers: the same seed at twice the rate gives half the times.
-    const half = openLoopSchedule({ kind: "poisson", rate: 20 }, 17, 1e9, makeRng(1));
+    const half = openLoopSchedule({ kind: "poisson", rate: 20 }, 17, 1e9, seededRng(1));
     half.forEach((x, i) => expect(x).toBeCloseTo(t[i]! / 2, 6));
-    expect(() => openLoopSchedule({ kind: "poisson", rate: 0 }, 1, 1, makeRng(1))).toThrow(/rate/);
+    expect(() => openLoopSchedule({ kind: "poisson", rate: 0 }, 1, 1, seededRng(1))).toThrow(/rate/);
   });
 
   it("bursts: N at a time every T seconds", () => {
-    expect(openLoopSchedule({ kind: "burst", size: 3, periodS: 2 }, 8, 1e9, makeRng(1))).toEqual([0, 0, 0, 2000, 2000, 2000, 4000, 4000]);
-    expect(openLoopSchedule({ kind: "burst", size: 2, periodS: 1 }, 100, 2500, makeRng(1))).toEqual([0, 0, 1000, 1000, 2000, 2000]);
+    expect(openLoopSchedule({ kind: "burst", size: 3, periodS: 2 }, 8, 1e9, seededRng(1))).toEqual([0, 0, 0, 2000, 2000, 2000, 4000, 4000]);
+    expect(openLoopSchedule({ kind: "burst", size: 2, periodS: 1 }, 100, 2500, seededRng(1))).toEqual([0, 0, 1000, 1000, 2000, 2000]);
   });
 
   it("exponential and normal draws have the right moments", () => {
-    const rng = makeRng(3);
+    const rng = seededRng(3);
     const e = Array.from({ length: 50_000 }, () => exponential(rng, 4));
     expect(e.reduce((s, x) => s + x, 0) / e.length).toBeCloseTo(0.25, 2);
     const z = Array.from({ length: 50_000 }, () => standardNormal(rng));
@@ -236,7 +236,7 @@ describe("lengths, options, target guard", () => {
     expect(parseLengthDist("100~10", "x")).toEqual({ kind: "normal", mean: 100, sd: 10, min: 1, max: 400 });
     expect(() => parseLengthDist("20-10", "x")).toThrow(/min > max/);
     expect(() => parseLengthDist("0", "x")).toThrow(/positive/);
-    const rng = makeRng(5);
+    const rng = seededRng(5);
     const u = Array.from({ length: 5000 }, () => drawLength({ kind: "uniform", min: 10, max: 20 }, rng));
     expect(Math.min(...u)).toBe(10);
     expect(Math.max(...u)).toBe(20);

@@ -3,7 +3,7 @@
 // prompt and the token range of each earlier round (user message + assistant reply).
 import type { ChatMessage, ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
 import type { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
-import { PARAGRAPHS } from "../engine/text.ts";
+import { PARAGRAPHS } from "../../tools/lib/bench-text.ts";
 
 const EXCHANGES: Array<[string, string]> = [
   ["Can you tell me something about harbour towns?", PARAGRAPHS[0]!],

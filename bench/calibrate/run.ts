@@ -24,7 +24,7 @@ import {
 import { loadPolicyDefaults, policyDefaultsFile } from "../../shared/inference/policy/defaults.ts";
 import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
-import { benchText } from "../engine/text.ts";
+import { benchText } from "../../tools/lib/bench-text.ts";
 import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
 import { writeSvgAndPng } from "../../tools/lib/png.ts";
 import { renderHeatmap } from "../../tools/lib/heatmap.ts";

@@ -28,7 +28,7 @@ import {
   type PointRecord,
 } from "./bench.ts";
 import { LlamaBackend, loadLlama, OursBackend, type Backend, type FlashAttention } from "./engines.ts";
-import { benchTokens, PARAGRAPHS } from "./text.ts";
+import { benchTokens, PARAGRAPHS } from "../../tools/lib/bench-text.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const repoRoot = resolve(here, "../..");
@@ -275,7 +275,7 @@ async function main(): Promise<void> {
       ...(ours ? { config: ours.model.config, fingerprint: ours.model.fingerprint } : {}),
     },
     prompt: {
-      source: `bench/engine/text.ts: ${PARAGRAPHS.length} English paragraphs repeated, tokenized by node-llama-cpp model.tokenize (no special tokens)`,
+      source: `tools/lib/bench-text.ts: ${PARAGRAPHS.length} English paragraphs repeated, tokenized by node-llama-cpp model.tokenize (no special tokens)`,
       tokensPrepared: tokens.length,
       tokensSha256: tokensSha,
     },

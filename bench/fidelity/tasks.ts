@@ -3,25 +3,10 @@
 // count of a user message as the model will see it (chat template included), so prompts can be
 // sized to a target token count with the real tokenizer (tests pass a fake one).
 
+import { seededRng, uniformInt } from "../../tools/lib/random.ts";
+
 /** Token count of the whole prompt built around `userText` (template + answer prefix included). */
 export type Measure = (userText: string) => number;
-
-/** mulberry32: a tiny seeded generator, uniform in [0, 1). */
-export function seededRng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
-  };
-}
-
-/** Integer in [lo, hi]. */
-function randInt(rng: () => number, lo: number, hi: number): number {
-  return lo + Math.floor(rng() * (hi - lo + 1));
-}
 
 export interface TaskPrompt {
   task: "passkey" | "2stage" | "longgen";
@@ -68,7 +53,7 @@ export function passkeyContext(n: number, depth: number, key: string): string {
 
 export function passkeyTask(opts: { targetTokens: number; depth: number; seed: number; measure: Measure }): TaskPrompt {
   const rng = seededRng(opts.seed);
-  const key = String(randInt(rng, 10000, 99999));
+  const key = String(uniformInt(rng, 10000, 99999));
   const build = (n: number) => passkeyPromptText(passkeyContext(n, opts.depth, key), PASSKEY_QUESTION);
   const n = fitCount(build, opts.measure, opts.targetTokens);
   const user = build(n);
@@ -108,10 +93,10 @@ export function twoStageDict(n: number, seed: number): Dict2Stage {
   const rng = seededRng(seed);
   const span = Math.max(1000, 4 * n);
   const keys = new Set<number>();
-  while (keys.size < n) keys.add(10 + randInt(rng, 0, span - 1));
-  const entries: Array<[number, string]> = [...keys].map((k) => [k, COLOURS[randInt(rng, 0, COLOURS.length - 1)]!]);
-  const [key, colour] = entries[randInt(rng, 0, n - 1)]!;
-  const a = randInt(rng, 1, key - 1);
+  while (keys.size < n) keys.add(10 + uniformInt(rng, 0, span - 1));
+  const entries: Array<[number, string]> = [...keys].map((k) => [k, COLOURS[uniformInt(rng, 0, COLOURS.length - 1)]!]);
+  const [key, colour] = entries[uniformInt(rng, 0, n - 1)]!;
+  const a = uniformInt(rng, 1, key - 1);
   return { entries, a, b: key - a, key, colour };
 }
 
@@ -166,9 +151,9 @@ const THINGS = ["apples", "books", "coins", "marbles", "pencils", "stamps", "she
 
 /** One two-step word problem: a person has x things, gets y more, gives z away. */
 export function longGenQuestion(rng: () => number): LongGenQuestion {
-  const who = NAMES[randInt(rng, 0, NAMES.length - 1)]!;
-  const what = THINGS[randInt(rng, 0, THINGS.length - 1)]!;
-  const x = randInt(rng, 5, 60), y = randInt(rng, 2, 40), z = randInt(rng, 1, x + y - 1);
+  const who = NAMES[uniformInt(rng, 0, NAMES.length - 1)]!;
+  const what = THINGS[uniformInt(rng, 0, THINGS.length - 1)]!;
+  const x = uniformInt(rng, 5, 60), y = uniformInt(rng, 2, 40), z = uniformInt(rng, 1, x + y - 1);
   return {
     text: `${who} has ${x} ${what}, buys ${y} more and then gives away ${z}. How many ${what} does ${who} have now?`,
     answer: x + y - z,

@@ -36,7 +36,7 @@ import { startPostgres } from "../../tools/lib/postgres.ts";
 import { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import { TEST_INTERNAL_SECRET, startService, type ServiceProcess } from "../../tools/lib/services.ts";
-import { benchTokens } from "../engine/text.ts";
+import { benchTokens } from "../../tools/lib/bench-text.ts";
 import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
 import { gitInfo, machineInfo, setProcessNice } from "../../tools/lib/machine.ts";
 import { renderChart, type Panel } from "../../tools/lib/svg-chart.ts";

@@ -12,7 +12,7 @@ import type { NativeSequence } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { loadLlama, LlamaBackend } from "../engine/engines.ts";
-import { benchTokens } from "../engine/text.ts";
+import { benchTokens } from "../../tools/lib/bench-text.ts";
 import { writeJson } from "../../tools/lib/json.ts";
 import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
 import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";

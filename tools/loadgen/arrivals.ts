@@ -1,7 +1,7 @@
 // Arrival processes: when the load generator starts each job (a request, or a multi-turn
 // session). Open loop (Poisson, bursts) gives the send times up front, independent of how fast
 // the server answers; closed loop (fixed concurrency) starts a job whenever one finishes.
-import { exponential, type Rng } from "./random.ts";
+import { exponential, type Rng } from "../lib/random.ts";
 
 export type ArrivalSpec =
   | { kind: "poisson"; rate: number }

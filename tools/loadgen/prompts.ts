@@ -6,7 +6,7 @@
 import { encodeChat, needsBos } from "../../shared/inference/tokenizer/chat-encode.ts";
 import { ChatTemplate, type ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
-import { uniformInt, type Rng } from "./random.ts";
+import { uniformInt, type Rng } from "../lib/random.ts";
 
 export class PromptSource {
   readonly ids: number[];

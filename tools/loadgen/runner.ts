@@ -7,7 +7,7 @@ import type { ChatMessage } from "../../shared/inference/tokenizer/chat-template
 import { offeredRate, openLoopSchedule, type ArrivalSpec } from "./arrivals.ts";
 import type { RequestSpec, StreamingClient } from "./client.ts";
 import { runProgress } from "./progress.ts";
-import { makeRng } from "./random.ts";
+import { seededRng } from "../lib/random.ts";
 import { meetsSlo, runStats, type RunStats } from "./stats.ts";
 import type { RequestResult, Slo } from "./types.ts";
 import type { Job, WorkloadFactory } from "./workloads.ts";
@@ -39,9 +39,9 @@ export interface RunResult {
 
 export async function runLoad(client: StreamingClient, factory: WorkloadFactory, opts: RunOptions): Promise<RunResult> {
   // Separate streams: arrivals, measured jobs and warm-up jobs do not shift each other.
-  const arrivalRng = makeRng(opts.seed);
-  const jobRng = makeRng((opts.seed ^ 0x5bd1e995) >>> 0);
-  const warmRng = makeRng((opts.seed ^ 0x27d4eb2f) >>> 0);
+  const arrivalRng = seededRng(opts.seed);
+  const jobRng = seededRng((opts.seed ^ 0x5bd1e995) >>> 0);
+  const warmRng = seededRng((opts.seed ^ 0x27d4eb2f) >>> 0);
 
   const warmup = { sent: 0, ok: 0, errors: [] as string[] };
   for (let i = 0; i < opts.warmup; i++) {

@@ -4,7 +4,7 @@
 import type { ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
 import type { Endpoint, RequestSpec } from "./client.ts";
 import type { PromptSource } from "./prompts.ts";
-import { exponential, standardNormal, uniformInt, type Rng } from "./random.ts";
+import { exponential, standardNormal, uniformInt, type Rng } from "../lib/random.ts";
 
 export type LengthDist =
   | { kind: "fixed"; value: number }

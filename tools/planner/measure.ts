@@ -19,7 +19,7 @@ import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { startPostgres } from "../lib/postgres.ts";
 import { startService, type ServiceProcess } from "../lib/services.ts";
-import { benchText } from "../../bench/engine/text.ts";
+import { benchText } from "../lib/bench-text.ts";
 import { reniceProcess } from "../loadgen/deployments.ts";
 
 const run = promisify(execFile);

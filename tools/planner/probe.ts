@@ -16,7 +16,7 @@ import os from "node:os";
 import { Worker } from "node:worker_threads";
 import { join } from "node:path";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
-import { benchText } from "../../bench/engine/text.ts";
+import { benchText } from "../lib/bench-text.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { prefillFlops } from "./costs.ts";
 import type { ModelFacts } from "./model.ts";

@@ -1,11 +1,18 @@
-// Seeded random draws for the load generator: one stream per run, so a given --seed reproduces
-// the same arrival times, lengths and documents. The generator is the fidelity bench's mulberry32.
-import { seededRng } from "../../bench/fidelity/tasks.ts";
+// Seeded random draws for the benches and the load generator: one stream per seed, so a given
+// seed reproduces the same arrival times, lengths, documents and task prompts.
 
 export type Rng = () => number;
 
-export function makeRng(seed: number): Rng {
-  return seededRng(seed);
+/** mulberry32: a tiny seeded generator, uniform in [0, 1). */
+export function seededRng(seed: number): Rng {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
+  };
 }
 
 /** Exponential draw with the given rate (mean 1/rate), by inversion; never 0 or Infinity. */
