@@ -1,7 +1,7 @@
 // Calibration: runs full attention over a few long prompts and a multi-round conversation,
 // records each decode step's attention per layer (the engine's probe), and measures OmniKV's
 // filter capability per layer and Round Attention's layer-to-layer KL of round-level attention.
-// Writes JSON and charts under bench/calibrate/results/ and records the recommended filter
+// Writes JSON and charts under results/calibrate/ and records the recommended filter
 // layers and watershed layer as this model's defaults (shared/inference/policy/model-defaults.json).
 //
 //   npm run calibrate [-- --model PATH] [--steps N]
@@ -26,7 +26,6 @@ import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts"
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { benchText } from "../../tools/lib/bench-text.ts";
 import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
-import { writeSvgAndPng } from "../../tools/lib/png.ts";
 import { renderHeatmap } from "../../tools/lib/heatmap.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
 import { multiRoundConversation } from "./conversation.ts";
@@ -98,9 +97,9 @@ const result = {
   watershedLayer: watershed,
   date: new Date().toISOString(),
 };
-const out = new URL("bench/calibrate/results/", root).pathname;
+const out = new URL("results/calibrate/", root).pathname;
 await writeJson(`${out}calibration.json`, result);
-await writeSvgAndPng(
+await writeFileAtomic(
   `${out}similarity.svg`,
   renderHeatmap(sim, {
     title: "Share of layer j's attention on layer i's top tokens",
@@ -109,7 +108,7 @@ await writeSvgAndPng(
     colLabel: "layer j (attending)",
   }),
 );
-await writeSvgAndPng(
+await writeFileAtomic(
   `${out}layers.svg`,
   renderChart(
     [
@@ -134,7 +133,7 @@ defaults[model.fingerprint] = {
   model: name,
   filterLayers,
   watershedLayer: watershed,
-  source: "npm run calibrate (bench/calibrate/results/calibration.json)",
+  source: "npm run calibrate (results/calibrate/calibration.json)",
 };
 await writeFileAtomic(policyDefaultsFile.pathname, JSON.stringify(defaults, null, 2) + "\n");
 console.log(`filter layers ${filterLayers.join(", ")}; watershed layer ${watershed ?? `none below ${KL_THRESHOLD} nats`}`);

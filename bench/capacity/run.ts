@@ -13,9 +13,8 @@ import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
-import { writeJson } from "../../tools/lib/json.ts";
+import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
 import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
-import { writeSvgAndPng } from "../../tools/lib/png.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
 import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
 import { median } from "../../tools/lib/timing.ts";
@@ -72,7 +71,7 @@ for (const [i, c] of configs.entries()) {
   rows.push(row);
 }
 const full = rows[0]!.maxContext;
-const out = new URL("./results/", import.meta.url).pathname;
+const out = new URL("../../results/capacity/", import.meta.url).pathname;
 await writeJson(`${out}capacity.json`, {
   what: "longest context of one sequence in a fixed device arena (KV + packed rows), checked by the engine's arena; decode ms/token at that context, synthetic KV, 1 thread",
   budgetBytes: BUDGET,
@@ -85,7 +84,7 @@ await writeJson(`${out}capacity.json`, {
   rows: rows.map((r) => ({ ...r, vsFull: r.maxContext / full })),
 });
 const omni = rows.filter((r) => r.budget !== null);
-await writeSvgAndPng(
+await writeFileAtomic(
   `${out}capacity.svg`,
   renderChart(
     [

@@ -7,10 +7,9 @@ import { createHash, randomFillSync } from "node:crypto";
 import zlib from "node:zlib";
 
 import { crc32c } from "../../shared/inference/engine/native.ts";
-import { writeJson } from "../../tools/lib/json.ts";
+import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
 import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
 import { otherLoad } from "../../tools/lib/timing.ts";
-import { writeSvgAndPng } from "../../tools/lib/png.ts";
 import { renderChart, type Series } from "../../tools/lib/svg-chart.ts";
 
 const MiB = 2 ** 20;
@@ -38,7 +37,7 @@ for (const bytes of SIZES) {
     console.log(`${a.id.padEnd(24)} ${(bytes / MiB).toFixed(2).padStart(6)} MiB  ${(bytes / best / 1e9).toFixed(2)} GB/s`);
   }
 }
-const out = new URL("./results/", import.meta.url).pathname;
+const out = new URL("../../results/checksum/", import.meta.url).pathname;
 await writeJson(`${out}checksum.json`, {
   what: "checksum throughput, best of 7, one thread, GB = 1e9 bytes",
   otherCoresAtStart: load ?? null,
@@ -53,7 +52,7 @@ const series: Series[] = algorithms.map((a) => ({
   labels: true,
   points: rows.filter((r) => r.algorithm === a.id).map((r) => [r.bytes / MiB, r.gbps] as [number, number]),
 }));
-await writeSvgAndPng(
+await writeFileAtomic(
   `${out}checksum.svg`,
   renderChart([{ title: "Checksum throughput", xLabel: "bytes checked (MiB; 11.25 = one chunk)", yLabel: "GB/s", xLog2: true, series }], {
     title: "KV chunk checksums",

@@ -53,7 +53,7 @@ const HELP = `Usage: npm run bench:engine -- [options]
   --quiet-wait S          wait up to S seconds for a quiet machine before each run (default 5)
   --retry-budget S        seconds allowed for redoing contended runs ≤ 30 s long (default 150)
   --model PATH            GGUF to use (default: resolveModel(), i.e. CTXBANK_MODEL or the cache)
-  --out DIR               results directory (default bench/engine/results; with --quick bench/engine/tmp/quick)
+  --out DIR               results directory (default results/engine; with --quick bench/engine/tmp/quick)
   --build                 (re)build the native addon first (cmake-js, incremental)
   --nice=N                run every thread of the benchmark at nice N, e.g. --nice=-10 (negative needs root)
   --update-readme         rewrite the results section of bench/engine/README.md
@@ -160,7 +160,7 @@ async function main(): Promise<void> {
   const steps = int(a.steps, quick ? 16 : 64, "steps");
   const { reps, defaultReps } = parseReps(a.reps, quick);
   // A quick smoke never overwrites the committed results.
-  const outDir = resolve(a.out ?? join(here, quick ? "tmp/quick" : "results"));
+  const outDir = resolve(a.out ?? quick ? join(here, "tmp/quick") : join(repoRoot, "results/engine"));
 
   let niceError: string | undefined;
   if (a.nice !== undefined) {

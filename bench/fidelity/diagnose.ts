@@ -3,7 +3,7 @@
 // Answers "is OmniKV's selection doing its job on this model" without the noise of free-running.
 //
 //   npx tsx bench/fidelity/diagnose.ts [--len 7680] [--depth 0] [--gen 32]
-// writes results/diagnose-<len>-d<depth>-filters-<layers>.json (the earlier files without the
+// writes results/fidelity/diagnose-<len>-d<depth>-filters-<layers>.json (the earlier files without the
 // filters suffix were made with the defaults of that time, 3, 17, 23)
 import { parseArgs } from "node:util";
 
@@ -92,7 +92,7 @@ for (const [name, policy] of configs) {
   console.log(`${name.padEnd(48)} mean KL ${row.meanKl.toFixed(4)}  first-step KL ${row.firstStepKl.toFixed(4)}  TF top-1 ${(row.tfTop1 * 100).toFixed(1)}%`);
 }
 seq.release();
-await writeJson(new URL(`./results/diagnose-${LEN}-d${DEPTH}-filters-${filterLayers.join("-")}.json`, import.meta.url).pathname, {
+await writeJson(new URL(`../../results/fidelity/diagnose-${LEN}-d${DEPTH}-filters-${filterLayers.join("-")}.json`, import.meta.url).pathname, {
   what: "teacher-forced KL(full||policy) per config on one passkey prompt",
   promptTokens: ids.length,
   depth: DEPTH,

@@ -1,12 +1,11 @@
 // Summaries, charts and the Markdown table of a fidelity result (complete or partial).
 //
-//   npx tsx bench/fidelity/report.ts [bench/fidelity/results/fidelity.json]   (rebuild from JSON)
+//   npx tsx bench/fidelity/report.ts [results/fidelity/fidelity.json]   (rebuild from JSON)
 import { readFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 import { writeFileAtomic } from "../../tools/lib/json.ts";
-import { writeSvgAndPng } from "../../tools/lib/png.ts";
 import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
 import { markdownTable } from "../../tools/lib/table.ts";
 import { mean } from "./metrics.ts";
@@ -246,13 +245,13 @@ export async function writeReport(r: FidelityResult, jsonPath: string): Promise<
   for (const metric of ["score", "agreement", "kl"] as const) {
     const ps = panels(rows, metric, tasks);
     if (ps.length === 0) continue;
-    await writeSvgAndPng(join(dir, `${metric}.svg`), renderChart(ps, { title: `Fidelity bench: ${METRIC_TITLE[metric]} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
+    await writeFileAtomic(join(dir, `${metric}.svg`), renderChart(ps, { title: `Fidelity bench: ${METRIC_TITLE[metric]} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
   }
   return table;
 }
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  const path = process.argv[2] ?? fileURLToPath(new URL("./results/fidelity.json", import.meta.url));
+  const path = process.argv[2] ?? fileURLToPath(new URL("../../results/fidelity/fidelity.json", import.meta.url));
   const r = JSON.parse(await readFile(path, "utf8")) as FidelityResult;
   console.log(await writeReport(r, path));
 }

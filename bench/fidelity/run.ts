@@ -6,7 +6,7 @@
 // step; before the first divergence the free run is already teacher-forced, so it is reused).
 // Results are written after every prompt, so an interrupted run leaves its partial JSON behind.
 //
-//   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out results/fidelity.json]
+//   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out results/fidelity/fidelity.json]
 //     [--policies "scope 256+256,omnikv k=1024+scope 256+256"] [--longgen-tokens 2048] [--longgen-questions 60]
 import { createHash } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
@@ -194,7 +194,7 @@ function score(p: TaskPrompt & { questions?: Array<{ answer: number }> }, text: 
   return { score: r.score, extra: { answered: r.answered } };
 }
 
-const outPath = args.out ?? new URL("./results/fidelity.json", import.meta.url).pathname;
+const outPath = args.out ?? new URL("../../results/fidelity/fidelity.json", import.meta.url).pathname;
 const items = grid();
 const result: FidelityResult = {
   what:

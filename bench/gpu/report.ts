@@ -1,4 +1,4 @@
-// tsx bench/gpu/report.ts DIR   (DIR: a GPU run's files, e.g. bench/gpu/results/run-1)
+// tsx bench/gpu/report.ts DIR   (DIR: a GPU run's files, e.g. results/gpu/run-1)
 //
 // Ours vs llama.cpp CUDA from one GPU run: reads every bench JSON in DIR (bench.json, the merged
 // runs of device-run.sh, and any other *.json a later command of the same session wrote with

@@ -59,7 +59,7 @@ const HELP = `Usage: npm run bench:handoff -- [options]
   --quick            lengths 512,1024, TTFT at 1024, 2 reps; writes to bench/handoff/tmp/
   --render FILE      only redraw the chart and tables from a saved handoff.json
   --transfer-only    skip the TTFT runs (prints the transfer numbers; writes nothing)
-  --out DIR          results directory (default bench/handoff/results)
+  --out DIR          results directory (default results/handoff)
 `;
 
 /**
@@ -147,7 +147,7 @@ function parse() {
     ttftReps: Number(values["ttft-reps"] ?? (quick ? 1 : 2)),
     threads: Number(values.threads ?? 2),
     blockTokens: Number(values["block-tokens"] ?? 512),
-    out: resolve(values.out ?? join(here, quick ? "tmp" : "results")),
+    out: resolve(values.out ?? quick ? join(here, "tmp") : join(repoRoot, "results/handoff")),
     nice: Number(values.nice ?? -10),
     render: values.render,
     transferOnly: values["transfer-only"] ?? false,

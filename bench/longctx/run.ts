@@ -13,10 +13,9 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { loadLlama, LlamaBackend } from "../engine/engines.ts";
 import { benchTokens } from "../../tools/lib/bench-text.ts";
-import { writeJson } from "../../tools/lib/json.ts";
+import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
 import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
 import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
-import { writeSvgAndPng } from "../../tools/lib/png.ts";
 import { renderChart, type Series } from "../../tools/lib/svg-chart.ts";
 import { median } from "../../tools/lib/timing.ts";
 import { benchPolicies } from "./policies.ts";
@@ -85,7 +84,7 @@ for (const length of SYNTHETIC) {
   seq.release();
 }
 
-const out = new URL("./results/", import.meta.url).pathname;
+const out = new URL("../../results/longctx/", import.meta.url).pathname;
 const result = {
   what: "decode ms/token (median of the steps), 1 thread, greedy",
   steps: STEPS,
@@ -110,7 +109,7 @@ series.push({
   dash: "6 4",
   points: rows.filter((r) => r.llamaMs !== undefined).map((r) => [r.context, r.llamaMs!] as [number, number]),
 });
-await writeSvgAndPng(
+await writeFileAtomic(
   `${out}longctx.svg`,
   renderChart(
     [{ title: "Decode latency vs context (1 thread)", xLabel: "context (tokens; 16K, 32K synthetic KV)", yLabel: "ms / token", xLog2: true, series }],

@@ -5,15 +5,14 @@
 // samples the server's /metrics every few seconds: resident memory, KV bytes per tier, requests
 // running and waiting. Passes when no request failed with anything but a 429, resident memory
 // grew less than 5% from the end of the first minute to the end, and the device and shard KV
-// tiers are back to zero once the load has drained. Writes soak.json and soak.svg/png.
+// tiers are back to zero once the load has drained. Writes soak.json and soak.svg.
 import { mkdir, readFile } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
-import { writeJson } from "../../tools/lib/json.ts";
+import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
 import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
-import { writeSvgAndPng } from "../../tools/lib/png.ts";
 import { niceTicks, renderChart, type Series } from "../../tools/lib/svg-chart.ts";
 import { StreamingClient } from "../../tools/loadgen/client.ts";
 import { loadCorpus } from "../../tools/loadgen/corpus.ts";
@@ -91,7 +90,7 @@ async function main(): Promise<void> {
       // 80% of the committed short-chat colocated maximum (1.79 req/s, tools/loadgen/README.md).
       rate: { type: "string", default: "1.43" },
       duration: { type: "string", default: "600" },
-      out: { type: "string", default: "bench/soak/results" },
+      out: { type: "string", default: "results/soak" },
       threads: { type: "string", default: "2" },
       // Redraw the chart from an earlier run's soak.json in --out, without running anything.
       replot: { type: "boolean", default: false },
@@ -100,7 +99,7 @@ async function main(): Promise<void> {
   if (values.replot) {
     const dir = resolve(repoRoot, values.out);
     const earlier = JSON.parse(await readFile(join(dir, "soak.json"), "utf8")) as SoakResult;
-    await writeSvgAndPng(join(dir, "soak.svg"), chart(earlier));
+    await writeFileAtomic(join(dir, "soak.svg"), chart(earlier));
     return;
   }
   const rate = Number(values.rate);
@@ -164,7 +163,7 @@ async function main(): Promise<void> {
       samples,
     };
     await writeJson(join(out, "soak.json"), result, 4);
-    await writeSvgAndPng(join(out, "soak.svg"), chart(result));
+    await writeFileAtomic(join(out, "soak.svg"), chart(result));
     log(JSON.stringify({ verdict, rssGrowth, requests: result.requests, errors: result.errors.slice(0, 3) }));
     if (!Object.values(verdict).every(Boolean)) process.exitCode = 1;
   } finally {

@@ -9,7 +9,6 @@ import os from "node:os";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { writeFileAtomic, writeJson } from "../lib/json.ts";
 import { gitInfo, machineInfo } from "../lib/machine.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
 import { describeArrivals } from "./arrivals.ts";
 import { StreamingClient } from "./client.ts";
 import { loadCorpus } from "./corpus.ts";
@@ -101,7 +100,7 @@ async function main(argv: string[]): Promise<void> {
           points: sw.runs.map((r) => ({ rate: r.rate, stats: r.run.stats, warmup: r.run.warmup, qa: r.run.qa, requests: r.run.results.map((x) => compactResult(x, o.itl)) })),
         });
         await writeFileAtomic(join(out, "loadgen.md"), statsTable(rows) + "\n");
-        await writeSvgAndPng(
+        await writeFileAtomic(
           join(out, "loadgen.svg"),
           chart(
             [
@@ -112,7 +111,7 @@ async function main(argv: string[]): Promise<void> {
             `${o.baseUrl} · SLO TTFT ${o.slo.ttftMs} ms, TPOT ${o.slo.tpotMs} ms`,
           ),
         );
-        log(`wrote ${out}/loadgen.json, loadgen.md, loadgen.svg/png`);
+        log(`wrote ${out}/loadgen.json, loadgen.md, loadgen.svg`);
       }
       return;
     }
@@ -148,7 +147,7 @@ async function main(argv: string[]): Promise<void> {
         requests: run.results.map((x) => compactResult(x, o.itl)),
       });
       await writeFileAtomic(join(out, "loadgen.md"), statsTable([{ label, stats: run.stats }]) + "\n");
-      await writeSvgAndPng(
+      await writeFileAtomic(
         join(out, "loadgen.svg"),
         chart(
           [
@@ -164,7 +163,7 @@ async function main(argv: string[]): Promise<void> {
           3,
         ),
       );
-      log(`wrote ${out}/loadgen.json, loadgen.md, loadgen.svg/png`);
+      log(`wrote ${out}/loadgen.json, loadgen.md, loadgen.svg`);
     }
   } finally {
     await client.close();

@@ -4,8 +4,8 @@
 // long-document QA 4K in / 128 out) × two deployments (colocated `ctxbank serve`; disaggregated
 // `ctxbank prefill` + `ctxbank decode` on a PostgreSQL 15) × two decode policies (`full`, and
 // `omnikv` with the server's defaults), each swept for the highest Poisson rate with >= 90% SLO
-// attainment (DistServe's definition). Writes results/suite.json, suite.md, attainment.svg/png,
-// cdf.svg/png.
+// attainment (DistServe's definition). Writes results/loadgen/suite.json, suite.md,
+// attainment.svg, cdf.svg.
 import { readFileSync } from "node:fs";
 import { rm } from "node:fs/promises";
 import os from "node:os";
@@ -14,7 +14,6 @@ import { parseArgs } from "node:util";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { writeFileAtomic, writeJson } from "../lib/json.ts";
 import { gitInfo, machineInfo, setProcessNice } from "../lib/machine.ts";
-import { writeSvgAndPng } from "../lib/png.ts";
 import { fmtNum, markdownTable } from "../lib/table.ts";
 import { waitForQuiet, type QuietWaitResult } from "../lib/timing.ts";
 import { StreamingClient } from "./client.ts";
@@ -47,7 +46,7 @@ const HELP = `Usage: npm run bench:loadgen -- --suite [options]
   --nice=N             nice of this process and the services (default -10; needs root)
   --budget-scale F     multiply every sweep's time budget by F (finer long-document sweeps need ~3)
   --quick              a smoke run: small points and budgets, long document at 1K; writes tools/loadgen/tmp/
-  --out DIR            results directory (default tools/loadgen/results)
+  --out DIR            results directory (default results/loadgen)
   --render FILE        only redraw charts and tables from a saved suite.json
 `;
 
@@ -196,7 +195,7 @@ function parse(argv: string[]) {
       if (!(f > 0 && f <= 100)) throw new Error("--budget-scale must be a number in (0, 100]");
       return f;
     })(),
-    out: resolve(values.out ?? join(here, quick ? "tmp" : "results")),
+    out: resolve(values.out ?? quick ? join(here, "tmp") : join(repoRoot, "results/loadgen")),
     render: values.render,
   };
 }
@@ -446,7 +445,7 @@ async function writeOutputs(dir: string, r: SuiteResult, writeData: boolean): Pr
     const cs = r.configs.filter((c) => c.workload === w.id);
     return attainmentPanel(w.name, cs.map((c) => ({ label: configLabel(c), points: finalPoints(c) })), 0.9, `SLO TTFT ${fmtNum(w.slo.ttftMs / 1000)} s, TPOT ${w.slo.tpotMs} ms; ${w.perPoint} requests per point`);
   });
-  await writeSvgAndPng(join(dir, "attainment.svg"), chart(panels, "ctxbank SLO attainment vs Poisson rate", sub));
+  await writeFileAtomic(join(dir, "attainment.svg"), chart(panels, "ctxbank SLO attainment vs Poisson rate", sub));
   const cdfs = r.workloads.flatMap((w) => {
     const cs = r.configs.filter((c) => c.workload === w.id);
     const vals = (key: "ttftMs" | "tpotMs") =>
@@ -460,9 +459,9 @@ async function writeOutputs(dir: string, r: SuiteResult, writeData: boolean): Pr
       cdfPanel(`${w.name}: TPOT`, vals("tpotMs"), "TPOT (ms)", false, undefined, w.slo.tpotMs),
     ];
   });
-  await writeSvgAndPng(join(dir, "cdf.svg"), chart(cdfs, "ctxbank latency CDFs at the highest passing rate", sub));
+  await writeFileAtomic(join(dir, "cdf.svg"), chart(cdfs, "ctxbank latency CDFs at the highest passing rate", sub));
   process.stdout.write(md);
-  log(`wrote ${dir}/suite.json, suite.md, attainment.svg/png, cdf.svg/png`);
+  log(`wrote ${dir}/suite.json, suite.md, attainment.svg, cdf.svg`);
 }
 
 if (process.argv[1]?.endsWith("run-suite.ts")) {

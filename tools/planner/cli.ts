@@ -37,9 +37,9 @@ Hardware (numbers may end in k, M, G, T; any figure not given is probed on this 
 
   --model GGUF        (default: ctxbank's default model)
   --measure           measure prefill, decode, memory fit and KV handoff with the engine and the
-                      services for 256/128 and 4096/128 and write the comparison (tools/planner/results)
+                      services for 256/128 and 4096/128 and write the comparison (results/planner)
   --budget BYTES      memory budget of the concurrency measurement (default 1G)
-  --out DIR           where --measure writes (default tools/planner/results)
+  --out DIR           where --measure writes (default results/planner)
   --nice N            nice of this process and the services for --measure (default -10)
   --json              print the plan as JSON
   -h, --help
@@ -133,7 +133,7 @@ async function main(argv: string[]): Promise<void> {
     const nice = Number(s("nice") ?? -10);
     const err = setProcessNice(nice);
     if (err) process.stderr.write(`[plan] could not set nice ${nice}: ${err}\n`);
-    await runMeasurement({ modelPath, facts, threads, nice, budgetBytes: parseQuantity("budget", s("budget")) ?? 2 ** 30, out: resolve(s("out") ?? join(import.meta.dirname, "results")), maxBatch, attainment, argv });
+    await runMeasurement({ modelPath, facts, threads, nice, budgetBytes: parseQuantity("budget", s("budget")) ?? 2 ** 30, out: resolve(s("out") ?? join(import.meta.dirname, "../../results/planner")), maxBatch, attainment, argv });
     return;
   }
   const missing = given.flops === undefined || given.memBw === undefined || given.linkBw === undefined;

@@ -1,6 +1,6 @@
 // `npm run plan -- --measure`: probe the hardware, predict the four costs (and a decode step at
 // batch 8) for the load suite's two workloads, measure the same quantities with the engine and
-// the services, and write the comparison with relative errors (results/plan.json, plan.md).
+// the services, and write the comparison with relative errors (results/planner/plan.json, plan.md).
 // When the load suite's results exist, the predicted rate of one prefill + one decode instance
 // is set against the measured disaggregated maximum rate too.
 import { existsSync, readFileSync } from "node:fs";
@@ -117,7 +117,7 @@ export async function runMeasurement(o: { modelPath: string; facts: ModelFacts; 
 
   // Replica plans at the suite's SLOs, and one pair's predicted rate against the measured one:
   // from the suite's main run and from its long-document disaggregated run, if they exist.
-  const suites = ["tools/loadgen/results/suite.json", "tools/loadgen/results/long-disaggregated/suite.json"]
+  const suites = ["results/loadgen/suite.json", "results/loadgen/long-disaggregated/suite.json"]
     .map((f) => join(repoRoot, f))
     .filter((f) => existsSync(f))
     .map((f) => JSON.parse(readFileSync(f, "utf8")) as SuiteResult);
