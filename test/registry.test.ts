@@ -122,7 +122,7 @@ describe.each(backends)("registry on $name", (backend) => {
         second,
         sql`select count(*)::int as n from drizzle.__drizzle_migrations`,
       );
-      expect(applied).toEqual([{ n: 3 }]); // 0000_init, 0001_crash_cleanup, 0002_shard_ucx_endpoint
+      expect(applied).toEqual([{ n: 4 }]); // 0000_init, 0001_crash_cleanup, 0002_shard_ucx_endpoint, 0003_sessions_responses
       const tables = await rowsOf<{ table_name: string }>(
         second,
         sql`select table_name from information_schema.tables where table_schema = 'public' order by table_name`,
@@ -132,6 +132,8 @@ describe.each(backends)("registry on $name", (backend) => {
         "chunks",
         "instances",
         "requests",
+        "responses",
+        "sessions",
         "shards",
       ]);
     } finally {
@@ -587,6 +589,45 @@ describe.each(backends)("registry on $name", (backend) => {
       expect(await reg.requests.recordDecoder("r1", "d2")).toBe(false);
       expect((await reg.requests.get("r1"))?.decodeInstanceId).toBe("d1");
       expect(await reg.requests.recordDecoder("nope", "d1")).toBe(false);
+    });
+
+    it("sessions: upsert moves a session, the longest prefix of round hashes finds its holder, expiry and dead holders sweep", async () => {
+      const h = (n: number) => String(n).padStart(64, "0");
+      const base = { tenant: "alice", tier: "memory" as const, tokens: 100, bytes: 1000, turns: 1, createdAt: clock.now(), lastUsedAt: clock.now(), expiresAt: new Date(clock.ms + 60_000) };
+      await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d1", roundHashes: [h(1), h(2), h(3)] });
+      await reg.sessions.upsert({ ...base, id: "alice:s2", holderInstanceId: "d2", roundHashes: [h(1), h(2)] });
+      await reg.sessions.upsert({ ...base, id: "bob:s3", tenant: "bob", holderInstanceId: "d3", roundHashes: [h(1), h(2), h(3), h(4)] });
+      expect(await reg.sessions.longestPrefix("alice", [h(1), h(2), h(3), h(9)])).toMatchObject({ session: { id: "alice:s1", holderInstanceId: "d1" }, rounds: 3 });
+      expect(await reg.sessions.longestPrefix("alice", [h(9)])).toBeUndefined();
+      expect((await reg.sessions.longestPrefix("bob", [h(1)]))?.session.id).toBe("bob:s3"); // keys never see each other's
+      // The session moves to another holder; the old holder's remove no longer takes it.
+      await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d2", tier: "disk", roundHashes: [h(1), h(2), h(3)], turns: 2 });
+      expect(await reg.sessions.remove("alice:s1", "d1")).toBe(false);
+      expect(await reg.sessions.get("alice:s1")).toMatchObject({ holderInstanceId: "d2", tier: "disk", turns: 2 });
+      await expectRegistryError(reg.sessions.upsert({ ...base, id: "alice:s4", holderInstanceId: "d1", roundHashes: ["nothex"] }), "invalid_input");
+      clock.advance(30_000);
+      expect(await reg.sessions.sweep(["d3"])).toBe(1); // bob's holder died
+      clock.advance(31_000);
+      expect(await reg.sessions.get("alice:s2")).toBeUndefined(); // expired, not yet swept
+      expect(await reg.sessions.sweep()).toBe(2);
+    });
+
+    it("responses: stored per key, chained oldest first, expired links end the chain", async () => {
+      const turn = (id: string, previousId: string | null, expiresInMs = 60_000) => ({
+        id, tenant: "alice", previousId, sessionId: "alice:resp_1", model: "m", input: [{ role: "user" as const, content: `q ${id}` }],
+        outputText: `a ${id}`, inputTokens: 5, outputTokens: 3, createdAt: clock.now(), expiresAt: new Date(clock.ms + expiresInMs),
+      });
+      await reg.responses.create(turn("resp_1", null, 10_000));
+      await reg.responses.create(turn("resp_2", "resp_1"));
+      await reg.responses.create(turn("resp_3", "resp_2"));
+      expect((await reg.responses.chain("resp_3", "alice"))!.map((r) => r.id)).toEqual(["resp_1", "resp_2", "resp_3"]);
+      expect(await reg.responses.chain("resp_3", "bob")).toBeUndefined();
+      expect(await reg.responses.get("resp_2", "bob")).toBeUndefined();
+      clock.advance(11_000);
+      expect((await reg.responses.chain("resp_3", "alice"))!.map((r) => r.id)).toEqual(["resp_2", "resp_3"]);
+      expect(await reg.responses.remove("resp_3", "bob")).toBe(false);
+      expect(await reg.responses.remove("resp_3", "alice")).toBe(true);
+      expect(await reg.responses.sweep()).toBe(1);
     });
 
     it("a restart under the same instance id ends the open requests of its previous life, and only those", async () => {

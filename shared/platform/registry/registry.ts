@@ -4,6 +4,8 @@ import type { Database } from "./db.ts";
 import { ChunkStore } from "./chunks.ts";
 import { InstanceStore } from "./instances.ts";
 import { RequestStore } from "./requests.ts";
+import { ResponseStore } from "./responses.ts";
+import { SessionRegistry } from "./sessions.ts";
 import { ShardStore } from "./shards.ts";
 import { SweepStore } from "./sweep.ts";
 
@@ -13,6 +15,8 @@ export class Registry {
   readonly chunks: ChunkStore;
   readonly requests: RequestStore;
   readonly sweep: SweepStore;
+  readonly sessions: SessionRegistry;
+  readonly responses: ResponseStore;
   /** The registry's time (the system clock, or a test's). */
   readonly clock: Clock;
 
@@ -24,6 +28,8 @@ export class Registry {
     this.chunks = new ChunkStore(db, clock);
     this.requests = new RequestStore(db, clock);
     this.sweep = new SweepStore(db, clock);
+    this.sessions = new SessionRegistry(db, clock);
+    this.responses = new ResponseStore(db, clock);
   }
 }
 
@@ -32,4 +38,5 @@ export type { BeginChunkInput, BeginChunkResult, FreedRange, LeasedChunk } from 
 export type { RegisterInstanceInput } from "./instances.ts";
 export type { RequestMilestone } from "./requests.ts";
 export type { DeadShard } from "./sweep.ts";
-export type { ChunkRow, InstanceRow, RequestRow, ShardRow } from "./schema.ts";
+export type { ChunkRow, InstanceRow, RequestRow, ResponseRow, SessionRow, ShardRow } from "./schema.ts";
+export type { PrefixHolder } from "./sessions.ts";

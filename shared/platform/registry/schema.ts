@@ -8,6 +8,7 @@ import {
   foreignKey,
   index,
   integer,
+  jsonb,
   pgEnum,
   pgTable,
   primaryKey,
@@ -169,8 +170,65 @@ export const requests = pgTable(
   ],
 );
 
+export const sessionTier = pgEnum("session_tier", ["memory", "disk"]);
+
+/**
+ * Conversations whose KV a decode instance keeps between turns (services/sessions/): which instance
+ * holds each (the router sends the next turn there), in which tier, and the hash of every round's
+ * tokens (a request whose rounds start the same way shares that prefix). The id is the key's
+ * namespaced one (`<key id>:<session id>`, like request ids), so keys never see each other's.
+ */
+export const sessions = pgTable(
+  "sessions",
+  {
+    id: text("id").primaryKey(),
+    tenant: text("tenant").notNull(),
+    holderInstanceId: text("holder_instance_id").notNull(),
+    tier: sessionTier("tier").notNull(),
+    tokens: integer("tokens").notNull(),
+    bytes: bigint("bytes", { mode: "number" }).notNull(),
+    roundHashes: jsonb("round_hashes").$type<string[]>().notNull(),
+    turns: integer("turns").notNull(),
+    createdAt: timestamptz("created_at").notNull(),
+    lastUsedAt: timestamptz("last_used_at").notNull(),
+    expiresAt: timestamptz("expires_at").notNull(),
+  },
+  (t) => [
+    index("sessions_holder_idx").on(t.holderInstanceId),
+    index("sessions_tenant_idx").on(t.tenant),
+    index("sessions_expires_idx").on(t.expiresAt),
+    check("sessions_sizes", sql`${t.tokens} >= 0 and ${t.bytes} >= 0 and ${t.turns} >= 1`),
+  ],
+);
+
+/**
+ * Stored answers of the Responses API (POST /v1/responses with store): a turn's input messages and
+ * its output text, chained by previous_response_id, so a later turn rebuilds the conversation from
+ * the id alone; the chain's session holds its KV. Ids are namespaced by key like sessions'.
+ */
+export const responses = pgTable(
+  "responses",
+  {
+    id: text("id").primaryKey(),
+    tenant: text("tenant").notNull(),
+    previousId: text("previous_id"),
+    sessionId: text("session_id").notNull(),
+    model: text("model").notNull(),
+    /** This turn's input as chat messages ({ role, content }), the instructions first when given. */
+    input: jsonb("input").$type<{ role: string; content: string }[]>().notNull(),
+    outputText: text("output_text").notNull(),
+    inputTokens: integer("input_tokens").notNull(),
+    outputTokens: integer("output_tokens").notNull(),
+    createdAt: timestamptz("created_at").notNull(),
+    expiresAt: timestamptz("expires_at").notNull(),
+  },
+  (t) => [index("responses_tenant_idx").on(t.tenant), index("responses_expires_idx").on(t.expiresAt)],
+);
+
 export type InstanceRow = typeof instances.$inferSelect;
 export type ShardRow = typeof shards.$inferSelect;
 export type ChunkRow = typeof chunks.$inferSelect;
 export type RequestRow = typeof requests.$inferSelect;
+export type SessionRow = typeof sessions.$inferSelect;
+export type ResponseRow = typeof responses.$inferSelect;
 export type ChunkState = ChunkRow["state"];

@@ -1,0 +1,86 @@
+// Where conversations' KV lives between turns (services/sessions/): one row per session naming the
+// decode instance that holds it, so the router can send the next turn there, and the hashes of its
+// rounds, so a request that starts with the same rounds finds the instance holding that prefix.
+import { and, desc, eq, gt, lte } from "drizzle-orm";
+import { z } from "zod";
+import type { Clock } from "./clock.ts";
+import type { Database } from "./db.ts";
+import { identifier, int32, parseInput } from "./errors.ts";
+import { sessions, type SessionRow } from "./schema.ts";
+
+const Hex = z.string().regex(/^[0-9a-f]{64}$/);
+const SessionInput = z.object({
+  id: identifier,
+  tenant: z.string().min(1).max(64),
+  holderInstanceId: identifier,
+  tier: z.enum(["memory", "disk"]),
+  tokens: int32,
+  bytes: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
+  roundHashes: z.array(Hex).max(65_536),
+  turns: int32.min(1),
+  createdAt: z.date(),
+  lastUsedAt: z.date(),
+  expiresAt: z.date(),
+});
+
+/** The live session holding the longest run of a request's leading rounds, and how many. */
+export interface PrefixHolder {
+  session: SessionRow;
+  rounds: number;
+}
+
+export class SessionRegistry {
+  constructor(
+    private readonly db: Database,
+    private readonly clock: Clock,
+  ) {}
+
+  /** Records (or moves) a session: its holder, tier, size and rounds. */
+  async upsert(input: z.input<typeof SessionInput>): Promise<void> {
+    const row = parseInput(SessionInput, input, "session");
+    const { id, ...rest } = row;
+    await this.db.insert(sessions).values(row).onConflictDoUpdate({ target: sessions.id, set: rest });
+  }
+
+  /** The live session `id` (its namespaced id), or undefined. */
+  async get(id: string): Promise<SessionRow | undefined> {
+    parseInput(identifier, id, "session id");
+    const [row] = await this.db.select().from(sessions).where(and(eq(sessions.id, id), gt(sessions.expiresAt, this.clock())));
+    return row;
+  }
+
+  /** Removes session `id`'s row, only while `holder` holds it (a newer holder's row stays). */
+  async remove(id: string, holder: string): Promise<boolean> {
+    const gone = await this.db.delete(sessions).where(and(eq(sessions.id, id), eq(sessions.holderInstanceId, holder))).returning({ id: sessions.id });
+    return gone.length > 0;
+  }
+
+  /**
+   * Among `tenant`'s live sessions, the one whose round hashes begin with the longest run of
+   * `roundHashes` (at least one round); undefined when none shares the first round. The most
+   * recently used wins a tie.
+   */
+  async longestPrefix(tenant: string, roundHashes: readonly string[], limit = 1_000): Promise<PrefixHolder | undefined> {
+    if (roundHashes.length === 0) return undefined;
+    const rows = await this.db
+      .select()
+      .from(sessions)
+      .where(and(eq(sessions.tenant, tenant), gt(sessions.expiresAt, this.clock())))
+      .orderBy(desc(sessions.lastUsedAt))
+      .limit(limit);
+    let best: PrefixHolder | undefined;
+    for (const session of rows) {
+      let n = 0;
+      while (n < roundHashes.length && n < session.roundHashes.length && session.roundHashes[n] === roundHashes[n]) n++;
+      if (n > 0 && (!best || n > best.rounds)) best = { session, rounds: n };
+    }
+    return best;
+  }
+
+  /** Deletes the rows past their expiry, and those of `deadHolders`; returns how many. */
+  async sweep(deadHolders: readonly string[] = []): Promise<number> {
+    let n = (await this.db.delete(sessions).where(lte(sessions.expiresAt, this.clock())).returning({ id: sessions.id })).length;
+    for (const holder of deadHolders) n += (await this.db.delete(sessions).where(eq(sessions.holderInstanceId, holder)).returning({ id: sessions.id })).length;
+    return n;
+  }
+}
