@@ -412,6 +412,45 @@ TEST(CudaAttentionFast, WorkItemsThePlanDoesNotMakeYet) {
 
 // Not a check: prints each kernel's time on SmolLM2-135M's shape (one layer), for the benchmark
 // notes. K/V hold a constant (timing only).
+// The block-wide merge against attention_combine on random partials: 1, 3, 37 and 128 splits,
+// strided rows, splits a token may not see (m = -inf), head dims 32, 64, 96 and 128.
+TEST(CudaAttentionFast, WideCombineMatchesTheSimpleMerge) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {32, 64, 96, 128})
+    for (int splits : {1, 3, 37, 128}) {
+      const int n = 3, n_head = 5, rows = n * splits;
+      std::vector<float> part_o = randoms(static_cast<size_t>(rows) * n_head * d, 50 + d + splits, -3.f, 3.f);
+      std::vector<float> ml = randoms(static_cast<size_t>(rows) * n_head * 2, 60 + d + splits, 0.f, 1.f);
+      std::mt19937 rng(70 + d + splits);
+      for (size_t r = 0; r < static_cast<size_t>(rows) * n_head; ++r) {
+        ml[2 * r] = std::uniform_real_distribution<float>(-20.f, 5.f)(rng);       // m
+        ml[2 * r + 1] = std::uniform_real_distribution<float>(0.5f, 300.f)(rng);  // l
+        if (splits > 1 && rng() % 5 == 0) ml[2 * r] = -INFINITY, ml[2 * r + 1] = 0.f;
+      }
+      for (int h = 0; h < n_head; ++h) ml[2 * static_cast<size_t>(h)] = 1.f, ml[2 * static_cast<size_t>(h) + 1] = 2.f;  // every token sees a key
+      // Token t's split s is row t + s * n (the decode plan's stride).
+      std::vector<AttnCombine> comb(n);
+      for (int t = 0; t < n; ++t) comb[t] = {t, n, splits};
+      for (int t = 1; t < n; ++t)
+        for (int h = 0; h < n_head; ++h) ml[(static_cast<size_t>(t) * n_head + h) * 2] = 0.5f, ml[(static_cast<size_t>(t) * n_head + h) * 2 + 1] = 1.f;
+      DeviceArena arena;
+      const float* d_o = arena.upload(part_o);
+      const float* d_ml = arena.upload(ml);
+      const AttnCombine* d_comb = arena.upload(comb);
+      float* simple = arena.alloc<float>(static_cast<size_t>(n) * n_head * d);
+      float* wide = arena.alloc<float>(static_cast<size_t>(n) * n_head * d);
+      ASSERT_TRUE(d_o && d_ml && d_comb && simple && wide) << "device allocation or copy failed";
+      attention_combine(d_o, d_ml, d_comb, n, n_head, d, simple, nullptr);
+      attention_combine_wide(d_o, d_ml, d_comb, n, n_head, d, wide, nullptr);
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      std::vector<float> a(static_cast<size_t>(n) * n_head * d), b(a.size());
+      ASSERT_CUDA(cudaMemcpy(a.data(), simple, a.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      ASSERT_CUDA(cudaMemcpy(b.data(), wide, b.size() * sizeof(float), cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(b[i], a[i], 1e-5f * (1.f + std::fabs(a[i]))) << "d " << d << " splits " << splits << " element " << i;
+    }
+}
+
 TEST(CudaAttentionFast, PrintsTimings) {
   SKIP_WITHOUT_GPU();
   const int n_head = 9, n_head_kv = 3, d = 64, kv_dim = n_head_kv * d, max_n = 512, cap = 131072 + max_n;

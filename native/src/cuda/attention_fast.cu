@@ -459,4 +459,75 @@ void attention_prefill_tc(const float* q, const AttnWork* work, int n_work, int 
   attention_tc<PrefillConfig>(q, work, n_work, n_head, n_head_kv, head_dim, layer, scale, part_o, part_ml, st);
 }
 
+namespace {
+
+constexpr int kCombineThreads = 128;
+
+// One block per (token, head). Every thread takes splits tid, tid + 128, ... for the maximum m*
+// and the sum l (block reductions in shared memory); then the threads form `groups` groups of
+// head_dim (thread tid: dimension tid % head_dim of group tid / head_dim), group g summing the
+// output rows of splits g, g + groups, ...; the groups' sums are added in shared memory.
+__global__ void attention_combine_wide_kernel(const float* part_o, const float* part_ml, const AttnCombine* comb, int n_head,
+                                              int head_dim, float* out) {
+  __shared__ float red[kCombineThreads];
+  __shared__ float sums[kCombineThreads];
+  const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const AttnCombine cb = comb[t];
+  auto ml = [&](int s) { return part_ml + (static_cast<size_t>(cb.part0 + s * cb.stride) * n_head + h) * 2; };
+
+  float m = -INFINITY;
+  for (int s = tid; s < cb.n_splits; s += kCombineThreads) m = fmaxf(m, ml(s)[0]);
+  red[tid] = m;
+  __syncthreads();
+  for (int w = kCombineThreads / 2; w > 0; w >>= 1) {
+    if (tid < w) red[tid] = fmaxf(red[tid], red[tid + w]);
+    __syncthreads();
+  }
+  const float m_star = red[0];
+  __syncthreads();  // red is reused below
+
+  float l = 0.f;
+  for (int s = tid; s < cb.n_splits; s += kCombineThreads) {
+    const float ms = ml(s)[0];
+    if (ms != -INFINITY) l += ml(s)[1] * expf(ms - m_star);  // a split with no key this token may see adds nothing
+  }
+  red[tid] = l;
+  __syncthreads();
+  for (int w = kCombineThreads / 2; w > 0; w >>= 1) {
+    if (tid < w) red[tid] += red[tid + w];
+    __syncthreads();
+  }
+  const float l_sum = red[0];
+
+  const int groups = kCombineThreads / head_dim;  // head_dim <= kMaxHeadDimGpu = 128
+  const int g = tid / head_dim, c = tid % head_dim;
+  float o = 0.f;
+  if (g < groups) {
+    for (int s = g; s < cb.n_splits; s += groups) {
+      const float ms = ml(s)[0];
+      if (ms == -INFINITY) continue;
+      const size_t row = static_cast<size_t>(cb.part0 + s * cb.stride) * n_head + h;
+      o += part_o[row * head_dim + c] * expf(ms - m_star);
+    }
+  }
+  sums[tid] = o;
+  __syncthreads();
+  if (g == 0) {
+    for (int k = 1; k < groups; ++k) o += sums[k * head_dim + c];
+    out[(static_cast<size_t>(t) * n_head + h) * head_dim + c] = o / l_sum;
+  }
+}
+
+}  // namespace
+
+void attention_combine_wide(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head,
+                            int head_dim, float* out, cudaStream_t st) {
+  if (head_dim > kMaxHeadDimGpu || head_dim % 32 != 0) {
+    attention_combine(part_o, part_ml, comb, n, n_head, head_dim, out, st);
+    return;
+  }
+  attention_combine_wide_kernel<<<dim3(n, n_head), kCombineThreads, 0, st>>>(part_o, part_ml, comb, n_head, head_dim, out);
+  CTX_CUDA_LAUNCHED("attention_combine_wide");
+}
+
 }  // namespace ctx::cuda

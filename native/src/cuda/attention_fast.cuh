@@ -34,4 +34,12 @@ void attention_gqa(const float* q, const AttnWork* work, int n_work, int n_head,
 void attention_prefill_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim,
                           int layer, float scale, float* part_o, float* part_ml, cudaStream_t st);
 
+// attention_combine with the splits spread over a block: one block of 128 threads per (token,
+// head) reads every split's (m, l) and output rows at once, where attention_combine walks them in
+// sequence with one warp (up to 128 splits at a 32K+ context: a chain of dependent memory reads
+// per head). Same arithmetic per split; the sums are added in another order (results within a
+// few float roundings of attention_combine's).
+void attention_combine_wide(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head,
+                            int head_dim, float* out, cudaStream_t st);
+
 }  // namespace ctx::cuda

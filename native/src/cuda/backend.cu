@@ -466,7 +466,8 @@ void CudaBackend::attention(int layer, int n) {
   } else {
     run(&cuda::attention, works_.p, n_works_);
   }
-  attention_combine(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim, attn_.p, stream_);
+  (kernels_.attention ? attention_combine_wide : attention_combine)(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim,
+                                                                    attn_.p, stream_);
 }
 
 void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
