@@ -1,7 +1,7 @@
 #!/usr/bin/env -S npx tsx
 // ctxbank command line: `generate` runs one prompt (or a chat REPL with --interactive) on the
 // local engine and streams the text to stdout; statistics go to stderr. `serve`, `prefill` and
-// `decode` run the HTTP services (bin/serve.ts).
+// `decode` run the HTTP services (bin/serve.ts); `models` lists the models --model can name.
 import { availableParallelism } from "node:os";
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
@@ -11,16 +11,19 @@ import { Engine, loadModel, type EngineDevice } from "../shared/inference/engine
 import { DEVICE_PATTERN } from "../shared/inference/engine/native.ts";
 import { SamplingError, validateSampling, type SamplingOptions } from "../shared/inference/engine/sampler.ts";
 import { generate, GenerateError, type DoneEvent } from "../shared/inference/generate.ts";
-import { ModelResolveError, resolveModel } from "../shared/inference/model/resolve.ts";
+import { MODEL_CATALOGUE } from "../shared/inference/model/catalogue.ts";
+import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { ChatTemplate, ChatTemplateError, validateMessages, type ChatMessage } from "../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import { UsageError } from "../shared/inference/errors.ts";
 import { keysCommand } from "./keys.ts";
+import { modelsCommand } from "./models.ts";
 import { SERVICE_COMMANDS, serviceCommand } from "./serve.ts";
 
 const USAGE = `Usage: ctxbank generate [options]
        ctxbank serve | prefill | decode [options]   (the HTTP services; see ctxbank serve --help)
        ctxbank keys new <id>                        (an API key for the services; see ctxbank keys --help)
+       ctxbank models [--json] [--verify]           (the models --model can name, and what is cached)
 
 Prompt (one of):
   --prompt TEXT          a user message (wrapped in the model's chat template unless --raw)
@@ -39,7 +42,8 @@ Generation:
   --stop STR             stop before this text; repeatable
 
 Engine:
-  --model PATH           GGUF file (default: $CTXBANK_MODEL, else the default model, downloaded once)
+  --model NAME|PATH      a model name (ctxbank models lists them; downloaded once) or a GGUF file
+                         (default: $CTXBANK_MODEL, else ${MODEL_CATALOGUE.defaultModel})
   --threads N            compute threads (default ${availableParallelism()})
   --device D             cpu | cuda | cuda:N | auto (default: $CTXBANK_DEVICE, else cpu)
 
@@ -231,13 +235,14 @@ async function main(argv: string[]): Promise<number> {
   }
   if (SERVICE_COMMANDS.includes(argv[0]!)) return serviceCommand(argv[0] as "serve" | "prefill" | "decode", argv.slice(1));
   if (argv[0] === "keys") return keysCommand(argv.slice(1));
+  if (argv[0] === "models") return modelsCommand(argv.slice(1));
   const { values: f, positionals } = parse(argv);
   if (f.help) {
     process.stdout.write(USAGE);
     return 0;
   }
   const [command, ...extra] = positionals;
-  if (command === undefined) throw new UsageError("missing command (ctxbank generate|serve|prefill|decode ...)");
+  if (command === undefined) throw new UsageError("missing command (ctxbank generate|serve|prefill|decode|keys|models ...)");
   if (command !== "generate") throw new UsageError(`unknown command ${JSON.stringify(command)}`);
   if (extra.length > 0) throw new UsageError(`unexpected argument ${JSON.stringify(extra[0])}`);
 
@@ -254,11 +259,7 @@ async function main(argv: string[]): Promise<number> {
     messages = messagesFrom(f);
   }
 
-  const path = await resolveModel(f.model !== undefined ? { path: f.model } : {}).catch((e: unknown) => {
-    if (e instanceof ModelResolveError && e.code === "model_explicit_path_missing" && f.model !== undefined)
-      throw new Error(`--model ${f.model}: no such file`);
-    throw e;
-  });
+  const path = await resolveModel(f.model !== undefined ? { path: f.model } : {});
   const tok = GgufTokenizer.fromGguf(path);
   const engine = new Engine(await loadModel(path), { threads, device });
   const s: Session = { engine, tok, path, sampling, maxTokens, stop: f.stop ?? [] };

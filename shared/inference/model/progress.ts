@@ -46,9 +46,9 @@ function barProgress(stream: NodeJS.WritableStream, label: string, total: number
     const secs = (Date.now() - started) / 1000;
     const rate = secs > 0 ? done / secs : 0;
     return {
-      doneMB: fmtBytes(done),
-      totalMB: fmtBytes(total),
-      rate: `${fmtBytes(rate)}/s`,
+      doneMB: formatBytes(done),
+      totalMB: formatBytes(total),
+      rate: `${formatBytes(rate)}/s`,
       etaText: rate > 0 ? fmtDuration((total - done) / rate) : "?",
     };
   };
@@ -72,10 +72,10 @@ function lineProgress(stream: NodeJS.WritableStream, label: string, total: numbe
     const rate = secs > 0 ? done / secs : 0;
     let s = `ctxbank: ${label}: `;
     if (total !== undefined && total > 0) {
-      s += `${pct ?? Math.floor((done / total) * 100)}% (${fmtBytes(done)} of ${fmtBytes(total)}, ${fmtBytes(rate)}/s`;
+      s += `${pct ?? Math.floor((done / total) * 100)}% (${formatBytes(done)} of ${formatBytes(total)}, ${formatBytes(rate)}/s`;
       s += done < total && rate > 0 ? `, ETA ${fmtDuration((total - done) / rate)})` : ")";
     } else {
-      s += `${fmtBytes(done)} (${fmtBytes(rate)}/s)`;
+      s += `${formatBytes(done)} (${formatBytes(rate)}/s)`;
     }
     stream.write(s + "\n");
   };
@@ -100,7 +100,8 @@ function lineProgress(stream: NodeJS.WritableStream, label: string, total: numbe
   };
 }
 
-function fmtBytes(n: number): string {
+/** 98.4 MB, 1.25 GB: a size for people. */
+export function formatBytes(n: number): string {
   if (n >= 1e9) return `${(n / 1e9).toFixed(2)} GB`;
   if (n >= 1e6) return `${(n / 1e6).toFixed(1)} MB`;
   if (n >= 1e3) return `${(n / 1e3).toFixed(1)} kB`;

