@@ -4,9 +4,9 @@
 // Writes JSON and charts under results/calibrate/ and records the recommended filter
 // layers and watershed layer as this model's defaults (shared/inference/policy/model-defaults.json).
 //
-//   npm run calibrate [-- --model PATH] [--steps N]
+//   npm run calibrate [-- --model PATH] [--steps N] [--out DIR]
 import { readFileSync } from "node:fs";
-import { parseArgs } from "node:util";
+import { join } from "node:path";
 
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
@@ -25,7 +25,8 @@ import { loadPolicyDefaults, policyDefaultsFile } from "../../shared/inference/p
 import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { benchText } from "../../tools/lib/bench-text.ts";
-import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
+import { benchCli, REPO_ROOT } from "../../tools/lib/bench-runner.ts";
+import { writeFileAtomic } from "../../tools/lib/json.ts";
 import { renderHeatmap } from "../../tools/lib/heatmap.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
 import { multiRoundConversation } from "./conversation.ts";
@@ -36,7 +37,14 @@ const FILTERS = 3;
 const MAX_FIRST = 2;         // at most 2 dense layers before the first filter layer (OmniKV's setting)
 const KL_THRESHOLD = 0.05;   // nats: consecutive layers' round distributions this close are "the same"
 
-const { values: args } = parseArgs({ options: { model: { type: "string" }, steps: { type: "string", default: "8" } } });
+const bench = benchCli({
+  name: "calibrate",
+  script: "npm run calibrate --",
+  options: { model: { type: "string" }, steps: { type: "string", default: "8" } },
+  help: `  --model PATH     the GGUF to calibrate (default: ctxbank's default model)
+  --steps N        decode steps probed per prompt (default 8)`,
+});
+const args = bench.values;
 const steps = Number(args.steps);
 if (!Number.isInteger(steps) || steps < 1 || steps > 256) throw new Error("--steps must be an integer in [1, 256]");
 const modelPath = await resolveModel(args.model ? { path: args.model } : {});
@@ -44,7 +52,6 @@ const model = await loadModel(modelPath);
 const engine = new Engine(model, { threads: 2 });
 const tokenizer = GgufTokenizer.fromGguf(modelPath);
 const chat = ChatTemplate.fromGguf(modelPath, tokenizer);
-const root = new URL("../../", import.meta.url);
 const L = model.config.nLayer;
 
 /** Prefills `ids` and decodes greedily for `steps` steps, returning each step's probe. */
@@ -65,9 +72,9 @@ async function probeRun(ids: number[]): Promise<Probe[]> {
 }
 
 const documents: Record<string, string> = {
-  license: readFileSync(new URL("LICENSE", root), "utf8").slice(0, 9000),
+  license: readFileSync(join(REPO_ROOT, "LICENSE"), "utf8").slice(0, 9000),
   story: benchText(4),
-  "http client docs": readFileSync(new URL("node_modules/undici/docs/docs/api/Dispatcher.md", root), "utf8").slice(0, 9000),
+  "http client docs": readFileSync(join(REPO_ROOT, "node_modules/undici/docs/docs/api/Dispatcher.md"), "utf8").slice(0, 9000),
 };
 const docProbes: Probe[] = [];
 for (const [name, text] of Object.entries(documents)) {
@@ -86,6 +93,7 @@ const watershed = watershedLayer(roundKl, KL_THRESHOLD);
 
 const name = model.config.name || "model";
 const result = {
+  ...bench.record(),
   model: { name, path: modelPath, fingerprint: model.fingerprint, layers: L },
   method: { steps, span: SPAN, topFraction: TOP_FRACTION, maxFirst: MAX_FIRST, klThreshold: KL_THRESHOLD, documents: Object.keys(documents) },
   similarity: sim,
@@ -95,12 +103,10 @@ const result = {
   coverageOfOmniKvDefault: coverage(sim, [2, 8, 18]),
   roundKl,
   watershedLayer: watershed,
-  date: new Date().toISOString(),
 };
-const out = new URL("results/calibrate/", root).pathname;
-await writeJson(`${out}calibration.json`, result);
-await writeFileAtomic(
-  `${out}similarity.svg`,
+await bench.results.json("calibration", result);
+await bench.results.chart(
+  "similarity",
   renderHeatmap(sim, {
     title: "Share of layer j's attention on layer i's top tokens",
     subtitle: `${name}; top ${TOP_FRACTION * 100}% tokens; ${docProbes.length} decode steps, ${Object.keys(documents).length} documents`,
@@ -108,8 +114,8 @@ await writeFileAtomic(
     colLabel: "layer j (attending)",
   }),
 );
-await writeFileAtomic(
-  `${out}layers.svg`,
+await bench.results.chart(
+  "layers",
   renderChart(
     [
       {
@@ -133,7 +139,7 @@ defaults[model.fingerprint] = {
   model: name,
   filterLayers,
   watershedLayer: watershed,
-  source: "npm run calibrate (results/calibrate/calibration.json)",
+  source: `npm run calibrate (${bench.results}/calibration.json)`,
 };
 await writeFileAtomic(policyDefaultsFile.pathname, JSON.stringify(defaults, null, 2) + "\n");
 console.log(`filter layers ${filterLayers.join(", ")}; watershed layer ${watershed ?? `none below ${KL_THRESHOLD} nats`}`);

@@ -6,20 +6,24 @@
 // refused. Then decode speed at that context (synthetic KV: speed and memory only).
 //
 //   npm run bench:capacity [-- --budget-mib 256] [--steps 16]
-import { parseArgs } from "node:util";
-
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
-import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
-import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { benchCli } from "../../tools/lib/bench-runner.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
 import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
 import { median } from "../../tools/lib/timing.ts";
 
-const { values: args } = parseArgs({ options: { "budget-mib": { type: "string", default: "256" }, steps: { type: "string", default: "16" } } });
+const bench = benchCli({
+  name: "capacity",
+  script: "npm run bench:capacity --",
+  options: { "budget-mib": { type: "string", default: "256" }, steps: { type: "string", default: "16" } },
+  help: `  --budget-mib N   the device arena (default 256)
+  --steps N        decode steps timed at each maximum (default 16)`,
+});
+const args = bench.values;
 const BUDGET = Number(args["budget-mib"]) * 2 ** 20;
 const STEPS = Number(args.steps);
 if (!Number.isInteger(BUDGET) || BUDGET < 2 ** 20 || BUDGET > 2 ** 34) throw new Error("--budget-mib must be an integer in [1, 16384]");
@@ -71,21 +75,18 @@ for (const [i, c] of configs.entries()) {
   rows.push(row);
 }
 const full = rows[0]!.maxContext;
-const out = new URL("../../results/capacity/", import.meta.url).pathname;
-await writeJson(`${out}capacity.json`, {
+await bench.results.json("capacity", {
   what: "longest context of one sequence in a fixed device arena (KV + packed rows), checked by the engine's arena; decode ms/token at that context, synthetic KV, 1 thread",
+  ...bench.record(),
   budgetBytes: BUDGET,
   steps: STEPS,
   filterLayers,
   model: { name: model.config.name, fingerprint: model.fingerprint },
-  machine: machineInfo(),
-  git: gitInfo(new URL("../../", import.meta.url).pathname),
-  date: new Date().toISOString(),
   rows: rows.map((r) => ({ ...r, vsFull: r.maxContext / full })),
 });
 const omni = rows.filter((r) => r.budget !== null);
-await writeFileAtomic(
-  `${out}capacity.svg`,
+await bench.results.chart(
+  "capacity",
   renderChart(
     [
       {

@@ -7,10 +7,11 @@ import { createHash, randomFillSync } from "node:crypto";
 import zlib from "node:zlib";
 
 import { crc32c } from "../../shared/inference/engine/native.ts";
-import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
-import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { benchCli } from "../../tools/lib/bench-runner.ts";
 import { otherLoad } from "../../tools/lib/timing.ts";
 import { renderChart, type Series } from "../../tools/lib/svg-chart.ts";
+
+const bench = benchCli({ name: "checksum", script: "npm run bench:checksum --" });
 
 const MiB = 2 ** 20;
 const SIZES = [1 * MiB, 11.25 * MiB, 64 * MiB]; // 11.25 MiB = one 512-token chunk of SmolLM2-135M
@@ -37,13 +38,10 @@ for (const bytes of SIZES) {
     console.log(`${a.id.padEnd(24)} ${(bytes / MiB).toFixed(2).padStart(6)} MiB  ${(bytes / best / 1e9).toFixed(2)} GB/s`);
   }
 }
-const out = new URL("../../results/checksum/", import.meta.url).pathname;
-await writeJson(`${out}checksum.json`, {
+await bench.results.json("checksum", {
   what: "checksum throughput, best of 7, one thread, GB = 1e9 bytes",
+  ...bench.record(),
   otherCoresAtStart: load ?? null,
-  machine: machineInfo(),
-  git: gitInfo(new URL("../../", import.meta.url).pathname),
-  date: new Date().toISOString(),
   rows,
 });
 const series: Series[] = algorithms.map((a) => ({
@@ -52,8 +50,8 @@ const series: Series[] = algorithms.map((a) => ({
   labels: true,
   points: rows.filter((r) => r.algorithm === a.id).map((r) => [r.bytes / MiB, r.gbps] as [number, number]),
 }));
-await writeFileAtomic(
-  `${out}checksum.svg`,
+await bench.results.chart(
+  "checksum",
   renderChart([{ title: "Checksum throughput", xLabel: "bytes checked (MiB; 11.25 = one chunk)", yLabel: "GB/s", xLog2: true, series }], {
     title: "KV chunk checksums",
     subtitle: `best of ${REPS}, one thread`,

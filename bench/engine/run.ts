@@ -1,20 +1,17 @@
 // npm run bench:engine [-- options]   (tsx bench/engine/run.ts)
 //
 // Ours vs llama.cpp on the same GGUF: prefill tokens/s at several prompt lengths and decode
-// ms/token at several contexts. Writes results/engine.json, results/engine.svg and
-// results/engine.md, and prints the tables. See bench/engine/README.md; --help for options.
+// ms/token at several contexts. Writes results/engine/engine.json, engine.svg and engine.md, and
+// prints the tables. See bench/engine/README.md; --help for options.
 import { execFileSync } from "node:child_process";
 import { existsSync } from "node:fs";
-import { readFile } from "node:fs/promises";
-import { dirname, join, relative, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
+import { join, relative } from "node:path";
 import { createHash } from "node:crypto";
 import { getModuleVersion } from "node-llama-cpp";
 
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
-import { autogroup, fileStamp, gitInfo, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../../tools/lib/machine.ts";
+import { benchCli, REPO_ROOT, type Results } from "../../tools/lib/bench-runner.ts";
+import { autogroup, fileStamp, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../../tools/lib/machine.ts";
 import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
 import { fmtNum, markdownTable, textTable, type Table } from "../../tools/lib/table.ts";
 import {
@@ -30,14 +27,9 @@ import {
 import { LlamaBackend, loadLlama, OursBackend, type Backend, type FlashAttention } from "./engines.ts";
 import { benchTokens, PARAGRAPHS } from "../../tools/lib/bench-text.ts";
 
-const here = dirname(fileURLToPath(import.meta.url));
-const repoRoot = resolve(here, "../..");
-const addonPath = join(repoRoot, "native/build/Release/ctxbank_native.node");
+const addonPath = join(REPO_ROOT, "native/build/Release/ctxbank_native.node");
 
-const HELP = `Usage: npm run bench:engine -- [options]
-
-  --quick                 fast smoke: lengths 512,2048, 16 decode steps, 1 rep, short warm-up, no quiet waits
-  --lengths LIST          prompt lengths / decode contexts (default 512,2048,4096,8192)
+const HELP = `  --lengths LIST          prompt lengths / decode contexts (default 512,2048,4096,8192)
   --prefill-threads LIST  thread counts for prefill (default 1,2)
   --decode-threads LIST   thread counts for decode (default 1)
   --steps N               greedy decode steps per decode point (default 64)
@@ -53,12 +45,8 @@ const HELP = `Usage: npm run bench:engine -- [options]
   --quiet-wait S          wait up to S seconds for a quiet machine before each run (default 5)
   --retry-budget S        seconds allowed for redoing contended runs ≤ 30 s long (default 150)
   --model PATH            GGUF to use (default: resolveModel(), i.e. CTXBANK_MODEL or the cache)
-  --out DIR               results directory (default results/engine; with --quick bench/engine/tmp/quick)
   --build                 (re)build the native addon first (cmake-js, incremental)
-  --nice=N                run every thread of the benchmark at nice N, e.g. --nice=-10 (negative needs root)
-  --update-readme         rewrite the results section of bench/engine/README.md
-  --render FILE           only re-render tables/chart/markdown from a saved engine.json
-  --help`;
+  --nice=N                run every thread of the benchmark at nice N, e.g. --nice=-10 (negative needs root)`;
 
 function list(s: string | undefined, dflt: number[]): number[] {
   if (s === undefined) return dflt;
@@ -94,9 +82,10 @@ function parseReps(s: string | undefined, quick: boolean): { reps: Record<number
 }
 
 async function main(): Promise<void> {
-  const { values: a } = parseArgs({
+  const bench = benchCli({
+    name: "engine",
+    script: "npm run bench:engine --",
     options: {
-      quick: { type: "boolean", default: false },
       lengths: { type: "string" },
       "prefill-threads": { type: "string" },
       "decode-threads": { type: "string" },
@@ -112,42 +101,34 @@ async function main(): Promise<void> {
       "quiet-wait": { type: "string" },
       "retry-budget": { type: "string" },
       model: { type: "string" },
-      out: { type: "string" },
       build: { type: "boolean", default: false },
       nice: { type: "string" },
-      "update-readme": { type: "boolean", default: false },
-      render: { type: "string" },
-      help: { type: "boolean", default: false },
     },
-    strict: true,
+    help: HELP,
+    quick: "fast smoke: lengths 512,2048, 16 decode steps, 1 rep, short warm-up, no quiet waits",
+    replot: true,
   });
-  if (a.help) {
-    console.log(HELP);
-    return;
-  }
-  if (a.render !== undefined) {
-    // Re-render tables, chart and markdown from a saved engine.json (no measurement).
-    const report = JSON.parse(await readFile(a.render, "utf8")) as Report;
-    await writeOutputs(report, resolve(a.out ?? dirname(a.render)), a["update-readme"]!);
+  const { values: a, quick, results } = bench;
+  if (bench.replot) {
+    const report = await results.readJson<Report>("engine");
+    await writeOutputs(report, results);
     // Keep the JSON's derived summary in step with the renderer (the measurements are untouched).
-    if (a.out === undefined) await writeJson(a.render, report);
+    await results.json("engine", report);
     return;
   }
-  const quick = a.quick!;
-  const started = new Date();
   const t0 = performance.now();
   const log = (line: string) => console.error(line);
 
   if (a.build) {
     log("building the native addon (cmake-js compile, incremental) ...");
     execFileSync("npx", ["cmake-js", "compile", "--directory", "native", "--out", "native/build", "--parallel", "2"], {
-      cwd: repoRoot,
+      cwd: REPO_ROOT,
       stdio: ["ignore", "inherit", "inherit"],
     });
   }
   if (!existsSync(addonPath)) {
     throw new Error(
-      `the native addon is not built (${relative(repoRoot, addonPath)} is missing): run ` +
+      `the native addon is not built (${relative(REPO_ROOT, addonPath)} is missing): run ` +
         `"npx cmake-js compile --directory native --out native/build --parallel 2" or pass --build`,
     );
   }
@@ -159,8 +140,6 @@ async function main(): Promise<void> {
   const ubatch = int(a.ubatch, 512, "ubatch");
   const steps = int(a.steps, quick ? 16 : 64, "steps");
   const { reps, defaultReps } = parseReps(a.reps, quick);
-  // A quick smoke never overwrites the committed results.
-  const outDir = resolve(a.out ?? quick ? join(here, "tmp/quick") : join(repoRoot, "results/engine"));
 
   let niceError: string | undefined;
   if (a.nice !== undefined) {
@@ -179,7 +158,7 @@ async function main(): Promise<void> {
   // Stamp the addon and the git state before anything runs: both may change on disk (another
   // checkout user rebuilding or committing) while the benchmark runs.
   const addonStamp = await fileStamp(addonPath);
-  const git = gitInfo(repoRoot, ["native", "shared/inference/engine"]);
+  const { git, machine, ...record } = bench.record(["native", "shared/inference/engine"]);
 
   const modelPath = await resolveModel({ path: a.model, progress: "lines" });
   log(`model: ${modelPath}`);
@@ -205,7 +184,7 @@ async function main(): Promise<void> {
     warmupTokens: Math.min(quick ? 128 : 512, maxContext - 16),
     warmupSteps: quick ? 4 : 8,
     quietThreshold: num(a["quiet-threshold"], 0.35, "quiet-threshold"),
-    cpus: machineInfo().cpus,
+    cpus: machine.cpus,
     quietWaitS: num(a["quiet-wait"], quick ? 0 : 5, "quiet-wait"),
     retryBudgetS: num(a["retry-budget"], quick ? 0 : 150, "retry-budget"),
     retryMaxRunS: 30,
@@ -230,7 +209,6 @@ async function main(): Promise<void> {
   }
   if (backends.length === 0) throw new Error("no engines selected");
 
-  const machine = machineInfo();
   const otherAtStart = await currentOtherLoad();
   log(
     `machine: ${machine.cpuModel}, ${machine.cpus} CPUs, node ${machine.node}; other processes using ` +
@@ -242,20 +220,18 @@ async function main(): Promise<void> {
       `${opts.decodeThreads.join(",") || "-"} × ${steps} steps | engines ${backends.map((b) => b.id).join(", ")}`,
   );
 
-  const bench = await runBench(backends, tokens, opts);
+  const measured = await runBench(backends, tokens, opts);
   const durationS = (performance.now() - t0) / 1000;
 
   // ---- describe what ran
   const llamaPkg = { version: await getModuleVersion() };
   const cpuBackends = mappedLibraries(/libggml-cpu[^/]*\.so/).map((p) => p.replace(/^.*\//, ""));
   const oursInfo = ours ? ours.info(opts.decodeThreads[0] ?? opts.prefillThreads[0] ?? 1) : undefined;
-  const command = ["npm run bench:engine", ...(process.argv.length > 2 ? ["--", ...process.argv.slice(2)] : [])].join(" ");
 
   const report = {
     schema: "ctxbank.bench.engine/1",
-    date: started.toISOString(),
+    ...record,
     durationS,
-    command,
     quick,
     variants: backends.map((b) => ({ id: b.id, label: b.label })),
     git,
@@ -332,40 +308,38 @@ async function main(): Promise<void> {
       retryBudgetS: opts.retryBudgetS,
       retryMaxRunS: opts.retryMaxRunS,
     },
-    summary: summaryTables(bench.points, backends),
+    summary: summaryTables(measured.points, backends),
     chartSubtitle:
       `${machine.cpuModel}, ${machine.cpus} CPUs, node ${machine.node} | ours: ${oursInfo?.kernels ?? "-"} kernels, ubatch ${ubatch} | ` +
       `llama.cpp ${rt.llama.llamaCppRelease.release} via node-llama-cpp ${llamaPkg.version}, batch ${ubatch}, F16 KV, ` +
       `${llamaBackends.map((b) => `FA ${b.opts.flashAttention}→${b.resolvedFlashAttention}`).join(", ")} | ` +
-      `${started.toISOString().slice(0, 10)} @ ${git.commit?.slice(0, 8) ?? "?"}${git.dirty ? "+dirty" : ""}`,
+      `${record.date.slice(0, 10)} @ ${git.commit?.slice(0, 8) ?? "?"}${git.dirty ? "+dirty" : ""}`,
     analysis: {
-      decode: decodeBreakdown(bench.points),
-      prefill: prefillBreakdown(bench.points, opts.chunk > 0 ? opts.chunk : ubatch),
-      greedyAgreement: greedyAgreement(bench.points),
-      contendedRuns: bench.points.flatMap((p) => p.reps.filter((r) => r.contended).map((r) => `${p.engine} t=${p.threads} L=${p.promptTokens} rep ${r.rep}`)),
-      retrySpentS: bench.retrySpentS,
+      decode: decodeBreakdown(measured.points),
+      prefill: prefillBreakdown(measured.points, opts.chunk > 0 ? opts.chunk : ubatch),
+      greedyAgreement: greedyAgreement(measured.points),
+      contendedRuns: measured.points.flatMap((p) => p.reps.filter((r) => r.contended).map((r) => `${p.engine} t=${p.threads} L=${p.promptTokens} rep ${r.rep}`)),
+      retrySpentS: measured.retrySpentS,
     },
-    warmup: bench.warmup,
-    points: bench.points,
+    warmup: measured.warmup,
+    points: measured.points,
   };
 
-  await writeJson(join(outDir, "engine.json"), report);
-  await writeOutputs(report as unknown as Report, outDir, a["update-readme"]!);
+  await results.json("engine", report);
+  await writeOutputs(report as unknown as Report, results);
   await rt.model.dispose();
   await rt.llama.dispose();
 }
 
 // ---------------------------------------------------------------------------------------------
-// Outputs, all derived from the report object (so --render can redo them from a saved JSON).
+// Outputs, all derived from the report object (so --replot can redo them from a saved JSON).
 
 type Variant = { id: string; label: string };
 
 interface Report {
   date: string;
   durationS: number;
-  command: string;
   variants: Variant[];
-  git: { commit?: string; dirty?: boolean; changesUnder?: Record<string, string[]> };
   machine: { cpuModel: string; cpus: number };
   model: { path: string; name?: string };
   engines: { ours?: { kernels: string; ubatch: number }; llama?: { package: string; llamaCppRelease: { release: string }; variants: Array<{ id: string; flashAttentionRequested: string; flashAttentionResolved: string }> } };
@@ -376,7 +350,7 @@ interface Report {
   points: PointRecord[];
 }
 
-async function writeOutputs(report: Report, outDir: string, updateReadmeToo: boolean): Promise<void> {
+async function writeOutputs(report: Report, results: Results): Promise<void> {
   const variants = report.variants;
   report.summary = summaryTables(report.points, variants); // recomputed: older JSONs lack the contention marks
   const chunk = report.options.chunk > 0 ? report.options.chunk : (report.engines.ours?.ubatch ?? 512);
@@ -390,7 +364,7 @@ async function writeOutputs(report: Report, outDir: string, updateReadmeToo: boo
   );
   for (const t of tables) console.log(`${t.title}\n${textTable(t.table)}\n`);
   console.log(breakdownText.text);
-  console.log(`\n(${report.durationS.toFixed(0)} s; results in ${relative(process.cwd(), outDir) || "."})`);
+  console.log(`\n(${report.durationS.toFixed(0)} s; results in ${results})`);
 
   const svg = renderChart(chartPanels(report.points, variants, chunk), {
     title: `Engine benchmark: ours vs llama.cpp — ${report.model.path.replace(/^.*\//, "")}`,
@@ -398,10 +372,9 @@ async function writeOutputs(report: Report, outDir: string, updateReadmeToo: boo
     panelWidth: 430,
     panelHeight: 370,
   });
-  await writeFileAtomic(join(outDir, "engine.svg"), svg);
+  await results.chart("engine", svg);
   const md = [...tables.map((t) => `**${t.title}**\n\n${markdownTable(t.table)}\n`), breakdownText.markdown, ""].join("\n");
-  await writeFileAtomic(join(outDir, "engine.md"), md);
-  if (updateReadmeToo) await updateReadme(join(here, "README.md"), report, md);
+  await results.markdown("engine", md);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -636,38 +609,6 @@ function chunkTicks(maxPos: number, chunk: number): number[] {
   const out: number[] = [];
   for (let x = 0; x <= maxPos + 1; x += step) out.push(x);
   return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-
-function engineSourceState(git: { dirty?: boolean; changesUnder?: Record<string, string[]> }): string {
-  const changed = Object.entries(git.changesUnder ?? {}).filter(([, lines]) => lines.length > 0).map(([p]) => p);
-  if (changed.length > 0) return ` with uncommitted changes under ${changed.join(", ")}`;
-  if (git.changesUnder) return ` (${Object.keys(git.changesUnder).join(" and ")} as committed)`;
-  return git.dirty ? " (with uncommitted changes)" : "";
-}
-
-async function updateReadme(
-  path: string,
-  report: { command: string; date: string; git: { commit?: string; dirty?: boolean; changesUnder?: Record<string, string[]> }; durationS: number },
-  md: string,
-) {
-  const begin = "<!-- results:begin -->";
-  const end = "<!-- results:end -->";
-  const text = await readFile(path, "utf8");
-  const i = text.indexOf(begin);
-  const j = text.indexOf(end);
-  if (i < 0 || j < i) throw new Error(`${path}: no ${begin} … ${end} section to update`);
-  const body =
-    `${begin}\n` +
-    `Run ${report.date.slice(0, 16).replace("T", " ")} UTC at commit \`${report.git.commit?.slice(0, 10) ?? "?"}\`` +
-    `${engineSourceState(report.git)}, ${Math.round(report.durationS / 60)} min, with:\n\n` +
-    "```sh\n" +
-    `${report.command}\n` +
-    "```\n\n" +
-    md.trim() +
-    `\n${end}`;
-  await writeFileAtomic(path, text.slice(0, i) + body + text.slice(j + end.length));
 }
 
 main().catch((err: unknown) => {

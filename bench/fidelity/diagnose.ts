@@ -2,10 +2,9 @@
 // OmniKV across budgets, selectors and the guard option, next to the baselines at the same budget.
 // Answers "is OmniKV's selection doing its job on this model" without the noise of free-running.
 //
-//   npx tsx bench/fidelity/diagnose.ts [--len 7680] [--depth 0] [--gen 32]
-// writes results/fidelity/diagnose-<len>-d<depth>-filters-<layers>.json (the earlier files without the
-// filters suffix were made with the defaults of that time, 3, 17, 23)
-import { parseArgs } from "node:util";
+//   npx tsx bench/fidelity/diagnose.ts [--len 7680] [--depth 0] [--gen 32] [--seed 7] [--out DIR]
+// writes results/fidelity/diagnose-<len>-d<depth>-filters-<layers>.json (the earlier files without
+// the filters suffix were made with the defaults of that time, 3, 17, 23)
 
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
@@ -14,13 +13,20 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
-import { writeJson } from "../../tools/lib/json.ts";
+import { benchCli } from "../../tools/lib/bench-runner.ts";
 import { klDivergence, logSoftmax, mean } from "./metrics.ts";
 import { passkeyTask } from "./tasks.ts";
 
-const { values: args } = parseArgs({
+const bench = benchCli({
+  name: "fidelity",
+  script: "npx tsx bench/fidelity/diagnose.ts",
   options: { len: { type: "string", default: "7680" }, depth: { type: "string", default: "0" }, gen: { type: "string", default: "32" }, seed: { type: "string", default: "7" } },
+  help: `  --len N          passkey prompt tokens (default 7680)
+  --depth F        needle depth, 0 to 1 (default 0)
+  --gen N          teacher-forced tokens (default 32)
+  --seed N         passkey seed (default 7)`,
 });
+const args = bench.values;
 const LEN = Number(args.len), DEPTH = Number(args.depth), GEN = Number(args.gen);
 
 const modelPath = await resolveModel();
@@ -92,8 +98,9 @@ for (const [name, policy] of configs) {
   console.log(`${name.padEnd(48)} mean KL ${row.meanKl.toFixed(4)}  first-step KL ${row.firstStepKl.toFixed(4)}  TF top-1 ${(row.tfTop1 * 100).toFixed(1)}%`);
 }
 seq.release();
-await writeJson(new URL(`../../results/fidelity/diagnose-${LEN}-d${DEPTH}-filters-${filterLayers.join("-")}.json`, import.meta.url).pathname, {
+await bench.results.json(`diagnose-${LEN}-d${DEPTH}-filters-${filterLayers.join("-")}`, {
   what: "teacher-forced KL(full||policy) per config on one passkey prompt",
+  ...bench.record(),
   promptTokens: ids.length,
   depth: DEPTH,
   gen: GEN,

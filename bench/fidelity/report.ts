@@ -1,11 +1,6 @@
-// Summaries, charts and the Markdown table of a fidelity result (complete or partial).
-//
-//   npx tsx bench/fidelity/report.ts [results/fidelity/fidelity.json]   (rebuild from JSON)
-import { readFile } from "node:fs/promises";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
-
-import { writeFileAtomic } from "../../tools/lib/json.ts";
+// Summaries, charts and the Markdown table of a fidelity result (complete or partial); redrawn
+// from a saved result by `npm run bench:fidelity -- --replot [--out DIR]`.
+import type { Results } from "../../tools/lib/bench-runner.ts";
 import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
 import { markdownTable } from "../../tools/lib/table.ts";
 import { mean } from "./metrics.ts";
@@ -234,24 +229,16 @@ function panels(rows: SummaryRow[], metric: Metric, tasks: string[]): Panel[] {
   return out;
 }
 
-export async function writeReport(r: FidelityResult, jsonPath: string): Promise<string> {
-  const dir = dirname(jsonPath);
+export async function writeReport(r: FidelityResult, results: Results): Promise<void> {
   const rows = summarize(r);
   const table = summaryTable(rows);
   const tag = r.complete ? "" : ` (PARTIAL: ${r.prompts.length}/${r.plannedPrompts.length} prompts)`;
-  await writeFileAtomic(join(dir, "table.md"), `${table}\n\nTargets${tag}:\n\n${targets(r).map((l) => `- ${l}`).join("\n")}\n`);
+  await results.markdown("table", `${table}\n\nTargets${tag}:\n\n${targets(r).map((l) => `- ${l}`).join("\n")}\n`);
   const tasks = ["passkey", "2stage", "longgen"];
   const sub = `${r.model.name}; filter layers ${r.filterLayers.join(", ")}; omnikv budget = prompt tokens kept (+ all generated), streaming/h2o = tokens kept in all, scope = b1+b2 generated${tag}`;
   for (const metric of ["score", "agreement", "kl"] as const) {
     const ps = panels(rows, metric, tasks);
     if (ps.length === 0) continue;
-    await writeFileAtomic(join(dir, `${metric}.svg`), renderChart(ps, { title: `Fidelity bench: ${METRIC_TITLE[metric]} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
+    await results.chart(metric, renderChart(ps, { title: `Fidelity bench: ${METRIC_TITLE[metric]} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
   }
-  return table;
-}
-
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  const path = process.argv[2] ?? fileURLToPath(new URL("../../results/fidelity/fidelity.json", import.meta.url));
-  const r = JSON.parse(await readFile(path, "utf8")) as FidelityResult;
-  console.log(await writeReport(r, path));
 }

@@ -6,12 +6,11 @@
 // step; before the first divergence the free run is already teacher-forced, so it is reused).
 // Results are written after every prompt, so an interrupted run leaves its partial JSON behind.
 //
-//   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out results/fidelity/fidelity.json]
+//   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out DIR] [--replot]
 //     [--policies "scope 256+256,omnikv k=1024+scope 256+256"] [--longgen-tokens 2048] [--longgen-questions 60]
 import { createHash } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
 import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
 
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
@@ -20,10 +19,9 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
-import { writeJson } from "../../tools/lib/json.ts";
-import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { benchCli } from "../../tools/lib/bench-runner.ts";
 import { firstDivergence, klDivergence, logSoftmax, mean, tokenAgreement } from "./metrics.ts";
-import { fidelityPolicies, type BenchPolicy } from "./policies.ts";
+import { fidelityPolicies } from "./policies.ts";
 import { writeReport, type FidelityResult, type PolicyRun, type PromptResult } from "./report.ts";
 import {
   firstColour,
@@ -37,18 +35,28 @@ import {
   type TaskPrompt,
 } from "./tasks.ts";
 
-const { values: args } = parseArgs({
+const bench = benchCli({
+  name: "fidelity",
+  script: "npm run bench:fidelity --",
   options: {
-    quick: { type: "boolean" },
     tasks: { type: "string", default: "passkey,2stage,longgen" },
-    out: { type: "string" },
-    /** Only these policy ids (comma-separated; "full" is always run first as the reference). */
     policies: { type: "string" },
     "longgen-tokens": { type: "string" },
     "longgen-questions": { type: "string" },
   },
+  help: `  --tasks LIST             passkey,2stage,longgen (default all three)
+  --policies LIST          only these policy ids ("full" always runs first, as the reference)
+  --longgen-tokens N       tokens generated on the long-generation prompt (default 1024)
+  --longgen-questions N    questions in the long-generation prompt (default 40)`,
+  quick: "3 small prompts",
+  replot: true,
 });
-const QUICK = args.quick ?? false;
+if (bench.replot) {
+  await writeReport(await bench.results.readJson<FidelityResult>("fidelity"), bench.results);
+  process.exit(0);
+}
+const args = bench.values;
+const QUICK = bench.quick;
 const TASKS = new Set(args.tasks!.split(","));
 
 interface GridItem {
@@ -194,25 +202,22 @@ function score(p: TaskPrompt & { questions?: Array<{ answer: number }> }, text: 
   return { score: r.score, extra: { answered: r.answered } };
 }
 
-const outPath = args.out ?? new URL("../../results/fidelity/fidelity.json", import.meta.url).pathname;
 const items = grid();
 const result: FidelityResult = {
   what:
     "fidelity of sparse decode policies vs full attention: task score, greedy agreement and first divergence (free-running), mean KL(full||policy) per step (teacher-forced with full's tokens)",
+  ...bench.record(),
   quick: QUICK,
   complete: false,
   model: { name: model.config.name, fingerprint: model.fingerprint, nLayer, nHeadKv },
   filterLayers,
   policies: policies.map(({ id, family, budget, policy }) => ({ id, family, budget, policy })),
   engine: { threads: 1, kernels: engine.native.info.kernels, addon: addonInfo() },
-  machine: machineInfo(),
-  git: gitInfo(new URL("../../", import.meta.url).pathname),
-  date: new Date().toISOString(),
   plannedPrompts: items.map((i) => i.label),
   prompts: [],
 };
 
-log(`${items.length} prompts x ${policies.length} policies; filter layers ${filterLayers.join(",")}; writing ${outPath}`);
+log(`${items.length} prompts x ${policies.length} policies; filter layers ${filterLayers.join(",")}; writing ${bench.results}/fidelity.json`);
 for (const [idx, item] of items.entries()) {
   const prompt = item.build((user) => promptTokens(user, "").length);
   const ids = promptTokens(prompt.user, prompt.answerPrefix);
@@ -300,7 +305,7 @@ for (const [idx, item] of items.entries()) {
   };
   result.prompts.push(row);
   result.complete = idx === items.length - 1;
-  await writeJson(outPath, result);
-  await writeReport(result, outPath);
+  await bench.results.json("fidelity", result);
+  await writeReport(result, bench.results);
 }
-log(`done: ${outPath}`);
+log(`done: ${bench.results}`);

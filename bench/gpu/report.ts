@@ -5,10 +5,11 @@
 // ctxbank_gpu_bench) and bench/gpu/llama-h100.json (llama.cpp's figures on the same machine kind),
 // and writes DIR/gpu.json, gpu.md and gpu.svg. Per point, ours is the faster of CUDA graphs off and
 // on, for the simple kernels and for the fastest kernel set measured there (named).
-import { readdir, readFile, writeFile } from "node:fs/promises";
+import { readdir, readFile } from "node:fs/promises";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
+import { Results } from "../../tools/lib/bench-runner.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
 import { fmtNum, markdownTable } from "../../tools/lib/table.ts";
 
@@ -119,7 +120,8 @@ const svg = renderChart(
   ],
   { title: "ctxbank CUDA backend vs llama.cpp CUDA", subtitle: device },
 );
-await writeFile(join(dir, "gpu.json"), JSON.stringify({ device, llama: llama.about, rows }, null, 2) + "\n");
-await writeFile(join(dir, "gpu.md"), md);
-await writeFile(join(dir, "gpu.svg"), svg);
+const results = new Results(dir);
+await results.json("gpu", { device, llama: llama.about, rows });
+await results.markdown("gpu", md);
+await results.chart("gpu", svg);
 console.log(md);

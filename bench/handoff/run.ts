@@ -14,15 +14,14 @@
 //     own: the same prefill + first token) against disaggregated (client → decode's
 //     /v1/completions → prefill process → first token streamed), with and without streaming,
 //     and the time to the second token, the first that needs the handed-over KV.
-// Lengths past the model's context run with the context raised (timings only). Writes results/handoff.json,
-// results/handoff.svg, results/handoff.md.
+// Lengths past the model's context run with the context raised (timings only). Writes
+// results/handoff/handoff.json, handoff.svg, handoff.md and PostgreSQL's log, postgres.log.
 import { spawn } from "node:child_process";
 import { readdirSync, readFileSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
-import { dirname, join, resolve } from "node:path";
+import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { parseArgs } from "node:util";
 import { Agent, fetch, type Response } from "undici";
 import { loadConfig } from "../../shared/platform/config.ts";
 import { loadModel } from "../../shared/inference/engine/engine.ts";
@@ -37,30 +36,13 @@ import { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import { TEST_INTERNAL_SECRET, startService, type ServiceProcess } from "../../tools/lib/services.ts";
 import { benchTokens } from "../../tools/lib/bench-text.ts";
-import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
-import { gitInfo, machineInfo, setProcessNice } from "../../tools/lib/machine.ts";
+import { benchCli, REPO_ROOT } from "../../tools/lib/bench-runner.ts";
+import { setProcessNice } from "../../tools/lib/machine.ts";
 import { renderChart, type Panel } from "../../tools/lib/svg-chart.ts";
 import { fmtNum, markdownTable } from "../../tools/lib/table.ts";
 import { CpuMeter, summarize, waitForQuiet, type Summary } from "../../tools/lib/timing.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const repoRoot = resolve(here, "../..");
-
-const HELP = `Usage: npm run bench:handoff -- [options]
-
-  --lengths LIST     KV lengths in tokens for the transfers (default 4096,8192,32768)
-  --ttft-lengths L   prompt lengths for TTFT (default 4096,32768)
-  --transports LIST  transports to measure (default shm,socket,http,ucx); one not available is skipped with a note
-  --reps N           transfer repetitions per transport and length (default 5)
-  --ttft-reps N      TTFT runs per length and kind up to 4K, best kept (default 2; longer: 1)
-  --threads N        engine threads for prefill, colocated and disaggregated alike (default 2)
-  --block-tokens N   tokens per KV chunk (default 512)
-  --nice=N           run this process and the service processes at nice N (default -10; needs root)
-  --quick            lengths 512,1024, TTFT at 1024, 2 reps; writes to bench/handoff/tmp/
-  --render FILE      only redraw the chart and tables from a saved handoff.json
-  --transfer-only    skip the TTFT runs (prints the transfer numbers; writes nothing)
-  --out DIR          results directory (default results/handoff)
-`;
 
 /**
  * The transports measured, by name: each opens its reader on the bench's KvLoader, or says why it
@@ -117,7 +99,9 @@ interface TtftPoint {
 }
 
 function parse() {
-  const { values } = parseArgs({
+  const bench = benchCli({
+    name: "handoff",
+    script: "npm run bench:handoff --",
     options: {
       lengths: { type: "string" },
       "ttft-lengths": { type: "string" },
@@ -126,20 +110,23 @@ function parse() {
       "ttft-reps": { type: "string" },
       threads: { type: "string" },
       "block-tokens": { type: "string" },
-      quick: { type: "boolean" },
       nice: { type: "string" },
-      render: { type: "string" },
       "transfer-only": { type: "boolean" },
-      out: { type: "string" },
-      help: { type: "boolean", short: "h" },
     },
+    help: `  --lengths LIST     KV lengths in tokens for the transfers (default 4096,8192,32768)
+  --ttft-lengths L   prompt lengths for TTFT (default 4096,32768)
+  --transports LIST  transports to measure (default shm,socket,http,ucx); one not available is skipped with a note
+  --reps N           transfer repetitions per transport and length (default 5)
+  --ttft-reps N      TTFT runs per length and kind up to 4K, best kept (default 2; longer: 1)
+  --threads N        engine threads for prefill, colocated and disaggregated alike (default 2)
+  --block-tokens N   tokens per KV chunk (default 512)
+  --nice=N           run this process and the service processes at nice N (default -10; needs root)
+  --transfer-only    skip the TTFT runs (prints the transfer numbers; writes nothing)`,
+    quick: "lengths 512,1024, TTFT at 1024, 2 reps",
+    replot: true,
   });
-  if (values.help) {
-    process.stdout.write(HELP);
-    process.exit(0);
-  }
-  const quick = values.quick ?? false;
-  return {
+  const { values, quick } = bench;
+  const options = {
     lengths: (values.lengths ?? (quick ? "512,1024" : "4096,8192,32768")).split(",").filter(Boolean).map(Number),
     ttftLengths: (values["ttft-lengths"] ?? (quick ? "1024" : "4096,32768")).split(",").filter(Boolean).map(Number),
     transports: (values.transports ?? TRANSPORTS.map((t) => t.name).join(",")).split(","),
@@ -147,11 +134,10 @@ function parse() {
     ttftReps: Number(values["ttft-reps"] ?? (quick ? 1 : 2)),
     threads: Number(values.threads ?? 2),
     blockTokens: Number(values["block-tokens"] ?? 512),
-    out: resolve(values.out ?? quick ? join(here, "tmp") : join(repoRoot, "results/handoff")),
     nice: Number(values.nice ?? -10),
-    render: values.render,
     transferOnly: values["transfer-only"] ?? false,
   };
+  return { bench, options };
 }
 
 const log = (msg: string) => process.stderr.write(`[handoff] ${msg}\n`);
@@ -227,7 +213,7 @@ async function eventTimes(res: Response, t0: number, n: number): Promise<number[
 async function colocated(ids: number[], threads: number, nice: number, maxContext: number): Promise<number> {
   const file = join(await mkdtemp("/tmp/ctxbank-colocated-"), "ids.json");
   await writeFile(file, JSON.stringify(ids));
-  const child = spawn(process.execPath, ["--import", "tsx", join(here, "colocated.ts"), file, String(threads), String(maxContext)], { cwd: repoRoot, stdio: ["pipe", "pipe", "inherit"] });
+  const child = spawn(process.execPath, ["--import", "tsx", join(here, "colocated.ts"), file, String(threads), String(maxContext)], { cwd: REPO_ROOT, stdio: ["pipe", "pipe", "inherit"] });
   let out = "";
   child.stdout.setEncoding("utf8");
   const exited = new Promise<number | null>((r) => child.once("exit", r));
@@ -348,16 +334,16 @@ function memcpyBps(bytes: number): number {
 }
 
 async function main(): Promise<void> {
-  const opts = parse();
-  if (opts.render) {
-    const saved = JSON.parse(readFileSync(opts.render, "utf8")) as { points: LengthPoint[]; ttft: TtftPoint[]; skipped: string[]; options: { threads: number } };
-    const dir = dirname(resolve(opts.render));
-    await writeFileAtomic(join(dir, "handoff.svg"), chart(saved.points, saved.ttft, saved.options.threads));
-    await writeFileAtomic(join(dir, "handoff.md"), markdown(saved.points, saved.ttft, saved.skipped));
-    log(`redrew ${join(dir, "handoff.svg")} and handoff.md`);
+  const { bench, options: opts } = parse();
+  const { results } = bench;
+  if (bench.replot) {
+    const saved = await results.readJson<{ points: LengthPoint[]; ttft: TtftPoint[]; skipped: string[]; options: { threads: number } }>("handoff");
+    await results.chart("handoff", chart(saved.points, saved.ttft, saved.options.threads));
+    await results.markdown("handoff", markdown(saved.points, saved.ttft, saved.skipped));
+    log(`redrew ${results}/handoff.svg and handoff.md`);
     return;
   }
-  const started = new Date().toISOString();
+  const record = bench.record(["services", "shared"]);
   log(`lengths ${opts.lengths.join(",")}, ${opts.reps} reps, ${opts.threads} threads, blocks of ${opts.blockTokens}`);
   const niceError = setProcessNice(opts.nice);
   if (niceError) log(`could not set nice ${opts.nice}: ${niceError}`);
@@ -367,10 +353,10 @@ async function main(): Promise<void> {
   const trained = (await loadModel(await resolveModel())).config.nCtxTrain;
   const maxContext = Math.max(trained, Math.max(...opts.lengths, ...(opts.transferOnly ? [] : opts.ttftLengths)) + 2);
   if (maxContext > trained) log(`context raised to ${maxContext} tokens (the model's is ${trained}): timings only, not answers`);
-  await mkdir(opts.out, { recursive: true });
+  await mkdir(results.dir, { recursive: true });
   // The registry's server log (slow statements, lock waits, connections) is kept beside the
   // results, and its files live in tmpfs, off the disk.
-  const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(opts.out, "postgres.log"), baseDir: "/dev/shm" });
+  const pg = await startPostgres("ctxbank_bench", { keepLogAt: join(results.dir, "postgres.log"), baseDir: "/dev/shm" });
   // The registry runs at the services' priority too, its backends included (keepChildrenReniced).
   const stopRenicing = keepChildrenReniced(pg.pid(), opts.nice);
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-");
@@ -505,23 +491,20 @@ async function main(): Promise<void> {
     }
     const result = {
       benchmark: "handoff",
-      command: `npm run bench:handoff -- ${process.argv.slice(2).join(" ")}`.trim(),
-      started,
+      ...record,
       finished: new Date().toISOString(),
       options: opts,
       model: { path: rt.modelPath, fingerprint: rt.model.fingerprint, kvBytesPerToken: rt.model.config.kvBytesPerToken },
-      machine: machineInfo(),
-      git: gitInfo(repoRoot, ["services", "shared"]),
       transports: Object.fromEntries(TRANSPORTS.map((t) => [t.name, t.note])),
       skipped,
       points,
       ttft,
     };
-    await writeJson(join(opts.out, "handoff.json"), result);
-    await writeFileAtomic(join(opts.out, "handoff.svg"), chart(points, ttft, opts.threads));
-    await writeFileAtomic(join(opts.out, "handoff.md"), markdown(points, ttft, skipped));
+    await results.json("handoff", result);
+    await results.chart("handoff", chart(points, ttft, opts.threads));
+    await results.markdown("handoff", markdown(points, ttft, skipped));
     process.stdout.write(markdown(points, ttft, skipped) + "\n");
-    log(`wrote ${join(opts.out, "handoff.json")}, handoff.svg, handoff.md`);
+    log(`wrote ${results}/handoff.json, handoff.svg, handoff.md`);
     await loader.close();
   } catch (err) {
     // The services log at info into memory: their warnings and errors say why a run failed.

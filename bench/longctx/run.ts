@@ -4,8 +4,6 @@
 // the cache: speed only; past the model's trained 8K context quality is not claimed).
 //
 //   npm run bench:longctx [-- --steps 32] [--quick]
-import { parseArgs } from "node:util";
-
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
@@ -13,18 +11,23 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { loadLlama, LlamaBackend } from "../engine/engines.ts";
 import { benchTokens } from "../../tools/lib/bench-text.ts";
-import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
+import { benchCli } from "../../tools/lib/bench-runner.ts";
 import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
-import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
 import { renderChart, type Series } from "../../tools/lib/svg-chart.ts";
 import { median } from "../../tools/lib/timing.ts";
 import { benchPolicies } from "./policies.ts";
 
-const { values: args } = parseArgs({ options: { steps: { type: "string", default: "32" }, quick: { type: "boolean" } } });
-const STEPS = Number(args.steps);
+const bench = benchCli({
+  name: "longctx",
+  script: "npm run bench:longctx --",
+  options: { steps: { type: "string", default: "32" } },
+  help: "  --steps N        greedy decode steps per point (default 32)",
+  quick: "contexts 512 and 2048 only",
+});
+const STEPS = Number(bench.values.steps);
 if (!Number.isInteger(STEPS) || STEPS < 4 || STEPS > 512) throw new Error("--steps must be an integer in [4, 512]");
-const REAL = args.quick ? [512, 2048] : [512, 2048, 4096, 8192 - STEPS - 1];
-const SYNTHETIC = args.quick ? [] : [16384, 32768];
+const REAL = bench.quick ? [512, 2048] : [512, 2048, 4096, 8192 - STEPS - 1];
+const SYNTHETIC = bench.quick ? [] : [16384, 32768];
 const CHUNK = 512;
 
 const modelPath = await resolveModel();
@@ -84,19 +87,15 @@ for (const length of SYNTHETIC) {
   seq.release();
 }
 
-const out = new URL("../../results/longctx/", import.meta.url).pathname;
-const result = {
+await bench.results.json("longctx", {
   what: "decode ms/token (median of the steps), 1 thread, greedy",
+  ...bench.record(),
   steps: STEPS,
   filterLayers,
   model: { name: model.config.name, fingerprint: model.fingerprint },
   kernels: engine.native.info.kernels,
-  machine: machineInfo(),
-  git: gitInfo(new URL("../../", import.meta.url).pathname),
-  date: new Date().toISOString(),
   rows,
-};
-await writeJson(`${out}longctx.json`, result);
+});
 const colors = ["#333333", "#1f77b4", "#2ca02c", "#17becf", "#ff7f0e"];
 const series: Series[] = policies.map(({ id }, i) => ({
   name: `ours ${id}`,
@@ -109,8 +108,8 @@ series.push({
   dash: "6 4",
   points: rows.filter((r) => r.llamaMs !== undefined).map((r) => [r.context, r.llamaMs!] as [number, number]),
 });
-await writeFileAtomic(
-  `${out}longctx.svg`,
+await bench.results.chart(
+  "longctx",
   renderChart(
     [{ title: "Decode latency vs context (1 thread)", xLabel: "context (tokens; 16K, 32K synthetic KV)", yLabel: "ms / token", xLog2: true, series }],
     { title: `${model.config.name}: long-context decode`, subtitle: `filter layers ${filterLayers.join(", ")}; ${STEPS} steps per point`, panelWidth: 760, panelHeight: 420 },

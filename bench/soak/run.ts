@@ -1,4 +1,4 @@
-// npm run bench:soak -- [--rate R] [--duration S] [--out DIR]
+// npm run bench:soak -- [--rate R] [--duration S] [--threads N] [--out DIR] [--replot]
 //
 // Soak test: starts `ctxbank serve` (loopback only), offers Poisson short-chat load (256-token
 // prompts, 128 tokens out) at a fixed rate for --duration seconds with the load generator, and
@@ -6,13 +6,10 @@
 // running and waiting. Passes when no request failed with anything but a 429, resident memory
 // grew less than 5% from the end of the first minute to the end, and the device and shard KV
 // tiers are back to zero once the load has drained. Writes soak.json and soak.svg.
-import { mkdir, readFile } from "node:fs/promises";
-import { join, resolve } from "node:path";
-import { parseArgs } from "node:util";
+import { join } from "node:path";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
-import { writeFileAtomic, writeJson } from "../../tools/lib/json.ts";
-import { gitInfo, machineInfo } from "../../tools/lib/machine.ts";
+import { benchCli, REPO_ROOT } from "../../tools/lib/bench-runner.ts";
 import { niceTicks, renderChart, type Series } from "../../tools/lib/svg-chart.ts";
 import { StreamingClient } from "../../tools/loadgen/client.ts";
 import { loadCorpus } from "../../tools/loadgen/corpus.ts";
@@ -22,7 +19,6 @@ import { runLoad } from "../../tools/loadgen/runner.ts";
 import { firstModel } from "../../tools/loadgen/target.ts";
 import { WorkloadFactory } from "../../tools/loadgen/workloads.ts";
 
-const repoRoot = resolve(import.meta.dirname, "../..");
 const log = (m: string) => process.stderr.write(`[soak] ${m}\n`);
 
 interface Sample {
@@ -85,29 +81,30 @@ function chart(r: SoakResult): string {
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({
+  const bench = benchCli({
+    name: "soak",
+    script: "npm run bench:soak --",
     options: {
       // 80% of the committed short-chat colocated maximum (1.79 req/s, tools/loadgen/README.md).
       rate: { type: "string", default: "1.43" },
       duration: { type: "string", default: "600" },
-      out: { type: "string", default: "results/soak" },
       threads: { type: "string", default: "2" },
-      // Redraw the chart from an earlier run's soak.json in --out, without running anything.
-      replot: { type: "boolean", default: false },
     },
+    help: `  --rate R         Poisson short-chat requests per second (default 1.43)
+  --duration S     seconds of load (default 600)
+  --threads N      engine threads of ctxbank serve (default 2)`,
+    replot: true,
   });
-  if (values.replot) {
-    const dir = resolve(repoRoot, values.out);
-    const earlier = JSON.parse(await readFile(join(dir, "soak.json"), "utf8")) as SoakResult;
-    await writeFileAtomic(join(dir, "soak.svg"), chart(earlier));
+  if (bench.replot) {
+    await bench.results.chart("soak", chart(await bench.results.readJson<SoakResult>("soak")));
     return;
   }
+  const { values } = bench;
   const rate = Number(values.rate);
   const durationS = Number(values.duration);
   if (!(rate > 0) || !(durationS > 0)) throw new Error("--rate and --duration must be positive numbers");
-  const out = resolve(repoRoot, values.out);
-  await mkdir(out, { recursive: true });
 
+  const record = bench.record();
   const shards = await tempShardDir();
   const svc = await startService("serve", ["--threads", values.threads, "--shard-dir", shards.dir], { CTXBANK_LOG_LEVEL: "info" });
   const samples: Sample[] = [];
@@ -117,7 +114,7 @@ async function main(): Promise<void> {
     argv.push("--requests", String(Math.ceil(rate * durationS * 2)), "--drain", "120", "--slo-ttft", "2000", "--slo-tpot", "50", "--no-progress");
     const o = parseCli(argv) as CliOptions;
     const model = await firstModel(baseUrl);
-    const prompts = PromptSource.fromGguf(await resolveModel(), loadCorpus(join(repoRoot, "node_modules")).text);
+    const prompts = PromptSource.fromGguf(await resolveModel(), loadCorpus(join(REPO_ROOT, "node_modules")).text);
     const client = new StreamingClient({ baseUrl, model, timeoutMs: o.timeoutS * 1000, extraBody: {} });
     const t0 = performance.now();
     const timer = setInterval(() => void sample(svc, t0).then((s) => samples.push(s), () => {}), 5000);
@@ -146,9 +143,7 @@ async function main(): Promise<void> {
       kvBackToZero: last.kvDeviceMiB === 0 && last.kvShardMiB === 0,
     };
     const result = {
-      command: `npm run bench:soak -- ${process.argv.slice(2).join(" ")}`.trim(),
-      machine: machineInfo(),
-      git: gitInfo(repoRoot),
+      ...record,
       rate,
       durationS,
       requests: run.results.length,
@@ -162,8 +157,8 @@ async function main(): Promise<void> {
       verdict,
       samples,
     };
-    await writeJson(join(out, "soak.json"), result, 4);
-    await writeFileAtomic(join(out, "soak.svg"), chart(result));
+    await bench.results.json("soak", result, 4);
+    await bench.results.chart("soak", chart(result));
     log(JSON.stringify({ verdict, rssGrowth, requests: result.requests, errors: result.errors.slice(0, 3) }));
     if (!Object.values(verdict).every(Boolean)) process.exitCode = 1;
   } finally {

@@ -7,8 +7,7 @@
 import { join, resolve } from "node:path";
 import os from "node:os";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { writeFileAtomic, writeJson } from "../lib/json.ts";
-import { gitInfo, machineInfo } from "../lib/machine.ts";
+import { REPO_ROOT, Results, runRecord } from "../lib/bench-runner.ts";
 import { describeArrivals } from "./arrivals.ts";
 import { StreamingClient } from "./client.ts";
 import { loadCorpus } from "./corpus.ts";
@@ -22,7 +21,6 @@ import { runSweep } from "./sweep-run.ts";
 import { firstModel, policyValues } from "./target.ts";
 import { describeWorkload, WorkloadFactory, type LengthDist } from "./workloads.ts";
 
-const repoRoot = resolve(import.meta.dirname, "../..");
 const log = (m: string) => process.stderr.write(`[loadgen] ${m}\n`);
 
 export const maxOf = (d: LengthDist) => (d.kind === "fixed" ? d.value : d.max);
@@ -68,17 +66,15 @@ async function main(argv: string[]): Promise<void> {
   }
   const tokenizer = o.tokenizer ?? (await resolveModel());
   log(`corpus and tokenizer (${tokenizer})`);
-  const corpus = loadCorpus(join(repoRoot, "node_modules"));
+  const corpus = loadCorpus(join(REPO_ROOT, "node_modules"));
   const prompts = PromptSource.fromGguf(tokenizer, corpus.text);
   const factory = new WorkloadFactory(o.workload, prompts);
   const client = new StreamingClient({ baseUrl: o.baseUrl, model, apiKey: o.apiKey, timeoutMs: o.timeoutS * 1000, extraBody });
-  const loadBefore = os.loadavg();
-  const started = new Date().toISOString();
+  const record = runRecord(`npm run bench:loadgen -- ${argv.join(" ")}`.trim());
   log(`${o.baseUrl} model ${model}: ${describeWorkload(o.workload)}; ${o.sweep ? "sweep" : describeArrivals(o.arrivals)}`);
   try {
     const common = {
-      command: `npm run bench:loadgen -- ${argv.join(" ")}`.trim(),
-      started,
+      ...record,
       target: { baseUrl: o.baseUrl, model, extraBody },
       workload: { spec: o.workload, description: describeWorkload(o.workload), corpusFiles: corpus.files.length, corpusTokens: prompts.ids.length },
       slo: o.slo,
@@ -89,19 +85,18 @@ async function main(argv: string[]): Promise<void> {
       const rows = sw.runs.map((r) => ({ label: `${r.rate.toPrecision(3)} req/s`, stats: r.run.stats }));
       process.stdout.write(`${statsTable(rows)}\n\nmax rate with >= ${100 * o.sweep.target}% SLO attainment: ${sw.result.maxRate?.toPrecision(3) ?? "none passed"} req/s (lowest failing: ${sw.result.failRate?.toPrecision(3) ?? "none failed"}; stopped: ${sw.result.stoppedBy})\n`);
       if (o.out) {
-        const out = resolve(o.out);
-        await writeJson(join(out, "loadgen.json"), {
+        const results = new Results(resolve(o.out));
+        await results.json("loadgen", {
           benchmark: "loadgen-sweep",
           ...common,
           finished: new Date().toISOString(),
-          machine: { ...machineInfo(), loadAvgBefore: loadBefore, loadAvgAfter: os.loadavg() },
-          git: gitInfo(repoRoot),
+          loadAvgAfter: os.loadavg(),
           sweep: { options: o.sweep, drainS: sw.drainS, ...sw.result },
           points: sw.runs.map((r) => ({ rate: r.rate, stats: r.run.stats, warmup: r.run.warmup, qa: r.run.qa, requests: r.run.results.map((x) => compactResult(x, o.itl)) })),
         });
-        await writeFileAtomic(join(out, "loadgen.md"), statsTable(rows) + "\n");
-        await writeFileAtomic(
-          join(out, "loadgen.svg"),
+        await results.markdown("loadgen", statsTable(rows) + "\n");
+        await results.chart(
+          "loadgen",
           chart(
             [
               attainmentPanel("SLO attainment vs rate", [{ label: "attainment", points: sw.runs.map((r) => ({ rate: r.rate, attainment: r.run.stats.slo?.attainment ?? 0 })) }], o.sweep.target),
@@ -111,7 +106,7 @@ async function main(argv: string[]): Promise<void> {
             `${o.baseUrl} · SLO TTFT ${o.slo.ttftMs} ms, TPOT ${o.slo.tpotMs} ms`,
           ),
         );
-        log(`wrote ${out}/loadgen.json, loadgen.md, loadgen.svg`);
+        log(`wrote ${results}/loadgen.json, loadgen.md, loadgen.svg`);
       }
       return;
     }
@@ -131,24 +126,23 @@ async function main(argv: string[]): Promise<void> {
     if (run.sessions) process.stdout.write(`sessions: ${run.sessions.completed}/${run.sessions.started} completed, ${run.sessions.roundsPerS.toFixed(3)} rounds/s\n`);
     if (run.qa) process.stdout.write(`long-document QA: ${run.qa.correct}/${run.qa.checked} answers contain the reference code\n`);
     if (o.out) {
-      const out = resolve(o.out);
-      await writeJson(join(out, "loadgen.json"), {
+      const results = new Results(resolve(o.out));
+      await results.json("loadgen", {
         benchmark: "loadgen",
         ...common,
         finished: new Date().toISOString(),
+        loadAvgAfter: os.loadavg(),
         arrivals: o.arrivals,
         caps: { requests: o.requests, durationS: o.durationS, drainS: o.drainS, warmup: o.warmup, seed: o.seed },
-        machine: { ...machineInfo(), loadAvgBefore: loadBefore, loadAvgAfter: os.loadavg() },
-        git: gitInfo(repoRoot),
         stats: run.stats,
         sessions: run.sessions,
         qa: run.qa,
         warmup: run.warmup,
         requests: run.results.map((x) => compactResult(x, o.itl)),
       });
-      await writeFileAtomic(join(out, "loadgen.md"), statsTable([{ label, stats: run.stats }]) + "\n");
-      await writeFileAtomic(
-        join(out, "loadgen.svg"),
+      await results.markdown("loadgen", statsTable([{ label, stats: run.stats }]) + "\n");
+      await results.chart(
+        "loadgen",
         chart(
           [
             cdfPanel("TTFT", [{ label: "TTFT", values: okValues(run, "ttftMs") }], "s", true),
@@ -163,7 +157,7 @@ async function main(argv: string[]): Promise<void> {
           3,
         ),
       );
-      log(`wrote ${out}/loadgen.json, loadgen.md, loadgen.svg`);
+      log(`wrote ${results}/loadgen.json, loadgen.md, loadgen.svg`);
     }
   } finally {
     await client.close();

@@ -6,14 +6,12 @@
 // `omnikv` with the server's defaults), each swept for the highest Poisson rate with >= 90% SLO
 // attainment (DistServe's definition). Writes results/loadgen/suite.json, suite.md,
 // attainment.svg, cdf.svg.
-import { readFileSync } from "node:fs";
 import { rm } from "node:fs/promises";
 import os from "node:os";
-import { join, resolve } from "node:path";
-import { parseArgs } from "node:util";
+import { join } from "node:path";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { writeFileAtomic, writeJson } from "../lib/json.ts";
-import { gitInfo, machineInfo, setProcessNice } from "../lib/machine.ts";
+import { benchCli, REPO_ROOT, type Results, type RunRecord } from "../lib/bench-runner.ts";
+import { setProcessNice } from "../lib/machine.ts";
 import { fmtNum, markdownTable } from "../lib/table.ts";
 import { waitForQuiet, type QuietWaitResult } from "../lib/timing.ts";
 import { StreamingClient } from "./client.ts";
@@ -30,13 +28,9 @@ import { policyValues } from "./target.ts";
 import type { RequestResult, Slo } from "./types.ts";
 import { describeWorkload, WorkloadFactory, type WorkloadSpec } from "./workloads.ts";
 
-const here = import.meta.dirname;
-const repoRoot = resolve(here, "../..");
 const log = (m: string) => process.stderr.write(`[suite] ${m}\n`);
 
-const HELP = `Usage: npm run bench:loadgen -- --suite [options]
-
-  --workloads LIST     short,long (default both)
+const HELP = `  --workloads LIST     short,long (default both)
   --deployments LIST   colocated,disaggregated (default both)
   --policies LIST      full,omnikv (default both; any ctxbank policy kind)
   --serve-threads N    engine threads of the colocated \`ctxbank serve\` (default 2: both cores)
@@ -44,11 +38,7 @@ const HELP = `Usage: npm run bench:loadgen -- --suite [options]
                        one core per phase — a 2-thread prefill next to a busy decode process stalls
                        at every barrier of its thread pool, see README)
   --nice=N             nice of this process and the services (default -10; needs root)
-  --budget-scale F     multiply every sweep's time budget by F (finer long-document sweeps need ~3)
-  --quick              a smoke run: small points and budgets, long document at 1K; writes tools/loadgen/tmp/
-  --out DIR            results directory (default results/loadgen)
-  --render FILE        only redraw charts and tables from a saved suite.json
-`;
+  --budget-scale F     multiply every sweep's time budget by F (finer long-document sweeps need ~3)`;
 
 export interface WorkloadDef {
   id: string;
@@ -151,29 +141,31 @@ export interface ConfigRecord {
 }
 
 function parse(argv: string[]) {
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      workloads: { type: "string" },
-      deployments: { type: "string" },
-      policies: { type: "string" },
-      nice: { type: "string" },
-      "serve-threads": { type: "string" },
-      "prefill-threads": { type: "string" },
-      "budget-scale": { type: "string" },
-      quick: { type: "boolean" },
-      out: { type: "string" },
-      render: { type: "string" },
-      help: { type: "boolean", short: "h" },
+  const bench = benchCli(
+    {
+      name: "loadgen",
+      script: "npm run bench:loadgen -- --suite",
+      options: {
+        workloads: { type: "string" },
+        deployments: { type: "string" },
+        policies: { type: "string" },
+        nice: { type: "string" },
+        "serve-threads": { type: "string" },
+        "prefill-threads": { type: "string" },
+        "budget-scale": { type: "string" },
+      },
+      help: HELP,
+      quick: "a smoke run: small points and budgets, long document at 1K",
+      replot: true,
     },
-    strict: true,
-  });
+    argv,
+  );
+  const { values, quick } = bench;
   const list = (v: string | undefined, def: string[], allowed?: string[]) => {
     const xs = (v ?? def.join(",")).split(",").map((s) => s.trim()).filter(Boolean);
     for (const x of xs) if (allowed && !allowed.includes(x)) throw new Error(`unknown value ${JSON.stringify(x)} (allowed: ${allowed.join(", ")})`);
     return xs;
   };
-  const quick = values.quick ?? false;
   const nice = Number(values.nice ?? -10);
   if (!Number.isInteger(nice) || nice < -20 || nice > 19) throw new Error("--nice must be an integer in [-20, 19]");
   const threads = (flag: string, v: string | undefined, def: number) => {
@@ -181,8 +173,7 @@ function parse(argv: string[]) {
     if (!Number.isInteger(n) || n < 1 || n > 64) throw new Error(`--${flag} must be an integer in [1, 64]`);
     return n;
   };
-  return {
-    help: values.help ?? false,
+  const options = {
     quick,
     nice,
     workloads: list(values.workloads, ["short", "long"], ["short", "long"]),
@@ -195,9 +186,8 @@ function parse(argv: string[]) {
       if (!(f > 0 && f <= 100)) throw new Error("--budget-scale must be a number in (0, 100]");
       return f;
     })(),
-    out: resolve(values.out ?? quick ? join(here, "tmp") : join(repoRoot, "results/loadgen")),
-    render: values.render,
   };
+  return { bench, options };
 }
 
 const median = (xs: number[]) => {
@@ -206,16 +196,13 @@ const median = (xs: number[]) => {
 };
 
 export async function suiteMain(argv: string[]): Promise<void> {
-  const o = parse(argv);
-  if (o.help) {
-    process.stdout.write(HELP);
+  const { bench, options: o } = parse(argv);
+  const { results } = bench;
+  if (bench.replot) {
+    await writeOutputs(results, await results.readJson<SuiteResult>("suite"), false);
     return;
   }
-  if (o.render) {
-    const saved = JSON.parse(readFileSync(o.render, "utf8")) as SuiteResult;
-    await writeOutputs(resolve(o.render, "../../bench"), saved, false);
-    return;
-  }
+  const record = bench.record(["tools/loadgen", "services", "shared", "native/src"]);
   const niceError = setProcessNice(o.nice);
   if (niceError) log(`could not set nice ${o.nice}: ${niceError} (running at the default priority)`);
   const defs = workloads(o.quick)
@@ -223,25 +210,23 @@ export async function suiteMain(argv: string[]): Promise<void> {
     .map((w) => ({ ...w, budgetS: w.budgetS * o.budgetScale }));
   const modelPath = await resolveModel();
   log("corpus and tokenizer");
-  const corpus = loadCorpus(join(repoRoot, "node_modules"));
+  const corpus = loadCorpus(join(REPO_ROOT, "node_modules"));
   const prompts = PromptSource.fromGguf(modelPath, corpus.text);
-  const started = new Date().toISOString();
   const t0 = performance.now();
-  const machineBefore = machineInfo();
   const configs: ConfigRecord[] = [];
   const result: SuiteResult = {
     benchmark: "loadgen-suite",
-    command: `npm run bench:loadgen -- --suite ${argv.join(" ")}`.trim(),
-    started,
+    command: record.command,
+    started: record.date,
     finished: "",
     wallS: 0,
     options: o,
     requestFields: REQUEST_FIELDS,
     workloads: defs.map((d) => ({ id: d.id, name: d.name, description: describeWorkload(d.spec), slo: d.slo, perPoint: d.perPoint, startFactor: d.startFactor, factor: d.factor, relTol: d.relTol, maxPoints: d.maxPoints, budgetS: d.budgetS, refRequests: d.refRequests })),
-    machine: machineBefore,
+    machine: record.machine,
     loadAvgBefore: os.loadavg(),
     loadAvgAfter: [],
-    git: gitInfo(repoRoot, ["tools/loadgen", "services", "shared", "native/src"]),
+    git: record.git,
     model: modelPath,
     deployments: [],
     configs,
@@ -280,7 +265,7 @@ export async function suiteMain(argv: string[]): Promise<void> {
           const client = new StreamingClient({ baseUrl: dep.baseUrl, model: "default", timeoutMs: 30 * 60_000, extraBody: { ...REQUEST_FIELDS, policy } });
           try {
             configs.push(await runConfig(client, new WorkloadFactory(w.spec, prompts), w, kind, policy, dep.processes.map((p) => p.pid)));
-            await writeJson(join(o.out, "suite.partial.json"), result);
+            await results.json("suite.partial", result);
           } finally {
             await client.close();
           }
@@ -294,8 +279,8 @@ export async function suiteMain(argv: string[]): Promise<void> {
   result.finished = new Date().toISOString();
   result.wallS = (performance.now() - t0) / 1000;
   result.loadAvgAfter = os.loadavg();
-  await writeOutputs(o.out, result, true);
-  await rm(join(o.out, "suite.partial.json"), { force: true });
+  await writeOutputs(results, result, true);
+  await rm(join(results.dir, "suite.partial.json"), { force: true });
 }
 
 async function runConfig(client: StreamingClient, factory: WorkloadFactory, w: WorkloadDef, deployment: DeploymentKind, policy: string, pids: number[]): Promise<ConfigRecord> {
@@ -377,13 +362,13 @@ export interface SuiteResult {
   started: string;
   finished: string;
   wallS: number;
-  options: ReturnType<typeof parse>;
+  options: ReturnType<typeof parse>["options"];
   requestFields: Record<string, unknown>;
   workloads: Array<{ id: string; name: string; description: string; slo: Slo; perPoint: number; startFactor: number; factor: number; relTol: number; maxPoints: number; budgetS: number; refRequests: number }>;
-  machine: ReturnType<typeof machineInfo>;
+  machine: RunRecord["machine"];
   loadAvgBefore: number[];
   loadAvgAfter: number[];
-  git: ReturnType<typeof gitInfo>;
+  git: RunRecord["git"];
   model: string;
   deployments: Array<{ kind: DeploymentKind; processes: Array<{ role: string; pid: number; threads: number; reniced: boolean }> }>;
   configs: ConfigRecord[];
@@ -429,8 +414,8 @@ export function suiteMarkdown(r: SuiteResult): string {
   });
 }
 
-async function writeOutputs(dir: string, r: SuiteResult, writeData: boolean): Promise<void> {
-  if (writeData) await writeJson(join(dir, "suite.json"), r);
+async function writeOutputs(results: Results, r: SuiteResult, writeData: boolean): Promise<void> {
+  if (writeData) await results.json("suite", r);
   const md = [
     `Run ${r.started} → ${r.finished} (${fmtNum(r.wallS / 60, 1)} min), load average before ${r.loadAvgBefore.map((x) => x.toFixed(2)).join(" ")}, after ${r.loadAvgAfter.map((x) => x.toFixed(2)).join(" ")}.`,
     "",
@@ -439,13 +424,13 @@ async function writeOutputs(dir: string, r: SuiteResult, writeData: boolean): Pr
     `Points: rate (req/s):attainment; * = other processes used more than ${DISTURBED_CORES} cores during the point; (repeated) = a disturbed run that was run again, the repeat is what the search used.`,
     "",
   ].join("\n");
-  await writeFileAtomic(join(dir, "suite.md"), md);
+  await results.markdown("suite", md);
   const sub = `${r.machine.cpuModel}, ${r.machine.cpus} vCPUs shared with other work; Poisson arrivals; >= 90% of requests meeting both SLOs`;
   const panels = r.workloads.map((w) => {
     const cs = r.configs.filter((c) => c.workload === w.id);
     return attainmentPanel(w.name, cs.map((c) => ({ label: configLabel(c), points: finalPoints(c) })), 0.9, `SLO TTFT ${fmtNum(w.slo.ttftMs / 1000)} s, TPOT ${w.slo.tpotMs} ms; ${w.perPoint} requests per point`);
   });
-  await writeFileAtomic(join(dir, "attainment.svg"), chart(panels, "ctxbank SLO attainment vs Poisson rate", sub));
+  await results.chart("attainment", chart(panels, "ctxbank SLO attainment vs Poisson rate", sub));
   const cdfs = r.workloads.flatMap((w) => {
     const cs = r.configs.filter((c) => c.workload === w.id);
     const vals = (key: "ttftMs" | "tpotMs") =>
@@ -459,9 +444,9 @@ async function writeOutputs(dir: string, r: SuiteResult, writeData: boolean): Pr
       cdfPanel(`${w.name}: TPOT`, vals("tpotMs"), "TPOT (ms)", false, undefined, w.slo.tpotMs),
     ];
   });
-  await writeFileAtomic(join(dir, "cdf.svg"), chart(cdfs, "ctxbank latency CDFs at the highest passing rate", sub));
+  await results.chart("cdf", chart(cdfs, "ctxbank latency CDFs at the highest passing rate", sub));
   process.stdout.write(md);
-  log(`wrote ${dir}/suite.json, suite.md, attainment.svg, cdf.svg`);
+  log(`wrote ${results}/suite.json, suite.md, attainment.svg, cdf.svg`);
 }
 
 if (process.argv[1]?.endsWith("run-suite.ts")) {

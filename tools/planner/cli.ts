@@ -4,10 +4,11 @@
 // or probed on this machine), and a DistServe-style prefill:decode replica plan for a workload
 // at a rate under its SLOs. --measure measures the same quantities with the engine and the
 // services for the load suite's two workloads and writes a prediction-vs-measurement table.
-import { join, resolve } from "node:path";
+import { resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { UsageError } from "../../shared/inference/errors.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
+import { resultsDir } from "../lib/bench-runner.ts";
 import { setProcessNice } from "../lib/machine.ts";
 import { fmtNum } from "../lib/table.ts";
 import { decodeComputeSeconds, decodeMemorySeconds, fourCosts, replicaPlan, type Hardware, type Workload } from "./costs.ts";
@@ -133,7 +134,7 @@ async function main(argv: string[]): Promise<void> {
     const nice = Number(s("nice") ?? -10);
     const err = setProcessNice(nice);
     if (err) process.stderr.write(`[plan] could not set nice ${nice}: ${err}\n`);
-    await runMeasurement({ modelPath, facts, threads, nice, budgetBytes: parseQuantity("budget", s("budget")) ?? 2 ** 30, out: resolve(s("out") ?? join(import.meta.dirname, "../../results/planner")), maxBatch, attainment, argv });
+    await runMeasurement({ modelPath, facts, threads, nice, budgetBytes: parseQuantity("budget", s("budget")) ?? 2 ** 30, out: s("out") ? resolve(s("out")!) : resultsDir("planner"), maxBatch, attainment, argv });
     return;
   }
   const missing = given.flops === undefined || given.memBw === undefined || given.linkBw === undefined;

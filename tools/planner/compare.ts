@@ -5,9 +5,8 @@
 // is set against the measured disaggregated maximum rate too.
 import { existsSync, readFileSync } from "node:fs";
 import os from "node:os";
-import { join, resolve } from "node:path";
-import { writeFileAtomic, writeJson } from "../lib/json.ts";
-import { gitInfo, machineInfo } from "../lib/machine.ts";
+import { join } from "node:path";
+import { REPO_ROOT, Results, runRecord } from "../lib/bench-runner.ts";
 import { fmtNum, markdownTable } from "../lib/table.ts";
 import { CpuMeter, waitForQuiet, type QuietWaitResult } from "../lib/timing.ts";
 import { workloads } from "../loadgen/run-suite.ts";
@@ -18,7 +17,6 @@ import { EngineBench, measureHandoff, measureMemory, promptIds } from "./measure
 import type { ModelFacts } from "./model.ts";
 import { probeAll } from "./probe.ts";
 
-const repoRoot = resolve(import.meta.dirname, "../..");
 const log = (m: string) => process.stderr.write(`[plan] ${m}\n`);
 
 export interface Row {
@@ -43,8 +41,7 @@ const row = (workload: string, quantity: string, unit: string, predicted: number
 });
 
 export async function runMeasurement(o: { modelPath: string; facts: ModelFacts; threads: number; nice: number; budgetBytes: number; out: string; maxBatch: number; attainment: number; argv: string[] }): Promise<void> {
-  const started = new Date().toISOString();
-  const loadAvgBefore = os.loadavg();
+  const record = runRecord(`npm run plan -- ${o.argv.join(" ")}`.trim(), ["tools/planner", "native/src", "services"]);
   const m = o.facts;
   const defs = workloads(false);
   // Other work shares this box: before each step wait (up to 2 min) for it to use < 0.5 cores.
@@ -118,7 +115,7 @@ export async function runMeasurement(o: { modelPath: string; facts: ModelFacts; 
   // Replica plans at the suite's SLOs, and one pair's predicted rate against the measured one:
   // from the suite's main run and from its long-document disaggregated run, if they exist.
   const suites = ["results/loadgen/suite.json", "results/loadgen/long-disaggregated/suite.json"]
-    .map((f) => join(repoRoot, f))
+    .map((f) => join(REPO_ROOT, f))
     .filter((f) => existsSync(f))
     .map((f) => JSON.parse(readFileSync(f, "utf8")) as SuiteResult);
   // A measured disaggregated configuration and the prefill threads its run gave the pair.
@@ -145,11 +142,11 @@ export async function runMeasurement(o: { modelPath: string; facts: ModelFacts; 
 
   const result = {
     benchmark: "planner",
-    command: `npm run plan -- ${o.argv.join(" ")}`.trim(),
-    started,
+    command: record.command,
+    started: record.date,
     finished: new Date().toISOString(),
-    machine: { ...machineInfo(), loadAvgBefore, loadAvgAfter: os.loadavg() },
-    git: gitInfo(repoRoot, ["tools/planner", "native/src", "services"]),
+    machine: { ...record.machine, loadAvgAfter: os.loadavg() },
+    git: record.git,
     model: { path: o.modelPath, facts: m },
     probe,
     hardware: hw,
@@ -161,11 +158,12 @@ export async function runMeasurement(o: { modelPath: string; facts: ModelFacts; 
     plans,
     rows,
   };
-  await writeJson(join(o.out, "plan.json"), result);
-  const md = planMarkdown(rows, plans, probe, result.machine.loadAvgBefore, result.machine.loadAvgAfter);
-  await writeFileAtomic(join(o.out, "plan.md"), md);
+  const results = new Results(o.out);
+  await results.json("plan", result);
+  const md = planMarkdown(rows, plans, probe, record.machine.loadAvg, result.machine.loadAvgAfter);
+  await results.markdown("plan", md);
   process.stdout.write(md);
-  log(`wrote ${o.out}/plan.json and plan.md`);
+  log(`wrote ${results}/plan.json and plan.md`);
 }
 
 export function planMarkdown(rows: Row[], plans: Array<{ workload: string; promptTokens: number; outputTokens: number; rate: number; sloTtftMs: number; sloTpotMs: number; plan: ReturnType<typeof replicaPlan> }>, probe: Awaited<ReturnType<typeof probeAll>>, before: number[], after: number[]): string {

@@ -1,6 +1,7 @@
 // Fu's four costs of long context (docs/algorithms.md, serving figures) for a model on given hardware, and a DistServe-style
 // replica plan: how many prefill and decode instances a workload needs at a rate under its SLOs.
 // Pure functions; every input is explicit.
+import { exponential, seededRng } from "../lib/random.ts";
 import type { ModelFacts } from "./model.ts";
 
 export interface Hardware {
@@ -103,18 +104,11 @@ export function fourCosts(m: ModelFacts, hw: Hardware, n: number, out = 0): Four
  */
 export function md1Quantile(rate: number, service: number, q: number, samples = 40_000, seed = 12345): number {
   if (rate * service >= 1) return Infinity;
-  let a = seed >>> 0;
-  const rng = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 2 ** 32;
-  };
+  const rng = seededRng(seed);
   const times = new Float64Array(samples);
   let wait = 0;
   for (let i = 0; i < samples; i++) {
-    const gap = -Math.log(1 - rng()) / rate;
+    const gap = exponential(rng, rate);
     wait = i === 0 ? 0 : Math.max(0, wait + service - gap);
     times[i] = wait + service;
   }
