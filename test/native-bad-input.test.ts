@@ -68,7 +68,7 @@ describe("model files", () => {
     // Same-length swap inside the file: "llama" -> "gpt2x" keeps every offset valid.
     buf.write("gpt2x", buf.indexOf("llama", buf.indexOf("general.architecture")), "latin1");
     await writeFile(p, buf);
-    await expect(loadModel(p)).rejects.toThrow("model: architecture 'gpt2x' is not supported (only 'llama')");
+    await expect(loadModel(p)).rejects.toThrow("model: architecture 'gpt2x' is not supported (supported: llama, qwen2, qwen3, gemma3)");
   });
 
   describe.skipIf(!hasReal)("truncated copies of the real model", () => {

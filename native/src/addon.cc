@@ -173,7 +173,7 @@ class NativeModel : public Napi::ObjectWrap<NativeModel> {
     o.Set("nFf", c.n_ff);
     o.Set("nVocab", c.n_vocab);
     o.Set("nCtxTrain", c.n_ctx_train);
-    o.Set("ropeBase", c.rope_base);
+    o.Set("ropeBase", c.rope.base);
     o.Set("rmsEps", c.rms_eps);
     o.Set("tiedOutput", c.tied_output);
     o.Set("kvBytesPerToken", static_cast<double>(c.kv_bytes_per_token()));

@@ -1,6 +1,5 @@
 // Attention over the KV cache: dense query blocks and listed keys (sparse decode policies).
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -36,74 +35,83 @@ void Engine::attention(int layer, const std::vector<Slice>& slices) {
   });
 }
 
-// Softmax of each score row over its first valid[r] entries (in place); the rest become 0.
-void Engine::softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<int(int)> valid) {
+// Softmax of each score row over its entries range(r) (in place); the rest of its n_keys become 0.
+void Engine::softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<KeyRange(int)> range) {
   for (int r = 0; r < rows; ++r) {
     float* row = s + r * lds;
-    const int v = valid(r);
-    float mx = row[0];
-    for (int j = 1; j < v; ++j) mx = std::max(mx, row[j]);
-    const float inv = 1.0f / k_.exp_sum(row, v, mx);
-    for (int j = 0; j < v; ++j) row[j] *= inv;
-    std::fill(row + v, row + n_keys, 0.f);
+    const KeyRange k = range(r);
+    float mx = row[k.begin];
+    for (int j = k.begin + 1; j < k.end; ++j) mx = std::max(mx, row[j]);
+    const float inv = 1.0f / k_.exp_sum(row + k.begin, k.end - k.begin, mx);
+    for (int j = k.begin; j < k.end; ++j) row[j] *= inv;
+    std::fill(row, row + k.begin, 0.f);
+    std::fill(row + k.end, row + n_keys, 0.f);
   }
 }
 
-// A block of consecutive tokens of one sequence against its whole cache, for KV heads
+// A block of consecutive tokens of one sequence against its cache, for KV heads
 // [h0, h0 + n_heads). Each block of keys is read once as whole rows (a token's heads are
 // contiguous, so the read streams), widened to f32 once and shared by all the task's query
-// heads. Scores are kept whole per row, so the softmax is exact.
+// heads. Scores are kept whole per row, so the softmax is exact. A token at position p sees the
+// keys up to p; on a sliding-window layer only those after p - window.
 void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc) {
   const ModelConfig& c = config();
-  const int d = c.head_dim, group = c.n_head / c.n_head_kv, width = n_heads * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, width = n_heads * d, Q = c.q_dim();
+  const float scale = c.attn_scale;
   KvCache& kv = s.item->seq->kv;
   const int n_tok = qb.t_end - qb.t_begin, nq = n_tok * group;  // query rows per KV head
-  const int n_keys = pos_[qb.t_end - 1] + 1;
-  const size_t lds = static_cast<size_t>(n_keys);
+  const int window = c.layer_slides(layer) ? c.sliding_window : 0;
+  auto first_key = [&](int p) { return window ? std::max(0, p - window + 1) : 0; };
+  // Scores cover keys [k_lo, n_keys): from the block's first token's first key to its last token.
+  const int k_lo = first_key(pos_[qb.t_begin]), n_keys = pos_[qb.t_end - 1] + 1;
+  const size_t lds = static_cast<size_t>(n_keys - k_lo);
   auto q_rows = [&](int gl) { return &sc.q[static_cast<size_t>(gl) * nq * d]; };
   auto s_rows = [&](int gl) { return &sc.scores[static_cast<size_t>(gl) * nq * lds]; };
   auto o_rows = [&](int gl) { return &sc.out[static_cast<size_t>(gl) * nq * d]; };
   for (int gl = 0; gl < n_heads; ++gl)
     for (int t = 0; t < n_tok; ++t)
       std::memcpy(q_rows(gl) + static_cast<size_t>(t) * group * d,
-                  &q_[static_cast<size_t>(qb.t_begin + t) * c.n_embd + static_cast<size_t>(h0 + gl) * group * d],
+                  &q_[static_cast<size_t>(qb.t_begin + t) * Q + static_cast<size_t>(h0 + gl) * group * d],
                   sizeof(float) * group * d);
-  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+  for (int k0 = k_lo; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);
     k_.kv_to_f32(kv.k(layer, k0) + h0 * d, kv.ld(layer), nk, width, sc.kv.data());
     for (int gl = 0; gl < n_heads; ++gl)
-      k_.attn_scores(q_rows(gl), nq, sc.kv.data() + gl * d, width, nk, d, scale, s_rows(gl) + k0, lds);
+      k_.attn_scores(q_rows(gl), nq, sc.kv.data() + gl * d, width, nk, d, scale, s_rows(gl) + (k0 - k_lo), lds);
   }
-  for (int gl = 0; gl < n_heads; ++gl)  // causal: each token sees keys up to itself
-    softmax_rows(s_rows(gl), lds, nq, n_keys, [&](int r) { return pos_[qb.t_begin + r / group] + 1; });
+  for (int gl = 0; gl < n_heads; ++gl)
+    softmax_rows(s_rows(gl), lds, nq, static_cast<int>(lds), [&](int r) {
+      const int p = pos_[qb.t_begin + r / group];
+      return KeyRange{first_key(p) - k_lo, p + 1 - k_lo};
+    });
   if (float* probe = s.item->probe) {  // one token, all heads in this task (see attention())
     float* out = probe + static_cast<size_t>(layer) * n_keys;
     std::fill(out, out + n_keys, 0.f);
     for (int gl = 0; gl < n_heads; ++gl)
       for (int r = 0; r < nq; ++r)
-        for (int j = 0; j < n_keys; ++j) out[j] += s_rows(gl)[r * lds + j] / static_cast<float>(c.n_head);
+        for (size_t j = 0; j < lds; ++j) out[k_lo + j] += s_rows(gl)[r * lds + j] / static_cast<float>(c.n_head);
   }
   std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(n_heads) * nq * d, 0.f);
-  for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
+  for (int k0 = k_lo; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);
     k_.kv_to_f32(kv.v(layer, k0) + h0 * d, kv.ld(layer), nk, width, sc.kv.data());
     for (int gl = 0; gl < n_heads; ++gl)
-      k_.attn_values(s_rows(gl) + k0, lds, nq, sc.kv.data() + gl * d, width, nk, d, o_rows(gl));
+      k_.attn_values(s_rows(gl) + (k0 - k_lo), lds, nq, sc.kv.data() + gl * d, width, nk, d, o_rows(gl));
   }
   for (int gl = 0; gl < n_heads; ++gl)
     for (int t = 0; t < n_tok; ++t)
-      std::memcpy(&attn_[static_cast<size_t>(qb.t_begin + t) * c.n_embd + static_cast<size_t>(h0 + gl) * group * d],
+      std::memcpy(&attn_[static_cast<size_t>(qb.t_begin + t) * Q + static_cast<size_t>(h0 + gl) * group * d],
                   o_rows(gl) + static_cast<size_t>(t) * group * d, sizeof(float) * group * d);
 }
 
 // One decode token (ubatch row t) of a sparse-policy sequence, KV head g, over that head's key
-// list (all listed keys precede the token, so no causal mask). The policy then sees this step's
+// list (all listed keys precede the token, so no causal mask; sparse policies never run on a
+// model with sliding-window layers, Sequence::set_policy). The policy then sees this step's
 // probabilities (SCOPE and H2O decide from them which tokens later steps keep).
 void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, int t, int g, AttnScratch& sc) {
   const ModelConfig& c = config();
-  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim(), Q = c.q_dim();
+  const float scale = c.attn_scale;
   Sequence& seq = *s.item->seq;
   const std::vector<int32_t>& keys = (*listed.heads)[g];
   // Reclaiming: the positions' rows for this (layer, head).
@@ -115,7 +123,7 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
   }
   const PackedRows& packed = listed.packed;
   const int n_keys = static_cast<int>(keys.size());
-  const float* q = &q_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d];
+  const float* q = &q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d];
   // The first `packed.n` keys are rows 0.. of the packed buffer (offload); the rest are read from
   // the cache where they live. Key blocks never straddle the two.
   const size_t ld = seq.kv.ld(layer);
@@ -129,14 +137,14 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
     widen(false, k0, k1 - k0);
     k_.attn_scores(q, group, sc.kv.data(), d, k1 - k0, d, scale, &sc.scores[k0], n_keys);
   }
-  softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return n_keys; });
+  softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return KeyRange{0, n_keys}; });
   std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(group) * d, 0.f);
   for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
     k1 = block_end(k0);
     widen(true, k0, k1 - k0);
     k_.attn_values(&sc.scores[k0], n_keys, group, sc.kv.data(), d, k1 - k0, d, sc.out.data());
   }
-  std::memcpy(&attn_[static_cast<size_t>(t) * c.n_embd + static_cast<size_t>(g) * group * d], sc.out.data(),
+  std::memcpy(&attn_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], sc.out.data(),
               sizeof(float) * group * d);
   if (KvSlots* slots = seq.slots.get()) {  // free the rows no later step of (layer, g) attends
     sc.evicted.clear();

@@ -23,6 +23,8 @@ class Sequence;
 //   no_gpu                     no CUDA driver, no GPU, or no GPU with that index
 //   cuda_driver_too_old        the driver is older than the runtime the addon was built with
 //   cuda_unsupported_gpu       the GPU's architecture has no code in this build
+//   cuda_unsupported_model     the model needs what the GPU backend does not compute (another
+//                              architecture than Llama's forward pass, a weight type it lacks)
 //   cuda_out_of_memory         a GPU allocation failed
 //   cuda_error                 any other CUDA failure (the message names it)
 class DeviceError : public std::runtime_error {

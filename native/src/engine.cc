@@ -33,18 +33,18 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   parse_cuda_kernels(opts_.cuda_kernels);  // refused on any device, like a bad device string
   if (spec.kind == DeviceSpec::Kind::Cuda) {
     device_ = make_cuda_backend(model_, opts_, spec.index);
-  } else if (spec.kind == DeviceSpec::Kind::Auto && !cuda_unusable(0)) {
-    device_ = make_cuda_backend(model_, opts_, 0);
+  } else if (spec.kind == DeviceSpec::Kind::Auto && !cuda_unusable(0) && c.beyond_llama().empty()) {
+    device_ = make_cuda_backend(model_, opts_, 0);  // (the GPU backend runs Llama's forward pass only)
   }
   if (device_) return;  // the CPU scratch below is not needed
 
-  const size_t U = opts_.ubatch, E = c.n_embd, F = c.n_ff, KV = c.kv_dim(), wide = std::max(E, F);
+  const size_t U = opts_.ubatch, E = c.n_embd, F = c.n_ff, Q = c.q_dim(), KV = c.kv_dim(), wide = std::max({E, F, Q});
   x_.resize(U * E);
   xn_.resize(U * wide);
-  q_.resize(U * E);
+  q_.resize(U * Q);
   kc_.resize(U * KV);
   vc_.resize(U * KV);
-  attn_.resize(U * E);
+  attn_.resize(U * Q);
   gate_.resize(U * F);
   up_.resize(U * F);
   act_qs_.resize(U * wide);
@@ -58,7 +58,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   logits_buf_.resize(static_cast<size_t>(kLogitRows) * c.n_vocab);
   attn_scratch_.resize(pool_.size());
   for (auto& sc : attn_scratch_) {
-    sc.q.resize(static_cast<size_t>(kQueryBlock) * c.n_head * c.head_dim);
+    sc.q.resize(static_cast<size_t>(kQueryBlock) * Q);
     sc.out.resize(sc.q.size());
     sc.kv.resize(static_cast<size_t>(kKeyBlock) * c.kv_dim());
     sc.scores.resize(static_cast<size_t>(kQueryBlock) * c.n_head * max_ctx_);
@@ -71,21 +71,9 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   sel_raw_.resize(static_cast<size_t>(c.n_head) * max_ctx_);
   slices_.reserve(opts_.ubatch);
   wanted_.reserve(opts_.ubatch);
-
-  // RoPE table computed the way ggml does (theta multiplied by base^(-2/d) per pair, in float)
-  // so positions match llama.cpp bit for bit.
-  const int half = c.head_dim / 2;
-  rope_cos_.resize(static_cast<size_t>(max_ctx_) * half);
-  rope_sin_.resize(static_cast<size_t>(max_ctx_) * half);
-  const float theta_scale = std::pow(c.rope_base, -2.0f / static_cast<float>(c.head_dim));
-  for (int p = 0; p < max_ctx_; ++p) {
-    float theta = static_cast<float>(p);
-    for (int i = 0; i < half; ++i) {
-      rope_cos_[static_cast<size_t>(p) * half + i] = std::cos(theta);
-      rope_sin_[static_cast<size_t>(p) * half + i] = std::sin(theta);
-      theta *= theta_scale;
-    }
-  }
+  const size_t rope_kinds = c.any_layer_slides() ? 2 : 1;
+  rope_cos_.resize(rope_kinds * U * (c.head_dim / 2));
+  rope_sin_.resize(rope_cos_.size());
 }
 
 Engine::~Engine() = default;
@@ -105,6 +93,10 @@ void Sequence::set_policy(const AttentionPolicy& p) {
   std::unique_ptr<DecodePolicy> next = make_decode_policy(p);
   if (device_kv && !next->attends_everything())
     throw std::invalid_argument("the GPU backend runs full attention only for now (sparse decode policies run on the CPU engine)");
+  if (sliding_ && !next->attends_everything())
+    throw std::invalid_argument(std::string("policy '") + p.name() +
+                                "' cannot run on a model with sliding-window layers yet (its key choices ignore a layer's "
+                                "window): only 'full' runs on this model");
   const size_t packed = next->packed_rows() * kv.row_pair_bytes();
   if (device_budget > 0 && packed > device_budget)
     throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " +
@@ -177,27 +169,38 @@ void Engine::for_tokens(int n, FunctionRef<void(int)> fn) {
 
 void Engine::embed(const std::vector<Slice>& slices, int n) {
   const int E = config().n_embd;
+  const float scale = config().embd_scale;
   int t = 0;
   for (const Slice& s : slices)
     for (int i = 0; i < s.count; ++i, ++t) {
       pos_[t] = s.pos0 + i;
-      dequantize_row(model_->token_embd(), s.item->tokens[s.offset + i], &x_[static_cast<size_t>(t) * E]);
+      float* row = &x_[static_cast<size_t>(t) * E];
+      dequantize_row(model_->token_embd(), s.item->tokens[s.offset + i], row);
+      if (scale != 1.f)
+        for (int j = 0; j < E; ++j) row[j] *= scale;
     }
   (void)n;
 }
 
-// ggml's rms_norm (double accumulation) followed by the elementwise weight.
-void Engine::rms_norm(const float* x, const float* weight, float* out, int n) {
-  const int E = config().n_embd;
+// ggml's rms_norm (double accumulation) followed by the elementwise weight, over `rows` rows of
+// `width` (tokens of n_embd, or heads of head_dim for the Q/K norms); out may be x.
+void Engine::rms_norm(const float* x, const float* weight, float* out, int rows, int width) {
   const float eps = config().rms_eps;
-  for_tokens(n, [&](int t) {
-    const float* xr = x + static_cast<size_t>(t) * E;
-    float* o = out + static_cast<size_t>(t) * E;
+  for_tokens(rows, [&](int t) {
+    const float* xr = x + static_cast<size_t>(t) * width;
+    float* o = out + static_cast<size_t>(t) * width;
     double sum = 0;
-    for (int i = 0; i < E; ++i) sum += static_cast<double>(xr[i] * xr[i]);
-    const float mean = static_cast<float>(sum / E);
+    for (int i = 0; i < width; ++i) sum += static_cast<double>(xr[i] * xr[i]);
+    const float mean = static_cast<float>(sum / width);
     const float scale = 1.0f / std::sqrt(mean + eps);
-    for (int i = 0; i < E; ++i) o[i] = xr[i] * scale * weight[i];
+    for (int i = 0; i < width; ++i) o[i] = xr[i] * scale * weight[i];
+  });
+}
+
+void Engine::add_bias(float* x, const float* bias, int n, int width) {
+  for_tokens(n, [&](int t) {
+    float* row = x + static_cast<size_t>(t) * width;
+    for (int i = 0; i < width; ++i) row[i] += bias[i];
   });
 }
 
@@ -245,27 +248,74 @@ void Engine::matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, 
   });
 }
 
-// "Normal" RoPE on adjacent pairs: GGUF llama weights had Q/K permuted by the converter.
-void Engine::rope(float* x, int n_heads, const int* pos, int n) {
+// The RoPE angles of this micro-batch's tokens for each kind of layer (RopeParams), computed as
+// ggml computes them so that they match llama.cpp's bit for bit: theta starts at the position and
+// is multiplied by base^(-2/d) once per pair, in float; the angle is theta over the pair's
+// frequency factor, times the linear scale.
+void Engine::rope_tables(int n) {
+  const ModelConfig& c = config();
+  const int half = c.head_dim / 2;
+  const float* factors = model_->rope_freq_factors();
+  for (int kind = 0; kind < (c.any_layer_slides() ? 2 : 1); ++kind) {
+    const RopeParams& rp = kind == 1 ? c.rope_swa : c.rope;
+    const float theta_scale = std::pow(rp.base, -2.0f / static_cast<float>(c.head_dim));
+    for_tokens(n, [&](int t) {
+      const size_t at = (static_cast<size_t>(kind) * opts_.ubatch + t) * half;
+      float theta = static_cast<float>(pos_[t]);
+      for (int i = 0; i < half; ++i) {
+        const float angle = rp.scale * (factors ? theta / factors[i] : theta);
+        rope_cos_[at + i] = std::cos(angle);
+        rope_sin_[at + i] = std::sin(angle);
+        theta *= theta_scale;
+      }
+    });
+  }
+}
+
+// Rotates each head's pairs (RopePairs: adjacent elements, or the two halves) by the angles of
+// the layer kind's table.
+void Engine::rope(float* x, int n_heads, int kind, int n) {
   const int d = config().head_dim, half = d / 2;
+  const bool halves = config().rope_pairs == RopePairs::Halves;
+  const int step = halves ? 1 : 2, other = halves ? half : 1;  // pair i: elements i*step and i*step + other
   for_tokens(n, [&](int t) {
-    const float* cs = &rope_cos_[static_cast<size_t>(pos[t]) * half];
-    const float* sn = &rope_sin_[static_cast<size_t>(pos[t]) * half];
+    const size_t at = (static_cast<size_t>(kind) * opts_.ubatch + t) * half;
+    const float* cs = &rope_cos_[at];
+    const float* sn = &rope_sin_[at];
     float* row = x + static_cast<size_t>(t) * n_heads * d;
     for (int h = 0; h < n_heads; ++h) {
       float* v = row + h * d;
       for (int i = 0; i < half; ++i) {
-        const float x0 = v[2 * i], x1 = v[2 * i + 1];
-        v[2 * i] = x0 * cs[i] - x1 * sn[i];
-        v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
+        const float x0 = v[i * step], x1 = v[i * step + other];
+        v[i * step] = x0 * cs[i] - x1 * sn[i];
+        v[i * step + other] = x0 * sn[i] + x1 * cs[i];
       }
     }
   });
 }
 
+// gate = act(gate) * up: SwiGLU, or GeGLU with GELU's tanh approximation (ggml's formula, in
+// float; ggml's CPU build reads it from a table at the input rounded to f16, rounded to f16).
+void Engine::gated_activation(int n) {
+  const int F = config().n_ff;
+  const bool silu = config().ffn_activation == FfnActivation::Silu;
+  for_tokens(n, [&](int t) {
+    float* g = &gate_[static_cast<size_t>(t) * F];
+    const float* u = &up_[static_cast<size_t>(t) * F];
+    if (silu) {
+      for (int i = 0; i < F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    } else {
+      constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f, kCoef = 0.044715f;
+      for (int i = 0; i < F; ++i) g[i] = 0.5f * g[i] * (1.0f + std::tanh(kSqrt2OverPi * g[i] * (1.0f + kCoef * g[i] * g[i]))) * u[i];
+    }
+  });
+}
+
+// One pass for every architecture: each `if (c.…)` on the way is one of ModelConfig's switches,
+// how that architecture differs from Llama.
 void Engine::forward_ubatch(const std::vector<Slice>& slices) {
   const ModelConfig& c = config();
-  const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
+  const int E = c.n_embd, F = c.n_ff, Q = c.q_dim(), KV = c.kv_dim();
   int n = 0;
   for (const Slice& s : slices) {
     s.item->seq->policy->begin(policy_step(s, n));
@@ -280,14 +330,25 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
       qblocks_.push_back({static_cast<int>(s), n + i, n + std::min(slices[s].count, i + kQueryBlock)});
     for (int i = 0; i < slices[s].count; ++i) token_seq_[n++] = static_cast<int>(s);
   }
-  embed(slices, n);
+  embed(slices, n);  // scaled by embd_scale
+  rope_tables(n);
 
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights& lw = model_->layers()[l];
-    rms_norm(x_.data(), lw.attn_norm, xn_.data(), n);
-    matmuls({{&lw.wq, q_.data(), E}, {&lw.wk, kc_.data(), KV}, {&lw.wv, vc_.data(), KV}}, xn_.data(), n, E);
-    rope(q_.data(), c.n_head, pos_.data(), n);
-    rope(kc_.data(), c.n_head_kv, pos_.data(), n);
+    rms_norm(x_.data(), lw.attn_norm, xn_.data(), n, E);
+    matmuls({{&lw.wq, q_.data(), Q}, {&lw.wk, kc_.data(), KV}, {&lw.wv, vc_.data(), KV}}, xn_.data(), n, E);
+    if (c.qkv_bias) {
+      add_bias(q_.data(), lw.bq, n, Q);
+      add_bias(kc_.data(), lw.bk, n, KV);
+      add_bias(vc_.data(), lw.bv, n, KV);
+    }
+    if (c.qk_norm) {
+      rms_norm(q_.data(), lw.q_norm, q_.data(), n * c.n_head, c.head_dim);
+      rms_norm(kc_.data(), lw.k_norm, kc_.data(), n * c.n_head_kv, c.head_dim);
+    }
+    const int rope_kind = c.layer_slides(l) ? 1 : 0;  // rope_tables
+    rope(q_.data(), c.n_head, rope_kind, n);
+    rope(kc_.data(), c.n_head_kv, rope_kind, n);
     for_tokens(n, [&](int t) {
       const Slice& s = slices[token_seq_[t]];
       KvCache& kv = s.item->seq->kv;
@@ -305,18 +366,16 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
       }
     });
     prepare_sparse(l, slices);
-    attention(l, slices);
-    matmuls({{&lw.wo, xn_.data(), E}}, attn_.data(), n, E);
+    attention(l, slices);  // a sliding layer's queries see their last sliding_window keys
+    matmuls({{&lw.wo, xn_.data(), E}}, attn_.data(), n, Q);
+    if (c.post_norms) rms_norm(xn_.data(), lw.post_attn_norm, xn_.data(), n, E);
     for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];
 
-    rms_norm(x_.data(), lw.ffn_norm, xn_.data(), n);
+    rms_norm(x_.data(), lw.ffn_norm, xn_.data(), n, E);
     matmuls({{&lw.w_gate, gate_.data(), F}, {&lw.w_up, up_.data(), F}}, xn_.data(), n, E);
-    for_tokens(n, [&](int t) {
-      float* g = &gate_[static_cast<size_t>(t) * F];
-      const float* u = &up_[static_cast<size_t>(t) * F];
-      for (int i = 0; i < F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-    });
+    gated_activation(n);  // ffn_activation
     matmuls({{&lw.w_down, xn_.data(), E}}, gate_.data(), n, F);
+    if (c.post_norms) rms_norm(xn_.data(), lw.post_ffn_norm, xn_.data(), n, E);
     for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];
   }
 
@@ -329,10 +388,12 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
     const int rows = static_cast<int>(std::min<size_t>(kLogitRows, wanted_.size() - g));
     for (int r = 0; r < rows; ++r)
       std::memcpy(&xn_[static_cast<size_t>(r) * E], &x_[static_cast<size_t>(wanted_[g + r].first) * E], E * sizeof(float));
-    rms_norm(xn_.data(), model_->output_norm(), logits_x_.data(), rows);
+    rms_norm(xn_.data(), model_->output_norm(), logits_x_.data(), rows, E);
     matmuls({{&model_->output(), logits_buf_.data(), c.n_vocab}}, logits_x_.data(), rows, E);
     for (int r = 0; r < rows; ++r) {
-      const float* row = &logits_buf_[static_cast<size_t>(r) * c.n_vocab];
+      float* row = &logits_buf_[static_cast<size_t>(r) * c.n_vocab];
+      if (const float cap = c.final_logit_softcap; cap > 0.f)  // as llama.cpp: scale by 1/cap, tanh, scale by cap
+        for (int i = 0; i < c.n_vocab; ++i) row[i] = cap * std::tanh(row[i] * (1.0f / cap));
       const BatchItem& it = *wanted_[g + r].second;
       if (it.logits) std::memcpy(it.logits, row, c.n_vocab * sizeof(float));
       if (it.argmax) *it.argmax = static_cast<int32_t>(std::max_element(row, row + c.n_vocab) - row);

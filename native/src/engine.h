@@ -30,7 +30,7 @@ struct EngineOptions {
   // The "device" arena one sequence may use: its device-tier KV plus OmniKV's packed buffers
   // (KvCache, policy.h). 0 = no limit. A forward that would exceed it is refused.
   size_t device_budget_bytes = 0;
-  // cpu | cuda | cuda:N | auto (CUDA when a GPU is usable, else the CPU). device.h.
+  // cpu | cuda | cuda:N | auto (CUDA when a GPU is usable and runs the model, else the CPU). device.h.
   std::string device = "cpu";
   // CUDA only: replay each micro-batch shape's layers as a CUDA graph (decode steps are
   // launch-bound). Off by default until measured on a GPU.
@@ -44,7 +44,10 @@ struct EngineOptions {
 class Sequence {
  public:
   Sequence(const ModelConfig& c, int capacity)
-      : kv(c.n_layer, c.kv_dim(), capacity), policy(make_decode_policy(AttentionPolicy{})), n_head_kv_(c.n_head_kv) {}
+      : kv(c.n_layer, c.kv_dim(), capacity),
+        policy(make_decode_policy(AttentionPolicy{})),
+        n_head_kv_(c.n_head_kv),
+        sliding_(c.any_layer_slides()) {}
   KvCache kv;
   std::unique_ptr<DecodePolicy> policy;  // how decode steps attend (prefill is always full); never null
   // A GPU engine's sequences keep their KV here; `kv` then only tracks the length (its mapping
@@ -55,7 +58,8 @@ class Sequence {
   void reset_policy_state() { policy->reset(); }
   // Takes a validated policy; under OmniKV offload moves the sparse groups into the host bank
   // (and back when offload ends). Throws std::invalid_argument if its packed buffers alone
-  // would not fit the device budget.
+  // would not fit the device budget, or if the policy is sparse and the model has sliding-window
+  // layers (the policies choose keys without regard to a layer's window).
   void set_policy(const AttentionPolicy& p);
   // Device bytes with n tokens stored: the device-tier KV plus the packed buffers at full budget.
   size_t device_bytes(int n_tokens) const;
@@ -67,6 +71,7 @@ class Sequence {
 
  private:
   int n_head_kv_;
+  bool sliding_;  // the model has sliding-window layers
 };
 
 struct BatchItem {
@@ -150,10 +155,13 @@ class Engine : private PolicyBackend {
   void validate(const std::vector<BatchItem>& items) const;
   void forward_ubatch(const std::vector<Slice>& slices);
   void embed(const std::vector<Slice>& slices, int n);
-  void rms_norm(const float* x, const float* weight, float* out, int n);
+  void rms_norm(const float* x, const float* weight, float* out, int rows, int width);
+  void add_bias(float* x, const float* bias, int n, int width);
   void quantize(const float* x, int n, int k);
   void matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k);
-  void rope(float* x, int n_heads, const int* pos, int n);
+  void rope_tables(int n);
+  void rope(float* x, int n_heads, int kind, int n);
+  void gated_activation(int n);
   struct QueryBlock { int slice, t_begin, t_end; };
   struct AttnScratch {  // per thread
     std::vector<float> q, out, kv, scores;
@@ -163,12 +171,13 @@ class Engine : private PolicyBackend {
   void attention(int layer, const std::vector<Slice>& slices);
   void attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);
   void attend_listed(int layer, const Slice& s, const LayerKeys& keys, int t, int g, AttnScratch& sc);
-  void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<int(int)> valid);
+  struct KeyRange { int begin, end; };
+  void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<KeyRange(int)> range);
   // Decode policies (sparse.cc): their per-micro-batch view of a slice, the key lists each slice
   // attends at `layer`, and the backend services they call.
   PolicyStep policy_step(const Slice& s, int t) { return {*this, s.item->seq->kv, t, s.count, s.pos0, s.item->n_tokens != 1}; }
   void prepare_sparse(int layer, const std::vector<Slice>& slices);
-  const float* query(int t) const override { return &q_[static_cast<size_t>(t) * config().n_embd]; }
+  const float* query(int t) const override { return &q_[static_cast<size_t>(t) * config().q_dim()]; }
   int position(int t) const override { return pos_[t]; }
   float* score_keys(const KvCache& kv, int layer, const float* q, int n_keys) override;
   void softmax(float* scores, int rows, int n) override;
@@ -183,7 +192,8 @@ class Engine : private PolicyBackend {
   ThreadPool pool_;
   bool single_thread_ = false;  // this micro-batch runs on the calling thread only
 
-  // Scratch, sized once for a micro-batch.
+  // Scratch, sized once for a micro-batch. The RoPE tables hold each token's angles for each kind
+  // of layer (0: global, 1: sliding): [kind][ubatch][head_dim / 2].
   std::vector<float> x_, xn_, q_, kc_, vc_, attn_, gate_, up_, rope_cos_, rope_sin_;
   std::vector<int8_t> act_qs_;
   std::vector<float> act_d_, act_s_;

@@ -66,7 +66,7 @@ bool import_windows(Reader& r, PromptStateHolder* holder, const ModelConfig& c, 
   if (n_windows == 0 || n_windows > static_cast<uint32_t>(c.n_layer)) throw std::invalid_argument("prompt state: window count out of range");
   std::vector<int> layers(n_windows);
   std::vector<QueryWindow> parsed(n_windows);
-  const size_t row_bytes = static_cast<size_t>(c.n_embd) * sizeof(float);
+  const size_t row_bytes = static_cast<size_t>(c.q_dim()) * sizeof(float);
   for (uint32_t i = 0; i < n_windows; ++i) {
     const uint32_t layer = r.u32("layer"), count = r.u32("count");
     if (layer >= static_cast<uint32_t>(c.n_layer) || (i > 0 && static_cast<int>(layer) <= layers[i - 1]))
@@ -77,7 +77,7 @@ bool import_windows(Reader& r, PromptStateHolder* holder, const ModelConfig& c, 
     QueryWindow& w = parsed[i];
     const std::vector<int32_t> pos = read_positions(r, count, n_tokens);
     w.pos.assign(pos.begin(), pos.end());
-    w.q.assign(count, std::vector<float>(c.n_embd));
+    w.q.assign(count, std::vector<float>(c.q_dim()));
     for (std::vector<float>& row : w.q) {
       r.take(row.data(), row_bytes, "queries");
       for (float x : row)
@@ -120,7 +120,7 @@ std::vector<uint8_t> export_prompt_state(DecodePolicy& policy, const ModelConfig
   const PromptStateHolder::Pools pools = holder->prompt_pools(c, n_tokens);
   const PromptStateHolder::Windows w = pools.lists ? PromptStateHolder::Windows{} : holder->prompt_windows(c);
   if (!pools.lists && w.windows.empty()) return {};
-  for (uint32_t v : {kMagic, kVersion, static_cast<uint32_t>(c.n_embd), static_cast<uint32_t>(n_tokens), pools.lists ? kPools : kWindows})
+  for (uint32_t v : {kMagic, kVersion, static_cast<uint32_t>(c.q_dim()), static_cast<uint32_t>(n_tokens), pools.lists ? kPools : kWindows})
     put_u32(out, v);
   if (pools.lists) {
     for (uint32_t v : {static_cast<uint32_t>(pools.alpha1), static_cast<uint32_t>(pools.alpha2), static_cast<uint32_t>(pools.lists->size())})
@@ -149,7 +149,7 @@ bool import_prompt_state(DecodePolicy& policy, const ModelConfig& c, int n_token
   const uint32_t version = r.u32("version");
   if (version != kVersion)
     throw std::invalid_argument("prompt state: version " + std::to_string(version) + " (this engine reads " + std::to_string(kVersion) + ")");
-  if (r.u32("n_embd") != static_cast<uint32_t>(c.n_embd)) throw std::invalid_argument("prompt state: made for another model (n_embd)");
+  if (r.u32("query width") != static_cast<uint32_t>(c.q_dim())) throw std::invalid_argument("prompt state: made for another model (query width)");
   if (r.u32("n_tokens") != static_cast<uint32_t>(n_tokens))
     throw std::invalid_argument("prompt state: made for a prompt of another length than the sequence's " + std::to_string(n_tokens) + " tokens");
   // Everything is parsed and checked before the policy is touched.

@@ -4,10 +4,10 @@
 // token lists (computed by the prefill); the OmniKV window selectors' and Round Attention's last
 // prompt queries themselves (every decode step weighs them anew).
 //
-// Layout (little-endian): u32 magic "CXPS", u32 version, u32 n_embd, u32 n_tokens (the prompt's
-// length), u32 kind, then
+// Layout (little-endian): u32 magic "CXPS", u32 version, u32 query width (n_head x head_dim:
+// n_embd for Llama), u32 n_tokens (the prompt's length), u32 kind, then
 //   kind 1, query windows: u32 keep (queries a window holds at most), u32 n_windows, then per
-//     window: u32 layer, u32 count, count x i32 positions (ascending, < n_tokens), count x n_embd
+//     window: u32 layer, u32 count, count x i32 positions (ascending, < n_tokens), count x query width
 //     f32 queries;
 //   kind 2, kept prompt lists: u32 alpha1, u32 alpha2, u32 n_lists (per layer, then KV head),
 //     then per list: u32 count (<= alpha1 + alpha2), count x i32 positions (ascending, < n_tokens).

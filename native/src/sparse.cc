@@ -1,7 +1,6 @@
 // The engine's side of decode policies (decode_policy.h): it asks each sequence's policy what to
 // attend at every layer, and serves the scores and softmax policies compute their choices from.
 #include <algorithm>
-#include <cmath>
 
 #include "engine.h"
 
@@ -26,7 +25,7 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
 float* Engine::score_keys(const KvCache& kv, int layer, const float* q, int n_keys) {
   const ModelConfig& c = config();
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const float scale = c.attn_scale;
   float* kbuf = attn_scratch_[0].kv.data();
   for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);
@@ -39,7 +38,7 @@ float* Engine::score_keys(const KvCache& kv, int layer, const float* q, int n_ke
 }
 
 void Engine::softmax(float* scores, int rows, int n) {
-  softmax_rows(scores, static_cast<size_t>(n), rows, n, [&](int) { return n; });
+  softmax_rows(scores, static_cast<size_t>(n), rows, n, [&](int) { return KeyRange{0, n}; });
 }
 
 }  // namespace ctx

@@ -207,7 +207,7 @@ std::vector<std::vector<double>> reference_forward(const Model& model, const std
       auto rope = [&](std::vector<double>& h) {
         for (size_t base = 0; base < h.size(); base += d)
           for (int i = 0; i < d / 2; ++i) {
-            const double th = pos * std::pow(static_cast<double>(c.rope_base), -2.0 * i / d);
+            const double th = pos * std::pow(static_cast<double>(c.rope.base), -2.0 * i / d);
             const double a = h[base + 2 * i], b = h[base + 2 * i + 1];
             h[base + 2 * i] = a * std::cos(th) - b * std::sin(th);
             h[base + 2 * i + 1] = a * std::sin(th) + b * std::cos(th);

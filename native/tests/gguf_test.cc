@@ -363,7 +363,7 @@ TEST_F(ModelLoadTest, LoadsTinyLlama) {
   EXPECT_EQ(cfg.n_ff, 64);
   EXPECT_EQ(cfg.n_vocab, 40);
   EXPECT_EQ(cfg.n_ctx_train, 64);
-  EXPECT_FLOAT_EQ(cfg.rope_base, 10000.f);
+  EXPECT_FLOAT_EQ(cfg.rope.base, 10000.f);
   EXPECT_FLOAT_EQ(cfg.rms_eps, 1e-5f);
   EXPECT_TRUE(cfg.tied_output);
   EXPECT_EQ(cfg.kv_bytes_per_token(), 2u * 2 * 16 * 2);

@@ -443,4 +443,103 @@ constexpr TinyLlama kTinyWide = [] {
   return c;
 }();
 
+// ---------------------------------------------------------------------------------------------
+// A tiny model of any architecture the engine runs (F32 weights, random values), with the keys
+// and tensors llama.cpp's GGUF converter writes for it (llama.cpp: src/models/<arch>.cpp).
+
+struct TinyArch {
+  std::string arch = "llama";  // llama | qwen2 | qwen3 | gemma3
+  int n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128, n_layer = 2, n_vocab = 50, n_ctx = 256;
+  int head_dim = 0;               // 0: n_embd / n_head, no attention.key_length key
+  float rope_base = 100.f, rms_eps = 1e-6f;
+  bool rope_freqs = false;        // llama: a rope_freqs.weight of random factors in [1, 8]
+  float rope_linear_factor = 0;   // > 0: rope.scaling.type "linear" with this factor
+  bool tied_output = true;
+  // gemma3 only: attention.sliding_window (0: absent), the pattern as a period (0: absent) or
+  // as per-layer flags (empty: absent), rope.freq_base_swa and final_logit_softcapping (0: absent).
+  int sliding_window = 0;
+  uint32_t swa_period = 0;
+  std::vector<bool> swa_flags;
+  float rope_base_swa = 0, softcap = 0;
+
+  int dim() const { return head_dim ? head_dim : n_embd / n_head; }
+};
+
+inline Kv kv_bool_array(const std::string& k, const std::vector<bool>& v) {
+  Bytes elems;
+  for (bool b : v) elems.u8(b ? 1 : 0);
+  return kv(k, kArray, garr(kBool, v.size(), elems.b));
+}
+
+inline Spec tiny_arch_spec(const TinyArch& c, uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  const std::string a = c.arch + ".";
+  const bool gemma3 = c.arch == "gemma3";
+  Spec s;
+  s.kvs = {
+      kv_str("general.architecture", c.arch),
+      kv_str("general.name", "tiny " + c.arch),
+      kv_u32(a + "context_length", c.n_ctx),
+      kv_u32(a + "embedding_length", c.n_embd),
+      kv_u32(a + "block_count", c.n_layer),
+      kv_u32(a + "feed_forward_length", c.n_ff),
+      kv_u32(a + "attention.head_count", c.n_head),
+      kv_u32(a + "attention.head_count_kv", c.n_head_kv),
+      kv_f32(a + "attention.layer_norm_rms_epsilon", c.rms_eps),
+      kv_f32(a + "rope.freq_base", c.rope_base),
+  };
+  if (c.head_dim) {
+    s.kvs.push_back(kv_u32(a + "attention.key_length", c.head_dim));
+    s.kvs.push_back(kv_u32(a + "attention.value_length", c.head_dim));
+  }
+  if (c.rope_linear_factor > 0) {
+    s.kvs.push_back(kv_str(a + "rope.scaling.type", "linear"));
+    s.kvs.push_back(kv_f32(a + "rope.scaling.factor", c.rope_linear_factor));
+  }
+  if (c.sliding_window) s.kvs.push_back(kv_u32(a + "attention.sliding_window", c.sliding_window));
+  if (c.swa_period) s.kvs.push_back(kv_u32(a + "attention.sliding_window_pattern", c.swa_period));
+  if (!c.swa_flags.empty()) s.kvs.push_back(kv_bool_array(a + "attention.sliding_window_pattern", c.swa_flags));
+  if (c.rope_base_swa > 0) s.kvs.push_back(kv_f32(a + "rope.freq_base_swa", c.rope_base_swa));
+  if (c.softcap > 0) s.kvs.push_back(kv_f32(a + "final_logit_softcapping", c.softcap));
+
+  const uint64_t E = c.n_embd, F = c.n_ff, D = c.dim(), Q = D * c.n_head, KV = D * c.n_head_kv;
+  auto vec = [&](const std::string& name, uint64_t n, float lo, float hi) {
+    s.tensors.push_back({name, {n}, kTF32, floats_to_bytes(random_floats(n, rng, lo, hi)), {}, true});
+  };
+  // Scales chosen so activations stay O(1) through the layers.
+  auto mat = [&](const std::string& name, uint64_t cols, uint64_t rows) {
+    const float r = 1.f / std::sqrt(static_cast<float>(cols));
+    s.tensors.push_back({name, {cols, rows}, kTF32, floats_to_bytes(random_floats(cols * rows, rng, -r, r)), {}, true});
+  };
+  s.tensors.push_back({"token_embd.weight", {E, static_cast<uint64_t>(c.n_vocab)}, kTF32,
+                       floats_to_bytes(random_floats(E * c.n_vocab, rng, -1.f, 1.f)), {}, true});
+  if (!c.tied_output) mat("output.weight", E, c.n_vocab);
+  vec("output_norm.weight", E, 0.5f, 1.5f);
+  if (c.rope_freqs) vec("rope_freqs.weight", D / 2, 1.f, 8.f);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    vec(p + "attn_norm.weight", E, 0.5f, 1.5f);
+    mat(p + "attn_q.weight", E, Q);
+    mat(p + "attn_k.weight", E, KV);
+    mat(p + "attn_v.weight", E, KV);
+    if (c.arch == "qwen2") {
+      vec(p + "attn_q.bias", Q, -0.5f, 0.5f);
+      vec(p + "attn_k.bias", KV, -0.5f, 0.5f);
+      vec(p + "attn_v.bias", KV, -0.5f, 0.5f);
+    }
+    if (c.arch == "qwen3" || gemma3) {
+      vec(p + "attn_q_norm.weight", D, 0.5f, 1.5f);
+      vec(p + "attn_k_norm.weight", D, 0.5f, 1.5f);
+    }
+    mat(p + "attn_output.weight", Q, E);
+    if (gemma3) vec(p + "post_attention_norm.weight", E, 0.5f, 1.5f);
+    vec(p + "ffn_norm.weight", E, 0.5f, 1.5f);
+    mat(p + "ffn_gate.weight", E, F);
+    mat(p + "ffn_up.weight", E, F);
+    mat(p + "ffn_down.weight", F, E);
+    if (gemma3) vec(p + "post_ffw_norm.weight", E, 0.5f, 1.5f);
+  }
+  return s;
+}
+
 }  // namespace ctxtest

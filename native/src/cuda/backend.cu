@@ -226,8 +226,16 @@ class CudaBackend : public DeviceBackend {
 
 CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions& opts, int index)
     : model_(std::move(model)), opts_(opts), index_(index), kernels_(parse_cuda_kernels(opts.cuda_kernels)) {
-  if (auto why = cuda_unusable(index)) throw *why;
   const ModelConfig& c = model_->config();
+  // The kernels compute the Llama forward pass only: a model that needs more is refused (on any
+  // machine, before the GPU is looked at) rather than computed wrong.
+  if (const std::vector<std::string> needs = c.beyond_llama(); !needs.empty()) {
+    std::string list;
+    for (const std::string& n : needs) list += (list.empty() ? "" : ", ") + n;
+    throw DeviceError("cuda_unsupported_model", "cuda: the GPU backend runs the Llama forward pass only, and this " +
+                                                    c.architecture + " model needs " + list + " (run it with --device cpu)");
+  }
+  if (auto why = cuda_unusable(index)) throw *why;
   if (c.head_dim % 32 != 0 || c.head_dim > kMaxHeadDimGpu || c.n_embd % 32 != 0 || c.n_ff % 32 != 0)
     throw DeviceError("cuda_unsupported_model", "cuda: the GPU kernels need head_dim a multiple of 32 up to " +
                                                     std::to_string(kMaxHeadDimGpu) + " and n_embd, n_ff multiples of 32");
@@ -245,7 +253,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions
   // RoPE tables computed exactly as engine.cc does, on the host, then uploaded.
   const int half = c.head_dim / 2;
   std::vector<float> cs(static_cast<size_t>(max_ctx_) * half), sn(cs.size());
-  const float theta_scale = std::pow(c.rope_base, -2.0f / static_cast<float>(c.head_dim));
+  const float theta_scale = std::pow(c.rope.base, -2.0f / static_cast<float>(c.head_dim));
   for (int p = 0; p < max_ctx_; ++p) {
     float theta = static_cast<float>(p);
     for (int i = 0; i < half; ++i) {
