@@ -24,12 +24,15 @@ import { gemma3Model } from "./helpers/gemma-model.ts";
 import { loadOracle, logitsArray, oracleContext } from "./helpers/llama-oracle.ts";
 import { argmax, klDivergence, maxAbsDiff, meanAbsDiff, top2Margin } from "./helpers/logits.ts";
 
-// Measured (the log lines): 0.6-0.9 of the floor on the random models (F32 weights); on Gemma 3's
-// Q4_K_M file up to 1.3 (the mean), where both engines also quantize activations to 8 bits, in
-// blocks of their own sizes, so the cache's noise is not the only one. A wrong switch is off by
-// orders of magnitude more (broken on purpose one at a time, each moved arch_test.cc's logits by
-// 5% of their scale or more).
+// Measured (the log lines): 0.6-0.9 of the floor on the random models (F32 weights), up to 1.1 on
+// Gemma 3's Q4_K_M file, where both engines also quantize activations to 8 bits, in blocks of
+// their own sizes, so the cache's noise is not the only one. A wrong switch is off by orders of
+// magnitude more (broken on purpose one at a time, each moved arch_test.cc's logits by 5% of
+// their scale or more; a sliding window one key too wide fails here by 200x).
 const FLOOR_FACTOR = 2;
+// A KL summed in double over a vocabulary is itself only good to about 1e-13 (it even comes out
+// negative): the random models' KLs are at that level, where ratios mean nothing.
+const KL_ROUNDING = 1e-12;
 
 interface OracleRun {
   prefillLogits: Float32Array;
@@ -63,23 +66,32 @@ async function runOracle(oracle: LlamaModel, ids: number[], steps: number, nVoca
   }
 }
 
+// How far another run's logits are from llama.cpp's f32 run's, over the steps compared. The mean
+// |Δlogit| and KL are averaged over the steps: on a quantized model one step's values jump with
+// each 8-bit activation that a rounding difference flips (one kernel table of ours against
+// another doubles the worst step's KL on Gemma 3), their averages do not.
 interface Distance {
-  maxAbs: number;  // largest |Δlogit| at any step
-  meanAbs: number; // largest mean |Δlogit| at any step
-  kl: number;      // largest KL(llama.cpp f32 || other) at any step
+  maxAbs: number;     // largest |Δlogit| at any step
+  meanAbs: number;    // mean |Δlogit|, averaged over the steps
+  kl: number;         // KL(llama.cpp f32 || other), averaged over the steps
+  worstKl: number;    // the largest KL of a step (reported)
 }
 
 function distance(ref: Float32Array[], other: Float32Array[]): Distance {
-  const d = { maxAbs: 0, meanAbs: 0, kl: 0 };
+  const d = { maxAbs: 0, meanAbs: 0, kl: 0, worstKl: 0 };
   ref.forEach((r, s) => {
+    const kl = klDivergence(r, other[s]!);
     d.maxAbs = Math.max(d.maxAbs, maxAbsDiff(r, other[s]!));
-    d.meanAbs = Math.max(d.meanAbs, meanAbsDiff(r, other[s]!));
-    d.kl = Math.max(d.kl, klDivergence(r, other[s]!));
+    d.meanAbs += meanAbsDiff(r, other[s]!) / ref.length;
+    d.kl += kl / ref.length;
+    d.worstKl = Math.max(d.worstKl, kl);
   });
   return d;
 }
 
-const fmt = (d: Distance) => `max|dlogit| ${d.maxAbs.toExponential(2)}, mean ${d.meanAbs.toExponential(2)}, KL ${d.kl.toExponential(2)}`;
+const fmt = (d: Distance) =>
+  `max|dlogit| ${d.maxAbs.toExponential(2)}, mean ${d.meanAbs.toExponential(2)}, KL ${d.kl.toExponential(2)} ` +
+  `(worst step ${d.worstKl.toExponential(2)})`;
 
 /**
  * Ours against llama.cpp's f32-KV run: prefill, teacher-forced and free-running greedy decode.
@@ -101,7 +113,8 @@ async function compare(name: string, path: string, ids: number[], steps: number,
     expect(argmax(logits)).toBe(argmax(ref.prefillLogits));
 
     // 2. Teacher-forced: fed llama.cpp's greedy tokens, top-1 equal at every step that is not a
-    //    tie, and the logits within the noise floor's bounds at every step.
+    //    tie; the largest |Δlogit| of any step, and the mean |Δlogit| and KL over the steps, within
+    //    FLOOR_FACTOR of the floor's.
     let agree = 0, ties = 0;
     const got: Float32Array[] = [logits];
     for (let s = 0; s < steps; s++) {
@@ -114,7 +127,7 @@ async function compare(name: string, path: string, ids: number[], steps: number,
     const ours = distance(ref.stepLogits, got);
     expect(ours.maxAbs).toBeLessThan(FLOOR_FACTOR * floor.maxAbs);
     expect(ours.meanAbs).toBeLessThan(FLOOR_FACTOR * floor.meanAbs);
-    expect(ours.kl).toBeLessThan(FLOOR_FACTOR * floor.kl);
+    expect(ours.kl).toBeLessThan(FLOOR_FACTOR * floor.kl + KL_ROUNDING);
 
     // 3. Free-running greedy: identical tokens until the first divergence, which may only be at a tie.
     const free = engine.createSequence(ids.length + steps + 16);
@@ -139,7 +152,7 @@ async function compare(name: string, path: string, ids: number[], steps: number,
   }
 }
 
-// Pseudo-random prompt ids, past the vocabulary's control and byte tokens.
+// Pseudo-random prompt ids, past the vocabulary's control tokens.
 function promptIds(n: number, seed: number): number[] {
   return Array.from({ length: n }, (_, i) => 6 + ((i * 7919 + seed * 104729 + 17) % (TINY_ARCH_VOCAB - 6)));
 }
@@ -215,7 +228,8 @@ describe("the real Gemma 3 270M vs llama.cpp", () => {
     if ("skip" in got) return ctx.skip(got.skip);
     const oracle = await loadOracle(got.path);
     const license = readFileSync(new URL("../LICENSE", import.meta.url), "utf8");
-    const ids = Array.from(oracle.tokenize(license.slice(0, 4400), true)) as number[];
+    // Gemma needs its BOS (tokenize() adds none): without it the model runs off its trained inputs.
+    const ids = [oracle.tokens.bos!, ...oracle.tokenize(license.slice(0, 4400), true)] as number[];
     await oracle.dispose();
     expect(ids.length).toBeGreaterThan(900);
     await compare("Gemma 3 270M", got.path, ids, 64, GEMMA_TIE);
