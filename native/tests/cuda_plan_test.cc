@@ -18,8 +18,9 @@ struct Checked {
   int works = 0, max_splits = 0, parts = 0;
 };
 
-// Plans `slices` (count, pos0) and checks the plan against its contract.
-Checked check(const std::vector<std::pair<int, int>>& slices_spec, int max_parts) {
+// Plans `slices` (count, pos0) and checks the plan against its contract (with plan_decode_bucketed
+// when `bucketed`: single-token slices only).
+Checked check(const std::vector<std::pair<int, int>>& slices_spec, int max_parts, bool bucketed = false) {
   std::vector<AttnSlice> slices;
   int tokens = 0;
   for (size_t i = 0; i < slices_spec.size(); ++i) {
@@ -29,7 +30,10 @@ Checked check(const std::vector<std::pair<int, int>>& slices_spec, int max_parts
   }
   std::vector<AttnWork> works(max_parts + 1);
   std::vector<AttnCombine> comb(tokens);
-  const int n = plan_attention(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts);
+  int bucket = 0;
+  const int n = bucketed ? plan_decode_bucketed(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts, &bucket)
+                         : plan_attention(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts);
+  if (bucketed) EXPECT_EQ(n, bucket * static_cast<int>(slices.size()));
   Checked out;
   out.works = n;
   EXPECT_LE(n, max_parts);
@@ -101,6 +105,20 @@ TEST(CudaPlan, TheBudgetLimitsSplitsNotCoverage) {
   // A tight budget: every step still sees all its keys, in fewer splits.
   const Checked tight = check(std::vector<std::pair<int, int>>(64, {1, 100000}), 64 * 3);
   EXPECT_EQ(tight.max_splits, 3);
+  EXPECT_LE(tight.parts, 64 * 3);
+}
+
+TEST(CudaPlan, BucketedDecodeStepsHaveOneWorkCountPerBucket) {
+  // Contexts of one bucket (1 to 256 keys: 1 split; 1,025 to 2,048: 8) give the same work count,
+  // so a captured graph serves them all; every key is still seen once.
+  EXPECT_EQ(check({{1, 0}}, 1024, true).works, 1);
+  EXPECT_EQ(check({{1, 255}}, 1024, true).works, 1);
+  EXPECT_EQ(check({{1, 1024}, {1, 2000}, {1, 3}}, 4096, true).works, 3 * 8);
+  EXPECT_EQ(check({{1, 2047}, {1, 1500}, {1, 10}}, 4096, true).works, 3 * 8);
+  EXPECT_EQ(check({{1, 131071}}, 16384, true).max_splits, kMaxSplits);
+  // The budget caps the bucket (a power of two): 64 steps at 100K keys in 3 rows each -> 2 splits.
+  const Checked tight = check(std::vector<std::pair<int, int>>(64, {1, 100000}), 64 * 3, true);
+  EXPECT_EQ(tight.max_splits, 2);
   EXPECT_LE(tight.parts, 64 * 3);
 }
 

@@ -40,4 +40,23 @@ int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnC
   return n_works;
 }
 
+int plan_decode_bucketed(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb, int max_parts, int* bucket) {
+  int want = 1;
+  for (int i = 0; i < n_slices; ++i) want = std::max(want, std::min(kMaxSplits, (slices[i].pos0 + 1 + kSplitKeys - 1) / kSplitKeys));
+  int splits = 1;
+  while (splits < want && 2 * splits * n_slices <= max_parts) splits *= 2;
+  int n_works = 0;
+  for (int i = 0; i < n_slices; ++i) {
+    const AttnSlice& s = slices[i];
+    const int n_keys = s.pos0 + 1, chunk = (n_keys + splits - 1) / splits, part = i * splits;
+    for (int sp = 0; sp < splits; ++sp) {
+      const int k0 = std::min(n_keys, sp * chunk), k1 = std::min(n_keys, k0 + chunk);
+      works[n_works++] = {s.base, s.cap, s.q0, 1, s.pos0, k0, k1, part + sp, nullptr, 0};
+    }
+    comb[s.q0] = {part, 1, splits};
+  }
+  *bucket = splits;
+  return n_works;
+}
+
 }  // namespace ctx::cuda

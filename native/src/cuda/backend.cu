@@ -449,8 +449,17 @@ void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
     attn_slices_.push_back({kv->base(), kv->capacity(), t, s.count, s.pos0});
     t += s.count;
   }
-  n_works_ = cuda::plan_attention(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
-                                  static_cast<int>(max_parts_));
+  // With graphs, a step of single-token decodes is planned in buckets: one captured graph per
+  // (batch size, bucket) instead of a new one whenever a context crosses 256 more keys.
+  const bool decode_only = std::all_of(slices.begin(), slices.end(), [](const Slice& s) { return s.count == 1; });
+  if (opts_.cuda_graphs && decode_only) {
+    int bucket = 0;
+    n_works_ = cuda::plan_decode_bucketed(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
+                                          static_cast<int>(max_parts_), &bucket);
+  } else {
+    n_works_ = cuda::plan_attention(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
+                                    static_cast<int>(max_parts_));
+  }
   n_decode_works_ = 0;
   if (kernels_.attention || kernels_.prefill_attention) {
     // Decode-shaped works (a few queries, a key range) and prefill tiles go to different kernels:
