@@ -38,6 +38,20 @@ module.exports = {
       to: { path: ["^services/", "^bin/"] },
     },
     {
+      name: "handoff-through-its-face",
+      severity: "error",
+      comment: "The KV handoff has one face: the rest of services/ imports services/handoff/index.ts, never a module behind it.",
+      from: { path: "^services/", pathNot: "^services/handoff/" },
+      to: { path: "^services/handoff/", pathNot: "^services/handoff/index\\.ts$" },
+    },
+    {
+      name: "handoff-below-prefill-and-decode",
+      severity: "error",
+      comment: "The handoff serves the prefill and decode services; it never reaches back into them (what it needs of them is an interface of its own).",
+      from: { path: "^services/handoff/" },
+      to: { path: "^services/(prefill|decode)/" },
+    },
+    {
       name: "no-test-code-in-tools-or-bench",
       severity: "error",
       comment: "Benches and tools use tools/lib; test/ may use tools/lib, never the other way round.",

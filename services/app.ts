@@ -18,7 +18,7 @@ import { openaiRoutes } from "./decode/openai.ts";
 import { dashboardRoutes } from "./decode/dashboard/route.ts";
 import type { DecodeService } from "./decode/service.ts";
 import { internalSecret, prefillCapability } from "./internal-auth.ts";
-import { chunkReadAuth } from "./handoff/chunk-auth.ts";
+import { chunkReadAuth } from "./handoff/index.ts";
 import { chunkRoutes, prefillRoutes, prefillStatusRoutes } from "./prefill/routes.ts";
 import type { PrefillService } from "./prefill/service.ts";
 import type { Runtime } from "./runtime.ts";

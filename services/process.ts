@@ -9,7 +9,7 @@ import { openSecurity, type Security } from "../shared/platform/auth/security.ts
 import { DbProbe } from "../shared/platform/registry/db-probe.ts";
 import { buildApp, buildInternalApp, type Services } from "./app.ts";
 import { DecodeService } from "./decode/service.ts";
-import { InProcessHandoff } from "./handoff/in-process.ts";
+import type { PromptCompute } from "./handoff/index.ts";
 import { PrefillService } from "./prefill/service.ts";
 import { openRuntime, sloTargets, type Runtime } from "./runtime.ts";
 
@@ -34,15 +34,18 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   const services: Services = {};
   // One registry for the process: `serve` exports both services' metrics on one /metrics.
   const metrics = new ServiceMetrics({ model: runtime.modelId, slo: sloTargets(config), device: runtime.engine.device });
-  if (config.role !== "prefill") services.decode = new DecodeService(runtime, config.role === "serve" ? `${base}.decode` : base, metrics, security.internal);
+  const serve = config.role === "serve";
   if (config.role !== "decode") {
-    // Colocated, prompts share the decode steps so a long prompt never stalls the running decodes.
-    const scheduler = services.decode?.scheduler;
-    const compute = scheduler && config.prefillChunking === "slo" ? scheduler.prefill.bind(scheduler) : undefined;
-    services.prefill = new PrefillService(runtime, config.role === "serve" ? `${base}.prefill` : base, metrics, compute);
-    // Its own requests' prefills hand their sequences over directly (services/handoff/in-process.ts),
-    // unless a transport was named: then they take the shard path over it, as between processes.
-    if (config.transport === "auto") services.decode?.useInProcessPrefill(new InProcessHandoff(services.prefill));
+    // Colocated, prompts share the decode steps so a long prompt never stalls the running decodes
+    // (the decode is made next; a prompt comes only once both serve).
+    const compute: PromptCompute | undefined = serve && config.prefillChunking === "slo" ? (seq, tokens, signal) => services.decode!.scheduler.prefill(seq, tokens, signal) : undefined;
+    services.prefill = new PrefillService(runtime, serve ? `${base}.prefill` : base, metrics, compute);
+  }
+  if (config.role !== "prefill") {
+    // Under `serve` its own requests' prefills hand their sequences over in process, unless a
+    // transport was named: then they take the shard path over it, as between processes.
+    const inProcess = serve && config.transport === "auto" ? services.prefill : undefined;
+    services.decode = new DecodeService(runtime, serve ? `${base}.decode` : base, metrics, security.internal, inProcess);
   }
   // One probe for both listeners' /ready: it caches the database's answer for both.
   const dbProbe = new DbProbe(runtime.db);

@@ -1,9 +1,11 @@
 // The import rules as a test. dependency-cruiser checks the rules in .dependency-cruiser.cjs (no
 // import loop; the database only behind the registry's stores; shared/inference standalone;
-// shared/platform below services; bench and tools never import test code, tools never import
-// bench; bin/ reaches services only lazily). Then `ctxbank generate` must not load the HTTP
-// stack: checked on the static import graph from bin/ctxbank.ts and on the modules a real run of
-// the CLI resolves.
+// shared/platform below services; the KV handoff entered only through its face, never reaching
+// back into the prefill or decode service; bench and tools never import test code, tools never
+// import bench; bin/ reaches services only lazily). The handoff's two rules are also checked on
+// the import graph itself, so they cannot be dropped with the configuration. Then `ctxbank
+// generate` must not load the HTTP stack: checked on the static import graph from bin/ctxbank.ts
+// and on the modules a real run of the CLI resolves.
 import { execFile } from "node:child_process";
 import { mkdtemp, readFile, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -57,6 +59,15 @@ describe("import rules", () => {
         : `${v.rule.name}: ${v.from} → ${v.to}`,
     );
     expect(violations).toEqual([]);
+  });
+
+  it("services/ reaches the KV handoff only through services/handoff/index.ts, and the handoff never reaches into prefill/ or decode/", async () => {
+    const result = await cruise();
+    const edges = result.modules.flatMap((m) => m.dependencies.map((d) => ({ from: m.source, to: d.resolved })));
+    const intoHandoff = edges.filter((e) => e.from.startsWith("services/") && !e.from.startsWith("services/handoff/") && e.to.startsWith("services/handoff/"));
+    expect(intoHandoff.length).toBeGreaterThan(0); // the services do use it
+    expect(intoHandoff.filter((e) => e.to !== "services/handoff/index.ts")).toEqual([]);
+    expect(edges.filter((e) => e.from.startsWith("services/handoff/") && /^services\/(prefill|decode)\//.test(e.to))).toEqual([]);
   });
 
   it("`ctxbank generate` does not import Hono: the static import graph", async () => {

@@ -54,7 +54,7 @@ describe("chunk feed", () => {
     feed.end(["a", "b", "c"]); // the handle's ids: c was never announced
     expect(await waiting).toBe("c");
     expect(await feed.next(never)).toBeUndefined();
-    expect([...feed.ids]).toEqual(["a", "b", "c"]);
+    expect([...feed.seen]).toEqual(["a", "b", "c"]);
   });
 
   it("a failed prefill fails every reader; an aborted reader stops waiting", async () => {

@@ -59,7 +59,7 @@ describe("serve: the KV handoff in process", () => {
   it("writes no shard bytes, reads none, calls no prefill over HTTP, and gives the shard path's greedy tokens", async () => {
     const decode = s.services.decode!;
     const prefill = s.services.prefill!;
-    const before = { prefill: prefill.status().totals, calls: decode.status().prefill_calls, bytes: await transferBytes(), inProcess: decode.totals.in_process };
+    const before = { prefill: prefill.status().totals, calls: decode.status().prefill_calls, bytes: await transferBytes(), inProcess: decode.status().totals.in_process };
     const local = await complete(PROMPT, 16);
     expect(local.kv).toEqual({ transport: "in_process", chunks: 0, bytes: 0, ms: 0, recomputed: false });
     expect(local.ctxbank.handoff).toEqual({ path: "in_process" });
@@ -70,7 +70,7 @@ describe("serve: the KV handoff in process", () => {
     expect(after.shard!.bytes_used).toBe(0);
     expect(decode.status().prefill_calls).toBe(before.calls);
     expect(await transferBytes()).toBe(before.bytes);
-    expect(decode.totals.in_process).toBe(before.inProcess + 1);
+    expect(decode.status().totals.in_process).toBe(before.inProcess + 1);
     expect(decode.status()).toMatchObject({ live_sequences: 0, admitted: 0, kv_reserved_bytes: 0 });
     const row = await s.rt.registry.requests.get(local.requestId);
     expect(row).toMatchObject({ state: "done", prefillInstanceId: prefill.instanceId, decodeInstanceId: decode.instanceId });

@@ -9,6 +9,7 @@ import { newApiKey } from "../shared/platform/auth/api-keys.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
+import { startDecodeBeside } from "./helpers/decode-beside.ts";
 import { scrape } from "./helpers/prom.ts";
 import { postJson, tempShardDir, until } from "../tools/lib/services.ts";
 
@@ -87,13 +88,12 @@ describe("bounded fair queues (serve, PGlite)", () => {
 
   it("decode's prefill calls: a bounded, visible queue answering 429 queue_full with Retry-After beyond it", async () => {
     // `serve` prefills its own requests in process; the calls to prefill instances are what a decode-only process makes.
-    const inProcess = s.services.decode!.inProcessPrefill;
-    s.services.decode!.useInProcessPrefill(undefined);
-    onTestFinished(() => s.services.decode!.useInProcessPrefill(inProcess));
-    const url = `${s.url}/v1/completions`;
+    const d = await startDecodeBeside(s);
+    onTestFinished(() => d.stop());
+    const url = `${d.url}/v1/completions`;
     const calls = Array.from({ length: 6 }, (_, i) => post(url, { model: "default", prompt: ids(384, 100 + i), max_tokens: 2, temperature: 0 }));
-    await until("decode queues its prefill calls", () => s.services.decode!.prefillClient.queue.queued === 2, 20_000);
-    const m = await scrape(s.url);
+    await until("decode queues its prefill calls", () => d.services.decode!.handoff.prefillCalls.queued === 2, 20_000);
+    const m = await scrape(d.url);
     expect(m.get("ctxbank:queue_depth", { stage: "prefill_calls" })).toBe(2);
     expect(m.get("ctxbank:num_requests_waiting", { service: "decode" })).toBeGreaterThanOrEqual(2);
     const answers = await Promise.all(calls);
@@ -105,7 +105,7 @@ describe("bounded fair queues (serve, PGlite)", () => {
       expect(r.body.error.message).toMatch(/prefill_calls/);
       expect(Number(r.retryAfter)).toBeGreaterThanOrEqual(1);
     }
-    const after = await scrape(s.url);
+    const after = await scrape(d.url);
     expect(after.get("ctxbank:queue_rejections_total", { stage: "prefill_calls" })).toBe(3);
     expect(after.get("ctxbank:request_failure_total", { code: "queue_full" })).toBe(3);
   });

@@ -113,7 +113,7 @@ describe("deadlines on decode's internal calls", () => {
 
   const settled = () => {
     const s = decode.services.decode!.status();
-    const q = decode.services.decode!.prefillClient.queue;
+    const q = decode.services.decode!.handoff.prefillCalls;
     return s.admitted === 0 && s.live_sequences === 0 && q.running === 0 && q.queued === 0;
   };
 

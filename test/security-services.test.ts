@@ -13,13 +13,14 @@ import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vites
 import { chunkRoutes } from "../services/prefill/routes.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { createLogger, openRuntime } from "../services/runtime.ts";
-import { KvLoadError } from "../services/handoff/reader.ts";
+import { KvLoadError } from "../services/handoff/index.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import { loadModel } from "../shared/inference/engine/engine.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { openDatabase } from "../shared/platform/registry/db.ts";
 import { isDatabaseUnavailable } from "../shared/platform/registry/db-probe.ts";
 import { redactDatabaseUrl } from "../shared/platform/registry/redact-url.ts";
+import { startDecodeBeside } from "./helpers/decode-beside.ts";
 import { tinyLlama } from "./helpers/gguf-writer.ts";
 import { startPostgres, type TestPostgres } from "../tools/lib/postgres.ts";
 import { postJson, tempShardDir, until } from "../tools/lib/services.ts";
@@ -52,9 +53,9 @@ describe("services under hostile input and a database outage", () => {
     return res.body as Handle;
   }
 
-  /** The SSE `data:` payloads of a streamed chat completion. */
-  async function chatStream(): Promise<string[]> {
-    const res = await fetch(`${s.url}/v1/chat/completions`, {
+  /** The SSE `data:` payloads of a streamed chat completion (by default from the serve). */
+  async function chatStream(url = s.url): Promise<string[]> {
+    const res = await fetch(`${url}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
       body: JSON.stringify({ model: "default", messages: [{ role: "user", content: "Say hi." }], max_tokens: 8, temperature: 0, stream: true }),
@@ -94,57 +95,49 @@ describe("services under hostile input and a database outage", () => {
   });
 
   /**
-   * Until the test ends, this server's decode prefills on the registry's prefill instances (through
-   * the shard) and loads the KV after the handle, as a client's /v1/decode does: the first token is
-   * out before the load that these tests make fail (a streamed load fails before it).
+   * A decode-only service beside the serve, until the test ends: it prefills on the registry's
+   * prefill instance (through the shard) and loads the KV after the handle, as a client's
+   * /v1/decode does: the first token is out before the load that these tests make fail (a
+   * streamed load fails before it).
    */
-  function shardHandoff(): void {
-    const inProcess = s.services.decode!.inProcessPrefill;
-    const streaming = s.rt.config.kvStreaming;
-    s.services.decode!.useInProcessPrefill(undefined);
-    s.rt.config.kvStreaming = false;
+  async function shardDecode(): Promise<RunningServices> {
+    const d = await startDecodeBeside(s, { kvStreaming: false });
+    onTestFinished(() => d.stop());
+    return d;
+  }
+
+  /** Until the test ends, every chunk lease fails with `error` (the load's first step). */
+  function leasesFail(error: Error): void {
+    const chunks = s.rt.registry.chunks;
+    const acquireRead = chunks.acquireRead;
+    chunks.acquireRead = async () => {
+      throw error;
+    };
     onTestFinished(() => {
-      s.services.decode!.useInProcessPrefill(inProcess);
-      s.rt.config.kvStreaming = streaming;
+      chunks.acquireRead = acquireRead;
     });
   }
 
   it("a stream whose KV load fails after the first token ends with an error event, then [DONE]", async () => {
-    shardHandoff(); // the KV load is what fails: `serve`'s in-process handoff has none
-    const loader = s.services.decode!.loader;
-    const load = loader.load.bind(loader);
-    loader.load = async () => {
-      throw new KvLoadError("cannot read the KV (unreachable): the owner went away", "transport");
-    };
-    try {
-      const events = await chatStream();
-      expect(JSON.parse(events[0]!).choices[0].delta.role).toBe("assistant"); // the handle's first token went out
-      const error = JSON.parse(events.at(-2)!);
-      expect(error).toMatchObject({ error: { code: "kv_load_failed", type: "upstream_error" } });
-      expect(error.error.message).toMatch(/the owner went away/);
-      expect(events.at(-1)).toBe("[DONE]");
-    } finally {
-      loader.load = load;
-    }
-    expect(s.services.decode!.status()).toMatchObject({ admitted: 0, kv_reserved_bytes: 0 });
+    const d = await shardDecode(); // the KV load is what fails: `serve`'s in-process handoff has none
+    leasesFail(new KvLoadError("cannot read the KV (unreachable): the owner went away", "transport"));
+    const events = await chatStream(d.url);
+    expect(JSON.parse(events[0]!).choices[0].delta.role).toBe("assistant"); // the handle's first token went out
+    const error = JSON.parse(events.at(-2)!);
+    expect(error).toMatchObject({ error: { code: "kv_load_failed", type: "upstream_error" } });
+    expect(error.error.message).toMatch(/the owner went away/);
+    expect(events.at(-1)).toBe("[DONE]");
+    expect(d.services.decode!.status()).toMatchObject({ admitted: 0, kv_reserved_bytes: 0 });
   });
 
   it("an internal failure mid-stream shows no details to the client and logs a bounded line without parameters", async () => {
-    shardHandoff(); // the KV load is what fails: `serve`'s in-process handoff has none
-    const loader = s.services.decode!.loader;
-    const load = loader.load.bind(loader);
+    const d = await shardDecode(); // the KV load is what fails: `serve`'s in-process handoff has none
     const secret = "secret-param-";
-    loader.load = async () => {
-      throw new DrizzleQueryError("select * from chunks where id in ($1, …)", Array.from({ length: 200_000 }, (_, i) => `${secret}${i}`), new Error("bind message has 200000 parameter formats"));
-    };
+    leasesFail(new DrizzleQueryError("select * from chunks where id in ($1, …)", Array.from({ length: 200_000 }, (_, i) => `${secret}${i}`), new Error("bind message has 200000 parameter formats")));
     const before = logLines.length;
-    try {
-      const events = await chatStream();
-      expect(JSON.parse(events.at(-2)!)).toEqual({ error: { message: "internal error; see the service log", type: "server_error", code: "internal_error", param: null } });
-      expect(events.at(-1)).toBe("[DONE]");
-    } finally {
-      loader.load = load;
-    }
+    const events = await chatStream(d.url);
+    expect(JSON.parse(events.at(-2)!)).toEqual({ error: { message: "internal error; see the service log", type: "server_error", code: "internal_error", param: null } });
+    expect(events.at(-1)).toBe("[DONE]");
     const logged = logLines.slice(before);
     const line = logged.find((l) => l.includes("a stream failed"));
     expect(line).toBeDefined();

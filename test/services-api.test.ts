@@ -1,13 +1,14 @@
 // The services' HTTP API in one process (`serve` wiring), on PGlite and on a real PostgreSQL 15:
 // the prefill → handle → decode flow, and every edge answered with a machine-readable 4xx/5xx.
 import { randomUUID } from "node:crypto";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
 import { loadConfig } from "../shared/platform/config.ts";
 import { generate } from "../shared/inference/generate.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { startPostgres } from "../tools/lib/postgres.ts";
 import { getJson, parseSse, postJson, tempShardDir } from "../tools/lib/services.ts";
+import { startDecodeBeside } from "./helpers/decode-beside.ts";
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },
@@ -168,17 +169,16 @@ describe.each(backends)("services API on $name", (backend) => {
 
   it("503 when no prefill instance is alive (a decode without a prefill in its process)", async () => {
     const id = s.services.prefill!.instanceId;
-    const inProcess = s.services.decode!.inProcessPrefill;
-    s.services.decode!.useInProcessPrefill(undefined);
+    const d = await startDecodeBeside(s);
+    onTestFinished(() => d.stop());
     await s.rt.registry.instances.markDraining(id);
     try {
-      const res = await postJson(`${url}/v1/completions`, { model: "default", prompt: "hi", max_tokens: 2 });
+      const res = await postJson(`${d.url}/v1/completions`, { model: "default", prompt: "hi", max_tokens: 2 });
       expect(res.status).toBe(503);
       expect(res.body.error).toMatchObject({ code: "no_prefill_instance", type: "service_unavailable" });
     } finally {
-      await s.rt.registry.instances.register({ id, role: "prefill", baseUrl: url, hostId: s.rt.config.hostId });
-      s.services.decode!.useInProcessPrefill(inProcess);
+      await s.rt.registry.instances.register({ id, role: "prefill", baseUrl: s.internalUrl, hostId: s.rt.config.hostId });
     }
-    expect((await postJson(`${url}/v1/completions`, { model: "default", prompt: "hi", max_tokens: 2 })).status).toBe(200);
+    expect((await postJson(`${d.url}/v1/completions`, { model: "default", prompt: "hi", max_tokens: 2 })).status).toBe(200);
   });
 });

@@ -1,30 +1,26 @@
-// The decode service: takes a handle (from its own call to a prefill instance, or from a client),
-// streams the handle's first token at once, loads the KV (or recomputes it locally when asked),
-// and hands the sequence to the continuous-batching scheduler. Every exit path — done, error,
-// client gone — releases the sequence, the KV reservation, the read leases and the request's
-// hold on its chunks, and records the outcome in the registry.
+// The decode service: takes a prompt handed over by the KV handoff's reader half (its own request,
+// prefilled in this process or by a prefill instance; or a client's handle), streams the handle's
+// first token at once, has the handoff load the KV into the sequence, and hands the sequence to
+// the continuous-batching scheduler. Every exit path — done, error, client gone — releases the
+// sequence, the KV reservation and what the handoff holds, and records the outcome in the registry.
 import type { Logger } from "pino";
 import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
 import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
-import { samplingOptions, type CtxbankExtension, type Handle, type PrefillRequest } from "../../shared/platform/http/wire.ts";
+import { samplingOptions, type CtxbankExtension, type PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { ctxbankExtension } from "../../shared/platform/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
 import type { ParsedPolicySpec, PolicySpec } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
-import { applyPolicy, loadPromptState, resolveRequestPolicy } from "../policy.ts";
+import { resolveRequestPolicy } from "../policy.ts";
 import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
-import type { InProcessHandoff, Prefilled } from "../handoff/in-process.ts";
-import { KvLoadError, KvLoader } from "../handoff/reader.ts";
-import { PeerWatch } from "./peer-watch.ts";
-import { PrefillClient } from "./prefill-client.ts";
-import { prefillDied, StreamedLoad, type KvSummary } from "./kv-stream.ts";
+import { KvLoadError, openReader, type Handle, type Handover, type HandoffReader, type InProcessPrefill, type KvSummary, type OwnRequest } from "../handoff/index.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
@@ -72,17 +68,14 @@ const TPOT_PACE = 0.8;
 
 export class DecodeService {
   readonly scheduler: DecodeScheduler;
-  readonly loader: KvLoader;
-  readonly prefillClient: PrefillClient;
+  /** The KV handoff's reader half: how a prefilled prompt becomes a sequence holding its KV. */
+  readonly handoff: HandoffReader;
   /** How requests end in the registry, retried while it cannot be reached. */
   readonly outcomes: RequestOutcomes;
-  private readonly peers: PeerWatch;
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
-  readonly totals = { requests: 0, done: 0, cancelled: 0, failed: 0, recomputed: 0, in_process: 0 };
-  /** Under `serve`: the prefill service in this process, which hands its sequences over directly. */
-  private inProcess: InProcessHandoff | undefined;
+  private readonly totals = { requests: 0, done: 0, cancelled: 0, failed: 0 };
 
   constructor(
     private readonly rt: Runtime,
@@ -90,21 +83,19 @@ export class DecodeService {
     readonly metrics: ServiceMetrics = new ServiceMetrics({ model: rt.modelId, slo: sloTargets(rt.config), processMetrics: false }),
     /** Signs the capabilities of its prefill calls and chunk reads (the services' shared secret). */
     auth?: InternalAuth,
+    /** Under `serve`: the prefill service in this process, which hands this decode's own prompts over directly. */
+    inProcess?: InProcessPrefill,
   ) {
     const c = rt.config;
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
-    // One watch over the peers decode calls (prefill instances, chunk owners): a call to a peer
-    // the registry declares dead is aborted at once.
-    this.peers = new PeerWatch(rt);
-    this.loader = new KvLoader(rt, metrics, auth, this.peers);
-    this.prefillClient = new PrefillClient(rt, auth, this.peers);
+    this.handoff = openReader(rt, { metrics, auth, compute: (seq, tokens, signal) => this.scheduler.prefill(seq, tokens, signal), inProcess });
     this.outcomes = new RequestOutcomes(rt);
+    const calls = this.handoff.prefillCalls;
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
       // Waiting: admitted but not in the batch, and queued for a call to a prefill instance.
-      return { running: s.running, waiting: s.admitted - s.running + this.prefillClient.queue.queued };
+      return { running: s.running, waiting: s.admitted - s.running + calls.queued };
     });
-    const calls = this.prefillClient.queue;
     metrics.watchQueue("prefill_calls", () => ({ queued: calls.queued, rejected: calls.rejected }));
     // The decode stage's queue: sequences with their KV loaded, waiting for a batch place.
     metrics.watchQueue("decode", () => ({ queued: this.scheduler.status().waiting, rejected: this.scheduler.rejected }));
@@ -117,16 +108,6 @@ export class DecodeService {
     return this.state === "ready";
   }
 
-  /** The in-process prefill this decode's own requests use (under `serve`), if any. */
-  get inProcessPrefill(): InProcessHandoff | undefined {
-    return this.inProcess;
-  }
-
-  /** Prefills this decode's own requests in this process from now on (no shard, no HTTP call); undefined: on the prefill instances in the registry again. */
-  useInProcessPrefill(handoff: InProcessHandoff | undefined): void {
-    this.inProcess = handoff;
-  }
-
   async start(baseUrl: string): Promise<void> {
     this.membership = new Membership(this.rt, "decode", this.instanceId, baseUrl);
     await this.membership.start();
@@ -134,7 +115,8 @@ export class DecodeService {
   }
 
   status() {
-    return { state: this.state, ...this.scheduler.status(), kv_loads: { ...this.loader.totals }, prefill_calls: this.prefillClient.calls, totals: { ...this.totals } };
+    const { kv_loads, prefill_calls, recomputed, in_process } = this.handoff.status();
+    return { state: this.state, ...this.scheduler.status(), kv_loads, prefill_calls, totals: { ...this.totals, recomputed, in_process } };
   }
 
   private assertReady(): void {
@@ -150,8 +132,7 @@ export class DecodeService {
    */
   async *complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
     const t0 = opts.arrivedAt ?? performance.now();
-    let prefilled: Prefilled;
-    let stream: StreamedLoad | undefined;
+    let handover: Handover;
     try {
       this.assertReady();
       this.scheduler.checkPlace();
@@ -164,49 +145,43 @@ export class DecodeService {
         ...(opts.seed === undefined ? {} : { seed: opts.seed }),
         ...(opts.policy === undefined ? {} : { policy: opts.policy }),
       };
-      const tenant = opts.tenant ?? LOCAL_TENANT;
-      if (this.inProcess) {
-        prefilled = await this.inProcess.run(body, signal, tenant, log);
-      } else {
-        stream = this.rt.config.kvStreaming ? new StreamedLoad(this.rt, this.loader, opts.maxTokens, opts.policy, signal) : undefined;
-        // Asked to fail fast, a chunk that cannot be loaded stops the prefill call at once.
-        const callSignal = stream && opts.onKvFailure !== "recompute" ? AbortSignal.any([signal, stream.failed.signal]) : signal;
-        const handle = await this.prefillClient.prefill(body, callSignal, tenant, stream?.progress);
-        stream?.finish(handle);
-        prefilled = { path: "shard", handle };
-      }
+      const own: OwnRequest = {
+        tenant: opts.tenant ?? LOCAL_TENANT,
+        onKvFailure: opts.onKvFailure ?? "fail",
+        // Our own prefill's policy (the request's, resolved for the prompt: e.g. a chat's rounds) first.
+        plan: (prompt) => {
+          const maxTokens = this.maxTokensFor(prompt.prompt_tokens, opts);
+          return { capacity: prompt.prompt_tokens + maxTokens, policy: resolveRequestPolicy(this.rt, prompt.policy ?? opts.policy, prompt.prompt_tokens, maxTokens) };
+        },
+      };
+      handover = await this.handoff.prefill(body, own, signal, log);
     } catch (e) {
-      const recompute = stream?.start && opts.onKvFailure === "recompute" && !signal.aborted && prefillDied(e);
-      if (!recompute) {
-        await stream?.dispose();
-        const err = stream?.loadError && !signal.aborted ? kvLoadFailed(stream.loadError) : e;
-        this.metrics.requestFailed(err); // run() counts its own outcomes from here on
-        throw err;
-      }
-      log.warn({ err: (e as Error).message }, "the prefill died mid-stream; recomputing the prompt locally");
-      try {
-        prefilled = { path: "shard", handle: await stream!.recomputeHandle((seq, ids, sig) => this.scheduler.prefill(seq, ids, sig), e, signal) };
-      } catch (err) {
-        await stream!.dispose();
-        this.metrics.requestFailed(err);
-        throw signal.aborted ? signal.reason : err;
-      }
+      const err = kvLoadFailed(e);
+      this.metrics.requestFailed(err); // run() counts its own outcomes from here on
+      throw err;
     }
-    yield* this.run(prefilled, opts, signal, log, { owned: true, t0, stream });
+    yield* this.run(handover, opts, signal, log, { owned: true, t0 });
   }
 
   /** Decodes a client's handle (POST /v1/decode): its KV comes through the prefill's shard. */
   decode(handle: Handle, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
-    return this.run({ path: "shard", handle }, opts, signal, log);
+    return this.run(this.handoff.accept(handle, opts.onKvFailure ?? "fail"), opts, signal, log);
+  }
+
+  /** The answer's length for a prompt of `promptTokens`: max_tokens or the default, checked against the context. */
+  private maxTokensFor(promptTokens: number, opts: DecodeOptions): number {
+    const maxTokens = opts.maxTokens ?? defaultMaxTokens(this.rt.engine.maxContext, promptTokens);
+    checkContext(this.rt.engine.maxContext, promptTokens, maxTokens);
+    return maxTokens;
   }
 
   /**
-   * Decodes a prefilled prompt. `owned`: it came from our own prefill call, so on any failure its
+   * Decodes a prompt handed over. `owned`: it came from our own prefill call, so on any failure its
    * chunks are released; a client's handle is left alone when it was not ours to take (404/409/429).
    */
-  private async *run(prefilled: Prefilled, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number; stream?: StreamedLoad | undefined } = {}): AsyncGenerator<DecodeEvent> {
-    const { engine, model, registry } = this.rt;
-    const handle = prefilled.handle;
+  private async *run(handover: Handover, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number } = {}): AsyncGenerator<DecodeEvent> {
+    const { engine, model } = this.rt;
+    const handle = handover.handle;
     const t0 = how.t0 ?? opts.arrivedAt ?? performance.now();
     const clock = new RequestClock(t0);
     const requestId = handle.request_id;
@@ -221,8 +196,7 @@ export class DecodeService {
     let errorText: string | undefined;
     let failure: unknown;
     let reservation: ReturnType<DecodeScheduler["admit"]> | undefined;
-    // In process, the prefill's own sequence (already holding the prompt): this decode's from now.
-    let seq: NativeSequence | undefined = prefilled.path === "in_process" ? this.scheduler.adopt(prefilled.seq) : undefined;
+    let seq: NativeSequence | undefined;
     let slot: Slot | undefined;
     let text: TokenTextStream | undefined;
     try {
@@ -234,37 +208,23 @@ export class DecodeService {
         throw new ApiError(400, "invalid_request", "handle.prompt_token_ids must hold prompt_tokens ids", "handle.prompt_token_ids");
       }
       const n = handle.prompt_tokens;
-      const maxTokens = opts.maxTokens ?? defaultMaxTokens(engine.maxContext, n);
-      checkContext(engine.maxContext, n, maxTokens);
+      const maxTokens = this.maxTokensFor(n, opts);
       // A client's handle is input like any other: ids outside the vocabulary are its fault (400), not ours.
       checkTokenIds(handle.prompt_token_ids, model.config.nVocab, "handle.prompt_token_ids");
       const nFirst = Math.min(model.config.nVocab, this.rt.tokenizer.vocabSize); // it is detokenized too
       if (handle.first_token >= nFirst) {
         throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
       }
-      // In process, the policy was set on the sequence before its prompt (the handle says what it
-      // resolved to). Otherwise: our own prefill's handle carries the policy as it resolved it
-      // (e.g. the rounds of a chat); a client's handle may be decoded under another policy the
-      // request names.
-      const planned =
-        prefilled.path === "in_process" ? undefined : resolveRequestPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
-      const policy = planned?.policy;
-      // (The wire schema types resolved_policy loosely; our own prefill wrote it from a RanPolicy.)
-      const resolved = planned?.resolved ?? (handle.resolved_policy as RanPolicy | undefined);
+      // The policy the handed-over sequence runs already (set before the prompt in process, at the
+      // start of a streamed load). Otherwise: our own prefill's handle carries the policy as it
+      // resolved it (e.g. the rounds of a chat); a client's handle may be decoded under another
+      // policy the request names.
+      const policy = handover.policy ?? resolveRequestPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
       const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
       reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
-      // Streamed: the sequence (made with this capacity and policy) is loading already.
-      const loading = how.stream?.take();
-      if (loading) {
-        seq = this.scheduler.adopt(loading);
-      } else if (policy) {
-        seq = this.scheduler.createSequence(n + maxTokens);
-        applyPolicy(this.rt, seq, policy); // the engine's one validation: 400 before the handle is taken
-      } else if (seq!.capacity < n + maxTokens || seq!.nPast !== n) {
-        throw new Error(`the in-process prefill handed over a sequence of ${seq!.nPast}/${seq!.capacity} tokens for ${n} + ${maxTokens}`);
-      }
+      seq = this.scheduler.adopt(handover.sequence({ capacity: n + maxTokens, policy }));
       // Our own prefill's handle is ours already; record that this decode holds it (should we
       // die, the sweep ends the row) without keeping the first token waiting.
       const adopting = claimed ? this.adopt(requestId, log) : this.claim(requestId);
@@ -277,24 +237,17 @@ export class DecodeService {
       const first = text.push(handle.first_token);
       clock.token();
       const firstTokenAt = performance.now();
-      yield { type: "token", id: handle.first_token, text: first.text, index: 0, policy: resolved };
+      yield { type: "token", id: handle.first_token, text: first.text, index: 0, policy: policy.resolved };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
-      const warnings: string[] = [];
+      let warnings: string[] = [];
       let finish = first.finish;
       if (!finish) {
-        if (prefilled.path === "in_process") {
-          kv = { transport: "in_process", chunks: 0, bytes: 0, ms: 0, recomputed: false };
-          this.totals.in_process++;
-        } else {
-          const streamed = loading ? how.stream : undefined;
-          kv = await this.loadOrRecompute(prefilled.handle, seq!, opts.onKvFailure ?? "fail", signal, log, streamed ? () => streamed.result() : undefined);
-          // The KV is ours now: the prefill's shard space can be reclaimed.
-          await registry.chunks.releaseRequest(requestId);
-          // A recompute observed the prompt itself; an import needs the prefill's prompt state.
-          const missing = kv.recomputed ? undefined : loadPromptState(seq!, policy!, prefilled.handle.prompt_state);
-          if (missing) warnings.push(missing);
+        try {
+          ({ kv, warnings } = await handover.load(signal, log));
+        } catch (e) {
+          throw kvLoadFailed(e);
         }
-        slot = new Slot(seq!, handle.first_token, sampler, text, firstTokenAt);
+        slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
         slot.tenant = opts.tenant ?? "local";
         seq = undefined; // the scheduler owns it from here
         this.scheduler.start(slot);
@@ -324,7 +277,7 @@ export class DecodeService {
         kv,
         ttftMs: timings.ttftMs,
         totalMs: timings.e2eMs,
-        ctxbank: { ...ctxbankExtension(timings, verdict), ...(resolved ? { policy: resolved } : {}), handoff: { path: prefilled.path, ...(warnings.length > 0 ? { warnings } : {}) } },
+        ctxbank: { ...ctxbankExtension(timings, verdict), policy: policy.resolved, handoff: { path: handover.path, ...(warnings.length > 0 ? { warnings } : {}) } },
       };
     } catch (e) {
       if (signal.aborted) {
@@ -337,7 +290,7 @@ export class DecodeService {
       failure = e;
       throw e;
     } finally {
-      await how.stream?.dispose();
+      await handover.dispose();
       outer.removeEventListener("abort", onAbort);
       this.active.delete(ac);
       if (outcome === "failed" && errorText === undefined) {
@@ -352,7 +305,7 @@ export class DecodeService {
       reservation?.release();
       this.totals[outcome]++;
       if (claimed) await this.outcomes.record(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 }, log);
-      log.info({ requestId, outcome, handoff: prefilled.path, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
+      log.info({ requestId, outcome, handoff: handover.path, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
     }
   }
 
@@ -379,32 +332,6 @@ export class DecodeService {
       );
   }
 
-  private async loadOrRecompute(
-    handle: Handle,
-    seq: NativeSequence,
-    onFailure: "fail" | "recompute",
-    signal: AbortSignal,
-    log: Logger,
-    load: () => Promise<KvSummary> = async () => ({ ...(await this.loader.load(handle, seq, signal)), recomputed: false }),
-  ): Promise<KvSummary> {
-    try {
-      return await load();
-    } catch (e) {
-      if (signal.aborted) throw signal.reason;
-      const loadFailed = e instanceof KvLoadError || (e instanceof ApiError && e.code === "handle_expired");
-      if (!loadFailed) throw e;
-      const message = (e as Error).message;
-      if (onFailure !== "recompute") throw kvLoadFailed(e);
-      log.warn({ requestId: handle.request_id, err: message }, "KV load failed; recomputing the prefill locally");
-      const t = performance.now();
-      const ids = handle.prompt_token_ids;
-      seq.truncate(0);
-      await this.scheduler.prefill(seq, ids, signal); // in the decode steps, so the batch keeps its pace
-      this.totals.recomputed++;
-      return { transport: "recompute", chunks: 0, bytes: 0, ms: performance.now() - t, recomputed: true, error: message };
-    }
-  }
-
   /** Graceful stop, part one: refuse new work and let running generations finish. */
   async drain(deadline: number): Promise<void> {
     if (this.state === "stopped") return;
@@ -421,12 +348,11 @@ export class DecodeService {
     while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
     this.outcomes.stop();
     await this.membership?.leave();
-    this.peers.stop();
-    await Promise.all([this.loader.close(), this.prefillClient.close()]);
+    await this.handoff.close();
   }
 }
 
-/** A KV load that failed, as the request's answer (on_kv_failure: fail). */
+/** A KV load that failed, as the request's answer (on_kv_failure: fail); any other failure as it is. */
 function kvLoadFailed(e: unknown): unknown {
   if (e instanceof ApiError || !(e instanceof KvLoadError)) return e;
   return new ApiError(502, "kv_load_failed", `${e.message}. Retry, or set on_kv_failure: "recompute" to prefill locally`, null, { reason: e.reason }, { cause: e });

@@ -1,31 +1,81 @@
 // The KV handoff inside one process (`ctxbank serve`): the prefill's own sequence passes to the
 // decode as it is — its prompt KV, and what the decode policy keeps of the prompt's queries
 // (SCOPE's prompt-pool observation window, the OmniKV window selectors' last queries), which the
-// shard path ships as the handle's prompt_state. Nothing is exported, checksummed, written to a shard or read back, and
-// the decode makes no HTTP call to its own prefill. Prefill and decode in separate processes
-// keep the shard path (writer.ts, reader.ts); see docs/architecture.md.
+// shard path ships as the handle's prompt_state. Nothing is exported, checksummed, written to a
+// shard or read back, and the decode makes no HTTP call to its own prefill. A client's handle
+// names chunks in a shard, so it is read as across processes (shard-handoff.ts); see
+// docs/architecture.md.
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
-import type { Handle, PrefillRequest, PromptHandle } from "../../shared/platform/http/wire.ts";
-import type { PrefillService } from "../prefill/service.ts";
+import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
+import type { ResolvedPolicy } from "../policy.ts";
+import type { Handle, PromptHandle } from "./handle.ts";
+import type { Handover, HandoffReader, InProcessPrefill, KvFailureChoice, LoadedKv, OwnRequest, ReaderStatus, SequencePlan } from "./handoff.ts";
 
-/** A prefilled prompt as the decode receives it: a handle to load from shards, or the prefill's sequence itself. */
-export type Prefilled =
-  | { path: "shard"; handle: Handle }
-  /** `seq`: room for prompt + max tokens, the policy set before the prompt; the receiver owns it (and releases it). */
-  | { path: "in_process"; handle: PromptHandle; seq: NativeSequence };
-
-/** The decode's prefill calls when a prefill service runs in the same process. */
-export class InProcessHandoff {
+export class InProcessHandoff implements HandoffReader {
   /** Sequences handed to a decode, since the start. */
-  handed = 0;
+  private handed = 0;
 
-  constructor(private readonly prefill: PrefillService) {}
+  constructor(
+    private readonly prefiller: InProcessPrefill,
+    /** For clients' handles, and the prefill calls nobody makes here. */
+    private readonly shard: HandoffReader,
+  ) {}
 
-  /** Prefills `body` for `tenant` here; the caller owns the returned sequence. */
-  async run(body: PrefillRequest, signal: AbortSignal, tenant: string, log: Logger): Promise<Prefilled> {
-    const { handle, seq } = await this.prefill.prefillInProcess(body, signal, log, tenant);
+  get prefillCalls() {
+    return this.shard.prefillCalls;
+  }
+
+  /** Prefills `body` here, into the sequence the decode will own. */
+  async prefill(body: PrefillRequest, own: OwnRequest, signal: AbortSignal, log: Logger): Promise<Handover> {
+    const { handle, seq, policy } = await this.prefiller.prefillInProcess(body, signal, log, own.tenant);
     this.handed++;
-    return { path: "in_process", handle, seq };
+    return new InProcessHandover(handle, policy, seq);
+  }
+
+  accept(handle: Handle, onKvFailure: KvFailureChoice): Handover {
+    return this.shard.accept(handle, onKvFailure);
+  }
+
+  status(): ReaderStatus {
+    return { ...this.shard.status(), in_process: this.handed };
+  }
+
+  close(): Promise<void> {
+    return this.shard.close();
+  }
+}
+
+/** The prefill's sequence: room for prompt + max tokens, the policy set before the prompt. */
+class InProcessHandover implements Handover {
+  readonly path = "in_process";
+  private seq: NativeSequence | undefined;
+
+  constructor(
+    readonly handle: PromptHandle,
+    readonly policy: ResolvedPolicy,
+    seq: NativeSequence,
+  ) {
+    this.seq = seq;
+  }
+
+  sequence(plan: SequencePlan): NativeSequence {
+    const seq = this.seq!;
+    this.seq = undefined;
+    if (seq.capacity < plan.capacity || seq.nPast !== this.handle.prompt_tokens) {
+      seq.release();
+      throw new Error(`the in-process prefill handed over a sequence of ${seq.nPast}/${seq.capacity} tokens for ${this.handle.prompt_tokens} + room to ${plan.capacity}`);
+    }
+    return seq;
+  }
+
+  /** The KV is in the sequence already: nothing moved. */
+  async load(): Promise<LoadedKv> {
+    return { kv: { transport: "in_process", chunks: 0, bytes: 0, ms: 0, recomputed: false }, warnings: [] };
+  }
+
+  async dispose(): Promise<void> {
+    this.seq?.release();
+    this.seq = undefined;
   }
 }

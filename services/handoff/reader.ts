@@ -1,15 +1,17 @@
-// Loads a handle's KV into a fresh sequence: lease the chunks in the registry, read them over the
-// transport the locality allows (shm on the owner's host, else HTTP), verify each (model
-// fingerprint, the registry row's shape, then the checksum, computed natively in the same pass as
-// the import into the cache) as it arrives, several chunks in flight at once; the sequence's
-// length is declared only once every chunk has verified.
+// Loads a request's KV into a fresh sequence. One path: the chunks come from a feed (a client's
+// handle names them all at once, a streamed handle announces each as the prefill commits it); all
+// the feed holds are leased in the registry together, checked, read over the transport the
+// locality allows (shm on the owner's host, else UCX when both ends have it, else HTTP) and
+// verified as they arrive (model fingerprint, the registry row's shape, then the checksum,
+// computed natively in the same pass as the import into the cache), several chunks in flight at
+// once; the sequence's length is declared only once every chunk has verified.
 import path from "node:path";
 import { CtxbankError } from "../../shared/inference/errors.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { tenantOf } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
-import type { Handle } from "../../shared/platform/http/wire.ts";
+import type { Handle } from "./handle.ts";
 import { ChunkError } from "./format/chunk.ts";
 import { coverageProblem, importVerifiedChunk, kvShape, type KvShape } from "./format/seq-io.ts";
 import { RegistryError, type LeasedChunk } from "../../shared/platform/registry/registry.ts";
@@ -19,11 +21,11 @@ import { ShmTransport } from "./transport/shm.ts";
 import type { ChunkLocation, ChunkView, KvTransport, ReadChunkOptions } from "./transport/types.ts";
 import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import type { Runtime } from "../runtime.ts";
-import { PeerDeadError, type PeerWatch } from "../decode/peer-watch.ts";
+import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 import { SocketHttpTransport } from "./transport/socket.ts";
 import { UcxTransport, loadUcx, ucxAvailable } from "./transport/ucx.ts";
 import { faultPoint } from "../fault-points.ts";
-import type { ChunkFeed } from "./chunk-feed.ts";
+import { ChunkFeed } from "./chunk-feed.ts";
 import { ScratchPool, type Scratch } from "./scratch-pool.ts";
 
 /** The KV could not be loaded (transport, checksum, fingerprint, chunks gone): 502, or a local recompute if asked. */
@@ -40,12 +42,51 @@ export class KvLoadError extends CtxbankError<"kv_load_failed"> {
 }
 
 export interface KvLoadStats {
-  /** shm when every chunk was mapped in place, else the transport that read them (what the metrics label). */
+  /** The transport that read the chunks (what the metrics label): shm when every chunk was mapped in place, else ucx or http. */
   transport: "http" | "shm" | "ucx";
   chunks: number;
   bytes: number;
   ms: number;
 }
+
+/** What a load fills: the request whose chunks they are, and the prompt tokens they cover. */
+export interface LoadTarget {
+  request_id: string;
+  prompt_tokens: number;
+}
+
+/** Read leases taken in one statement, released together once their last chunk is in. */
+interface LeaseBatch {
+  leased: LeasedChunk[];
+  unread: number;
+  /** Its reads end by then: --kv-timeout-ms from when they start. */
+  deadlineMs: number;
+  released?: Promise<void>;
+}
+
+/**
+ * Whose word the chunk ids are, and so what a list that is not the request's own is: a client's
+ * handle is the client's error (400); a prefill's announcements fail the load (kv_load_failed, or
+ * a recompute when the request asked for one).
+ */
+interface ListFaults {
+  foreign(id: string): Error;
+  otherModel(chunk: LeasedChunk["chunk"], fingerprint: string): Error;
+  uncovered(problem: string): Error;
+}
+
+const HANDLE_FAULTS: ListFaults = {
+  foreign: () => new ApiError(400, "invalid_request", "the handle names chunks its request does not hold", "handle.chunk_ids"),
+  otherModel: (chunk, fingerprint) =>
+    new ApiError(400, "model_mismatch", `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${fingerprint.slice(0, 12)}…`, "handle"),
+  uncovered: (problem) => new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids"),
+};
+
+const ANNOUNCED_FAULTS: ListFaults = {
+  foreign: (id) => new KvLoadError(`the prefill announced chunk ${id}, which its request does not hold`, "corrupt"),
+  otherModel: (chunk) => new KvLoadError(`chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…`, "corrupt"),
+  uncovered: (problem) => new KvLoadError(`the streamed chunks do not cover the prompt: ${problem}`, "corrupt"),
+};
 
 export class KvLoader {
   /** http:// owners: the socket transport (reads straight into the buffer); https:// owners: undici. */
@@ -165,200 +206,150 @@ export class KvLoader {
   }
 
   /**
-   * Reads every chunk of `handle` into `seq` (capacity >= prompt tokens) and sets its length.
+   * Reads every chunk of `handle` into `seq` (capacity >= prompt tokens) and sets its length: the
+   * streamed load over a feed that holds the handle's ids. The client named them, so they are
+   * checked whole before any byte is read, and a list that is not its request's is a 400.
    * Throws ApiError for a bad or expired handle, KvLoadError when the bytes cannot be had.
    */
-  async load(handle: Handle, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
-    const { registry, config, model } = this.rt;
-    const t0 = performance.now();
-    prefaultFor(seq, handle.prompt_tokens);
-    // The request's chunks are looked up while the leases are taken (one round trip less); a
-    // lease failure is reported first, as when the two ran one after the other.
-    const ofRequest = registry.chunks.ofRequest(handle.request_id);
-    ofRequest.catch(() => {}); // awaited below, once the leases are held
-    let leased: LeasedChunk[];
-    try {
-      leased = await registry.chunks.acquireRead(handle.chunk_ids, config.readLeaseMs);
-    } catch (e) {
-      const err = leaseError(e);
-      this.countFailure("none", err);
-      throw err;
-    }
-    const ids = leased.map((l) => l.chunk.id);
-    try {
-      // A handle is the client's to send: every chunk it names must be one its own request holds.
-      const held = new Set((await ofRequest).map((c) => c.id));
-      if (ids.some((id) => !held.has(id))) {
-        throw new ApiError(400, "invalid_request", "the handle names chunks its request does not hold", "handle.chunk_ids");
-      }
-      for (const l of leased) l.location = { ...l.location, capability: this.capability(l, handle.request_id) };
-      for (const { chunk } of leased) {
-        if (chunk.modelFingerprint !== model.fingerprint) {
-          throw new ApiError(400, "model_mismatch", `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`, "handle");
-        }
-      }
-      const problem = coverageProblem(
-        leased.map((l) => l.chunk),
-        this.shape.nLayer,
-        handle.prompt_tokens,
-      );
-      if (problem) throw new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids");
-
-      await faultPoint("decode.load", this.rt.log);
-      const deadlineMs = Date.now() + config.kvTimeoutMs;
-      const transports = new Set<string>();
-      let bytes = 0;
-      let nextIndex = 0;
-      const stop = new AbortController();
-      const onAbort = () => stop.abort(signal.reason);
-      signal.addEventListener("abort", onAbort, { once: true });
-      const ownerDead = new AbortController();
-      ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
-      // Looked up while the first chunks move: a dead owner is noticed a round trip later at worst.
-      const watching = this.watchOwners(leased, ownerDead);
-      const worker = async () => {
-        const scratch = this.scratch.take();
-        try {
-          while (nextIndex < leased.length && !stop.signal.aborted) {
-            const { chunk, location } = leased[nextIndex++]!;
-            const transport = this.pick(location);
-            transports.add(transport.name);
-            await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
-            bytes += location.length;
-            this.metrics?.transferBytes(transport.name, location.length);
-          }
-        } finally {
-          this.scratch.put(scratch);
-        }
-      };
-      const workers = Array.from({ length: Math.min(config.kvConcurrency, leased.length) }, () =>
-        worker().catch((e: unknown) => {
-          stop.abort(e);
-          throw e;
-        }),
-      );
-      const settled = await Promise.allSettled(workers);
-      signal.removeEventListener("abort", onAbort);
-      (await watching)();
-      const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
-      if (failure) throw firstCause(settled, failure.reason);
-      signal.throwIfAborted();
-      seq.setLength(handle.prompt_tokens);
-      const ms = performance.now() - t0;
-      this.totals.loads++;
-      this.totals.chunks += leased.length;
-      this.totals.bytes += bytes;
-      this.totals.ms += ms;
-      const transport = transports.has("http") ? "http" : transports.has("ucx") ? "ucx" : "shm";
-      this.metrics?.transferDone(transport, ms / 1000);
-      return { transport, chunks: leased.length, bytes, ms };
-    } catch (e) {
-      this.totals.failures++;
-      if (!signal.aborted) this.countFailure(leased.length > 0 ? this.pick(leased[0]!.location).name : "none", e);
-      throw e;
-    } finally {
-      await registry.chunks.releaseRead(ids).catch((err) => this.rt.log.warn({ err }, "could not release read leases"));
-    }
+  load(handle: Handle, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
+    return this.loadFeed(ChunkFeed.of(handle.chunk_ids), handle, seq, signal, HANDLE_FAULTS);
   }
 
   /**
    * Streaming load: reads the chunks of a handle still being prefilled as `feed` announces them,
-   * each leased, read, verified and imported on its own (kvConcurrency at once) and released at
-   * once, so block i moves while block i+1 computes. Ends when the feed does (the handle came)
-   * and every chunk is in; then the chunks must cover the prompt and belong to its request.
-   * Throws what the feed fails with (the prefill's error), KvLoadError, or ApiError.
+   * so block i moves while block i+1 computes. Ends when the feed does (the handle came) and every
+   * chunk is in. Throws what the feed fails with (the prefill's error), KvLoadError (a chunk the
+   * prefill announced that is not its request's fails the load), or ApiError.
    */
-  async loadStream(feed: ChunkFeed, start: { request_id: string; prompt_tokens: number }, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
+  loadStream(feed: ChunkFeed, start: LoadTarget, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
+    return this.loadFeed(feed, start, seq, signal, ANNOUNCED_FAULTS);
+  }
+
+  /**
+   * The one load path. The chunks the feed holds are leased together (one statement; while the
+   * request's chunk list is looked up beside it when it may not know them yet), checked (the
+   * request's own, this model's; once the feed has ended, covering the prompt), then read,
+   * verified and imported, kvConcurrency at once; a batch's leases are released as its last chunk
+   * is in (whatever is still leased, at the end). The length is set once every chunk verified.
+   */
+  private async loadFeed(feed: ChunkFeed, target: LoadTarget, seq: NativeSequence, signal: AbortSignal, faults: ListFaults): Promise<KvLoadStats> {
     const { registry, config, model } = this.rt;
     const t0 = performance.now();
-    prefaultFor(seq, start.prompt_tokens);
+    prefaultFor(seq, target.prompt_tokens);
+    // Stops every read: the caller's abort, the first failure, or an owner declared dead.
     const stop = new AbortController();
     const onAbort = () => stop.abort(signal.reason);
     signal.addEventListener("abort", onAbort, { once: true });
     const ownerDead = new AbortController();
     ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
-    const watched = new Set<string>();
-    const untracks: Array<() => void> = [];
+    const reads = new ChunkFeed<{ leased: LeasedChunk; batch: LeaseBatch }>();
+    const batches: LeaseBatch[] = [];
     const rows: LeasedChunk["chunk"][] = [];
     const transports = new Set<string>();
+    const watched = new Set<string>();
+    const watching: Promise<() => void>[] = [];
+    let held = new Set<string>();
     let bytes = 0;
-    let firstLease = true;
-    const readOne = async (id: string, scratch: Scratch) => {
-      let leased: LeasedChunk;
+
+    const lease = async (ids: string[]): Promise<LeaseBatch> => {
+      // Looked up beside the lease (one round trip less); a lease failure is reported first.
+      const ofRequest = ids.every((id) => held.has(id)) ? undefined : registry.chunks.ofRequest(target.request_id);
+      ofRequest?.catch(() => {}); // awaited below, once the leases are held
+      let leased: LeasedChunk[];
       try {
-        [leased] = (await registry.chunks.acquireRead([id], config.readLeaseMs)) as [LeasedChunk];
+        leased = await registry.chunks.acquireRead(ids, config.readLeaseMs);
       } catch (e) {
         throw leaseError(e);
       }
-      try {
-        const { chunk } = leased;
-        if (chunk.modelFingerprint !== model.fingerprint) throw new KvLoadError(`chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…`, "corrupt");
-        const location = { ...leased.location, capability: this.capability(leased, start.request_id) };
-        const transport = this.pick(location);
-        const shardKey = `${location.shardId}/${location.epoch}`;
-        if (transport !== this.shm && !watched.has(shardKey)) {
-          watched.add(shardKey);
-          untracks.push(await this.watchOwners([leased], ownerDead));
-        }
-        if (firstLease) {
-          firstLease = false;
-          await faultPoint("decode.load", this.rt.log);
-        }
-        transports.add(transport.name);
-        const deadlineMs = Date.now() + config.kvTimeoutMs;
-        await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
-        rows.push(chunk);
-        bytes += location.length;
-        this.metrics?.transferBytes(transport.name, location.length);
-      } finally {
-        await registry.chunks.releaseRead([id]).catch((err) => this.rt.log.warn({ err }, "could not release a read lease"));
-      }
+      const batch: LeaseBatch = { leased, unread: leased.length, deadlineMs: Infinity };
+      batches.push(batch);
+      if (ofRequest) held = new Set((await ofRequest).map((c) => c.id));
+      const foreign = leased.find((l) => !held.has(l.chunk.id));
+      if (foreign) throw faults.foreign(foreign.chunk.id);
+      const otherModel = leased.find((l) => l.chunk.modelFingerprint !== model.fingerprint);
+      if (otherModel) throw faults.otherModel(otherModel.chunk, model.fingerprint);
+      for (const l of leased) l.location = { ...l.location, capability: this.capability(l, target.request_id) };
+      // Looked up while the chunks move: a dead owner is noticed a round trip later at worst.
+      watching.push(this.watchOwners(leased, ownerDead, watched));
+      return batch;
     };
+
+    const pump = async () => {
+      for (let last = false; !last; ) {
+        const ids = await feed.take(stop.signal);
+        last = ids === undefined || feed.done;
+        const batch = ids ? await lease(ids) : undefined;
+        if (batch) rows.push(...batch.leased.map((l) => l.chunk));
+        // Every chunk is leased: they must cover the prompt (a handle's, before any is read).
+        if (last) {
+          const problem = coverageProblem(rows, this.shape.nLayer, target.prompt_tokens);
+          if (problem) throw faults.uncovered(problem);
+        }
+        if (!batch) continue;
+        if (batches.length === 1) await faultPoint("decode.load", this.rt.log); // the first leases are held
+        batch.deadlineMs = Date.now() + config.kvTimeoutMs; // its reads start now
+        for (const leased of batch.leased) reads.push({ leased, batch });
+      }
+      reads.end();
+    };
+
     const worker = async () => {
-      const scratch = this.scratch.take();
+      let scratch: Scratch | undefined; // taken with the first chunk: an idle worker keeps no buffer from the others
       try {
         for (;;) {
-          const id = await feed.next(stop.signal);
-          if (id === undefined || stop.signal.aborted) return;
-          await readOne(id, scratch);
+          const read = await reads.next(stop.signal);
+          if (read === undefined || stop.signal.aborted) return;
+          const { leased: { chunk, location }, batch } = read;
+          const transport = this.pick(location);
+          transports.add(transport.name);
+          scratch ??= this.scratch.take();
+          await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs: batch.deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
+          bytes += location.length;
+          this.metrics?.transferBytes(transport.name, location.length);
+          if (--batch.unread === 0) batch.released = this.release(batch.leased);
         }
       } finally {
-        this.scratch.put(scratch);
+        if (scratch) this.scratch.put(scratch);
       }
     };
+
     try {
-      const workers = Array.from({ length: config.kvConcurrency }, () =>
-        worker().catch((e: unknown) => {
+      const stopOthers = (run: Promise<void>) =>
+        run.catch((e: unknown) => {
           stop.abort(e);
           throw e;
-        }),
-      );
-      const settled = await Promise.allSettled(workers);
+        });
+      const settled = await Promise.allSettled([pump(), ...Array.from({ length: config.kvConcurrency }, worker)].map(stopOthers));
       const failure = settled.find((s): s is PromiseRejectedResult => s.status === "rejected");
       if (failure) throw firstCause(settled, failure.reason);
       signal.throwIfAborted();
-      const problem = coverageProblem(rows, this.shape.nLayer, start.prompt_tokens);
-      if (problem) throw new KvLoadError(`the streamed chunks do not cover the prompt: ${problem}`, "corrupt");
-      const held = new Set((await registry.chunks.ofRequest(start.request_id)).map((c) => c.id));
-      const foreign = rows.find((c) => !held.has(c.id));
-      if (foreign) throw new KvLoadError(`the prefill announced chunk ${foreign.id}, which its request does not hold`, "corrupt");
-      seq.setLength(start.prompt_tokens);
+      seq.setLength(target.prompt_tokens);
       const ms = performance.now() - t0;
       this.totals.loads++;
       this.totals.chunks += rows.length;
       this.totals.bytes += bytes;
       this.totals.ms += ms;
-      const transport = transports.has("http") ? "http" : "shm";
+      const transport = usedTransport(transports)!; // the prompt's chunks cover it: at least one was read
       this.metrics?.transferDone(transport, ms / 1000);
       return { transport, chunks: rows.length, bytes, ms };
     } catch (e) {
       this.totals.failures++;
-      if (!signal.aborted) this.countFailure(transports.has("http") ? "http" : transports.size > 0 ? "shm" : "none", e);
+      if (!signal.aborted) this.countFailure(usedTransport(transports) ?? "none", e);
       throw e;
     } finally {
       signal.removeEventListener("abort", onAbort);
-      untracks.forEach((f) => f());
+      const unreleased = batches.filter((b) => b.released === undefined).flatMap((b) => b.leased);
+      await Promise.all([...batches.map((b) => b.released), unreleased.length > 0 ? this.release(unreleased) : undefined]);
+      for (const untrack of await Promise.all(watching)) untrack();
     }
+  }
+
+  /** Drops read leases; a failure only leaves them to expire (logged). */
+  private release(leased: LeasedChunk[]): Promise<void> {
+    return this.rt.registry.chunks.releaseRead(leased.map((l) => l.chunk.id)).then(
+      () => undefined,
+      (err: unknown) => this.rt.log.warn({ err }, "could not release read leases"),
+    );
   }
 
   /** The capability for reading exactly this leased chunk, valid while its lease is. */
@@ -377,14 +368,19 @@ export class KvLoader {
     });
   }
 
-  /** Watches the owners of the chunks read over HTTP; returns the function that stops watching. */
-  private async watchOwners(leased: LeasedChunk[], ac: AbortController): Promise<() => void> {
+  /**
+   * Watches the owners of the chunks not mapped in place (shm reads cannot hang) whose shards are
+   * not in `watched` yet (added); returns the function that stops watching them.
+   */
+  private async watchOwners(leased: LeasedChunk[], ac: AbortController, watched: Set<string>): Promise<() => void> {
     const peers = this.peers;
     if (!peers) return () => {};
     const shardsRead = new Map<string, { shardId: string; epoch: number }>();
     for (const { location: loc } of leased) {
-      if (this.pick(loc) !== this.shm) shardsRead.set(`${loc.shardId}/${loc.epoch}`, { shardId: loc.shardId, epoch: loc.epoch });
+      const key = `${loc.shardId}/${loc.epoch}`;
+      if (this.pick(loc) !== this.shm && !watched.has(key)) shardsRead.set(key, { shardId: loc.shardId, epoch: loc.epoch });
     }
+    for (const key of shardsRead.keys()) watched.add(key);
     const untracks: Array<() => void> = [];
     for (const { shardId, epoch } of shardsRead.values()) {
       // Unwatched if the registry cannot say: the read's own deadline still bounds it.
@@ -413,6 +409,11 @@ async function fetchChunk(transport: KvTransport, loc: ChunkLocation, scratch: S
   const bytes = scratch.buf.subarray(0, loc.length);
   await transport.readChunk(loc, bytes, opts);
   return { bytes, release: () => {} };
+}
+
+/** The transport a load reports: http when any chunk came over HTTP, else ucx when any came over UCX, else shm; undefined before any read. */
+function usedTransport(used: ReadonlySet<string>): KvLoadStats["transport"] | undefined {
+  return (["http", "ucx", "shm"] as const).find((t) => used.has(t));
 }
 
 /** Prefer the error that started the failure over the aborts it caused in the other workers. */

@@ -1,7 +1,6 @@
 // A prefill's KV chunks: one per layer group per token block (planChunks); every shard range
 // reserved before any compute, so a full shard is a 429 up front; each chunk registered, written
 // and committed two-phase in the registry as soon as its block is computed (ChunkWriter.write).
-import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "./format/chunk.ts";
 import { exportChunk, type BlockRange, type KvShape, type RowMover } from "./format/seq-io.ts";
 import type { Shard } from "./shard/shard.ts";
@@ -84,8 +83,8 @@ export class ChunkWriter {
     );
   }
 
-  /** Registers, writes and commits one chunk, or takes a live chunk with the same key. Never rejects. */
-  async write(p: PlannedChunk, key: string, requestId: string, req: PrefillRequest, seq: RowMover, shard: Shard): Promise<WriteResult> {
+  /** Registers, writes and commits one chunk (its row names the prompt's session and round), or takes a live chunk with the same key. Never rejects. */
+  async write(p: PlannedChunk, key: string, requestId: string, prompt: { sessionId: string | null; roundId: number | null }, seq: RowMover, shard: Shard): Promise<WriteResult> {
     const { registry, model, config } = this.rt;
     const deadline = Date.now() + config.writeLeaseMs;
     try {
@@ -93,8 +92,8 @@ export class ChunkWriter {
         const res = await registry.chunks.begin({
           key,
           requestId,
-          sessionId: req.session_id ?? null,
-          roundId: req.round_id ?? null,
+          sessionId: prompt.sessionId,
+          roundId: prompt.roundId,
           layerGroup: p.group,
           layerIds: [...p.meta.layerIds],
           tokenStart: p.meta.tokenStart,

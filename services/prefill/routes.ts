@@ -5,8 +5,7 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { errorResponses } from "../../shared/platform/http/errors.ts";
 import { HandleSchema, PrefillRequestSchema } from "../../shared/platform/http/wire.ts";
-import { fastChunkRoutes } from "../handoff/chunk-route.ts";
-import { handleStreamResponse } from "../handoff/handle-stream.ts";
+import { fastChunkRoutes, handleStreamResponse } from "../handoff/index.ts";
 import type { PrefillService } from "./service.ts";
 
 const prefillRoute = createRoute({
@@ -49,7 +48,7 @@ export function prefillStatusRoutes(svc: PrefillService): ServiceApp {
   return app;
 }
 
-/** The chunk byte route, on the internal listener behind chunkReadAuth (services/handoff/chunk-auth.ts). */
+/** The chunk byte route over the prefill's shard, on the internal listener behind chunkReadAuth (services/handoff/chunk-auth.ts). */
 export function chunkRoutes(svc: PrefillService) {
-  return fastChunkRoutes((id) => svc.chunkSource(id));
+  return fastChunkRoutes((id) => svc.owner.chunkSource(id));
 }

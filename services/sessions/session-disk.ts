@@ -9,8 +9,7 @@ import { createHash } from "node:crypto";
 import { mkdir, open, readdir, readFile, rename, stat, unlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
-import { chunkByteLength, chunkHeaderSize, decodeChunkHeader, type ChunkMeta } from "../handoff/format/chunk.ts";
-import { exportChunk, importVerifiedChunk, tokenBlocks, type KvShape } from "../handoff/format/seq-io.ts";
+import { chunkByteLength, chunkHeaderSize, decodeChunkHeader, exportChunk, importVerifiedChunk, tokenBlocks, type ChunkMeta, type KvShape } from "../handoff/index.ts";
 
 /** What a spilled session's record holds (the KV itself is in its .kv file). */
 export interface DiskSession {

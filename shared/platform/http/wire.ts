@@ -125,9 +125,6 @@ export const HandleSchema = z
   .openapi("Handle");
 export type Handle = z.infer<typeof HandleSchema>;
 
-/** What a handle says of a prefill, less where its chunks are (an in-process prefill writes none). */
-export type PromptHandle = Pick<Handle, "request_id" | "first_token" | "model_fingerprint" | "prompt_tokens" | "prompt_token_ids" | "policy" | "resolved_policy" | "sampling" | "prefill_ms" | "queue_ms">;
-
 export const StopSchema = z.union([z.string().min(1), z.array(z.string().min(1)).max(16)]).optional();
 
 export const DecodeRequestSchema = z

@@ -1,34 +1,26 @@
-// Decode's half of the streamed handle (services/handoff/handle-stream.ts): as soon as the prefill
-// announces its start, a sequence is made (capacity and policy as decode() plans them) and the
-// chunks are loaded as they commit, so only the last block's transfer is left when the handle
-// (and its first token) arrives. A failure mid-stream ends as the request's on_kv_failure says:
-// a fast 502 (the prefill call is aborted at once), or a local recompute.
+// The reader's half of the streamed handle (handle-stream.ts): as soon as the prefill announces its
+// start, a sequence is made (capacity and policy as the decode plans them) and the chunks are
+// loaded as they commit, so only the last block's transfer is left when the handle (and its first
+// token) arrives. Should the prefill die after it started, the prompt can be recomputed here into
+// the same sequence (shard-handoff.ts decides).
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
-import type { Handle } from "../../shared/platform/http/wire.ts";
-import { ChunkFeed } from "../handoff/chunk-feed.ts";
-import type { HandleProgress, HandleStart } from "../handoff/handle-stream.ts";
-import { KvLoadError, type KvLoader } from "../handoff/reader.ts";
-import { applyPolicy, resolveRequestPolicy } from "../policy.ts";
-import { checkContext, defaultMaxTokens, type Runtime } from "../runtime.ts";
-import type { DecodeScheduler } from "./scheduler.ts";
-
-/** How a request's KV reached the decode: the transport, what moved, and whether it was recomputed. */
-export interface KvSummary {
-  transport: "http" | "shm" | "ucx" | "recompute" | "in_process" | "none";
-  chunks: number;
-  bytes: number;
-  ms: number;
-  recomputed: boolean;
-  error?: string;
-}
+import { applyPolicy, type ResolvedPolicy } from "../policy.ts";
+import type { Runtime } from "../runtime.ts";
+import { ChunkFeed } from "./chunk-feed.ts";
+import type { Handle, KvSummary } from "./handle.ts";
+import type { HandleProgress, HandleStart } from "./handle-stream.ts";
+import { KvLoadError, type KvLoader } from "./reader.ts";
+import type { PlanSequence, PromptCompute } from "./handoff.ts";
 
 type Outcome = { stats: KvSummary } | { error: unknown };
 
 export class StreamedLoad {
   readonly feed = new ChunkFeed();
   start: HandleStart | undefined;
+  /** The policy the sequence runs, set with it at the start. */
+  policy: ResolvedPolicy | undefined;
   private seq: NativeSequence | undefined;
   private taken = false;
   private outcome: Promise<Outcome> | undefined;
@@ -39,8 +31,7 @@ export class StreamedLoad {
   constructor(
     private readonly rt: Runtime,
     private readonly loader: KvLoader,
-    private readonly maxTokens: number | undefined,
-    private readonly policy: Parameters<typeof resolveRequestPolicy>[1],
+    private readonly plan: PlanSequence,
     private readonly signal: AbortSignal,
   ) {}
 
@@ -52,14 +43,11 @@ export class StreamedLoad {
   private begin(start: HandleStart): void {
     if (this.start) return;
     this.start = start;
-    const { engine } = this.rt;
-    const n = start.prompt_tokens;
-    const maxTokens = this.maxTokens ?? defaultMaxTokens(engine.maxContext, n);
     try {
-      checkContext(engine.maxContext, n, maxTokens);
-      const { policy } = resolveRequestPolicy(this.rt, start.policy ?? this.policy, n, maxTokens);
-      this.seq = engine.createSequence(n + maxTokens);
-      applyPolicy(this.rt, this.seq, policy); // the engine's one validation of it
+      const { capacity, policy } = this.plan(start);
+      this.seq = this.rt.engine.createSequence(capacity);
+      applyPolicy(this.rt, this.seq, policy.policy); // the engine's one validation of it
+      this.policy = policy;
     } catch (error) {
       this.seq?.release();
       this.seq = undefined;
@@ -82,7 +70,7 @@ export class StreamedLoad {
     this.feed.end(handle.chunk_ids);
   }
 
-  /** The sequence the chunks are imported into; decode() owns it from here. */
+  /** The sequence the chunks are imported into; the caller owns it from here. */
   take(): NativeSequence | undefined {
     if (!this.seq) return undefined;
     this.taken = true;
@@ -104,17 +92,17 @@ export class StreamedLoad {
 
   /**
    * The prefill died after it started and the request asked for a recompute: prefill the prompt
-   * here (in the decode steps), sample the first token as the prefill would have, and answer the
-   * handle it would have sent. The load is stopped first; its sequence is reused.
+   * here (`compute`: in the decode steps), sample the first token as the prefill would have, and
+   * answer the handle it would have sent. The load is stopped first; its sequence is reused.
    */
-  async recomputeHandle(prefill: DecodeScheduler["prefill"], why: unknown, signal: AbortSignal): Promise<Handle> {
+  async recomputeHandle(compute: PromptCompute, why: unknown, signal: AbortSignal): Promise<Handle> {
     const start = this.start!;
     this.cancel.abort(why);
     await this.outcome;
     const seq = this.seq!;
     const t0 = performance.now();
     seq.truncate(0);
-    const logits = await prefill(seq, start.prompt_token_ids, signal);
+    const logits = await compute(seq, start.prompt_token_ids, signal);
     const s = start.sampling;
     const firstToken = new Sampler(validateSampling({ temperature: s.temperature, topK: s.top_k, topP: s.top_p, seed: s.seed })).sample(logits);
     const ms = performance.now() - t0;
@@ -124,7 +112,7 @@ export class StreamedLoad {
     return { ...rest, first_token: firstToken, chunk_ids: [], prefill_ms: ms, expires_at: new Date().toISOString() };
   }
 
-  /** Stops the load and frees the sequence unless decode() took it. */
+  /** Stops the load and frees the sequence unless the caller took it. */
   async dispose(): Promise<void> {
     this.cancel.abort(new ApiError(499, "client_closed", "the streamed load was abandoned"));
     this.feed.fail(this.cancel.signal.reason);
@@ -132,9 +120,4 @@ export class StreamedLoad {
     if (!this.taken) this.seq?.release();
     this.seq = undefined;
   }
-}
-
-/** Whether a failure of the prefill call is the prefill dying (not the client's error, not a 4xx). */
-export function prefillDied(e: unknown): boolean {
-  return e instanceof ApiError && e.code === "prefill_failed";
 }

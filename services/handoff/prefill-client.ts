@@ -13,7 +13,7 @@ import { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ApiError, type ApiErrorCode, type ApiStatus } from "../../shared/platform/http/errors.ts";
 import { HandleSchema, type Handle, type PrefillRequest } from "../../shared/platform/http/wire.ts";
 import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
-import { handleLines, type HandleProgress } from "../handoff/handle-stream.ts";
+import { handleLines, type HandleProgress } from "./handle-stream.ts";
 import type { InstanceRow } from "../../shared/platform/registry/registry.ts";
 import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
