@@ -149,9 +149,9 @@ export class DecodeService {
         tenant: opts.tenant ?? LOCAL_TENANT,
         onKvFailure: opts.onKvFailure ?? "fail",
         // Our own prefill's policy (the request's, resolved for the prompt: e.g. a chat's rounds) first.
-        plan: (prompt) => {
-          const maxTokens = this.maxTokensFor(prompt.prompt_tokens, opts);
-          return { capacity: prompt.prompt_tokens + maxTokens, policy: resolveRequestPolicy(this.rt, prompt.policy ?? opts.policy, prompt.prompt_tokens, maxTokens) };
+        plan: (prefilled) => {
+          const maxTokens = this.maxTokensFor(prefilled.prompt_tokens, opts);
+          return { capacity: prefilled.prompt_tokens + maxTokens, policy: resolveRequestPolicy(this.rt, prefilled.policy ?? opts.policy, prefilled.prompt_tokens, maxTokens) };
         },
       };
       handover = await this.handoff.prefill(body, own, signal, log);
@@ -180,7 +180,7 @@ export class DecodeService {
    * chunks are released; a client's handle is left alone when it was not ours to take (404/409/429).
    */
   private async *run(handover: Handover, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number } = {}): AsyncGenerator<DecodeEvent> {
-    const { engine, model } = this.rt;
+    const { model } = this.rt;
     const handle = handover.handle;
     const t0 = how.t0 ?? opts.arrivedAt ?? performance.now();
     const clock = new RequestClock(t0);
