@@ -273,13 +273,17 @@ async function expectNothingLeft(what: string): Promise<void> {
                   (select count(*)::int from shards s join instances i on i.id = s.instance_id where i.state = 'dead') as dead_shards`,
         );
         const activeFiles = (await sql.query("select path from shards where state = 'active'")).rows.map((r) => path.basename(r.path as string)).sort();
-        const files = readdirSync(shards.dir).sort();
+        // Shard files only: each carries a small owner mark (`.owner`: its owner's pid), which goes with it.
+        const all = readdirSync(shards.dir).sort();
+        const files = all.filter((f) => !f.endsWith(".owner"));
+        const marks = all.filter((f) => f.endsWith(".owner")).map((f) => f.slice(0, -".owner".length));
         const allocated = files.reduce((sum, f) => sum + statSync(path.join(shards.dir, f)).blocks * 512, 0);
         const ps = await internalStatus(pf.p, "prefill");
         const ds = await internalStatus(dc.p, "decode");
         const state = {
           ...counts,
           files,
+          marksWithoutFile: marks.filter((m) => !files.includes(m)),
           activeFiles,
           allocated,
           shard_used: ps.shard?.bytes_used,
@@ -291,7 +295,7 @@ async function expectNothingLeft(what: string): Promise<void> {
         last = JSON.stringify(state);
         return (
           counts.chunks === 0 && counts.refs === 0 && counts.open_requests === 0 && counts.requests === 0 && counts.dead_shards === 0 &&
-          JSON.stringify(files) === JSON.stringify([`${pf.id}.e${ps.shard.epoch}.shard`]) && JSON.stringify(activeFiles) === JSON.stringify(files) &&
+          JSON.stringify(files) === JSON.stringify([`${pf.id}.e${ps.shard.epoch}.shard`]) && JSON.stringify(activeFiles) === JSON.stringify(files) && state.marksWithoutFile.length === 0 &&
           allocated === 0 && state.shard_used === 0 && state.prefills === 0 && state.kv_in_flight === 0 && state.decode_admitted === 0 && state.decode_sequences === 0
         );
       },
