@@ -15,6 +15,8 @@ import { isDatabaseUnavailable, type DbProbe } from "../shared/platform/registry
 import { docsRoutes } from "./docs.ts";
 import { decodeRoutes, decodeStatusRoutes } from "./decode/routes.ts";
 import { openaiRoutes } from "./decode/openai.ts";
+import { responsesRoutes } from "./decode/responses.ts";
+import { sessionRoutes } from "./decode/sessions.ts";
 import { dashboardRoutes } from "./decode/dashboard/route.ts";
 import type { DecodeService } from "./decode/service.ts";
 import { internalSecret, prefillCapability } from "./internal-auth.ts";
@@ -113,6 +115,8 @@ export function buildApp(rt: Runtime, services: Services, metrics: ServiceMetric
   if (services.decode) {
     app.route("/", decodeRoutes(services.decode));
     app.route("/", openaiRoutes(rt, services.decode));
+    app.route("/", responsesRoutes(rt, services.decode));
+    app.route("/", sessionRoutes(rt, services.decode));
     app.route("/", dashboardRoutes());
   }
   // Built on the first request (every route is registered by then) and kept: it never changes

@@ -31,6 +31,8 @@ afterAll(async () => {
 const ids = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (i * 31 + seed * 17 + 5) % V);
 const bytesPerToken = () => model.config.kvBytesPerToken;
 const LIMITS: SessionLimits = { memoryBytes: 1 << 30, perKeyBytes: 1 << 30, ttlMs: 60_000 };
+const newStore = (limits: SessionLimits, disk?: SessionDisk, now?: () => number) =>
+  new SessionStore({ limits, createSequence: (c) => engine.createSequence(c), kvBytesPerToken: bytesPerToken(), nLayer: model.config.nLayer, disk, ...(now ? { now } : {}) });
 
 /** A finished turn: the sequence after prefilling `prompt` (its KV holds exactly the prompt). */
 async function turn(prompt: number[]): Promise<{ seq: ReturnType<Engine["createSequence"]>; logits: Float32Array }> {
@@ -50,7 +52,7 @@ const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, x, i) => Math
 
 describe("SessionStore", () => {
   it("a resumed session computes only the new tokens and gets the whole prefill's logits", async () => {
-    const store = new SessionStore(LIMITS, (c) => engine.createSequence(c), bytesPerToken());
+    const store = newStore(LIMITS);
     const history = ids(40, 1);
     const first = await turn(history);
     await store.park("alice", "chat-1", first.seq, history, [0, 20], 1);
@@ -65,8 +67,22 @@ describe("SessionStore", () => {
     resumed.seq.release();
   });
 
+  it("a turn longer than the parked sequence's room gets a larger sequence holding the same KV", async () => {
+    const store = newStore(LIMITS);
+    const history = ids(30, 11);
+    const small = engine.createSequence(30);
+    await engine.prefill(small, history);
+    await store.park("alice", "grow", small, history, [0], 1);
+    const next = [...history, ...ids(50, 12)];
+    const r = (await store.resume("alice", "grow", next, 200))!;
+    expect(r.seq.capacity).toBeGreaterThanOrEqual(200);
+    expect(r.seq.nPast).toBe(30);
+    expect(maxDiff(await engine.prefill(r.seq, next.slice(30)), await fresh(next))).toBeLessThan(1e-4);
+    r.seq.release();
+  });
+
   it("reuses the longest common prefix, keeps the last prompt token to compute, and drops a rewritten history", async () => {
-    const store = new SessionStore(LIMITS, (c) => engine.createSequence(c), bytesPerToken());
+    const store = newStore(LIMITS);
     const history = ids(30, 3);
     await store.park("alice", "s", (await turn(history)).seq, history, [0], 1);
     const edited = [...history.slice(0, 18), 63, ...ids(5, 4)]; // the client changed token 18
@@ -85,7 +101,7 @@ describe("SessionStore", () => {
 
   it("keys keep sessions apart; delete ends one; the TTL ends the idle ones", async () => {
     let now = 1_000_000;
-    const store = new SessionStore({ ...LIMITS, ttlMs: 1_000 }, (c) => engine.createSequence(c), bytesPerToken(), undefined, () => now);
+    const store = newStore({ ...LIMITS, ttlMs: 1_000 }, undefined, () => now);
     const h = ids(16, 5);
     await store.park("alice", "shared-name", (await turn(h)).seq, h, [0], 1);
     expect(store.summary("bob", "shared-name")).toBeUndefined();
@@ -105,7 +121,7 @@ describe("SessionStore", () => {
 
   it("a key over its quota loses its own oldest sessions; without a disk tier memory pressure drops the oldest", async () => {
     const per = 50 * bytesPerToken();
-    const store = new SessionStore({ memoryBytes: 2 * per, perKeyBytes: per, ttlMs: 60_000 }, (c) => engine.createSequence(c), bytesPerToken());
+    const store = newStore({ memoryBytes: 2 * per, perKeyBytes: per, ttlMs: 60_000 });
     const h = ids(30, 6);
     await store.park("alice", "a1", (await turn(h)).seq, h, [0], 1);
     await store.park("alice", "a2", (await turn(h)).seq, h, [0], 1); // 60 > 50 tokens: a1 goes
@@ -124,7 +140,7 @@ describe("SessionStore", () => {
     const shape = kvShape(model.config);
     const disk = new SessionDisk(diskDir, 1 << 30, shape, model.fingerprint, 16);
     const h = ids(40, 7);
-    const store = new SessionStore({ memoryBytes: 50 * bytesPerToken(), perKeyBytes: 1 << 30, ttlMs: 60_000 }, (c) => engine.createSequence(c), bytesPerToken(), disk);
+    const store = newStore({ memoryBytes: 50 * bytesPerToken(), perKeyBytes: 1 << 30, ttlMs: 60_000 }, disk);
     await store.park("alice", "old", (await turn(h)).seq, h, [0, 10], 1);
     await store.park("alice", "new", (await turn(ids(40, 8))).seq, ids(40, 8), [0], 1); // "old" spills
     expect(store.summary("alice", "old")).toMatchObject({ tier: "disk", tokens: 40, roundHashes: roundHashes(Int32Array.from(h), [0, 10]) });
@@ -141,7 +157,7 @@ describe("SessionStore", () => {
     await store.park("bob", "b", (await turn(h)).seq, h, [0], 4);
     expect(store.summary("alice", "new")).toMatchObject({ tier: "disk" });
     store.close();
-    const restarted = new SessionStore(store.limits, (c) => engine.createSequence(c), bytesPerToken(), new SessionDisk(diskDir, 1 << 30, shape, model.fingerprint, 16));
+    const restarted = newStore(store.limits, new SessionDisk(diskDir, 1 << 30, shape, model.fingerprint, 16));
     expect(await restarted.adoptDisk()).toBe(1);
     expect(restarted.summary("alice", "new")).toMatchObject({ tier: "disk", tokens: 40, turns: 1 });
     // Corrupt one byte of the KV file: the load fails on its checksum and the session is gone.

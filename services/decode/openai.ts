@@ -18,6 +18,7 @@ import { checkPromptSize, type Runtime } from "../runtime.ts";
 import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
 import { errorJson } from "./routes.ts";
+import { SessionId } from "./sessions.ts";
 
 /** Fields that change what the answer means, which ctxbank does not implement: accepted only when empty or null, refused otherwise (not ignored). */
 const unsupported = (what: string) => ({ description: `not supported: ${what}` });
@@ -48,6 +49,9 @@ const Common = {
   function_call: z.literal("none").nullish().openapi(unsupported('only "none" or null')),
   response_format: z.strictObject({ type: z.literal("text") }).nullish().openapi(unsupported('only { type: "text" } or null')),
   on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({ description: "extension: what to do when the KV cannot be loaded" }),
+  session_id: SessionId.optional().openapi({
+    description: "extension: the conversation this request is a turn of (or the x-session-id header): its KV is kept, and the next turn computes only its new tokens",
+  }),
   policy: policyField("extension: how decode attends (full, omnikv, scope, ...); default: the server's --policy"),
 };
 
@@ -148,6 +152,16 @@ const modelsRoute = createRoute({
 
 type Common = { [K in keyof typeof Common]?: z.infer<(typeof Common)[K]> };
 
+/** The request's session: the session_id field, else the x-session-id header (OpenAI clients add headers more easily than fields). */
+function sessionOf(c: Context, b: Common): string | undefined {
+  if (b.session_id !== undefined) return b.session_id;
+  const header = c.req.header("x-session-id");
+  if (header === undefined) return undefined;
+  const parsed = SessionId.safeParse(header);
+  if (!parsed.success) throw new ApiError(400, "invalid_request", `x-session-id: ${parsed.error.issues[0]?.message ?? "invalid"}`, "x-session-id");
+  return parsed.data;
+}
+
 function options(b: Common, maxTokens: number | null | undefined, defaultMax: number): DecodeOptions {
   return {
     maxTokens: maxTokens ?? defaultMax,
@@ -184,7 +198,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
     checkPromptSize(rt, prompt); // here too, so an oversized prompt is not sent on to a prefill
     const ac = clientSignal(c);
-    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(MAX_TOKENS_DEFAULTS.completions)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
+    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(MAX_TOKENS_DEFAULTS.completions)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c), session: sessionOf(c, b) }, ac.signal, c.get("log"));
     const id = `cmpl-${crypto.randomUUID()}`;
     const base = { id, object: "text_completion" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -207,7 +221,7 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     }));
     checkPromptSize(rt, { messages });
     const ac = clientSignal(c);
-    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(MAX_TOKENS_DEFAULTS.generate)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
+    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(MAX_TOKENS_DEFAULTS.generate)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c), session: sessionOf(c, b) }, ac.signal, c.get("log"));
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const base = { id, object: "chat.completion.chunk" as const, created: now(), model: rt.modelId };
     if (b.stream) {

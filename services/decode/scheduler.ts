@@ -203,14 +203,20 @@ export class DecodeScheduler {
     };
   }
 
-  private remove(slot: Slot): void {
+  /** Takes `slot` out of the batch and frees its sequence; `keep`: the slot's owner keeps the sequence (a session parks it). */
+  private remove(slot: Slot, keep = false): void {
     if (slot.ended) return;
     slot.ended = true;
     for (const list of [this.running, this.waiting]) {
       const i = list.indexOf(slot);
       if (i >= 0) list.splice(i, 1);
     }
-    this.release(slot.seq);
+    if (!keep) {
+      this.release(slot.seq);
+      return;
+    }
+    this.liveSequences--;
+    slot.kept = true;
   }
 
   /**
@@ -362,8 +368,8 @@ export class DecodeScheduler {
       const step = s.text.push(id);
       s.push({ type: "token", id, text: step.text, index: s.text.count - 1 });
       if (step.finish) {
+        this.remove(s, s.keep); // before "done": whoever reads it may take the sequence at once
         s.push({ type: "done", finish: step.finish });
-        this.remove(s);
       }
     }
     return undefined;

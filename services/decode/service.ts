@@ -14,14 +14,18 @@ import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
 import type { ParsedPolicySpec, PolicySpec } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
-import { resolveRequestPolicy } from "../policy.ts";
-import { checkContext, checkTokenIds, defaultMaxTokens, sloTargets, type Runtime } from "../runtime.ts";
+import { applyPolicy, resolveRequestPolicy } from "../policy.ts";
+import { checkContext, checkTokenIds, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { KvLoadError, openReader, type Handle, type Handover, type HandoffReader, type InProcessPrefill, type KvSummary, type OwnRequest } from "../handoff/index.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
+import { SessionDisk } from "../sessions/session-disk.ts";
+import { SessionStore } from "../sessions/session-store.ts";
+import { kvShape } from "../handoff/index.ts";
+import { placePrefill, prefillLocally, type LocalPrompt, type Placement } from "./local-prefill.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
 import { TokenTextStream } from "../../shared/inference/text-stream.ts";
@@ -40,6 +44,16 @@ export interface DecodeOptions {
   arrivedAt?: number | undefined;
   /** Who the request is for (the API key's id; "local" keyless): fair queuing of its prefill call, and only its own handles can be decoded. */
   tenant?: string | undefined;
+  /** The conversation this request is a turn of (the client's id, in the key's namespace): its KV is kept for the next turn. */
+  session?: string | undefined;
+}
+
+/** How a turn of complete() is computed: where its prompt is prefilled, and its session. */
+interface TurnPlan {
+  placement: Placement;
+  /** When the decode computes the prompt itself. */
+  local?: LocalPrompt;
+  session?: { id: string; reused: number; turns: number; tokens: number[]; roundStarts: number[] };
 }
 
 /** The attention policy that ran, in the wire's shape (every default and budget written in). */
@@ -72,6 +86,11 @@ export class DecodeService {
   readonly handoff: HandoffReader;
   /** How requests end in the registry, retried while it cannot be reached. */
   readonly outcomes: RequestOutcomes;
+  /** Conversations' KV kept between turns (undefined with --session-bytes 0). */
+  readonly sessions: SessionStore | undefined;
+  private sessionSweep: NodeJS.Timeout | undefined;
+  /** Whether prompts are prefilled in this process (`serve`): no prefill instance to place them on. */
+  private readonly colocated: boolean;
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
@@ -90,6 +109,18 @@ export class DecodeService {
     this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
     this.handoff = openReader(rt, { metrics, auth, compute: (seq, tokens, signal) => this.scheduler.prefill(seq, tokens, signal), inProcess });
     this.outcomes = new RequestOutcomes(rt);
+    this.colocated = inProcess !== undefined;
+    const m = rt.model.config;
+    this.sessions =
+      c.sessionBytes > 0
+        ? new SessionStore({
+            limits: { memoryBytes: c.sessionBytes, perKeyBytes: c.sessionBytesPerKey, ttlMs: c.sessionTtlMs },
+            createSequence: (capacity) => rt.engine.createSequence(capacity),
+            kvBytesPerToken: m.kvBytesPerToken,
+            nLayer: m.nLayer,
+            disk: c.sessionDir ? new SessionDisk(c.sessionDir, c.sessionDiskBytes, kvShape(m), rt.model.fingerprint, c.blockTokens) : undefined,
+          })
+        : undefined;
     const calls = this.handoff.prefillCalls;
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
@@ -111,7 +142,23 @@ export class DecodeService {
   async start(baseUrl: string): Promise<void> {
     this.membership = new Membership(this.rt, "decode", this.instanceId, baseUrl);
     await this.membership.start();
+    if (this.sessions) {
+      const adopted = await this.sessions.adoptDisk();
+      if (adopted > 0) this.rt.log.info({ sessions: adopted }, "adopted the sessions on disk");
+      this.sessionSweep = setInterval(() => void this.sweepSessions(), Math.min(60_000, this.rt.config.sessionTtlMs));
+      this.sessionSweep.unref();
+    }
     this.state = "ready";
+  }
+
+  /** Ends the sessions past their TTL (and their registry rows past theirs). */
+  private async sweepSessions(): Promise<void> {
+    try {
+      await this.sessions?.sweep();
+      await this.rt.registry.sessions.sweep();
+    } catch (err) {
+      this.rt.log.warn({ err }, "session sweep failed");
+    }
   }
 
   status() {
@@ -133,6 +180,7 @@ export class DecodeService {
   async *complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
     const t0 = opts.arrivedAt ?? performance.now();
     let handover: Handover;
+    let turn: TurnPlan;
     try {
       this.assertReady();
       this.scheduler.checkPlace();
@@ -154,13 +202,60 @@ export class DecodeService {
           return { capacity: prefilled.prompt_tokens + maxTokens, policy: resolveRequestPolicy(this.rt, prefilled.policy ?? opts.policy, prefilled.prompt_tokens, maxTokens) };
         },
       };
-      handover = await this.handoff.prefill(body, own, signal, log);
+      turn = await this.planTurn(body, opts, own.tenant, signal);
+      handover = turn.local
+        ? await prefillLocally(this.rt, this.instanceId, (seq, tokens, sig) => this.scheduler.prefill(seq, tokens, sig), turn.local, signal, log)
+        : await this.handoff.prefill(body, own, signal, log);
     } catch (e) {
       const err = kvLoadFailed(e);
       this.metrics.requestFailed(err); // run() counts its own outcomes from here on
       throw err;
     }
-    yield* this.run(handover, opts, signal, log, { owned: true, t0 });
+    yield* this.run(handover, opts, signal, log, { owned: true, t0, turn });
+  }
+
+  /**
+   * Where the prompt is computed and what a session holds of it. The prompt is tokenized here only
+   * when that matters: a session is named (its parked sequence is matched against the prompt's
+   * tokens), or prefill instances could be skipped (conditional disaggregation, placePrefill).
+   */
+  private async planTurn(body: PrefillRequest, opts: DecodeOptions, tenant: string, signal: AbortSignal): Promise<TurnPlan> {
+    const c = this.rt.config;
+    const sessionId = this.sessions && opts.session ? opts.session : undefined;
+    if (!sessionId && (this.colocated || c.localPrefillTokens === 0)) {
+      return { placement: this.colocated ? { where: "in_process", reason: "prefill and decode run in this process" } : { where: "remote", reason: "local prefill is off" } };
+    }
+    const chat = body.messages !== undefined;
+    const { ids: tokens, roundStarts } = await encodePrompt(this.rt, body, { rounds: chat, tenant, signal });
+    const maxTokens = this.maxTokensFor(tokens.length, opts);
+    const policy = resolveRequestPolicy(this.rt, opts.policy, tokens.length, maxTokens, roundStarts ?? undefined);
+    // A parked sequence continues under full attention only: a sparse policy's state (selections,
+    // prompt pools) was built for the old prompt, so such a turn computes its prompt afresh.
+    const resumed = sessionId && policy.policy.kind === "full" ? await this.sessions!.resume(tenant, sessionId, tokens, tokens.length + maxTokens) : undefined;
+    const reused = resumed?.reused ?? 0;
+    const session = sessionId ? { id: sessionId, reused, turns: resumed?.turns ?? 0, tokens, roundStarts: roundStarts ?? [0] } : undefined;
+    const calls = this.handoff.prefillCalls;
+    const placement: Placement = this.colocated
+      ? resumed
+        ? { where: "local", reason: `the session holds ${reused} of the prompt's ${tokens.length} tokens` }
+        : { where: "in_process", reason: "prefill and decode run in this process" }
+      : placePrefill({ uncached: tokens.length - reused, promptTokens: tokens.length, maxTokens: c.localPrefillTokens, maxFraction: c.localPrefillFraction, poolFull: calls.running >= calls.options.limit });
+    if (placement.where !== "local") {
+      resumed?.seq.release(); // the prompt is computed elsewhere; this turn parks its own sequence
+      return { placement, ...(session ? { session: { ...session, reused: 0 } } : {}) };
+    }
+    let seq = resumed?.seq;
+    if (!seq) {
+      seq = this.rt.engine.createSequence(tokens.length + maxTokens);
+      try {
+        applyPolicy(this.rt, seq, policy.policy); // the engine's one validation of this request's policy
+      } catch (e) {
+        seq.release();
+        throw e;
+      }
+    }
+    const sampling = validateSampling({ temperature: body.temperature, topK: body.top_k, topP: body.top_p, ...(body.seed === undefined ? {} : { seed: body.seed }) });
+    return { placement, local: { tenant, tokens, seq, reused, policy, sampling, sessionId: sessionId ?? null }, ...(session ? { session } : {}) };
   }
 
   /** Decodes a client's handle (POST /v1/decode): its KV comes through the prefill's shard. */
@@ -179,7 +274,7 @@ export class DecodeService {
    * Decodes a prompt handed over. `owned`: it came from our own prefill call, so on any failure its
    * chunks are released; a client's handle is left alone when it was not ours to take (404/409/429).
    */
-  private async *run(handover: Handover, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number } = {}): AsyncGenerator<DecodeEvent> {
+  private async *run(handover: Handover, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number; turn?: TurnPlan } = {}): AsyncGenerator<DecodeEvent> {
     const { model } = this.rt;
     const handle = handover.handle;
     const t0 = how.t0 ?? opts.arrivedAt ?? performance.now();
@@ -249,6 +344,7 @@ export class DecodeService {
         }
         slot = new Slot(seq, handle.first_token, sampler, text, firstTokenAt);
         slot.tenant = opts.tenant ?? "local";
+        slot.keep = how.turn?.session !== undefined; // parked for the session's next turn
         seq = undefined; // the scheduler owns it from here
         this.scheduler.start(slot);
         for (;;) {
@@ -263,6 +359,11 @@ export class DecodeService {
         }
       }
       outcome = "done";
+      const session = how.turn?.session;
+      if (session && slot?.kept) {
+        await this.park(opts.tenant ?? LOCAL_TENANT, session, slot.seq, handle.prompt_token_ids, text.ids, log);
+        slot.kept = false; // the store owns it now
+      }
       const endedAt = performance.now();
       // Waiting for a place: the prefill's queue (from the handle) and the decode batch queue.
       const timings = clock.finish(endedAt, (handle.queue_ms ?? 0) + (slot?.batchWaitMs(endedAt) ?? 0));
@@ -277,7 +378,13 @@ export class DecodeService {
         kv,
         ttftMs: timings.ttftMs,
         totalMs: timings.e2eMs,
-        ctxbank: { ...ctxbankExtension(timings, verdict), policy: policy.resolved, handoff: { path: handover.path, ...(warnings.length > 0 ? { warnings } : {}) } },
+        ctxbank: {
+          ...ctxbankExtension(timings, verdict),
+          policy: policy.resolved,
+          handoff: { path: handover.path, ...(warnings.length > 0 ? { warnings } : {}) },
+          ...(how.turn ? { prefill: how.turn.placement } : {}),
+          ...(session ? { session: { id: session.id, reused_tokens: session.reused, turns: session.turns + 1 } } : {}),
+        },
       };
     } catch (e) {
       if (signal.aborted) {
@@ -301,11 +408,42 @@ export class DecodeService {
       if (outcome !== "done") this.metrics.requestFailed(failure);
       if (reservation) this.metrics.tokens(handle.prompt_tokens, text?.count ?? 0);
       if (slot) this.scheduler.cancel(slot);
+      if (slot?.kept) slot.seq.release(); // kept for a session that was not parked (an error on the way)
       if (seq) this.scheduler.release(seq);
       reservation?.release();
       this.totals[outcome]++;
       if (claimed) await this.outcomes.record(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 }, log);
       log.info({ requestId, outcome, handoff: handover.path, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
+    }
+  }
+
+  /**
+   * Parks a finished turn's sequence for the session's next turn: it holds the prompt and the
+   * answer but its last token (sampled, never fed). The registry learns where the session is (the
+   * router sends its next turn here).
+   */
+  private async park(tenant: string, session: NonNullable<TurnPlan["session"]>, seq: NativeSequence, prompt: readonly number[], answer: readonly number[], log: Logger): Promise<void> {
+    const tokens = [...prompt, ...answer].slice(0, seq.nPast);
+    const roundStarts = [...session.roundStarts, prompt.length].filter((s, i, all) => s < tokens.length && (i === 0 || s > all[i - 1]!));
+    try {
+      await this.sessions!.park(tenant, session.id, seq, tokens, roundStarts, session.turns + 1);
+      const summary = this.sessions!.summary(tenant, session.id);
+      if (!summary) return; // too large to keep
+      await this.rt.registry.sessions.upsert({
+        id: `${tenant}:${session.id}`,
+        tenant,
+        holderInstanceId: this.instanceId,
+        tier: summary.tier,
+        tokens: summary.tokens,
+        bytes: summary.bytes,
+        roundHashes: summary.roundHashes,
+        turns: summary.turns,
+        createdAt: new Date(summary.createdAt),
+        lastUsedAt: new Date(summary.lastUsedAt),
+        expiresAt: new Date(summary.expiresAt),
+      });
+    } catch (err) {
+      log.warn({ err, session: session.id }, "could not keep the session"); // the next turn computes its prompt
     }
   }
 
@@ -347,6 +485,8 @@ export class DecodeService {
     for (const ac of this.active) ac.abort(new ApiError(503, "draining", "the decode service is shutting down"));
     while (this.active.size > 0) await new Promise((r) => setTimeout(r, 10));
     this.outcomes.stop();
+    clearInterval(this.sessionSweep);
+    this.sessions?.close();
     await this.membership?.leave();
     await this.handoff.close();
   }

@@ -23,6 +23,9 @@ export class Slot {
   private everWaited = false;
   /** Whose request it is (the API key id): batch places go to the keys in turn. */
   tenant = "local";
+  /** When it finishes, the sequence is not freed: its owner keeps it (`kept` then says so). A cancel frees it anyway. */
+  keep = false;
+  kept = false;
 
   constructor(
     readonly seq: NativeSequence,

@@ -117,7 +117,8 @@ export interface SequencePlan {
 
 /** A prompt handed to the decode: its handle (and first token) now, its KV in a sequence when `load` resolves. */
 export interface Handover {
-  readonly path: "in_process" | "shard";
+  /** local: the decode computed the prompt itself (services/decode/local-prefill.ts). */
+  readonly path: "in_process" | "shard" | "local";
   readonly handle: PromptHandle;
   /** The policy the handover's sequence runs already (in process, streamed); undefined: the decode's to choose. */
   readonly policy: ResolvedPolicy | undefined;

@@ -86,15 +86,30 @@ export class SessionStore {
   /** Sessions dropped for memory, quota or TTL since the start; moved to disk. */
   readonly counts = { dropped: 0, spilled: 0, expired: 0, resumed: 0, reusedTokens: 0 };
 
-  constructor(
-    readonly limits: SessionLimits,
-    /** Makes an empty sequence of `capacity` tokens on this engine (a disk load's destination). */
-    private readonly createSequence: (capacity: number) => NativeSequence,
-    /** The engine's KV bytes per stored token. */
-    private readonly kvBytesPerToken: number,
-    private readonly disk?: SessionDisk,
-    private readonly now: () => number = Date.now,
-  ) {}
+  readonly limits: SessionLimits;
+  private readonly createSequence: (capacity: number) => NativeSequence;
+  private readonly kvBytesPerToken: number;
+  private readonly nLayer: number;
+  private readonly disk: SessionDisk | undefined;
+  private readonly now: () => number;
+
+  constructor(o: {
+    limits: SessionLimits;
+    /** Makes an empty sequence of `capacity` tokens on this engine (a disk load's or a larger turn's). */
+    createSequence: (capacity: number) => NativeSequence;
+    /** The engine's KV bytes per stored token (every layer), and its layers. */
+    kvBytesPerToken: number;
+    nLayer: number;
+    disk?: SessionDisk | undefined;
+    now?: () => number;
+  }) {
+    this.limits = o.limits;
+    this.createSequence = o.createSequence;
+    this.kvBytesPerToken = o.kvBytesPerToken;
+    this.nLayer = o.nLayer;
+    this.disk = o.disk;
+    this.now = o.now ?? Date.now;
+  }
 
   /** Bytes parked in memory, and in all (memory and disk). */
   get bytesInMemory(): number {
@@ -119,9 +134,10 @@ export class SessionStore {
    * the longest prefix it shares with the prompt (at most all but the prompt's last token, whose
    * logits the turn needs), loaded from disk first if it was spilled. Undefined when the session
    * is unknown, expired, or shares nothing with the prompt (the caller computes the whole prompt;
-   * the stored session is then dropped: its history was rewritten).
+   * the stored session is then dropped: its history was rewritten). The sequence has room for
+   * `capacity` tokens (moved to a larger one when it had less).
    */
-  async resume(tenant: string, id: string, prompt: ArrayLike<number>): Promise<Resumed | undefined> {
+  async resume(tenant: string, id: string, prompt: ArrayLike<number>, capacity = prompt.length): Promise<Resumed | undefined> {
     const p = this.live(tenant, id);
     if (!p) return undefined;
     this.forget(p);
@@ -132,7 +148,7 @@ export class SessionStore {
     }
     let seq = p.seq;
     if (!seq) {
-      seq = this.createSequence(Math.max(p.tokens.length, prompt.length));
+      seq = this.createSequence(Math.max(p.tokens.length, capacity));
       try {
         await this.disk!.load(tenant, id, seq, p.tokens.length);
       } catch (e) {
@@ -143,6 +159,7 @@ export class SessionStore {
       }
     }
     seq.truncate(reused);
+    if (seq.capacity < capacity) seq = this.grow(seq, reused, capacity);
     this.counts.resumed++;
     this.counts.reusedTokens += reused;
     return { seq, reused, turns: p.turns };
@@ -221,6 +238,29 @@ export class SessionStore {
       n++;
     }
     return n;
+  }
+
+  /** A sequence of `capacity` holding the first `tokens` tokens of `seq` (copied, a block at a time), which is released. */
+  private grow(seq: NativeSequence, tokens: number, capacity: number): NativeSequence {
+    const bigger = this.createSequence(capacity);
+    const layers = Array.from({ length: this.nLayer }, (_, i) => i);
+    const block = 256;
+    const buf = new Uint8Array(Math.min(block, tokens) * this.kvBytesPerToken);
+    try {
+      for (let t = 0; t < tokens; t += block) {
+        const n = Math.min(block, tokens - t);
+        const rows = buf.subarray(0, n * this.kvBytesPerToken);
+        seq.exportRows(rows, layers, t, n);
+        bigger.importRows(rows, layers, t, n);
+      }
+      bigger.setLength(tokens);
+    } catch (e) {
+      bigger.release();
+      throw e;
+    } finally {
+      seq.release();
+    }
+    return bigger;
   }
 
   private live(tenant: string, id: string): Parked | undefined {

@@ -113,6 +113,25 @@ export const ConfigSchema = z.object({
   prefillChunking: z.enum(["slo", "off"]).default("slo"),
   /** KV memory decode may hold for its sequences (reserved at admission); 429 beyond it. */
   kvBudgetBytes: bytes.default(2048 * MiB),
+  /**
+   * Sessions (services/sessions/): KV memory the decode keeps for conversations between turns (0 =
+   * no sessions), one key's share of it, and how long an unused one is kept. Beyond the memory,
+   * the least recently used go to --session-dir when it is set (up to --session-disk-bytes), else
+   * are dropped. The disk holds prompts' KV in clear: a directory only the service reads.
+   */
+  sessionBytes: int(0, Number.MAX_SAFE_INTEGER).default(512 * MiB),
+  sessionBytesPerKey: bytes.default(128 * MiB),
+  sessionTtlMs: ms.default(10 * 60_000),
+  sessionDir: z.string().min(1).optional(),
+  sessionDiskBytes: bytes.default(4096 * MiB),
+  /**
+   * Conditional disaggregation (decode with prefill instances): the decode computes a prompt itself
+   * when the part no session holds is at most this many tokens, or at most this fraction of the
+   * prompt, or when every call to the prefill instances is taken; else a prefill instance does.
+   * 0 tokens (the default): only a session's turn may be computed here (by the fraction).
+   */
+  localPrefillTokens: int(0, 1 << 22).default(0),
+  localPrefillFraction: z.coerce.number().min(0).max(1).default(0.3),
   maxBodyBytes: bytes.default(4 * MiB),
   /**
    * How decode reads chunks: auto = shm on the owner's host, else UCX when the owner publishes a
@@ -219,6 +238,13 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
   prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },
   kvBudgetBytes: { flag: "kv-budget-bytes", env: ["CTXBANK_KV_BUDGET_BYTES"], help: "decode KV memory budget (then 429)" },
+  sessionBytes: { flag: "session-bytes", env: ["CTXBANK_SESSION_BYTES"], help: "KV memory kept for conversations between turns (default 512 MiB; 0 = no sessions)" },
+  sessionBytesPerKey: { flag: "session-bytes-per-key", env: ["CTXBANK_SESSION_BYTES_PER_KEY"], help: "one API key's share of session KV, memory and disk (default 128 MiB)" },
+  sessionTtlMs: { flag: "session-ttl-ms", env: ["CTXBANK_SESSION_TTL_MS"], help: "an unused session is dropped after this (default 10 min)" },
+  sessionDir: { flag: "session-dir", env: ["CTXBANK_SESSION_DIR"], help: "disk tier for sessions under memory pressure (KV in clear: a private directory; default none)" },
+  sessionDiskBytes: { flag: "session-disk-bytes", env: ["CTXBANK_SESSION_DISK_BYTES"], help: "bytes the session disk tier may take (default 4 GiB)" },
+  localPrefillTokens: { flag: "local-prefill-tokens", env: ["CTXBANK_LOCAL_PREFILL_TOKENS"], help: "decode: prefill here when the uncached part is at most this many tokens (default 0: sessions' turns only)" },
+  localPrefillFraction: { flag: "local-prefill-fraction", env: ["CTXBANK_LOCAL_PREFILL_FRACTION"], help: "decode: or at most this fraction of the prompt (default 0.3)" },
   maxBodyBytes: { flag: "max-body-bytes", env: ["CTXBANK_MAX_BODY_BYTES"], help: "largest request body (then 413)" },
   transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm | ucx (auto: in process under serve, else shm on the owner's host, then UCX where both ends have it, then http; a named transport makes serve use the shard path too)" },
   kvTimeoutMs: { flag: "kv-timeout-ms", env: ["CTXBANK_KV_TIMEOUT_MS"], help: "deadline for loading a request's KV" },

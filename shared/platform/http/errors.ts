@@ -23,6 +23,8 @@ export const HTTP_STATUS = {
   forbidden: 403, // a valid capability that does not allow this (another range, an expired lease)
   unknown_handle: 404, // no such request / chunks
   unknown_model: 404,
+  unknown_response: 404, // no stored response with that id (for this key)
+  unknown_session: 404, // no session with that id (for this key)
   not_found: 404,
   request_timeout: 408, // the request body stalled
   handle_expired: 409, // its chunks' lease ran out (or were reclaimed)
@@ -122,6 +124,8 @@ export const API_ERROR_CODES = [
   "forbidden",
   "unknown_handle",
   "unknown_model",
+  "unknown_response",
+  "unknown_session",
   "not_found",
   "request_timeout",
   "handle_expired",

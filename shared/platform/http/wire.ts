@@ -152,7 +152,9 @@ export const UsageSchema = z.object({ prompt_tokens: z.number().int(), completio
 
 export const KvLoadStatsSchema = z
   .object({
-    transport: z.enum(["http", "shm", "ucx", "recompute", "in_process", "none"]).openapi({ description: "in_process: `serve` handed the prefill's sequence to the decode (nothing copied)" }),
+    transport: z
+      .enum(["http", "shm", "ucx", "recompute", "in_process", "local", "none"])
+      .openapi({ description: "in_process: `serve` handed the prefill's sequence to the decode (nothing copied); local: the decode computed the prompt itself (or its part a session did not hold)" }),
     chunks: z.number().int(),
     bytes: z.number().int(),
     ms: z.number(),
@@ -185,11 +187,28 @@ export const CtxbankExtensionSchema = z
       .openapi({ description: "Verdict per configured SLO: true = met. A one-token answer cannot miss the TPOT objective." }),
     handoff: z
       .object({
-        path: z.enum(["in_process", "shard"]).openapi({ description: "in_process: prefill and decode in one process (`serve`), the sequence handed over; shard: the KV written by the prefill and read by the decode" }),
+        path: z.enum(["in_process", "shard", "local"]).openapi({
+          description:
+            "in_process: prefill and decode in one process (`serve`), the sequence handed over; shard: the KV written by the prefill and read by the decode; local: the decode prefilled the prompt itself (see prefill)",
+        }),
         warnings: z.array(z.string()).optional().openapi({ description: "What the decode could not have from the prompt across processes (e.g. SCOPE's prompt pool), and what it did instead" }),
       })
       .optional(),
     policy: ResolvedPolicySchema.optional().openapi({ description: "The attention policy that ran, every default and budget written in" }),
+    prefill: z
+      .object({
+        where: z.enum(["in_process", "remote", "local"]),
+        reason: z.string().openapi({ description: "Why there (conditional disaggregation: the uncached part's size, the prefill pool's load, a session)" }),
+      })
+      .optional(),
+    session: z
+      .object({
+        id: z.string(),
+        reused_tokens: z.number().int().openapi({ description: "Prompt tokens whose KV the session held (not computed again)" }),
+        turns: z.number().int(),
+      })
+      .optional()
+      .openapi({ description: "The conversation this request was a turn of (x-session-id, session_id, or a Responses API chain)" }),
   })
   .openapi("CtxbankExtension");
 export type CtxbankExtension = z.infer<typeof CtxbankExtensionSchema>;
