@@ -60,6 +60,10 @@ describe("fuzzing every route", () => {
       { method: "POST", path: "/v1/completions", body: { model, prompt: "Hi", max_tokens: 1 } },
       { method: "POST", path: "/v1/prefill", body: { prompt: "Hi", max_tokens: 1, policy: { kind: "omnikv" } } },
       { method: "POST", path: "/v1/decode", body: { handle, max_tokens: 1, stream: false } },
+      { method: "POST", path: "/v1/responses", body: { model, input: "Hi", max_output_tokens: 1 } },
+      // GET routes are also sent with DELETE (and other methods) by the generator.
+      { method: "GET", path: "/v1/responses/{id}" },
+      { method: "GET", path: "/v1/sessions/{id}" },
       ...["/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs", "/dashboard", "/"].map((path) => ({ method: "GET", path }) as RouteExample),
       // The internal listener: capabilities and the shared secret guard all of it.
       { listener: "internal", method: "POST", path: "/v1/prefill", body: { prompt: "Hi", max_tokens: 1 } },

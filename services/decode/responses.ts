@@ -64,7 +64,7 @@ const ResponseObject = z
         id: z.string(),
         status: z.literal("completed"),
         role: z.literal("assistant"),
-        content: z.array(z.object({ type: z.literal("output_text"), text: z.string(), annotations: z.array(z.never()) })),
+        content: z.array(z.object({ type: z.literal("output_text"), text: z.string(), annotations: z.array(z.string()).max(0).openapi({ description: "always empty" }) })),
       }),
     ),
     output_text: z.string(),
@@ -129,7 +129,7 @@ function responseObject(row: Pick<ResponseRow, "outputText" | "inputTokens" | "o
     model: row.model,
     previous_response_id: o.previousId,
     instructions: o.instructions,
-    output: [{ type: "message" as const, id: `msg_${o.id.slice(5)}`, status: "completed" as const, role: "assistant" as const, content: [{ type: "output_text" as const, text: row.outputText, annotations: [] as never[] }] }],
+    output: [{ type: "message" as const, id: `msg_${o.id.slice(5)}`, status: "completed" as const, role: "assistant" as const, content: [{ type: "output_text" as const, text: row.outputText, annotations: [] as string[] }] }],
     output_text: row.outputText,
     usage: {
       input_tokens: row.inputTokens,
