@@ -17,7 +17,7 @@ import type { ControlledEvaluateInputItem, LlamaModel, Token } from "node-llama-
 import { afterAll, describe, expect, it } from "vitest";
 
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
-import type { AttentionPolicyInput } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { PolicyError } from "../shared/inference/policy/errors.ts";
 import { tinyArchModel, TINY_ARCH_VOCAB, type TinyArchOptions } from "./helpers/arch-models.ts";
 import { gemma3Model } from "./helpers/gemma-model.ts";
@@ -201,7 +201,7 @@ describe("decode policies on a model with sliding-window layers", () => {
     const engine = new Engine(await loadModel(path), { threads: 1 });
     const seq = engine.createSequence(64);
     engine.applyPolicy(seq, { kind: "full" });
-    const sparse: AttentionPolicyInput[] = [
+    const sparse: AttentionPolicy[] = [
       { kind: "omnikv", omnikv: { filterLayers: [1], budget: 16 } },
       { kind: "scope", scope: { beta1: 8, beta2: 8, maxOutput: 16 } },
       { kind: "streaming", streaming: { sinks: 4, window: 16 } },

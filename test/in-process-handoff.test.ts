@@ -5,7 +5,7 @@
 // handle on the shard path; a handle without it is decoded with a warning in the answer.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../shared/inference/engine/sampler.ts";
-import type { AttentionPolicyInput } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
@@ -45,7 +45,7 @@ async function complete(prompt: string, maxTokens: number, policy?: unknown): Pr
 }
 
 /** Greedy tokens of the engine alone, the policy set before the prompt (as in one process). */
-async function engineGreedy(ids: number[], policy: AttentionPolicyInput, n: number): Promise<number[]> {
+async function engineGreedy(ids: number[], policy: AttentionPolicy, n: number): Promise<number[]> {
   const { engine } = s.rt;
   const seq = engine.createSequence(ids.length + n);
   seq.setPolicy(policy);
@@ -105,8 +105,8 @@ describe("serve: the KV handoff in process", () => {
     const n = 24;
     const spec = { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 8 } };
     const ids = s.rt.tokenizer.encode(PROMPT);
-    const pooled: AttentionPolicyInput = { kind: "scope", scope: { mode: "slide", beta1: 64, beta2: 64, maxOutput: n, alpha1: 16, alpha2: 8 } };
-    const whole: AttentionPolicyInput = { kind: "scope", scope: { mode: "slide", beta1: 64, beta2: 64, maxOutput: n } };
+    const pooled: AttentionPolicy = { kind: "scope", scope: { mode: "slide", beta1: 64, beta2: 64, maxOutput: n, alpha1: 16, alpha2: 8 } };
+    const whole: AttentionPolicy = { kind: "scope", scope: { mode: "slide", beta1: 64, beta2: 64, maxOutput: n } };
     const withPool = await engineGreedy(ids, pooled, n);
     const withoutPool = await engineGreedy(ids, whole, n);
     // 24 of ~170 prompt tokens per layer and head: the pool changes what decode attends to.

@@ -4,7 +4,7 @@
 // filter and guard layers plus the packed rows; a device budget is enforced with clear errors.
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel, type LoadedModel } from "../shared/inference/engine/engine.ts";
-import type { AttentionPolicyInput, NativeSequence } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicy, NativeSequence } from "../shared/inference/engine/native.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
@@ -12,7 +12,7 @@ let model: LoadedModel;
 let engine: Engine;
 const PROMPT = Array.from({ length: 600 }, (_, i) => 100 + ((i * 7919) % 30000));
 const FILTERS = [2, 7, 17];
-const omnikv = (offload: boolean, budget = 64): AttentionPolicyInput => ({ kind: "omnikv", omnikv: { filterLayers: FILTERS, budget, offload } });
+const omnikv = (offload: boolean, budget = 64): AttentionPolicy => ({ kind: "omnikv", omnikv: { filterLayers: FILTERS, budget, offload } });
 const PAIR = 2 * 192 * 2; // one token's K and V rows of one layer, f16
 
 /** Bit-identical logits, step by step (cheap to report when they are not). */
@@ -27,7 +27,7 @@ beforeAll(async () => {
 });
 
 /** Greedy decode; `when` says whether the policy is set before the prefill or after it. */
-async function run(policy: AttentionPolicyInput, when: "before" | "after", steps = 16, eng = engine) {
+async function run(policy: AttentionPolicy, when: "before" | "after", steps = 16, eng = engine) {
   const seq = eng.createSequence(PROMPT.length + steps + 1);
   if (when === "before") seq.setPolicy(policy);
   let logits = await eng.prefill(seq, PROMPT);

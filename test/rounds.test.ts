@@ -3,20 +3,20 @@
 // round is full attention bit for bit; a single round is dense; choices are whole rounds.
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
-import type { AttentionPolicyInput } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;
 const PROMPT = Array.from({ length: 360 }, (_, i) => 100 + ((i * 7919) % 30000));
 const STARTS = [0, 80, 150, 230, 300]; // four earlier rounds, the current one from 300
-const rounds = (topK: number, starts = STARTS): AttentionPolicyInput => ({ kind: "rounds", rounds: { watershedLayer: 12, starts, topK } });
+const rounds = (topK: number, starts = STARTS): AttentionPolicy => ({ kind: "rounds", rounds: { watershedLayer: 12, starts, topK } });
 
 beforeAll(async () => {
   engine = new Engine(await loadModel(await resolveModel()), { threads: 1 });
 });
 
-async function run(policy: AttentionPolicyInput, steps = 6) {
+async function run(policy: AttentionPolicy, steps = 6) {
   const seq = engine.createSequence(PROMPT.length + steps + 1);
   seq.setPolicy(policy);
   let tok = argmax(await engine.prefill(seq, PROMPT));

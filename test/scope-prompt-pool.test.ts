@@ -3,14 +3,14 @@
 // per layer and KV head; after a KV import (no prompt queries) the prompt is kept whole.
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
-import type { AttentionPolicyInput, NativeSequence } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicy, NativeSequence } from "../shared/inference/engine/native.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;
 const PROMPT = Array.from({ length: 300 }, (_, i) => 100 + ((i * 7919) % 30000));
 const LAYERS_X_HEADS = 30 * 3;
-const scope = (alpha1: number, alpha2 = 8): AttentionPolicyInput => ({ kind: "scope", scope: { beta1: 64, beta2: 64, alpha1, alpha2, maxOutput: 64 } });
+const scope = (alpha1: number, alpha2 = 8): AttentionPolicy => ({ kind: "scope", scope: { beta1: 64, beta2: 64, alpha1, alpha2, maxOutput: 64 } });
 
 beforeAll(async () => {
   engine = new Engine(await loadModel(await resolveModel()), { threads: 1 });
@@ -27,7 +27,7 @@ async function decode(seq: NativeSequence, first: number, steps: number) {
   return logits;
 }
 
-async function run(policy: AttentionPolicyInput, steps = 6) {
+async function run(policy: AttentionPolicy, steps = 6) {
   const seq = engine.createSequence(PROMPT.length + steps + 1);
   seq.setPolicy(policy);
   const first = argmax(await engine.prefill(seq, PROMPT));

@@ -4,7 +4,7 @@
 // (its greedy tokens equal the engine's under the same policy).
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../shared/inference/engine/sampler.ts";
-import type { AttentionPolicyInput } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
@@ -56,7 +56,7 @@ describe("policies through the services", () => {
     await shards?.remove();
   });
 
-  async function engineGreedy(ids: number[], policy: AttentionPolicyInput, n: number): Promise<number[]> {
+  async function engineGreedy(ids: number[], policy: AttentionPolicy, n: number): Promise<number[]> {
     const { engine } = s.rt;
     const seq = engine.createSequence(ids.length + n);
     seq.setPolicy(policy);
@@ -73,7 +73,10 @@ describe("policies through the services", () => {
     const res = await postJson(`${s.url}/v1/prefill`, { prompt, policy: spec });
     expect(res.status).toBe(200);
     const handle = res.body as Handle;
-    const roles = s.rt.engine.checkPolicy({ kind: "omnikv", omnikv: { filterLayers, budget: 16 } });
+    const probe = s.rt.engine.createSequence(1);
+    probe.setPolicy({ kind: "omnikv", omnikv: { filterLayers, budget: 16 } });
+    const roles = probe.policyStats;
+    probe.release();
     const groups = layerGroupsFromRoles(roles.layerRoles, roles.layerGroups, 30);
     expect(groups).toHaveLength(filterLayers.length + 1);
     expect(handle.layer_groups).toEqual(groups);

@@ -4,14 +4,14 @@
 // import only decode queries exist (so the first selections may differ, and still keep budgets).
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../shared/inference/engine/engine.ts";
-import type { AttentionPolicyInput, NativeSequence } from "../shared/inference/engine/native.ts";
+import type { AttentionPolicy, NativeSequence } from "../shared/inference/engine/native.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { argmax } from "./helpers/logits.ts";
 
 let engine: Engine;
 const PROMPT = Array.from({ length: 400 }, (_, i) => 100 + ((i * 7919) % 30000));
 const FILTERS = [2, 7, 17];
-const omnikv = (selector: "last_softmax" | "uniform" | "exp", window: number, budget = 32): AttentionPolicyInput => ({
+const omnikv = (selector: "last_softmax" | "uniform" | "exp", window: number, budget = 32): AttentionPolicy => ({
   kind: "omnikv",
   omnikv: { filterLayers: FILTERS, budget, selector, window },
 });
@@ -33,7 +33,7 @@ async function decode(seq: NativeSequence, first: number, steps: number) {
   return { logits, selections };
 }
 
-async function run(policy: AttentionPolicyInput, steps = 8) {
+async function run(policy: AttentionPolicy, steps = 8) {
   const seq = engine.createSequence(PROMPT.length + steps + 1);
   seq.setPolicy(policy);
   const first = argmax(await engine.prefill(seq, PROMPT));

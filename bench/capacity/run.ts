@@ -8,7 +8,7 @@
 //   npm run bench:capacity [-- --budget-mib 256] [--steps 16]
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
-import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { benchCli } from "../../tools/lib/bench-runner.ts";
@@ -33,14 +33,17 @@ const model = await loadModel(await resolveModel());
 const { nLayer, nHeadKv, headDim } = model.config;
 const PAIR = 2 * nHeadKv * headDim * 2; // one token's f16 K and V rows of one layer
 const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [2, 8, 18];
-const configs: Array<{ id: string; budget?: number; policy: AttentionPolicyInput }> = [
+const configs: Array<{ id: string; budget?: number; policy: AttentionPolicy }> = [
   { id: "full", policy: { kind: "full" } },
-  ...[256, 1024, 2048].map((k) => ({ id: `omnikv k=${k} offload`, budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k, offload: true } } as AttentionPolicyInput })),
+  ...[256, 1024, 2048].map((k) => ({ id: `omnikv k=${k} offload`, budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k, offload: true } } as AttentionPolicy })),
 ];
 
 /** The arena's prediction: device-tier layers x tokens + packed rows at full budget <= BUDGET. */
-function predictedMax(policy: AttentionPolicyInput, probe: Engine): { max: number; deviceLayers: number; packedBytes: number } {
-  const roles = probe.checkPolicy(policy).layerRoles;
+function predictedMax(policy: AttentionPolicy, probe: Engine): { max: number; deviceLayers: number; packedBytes: number } {
+  const seq = probe.createSequence(1);
+  seq.setPolicy(policy);
+  const roles = seq.policyStats.layerRoles;
+  seq.release();
   const offloaded = policy.kind === "omnikv" && policy.omnikv.offload ? roles.filter((r) => r === "sparse").length : 0;
   const deviceLayers = nLayer - offloaded;
   const packedBytes = policy.kind === "omnikv" && policy.omnikv.offload ? offloaded * policy.omnikv.budget! * PAIR : 0;

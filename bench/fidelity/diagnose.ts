@@ -7,7 +7,7 @@
 // the filters suffix were made with the defaults of that time, 3, 17, 23)
 
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
-import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
@@ -55,12 +55,12 @@ for (let i = 1; i < GEN; i++) {
   ref.push(argmax(l));
 }
 
-const omni = (budget: number, extra: Partial<{ selector: "last" | "last_softmax" | "uniform" | "exp"; window: number; guard: boolean }> = {}): AttentionPolicyInput => ({
+const omni = (budget: number, extra: Partial<{ selector: "last" | "last_softmax" | "uniform" | "exp"; window: number; guard: boolean }> = {}): AttentionPolicy => ({
   kind: "omnikv",
   omnikv: { filterLayers, budget, ...extra },
 });
-const configs: Array<[string, AttentionPolicyInput]> = [
-  ...[128, 256, 512, 1024, 2048, 4096, 8192].map((k) => [`omnikv k=${k}`, omni(k)] as [string, AttentionPolicyInput]),
+const configs: Array<[string, AttentionPolicy]> = [
+  ...[128, 256, 512, 1024, 2048, 4096, 8192].map((k) => [`omnikv k=${k}`, omni(k)] as [string, AttentionPolicy]),
   ["omnikv k=256 last_softmax", omni(256, { selector: "last_softmax" })],
   ["omnikv k=1024 last_softmax", omni(1024, { selector: "last_softmax" })],
   ["omnikv k=256 guard off", omni(256, { guard: false })],
@@ -78,7 +78,7 @@ const configs: Array<[string, AttentionPolicyInput]> = [
   ["h2o k=1024", { kind: "h2o", h2o: { budget: 1024, recent: 256 } }],
 ];
 const rows: Array<{ config: string; meanKl: number; firstStepKl: number; tfTop1: number }> = [];
-const windowed = (p: AttentionPolicyInput) => p.kind === "omnikv" && (p.omnikv.selector === "uniform" || p.omnikv.selector === "exp");
+const windowed = (p: AttentionPolicy) => p.kind === "omnikv" && (p.omnikv.selector === "uniform" || p.omnikv.selector === "exp");
 for (const [name, policy] of configs) {
   seq.truncate(ids.length);
   seq.setPolicy(policy);

@@ -1,13 +1,13 @@
 // The decode policies the fidelity bench compares. `budget` is what the chart puts on the x axis:
 // prompt tokens kept for omnikv (generated tokens are always attended on top), tokens attended
 // in all for streaming and h2o, beta1 + beta2 generated tokens for scope (the prompt is kept whole).
-import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 
 export interface BenchPolicy {
   id: string;
   family: "full" | "omnikv" | "streaming" | "h2o" | "scope" | "omnikv+scope";
   budget: number | null;
-  policy: AttentionPolicyInput;
+  policy: AttentionPolicy;
 }
 
 export const BUDGETS = [256, 1024] as const;

@@ -1,8 +1,8 @@
 // The decode policies bench/longctx compares, at the settings the issue names.
-import type { AttentionPolicyInput } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 
-export function benchPolicies(filterLayers: number[], steps: number): Array<{ id: string; policy: AttentionPolicyInput }> {
-  const omnikv = (budget: number): AttentionPolicyInput => ({ kind: "omnikv", omnikv: { filterLayers, budget } });
+export function benchPolicies(filterLayers: number[], steps: number): Array<{ id: string; policy: AttentionPolicy }> {
+  const omnikv = (budget: number): AttentionPolicy => ({ kind: "omnikv", omnikv: { filterLayers, budget } });
   return [
     { id: "full", policy: { kind: "full" } },
     { id: "omnikv k=256", policy: omnikv(256) },

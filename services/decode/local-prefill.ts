@@ -9,8 +9,9 @@ import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { Sampler } from "../../shared/inference/engine/sampler.ts";
 import { namespacedRequestId } from "../../shared/platform/auth/tenant.ts";
+import { resolvedSpec, type ResolvedPolicy } from "../../shared/inference/policy/request.ts";
 import type { Handover, LoadedKv, PromptCompute, PromptHandle, SequencePlan } from "../handoff/index.ts";
-import type { ResolvedPolicy } from "../policy.ts";
+import type { RequestPlan } from "../request-plan.ts";
 import type { Runtime } from "../runtime.ts";
 
 /** Where a prompt is computed, and why (the answer's `ctxbank.prefill`). */
@@ -35,44 +36,43 @@ export function placePrefill(o: { uncached: number; promptTokens: number; maxTok
 
 export interface LocalPrompt {
   tenant: string;
-  tokens: number[];
-  /** A session's sequence holding the first `reused` tokens (its policy runs full attention), or a new one. */
+  plan: RequestPlan;
+  /** A session's sequence holding the first `reused` tokens (its policy runs full attention), or a new one with the plan's policy. */
   seq: NativeSequence;
   reused: number;
-  policy: ResolvedPolicy;
-  sampling: { temperature: number; topP: number; topK: number; seed: number };
   sessionId: string | null;
 }
 
 /**
- * Computes `p.tokens` from `p.reused` into `p.seq` and samples the first token: the request's
+ * Computes the plan's tokens from `p.reused` into `p.seq` and samples the first token: the request's
  * registry row first (as a prefill would make it), its milestones, then the Handover. On failure
  * the sequence is released and the error thrown.
  */
 export async function prefillLocally(rt: Runtime, instanceId: string, compute: PromptCompute, p: LocalPrompt, signal: AbortSignal, log: Logger): Promise<Handover> {
   const t0 = performance.now();
+  const { tokens, sampling, policy } = p.plan;
   const requestId = namespacedRequestId(p.tenant, `req-${randomUUID()}`);
   try {
-    await rt.registry.requests.create({ id: requestId, sessionId: p.sessionId, promptTokens: p.tokens.length, prefillInstanceId: instanceId });
+    await rt.registry.requests.create({ id: requestId, sessionId: p.sessionId, promptTokens: tokens.length, prefillInstanceId: instanceId });
     await rt.registry.requests.mark(requestId, { event: "prefill_start" });
-    const logits = await compute(p.seq, p.tokens.slice(p.reused), signal);
-    const firstToken = new Sampler(p.sampling).sample(logits);
+    const logits = await compute(p.seq, tokens.slice(p.reused), signal);
+    const firstToken = new Sampler(sampling).sample(logits);
     await rt.registry.requests.mark(requestId, { event: "prefill_end" });
-    const { temperature, topP, topK, seed } = p.sampling;
+    const { temperature, topP, topK, seed } = sampling;
     const handle: PromptHandle = {
       request_id: requestId,
       first_token: firstToken,
       model_fingerprint: rt.model.fingerprint,
-      prompt_tokens: p.tokens.length,
-      prompt_token_ids: p.tokens,
-      policy: p.policy.spec,
-      resolved_policy: p.policy.resolved,
+      prompt_tokens: tokens.length,
+      prompt_token_ids: tokens,
+      policy: p.plan.spec,
+      resolved_policy: resolvedSpec(policy),
       sampling: { temperature, top_p: topP, top_k: topK, seed },
       prefill_ms: performance.now() - t0,
       queue_ms: 0,
     };
-    log.info({ requestId, promptTokens: p.tokens.length, reused: p.reused, ms: Math.round(handle.prefill_ms) }, "prefilled locally");
-    return new LocalHandover(handle, p.policy, p.seq, p.tokens.length - p.reused);
+    log.info({ requestId, promptTokens: tokens.length, reused: p.reused, ms: Math.round(handle.prefill_ms) }, "prefilled locally");
+    return new LocalHandover(handle, policy, p.seq, tokens.length - p.reused);
   } catch (e) {
     p.seq.release();
     throw e;

@@ -12,9 +12,10 @@ import { samplingOptions, type CtxbankExtension, type PrefillRequest } from "../
 import { ctxbankExtension } from "../../shared/platform/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
-import type { ParsedPolicySpec, PolicySpec } from "../../shared/inference/policy/request.ts";
+import { policyFromWire, policyKind, resolvedSpec, type PolicySpec, type ResolvedPolicy } from "../../shared/inference/policy/request.ts";
 import { Membership } from "../membership.ts";
 import { applyPolicy, resolveRequestPolicy } from "../policy.ts";
+import { checkBeforeWork, planPrompt, type RequestPlan } from "../request-plan.ts";
 import { checkContext, checkTokenIds, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
 import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
@@ -51,17 +52,16 @@ export interface DecodeOptions {
 /** How a turn of complete() is computed: where its prompt is prefilled, and its session. */
 interface TurnPlan {
   placement: Placement;
+  /** The request planned here, for the prefill in this process to compute (a session's turn in `serve`). */
+  plan?: RequestPlan;
   /** When the decode computes the prompt itself. */
   local?: LocalPrompt;
   session?: { id: string; reused: number; turns: number; tokens: number[]; roundStarts: number[] };
 }
 
-/** The attention policy that ran, in the wire's shape (every default and budget written in). */
-type RanPolicy = Exclude<ParsedPolicySpec, string>;
-
 export type DecodeEvent =
-  /** The first token (index 0) carries the policy that runs, every default and budget written in. */
-  | { type: "token"; id: number; text: string; index: number; policy?: RanPolicy }
+  /** The first token (index 0) carries the policy that runs, as a spec with every default and budget written in (resolvedSpec). */
+  | { type: "token"; id: number; text: string; index: number; policy?: Exclude<PolicySpec, string> }
   | {
       type: "done";
       requestId: string;
@@ -193,16 +193,17 @@ export class DecodeService {
         ...(opts.seed === undefined ? {} : { seed: opts.seed }),
         ...(opts.policy === undefined ? {} : { policy: opts.policy }),
       };
+      const tenant = opts.tenant ?? LOCAL_TENANT;
+      turn = await this.planTurn(body, opts, tenant, signal);
       const own: OwnRequest = {
-        tenant: opts.tenant ?? LOCAL_TENANT,
+        tenant,
         onKvFailure: opts.onKvFailure ?? "fail",
-        // Our own prefill's policy (the request's, resolved for the prompt: e.g. a chat's rounds) first.
-        plan: (prefilled) => {
+        plan: turn.plan,
+        sequencePlan: (prefilled) => {
           const maxTokens = this.maxTokensFor(prefilled.prompt_tokens, opts);
-          return { capacity: prefilled.prompt_tokens + maxTokens, policy: resolveRequestPolicy(this.rt, prefilled.policy ?? opts.policy, prefilled.prompt_tokens, maxTokens) };
+          return { capacity: prefilled.prompt_tokens + maxTokens, policy: this.decodePolicy(prefilled, opts, true, maxTokens) };
         },
       };
-      turn = await this.planTurn(body, opts, own.tenant, signal);
       handover = turn.local
         ? await prefillLocally(this.rt, this.instanceId, (seq, tokens, sig) => this.scheduler.prefill(seq, tokens, sig), turn.local, signal, log)
         : await this.handoff.prefill(body, own, signal, log);
@@ -217,7 +218,8 @@ export class DecodeService {
   /**
    * Where the prompt is computed and what a session holds of it. The prompt is tokenized here only
    * when that matters: a session is named (its parked sequence is matched against the prompt's
-   * tokens), or prefill instances could be skipped (conditional disaggregation, placePrefill).
+   * tokens), or prefill instances could be skipped (conditional disaggregation, placePrefill). A
+   * prompt computed in this process is planned here, once; a prefill instance plans its own.
    */
   private async planTurn(body: PrefillRequest, opts: DecodeOptions, tenant: string, signal: AbortSignal): Promise<TurnPlan> {
     const c = this.rt.config;
@@ -226,12 +228,13 @@ export class DecodeService {
       return { placement: this.colocated ? { where: "in_process", reason: "prefill and decode run in this process" } : { where: "remote", reason: "local prefill is off" } };
     }
     const chat = body.messages !== undefined;
-    const { ids: tokens, roundStarts } = await encodePrompt(this.rt, body, { rounds: chat, tenant, signal });
+    const sampling = checkBeforeWork(this.rt, body);
+    const prompt = await encodePrompt(this.rt, body, { rounds: chat, tenant, signal });
+    const { ids: tokens, roundStarts } = prompt;
     const maxTokens = this.maxTokensFor(tokens.length, opts);
-    const policy = resolveRequestPolicy(this.rt, opts.policy, tokens.length, maxTokens, roundStarts ?? undefined);
     // A parked sequence continues under full attention only: a sparse policy's state (selections,
     // prompt pools) was built for the old prompt, so such a turn computes its prompt afresh.
-    const resumed = sessionId && policy.policy.kind === "full" ? await this.sessions!.resume(tenant, sessionId, tokens, tokens.length + maxTokens) : undefined;
+    const resumed = sessionId && policyKind(body.policy ?? c.policy) === "full" ? await this.sessions!.resume(tenant, sessionId, tokens, tokens.length + maxTokens) : undefined;
     const reused = resumed?.reused ?? 0;
     const session = sessionId ? { id: sessionId, reused, turns: resumed?.turns ?? 0, tokens, roundStarts: roundStarts ?? [0] } : undefined;
     const calls = this.handoff.prefillCalls;
@@ -242,25 +245,37 @@ export class DecodeService {
       : placePrefill({ uncached: tokens.length - reused, promptTokens: tokens.length, maxTokens: c.localPrefillTokens, maxFraction: c.localPrefillFraction, poolFull: calls.running >= calls.options.limit });
     if (placement.where !== "local") {
       resumed?.seq.release(); // the prompt is computed elsewhere; this turn parks its own sequence
-      return { placement, ...(session ? { session: { ...session, reused: 0 } } : {}) };
+      const plan = placement.where === "in_process" ? { plan: planPrompt(this.rt, body, prompt, sampling) } : {};
+      return { placement, ...plan, ...(session ? { session: { ...session, reused: 0 } } : {}) };
     }
+    const plan = planPrompt(this.rt, body, prompt, sampling);
     let seq = resumed?.seq;
     if (!seq) {
       seq = this.rt.engine.createSequence(tokens.length + maxTokens);
       try {
-        applyPolicy(this.rt, seq, policy.policy); // the engine's one validation of this request's policy
+        applyPolicy(this.rt, seq, plan.policy); // the engine's one validation of this request's policy
       } catch (e) {
         seq.release();
         throw e;
       }
     }
-    const sampling = validateSampling({ temperature: body.temperature, topK: body.top_k, topP: body.top_p, ...(body.seed === undefined ? {} : { seed: body.seed }) });
-    return { placement, local: { tenant, tokens, seq, reused, policy, sampling, sessionId: sessionId ?? null }, ...(session ? { session } : {}) };
+    return { placement, local: { tenant, plan, seq, reused, sessionId: sessionId ?? null }, ...(session ? { session } : {}) };
   }
 
   /** Decodes a client's handle (POST /v1/decode): its KV comes through the prefill's shard. */
   decode(handle: Handle, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
     return this.run(this.handoff.accept(handle, opts.onKvFailure ?? "fail"), opts, signal, log);
+  }
+
+  /**
+   * The policy the decode's sequence attends with. Our own request's came resolved in its handle
+   * (the prefill's plan; resolved here only from an older prefill's handle, which lacks it); a
+   * client's handle is decoded under the policy its request names, else the handle's, resolved
+   * for this decode's own length (SCOPE's planned output is its max_tokens).
+   */
+  private decodePolicy(prefilled: Pick<Handle, "prompt_tokens" | "policy" | "resolved_policy">, opts: DecodeOptions, owned: boolean, maxTokens: number): ResolvedPolicy {
+    if (owned && prefilled.resolved_policy) return policyFromWire(prefilled.resolved_policy);
+    return resolveRequestPolicy(this.rt, owned ? prefilled.policy ?? opts.policy : opts.policy ?? prefilled.policy, prefilled.prompt_tokens, maxTokens);
   }
 
   /** The answer's length for a prompt of `promptTokens`: max_tokens or the default, checked against the context. */
@@ -311,10 +326,9 @@ export class DecodeService {
         throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
       }
       // The policy the handed-over sequence runs already (set before the prompt in process, at the
-      // start of a streamed load). Otherwise: our own prefill's handle carries the policy as it
-      // resolved it (e.g. the rounds of a chat); a client's handle may be decoded under another
-      // policy the request names.
-      const policy = handover.policy ?? resolveRequestPolicy(this.rt, how.owned ? handle.policy ?? opts.policy : opts.policy ?? handle.policy, n, maxTokens);
+      // start of a streamed load), else the one decodePolicy picks.
+      const policy = handover.policy ?? this.decodePolicy(handle, opts, how.owned ?? false, maxTokens);
+      const ran = resolvedSpec(policy);
       const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
@@ -332,7 +346,7 @@ export class DecodeService {
       const first = text.push(handle.first_token);
       clock.token();
       const firstTokenAt = performance.now();
-      yield { type: "token", id: handle.first_token, text: first.text, index: 0, policy: policy.resolved };
+      yield { type: "token", id: handle.first_token, text: first.text, index: 0, policy: ran };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
       let warnings: string[] = [];
       let finish = first.finish;
@@ -380,7 +394,7 @@ export class DecodeService {
         totalMs: timings.e2eMs,
         ctxbank: {
           ...ctxbankExtension(timings, verdict),
-          policy: policy.resolved,
+          policy: ran,
           handoff: { path: handover.path, ...(warnings.length > 0 ? { warnings } : {}) },
           ...(how.turn ? { prefill: how.turn.placement } : {}),
           ...(session ? { session: { id: session.id, reused_tokens: session.reused, turns: session.turns + 1 } } : {}),

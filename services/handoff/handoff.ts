@@ -8,10 +8,10 @@
 // written or read; its owner half is the prefill service, InProcessPrefill).
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
-import type { PolicySpec } from "../../shared/inference/policy/request.ts";
+import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
 import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
 import type { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
-import type { ResolvedPolicy } from "../policy.ts";
+import type { RequestPlan } from "../request-plan.ts";
 import type { InPlaceChunkSource } from "./chunk-route.ts";
 import type { Handle, KvSummary, PromptHandle } from "./handle.ts";
 import type { HandleProgress } from "./handle-stream.ts";
@@ -53,8 +53,9 @@ export interface OwnedPrompt {
   /** Recorded on the chunk rows. */
   sessionId: string | null;
   roundId: number | null;
-  /** What the streamed handle's start says of the prompt besides where its KV is. */
+  /** What the streamed handle's start says of the prompt besides where its KV is: the plan's policy, as handed on and as resolved. */
   policy: Handle["policy"];
+  resolvedPolicy: Handle["resolved_policy"];
   sampling: Handle["sampling"];
 }
 
@@ -103,12 +104,14 @@ export type KvFailureChoice = "fail" | "recompute";
 export interface OwnRequest {
   tenant: string;
   onKvFailure: KvFailureChoice;
-  /** The decode's plan for the prompt, once its length and policy are known (a streamed load asks at its start). */
-  plan: PlanSequence;
+  /** The request as the decode planned it (a session's turn): an in-process prefill computes it so; a prefill instance plans `body` itself. */
+  plan?: RequestPlan | undefined;
+  /** The decode's sequence for the prompt, once the prefill announced it (a streamed load asks at its start). */
+  sequencePlan: PlanSequence;
 }
 
-/** The decode's plan for a prompt: room for its answer, and the policy it decodes under (resolving it is the decode's). */
-export type PlanSequence = (prompt: { prompt_tokens: number; policy?: PolicySpec | undefined }) => SequencePlan;
+/** The decode's sequence for a prefilled prompt: room for its answer, and the policy it attends with (the handle's, as the prefill resolved it). */
+export type PlanSequence = (prompt: Pick<Handle, "prompt_tokens" | "policy" | "resolved_policy">) => SequencePlan;
 
 export interface SequencePlan {
   capacity: number;
@@ -156,5 +159,5 @@ export interface ReaderStatus {
  * over as it is (the caller owns it).
  */
 export interface InProcessPrefill {
-  prefillInProcess(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string): Promise<{ handle: PromptHandle; seq: NativeSequence; policy: ResolvedPolicy }>;
+  prefillInProcess(req: PrefillRequest, plan: RequestPlan | undefined, signal: AbortSignal, log: Logger, tenant: string): Promise<{ handle: PromptHandle; seq: NativeSequence; policy: ResolvedPolicy }>;
 }

@@ -8,7 +8,7 @@
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
-import type { ResolvedPolicy } from "../policy.ts";
+import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
 import type { Handle, PromptHandle } from "./handle.ts";
 import type { Handover, HandoffReader, InProcessPrefill, KvFailureChoice, LoadedKv, OwnRequest, ReaderStatus, SequencePlan } from "./handoff.ts";
 
@@ -26,9 +26,9 @@ export class InProcessHandoff implements HandoffReader {
     return this.shard.prefillCalls;
   }
 
-  /** Prefills `body` here, into the sequence the decode will own. */
+  /** Prefills `body` here (as the decode planned it, if it did), into the sequence the decode will own. */
   async prefill(body: PrefillRequest, own: OwnRequest, signal: AbortSignal, log: Logger): Promise<Handover> {
-    const { handle, seq, policy } = await this.prefiller.prefillInProcess(body, signal, log, own.tenant);
+    const { handle, seq, policy } = await this.prefiller.prefillInProcess(body, own.plan, signal, log, own.tenant);
     this.handed++;
     return new InProcessHandover(handle, policy, seq);
   }

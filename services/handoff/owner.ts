@@ -253,6 +253,7 @@ class ShardPromptHandoff implements PromptHandoff {
       prompt_token_ids: prompt.tokens,
       layer_groups: prompt.layerGroups,
       policy: prompt.policy,
+      resolved_policy: prompt.resolvedPolicy,
       block_tokens: config.blockTokens,
       sampling: prompt.sampling,
       total_chunks: plan.flat().length,

@@ -9,7 +9,8 @@ import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
 import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
-import { applyPolicy, loadPromptState, type ResolvedPolicy } from "../policy.ts";
+import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
+import { applyPolicy, loadPromptState } from "../policy.ts";
 import type { Runtime } from "../runtime.ts";
 import type { Handle, KvSummary } from "./handle.ts";
 import type { Handover, HandoffReader, KvFailureChoice, LoadedKv, OwnRequest, PromptCompute, ReaderStatus, SequencePlan } from "./handoff.ts";
@@ -48,7 +49,7 @@ export class ShardHandoff implements HandoffReader {
 
   async prefill(body: PrefillRequest, own: OwnRequest, signal: AbortSignal, log: Logger): Promise<Handover> {
     if (!this.rt.config.kvStreaming) return this.accept(await this.client.prefill(body, signal, own.tenant), own.onKvFailure);
-    const stream = new StreamedLoad(this.rt, this.loader, own.plan, signal);
+    const stream = new StreamedLoad(this.rt, this.loader, own.sequencePlan, signal);
     // Asked to fail fast, a chunk that cannot be loaded stops the prefill call at once.
     const callSignal = own.onKvFailure === "recompute" ? signal : AbortSignal.any([signal, stream.failed.signal]);
     let handle: Handle;
@@ -137,7 +138,7 @@ class ShardHandover implements Handover {
     }
     const seq = this.rt.engine.createSequence(plan.capacity);
     try {
-      applyPolicy(this.rt, seq, plan.policy.policy); // the engine's one validation: 400 before the handle is taken
+      applyPolicy(this.rt, seq, plan.policy); // the engine's one validation: 400 before the handle is taken
     } catch (e) {
       seq.release();
       throw e;
@@ -152,7 +153,7 @@ class ShardHandover implements Handover {
     // The KV is the decode's now: the prefill's shard space can be reclaimed.
     await this.rt.registry.chunks.releaseRequest(this.handle.request_id);
     // A recompute observed the prompt itself; an import needs the prefill's prompt state.
-    const missing = kv.recomputed ? undefined : loadPromptState(seq, this.ran!.policy, this.handle.prompt_state);
+    const missing = kv.recomputed ? undefined : loadPromptState(seq, this.ran!, this.handle.prompt_state);
     return { kv, warnings: missing ? [missing] : [] };
   }
 

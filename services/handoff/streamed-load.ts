@@ -6,7 +6,8 @@
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
-import { applyPolicy, type ResolvedPolicy } from "../policy.ts";
+import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
+import { applyPolicy } from "../policy.ts";
 import type { Runtime } from "../runtime.ts";
 import { ChunkFeed } from "./chunk-feed.ts";
 import type { Handle, KvSummary } from "./handle.ts";
@@ -46,7 +47,7 @@ export class StreamedLoad {
     try {
       const { capacity, policy } = this.plan(start);
       this.seq = this.rt.engine.createSequence(capacity);
-      applyPolicy(this.rt, this.seq, policy.policy); // the engine's one validation of it
+      applyPolicy(this.rt, this.seq, policy); // the engine's one validation of it
       this.policy = policy;
     } catch (error) {
       this.seq?.release();

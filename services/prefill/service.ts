@@ -3,11 +3,12 @@
 // recorded in the registry), and a handle that tells a decode where to find it. Blocks are written
 // while the engine computes the next micro-batch, so the handle is ready right after the last
 // forward pass. Under `serve` it also prefills for the decode in this process, into the decode's
-// own sequence (prefillInProcess).
+// own sequence (prefillInProcess). A request is planned once (services/request-plan.ts) and its
+// policy validated by the engine once, on the sequence that computes it.
 import { randomUUID } from "node:crypto";
 import type { Logger } from "pino";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
-import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
+import { Sampler } from "../../shared/inference/engine/sampler.ts";
 import { safeErrorMessage } from "../../shared/platform/http/error-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
 import { MAX_PROMPT_STATE_BYTES, type PrefillRequest } from "../../shared/platform/http/wire.ts";
@@ -17,9 +18,10 @@ import { decideAdmission, PrefillThroughput } from "../../shared/platform/metric
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RegistryError } from "../../shared/platform/registry/registry.ts";
 import { Membership } from "../membership.ts";
-import { policyKind } from "../../shared/inference/policy/request.ts";
-import { applyPolicy, checkPolicyBeforeWork, planPolicy, prefillObserverPolicy, resolveRequestPolicy, type PlannedPolicy, type ResolvedPolicy } from "../policy.ts";
-import { checkContext, defaultMaxTokens, encodePrompt, sloTargets, type Runtime } from "../runtime.ts";
+import { resolvedSpec, type ResolvedPolicy } from "../../shared/inference/policy/request.ts";
+import { applyPolicy, layerGroupsOf, prefillObserverPolicy } from "../policy.ts";
+import { planRequest, type RequestPlan } from "../request-plan.ts";
+import { sloTargets, type Runtime } from "../runtime.ts";
 import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { openOwner, type Handle, type HandleProgress, type HandoffOwner, type InProcessPrefill, type OwnerStatus, type PromptCompute, type PromptHandle, type PromptHandoff } from "../handoff/index.ts";
@@ -30,15 +32,6 @@ interface PrefillWork {
   done: number;
   /** Time spent in forward passes (the rest of a prefill is its fixed cost). */
   computeMs: number;
-}
-
-/** A prompt checked and tokenized, before it has a place. */
-interface PreparedPrompt {
-  tokens: number[];
-  sampling: { temperature: number; topK: number; topP: number; seed: number };
-  /** The answer's planned length: max_tokens, or the decode's default. */
-  maxTokens: number;
-  roundStarts?: number[];
 }
 
 export interface PrefillStatus {
@@ -112,11 +105,9 @@ export class PrefillService implements InProcessPrefill {
   /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/platform/auth/tenant.ts). */
   async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT, progress?: HandleProgress): Promise<Handle> {
     const t0 = performance.now();
-    const p = await this.prepare(req, tenant, signal);
-    // The engine validates the policy once, here: the layer groups the chunks are packed by.
-    const policy = planPolicy(this.rt, req.policy, p.tokens.length, p.maxTokens, p.roundStarts);
-    return this.inPlace(p.tokens.length, tenant, signal, async (work, queueMs) => ({
-      ...(await this.run(req, tenant, p.tokens, policy, p.sampling, signal, log, t0, work, progress)),
+    const plan = await this.plan(req, tenant, signal);
+    return this.inPlace(plan.tokens.length, tenant, signal, async (work, queueMs) => ({
+      ...(await this.run(req, tenant, plan, signal, log, t0, work, progress)),
       queue_ms: queueMs,
     }));
   }
@@ -125,34 +116,29 @@ export class PrefillService implements InProcessPrefill {
    * Prefills `req` for a decode in this process (services/handoff/in-process.ts): into the
    * decode's own sequence, with room for the answer and the decode policy set before the prompt,
    * so that whatever the policy keeps of the prompt's queries is observed. No chunk is written.
+   * `plan`: the decode's, when it planned the request itself (a session's turn); else planned here.
    * The caller owns the returned sequence.
    */
-  async prefillInProcess(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT): Promise<{ handle: PromptHandle; seq: NativeSequence; policy: ResolvedPolicy }> {
+  async prefillInProcess(
+    req: PrefillRequest,
+    plan: RequestPlan | undefined,
+    signal: AbortSignal,
+    log: Logger,
+    tenant: string = LOCAL_TENANT,
+  ): Promise<{ handle: PromptHandle; seq: NativeSequence; policy: ResolvedPolicy }> {
     const t0 = performance.now();
-    const p = await this.prepare(req, tenant, signal);
-    const policy = resolveRequestPolicy(this.rt, req.policy, p.tokens.length, p.maxTokens, p.roundStarts);
-    return this.inPlace(p.tokens.length, tenant, signal, (work, queueMs) => this.runInProcess(req, tenant, p, policy, signal, log, { t0, work, queueMs }));
+    const p = plan ?? (await this.plan(req, tenant, signal));
+    return this.inPlace(p.tokens.length, tenant, signal, (work, queueMs) => this.runInProcess(req, tenant, p, signal, log, { t0, work, queueMs }));
   }
 
-  /**
-   * Everything checked before any work (503 unless ready, sampling, the policy's limits), then the
-   * prompt tokenized (off the event loop, in the tenant's turn, stopping past the context), with a
-   * chat's rounds found in the same pass, and checked against the context.
-   */
-  private async prepare(req: PrefillRequest, tenant: string, signal: AbortSignal): Promise<PreparedPrompt> {
+  /** 503 unless ready, then the request planned (services/request-plan.ts: checked before any work, tokenized, its policy resolved). */
+  private plan(req: PrefillRequest, tenant: string, signal: AbortSignal): Promise<RequestPlan> {
     if (this.state !== "ready") {
       throw new ApiError(503, this.state === "draining" ? "draining" : "not_ready", `the prefill service is ${this.state}`);
     }
-    const sampling = validateSampling({ temperature: req.temperature, topK: req.top_k, topP: req.top_p, ...(req.seed === undefined ? {} : { seed: req.seed }) });
-    checkPolicyBeforeWork(this.rt, req.policy, { maxTokens: req.max_tokens, chat: req.messages !== undefined });
-    const wantsRounds = policyKind(req.policy ?? this.rt.config.policy) === "rounds";
-    const { ids: tokens, roundStarts } = await encodePrompt(this.rt, req, { rounds: wantsRounds && req.messages !== undefined, tenant, signal }).catch((e: unknown) => {
+    return planRequest(this.rt, req, { tenant, signal }).catch((e: unknown) => {
       throw signal.aborted && !(e instanceof ApiError) ? clientClosed() : e;
     });
-    checkContext(this.rt.engine.maxContext, tokens.length, req.max_tokens);
-    // The length the decode plans for (SCOPE's T is max_tokens, or the decode's default).
-    const maxTokens = req.max_tokens ?? defaultMaxTokens(this.rt.engine.maxContext, tokens.length);
-    return { tokens, sampling, maxTokens, ...(roundStarts ? { roundStarts } : {}) };
   }
 
   /** Runs `run` in a prefill place (SLO admission, then the fair queue), counting the work and its throughput. */
@@ -196,37 +182,31 @@ export class PrefillService implements InProcessPrefill {
     );
   }
 
-  private async run(
-    req: PrefillRequest,
-    tenant: string,
-    tokens: number[],
-    policy: PlannedPolicy,
-    sampling: { temperature: number; topK: number; topP: number; seed: number },
-    signal: AbortSignal,
-    log: Logger,
-    t0: number,
-    work: PrefillWork,
-    progress?: HandleProgress,
-  ): Promise<Handle> {
+  private async run(req: PrefillRequest, tenant: string, plan: RequestPlan, signal: AbortSignal, log: Logger, t0: number, work: PrefillWork, progress?: HandleProgress): Promise<Handle> {
     const { registry, engine, model } = this.rt;
+    const { tokens, sampling } = plan;
     const n = tokens.length;
-    const requestId = await this.createRequest(req, tenant, n);
     const kvBytes = n * model.config.kvBytesPerToken;
     const wire = { temperature: sampling.temperature, top_p: sampling.topP, top_k: sampling.topK, seed: sampling.seed };
+    const resolved = resolvedSpec(plan.policy);
+    const seq = engine.createSequence(n);
+    let requestId: string | undefined;
     let handoff: PromptHandoff | undefined;
-    let seq: ReturnType<typeof engine.createSequence> | undefined;
     this.kvInFlight += kvBytes;
     try {
+      // Set before the prompt, the decode's policy derives what it needs of the prompt as it is
+      // cached (exported with the handle); prefill attention is full either way. The engine's one
+      // validation of this sequence's policy, before the request is recorded; the layer roles it
+      // reports group the chunks.
+      applyPolicy(this.rt, seq, prefillObserverPolicy(plan.policy));
+      const layerGroups = layerGroupsOf(this.rt, seq);
+      seq.preparePromptStateExport();
+      requestId = await this.createRequest(req, tenant, n);
       handoff = await this.owner.open(
-        { requestId, tenant, tokens, layerGroups: policy.layerGroups, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, policy: policy.spec, sampling: wire },
+        { requestId, tenant, tokens, layerGroups, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, policy: plan.spec, resolvedPolicy: resolved, sampling: wire },
         progress,
       );
       await registry.requests.mark(requestId, { event: "prefill_start" });
-      seq = engine.createSequence(n);
-      // Set before the prompt, the decode's policy derives what it needs of the prompt as it is
-      // cached (exported with the handle); prefill attention is full either way.
-      applyPolicy(this.rt, seq, prefillObserverPolicy(policy.policy));
-      seq.preparePromptStateExport();
       const ubatch = engine.ubatch;
       let logits: Float32Array | undefined;
       for (let i = 0; i < n; i += ubatch) {
@@ -259,8 +239,8 @@ export class PrefillService implements InProcessPrefill {
         prompt_tokens: n,
         prompt_token_ids: tokens,
         layer_groups: placed.layer_groups,
-        policy: policy.spec,
-        resolved_policy: policy.resolved,
+        policy: plan.spec,
+        resolved_policy: resolved,
         ...(promptState ? { prompt_state: Buffer.from(promptState.buffer, promptState.byteOffset, promptState.byteLength).toString("base64") } : {}),
         block_tokens: placed.block_tokens,
         sampling: wire,
@@ -270,11 +250,11 @@ export class PrefillService implements InProcessPrefill {
     } catch (err) {
       await handoff?.abandon();
       const cancelled = signal.aborted;
-      await this.outcomes.record(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) }, log);
+      if (requestId !== undefined) await this.outcomes.record(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) }, log);
       if (cancelled) throw clientClosed();
       throw err;
     } finally {
-      seq?.release(); // nothing reads the cache any more: every write has settled
+      seq.release(); // nothing reads the cache any more: every write has settled
       this.kvInFlight -= kvBytes;
     }
   }
@@ -283,8 +263,7 @@ export class PrefillService implements InProcessPrefill {
   private async runInProcess(
     req: PrefillRequest,
     tenant: string,
-    p: PreparedPrompt,
-    policy: ResolvedPolicy,
+    p: RequestPlan,
     signal: AbortSignal,
     log: Logger,
     at: { t0: number; work: PrefillWork; queueMs: number },
@@ -294,7 +273,7 @@ export class PrefillService implements InProcessPrefill {
     const seq = engine.createSequence(n + p.maxTokens);
     let handed = false;
     try {
-      applyPolicy(this.rt, seq, policy.policy); // the engine's one validation of this request's policy
+      applyPolicy(this.rt, seq, p.policy); // the engine's one validation of this request's policy
       const requestId = await this.createRequest(req, tenant, n);
       try {
         await registry.requests.mark(requestId, { event: "prefill_start" });
@@ -316,15 +295,15 @@ export class PrefillService implements InProcessPrefill {
         const { temperature, topP, topK, seed } = p.sampling;
         return {
           seq,
-          policy,
+          policy: p.policy,
           handle: {
             request_id: requestId,
             first_token: firstToken,
             model_fingerprint: model.fingerprint,
             prompt_tokens: n,
             prompt_token_ids: p.tokens,
-            policy: policy.spec,
-            resolved_policy: policy.resolved,
+            policy: p.spec,
+            resolved_policy: resolvedSpec(p.policy),
             sampling: { temperature, top_p: topP, top_k: topK, seed },
             prefill_ms: prefillMs,
             queue_ms: at.queueMs,

@@ -7,7 +7,7 @@ import { PolicyError } from "../policy/errors.ts";
 import {
   addon,
   ggufInfo,
-  type AttentionPolicyInput,
+  type AttentionPolicy,
   type EngineDevice,
   type EngineInfo,
   type EngineOptions,
@@ -16,7 +16,6 @@ import {
   type NativeEngine,
   type NativeModel,
   type NativeSequence,
-  type PolicyStats,
 } from "./native.ts";
 
 export type { EngineDevice, EngineInfo, EngineOptions, ForwardItem, ModelConfig, NativeSequence };
@@ -87,25 +86,10 @@ export class Engine {
   }
 
   /**
-   * Validates `policy` against the model (as setPolicy would, on a throwaway sequence) and returns
-   * OmniKV's per-layer roles; PolicyError with the engine's reason when it is refused.
-   */
-  checkPolicy(policy: AttentionPolicyInput): Pick<PolicyStats, "layerRoles" | "layerGroups"> {
-    const seq = this.native.createSequence(1);
-    try {
-      this.applyPolicy(seq, policy);
-      const { layerRoles, layerGroups } = seq.policyStats;
-      return { layerRoles, layerGroups };
-    } finally {
-      seq.release();
-    }
-  }
-
-  /**
    * Applies `policy` to `seq` (before its prompt, so what the policy keeps of the prompt's queries
-   * is observed); PolicyError with the engine's reason when it is refused.
+   * is observed): the engine's validation of it; PolicyError with the engine's reason when it is refused.
    */
-  applyPolicy(seq: NativeSequence, policy: AttentionPolicyInput): void {
+  applyPolicy(seq: NativeSequence, policy: AttentionPolicy): void {
     try {
       seq.setPolicy(policy);
     } catch (e) {

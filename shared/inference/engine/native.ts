@@ -5,9 +5,9 @@ import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 
-import { completePolicy, type AttentionPolicy, type AttentionPolicyInput, type PolicyPart } from "../policy/schema.ts";
+import { completePolicy, type AttentionPolicy, type PolicyPart, type ResolvedPolicy } from "../policy/schema.ts";
 
-export type { AttentionPolicy, AttentionPolicyInput } from "../policy/schema.ts";
+export type { AttentionPolicy, ResolvedPolicy } from "../policy/schema.ts";
 
 export interface ModelConfig {
   architecture: string;
@@ -83,7 +83,7 @@ export interface NativeSequence {
    * (completePolicy) and the addon takes only that complete object. TypeError on a malformed or
    * incomplete policy, RangeError on a setting the model or the algorithm cannot take.
    */
-  setPolicy(policy: AttentionPolicyInput): void;
+  setPolicy(policy: AttentionPolicy): void;
   readonly policyStats: PolicyStats;
   /** After setPolicy, before the prompt: the policy derives its prompt state as the prompt is cached (SCOPE's kept lists), for exportPromptState. */
   preparePromptStateExport(): void;
@@ -234,7 +234,7 @@ interface Addon {
   /** The policy fields the addon parses, per sub-object (camelCase): the schema's, see test/policy-schema.test.ts. */
   policyFields(): Record<PolicyPart, string[]>;
   /** setCompletePolicy takes complete policies only; this module gives every sequence setPolicy over it. */
-  NativeSequence: { prototype: { setCompletePolicy(policy: AttentionPolicy): void; setPolicy?(policy: AttentionPolicyInput): void } };
+  NativeSequence: { prototype: { setCompletePolicy(policy: ResolvedPolicy): void; setPolicy?(policy: AttentionPolicy): void } };
   NativeEngine: new (model: NativeModel, options?: EngineOptions) => NativeEngine;
 }
 
@@ -248,7 +248,7 @@ function loadAddon(): Addon {
   const a = createRequire(import.meta.url)(nativeAddonPath) as Addon;
   // The addon holds no defaults and refuses an incomplete policy: every sequence's setPolicy
   // goes through the schema first, which writes them in (shared/inference/defaults.ts).
-  a.NativeSequence.prototype.setPolicy = function (policy: AttentionPolicyInput) {
+  a.NativeSequence.prototype.setPolicy = function (policy: AttentionPolicy) {
     this.setCompletePolicy(completePolicy(policy));
   };
   return a;

@@ -14,12 +14,17 @@ export interface ModelPolicyDefaults {
 
 const FILE = new URL("./model-defaults.json", import.meta.url);
 
+/** The file as it is now (npm run calibrate rewrites it). */
 export function loadPolicyDefaults(): Record<string, ModelPolicyDefaults> {
   return JSON.parse(readFileSync(FILE, "utf8")) as Record<string, ModelPolicyDefaults>;
 }
 
+let loaded: Record<string, ModelPolicyDefaults> | undefined;
+
+/** A model's calibrated defaults; the file is read once per process (every request's policy resolves against it). */
 export function policyDefaultsFor(fingerprint: string): ModelPolicyDefaults | undefined {
-  return loadPolicyDefaults()[fingerprint];
+  loaded ??= loadPolicyDefaults();
+  return loaded[fingerprint];
 }
 
 export const policyDefaultsFile = FILE;

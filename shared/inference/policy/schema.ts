@@ -133,10 +133,13 @@ export const PolicySpecSchema = z
     example: { kind: "omnikv", omnikv: { budget: 512 } },
   });
 
+// A policy has three forms, one type each: the spec a request gives (PolicySpec, the wire's
+// snake_case), the policy resolved for a model and a prompt (ResolvedPolicy: camelCase, every field
+// present; what the addon runs) and what a caller of the engine gives it (AttentionPolicy: a
+// resolved policy, or one with the defaulted fields left out for the binding to fill in).
+
 /** A policy as a request gives it (fields left out take their defaults). */
 export type PolicySpec = z.input<typeof PolicySpecSchema>;
-/** A policy as the schema parsed it: every field with a default has it written in. */
-export type ParsedPolicySpec = z.output<typeof PolicySpecSchema>;
 
 // The engine's shapes: the schema's output with camelCase keys, every field present.
 type Camel<S extends string> = S extends `${infer H}_${infer T}` ? `${H}${Capitalize<Camel<T>>}` : S;
@@ -157,10 +160,10 @@ type Policy<Parts extends { [P in PolicyPart]?: unknown }> = {
   [K in PolicyKind]: { kind: K } & { [P in (typeof POLICY_PARTS)[K][number]]: Parts[P] };
 }[PolicyKind];
 
-/** A complete engine policy: what the native addon takes (it fills in nothing). */
-export type AttentionPolicy = Policy<{ omnikv: OmniKvOptions; scope: ScopeOptions; streaming: StreamingOptions; h2o: H2oOptions; rounds: RoundsOptions }>;
-/** An engine policy with the defaulted fields optional: completePolicy fills them in. */
-export type AttentionPolicyInput = Policy<{
+/** A policy resolved for a model and a prompt, every field present: what the native addon takes (it fills in nothing). */
+export type ResolvedPolicy = Policy<{ omnikv: OmniKvOptions; scope: ScopeOptions; streaming: StreamingOptions; h2o: H2oOptions; rounds: RoundsOptions }>;
+/** A policy as a caller of the engine gives it: the defaulted fields may be left out (completePolicy fills them in). */
+export type AttentionPolicy = Policy<{
   omnikv: EngineInput<Out<"omnikv">>;
   scope: EngineInput<Out<"scope">>;
   streaming: EngineInput<Out<"streaming">>;
@@ -186,17 +189,26 @@ export function engineFieldNames(): Record<PolicyPart, string[]> {
  * An engine policy with every default written in, validated by the schema; TypeError naming the
  * field when a value is out of range or a key unknown (the same error class the addon throws).
  */
-export function completePolicy(p: AttentionPolicyInput): AttentionPolicy {
-  const out: Record<string, unknown> = { kind: p.kind };
+export function completePolicy(p: AttentionPolicy): ResolvedPolicy {
   const wire: Record<string, unknown> = { kind: p.kind };
   for (const [key, value] of Object.entries(p)) {
     if (key !== "kind") wire[key] = value !== null && typeof value === "object" ? mapKeys(value, snake) : value;
   }
+  return policyFromWire(wire);
+}
+
+/**
+ * A resolved policy in the wire's shape (snake_case: a handle's resolved_policy) in the engine's,
+ * validated by the schema as completePolicy validates; a field without a default that it lacks
+ * (filter_layers, max_output, a rounds' watershed_layer or starts) is the addon's to refuse.
+ */
+export function policyFromWire(wire: Record<string, unknown>): ResolvedPolicy {
   const parsed = PolicyObject.safeParse(wire);
   if (!parsed.success) {
     const issue = parsed.error.issues[0]!;
     throw new TypeError(`policy.${issue.path.map((k) => (typeof k === "string" ? camel(k) : String(k))).join(".")}: ${issue.message}`);
   }
+  const out: Record<string, unknown> = { kind: parsed.data.kind };
   for (const part of POLICY_PARTS[parsed.data.kind]) out[part] = mapKeys(parsed.data[part] ?? POLICY_PART_SCHEMAS[part].parse({}), camel);
-  return out as AttentionPolicy;
+  return out as ResolvedPolicy;
 }
