@@ -36,6 +36,16 @@ const SECRET_VALUES: Record<string, string> = {
 /** Labels the prometheus-operator puts on every target; a metric label of the same name clashes. */
 const TARGET_LABELS = ["namespace", "service", "pod", "container", "endpoint", "job", "instance"];
 const MiB = 2 ** 20;
+/** Roles that load a model and hold KV; the router does neither. */
+const MODEL_ROLES: ServiceRole[] = ["prefill", "decode"];
+/** Where each role's HTTP routes are declared (the probes must hit one of them). */
+const ROUTES_OF: Partial<Record<ServiceRole, string>> = { prefill: "services/app.ts", decode: "services/app.ts", router: "services/router/app.ts" };
+/** The routes a source file declares: OpenAPI `path: "/x"` and Hono `app.get("/x", …)`. */
+function declaredRoutes(file: string): Set<string> {
+  const source = readFileSync(at(file), "utf8");
+  const routes = [...source.matchAll(/path: "(\/[^"]*)"/g), ...source.matchAll(/\bapp\.(?:get|post|put|delete|on)\(\s*(?:\[[^\]]*\],\s*)?"(\/[^"]*)"/g)];
+  return new Set(routes.map((m) => m[1]!));
+}
 
 const rendered = new Map(OVERLAYS.map((o) => [o, render(path.join(K8S, o))]));
 const allObjects = [...rendered.values()].flat();
@@ -105,7 +115,7 @@ describe("Kubernetes manifests", () => {
       for (const sm of objects.filter((o) => o.kind === "ServiceMonitor")) {
         const spec = sm.spec as { selector: { matchLabels: Record<string, string> }; endpoints: { port: string; path: string; honorLabels?: boolean }[] };
         const services = objects.filter((o) => o.kind === "Service" && matches(spec.selector.matchLabels, o.metadata.labels));
-        expect(services.map((s) => s.metadata.name).sort(), overlay).toEqual(["ctxbank-decode", "ctxbank-prefill"]);
+        expect(services.map((s) => s.metadata.name).sort(), overlay).toEqual(["ctxbank-decode", "ctxbank-prefill", "ctxbank-router"]);
         for (const ep of spec.endpoints) {
           for (const s of services) expect((s.spec as { ports: { name: string }[] }).ports.map((p) => p.name)).toContain(ep.port);
           expect(ep.path).toBe("/metrics");
@@ -118,17 +128,23 @@ describe("Kubernetes manifests", () => {
   });
 
   it("probes hit container ports and routes the services serve", () => {
-    const appSource = readFileSync(at("services/app.ts"), "utf8");
-    const routes = new Set([...appSource.matchAll(/path: "(\/[^"]*)"/g)].map((m) => m[1]!));
+    for (const [role, file] of Object.entries(ROUTES_OF)) {
+      // The routes are read from the source: a pattern that finds nothing would check nothing.
+      expect([...declaredRoutes(file)], `${role}: ${file}`).toEqual(expect.arrayContaining(["/health", "/ready", "/metrics"]));
+    }
     for (const w of workloads(allObjects)) {
       for (const c of podContainers(w) as Record<string, any>[]) {
         const ports = (c.ports ?? []) as { name?: string; containerPort: number }[];
+        const role = c.args?.[0] as ServiceRole | undefined;
+        const routesFile = isCtxbankImage(c.image) ? ROUTES_OF[role!] : undefined;
+        if (isCtxbankImage(c.image)) expect(routesFile, `${w.metadata.name}/${c.name}: no routes known for role ${role}`).toBeDefined();
+        const routes = routesFile ? declaredRoutes(routesFile) : new Set<string>();
         for (const kind of ["startupProbe", "livenessProbe", "readinessProbe"]) {
           const probe = c[kind];
           if (isCtxbankImage(c.image)) expect(probe, `${w.metadata.name}/${c.name} needs a ${kind}`).toBeDefined();
           const port = probe?.httpGet?.port ?? probe?.tcpSocket?.port;
           if (port !== undefined) expect(ports.some((p) => p.name === port || p.containerPort === port), `${w.metadata.name} ${kind} port ${port}`).toBe(true);
-          if (isCtxbankImage(c.image)) expect(routes.has(probe.httpGet.path), `${w.metadata.name} ${kind} ${probe.httpGet.path} is not a route`).toBe(true);
+          if (isCtxbankImage(c.image)) expect(routes.has(probe.httpGet.path), `${w.metadata.name} ${kind} ${probe.httpGet.path} is not a route of ${routesFile}`).toBe(true);
         }
         if (isCtxbankImage(c.image)) {
           expect(c.readinessProbe.httpGet.path).toBe("/ready");
@@ -146,17 +162,18 @@ describe("Kubernetes manifests", () => {
     const seen = new Set<string>();
     const distinct = cases.filter(({ w }) => !seen.has(w.metadata.name) && seen.add(w.metadata.name));
 
-    it("are the prefill and decode Deployments", () => {
+    it("are the prefill, decode and router Deployments", () => {
       expect(distinct.map(({ w, c }) => `${w.kind}/${w.metadata.name}:${c.args?.[0]}`).sort()).toEqual([
         "Deployment/ctxbank-decode:decode",
         "Deployment/ctxbank-prefill:prefill",
+        "Deployment/ctxbank-router:router",
       ]);
     });
 
     function configOf(w: K8sObject, c: Record<string, any>): { config: Config; env: ReturnType<typeof containerEnv> } {
       expect(c.command, "command would replace the image's ENTRYPOINT").toBeUndefined();
       const role = c.args?.[0] as ServiceRole;
-      expect(["prefill", "decode"]).toContain(role);
+      expect(["prefill", "decode", "router"]).toContain(role);
       const env = containerEnv(c, allObjects, imageEnv(runtime), (name, key) => {
         expect(EXTERNAL_SECRETS[name], `secret ${name}`).toContain(key);
         return SECRET_VALUES[key] ?? "secret";
@@ -185,20 +202,40 @@ describe("Kubernetes manifests", () => {
         const url = new URL(config.publicUrl!);
         expect(url.hostname, `${name}: public URL from the pod IP`).toBe("10.1.2.3");
         expect(Number(url.port), name).toBe(config.port);
-        // The internal listener: its own container port, registered at the pod IP, behind the shared secret.
-        expect(config.internalHost, name).toBe("0.0.0.0");
-        expect(c.ports.find((p: { name: string }) => p.name === "internal").containerPort, name).toBe(config.internalPort);
-        expect(config.internalPort, name).not.toBe(config.port);
-        const internal = new URL(config.internalUrl!);
-        expect([internal.hostname, Number(internal.port)], `${name}: internal URL from the pod IP`).toEqual(["10.1.2.3", config.internalPort]);
+        if (MODEL_ROLES.includes(config.role)) {
+          // The internal listener: its own container port, registered at the pod IP, behind the shared secret.
+          expect(config.internalHost, name).toBe("0.0.0.0");
+          expect(c.ports.find((p: { name: string }) => p.name === "internal").containerPort, name).toBe(config.internalPort);
+          expect(config.internalPort, name).not.toBe(config.port);
+          const internal = new URL(config.internalUrl!);
+          expect([internal.hostname, Number(internal.port)], `${name}: internal URL from the pod IP`).toEqual(["10.1.2.3", config.internalPort]);
+        } else {
+          // The router has no internal listener (nothing calls it): no port, no URL, no bind.
+          expect(config.role, name).toBe("router");
+          expect(c.ports.map((p: { name: string }) => p.name), `${name}: only the public port`).toEqual(["http"]);
+          expect(config.internalUrl, `${name}: no internal URL to register`).toBeUndefined();
+          const env = configOf(w, c).env.names;
+          expect(env.filter((n) => n.startsWith("CTXBANK_INTERNAL_") && n !== "CTXBANK_INTERNAL_SECRET"), name).toEqual([]);
+        }
+        // The router needs the secret too: it reads each decode's status on the internal listener.
         expect(config.internalSecret, `${name}: the shared secret`).toBeDefined();
         expect(config.apiKeys, `${name}: API keys on a non-loopback bind`).toBeDefined();
         expect(config.insecure, name).toBe(false);
 
         const limits = c.resources?.limits ?? {};
-        expect(parseQuantity(limits.cpu), `${name}: engine threads need their cores`).toBeGreaterThanOrEqual(config.threads);
-        const held = config.role === "prefill" ? config.shardBytes : config.kvBudgetBytes;
-        expect(parseQuantity(limits.memory), `${name}: memory limit vs KV held`).toBeGreaterThanOrEqual(held + 512 * MiB);
+        const requests = c.resources?.requests ?? {};
+        expect(parseQuantity(requests.cpu), `${name}: a CPU request (scheduling, and the autoscalers' utilisation)`).toBeGreaterThan(0);
+        expect(parseQuantity(limits.cpu), name).toBeGreaterThanOrEqual(parseQuantity(requests.cpu));
+        expect(parseQuantity(limits.memory), name).toBeGreaterThanOrEqual(parseQuantity(requests.memory));
+        if (MODEL_ROLES.includes(config.role)) {
+          expect(parseQuantity(limits.cpu), `${name}: engine threads need their cores`).toBeGreaterThanOrEqual(config.threads);
+          const held = config.role === "prefill" ? config.shardBytes : config.kvBudgetBytes;
+          expect(parseQuantity(limits.memory), `${name}: memory limit vs KV held`).toBeGreaterThanOrEqual(held + 512 * MiB);
+        } else {
+          // No model, no KV: Node, the HTTP stack and the streams passing through (~200 MiB RSS measured).
+          expect(parseQuantity(limits.memory), `${name}: memory limit for Node and the streams`).toBeGreaterThanOrEqual(256 * MiB);
+          expect(parseQuantity(requests.memory), `${name}: memory request vs what it uses`).toBeGreaterThanOrEqual(256 * MiB);
+        }
         if (config.role === "decode") expect(config.transport, "a decode pod cannot see a prefill pod's /dev/shm").toBe("http");
       }
     });
@@ -243,6 +280,37 @@ describe("Kubernetes manifests", () => {
         expect(startup).toBeGreaterThanOrEqual(120);
       }
     });
+
+    describe("the router", () => {
+      const config = (role: ServiceRole) => {
+        const { w, c } = distinct.find(({ c }) => c.args[0] === role)!;
+        return configOf(w, c).config;
+      };
+
+      it("drains at least as long as the decodes: a stream passing through lasts its generation", () => {
+        expect(config("router").drainMs).toBeGreaterThanOrEqual(config("decode").drainMs);
+      });
+
+      it("notices a decode's death within the heartbeat timeout", () => {
+        const router = config("router");
+        expect(router.routerPollMs).toBeLessThanOrEqual(router.heartbeatTimeoutMs);
+      });
+
+      it("is what clients reach: its Service's host names are allowed, and it carries no model settings", () => {
+        const router = config("router");
+        const svc = allObjects.find((o) => o.kind === "Service" && o.metadata.name === "ctxbank-router")!;
+        expect(svc, "the ctxbank-router Service").toBeDefined();
+        const ns = svc.metadata.namespace!;
+        for (const host of [svc.metadata.name, `${svc.metadata.name}.${ns}.svc`, `${svc.metadata.name}.${ns}.svc.cluster.local`]) {
+          expect(router.allowedHosts, `CTXBANK_ALLOWED_HOSTS lacks ${host}`).toContain(host);
+        }
+        const { w, c } = distinct.find(({ c }) => c.args[0] === "router")!;
+        const names = configOf(w, c).env.names;
+        for (const modelOnly of ["CTXBANK_THREADS", "CTXBANK_KV_BUDGET_BYTES", "CTXBANK_SHARD_BYTES", "CTXBANK_SHARD_DIR"]) {
+          expect(names, `${w.metadata.name}: ${modelOnly} is for the model roles`).not.toContain(modelOnly);
+        }
+      });
+    });
   });
 
   it("uses no Secret but the documented external ones, each named in deploy/README.md", () => {
@@ -272,10 +340,14 @@ describe("Kubernetes manifests", () => {
     const hpas = rendered.get("overlays/hpa")!.filter((o) => o.kind === "HorizontalPodAutoscaler");
     const deployments = new Set(workloads(allObjects).filter((w) => w.kind === "Deployment").map((w) => w.metadata.name));
 
+    /** The CPU request of every container of a Deployment (a utilisation target is a percentage of it). */
+    const cpuRequests = (name: string) =>
+      (podContainers(workloads(allObjects).find((w) => w.metadata.name === name)!) as Record<string, any>[]).map((c) => c.resources?.requests?.cpu as string | undefined);
+
     it("scales prefill and decode independently, each on its own latency SLO", () => {
       for (const set of [scaledObjects, hpas]) {
         const targets = set.map((o) => (o.spec as { scaleTargetRef: { name: string; kind?: string } }).scaleTargetRef);
-        expect(targets.map((t) => t.name).sort()).toEqual(["ctxbank-decode", "ctxbank-prefill"]);
+        expect(targets.map((t) => t.name).sort()).toEqual(["ctxbank-decode", "ctxbank-prefill", "ctxbank-router"]);
         for (const t of targets) {
           expect(deployments.has(t.name)).toBe(true);
           expect(t.kind ?? "Deployment").toBe("Deployment");
@@ -288,6 +360,28 @@ describe("Kubernetes manifests", () => {
       expect(so("ctxbank-decode")).toContain('tier=\\"device\\"');
     });
 
+    it("scales the router on CPU, never below 2 (every client request goes through one)", () => {
+      const so = scaledObjects.find((o) => o.metadata.name === "ctxbank-router")!.spec as {
+        minReplicaCount: number;
+        maxReplicaCount: number;
+        triggers: { type: string; metricType?: string; metadata: Record<string, string> }[];
+      };
+      const hpa = hpas.find((o) => o.metadata.name === "ctxbank-router")!.spec as {
+        minReplicas: number;
+        maxReplicas: number;
+        metrics: { type: string; resource?: { name: string; target: { type: string; averageUtilization?: number } } }[];
+      };
+      expect(so.minReplicaCount).toBeGreaterThanOrEqual(2);
+      expect(hpa.minReplicas).toBeGreaterThanOrEqual(2);
+      // The two overlays agree on the bounds.
+      expect([hpa.minReplicas, hpa.maxReplicas]).toEqual([so.minReplicaCount, so.maxReplicaCount]);
+      expect(so.triggers.map((t) => t.type)).toEqual(["cpu"]);
+      expect(hpa.metrics.map((m) => `${m.type}/${m.resource?.name}`)).toEqual(["Resource/cpu"]);
+      expect(Number(so.triggers[0]!.metadata.value)).toBe(hpa.metrics[0]!.resource!.target.averageUtilization);
+      // No latency query for the router: its requests' latency is the decodes' and prefills'.
+      expect(JSON.stringify(so)).not.toMatch(/time_to_first_token|time_per_output_token/);
+    });
+
     it("KEDA triggers: valid PromQL over exported metrics, latency as Value under the SLO", () => {
       for (const o of scaledObjects) {
         const spec = o.spec as { minReplicaCount: number; maxReplicaCount: number; triggers: { type: string; name: string; metricType?: string; metadata: Record<string, string> }[] };
@@ -295,6 +389,16 @@ describe("Kubernetes manifests", () => {
         expect(spec.maxReplicaCount).toBeGreaterThan(spec.minReplicaCount);
         for (const t of spec.triggers) {
           const where = `${o.metadata.name}/${t.name}`;
+          if (t.type === "cpu") {
+            // From the metrics server: utilisation of the containers' CPU requests, which must all be set.
+            expect(t.metricType, where).toBe("Utilization");
+            const value = Number(t.metadata.value);
+            expect(value, where).toBeGreaterThan(0);
+            expect(value, where).toBeLessThanOrEqual(100);
+            for (const cpu of cpuRequests((o.spec as { scaleTargetRef: { name: string } }).scaleTargetRef.name)) expect(parseQuantity(cpu!), `${where}: CPU request`).toBeGreaterThan(0);
+            expect(spec.minReplicaCount, `${where}: a resource trigger cannot scale to zero`).toBeGreaterThanOrEqual(1);
+            continue;
+          }
           expect(t.type).toBe("prometheus");
           expect(new URL(t.metadata.serverAddress!).protocol).toMatch(/^https?:$/);
           const threshold = Number(t.metadata.threshold);
@@ -326,9 +430,20 @@ describe("Kubernetes manifests", () => {
         }
       }
       for (const hpa of hpas) {
-        const spec = hpa.spec as { minReplicas: number; maxReplicas: number; metrics: { type: string; pods?: any; external?: any }[] };
+        const spec = hpa.spec as { minReplicas: number; maxReplicas: number; scaleTargetRef: { name: string }; metrics: { type: string; pods?: any; external?: any; resource?: any }[] };
         expect(spec.minReplicas).toBeGreaterThanOrEqual(1);
+        expect(spec.maxReplicas).toBeGreaterThan(spec.minReplicas);
         for (const m of spec.metrics) {
+          if (m.type === "Resource") {
+            // From the metrics server, not the adapter: utilisation of the containers' CPU requests.
+            const where = `${hpa.metadata.name}/${m.resource.name}`;
+            expect(m.resource.name, where).toBe("cpu");
+            expect(m.resource.target.type, where).toBe("Utilization");
+            expect(m.resource.target.averageUtilization, where).toBeGreaterThan(0);
+            expect(m.resource.target.averageUtilization, where).toBeLessThanOrEqual(100);
+            for (const cpu of cpuRequests(spec.scaleTargetRef.name)) expect(parseQuantity(cpu!), `${where}: CPU request`).toBeGreaterThan(0);
+            continue;
+          }
           const body = m.type === "Pods" ? m.pods : m.external;
           const where = `${hpa.metadata.name}/${body.metric.name}`;
           const rule = published.get(body.metric.name);
