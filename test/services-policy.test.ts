@@ -8,7 +8,7 @@ import type { AttentionPolicy } from "../shared/inference/engine/native.ts";
 import { loadConfig } from "../shared/platform/config.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
-import { layerGroupsFromRoles, PolicyError, PolicySpecSchema, resolvePolicy } from "../shared/inference/policy/request.ts";
+import { checkPolicySpec, layerGroupsFromRoles, PolicyError, policyFromWire, PolicySpecSchema, resolvedSpec, resolvePolicy } from "../shared/inference/policy/request.ts";
 import { startServices, type RunningServices } from "../services/process.ts";
 import { postJson, tempShardDir } from "../tools/lib/services.ts";
 
@@ -31,6 +31,19 @@ describe("policy specs", () => {
     expect(resolvePolicy("streaming", ctx)).toEqual({ kind: "streaming", streaming: { sinks: 4, window: 1020 } });
     expect(resolvePolicy({ kind: "h2o", h2o: { recent: 100 } }, ctx)).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 100 } });
     expect(() => resolvePolicy("omnikv", { promptTokens: 10, maxTokens: 1 })).toThrow(PolicyError);
+  });
+
+  it("read back from the wire shape a handle carries them in, and are checked before any work without resolving", () => {
+    const ctx = { filterLayers: [2, 7, 17], roundStarts: [0, 40], promptTokens: 1000, maxTokens: 64 };
+    for (const spec of ["full", "omnikv", "streaming", { kind: "omnikv+scope", omnikv: { budget: 0.25 }, scope: { mode: "adaptive" } }, { kind: "rounds", rounds: { watershed_layer: 12 } }] as const) {
+      const policy = resolvePolicy(spec, { ...ctx, watershedLayer: null });
+      expect(policyFromWire(resolvedSpec(policy)), JSON.stringify(spec)).toEqual(policy);
+    }
+    const model = { maxContext: 8192, nLayer: 30 };
+    expect(() => checkPolicySpec("omnikv", model, { chat: false })).toThrow(/no calibrated OmniKV filter layers/);
+    expect(() => checkPolicySpec({ kind: "rounds", rounds: { watershed_layer: 12 } }, model, { chat: false })).toThrow(/needs rounds.starts/);
+    expect(() => checkPolicySpec({ kind: "rounds", rounds: { watershed_layer: 12 } }, model, { chat: true })).not.toThrow();
+    expect(() => checkPolicySpec({ kind: "h2o", h2o: { budget: 9000 } }, model, { chat: false })).toThrow(/beyond the model's context/);
   });
 
   it("group layers as the roles say: the dense ones, then each filter layer's sparse run", () => {
