@@ -1,7 +1,7 @@
 #!/usr/bin/env -S npx tsx
 // ctxbank command line: `generate` runs one prompt (or a chat REPL with --interactive) on the
-// local engine and streams the text to stdout; statistics go to stderr. `serve`, `prefill` and
-// `decode` run the HTTP services (bin/serve.ts); `models` lists the models --model can name.
+// local engine and streams the text to stdout; statistics go to stderr. `serve`, `prefill`,
+// `decode` and `router` run the HTTP services (bin/serve.ts); `models` lists the models --model can name.
 import { availableParallelism } from "node:os";
 import { createInterface } from "node:readline";
 import { parseArgs } from "node:util";
@@ -21,7 +21,7 @@ import { modelsCommand } from "./models.ts";
 import { SERVICE_COMMANDS, serviceCommand } from "./serve.ts";
 
 const USAGE = `Usage: ctxbank generate [options]
-       ctxbank serve | prefill | decode [options]   (the HTTP services; see ctxbank serve --help)
+       ctxbank serve | prefill | decode | router [options]   (the HTTP services; see ctxbank serve --help)
        ctxbank keys new <id>                        (an API key for the services; see ctxbank keys --help)
        ctxbank models [--json] [--verify]           (the models --model can name, and what is cached)
 
@@ -233,7 +233,7 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(USAGE);
     return 0;
   }
-  if (SERVICE_COMMANDS.includes(argv[0]!)) return serviceCommand(argv[0] as "serve" | "prefill" | "decode", argv.slice(1));
+  if (SERVICE_COMMANDS.includes(argv[0]!)) return serviceCommand(argv[0] as "serve" | "prefill" | "decode" | "router", argv.slice(1));
   if (argv[0] === "keys") return keysCommand(argv.slice(1));
   if (argv[0] === "models") return modelsCommand(argv.slice(1));
   const { values: f, positionals } = parse(argv);

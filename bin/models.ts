@@ -5,7 +5,7 @@ import { parseArgs } from "node:util";
 import { UsageError } from "../shared/inference/errors.ts";
 import { listModels, type CachedCopy, type ModelListing } from "../shared/inference/model/list.ts";
 import { formatBytes, makeLogger } from "../shared/inference/model/progress.ts";
-import { textTable } from "../tools/lib/table.ts";
+import { textTable } from "../shared/platform/table.ts";
 
 export const MODELS_USAGE = `Usage: ctxbank models [--json] [--verify]
 

@@ -1,17 +1,19 @@
 // `ctxbank serve | prefill | decode`: run the services. `serve` runs both in one process with an
 // embedded PGlite unless DATABASE_URL says otherwise (what `npm start` runs); `prefill` and
-// `decode` run one service each against a shared PostgreSQL (DATABASE_URL), on any host and port.
+// `decode` run one service each against a shared PostgreSQL (DATABASE_URL), on any host and port;
+// `router` sends clients' requests to the decodes.
 import { parseArgs } from "node:util";
 import { UsageError } from "../shared/inference/errors.ts";
 import { ConfigError, configFlags, configHelp, loadConfig, type ServiceRole } from "../shared/platform/config.ts";
 
-export const SERVICE_COMMANDS: readonly string[] = ["serve", "prefill", "decode"];
+export const SERVICE_COMMANDS: readonly string[] = ["serve", "prefill", "decode", "router"];
 
 
 const ABOUT: Record<ServiceRole, string> = {
   serve: "both services in one process (default database: embedded PGlite, pglite://memory)",
   prefill: "the prefill service alone (needs DATABASE_URL=postgres://…)",
   decode: "the decode service with the OpenAI-compatible API (needs DATABASE_URL=postgres://…)",
+  router: "the router in front of the decodes: each request goes to the decode holding its session, else the least loaded (needs DATABASE_URL=postgres://…; loads no model)",
 };
 
 export function serviceUsage(role: ServiceRole): string {

@@ -10,10 +10,12 @@ export class Membership {
   private failures: FailureLog | undefined;
 
   constructor(
-    private readonly rt: Runtime,
-    readonly role: "prefill" | "decode",
+    private readonly rt: Pick<Runtime, "registry" | "config" | "log">,
+    readonly role: "prefill" | "decode" | "router",
     readonly id: string,
     readonly baseUrl: string,
+    /** A decode's public API, for the router; prefills have none. */
+    readonly publicUrl: string | undefined,
     /** Called after the registry declared us dead and we registered again (a prefill needs a new shard epoch). */
     private readonly onRejoined?: () => Promise<void>,
   ) {}
@@ -29,7 +31,7 @@ export class Membership {
   }
 
   private register() {
-    return this.rt.registry.instances.register({ id: this.id, role: this.role, baseUrl: this.baseUrl, hostId: this.rt.config.hostId });
+    return this.rt.registry.instances.register({ id: this.id, role: this.role, baseUrl: this.baseUrl, ...(this.publicUrl ? { publicUrl: this.publicUrl } : {}), hostId: this.rt.config.hostId });
   }
 
   private async beat(): Promise<void> {

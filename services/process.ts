@@ -65,7 +65,7 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   try {
     // The registry names the internal URL: that is where peers call prefills and read chunks.
     await services.prefill?.start(internalUrl);
-    await services.decode?.start(internalUrl);
+    await services.decode?.start(internalUrl, url);
   } catch (err) {
     await Promise.all([http.close(0), internal.close(0)]);
     if (!rt) await runtime.close();
@@ -98,21 +98,30 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   };
 }
 
-/** Runs until SIGINT/SIGTERM, then stops gracefully; a second signal exits at once. */
+/** Runs `ctxbank <role>` until SIGINT/SIGTERM, then stops gracefully; a second signal exits at once. */
 export async function runUntilSignalled(config: Config): Promise<void> {
+  if (config.role === "router") {
+    const { startRouter } = await import("./router/process.ts");
+    const running = await startRouter(config);
+    return untilSignalled(running, (sig) => running.log.info({ signal: sig }, "shutting down"));
+  }
   const running = await startServices(config);
+  return untilSignalled(running, (sig) => running.rt.log.info({ signal: sig }, "shutting down"));
+}
+
+async function untilSignalled(running: { stop(): Promise<void> }, onSignal: (sig: NodeJS.Signals) => void): Promise<void> {
   await new Promise<void>((resolve) => {
     let signalled = false;
-    const onSignal = (sig: NodeJS.Signals) => {
+    const stop = (sig: NodeJS.Signals) => {
       if (signalled) process.exit(130);
       signalled = true;
-      running.rt.log.info({ signal: sig }, "shutting down");
-      running.stop().then(resolve, (err) => {
-        running.rt.log.error({ err }, "shutdown failed");
+      onSignal(sig);
+      running.stop().then(resolve, (err: unknown) => {
+        process.stderr.write(`shutdown failed: ${String(err)}\n`);
         resolve();
       });
     };
-    process.on("SIGINT", onSignal);
-    process.on("SIGTERM", onSignal);
+    process.on("SIGINT", stop);
+    process.on("SIGTERM", stop);
   });
 }

@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
@@ -7,6 +8,10 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { openDatabase, type OpenedDatabase } from "../shared/platform/registry/db.ts";
 import { Registry, RegistryError, type BeginChunkInput } from "../shared/platform/registry/registry.ts";
 import { startPostgres } from "../tools/lib/postgres.ts";
+import { messageHashes } from "../services/sessions/message-hashes.ts";
+
+/** The migrations drizzle applies: the journal's entries (0000_init … the newest). */
+const MIGRATIONS = (JSON.parse(readFileSync(new URL("../migrations/meta/_journal.json", import.meta.url), "utf8")) as { entries: unknown[] }).entries.length;
 
 interface Backend {
   /** URL for the suite, and a URL that may be opened twice in a row (persistent). */
@@ -122,7 +127,7 @@ describe.each(backends)("registry on $name", (backend) => {
         second,
         sql`select count(*)::int as n from drizzle.__drizzle_migrations`,
       );
-      expect(applied).toEqual([{ n: 4 }]); // 0000_init, 0001_crash_cleanup, 0002_shard_ucx_endpoint, 0003_sessions_responses
+      expect(applied).toEqual([{ n: MIGRATIONS }]); // each migration in migrations/meta/_journal.json, once
       const tables = await rowsOf<{ table_name: string }>(
         second,
         sql`select table_name from information_schema.tables where table_schema = 'public' order by table_name`,
@@ -591,20 +596,36 @@ describe.each(backends)("registry on $name", (backend) => {
       expect(await reg.requests.recordDecoder("nope", "d1")).toBe(false);
     });
 
-    it("sessions: upsert moves a session, the longest prefix of round hashes finds its holder, expiry and dead holders sweep", async () => {
+    it("sessions: upsert moves a session, the longest prefix of message hashes finds its holder, expiry and dead holders sweep", async () => {
       const h = (n: number) => String(n).padStart(64, "0");
-      const base = { tenant: "alice", tier: "memory" as const, tokens: 100, bytes: 1000, turns: 1, createdAt: clock.now(), lastUsedAt: clock.now(), expiresAt: new Date(clock.ms + 60_000) };
-      await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d1", roundHashes: [h(1), h(2), h(3)] });
-      await reg.sessions.upsert({ ...base, id: "alice:s2", holderInstanceId: "d2", roundHashes: [h(1), h(2)] });
-      await reg.sessions.upsert({ ...base, id: "bob:s3", tenant: "bob", holderInstanceId: "d3", roundHashes: [h(1), h(2), h(3), h(4)] });
-      expect(await reg.sessions.longestPrefix("alice", [h(1), h(2), h(3), h(9)])).toMatchObject({ session: { id: "alice:s1", holderInstanceId: "d1" }, rounds: 3 });
-      expect(await reg.sessions.longestPrefix("alice", [h(9)])).toBeUndefined();
-      expect((await reg.sessions.longestPrefix("bob", [h(1)]))?.session.id).toBe("bob:s3"); // keys never see each other's
+      const turn = (n: number) => [{ role: "user", content: `q${n}` }, { role: "assistant", content: `a${n}` }];
+      const chat = (n: number) => messageHashes(Array.from({ length: n }, (_, i) => turn(i)).flat());
+      const base = { tenant: "alice", tier: "memory" as const, tokens: 100, bytes: 1000, turns: 1, createdAt: clock.now(), lastUsedAt: clock.now(), expiresAt: new Date(clock.ms + 60_000), roundHashes: [h(1)] };
+      await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d1", messageHashes: chat(3) });
+      await reg.sessions.upsert({ ...base, id: "alice:s2", holderInstanceId: "d2", messageHashes: chat(2) });
+      await reg.sessions.upsert({ ...base, id: "bob:s3", tenant: "bob", holderInstanceId: "d3", messageHashes: chat(4) });
+      // The next turn of s1's conversation: its 6 messages, then a new question.
+      const next = messageHashes([...Array.from({ length: 3 }, (_, i) => turn(i)).flat(), { role: "user", content: "q3" }]);
+      expect(await reg.sessions.longestPrefix("alice", next)).toMatchObject({ session: { id: "alice:s1", holderInstanceId: "d1" }, messages: 6 });
+      // A conversation that left s1's after its first answer shares 2 messages with both; the newer wins the tie.
+      const forked = messageHashes([...turn(0), { role: "user", content: "something else" }]);
+      expect(await reg.sessions.longestPrefix("alice", forked)).toMatchObject({ messages: 2 });
+      // ... but it continues neither: only a request repeating a session's whole conversation does.
+      expect(await reg.sessions.longestPrefix("alice", forked, { continued: true })).toBeUndefined();
+      expect(await reg.sessions.longestPrefix("alice", next, { continued: true })).toMatchObject({ session: { id: "alice:s1" }, messages: 6 });
+      // A client that trimmed the last answer (a stop string it cut) still continues it.
+      const trimmed = messageHashes([...Array.from({ length: 2 }, (_, i) => turn(i)).flat(), { role: "user", content: "q2" }, { role: "assistant", content: "a2, trimmed" }, { role: "user", content: "q3" }]);
+      expect(await reg.sessions.longestPrefix("alice", trimmed, { continued: true })).toMatchObject({ session: { id: "alice:s1" }, messages: 5 });
+      expect(await reg.sessions.longestPrefix("alice", messageHashes([{ role: "user", content: "new" }]))).toBeUndefined();
+      expect(await reg.sessions.longestPrefix("alice", [])).toBeUndefined();
+      expect((await reg.sessions.longestPrefix("bob", chat(1)))?.session.id).toBe("bob:s3"); // keys never see each other's
+      await expectRegistryError(reg.sessions.longestPrefix("alice", ["nothex"]), "invalid_input");
       // The session moves to another holder; the old holder's remove no longer takes it.
-      await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d2", tier: "disk", roundHashes: [h(1), h(2), h(3)], turns: 2 });
+      await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d2", tier: "disk", turns: 2 });
       expect(await reg.sessions.remove("alice:s1", "d1")).toBe(false);
       expect(await reg.sessions.get("alice:s1")).toMatchObject({ holderInstanceId: "d2", tier: "disk", turns: 2 });
       await expectRegistryError(reg.sessions.upsert({ ...base, id: "alice:s4", holderInstanceId: "d1", roundHashes: ["nothex"] }), "invalid_input");
+      await expectRegistryError(reg.sessions.upsert({ ...base, id: "alice:s4", holderInstanceId: "d1", messageHashes: ["nothex"] }), "invalid_input");
       clock.advance(30_000);
       expect(await reg.sessions.sweep(["d3"])).toBe(1); // bob's holder died
       clock.advance(31_000);

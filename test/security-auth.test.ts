@@ -10,7 +10,7 @@ import { keysCommand } from "../bin/keys.ts";
 import { ApiKeyError, ApiKeys, newApiKey, parseApiKeys } from "../shared/platform/auth/api-keys.ts";
 import { InternalAuth, Nonces } from "../shared/platform/auth/capability.ts";
 import { AllowedHosts } from "../shared/platform/auth/hosts.ts";
-import { KeyLimiter } from "../shared/platform/auth/rate-limit.ts";
+import { KeyLimiter, share } from "../shared/platform/auth/rate-limit.ts";
 import { ConfigError, configFlags, loadConfig } from "../shared/platform/config.ts";
 import { chunkKey } from "../services/handoff/format/chunk-key.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
@@ -67,6 +67,19 @@ describe("API keys", () => {
     expect(limiter.admit("c", one)).toMatchObject({ ok: false, code: "concurrency_limited" });
     if (first.ok) first.release();
     expect(limiter.admit("c", one).ok).toBe(true);
+  });
+
+  it("several gates (routers) each hold an equal share of a key's limits, never less than one request", () => {
+    let gates = 2;
+    const limiter = new KeyLimiter(() => 0, () => gates);
+    const limits = { rate: 10, burst: 4, concurrency: 4 };
+    const admitted = Array.from({ length: 4 }, () => limiter.admit("a", limits));
+    expect(admitted.map((a) => a.ok)).toEqual([true, true, false, false]); // a burst of 2 here
+    expect(share(limits, 2)).toEqual({ rate: 5, burst: 2, concurrency: 2 });
+    expect(share(limits, 8)).toEqual({ rate: 1.25, burst: 1, concurrency: 1 });
+    expect(share({ rate: 0, burst: 1, concurrency: 0 }, 3)).toEqual({ rate: 0, burst: 1, concurrency: 0 }); // unlimited stays so
+    gates = 1;
+    expect(share(limits, gates)).toBe(limits);
   });
 });
 

@@ -7,6 +7,7 @@ import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { newApiKey } from "../shared/platform/auth/api-keys.ts";
 import { getJson, postJson, startService, tempShardDir, type ServiceProcess } from "../tools/lib/services.ts";
+import { scrape } from "./helpers/prom.ts";
 
 const alice = newApiKey("alice", { rate: 0, concurrency: 0 });
 const bob = newApiKey("bob", { rate: 0, concurrency: 0 });
@@ -28,7 +29,7 @@ afterAll(async () => {
 
 interface Answer {
   text: string;
-  ctxbank: { session?: { id: string; reused_tokens: number; turns: number }; prefill?: { where: string; reason: string } };
+  ctxbank: { session?: { id: string; reused_tokens: number; turns: number }; prefill?: { where: string; cause: string; reason: string } };
   usage: { prompt_tokens: number };
 }
 
@@ -61,6 +62,22 @@ describe("sessions", () => {
     expect(got.status).toBe(200);
     expect(got.body).toMatchObject({ id: "trip", object: "session", tier: "memory", turns: 4 });
     expect(got.body.round_starts.length).toBeGreaterThanOrEqual(4);
+  }, 300_000);
+
+  it("the metrics count every reused token, each turn's placement and the sessions kept", async () => {
+    const before = await scrape(svc.url);
+    const conv: Message[] = [{ role: "user", content: "Name a river." }];
+    const first = await chat(alice, conv, "metered");
+    conv.push({ role: "assistant", content: first.text }, { role: "user", content: "How long is it?" });
+    const second = await chat(alice, conv, "metered");
+    const after = await scrape(svc.url);
+    const delta = (name: string, match?: Record<string, string>) => after.sum(name, match) - before.sum(name, match);
+    expect(delta("ctxbank:session_reused_tokens_total")).toBe(second.ctxbank.session!.reused_tokens);
+    expect(delta("ctxbank:prefill_placements_total", { where: "in_process", cause: "colocated" })).toBe(1);
+    expect(delta("ctxbank:prefill_placements_total", { where: "local", cause: "session" })).toBe(1);
+    expect(delta("ctxbank:session_events_total", { event: "resumed" })).toBe(1);
+    expect(after.get("ctxbank:sessions", { tier: "memory" })).toBeGreaterThanOrEqual(1);
+    expect(second.ctxbank.prefill).toMatchObject({ where: "local", cause: "session" });
   }, 300_000);
 
   it("another key cannot see, reuse or delete a session; DELETE ends it and the next turn computes everything", async () => {

@@ -13,7 +13,7 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { benchCli, REPO_ROOT, type Results } from "../../tools/lib/bench-runner.ts";
 import { autogroup, fileStamp, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../../tools/lib/machine.ts";
 import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
-import { fmtNum, markdownTable, textTable, type Table } from "../../tools/lib/table.ts";
+import { fmtNum, markdownTable, textTable, type Table } from "../../shared/platform/table.ts";
 import {
   currentOtherLoad,
   decodeBreakdown,

@@ -2,7 +2,7 @@
 // from a saved result by `npm run bench:fidelity -- --replot [--out DIR]`.
 import type { Results } from "../../tools/lib/bench-runner.ts";
 import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
-import { markdownTable } from "../../tools/lib/table.ts";
+import { markdownTable } from "../../shared/platform/table.ts";
 import { mean } from "./metrics.ts";
 
 export interface PolicyRun {

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 
 import { Results } from "../../tools/lib/bench-runner.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
-import { fmtNum, markdownTable } from "../../tools/lib/table.ts";
+import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
 
 interface Point {
   test: "decode" | "prefill" | "batched";

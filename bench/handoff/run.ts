@@ -39,7 +39,7 @@ import { benchTokens } from "../../tools/lib/bench-text.ts";
 import { benchCli, REPO_ROOT } from "../../tools/lib/bench-runner.ts";
 import { setProcessNice } from "../../tools/lib/machine.ts";
 import { renderChart, type Panel } from "../../tools/lib/svg-chart.ts";
-import { fmtNum, markdownTable } from "../../tools/lib/table.ts";
+import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
 import { CpuMeter, summarize, waitForQuiet, type Summary } from "../../tools/lib/timing.ts";
 
 const here = dirname(fileURLToPath(import.meta.url));

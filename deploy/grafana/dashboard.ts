@@ -289,6 +289,74 @@ const SECTIONS: Section[] = [
     ],
   },
   {
+    row: "Sessions and routing",
+    panels: [
+      {
+        kind: "timeseries",
+        title: "Prompt placement",
+        description: "Where decodes had prompts computed, per second: local (in the decode's own steps), remote (a prefill instance) or in_process (serve), and why (short, fraction, pool_full, long, session, colocated, off).",
+        unit: "reqps",
+        width: 8,
+        height: 8,
+        min: 0,
+        targets: [{ expr: `sum by (where, cause) (${rate("ctxbank:prefill_placements_total")})`, legend: "{{where}} {{cause}}" }],
+      },
+      {
+        kind: "timeseries",
+        title: "Prompt tokens reused from sessions",
+        description: "Prompt tokens per second whose KV came from a parked session, beside all prompt tokens admitted to decode.",
+        unit: "short",
+        width: 8,
+        height: 8,
+        min: 0,
+        targets: [
+          { expr: `sum(${rate("ctxbank:session_reused_tokens_total")})`, legend: "reused" },
+          { expr: `sum(${rate("ctxbank:prompt_tokens_total")})`, legend: "all prompt tokens" },
+        ],
+      },
+      {
+        kind: "timeseries",
+        title: "Sessions kept",
+        description: "Conversations the decodes keep between turns, by tier, and what happens to them per second (resumed, spilled to disk, dropped, expired).",
+        unit: "short",
+        width: 8,
+        height: 8,
+        min: 0,
+        targets: [
+          { expr: `sum by (tier) (ctxbank:sessions{${SEL}})`, legend: "{{tier}}" },
+          { expr: `sum by (event) (${rate("ctxbank:session_events_total")})`, legend: "{{event}}/s" },
+        ],
+      },
+      {
+        kind: "timeseries",
+        title: "Router: why each request went where it did",
+        description: "Requests the routers forwarded per second, by reason: session / prefix (to the decode holding the conversation's KV), load, holder_busy, holder_gone, round_robin; retries on the next decode and requests no decode could take.",
+        unit: "reqps",
+        width: 12,
+        height: 8,
+        min: 0,
+        targets: [
+          { expr: `sum by (reason) (rate(ctxbank:router_requests_total{${PROC}}${RATE}))`, legend: "{{reason}}" },
+          { expr: `sum by (kind) (rate(ctxbank:router_retries_total{${PROC}}${RATE}))`, legend: "retry {{kind}}" },
+          { expr: `sum(rate(ctxbank:router_unrouted_total{${PROC}}${RATE}))`, legend: "unrouted" },
+        ],
+      },
+      {
+        kind: "timeseries",
+        title: "Router: decodes and their load",
+        description: "Requests in flight per decode as each router estimates them, and how many decodes the routers can reach.",
+        unit: "short",
+        width: 12,
+        height: 8,
+        min: 0,
+        targets: [
+          { expr: `max by (decode) (ctxbank:router_decode_load{${PROC}})`, legend: "{{decode}}" },
+          { expr: `min(ctxbank:router_decodes{${PROC}})`, legend: "decodes reachable" },
+        ],
+      },
+    ],
+  },
+  {
     row: "Failures",
     panels: [
       {

@@ -13,10 +13,12 @@ import { resolvedSpec, type ResolvedPolicy } from "../../shared/inference/policy
 import type { Handover, LoadedKv, PromptCompute, PromptHandle, SequencePlan } from "../handoff/index.ts";
 import type { RequestPlan } from "../request-plan.ts";
 import type { Runtime } from "../runtime.ts";
+import type { PlacementCause } from "../../shared/platform/metrics/definitions.ts";
 
-/** Where a prompt is computed, and why (the answer's `ctxbank.prefill`). */
+/** Where a prompt is computed, and why (the answer's `ctxbank.prefill`; the metrics count `cause`). */
 export interface Placement {
   where: "in_process" | "remote" | "local";
+  cause: PlacementCause;
   reason: string;
 }
 
@@ -26,12 +28,12 @@ export interface Placement {
  * the prefill instances is taken (`poolFull`); else a prefill instance computes it.
  */
 export function placePrefill(o: { uncached: number; promptTokens: number; maxTokens: number; maxFraction: number; poolFull: boolean }): Placement {
-  if (o.uncached <= o.maxTokens) return { where: "local", reason: `${o.uncached} tokens to compute, at most ${o.maxTokens} are computed here` };
+  if (o.uncached <= o.maxTokens) return { where: "local", cause: "short", reason: `${o.uncached} tokens to compute, at most ${o.maxTokens} are computed here` };
   if (o.uncached <= o.maxFraction * o.promptTokens) {
-    return { where: "local", reason: `${o.uncached} of ${o.promptTokens} tokens to compute, at most ${Math.round(o.maxFraction * 100)}% are computed here` };
+    return { where: "local", cause: "fraction", reason: `${o.uncached} of ${o.promptTokens} tokens to compute, at most ${Math.round(o.maxFraction * 100)}% are computed here` };
   }
-  if (o.poolFull) return { where: "local", reason: "every call to the prefill instances is taken" };
-  return { where: "remote", reason: `${o.uncached} tokens to compute: a prefill instance computes them` };
+  if (o.poolFull) return { where: "local", cause: "pool_full", reason: "every call to the prefill instances is taken" };
+  return { where: "remote", cause: "long", reason: `${o.uncached} tokens to compute: a prefill instance computes them` };
 }
 
 export interface LocalPrompt {

@@ -9,7 +9,7 @@ import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/platform/http/errors.ts";
 import { requestTenant } from "../../shared/platform/http/tenant.ts";
 import { isJsonMediaType } from "../../shared/platform/http/json-depth.ts";
-import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, policyField, SamplingFields, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
+import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, policyField, SamplingFields, SessionId, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
 import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../shared/inference/defaults.ts";
 import { MAX_TOP_K } from "../../shared/inference/engine/sampler.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
@@ -18,7 +18,6 @@ import { checkPromptSize, type Runtime } from "../runtime.ts";
 import type { DecodeEvent, DecodeOptions, DecodeService } from "./service.ts";
 import { clientSignal, collect, sse } from "./stream.ts";
 import { errorJson } from "./routes.ts";
-import { SessionId } from "./sessions.ts";
 
 /** Fields that change what the answer means, which ctxbank does not implement: accepted only when empty or null, refused otherwise (not ignored). */
 const unsupported = (what: string) => ({ description: `not supported: ${what}` });

@@ -25,6 +25,7 @@ import { KvLoadError, openReader, type Handle, type Handover, type HandoffReader
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { SessionDisk } from "../sessions/session-disk.ts";
 import { SessionStore } from "../sessions/session-store.ts";
+import { messageHashes, promptMessages, type HashedMessage } from "../sessions/message-hashes.ts";
 import { kvShape } from "../handoff/index.ts";
 import { placePrefill, prefillLocally, type LocalPrompt, type Placement } from "./local-prefill.ts";
 import { DecodeScheduler } from "./scheduler.ts";
@@ -56,7 +57,7 @@ interface TurnPlan {
   plan?: RequestPlan;
   /** When the decode computes the prompt itself. */
   local?: LocalPrompt;
-  session?: { id: string; reused: number; turns: number; tokens: number[]; roundStarts: number[] };
+  session?: { id: string; reused: number; turns: number; tokens: number[]; roundStarts: number[]; messages: HashedMessage[] };
 }
 
 export type DecodeEvent =
@@ -94,6 +95,8 @@ export class DecodeService {
   private membership: Membership | undefined;
   private state: "starting" | "ready" | "draining" | "stopped" = "starting";
   private readonly active = new Set<AbortController>();
+  /** Requests between arrival and their last event (a prefill call's wait included): the load the router reads. */
+  private requestsInFlight = 0;
   private readonly totals = { requests: 0, done: 0, cancelled: 0, failed: 0 };
 
   constructor(
@@ -121,6 +124,10 @@ export class DecodeService {
             disk: c.sessionDir ? new SessionDisk(c.sessionDir, c.sessionDiskBytes, kvShape(m), rt.model.fingerprint, c.blockTokens) : undefined,
           })
         : undefined;
+    if (this.sessions) {
+      const store = this.sessions;
+      metrics.watchSessions(() => ({ ...store.tiers(), events: store.counts }));
+    }
     const calls = this.handoff.prefillCalls;
     metrics.watchRequests("decode", () => {
       const s = this.scheduler.status();
@@ -139,8 +146,9 @@ export class DecodeService {
     return this.state === "ready";
   }
 
-  async start(baseUrl: string): Promise<void> {
-    this.membership = new Membership(this.rt, "decode", this.instanceId, baseUrl);
+  /** Registers the decode: `baseUrl` its internal listener, `publicUrl` its API (where the router sends clients). */
+  async start(baseUrl: string, publicUrl?: string): Promise<void> {
+    this.membership = new Membership(this.rt, "decode", this.instanceId, baseUrl, publicUrl);
     await this.membership.start();
     if (this.sessions) {
       const adopted = await this.sessions.adoptDisk();
@@ -163,7 +171,7 @@ export class DecodeService {
 
   status() {
     const { kv_loads, prefill_calls, recomputed, in_process } = this.handoff.status();
-    return { state: this.state, ...this.scheduler.status(), kv_loads, prefill_calls, totals: { ...this.totals, recomputed, in_process } };
+    return { state: this.state, requests_in_flight: this.requestsInFlight, ...this.scheduler.status(), kv_loads, prefill_calls, totals: { ...this.totals, recomputed, in_process } };
   }
 
   private assertReady(): void {
@@ -177,7 +185,20 @@ export class DecodeService {
    * here (`serve`: the prefill's sequence is handed over as it is), else on a prefill instance
    * (the KV comes through its shard) — then decode it here.
    */
-  async *complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
+  complete(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
+    return this.counted(this.completeTurn(prompt, opts, signal, log));
+  }
+
+  private async *counted(events: AsyncGenerator<DecodeEvent>): AsyncGenerator<DecodeEvent> {
+    this.requestsInFlight++;
+    try {
+      yield* events;
+    } finally {
+      this.requestsInFlight--;
+    }
+  }
+
+  private async *completeTurn(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
     const t0 = opts.arrivedAt ?? performance.now();
     let handover: Handover;
     let turn: TurnPlan;
@@ -195,6 +216,8 @@ export class DecodeService {
       };
       const tenant = opts.tenant ?? LOCAL_TENANT;
       turn = await this.planTurn(body, opts, tenant, signal);
+      this.metrics.placed(turn.placement.where, turn.placement.cause);
+      this.metrics.sessionReused(turn.session?.reused ?? 0);
       const own: OwnRequest = {
         tenant,
         onKvFailure: opts.onKvFailure ?? "fail",
@@ -225,7 +248,7 @@ export class DecodeService {
     const c = this.rt.config;
     const sessionId = this.sessions && opts.session ? opts.session : undefined;
     if (!sessionId && (this.colocated || c.localPrefillTokens === 0)) {
-      return { placement: this.colocated ? { where: "in_process", reason: "prefill and decode run in this process" } : { where: "remote", reason: "local prefill is off" } };
+      return { placement: this.colocated ? { where: "in_process", cause: "colocated", reason: "prefill and decode run in this process" } : { where: "remote", cause: "off", reason: "local prefill is off" } };
     }
     const chat = body.messages !== undefined;
     const sampling = checkBeforeWork(this.rt, body);
@@ -236,12 +259,12 @@ export class DecodeService {
     // prompt pools) was built for the old prompt, so such a turn computes its prompt afresh.
     const resumed = sessionId && policyKind(body.policy ?? c.policy) === "full" ? await this.sessions!.resume(tenant, sessionId, tokens, tokens.length + maxTokens) : undefined;
     const reused = resumed?.reused ?? 0;
-    const session = sessionId ? { id: sessionId, reused, turns: resumed?.turns ?? 0, tokens, roundStarts: roundStarts ?? [0] } : undefined;
+    const session = sessionId ? { id: sessionId, reused, turns: resumed?.turns ?? 0, tokens, roundStarts: roundStarts ?? [0], messages: promptMessages(body) } : undefined;
     const calls = this.handoff.prefillCalls;
     const placement: Placement = this.colocated
       ? resumed
-        ? { where: "local", reason: `the session holds ${reused} of the prompt's ${tokens.length} tokens` }
-        : { where: "in_process", reason: "prefill and decode run in this process" }
+        ? { where: "local", cause: "session", reason: `the session holds ${reused} of the prompt's ${tokens.length} tokens` }
+        : { where: "in_process", cause: "colocated", reason: "prefill and decode run in this process" }
       : placePrefill({ uncached: tokens.length - reused, promptTokens: tokens.length, maxTokens: c.localPrefillTokens, maxFraction: c.localPrefillFraction, poolFull: calls.running >= calls.options.limit });
     if (placement.where !== "local") {
       resumed?.seq.release(); // the prompt is computed elsewhere; this turn parks its own sequence
@@ -264,7 +287,7 @@ export class DecodeService {
 
   /** Decodes a client's handle (POST /v1/decode): its KV comes through the prefill's shard. */
   decode(handle: Handle, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
-    return this.run(this.handoff.accept(handle, opts.onKvFailure ?? "fail"), opts, signal, log);
+    return this.counted(this.run(this.handoff.accept(handle, opts.onKvFailure ?? "fail"), opts, signal, log));
   }
 
   /**
@@ -375,7 +398,7 @@ export class DecodeService {
       outcome = "done";
       const session = how.turn?.session;
       if (session && slot?.kept) {
-        await this.park(opts.tenant ?? LOCAL_TENANT, session, slot.seq, handle.prompt_token_ids, text.ids, log);
+        await this.park(opts.tenant ?? LOCAL_TENANT, session, slot.seq, handle.prompt_token_ids, text, log);
         slot.kept = false; // the store owns it now
       }
       const endedAt = performance.now();
@@ -436,8 +459,8 @@ export class DecodeService {
    * answer but its last token (sampled, never fed). The registry learns where the session is (the
    * router sends its next turn here).
    */
-  private async park(tenant: string, session: NonNullable<TurnPlan["session"]>, seq: NativeSequence, prompt: readonly number[], answer: readonly number[], log: Logger): Promise<void> {
-    const tokens = [...prompt, ...answer].slice(0, seq.nPast);
+  private async park(tenant: string, session: NonNullable<TurnPlan["session"]>, seq: NativeSequence, prompt: readonly number[], answer: TokenTextStream, log: Logger): Promise<void> {
+    const tokens = [...prompt, ...answer.ids].slice(0, seq.nPast);
     const roundStarts = [...session.roundStarts, prompt.length].filter((s, i, all) => s < tokens.length && (i === 0 || s > all[i - 1]!));
     try {
       await this.sessions!.park(tenant, session.id, seq, tokens, roundStarts, session.turns + 1);
@@ -451,6 +474,8 @@ export class DecodeService {
         tokens: summary.tokens,
         bytes: summary.bytes,
         roundHashes: summary.roundHashes,
+        // What the client sends next time: these messages, then the answer as it read it.
+        messageHashes: messageHashes([...session.messages, { role: "assistant", content: answer.text }]),
         turns: summary.turns,
         createdAt: new Date(summary.createdAt),
         lastUsedAt: new Date(summary.lastUsedAt),

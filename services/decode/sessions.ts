@@ -4,11 +4,10 @@ import { createRoute, z } from "@hono/zod-openapi";
 import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/platform/http/errors.ts";
 import { requestTenant } from "../../shared/platform/http/tenant.ts";
+import { SessionId } from "../../shared/platform/http/wire.ts";
 import type { Runtime } from "../runtime.ts";
 import type { DecodeService } from "./service.ts";
 
-/** A session id as clients send it (x-session-id, session_id): namespaced by the key in the registry. */
-export const SessionId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, "1-128 chars of letters, digits and . _ - (not starting with a symbol)");
 
 const SessionSchema = z
   .object({

@@ -83,7 +83,7 @@ export class PrefillService implements InProcessPrefill {
 
   /** Registers the instance, starts the shard's first epoch and its reaping and sweeping. */
   async start(baseUrl: string): Promise<void> {
-    this.membership = new Membership(this.rt, "prefill", this.instanceId, baseUrl, () => this.owner.newEpoch());
+    this.membership = new Membership(this.rt, "prefill", this.instanceId, baseUrl, undefined, () => this.owner.newEpoch());
     await this.membership.start();
     await this.owner.start();
     this.state = "ready";

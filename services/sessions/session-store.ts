@@ -119,6 +119,13 @@ export class SessionStore {
     return this.parked.size;
   }
 
+  /** Sessions held in memory and on disk. */
+  tiers(): { memory: number; disk: number } {
+    let memory = 0;
+    for (const p of this.parked.values()) if (p.seq) memory++;
+    return { memory, disk: this.parked.size - memory };
+  }
+
   summary(tenant: string, id: string): SessionSummary | undefined {
     const p = this.live(tenant, id);
     return p && this.describe(p);
@@ -134,7 +141,8 @@ export class SessionStore {
    * the longest prefix it shares with the prompt (at most all but the prompt's last token, whose
    * logits the turn needs), loaded from disk first if it was spilled. Undefined when the session
    * is unknown, expired, or shares nothing with the prompt (the caller computes the whole prompt;
-   * the stored session is then dropped: its history was rewritten). The sequence has room for
+   * the stored session is then dropped: its history was rewritten), or was spilled to a file that
+   * no longer reads back intact (dropped too). The sequence has room for
    * `capacity` tokens (moved to a larger one when it had less).
    */
   async resume(tenant: string, id: string, prompt: ArrayLike<number>, capacity = prompt.length): Promise<Resumed | undefined> {
@@ -151,9 +159,11 @@ export class SessionStore {
       seq = this.createSequence(Math.max(p.tokens.length, capacity));
       try {
         await this.disk!.load(tenant, id, seq, p.tokens.length);
-      } catch (e) {
+      } catch {
+        // Unreadable or failing its checksums: the turn computes its prompt, as if never kept.
         seq.release();
-        throw e;
+        this.counts.dropped++;
+        return undefined;
       } finally {
         await this.disk!.remove(tenant, id).catch(() => {}); // the turn has it now (or it was unreadable)
       }

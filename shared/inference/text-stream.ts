@@ -17,6 +17,7 @@ export class TokenTextStream {
   private readonly detok: ReturnType<GgufTokenizer["createDetokenizer"]>;
   private readonly stops: StopStringFilter;
   private generated = 0;
+  private emitted = "";
   readonly ids: number[] = [];
 
   constructor(
@@ -32,6 +33,11 @@ export class TokenTextStream {
     return this.generated;
   }
 
+  /** All the text emitted so far: the answer as the client saw it (a stop string left out). */
+  get text(): string {
+    return this.emitted;
+  }
+
   push(id: number): TextStep {
     this.generated++;
     this.ids.push(id);
@@ -42,6 +48,7 @@ export class TokenTextStream {
     const out = this.stops.push(piece);
     const finish: FinishReason | undefined = out.stopped ? "stop_string" : eog ? "stop" : last ? "length" : undefined;
     const text = out.stopped || !finish ? out.text : out.text + this.stops.flush();
+    this.emitted += text;
     return finish ? { text, finish } : { text };
   }
 }

@@ -10,7 +10,7 @@ import { SLO_DEFAULTS } from "../inference/defaults.ts";
 import { POLICY_KINDS } from "../inference/policy/schema.ts";
 import { MODEL_CATALOGUE } from "../inference/model/catalogue.ts";
 
-export type ServiceRole = "serve" | "prefill" | "decode";
+export type ServiceRole = "serve" | "prefill" | "decode" | "router";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 const MiB = 1 << 20;
@@ -132,6 +132,15 @@ export const ConfigSchema = z.object({
    */
   localPrefillTokens: int(0, 1 << 22).default(0),
   localPrefillFraction: z.coerce.number().min(0).max(1).default(0.3),
+  /**
+   * Router: how often it reads the live decodes from the registry and their load from each one's
+   * status, and how many more requests than the least loaded decode a session's holder may have
+   * before a turn goes to the least loaded one instead (recomputing its history there).
+   */
+  routerPollMs: ms.default(1_000),
+  /** Router: kv = by where each request's KV is, then load; round_robin = one decode after another (a baseline). */
+  routerPolicy: z.enum(["kv", "round_robin"]).default("kv"),
+  routerImbalance: int(0, 1_000_000).default(8),
   maxBodyBytes: bytes.default(4 * MiB),
   /**
    * How decode reads chunks: auto = shm on the owner's host, else UCX when the owner publishes a
@@ -245,6 +254,9 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   sessionDiskBytes: { flag: "session-disk-bytes", env: ["CTXBANK_SESSION_DISK_BYTES"], help: "bytes the session disk tier may take (default 4 GiB)" },
   localPrefillTokens: { flag: "local-prefill-tokens", env: ["CTXBANK_LOCAL_PREFILL_TOKENS"], help: "decode: prefill here when the uncached part is at most this many tokens (default 0: sessions' turns only)" },
   localPrefillFraction: { flag: "local-prefill-fraction", env: ["CTXBANK_LOCAL_PREFILL_FRACTION"], help: "decode: or at most this fraction of the prompt (default 0.3)" },
+  routerPollMs: { flag: "router-poll-ms", env: ["CTXBANK_ROUTER_POLL_MS"], help: "router: how often it reads the decodes and their load (default 1000)" },
+  routerPolicy: { flag: "router-policy", env: ["CTXBANK_ROUTER_POLICY"], help: "router: kv (where the KV is, then load) or round_robin (default kv)" },
+  routerImbalance: { flag: "router-imbalance", env: ["CTXBANK_ROUTER_IMBALANCE"], help: "router: requests a session's holder may have beyond the least loaded decode (default 8)" },
   maxBodyBytes: { flag: "max-body-bytes", env: ["CTXBANK_MAX_BODY_BYTES"], help: "largest request body (then 413)" },
   transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm | ucx (auto: in process under serve, else shm on the owner's host, then UCX where both ends have it, then http; a named transport makes serve use the shard path too)" },
   kvTimeoutMs: { flag: "kv-timeout-ms", env: ["CTXBANK_KV_TIMEOUT_MS"], help: "deadline for loading a request's KV" },
@@ -331,7 +343,7 @@ export function loadConfig(
     throw new ConfigError(`invalid configuration: ${msgs.join("; ")}`);
   }
   const c = parsed.data;
-  if ((role === "prefill" || role === "decode") && !/^postgres(ql)?:\/\//.test(c.databaseUrl)) {
+  if (role !== "serve" && !/^postgres(ql)?:\/\//.test(c.databaseUrl)) {
     throw new ConfigError(
       `ctxbank ${role} runs as a separate process and needs a shared PostgreSQL: set DATABASE_URL (or --database-url) to postgres://…` +
         ` (got ${c.databaseUrl.startsWith("pglite") ? c.databaseUrl : "a non-postgres URL"}); use \`ctxbank serve\` for one process with PGlite`,

@@ -25,7 +25,7 @@ export interface ServiceProcess {
   kill(): Promise<void>;
 }
 
-export async function startService(role: "serve" | "prefill" | "decode", args: string[], env: Record<string, string> = {}, timeoutMs = 120_000): Promise<ServiceProcess> {
+export async function startService(role: "serve" | "prefill" | "decode" | "router", args: string[], env: Record<string, string> = {}, timeoutMs = 120_000): Promise<ServiceProcess> {
   // node with tsx's loader (not the tsx wrapper, which runs the program in a child process that
   // a SIGKILL of the wrapper would leave running).
   const child = spawn(process.execPath, ["--import", "tsx", "bin/ctxbank.ts", role, "--port", "0", ...args], {
@@ -44,9 +44,10 @@ export async function startService(role: "serve" | "prefill" | "decode", args: s
     }, timeoutMs);
     const check = () => {
       const m = /"url":"(http:\/\/[^"]+)","internalUrl":"(http:\/\/[^"]+)"[^\n]*"msg":"listening"/.exec(out);
-      if (m) {
+      const router = /"url":"(http:\/\/[^"]+)"[^\n]*"msg":"router listening"/.exec(out);
+      if (m || router) {
         clearTimeout(timer);
-        resolve([m[1]!, m[2]!]);
+        resolve(m ? [m[1]!, m[2]!] : [router![1]!, router![1]!]); // a router has no internal listener
       }
     };
     child.stdout!.on("data", check);

@@ -1,7 +1,7 @@
 // Load-run output: compact per-request records for JSON, a Markdown summary, and charts (via
 // tools/lib): SLO attainment against the Poisson rate, and latency CDFs.
 import { niceTicks, renderChart, type Panel, type Series } from "../lib/svg-chart.ts";
-import { fmtNum, markdownTable } from "../lib/table.ts";
+import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
 import { cdfPoints, type LatencySummary, type RunStats } from "./stats.ts";
 import type { RequestResult } from "./types.ts";
 

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { benchCli, REPO_ROOT, type Results, type RunRecord } from "../lib/bench-runner.ts";
 import { setProcessNice } from "../lib/machine.ts";
-import { fmtNum, markdownTable } from "../lib/table.ts";
+import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
 import { waitForQuiet, type QuietWaitResult } from "../lib/timing.ts";
 import { StreamingClient } from "./client.ts";
 import { loadCorpus } from "./corpus.ts";

@@ -10,7 +10,7 @@ import { UsageError } from "../../shared/inference/errors.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { resultsDir } from "../lib/bench-runner.ts";
 import { setProcessNice } from "../lib/machine.ts";
-import { fmtNum } from "../lib/table.ts";
+import { fmtNum } from "../../shared/platform/table.ts";
 import { decodeComputeSeconds, decodeMemorySeconds, fourCosts, replicaPlan, type Hardware, type Workload } from "./costs.ts";
 import { runMeasurement } from "./compare.ts";
 import { modelFacts, type ModelFacts } from "./model.ts";

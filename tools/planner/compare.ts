@@ -7,7 +7,7 @@ import { existsSync, readFileSync } from "node:fs";
 import os from "node:os";
 import { join } from "node:path";
 import { REPO_ROOT, Results, runRecord } from "../lib/bench-runner.ts";
-import { fmtNum, markdownTable } from "../lib/table.ts";
+import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
 import { CpuMeter, waitForQuiet, type QuietWaitResult } from "../lib/timing.ts";
 import { workloads } from "../loadgen/run-suite.ts";
 import type { SuiteResult } from "../loadgen/run-suite.ts";

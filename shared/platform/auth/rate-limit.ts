@@ -13,10 +13,18 @@ export type Admission = { ok: true; release: () => void } | { ok: false; code: "
 export class KeyLimiter {
   private readonly state = new Map<string, KeyState>();
 
-  constructor(private readonly now: () => number = () => performance.now()) {}
+  /**
+   * `gates`: how many processes hold the same keys' limits together (the live routers): each
+   * enforces its share, a 1/gates part of every limit (rounded up, so no key is ever shut out).
+   */
+  constructor(
+    private readonly now: () => number = () => performance.now(),
+    private readonly gates: () => number = () => 1,
+  ) {}
 
-  /** Takes one request for `id` under `limits`, or says why not and when to retry. */
-  admit(id: string, limits: KeyLimits): Admission {
+  /** Takes one request for `id` under `limits` (this process's share of them), or says why not and when to retry. */
+  admit(id: string, whole: KeyLimits): Admission {
+    const limits = share(whole, Math.max(1, this.gates()));
     const t = this.now();
     let s = this.state.get(id);
     if (!s) {
@@ -46,4 +54,10 @@ export class KeyLimiter {
   inFlight(id: string): number {
     return this.state.get(id)?.inFlight ?? 0;
   }
+}
+
+/** One of `n` equal parts of a key's limits: rate divided, burst and concurrency rounded up (0 stays unlimited). */
+export function share(limits: KeyLimits, n: number): KeyLimits {
+  if (n === 1) return limits;
+  return { rate: limits.rate / n, burst: Math.max(1, Math.ceil(limits.burst / n)), concurrency: limits.concurrency === 0 ? 0 : Math.max(1, Math.ceil(limits.concurrency / n)) };
 }

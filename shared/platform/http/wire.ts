@@ -4,6 +4,7 @@ import { z } from "@hono/zod-openapi";
 import { PolicySpecSchema as PolicySpec } from "../../inference/policy/schema.ts";
 import { MAX_HANDLE_CHUNKS } from "../registry/errors.ts";
 import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../inference/defaults.ts";
+import { PLACEMENT_CAUSES } from "../metrics/definitions.ts";
 import { MAX_TOP_K } from "../../inference/engine/sampler.ts";
 
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
@@ -18,6 +19,9 @@ export const ClientRequestId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63
 export const MAX_WIRE_TOKENS = 1 << 17;
 export const MAX_WIRE_MESSAGES = 1 << 16;
 export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1).max(MAX_WIRE_TOKENS);
+
+/** A session id as clients send it (x-session-id, session_id): namespaced by the key in the registry. */
+export const SessionId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, "1-128 chars of letters, digits and . _ - (not starting with a symbol)");
 
 export const ChatMessageSchema = z
   .object({
@@ -198,6 +202,7 @@ export const CtxbankExtensionSchema = z
     prefill: z
       .object({
         where: z.enum(["in_process", "remote", "local"]),
+        cause: z.enum(PLACEMENT_CAUSES).openapi({ description: "The reason's kind (the label of ctxbank:prefill_placements_total)" }),
         reason: z.string().openapi({ description: "Why there (conditional disaggregation: the uncached part's size, the prefill pool's load, a session)" }),
       })
       .optional(),

@@ -20,7 +20,16 @@ export interface GaugeSources {
   prefillTokensPerSecond?: () => number | undefined;
   /** Each stage's bounded queue: requests waiting now, and refused (429 queue_full) since the start. */
   queues?: Map<string, () => { queued: number; rejected: number }>;
+  /** The decode's session store (services/sessions/): sessions per tier now, and its event counts since the start. */
+  sessions?: () => { memory: number; disk: number; events: Record<SessionEvent, number> };
 }
+
+/** What happened to parked sessions: resumed by a turn, moved to disk, dropped (memory or quota), expired. */
+export const SESSION_EVENTS = ["resumed", "spilled", "dropped", "expired"] as const;
+export type SessionEvent = (typeof SESSION_EVENTS)[number];
+/** Why a prompt was computed where it was (services/decode/local-prefill.ts placePrefill). */
+export const PLACEMENT_CAUSES = ["short", "fraction", "pool_full", "long", "session", "colocated", "off"] as const;
+export type PlacementCause = (typeof PLACEMENT_CAUSES)[number];
 
 export function defineMetrics(registers: Registry[], model: string, sources: GaugeSources) {
   const histogram = (name: string, help: string, buckets: number[], labelNames: string[] = []) =>
@@ -117,6 +126,32 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
         }
       },
     }),
+    placements: counter(
+      "ctxbank:prefill_placements_total",
+      "Where the decode had each prompt computed (local = in its own steps, remote = a prefill instance, in_process = the prefill service of this `serve` process) and why: short / fraction (the part no session holds is under --local-prefill-tokens / -fraction), pool_full (every call to the prefill instances taken), long, session (a colocated session's turn), colocated, off.",
+      ["where", "cause"],
+    ),
+    sessionReusedTokens: counter("ctxbank:session_reused_tokens_total", "Prompt tokens whose KV came from a parked session instead of being computed."),
+    sessions: gauge("ctxbank:sessions", "Sessions the decode keeps between turns, by tier (memory | disk).", ["tier"], function () {
+      const s = sources.sessions?.();
+      if (!s) return;
+      this.set({ model, tier: "memory" }, s.memory);
+      this.set({ model, tier: "disk" }, s.disk);
+    }),
+    sessionEvents: new Counter({
+      name: "ctxbank:session_events_total",
+      help: "Parked sessions resumed by a turn, moved to the disk tier (spilled), dropped (memory without a disk tier, or the key's quota) and expired (TTL).",
+      labelNames: ["model", "event"],
+      registers,
+      collect() {
+        const s = sources.sessions?.();
+        if (!s) return;
+        for (const event of SESSION_EVENTS) {
+          this.remove({ model, event });
+          this.inc({ model, event }, s.events[event]);
+        }
+      },
+    }),
     prefillThroughput: gauge(
       "ctxbank:prefill_tokens_per_second",
       "The prefill throughput estimate SLO admission predicts TTFT with (EWMA of measured prefills; absent until the first one).",
@@ -131,3 +166,39 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
 }
 
 export type MetricSet = ReturnType<typeof defineMetrics>;
+
+/** Where the router's gauges read: the decodes it can route to, with its estimate of their load. */
+export interface RouterSources {
+  decodes: () => { id: string; load: number }[];
+}
+
+/**
+ * The router's own metrics (services/router/): no model label (it loads none). Every reason a
+ * request was routed for, forwards retried on the next decode, requests no decode could take, and
+ * the decodes it sees with their load.
+ */
+export function defineRouterMetrics(registers: Registry[], sources: RouterSources) {
+  return {
+    routed: new Counter({ name: "ctxbank:router_requests_total", help: "Requests the router forwarded, by why it chose the decode: session, prefix, load, holder_busy, holder_gone, round_robin.", labelNames: ["reason"], registers }),
+    retried: new Counter({ name: "ctxbank:router_retries_total", help: "Forwards that found their decode gone (connect) or starting/draining (not_ready), and went to the next choice.", labelNames: ["kind"], registers }),
+    unrouted: new Counter({ name: "ctxbank:router_unrouted_total", help: "Requests the router answered 503 because no decode could take them.", registers }),
+    decodes: new Gauge({
+      name: "ctxbank:router_decodes",
+      help: "Decodes the router can send requests to now.",
+      registers,
+      collect() {
+        this.set(sources.decodes().length);
+      },
+    }),
+    decodeLoad: new Gauge({
+      name: "ctxbank:router_decode_load",
+      help: "Requests in flight per decode, as the router estimates them (its last status read plus what it sent since).",
+      labelNames: ["decode"],
+      registers,
+      collect() {
+        this.reset();
+        for (const d of sources.decodes()) this.set({ decode: d.id }, d.load);
+      },
+    }),
+  };
+}

@@ -4,7 +4,7 @@
 // error code; gauges are read from the services when Prometheus scrapes.
 import { Registry, collectDefaultMetrics } from "prom-client";
 import { CtxbankError } from "../../inference/errors.ts";
-import { defineMetrics, type GaugeSources, type KvTier, type MetricSet, type Service } from "./definitions.ts";
+import { defineMetrics, type GaugeSources, type KvTier, type MetricSet, type PlacementCause, type Service } from "./definitions.ts";
 import { configuredSlos, evaluateSlo, SLO_NAMES, type SloTargets, type SloVerdict } from "./slo.ts";
 import type { RequestTimings } from "./timings.ts";
 
@@ -47,7 +47,7 @@ export class ServiceMetrics {
       const ms = name === "ttft" ? this.slo.ttftMs : name === "tpot" ? this.slo.tpotMs : this.slo.e2eMs;
       if (ms !== undefined) this.m.sloTarget.set({ model, slo: name }, ms / 1000);
     }
-    for (const c of [this.m.promptTokens, this.m.generationTokens, this.m.prefillTokens, this.m.leaseExpiries]) c.inc({ model }, 0);
+    for (const c of [this.m.promptTokens, this.m.generationTokens, this.m.prefillTokens, this.m.leaseExpiries, this.m.sessionReusedTokens]) c.inc({ model }, 0);
     if (opts.device !== undefined) this.m.engineDevice.set({ model, device: opts.device }, 1);
   }
 
@@ -73,6 +73,21 @@ export class ServiceMetrics {
   /** A stage's bounded queue: waiting now and refused so far, read at every scrape. */
   watchQueue(stage: string, read: () => { queued: number; rejected: number }): void {
     this.sources.queues.set(stage, read);
+  }
+
+  /** The decode's session store, read at every scrape. */
+  watchSessions(read: NonNullable<GaugeSources["sessions"]>): void {
+    this.sources.sessions = read;
+  }
+
+  /** Where a prompt was computed, and why (conditional disaggregation). */
+  placed(where: string, cause: PlacementCause): void {
+    this.m.placements.inc({ model: this.model, where, cause });
+  }
+
+  /** Prompt tokens a session's turn took from its parked KV. */
+  sessionReused(tokens: number): void {
+    if (tokens > 0) this.m.sessionReusedTokens.inc({ model: this.model }, tokens);
   }
 
   watchPrefillThroughput(read: () => number | undefined): void {

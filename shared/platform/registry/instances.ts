@@ -5,12 +5,14 @@ import { z } from "zod";
 import type { Clock } from "./clock.ts";
 import type { Database, Transaction } from "./db.ts";
 import { RegistryError, identifier, parseInput, positiveMs } from "./errors.ts";
-import { chunks, instances, shards, type InstanceRow } from "./schema.ts";
+import { chunks, instanceRole, instances, shards, type InstanceRow } from "./schema.ts";
 
 const RegisterInput = z.object({
   id: identifier.optional(),
-  role: z.enum(["prefill", "decode"]),
+  role: z.enum(instanceRole.enumValues),
   baseUrl: z.url({ protocol: /^https?$/ }),
+  /** A decode's public API (the router forwards clients' requests there). */
+  publicUrl: z.url({ protocol: /^https?$/ }).optional(),
   hostId: identifier,
 });
 export type RegisterInstanceInput = z.input<typeof RegisterInput>;
@@ -23,9 +25,10 @@ export class InstanceStore {
 
   /** Registers (or re-registers after a restart) an instance; it starts alive with a fresh heartbeat. */
   async register(input: RegisterInstanceInput): Promise<InstanceRow> {
-    const { id = randomUUID(), role, baseUrl, hostId } = parseInput(RegisterInput, input, "instance");
+    const { id = randomUUID(), role, baseUrl, publicUrl, hostId } = parseInput(RegisterInput, input, "instance");
     const now = this.clock();
-    const row = { role, baseUrl: baseUrl.replace(/\/+$/, ""), hostId, startedAt: now, lastHeartbeatAt: now };
+    const trim = (url: string) => url.replace(/\/+$/, "");
+    const row = { role, baseUrl: trim(baseUrl), publicUrl: publicUrl === undefined ? null : trim(publicUrl), hostId, startedAt: now, lastHeartbeatAt: now };
     const [saved] = await this.db
       .insert(instances)
       .values({ id, ...row, state: "alive" })
@@ -59,8 +62,8 @@ export class InstanceStore {
   }
 
   /** Alive (not draining) instances of a role whose last heartbeat is newer than `timeoutMs`. */
-  async findAlive(role: "prefill" | "decode", timeoutMs: number): Promise<InstanceRow[]> {
-    parseInput(z.enum(["prefill", "decode"]), role, "role");
+  async findAlive(role: InstanceRow["role"], timeoutMs: number): Promise<InstanceRow[]> {
+    parseInput(z.enum(instanceRole.enumValues), role, "role");
     parseInput(positiveMs, timeoutMs, "heartbeat timeout");
     const since = new Date(this.clock().getTime() - timeoutMs);
     return this.db

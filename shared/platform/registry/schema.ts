@@ -21,7 +21,7 @@ import {
 
 const timestamptz = (name: string) => timestamp(name, { withTimezone: true, mode: "date" });
 
-export const instanceRole = pgEnum("instance_role", ["prefill", "decode"]);
+export const instanceRole = pgEnum("instance_role", ["prefill", "decode", "router"]);
 export const instanceState = pgEnum("instance_state", ["alive", "draining", "dead"]);
 export const shardState = pgEnum("shard_state", ["active", "retired"]);
 export const chunkState = pgEnum("chunk_state", ["writing", "ready", "reading", "released", "failed"]);
@@ -41,6 +41,8 @@ export const instances = pgTable(
     id: text("id").primaryKey(),
     role: instanceRole("role").notNull(),
     baseUrl: text("base_url").notNull(),
+    /** Where clients (and the router) reach a decode's public API; null for prefills and older rows. */
+    publicUrl: text("public_url"),
     hostId: text("host_id").notNull(),
     startedAt: timestamptz("started_at").notNull(),
     lastHeartbeatAt: timestamptz("last_heartbeat_at").notNull(),
@@ -188,6 +190,12 @@ export const sessions = pgTable(
     tokens: integer("tokens").notNull(),
     bytes: bigint("bytes", { mode: "number" }).notNull(),
     roundHashes: jsonb("round_hashes").$type<string[]>().notNull(),
+    /**
+     * Chained hashes of the conversation's messages (services/sessions/message-hashes.ts): entry i
+     * names messages 0..i, so the router finds the session holding a request's longest message
+     * prefix with one indexed `?|` lookup, without a tokenizer.
+     */
+    messageHashes: jsonb("message_hashes").$type<string[]>().notNull().default(sql`'[]'::jsonb`),
     turns: integer("turns").notNull(),
     createdAt: timestamptz("created_at").notNull(),
     lastUsedAt: timestamptz("last_used_at").notNull(),
@@ -197,6 +205,7 @@ export const sessions = pgTable(
     index("sessions_holder_idx").on(t.holderInstanceId),
     index("sessions_tenant_idx").on(t.tenant),
     index("sessions_expires_idx").on(t.expiresAt),
+    index("sessions_message_hashes_idx").using("gin", t.messageHashes),
     check("sessions_sizes", sql`${t.tokens} >= 0 and ${t.bytes} >= 0 and ${t.turns} >= 1`),
   ],
 );

@@ -1,7 +1,8 @@
 // Where conversations' KV lives between turns (services/sessions/): one row per session naming the
-// decode instance that holds it, so the router can send the next turn there, and the hashes of its
-// rounds, so a request that starts with the same rounds finds the instance holding that prefix.
-import { and, desc, eq, gt, lte } from "drizzle-orm";
+// decode instance that holds it, so the router can send the next turn there, the hashes of its
+// token rounds, and the chained hashes of its messages, so a request that starts with the same
+// messages finds the instance holding that prefix.
+import { and, desc, eq, gt, lte, sql } from "drizzle-orm";
 import { z } from "zod";
 import type { Clock } from "./clock.ts";
 import type { Database } from "./db.ts";
@@ -17,17 +18,21 @@ const SessionInput = z.object({
   tokens: int32,
   bytes: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
   roundHashes: z.array(Hex).max(65_536),
+  messageHashes: z.array(Hex).max(65_536).default([]),
   turns: int32.min(1),
   createdAt: z.date(),
   lastUsedAt: z.date(),
   expiresAt: z.date(),
 });
 
-/** The live session holding the longest run of a request's leading rounds, and how many. */
+/** The live session holding the longest run of a request's leading messages, and how many. */
 export interface PrefixHolder {
   session: SessionRow;
-  rounds: number;
+  messages: number;
 }
+
+/** A text[] parameter (drizzle would spread a JS array into a row constructor). */
+const toTextArray = (xs: readonly string[]) => sql`${`{${xs.join(",")}}`}::text[]`;
 
 export class SessionRegistry {
   constructor(
@@ -56,23 +61,32 @@ export class SessionRegistry {
   }
 
   /**
-   * Among `tenant`'s live sessions, the one whose round hashes begin with the longest run of
-   * `roundHashes` (at least one round); undefined when none shares the first round. The most
-   * recently used wins a tie.
+   * Among `tenant`'s live sessions, the one holding the longest prefix of a request's messages,
+   * given as their chained hashes (message-hashes.ts: hash i names messages 0..i, so one shared
+   * hash means the whole prefix up to it is shared); undefined when none shares the first
+   * message. The most recently used wins a tie. The GIN index answers `?|` without a scan.
+   * `continued`: only sessions whose whole conversation the request repeats (all but its last
+   * answer may differ: a client may have trimmed it), i.e. the request is that session's next turn.
    */
-  async longestPrefix(tenant: string, roundHashes: readonly string[], limit = 1_000): Promise<PrefixHolder | undefined> {
-    if (roundHashes.length === 0) return undefined;
+  async longestPrefix(tenant: string, hashes: readonly string[], { continued = false, limit = 100 } = {}): Promise<PrefixHolder | undefined> {
+    const wanted = parseInput(z.array(Hex).max(65_536), [...hashes], "message hashes");
+    if (wanted.length === 0) return undefined;
     const rows = await this.db
       .select()
       .from(sessions)
-      .where(and(eq(sessions.tenant, tenant), gt(sessions.expiresAt, this.clock())))
+      .where(and(eq(sessions.tenant, tenant), gt(sessions.expiresAt, this.clock()), sql`${sessions.messageHashes} ?| ${toTextArray(wanted)}`))
       .orderBy(desc(sessions.lastUsedAt))
       .limit(limit);
+    const position = new Map(wanted.map((h, i) => [h, i]));
     let best: PrefixHolder | undefined;
     for (const session of rows) {
+      // The deepest of the request's hashes this session holds, at the same position.
       let n = 0;
-      while (n < roundHashes.length && n < session.roundHashes.length && session.roundHashes[n] === roundHashes[n]) n++;
-      if (n > 0 && (!best || n > best.rounds)) best = { session, rounds: n };
+      session.messageHashes.forEach((h, i) => {
+        if (position.get(h) === i) n = Math.max(n, i + 1);
+      });
+      if (continued && n < session.messageHashes.length - 1) continue;
+      if (n > 0 && (!best || n > best.messages)) best = { session, messages: n };
     }
     return best;
   }

@@ -2,7 +2,7 @@
 // query: ctxbank's own from their definitions (shared/platform/metrics/definitions.ts, the same code the
 // services register), prom-client's process metrics from prom-client itself.
 import { collectDefaultMetrics, Registry } from "prom-client";
-import { defineMetrics } from "../../../shared/platform/metrics/definitions.ts";
+import { defineMetrics, defineRouterMetrics } from "../../../shared/platform/metrics/definitions.ts";
 
 export interface MetricInfo {
   name: string;
@@ -10,10 +10,10 @@ export interface MetricInfo {
   labels: string[];
 }
 
-/** Every metric family a ctxbank process exports: its own and prom-client's process metrics. */
+/** Every metric family a ctxbank process exports (the services' and the router's) and prom-client's process metrics. */
 export async function exportedMetrics(): Promise<MetricInfo[]> {
   const own = new Registry();
-  const defined = defineMetrics([own], "model", { requests: new Map(), kv: new Map() });
+  const defined = { ...defineMetrics([own], "model", { requests: new Map(), kv: new Map() }), ...defineRouterMetrics([own], { decodes: () => [] }) };
   // prom-client keeps each metric's label names on the instance (not in its typings).
   const labelsOf = new Map(Object.values(defined).map((m) => [(m as unknown as { name: string }).name, (m as unknown as { labelNames: string[] }).labelNames]));
   const defaults = new Registry();

@@ -1,4 +1,4 @@
-// Plain-text and Markdown tables for benchmark reports.
+// Plain-text and Markdown tables: the CLI's listings (ctxbank models) and the benchmarks' reports.
 
 export type Align = "left" | "right";
 
