@@ -5,6 +5,8 @@
 import { Readable } from "node:stream";
 import { errors, request, type Dispatcher } from "undici";
 
+import { CtxbankError } from "../../shared/inference/errors.ts";
+
 /** Headers that describe one connection, not the request (RFC 9110 §7.6.1), and those undici sets itself. */
 const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length", "expect"]);
 
@@ -19,15 +21,19 @@ export interface Outgoing {
   timeoutMs: number;
 }
 
-/** Why a forward did not reach a decode that would serve it: the next choice may take it. */
-export class Unreachable extends Error {
+/**
+ * Why a forward did not reach a decode that would serve it: the next choice may take it. The
+ * router catches it; were it ever answered, it would be a 503 not_ready.
+ */
+export class Unreachable extends CtxbankError<"not_ready"> {
+  static override readonly codes = ["not_ready"] as const;
   override readonly name = "Unreachable";
   constructor(
     readonly kind: "connect" | "not_ready",
     message: string,
-    options?: ErrorOptions,
+    cause?: unknown,
   ) {
-    super(message, options);
+    super("not_ready", message, { cause });
   }
 }
 
@@ -62,7 +68,7 @@ export async function forward(baseUrl: string, out: Outgoing, extraHeaders: Reco
   } catch (err) {
     if (out.signal.aborted || err instanceof errors.RequestAbortedError) throw err;
     const code = errorCode(err);
-    if (code) throw new Unreachable("connect", `${baseUrl}: ${code}`, { cause: err });
+    if (code) throw new Unreachable("connect", `${baseUrl}: ${code}`, err);
     throw err;
   }
   if (res.statusCode === 503) {
