@@ -9,22 +9,14 @@
 #include <vector>
 
 #include "engine.h"
-#include "gguf_writer.h"
 #include "model.h"
+#include "tiny_model.h"
 
 namespace {
 
 using namespace ctx;
 
-std::shared_ptr<Model> tiny_model() {
-  static ctxtest::TempDir dir;
-  static std::shared_ptr<Model> m = [] {
-    ctxtest::TinyLlama c;
-    c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 128, c.n_layer = 3, c.n_vocab = 50, c.n_ctx = 256;
-    return Model::load(dir.write("tiny_contract.gguf", ctxtest::build(ctxtest::tiny_llama_spec(c, 5)).bytes));
-  }();
-  return m;
-}
+std::shared_ptr<Model> tiny_model() { return ctxtest::tiny_model(ctxtest::tiny_gqa(3, 256), 5); }
 
 class EveryKeyListed final : public DecodePolicy {
  public:

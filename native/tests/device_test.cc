@@ -10,21 +10,17 @@
 
 #include "device.h"
 #include "engine.h"
-#include "gguf_writer.h"
 #include "model.h"
+#include "tiny_model.h"
 
 namespace {
 
 using namespace ctx;
 
 std::shared_ptr<Model> tiny_model() {
-  static ctxtest::TempDir dir;
-  static std::shared_ptr<Model> m = [] {
-    ctxtest::TinyLlama c;
-    c.n_ctx = 128;
-    return Model::load(dir.write("tiny.gguf", ctxtest::build(ctxtest::tiny_llama_spec(c, 3)).bytes));
-  }();
-  return m;
+  ctxtest::TinyLlama c;
+  c.n_ctx = 128;
+  return ctxtest::tiny_model(c, 3);
 }
 
 EngineOptions on(const std::string& device) {

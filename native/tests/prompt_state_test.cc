@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "engine.h"
-#include "gguf_writer.h"
 #include "model.h"
+#include "tiny_model.h"
 #include "policy_configs.h"
 #include "prompt_state.h"
 
@@ -21,15 +21,7 @@ namespace {
 
 using namespace ctx;
 
-std::shared_ptr<Model> tiny_model() {
-  static ctxtest::TempDir dir;
-  static std::shared_ptr<Model> m = [] {
-    ctxtest::TinyLlama c;
-    c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 128, c.n_layer = 3, c.n_vocab = 50, c.n_ctx = 256;
-    return Model::load(dir.write("tiny_prompt_state.gguf", ctxtest::build(ctxtest::tiny_llama_spec(c, 9)).bytes));
-  }();
-  return m;
-}
+std::shared_ptr<Model> tiny_model() { return ctxtest::tiny_model(ctxtest::tiny_gqa(3, 256), 9); }
 
 AttentionPolicy scope_pool(const ModelConfig& c, int alpha2) {
   ScopeConfig s = test::scope_config(4, 4, 64);

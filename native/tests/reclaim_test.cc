@@ -12,8 +12,8 @@
 
 #include "policy_configs.h"
 #include "engine.h"
-#include "gguf_writer.h"
 #include "model.h"
+#include "tiny_model.h"
 
 namespace {
 
@@ -21,15 +21,7 @@ using namespace ctx;
 
 constexpr int kPrompt = 64, kGenerate = 2000;
 
-std::shared_ptr<Model> tiny_model() {
-  static ctxtest::TempDir dir;
-  static std::shared_ptr<Model> m = [] {
-    ctxtest::TinyLlama c;
-    c.n_embd = 64, c.n_head = 4, c.n_head_kv = 2, c.n_ff = 128, c.n_layer = 2, c.n_vocab = 50, c.n_ctx = 4096;
-    return Model::load(dir.write("tiny_long.gguf", ctxtest::build(ctxtest::tiny_llama_spec(c, 3)).bytes));
-  }();
-  return m;
-}
+std::shared_ptr<Model> tiny_model() { return ctxtest::tiny_model(ctxtest::tiny_gqa(2, 4096), 3); }
 
 struct Generation {
   std::vector<int32_t> tokens;
