@@ -13,7 +13,7 @@ import {
   type Token,
 } from "node-llama-cpp";
 
-import { Engine, loadModel, type LoadedModel, type NativeSequence } from "../../shared/inference/engine/engine.ts";
+import { Engine, loadModel, type EngineInfo, type LoadedModel, type NativeSequence } from "../../shared/inference/engine/engine.ts";
 
 export interface PrefillResult {
   ms: number;
@@ -58,19 +58,6 @@ function chunks(tokens: readonly number[], chunk: number): number[][] {
   return out;
 }
 
-export function argmax(xs: Float32Array): number {
-  let best = 0;
-  let bv = -Infinity;
-  for (let i = 0; i < xs.length; i++) {
-    const v = xs[i]!;
-    if (v > bv) {
-      bv = v;
-      best = i;
-    }
-  }
-  return best;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Ours: shared/inference/engine (N-API addon). One Engine per thread count, each with one sequence of the
 // engine's full context that every session reuses (truncate(0) between runs): the KV cache is
@@ -98,14 +85,15 @@ export class OursBackend implements Backend {
   engine(threads: number): { engine: Engine; seq: NativeSequence } {
     let e = this.engines.get(threads);
     if (!e) {
-      const engine = new Engine(this.model, { threads, ubatch: this.opts.ubatch, maxContext: this.opts.maxContext });
+      // Decode steps on `threads` too (the engine's default is one), as llama.cpp's are.
+      const engine = new Engine(this.model, { threads, decodeThreads: threads, ubatch: this.opts.ubatch, maxContext: this.opts.maxContext });
       e = { engine, seq: engine.createSequence(engine.maxContext) };
       this.engines.set(threads, e);
     }
     return e;
   }
 
-  info(threads: number): { kernels: string; threads: number; ubatch: number; maxContext: number } {
+  info(threads: number): EngineInfo {
     return { ...this.engine(threads).engine.native.info };
   }
 
@@ -113,18 +101,20 @@ export class OursBackend implements Backend {
     const { engine, seq } = this.engine(threads);
     if (tokens > seq.capacity) throw new Error(`ours: ${tokens} tokens exceed the engine context ${seq.capacity}`);
     seq.truncate(0);
+    // Greedy tokens come from the engine (`argmax`: no logits row is written or copied to JS), as
+    // llama.cpp samples in C++; only the prompt's last chunk asks for one, as on llama.cpp's side.
+    const greedy = new Int32Array(1);
     return {
       async prefill(prompt, chunk) {
         const chunkMs: number[] = [];
-        let logits: Float32Array | undefined;
+        const parts = chunks(prompt, chunk);
         const t0 = performance.now();
-        for (const c of chunks(prompt, chunk)) {
+        for (let p = 0; p < parts.length; p++) {
           const tc = performance.now();
-          logits = await engine.prefill(seq, c);
+          await engine.forward([{ seq, tokens: Int32Array.from(parts[p]!), ...(p === parts.length - 1 ? { argmax: greedy } : {}) }]);
           chunkMs.push(performance.now() - tc);
         }
-        const next = argmax(logits!);
-        return { ms: performance.now() - t0, chunkMs, next };
+        return { ms: performance.now() - t0, chunkMs, next: greedy[0]! };
       },
       async decode(first, steps) {
         const stepMs: number[] = [];
@@ -133,8 +123,8 @@ export class OursBackend implements Backend {
         const t0 = performance.now();
         for (let i = 0; i < steps; i++) {
           const ts = performance.now();
-          const [logits] = await engine.decode([seq], [tok]);
-          tok = argmax(logits!);
+          await engine.forward([{ seq, tokens: Int32Array.of(tok), argmax: greedy }]);
+          tok = greedy[0]!;
           stepMs.push(performance.now() - ts);
           tokens.push(tok);
         }

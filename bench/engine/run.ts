@@ -9,6 +9,7 @@ import { join, relative } from "node:path";
 import { createHash } from "node:crypto";
 import { getModuleVersion } from "node-llama-cpp";
 
+import { addon, type ReadBandwidth } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { benchCli, REPO_ROOT, type Results } from "../../tools/lib/bench-runner.ts";
 import { autogroup, fileStamp, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../../tools/lib/machine.ts";
@@ -220,7 +221,13 @@ async function main(): Promise<void> {
       `${opts.decodeThreads.join(",") || "-"} × ${steps} steps | engines ${backends.map((b) => b.id).join(", ")}`,
   );
 
+  // The memory roofline of decode: read bandwidth at one thread and at every decode thread count,
+  // measured before and after the runs (a shared machine only ever lowers it; the best counts).
+  const bwThreads = [...new Set([1, 2, ...opts.decodeThreads])].filter((t) => t <= machine.cpus).sort((x, y) => x - y);
+  const bwPasses = quick ? 5 : 20;
+  const bandwidthBefore = await readBandwidth(bwThreads, bwPasses, log);
   const measured = await runBench(backends, tokens, opts);
+  const bandwidthAfter = await readBandwidth(bwThreads, bwPasses, log);
   const durationS = (performance.now() - t0) / 1000;
 
   // ---- describe what ran
@@ -243,6 +250,15 @@ async function main(): Promise<void> {
       threadNice: [...new Set(threadNiceValues())].sort((x, y) => x - y),
       autogroup: autogroup(),
       ...(niceError ? { niceError } : {}),
+      readBandwidth: {
+        method: `native/src/membw.h: ${bwThreads.join(" and ")} thread(s) streaming 256 MiB, fastest of ${bwPasses} passes, before and after the runs`,
+        before: bandwidthBefore,
+        after: bandwidthAfter,
+        best: bwThreads.map((t) => ({
+          threads: t,
+          gbPerS: Math.max(...[...bandwidthBefore, ...bandwidthAfter].filter((b) => b.threads === t).map((b) => b.gbPerS)),
+        })),
+      },
     },
     model: {
       ...(await fileStamp(modelPath)),
@@ -263,9 +279,10 @@ async function main(): Promise<void> {
               ubatch,
               maxContext,
               kvCache: "F16",
+              weightBytesPerToken: oursInfo!.weightBytesPerToken,
               addon: addonStamp,
               addonRebuiltDuringRun: (await fileStamp(addonPath)).sha256 !== addonStamp.sha256,
-              api: "shared/inference/engine Engine.prefill (per chunk) / Engine.decode + argmax in JS",
+              api: "shared/inference/engine Engine.forward per prefill chunk / per decode step, greedy token from the engine (argmax)",
             },
           }
         : {}),
@@ -340,9 +357,10 @@ interface Report {
   date: string;
   durationS: number;
   variants: Variant[];
-  machine: { cpuModel: string; cpus: number };
+  /** readBandwidth: absent in runs before it was measured. */
+  machine: { cpuModel: string; cpus: number; readBandwidth?: { best: Array<{ threads: number; gbPerS: number }> } };
   model: { path: string; name?: string };
-  engines: { ours?: { kernels: string; ubatch: number }; llama?: { package: string; llamaCppRelease: { release: string }; variants: Array<{ id: string; flashAttentionRequested: string; flashAttentionResolved: string }> } };
+  engines: { ours?: { kernels: string; ubatch: number; weightBytesPerToken?: number }; llama?: { package: string; llamaCppRelease: { release: string }; variants: Array<{ id: string; flashAttentionRequested: string; flashAttentionResolved: string }> } };
   options: { chunk: number };
   summary: ReturnType<typeof summaryTables>;
   chartSubtitle: string;
@@ -355,6 +373,8 @@ async function writeOutputs(report: Report, results: Results): Promise<void> {
   report.summary = summaryTables(report.points, variants); // recomputed: older JSONs lack the contention marks
   const chunk = report.options.chunk > 0 ? report.options.chunk : (report.engines.ours?.ubatch ?? 512);
   const tables = renderTables(report.summary, variants);
+  const roofline = rooflineTable(report, variants);
+  if (roofline) tables.push(roofline);
   const breakdownText = renderBreakdown(report.analysis, variants);
   console.log(`\nctxbank engine benchmark — ${report.model.path.replace(/^.*\//, "")} — ${report.machine.cpuModel}, ${report.machine.cpus} CPUs — ${report.date}`);
   const ll = report.engines.llama;
@@ -446,6 +466,47 @@ function renderTables(s: ReturnType<typeof summaryTables>, backends: Variant[]):
       table: mk(s.decodeMsPerToken, "decode"),
     });
   return out;
+}
+
+async function readBandwidth(threads: number[], passes: number, log: (line: string) => void): Promise<ReadBandwidth[]> {
+  const out: ReadBandwidth[] = [];
+  for (const t of threads) {
+    const r = await addon().measureReadBandwidth(t, 256, passes);
+    log(`read bandwidth, ${t} thread${t > 1 ? "s" : ""}: ${r.gbPerS.toFixed(1)} GB/s`);
+    out.push(r);
+  }
+  return out;
+}
+
+/**
+ * Decode against the memory roofline: a step reads every weight once, so weights per token /
+ * read bandwidth (at the decode's thread count) is its floor; % = floor / measured time. llama.cpp
+ * reads the same GGUF tensors (its Q4_1 and Q8_0 blocks take the bytes our packed groups do).
+ */
+function rooflineTable(report: Report, backends: Variant[]): { title: string; table: Table } | undefined {
+  const bytes = report.engines.ours?.weightBytesPerToken;
+  const bw = report.machine.readBandwidth?.best;
+  if (!bytes || !bw || report.summary.decodeMsPerToken.length === 0) return undefined;
+  const rows = report.summary.decodeMsPerToken.flatMap((r) => {
+    const gb = bw.find((b) => b.threads === r.threads)?.gbPerS;
+    if (!gb) return [];
+    const floorMs = (bytes / (gb * 1e9)) * 1e3;
+    return [
+      [
+        String(r.tokens),
+        String(r.threads),
+        fmtNum(gb, 1),
+        fmtNum(floorMs, 2),
+        ...backends.map((b) => (r.values[b.id] ? `${((100 * floorMs) / r.values[b.id]!).toFixed(0)}%` : "-")),
+      ],
+    ];
+  });
+  return {
+    title:
+      `Decode against the memory roofline: floor = ${(bytes / 1e6).toFixed(1)} MB of weights per token / the read bandwidth ` +
+      `measured at the decode's thread count (KV reads not counted); % = floor / ms per token`,
+    table: { headers: ["context", "threads", "read GB/s", "floor ms/tok", ...backends.map((b) => `${b.label} % of floor`)], rows },
+  };
 }
 
 function greedyAgreement(points: PointRecord[]) {

@@ -14,6 +14,7 @@
 #include "engine_worker.h"
 #include "gguf.h"
 #include "kv_pool.h"
+#include "membw.h"
 #include "model.h"
 
 namespace ctx {
@@ -210,6 +211,54 @@ class LoadModelWorker : public Napi::AsyncWorker {
 
 Napi::Value LoadModel(const Napi::CallbackInfo& info) {
   auto* w = new LoadModelWorker(info.Env(), string_arg(info, 0, "path"));
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+// measureReadBandwidth(threads, mib, passes) -> Promise<{ gbPerS, bytes, passes, threads }>:
+// membw.h, on a worker thread (it reads mib MiB `passes` times).
+class ReadBandwidthWorker : public Napi::AsyncWorker {
+ public:
+  ReadBandwidthWorker(Napi::Env env, int threads, size_t bytes, int passes)
+      : Napi::AsyncWorker(env), threads_(threads), bytes_(bytes), passes_(passes), deferred_(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise Promise() { return deferred_.Promise(); }
+  void Execute() override {
+    try {
+      result_ = measure_read_bandwidth(threads_, bytes_, passes_);
+    } catch (const std::exception& e) {
+      SetError(e.what());
+    }
+  }
+  void OnOK() override {
+    Napi::Object o = Napi::Object::New(Env());
+    o.Set("gbPerS", result_.gb_per_s);
+    o.Set("bytes", static_cast<double>(result_.bytes));
+    o.Set("passes", result_.passes);
+    o.Set("threads", result_.threads);
+    deferred_.Resolve(o);
+  }
+  void OnError(const Napi::Error& e) override { deferred_.Reject(e.Value()); }
+
+ private:
+  int threads_;
+  size_t bytes_;
+  int passes_;
+  ReadBandwidth result_{};
+  Napi::Promise::Deferred deferred_;
+};
+
+Napi::Value MeasureReadBandwidth(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  auto count = [&](size_t i, int lo, int hi, const char* what) {
+    const double v = info.Length() > i && info[i].IsNumber() ? info[i].As<Napi::Number>().DoubleValue() : -1;
+    if (!(v >= lo && v <= hi && v == static_cast<double>(static_cast<int>(v))))
+      throw Napi::RangeError::New(env, std::string("measureReadBandwidth: ") + what + " must be an integer in " +
+                                           std::to_string(lo) + ".." + std::to_string(hi));
+    return static_cast<int>(v);
+  };
+  const int threads = count(0, 1, 256, "threads"), mib = count(1, 1, 65536, "mib"), passes = count(2, 1, 1000, "passes");
+  auto* w = new ReadBandwidthWorker(env, threads, static_cast<size_t>(mib) << 20, passes);
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;
@@ -513,6 +562,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("cudaKernels", engine_->device() ? cuda_kernels_name(parse_cuda_kernels(engine_->options().cuda_kernels)) : "");
     o.Set("deviceDescription", engine_->device_description());
     o.Set("deviceWeightBytes", static_cast<double>(engine_->device() ? engine_->device()->weight_bytes() : 0));
+    o.Set("weightBytesPerToken", static_cast<double>(engine_->weight_bytes_per_token()));
     return o;
   }
 
@@ -630,6 +680,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("loadModel", Napi::Function::New(env, LoadModel));
   exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
   exports.Set("kvPool", Napi::Function::New(env, KvPoolStats));
+  exports.Set("measureReadBandwidth", Napi::Function::New(env, MeasureReadBandwidth));
   exports.Set("policyFields", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value { return policy_fields_to_js(info.Env()); }));
   init_kv_io(env, exports);
   NativeModel::Init(env, exports);

@@ -1,16 +1,17 @@
-// Attention over the KV cache: dense query blocks and listed keys (sparse decode policies).
+// Attention over the KV cache: dense query blocks (in one pass, online softmax), listed keys
+// (sparse decode policies) and attention probes.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "engine.h"
 
 namespace ctx {
 
 // Causal attention of every token in the micro-batch over its sequence's cache (which already
-// holds this micro-batch's K/V). Query blocks of sequences that attend the whole cache run as
-// attend_rows tasks; decode steps under a sparse policy attend a key list per KV head
-// (attend_listed).
+// holds this micro-batch's K/V). Query blocks run as attend_flash tasks (a probed token's
+// probabilities come from probe_rows besides); decode steps under a sparse policy attend a key
+// list per KV head at the layers where the policy lists one (attend_listed).
 void Engine::attention(int layer, const std::vector<Slice>& slices) {
   const int hkv = config().n_head_kv;
   // Few query blocks (a single decoding sequence): split by head so every thread has work.
@@ -29,9 +30,13 @@ void Engine::attention(int layer, const std::vector<Slice>& slices) {
   parallel(static_cast<int>(attn_tasks_.size()), [&](int i, int thread) {
     const AttnTask& task = attn_tasks_[i];
     const QueryBlock& qb = qblocks_[task.block];
-    if (slice_keys_[qb.slice].listed())
-      attend_listed(layer, slices[qb.slice], slice_keys_[qb.slice], qb.t_begin, task.h0, attn_scratch_[thread]);
-    else attend_rows(layer, slices[qb.slice], qb, task.h0, task.n_heads, attn_scratch_[thread]);
+    const Slice& s = slices[qb.slice];
+    if (slice_keys_[qb.slice].listed()) {
+      attend_listed(layer, s, slice_keys_[qb.slice], qb.t_begin, task.h0, attn_scratch_[thread]);
+      return;
+    }
+    attend_flash(layer, s, qb, task.h0, task.n_heads, attn_scratch_[thread]);
+    if (s.item->probe) probe_rows(layer, s, qb.t_begin, attn_scratch_[thread]);
   });
 }
 
@@ -49,65 +54,86 @@ void Engine::softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRe
   }
 }
 
+// The first key a token at position p sees at `layer`: on a sliding-window layer the first of its
+// last sliding_window positions.
+int Engine::first_key(int layer, int p) const {
+  const int window = config().layer_slides(layer) ? config().sliding_window : 0;
+  return window ? std::max(0, p - window + 1) : 0;
+}
+
 // A block of consecutive tokens of one sequence against its cache, for KV heads
-// [h0, h0 + n_heads). Each block of keys is read once as whole rows (a token's heads are
-// contiguous, so the read streams), widened to f32 once and shared by all the task's query
-// heads. Scores are kept whole per row, so the softmax is exact. A token at position p sees the
-// keys up to p; on a sliding-window layer only those after p - window.
-void Engine::attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc) {
+// [h0, h0 + n_heads), in one pass: online softmax (flash_block) over blocks of kKeyBlock keys
+// that start at multiples of kKeyBlock, so a token meets the same blocks however its prompt was
+// chunked (and decodes bit for bit as its prefill would). Each block of keys is read once, its
+// rows in order (a token's heads are contiguous, so the read streams), for all the task's query
+// heads; no score row outlives its block. A token at position p sees the keys up to p, on a
+// sliding-window layer only those from first_key.
+void Engine::attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc) {
   const ModelConfig& c = config();
-  const int d = c.head_dim, group = c.n_head / c.n_head_kv, width = n_heads * d, Q = c.q_dim();
-  const float scale = c.attn_scale;
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, Q = c.q_dim();
   KvCache& kv = s.item->seq->kv;
   const int n_tok = qb.t_end - qb.t_begin, nq = n_tok * group;  // query rows per KV head
-  const int window = c.layer_slides(layer) ? c.sliding_window : 0;
-  auto first_key = [&](int p) { return window ? std::max(0, p - window + 1) : 0; };
-  // Scores cover keys [k_lo, n_keys): from the block's first token's first key to its last token.
-  const int k_lo = first_key(pos_[qb.t_begin]), n_keys = pos_[qb.t_end - 1] + 1;
-  const size_t lds = static_cast<size_t>(n_keys - k_lo);
-  auto q_rows = [&](int gl) { return &sc.q[static_cast<size_t>(gl) * nq * d]; };
-  auto s_rows = [&](int gl) { return &sc.scores[static_cast<size_t>(gl) * nq * lds]; };
-  auto o_rows = [&](int gl) { return &sc.out[static_cast<size_t>(gl) * nq * d]; };
+  const size_t head_rows = static_cast<size_t>(nq) * d;
   for (int gl = 0; gl < n_heads; ++gl)
     for (int t = 0; t < n_tok; ++t)
-      std::memcpy(q_rows(gl) + static_cast<size_t>(t) * group * d,
+      std::memcpy(&sc.q[gl * head_rows + static_cast<size_t>(t) * group * d],
                   &q_[static_cast<size_t>(qb.t_begin + t) * Q + static_cast<size_t>(h0 + gl) * group * d],
                   sizeof(float) * group * d);
-  for (int k0 = k_lo; k0 < n_keys; k0 += kKeyBlock) {
-    const int nk = std::min(kKeyBlock, n_keys - k0);
-    k_.kv_to_f32(kv.k(layer, k0) + h0 * d, kv.ld(layer), nk, width, sc.kv.data());
-    for (int gl = 0; gl < n_heads; ++gl)
-      k_.attn_scores(q_rows(gl), nq, sc.kv.data() + gl * d, width, nk, d, scale, s_rows(gl) + (k0 - k_lo), lds);
-  }
-  for (int gl = 0; gl < n_heads; ++gl)
-    softmax_rows(s_rows(gl), lds, nq, static_cast<int>(lds), [&](int r) {
+  std::fill(sc.m.begin(), sc.m.begin() + n_heads * nq, -INFINITY);
+  std::fill(sc.l.begin(), sc.l.begin() + n_heads * nq, 0.f);
+  std::fill(sc.acc.begin(), sc.acc.begin() + n_heads * head_rows, 0.f);
+  const int k_end = pos_[qb.t_end - 1] + 1;
+  for (int k0 = first_key(layer, pos_[qb.t_begin]) / kKeyBlock * kKeyBlock; k0 < k_end; k0 += kKeyBlock) {
+    const int nk = std::min(kKeyBlock, k_end - k0);
+    for (int r = 0; r < nq; ++r) {
       const int p = pos_[qb.t_begin + r / group];
-      return KeyRange{first_key(p) - k_lo, p + 1 - k_lo};
-    });
-  if (float* probe = s.item->probe) {  // one token, all heads in this task (see attention())
-    float* out = probe + static_cast<size_t>(layer) * n_keys;
-    std::fill(out, out + n_keys, 0.f);
+      sc.lo[r] = std::clamp(first_key(layer, p) - k0, 0, nk);
+      sc.hi[r] = std::clamp(p + 1 - k0, 0, nk);
+    }
     for (int gl = 0; gl < n_heads; ++gl)
-      for (int r = 0; r < nq; ++r)
-        for (size_t j = 0; j < lds; ++j) out[k_lo + j] += s_rows(gl)[r * lds + j] / static_cast<float>(c.n_head);
-  }
-  std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(n_heads) * nq * d, 0.f);
-  for (int k0 = k_lo; k0 < n_keys; k0 += kKeyBlock) {
-    const int nk = std::min(kKeyBlock, n_keys - k0);
-    k_.kv_to_f32(kv.v(layer, k0) + h0 * d, kv.ld(layer), nk, width, sc.kv.data());
-    for (int gl = 0; gl < n_heads; ++gl)
-      k_.attn_values(s_rows(gl) + (k0 - k_lo), lds, nq, sc.kv.data() + gl * d, width, nk, d, o_rows(gl));
+      k_.flash_block(&sc.q[gl * head_rows], nq, kv.k(layer, k0) + (h0 + gl) * d, kv.v(layer, k0) + (h0 + gl) * d,
+                     kv.ld(layer), nk, d, c.attn_scale, sc.lo.data(), sc.hi.data(), &sc.m[gl * nq], &sc.l[gl * nq],
+                     &sc.acc[gl * head_rows], sc.work.data());
   }
   for (int gl = 0; gl < n_heads; ++gl)
-    for (int t = 0; t < n_tok; ++t)
-      std::memcpy(&attn_[static_cast<size_t>(qb.t_begin + t) * Q + static_cast<size_t>(h0 + gl) * group * d],
-                  o_rows(gl) + static_cast<size_t>(t) * group * d, sizeof(float) * group * d);
+    for (int r = 0; r < nq; ++r) {
+      const float inv = 1.0f / sc.l[gl * nq + r];
+      const float* a = &sc.acc[gl * head_rows + static_cast<size_t>(r) * d];
+      float* out = &attn_[static_cast<size_t>(qb.t_begin + r / group) * Q + static_cast<size_t>((h0 + gl) * group + r % group) * d];
+      for (int i = 0; i < d; ++i) out[i] = a[i] * inv;
+    }
+}
+
+// An attention probe (ubatch row t, one token under full attention, every head in this task):
+// its probabilities over the keys it sees, per head an exact softmax over the whole score row
+// (sums in double), averaged over the heads, into the item's probe row of this layer.
+void Engine::probe_rows(int layer, const Slice& s, int t, AttnScratch& sc) {
+  const ModelConfig& c = config();
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv, Q = c.q_dim();
+  KvCache& kv = s.item->seq->kv;
+  const int n_keys = pos_[t] + 1, k_lo = first_key(layer, pos_[t]), n = n_keys - k_lo;
+  float* out = s.item->probe + static_cast<size_t>(layer) * n_keys;
+  std::fill(out, out + n_keys, 0.f);
+  float* rows = sc.scores.data();  // [group][n]
+  for (int g = 0; g < c.n_head_kv; ++g) {
+    for (int k0 = k_lo; k0 < n_keys; k0 += kKeyBlock) {
+      const int nk = std::min(kKeyBlock, n_keys - k0);
+      k_.kv_to_f32(kv.k(layer, k0) + g * d, kv.ld(layer), nk, d, sc.kv.data());
+      k_.attn_scores(&q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], group, sc.kv.data(), d, nk, d,
+                     c.attn_scale, rows + (k0 - k_lo), n);
+    }
+    softmax_rows(rows, n, group, n, [&](int) { return KeyRange{0, n}; });
+    for (int r = 0; r < group; ++r)
+      for (int j = 0; j < n; ++j) out[k_lo + j] += rows[static_cast<size_t>(r) * n + j] / static_cast<float>(c.n_head);
+  }
 }
 
 // One decode token (ubatch row t) of a sparse-policy sequence, KV head g, over that head's key
 // list (all listed keys precede the token, so no causal mask; sparse policies never run on a
-// model with sliding-window layers, Sequence::set_policy). The policy then sees this step's
-// probabilities (SCOPE and H2O decide from them which tokens later steps keep).
+// model with sliding-window layers, Sequence::set_policy): in one pass (flash_block) over the
+// list in blocks of kKeyBlock entries, so that a list of every key is dense attention, bit for
+// bit. A policy that reads the step's probabilities (SCOPE and H2O decide from them which tokens
+// later steps keep) gets them from whole score rows besides, as a probe does.
 void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, int t, int g, AttnScratch& sc) {
   const ModelConfig& c = config();
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim(), Q = c.q_dim();
@@ -124,34 +150,60 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
   const PackedRows& packed = listed.packed;
   const int n_keys = static_cast<int>(keys.size());
   const float* q = &q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d];
-  // The first `packed.n` keys are rows 0.. of the packed buffer (offload); the rest are read from
-  // the cache where they live. Key blocks never straddle the two.
+  // The first `packed.n` keys are rows 0.. of the packed buffer (offload), K then V in each; the
+  // rest are read from the cache where they live. Key blocks never straddle the two.
   const size_t ld = seq.kv.ld(layer);
-  auto widen = [&](bool values, int k0, int nk) {
-    if (k0 < packed.n) k_.kv_to_f32(packed.k + (values ? kv_dim : 0) + g * d + k0 * packed.ld, packed.ld, nk, d, sc.kv.data());
-    else k_.kv_gather_f32((values ? seq.kv.v(layer) : seq.kv.k(layer)) + g * d, ld, rows + k0, nk, d, sc.kv.data());
-  };
+  const uint16_t* packed_k = packed.k + g * d;
+  const uint16_t* cache_k = seq.kv.k(layer) + g * d;
+  const uint16_t* cache_v = seq.kv.v(layer) + g * d;
   auto block_end = [&](int k0) { return std::min({k0 + kKeyBlock, n_keys, k0 < packed.n ? packed.n : n_keys}); };
+  std::fill(sc.m.begin(), sc.m.begin() + group, -INFINITY);
+  std::fill(sc.l.begin(), sc.l.begin() + group, 0.f);
+  std::fill(sc.acc.begin(), sc.acc.begin() + static_cast<size_t>(group) * d, 0.f);
+  uint16_t* gk = sc.gathered.data();  // a block's cached rows, K then V, d elements each
+  uint16_t* gv = gk + static_cast<size_t>(kKeyBlock) * d;
   for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
     k1 = block_end(k0);
-    widen(false, k0, k1 - k0);
-    k_.attn_scores(q, group, sc.kv.data(), d, k1 - k0, d, scale, &sc.scores[k0], n_keys);
+    const int nk = k1 - k0;
+    std::fill(sc.lo.begin(), sc.lo.begin() + group, 0);
+    std::fill(sc.hi.begin(), sc.hi.begin() + group, nk);
+    const uint16_t *k = gk, *v = gv;
+    size_t ldk = d;
+    if (k0 < packed.n) {
+      k = packed_k + k0 * packed.ld;
+      v = k + kv_dim;
+      ldk = packed.ld;
+    } else {
+      for (int j = 0; j < nk; ++j) {
+        std::memcpy(gk + static_cast<size_t>(j) * d, cache_k + static_cast<size_t>(rows[k0 + j]) * ld, sizeof(uint16_t) * d);
+        std::memcpy(gv + static_cast<size_t>(j) * d, cache_v + static_cast<size_t>(rows[k0 + j]) * ld, sizeof(uint16_t) * d);
+      }
+    }
+    k_.flash_block(q, group, k, v, ldk, nk, d, scale, sc.lo.data(), sc.hi.data(), sc.m.data(), sc.l.data(),
+                   sc.acc.data(), sc.work.data());
   }
-  softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return KeyRange{0, n_keys}; });
-  std::fill(sc.out.begin(), sc.out.begin() + static_cast<size_t>(group) * d, 0.f);
-  for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
-    k1 = block_end(k0);
-    widen(true, k0, k1 - k0);
-    k_.attn_values(&sc.scores[k0], n_keys, group, sc.kv.data(), d, k1 - k0, d, sc.out.data());
+  float* out = &attn_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d];
+  for (int r = 0; r < group; ++r) {
+    const float inv = 1.0f / sc.l[r];
+    for (int i = 0; i < d; ++i) out[static_cast<size_t>(r) * d + i] = sc.acc[static_cast<size_t>(r) * d + i] * inv;
   }
-  std::memcpy(&attn_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], sc.out.data(),
-              sizeof(float) * group * d);
+  const float* probs = nullptr;
+  if (seq.policy->reads_probabilities()) {
+    for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
+      k1 = block_end(k0);
+      if (k0 < packed.n) k_.kv_to_f32(packed_k + k0 * packed.ld, packed.ld, k1 - k0, d, sc.kv.data());
+      else k_.kv_gather_f32(cache_k, ld, rows + k0, k1 - k0, d, sc.kv.data());
+      k_.attn_scores(q, group, sc.kv.data(), d, k1 - k0, d, scale, &sc.scores[k0], n_keys);
+    }
+    softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return KeyRange{0, n_keys}; });
+    probs = sc.scores.data();
+  }
   if (KvSlots* slots = seq.slots.get()) {  // free the rows no later step of (layer, g) attends
     sc.evicted.clear();
-    seq.policy->update(layer, g, sc.scores.data(), n_keys, &sc.evicted);
+    seq.policy->update(layer, g, probs, n_keys, &sc.evicted);
     for (int32_t p : sc.evicted) slots->free(layer, g, p);
   } else {
-    seq.policy->update(layer, g, sc.scores.data(), n_keys, nullptr);
+    seq.policy->update(layer, g, probs, n_keys, nullptr);
   }
 }
 

@@ -108,10 +108,14 @@ class DecodePolicy {
   // A decode step at `layer`: the keys each KV head attends to (runs the layer's selection).
   virtual LayerKeys keys(int layer, const PolicyStep& step) = 0;
   // After a decode step's attention at (layer, KV head g) over keys(layer).heads[g]: the
-  // softmax probabilities [n_head / n_head_kv][n_keys]. Calls for different heads of one layer
-  // may run concurrently; a policy keeps per-head state apart. If `evicted` is given, the policy
-  // appends the positions no later step of (layer, g) will attend, so the backend can free them.
+  // softmax probabilities [n_head / n_head_kv][n_keys] if reads_probabilities(), else null. Calls
+  // for different heads of one layer may run concurrently; a policy keeps per-head state apart.
+  // If `evicted` is given, the policy appends the positions no later step of (layer, g) will
+  // attend, so the backend can free them.
   virtual void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>* evicted) {}
+  // Whether update() reads the probabilities (SCOPE's pools, H2O's scores): the backend then
+  // computes whole softmax rows besides the attention itself, which it computes in one pass.
+  virtual bool reads_probabilities() const { return false; }
   // Whether its evictions are final and it reads no evicted KV again (not even for scores), so
   // the backend may reuse their rows (kv_slots.h): SCOPE, H2O, streaming.
   virtual bool reclaims() const { return false; }

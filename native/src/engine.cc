@@ -56,12 +56,21 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
   token_seq_.resize(U);
   logits_x_.resize(kLogitRows * E);
   logits_buf_.resize(static_cast<size_t>(kLogitRows) * c.n_vocab);
+  greedy_scratch_.assign(pool_.size(), std::vector<float>(static_cast<size_t>(kLogitRows) * kGreedyRows));
+  greedy_best_.resize(static_cast<size_t>((c.n_vocab + kGreedyRows - 1) / kGreedyRows) * kLogitRows);
   attn_scratch_.resize(pool_.size());
+  const int group = c.n_head / c.n_head_kv, block_rows = kQueryBlock * group;  // query rows per KV head
   for (auto& sc : attn_scratch_) {
     sc.q.resize(static_cast<size_t>(kQueryBlock) * Q);
-    sc.out.resize(sc.q.size());
+    sc.acc.resize(sc.q.size());
+    sc.m.resize(static_cast<size_t>(kQueryBlock) * c.n_head);
+    sc.l.resize(sc.m.size());
+    sc.lo.resize(block_rows);
+    sc.hi.resize(block_rows);
+    sc.work.resize(flash_work_floats(block_rows, kKeyBlock, c.head_dim));
     sc.kv.resize(static_cast<size_t>(kKeyBlock) * c.kv_dim());
-    sc.scores.resize(static_cast<size_t>(kQueryBlock) * c.n_head * max_ctx_);
+    sc.scores.resize(static_cast<size_t>(group) * max_ctx_);
+    sc.gathered.resize(static_cast<size_t>(2) * kKeyBlock * c.head_dim);
     sc.rows.reserve(max_ctx_);
     sc.evicted.reserve(max_ctx_);
   }
@@ -87,6 +96,16 @@ std::shared_ptr<Sequence> Engine::create_sequence(int capacity) const {
   seq->device_budget = opts_.device_budget_bytes;
   if (device_) seq->device_kv = device_->create_kv(capacity);
   return seq;
+}
+
+size_t Engine::weight_bytes_per_token() const {
+  auto bytes = [](const Weight& w) {
+    return is_quantized(w.type) ? w.group_bytes * ((w.rows + kRowGroup - 1) / kRowGroup) : w.row_bytes * w.rows;
+  };
+  size_t total = bytes(model_->output());
+  for (const LayerWeights& lw : model_->layers())
+    for (const Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) total += bytes(*w);
+  return total;
 }
 
 void Sequence::set_policy(const AttentionPolicy& p) {
@@ -234,18 +253,58 @@ void Engine::matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, 
   }
   parallel(n_tasks, [&](int ti, int) {
     const Task& t = tasks[ti];
-    const Weight& w = *t.job->w;
-    float* y = t.job->y + t.r0;
-    if (is_quantized(w.type)) {
-      const uint8_t* wp = w.packed + static_cast<size_t>(t.r0 / kRowGroup) * w.group_bytes;
-      const GemmQ8Args a{wp, w.group_bytes, t.rows, &act_, 0, n, y, t.job->ldy};
-      gemm_q8_for(k_, w.type)(a);
-    } else {
-      const uint8_t* wp = w.data + static_cast<size_t>(t.r0) * w.row_bytes;
-      const GemmF32Args a{wp, w.row_bytes, t.rows, x, k, n, y, t.job->ldy};
-      (w.type == GgmlType::F32 ? k_.gemm_f32 : w.type == GgmlType::F16 ? k_.gemm_f16 : k_.gemm_bf16)(a);
+    matmul_rows(*t.job->w, t.r0, t.rows, x, n, k, t.job->y + t.r0, t.job->ldy);
+  });
+}
+
+// Rows [r0, r0 + rows) of w (r0 a multiple of kRowGroup) times the n inputs x ([n][k], already
+// quantized into act_ if w is): y[t * ldy + r - r0].
+void Engine::matmul_rows(const Weight& w, int r0, int rows, const float* x, int n, int k, float* y, int ldy) {
+  if (is_quantized(w.type)) {
+    const uint8_t* wp = w.packed + static_cast<size_t>(r0 / kRowGroup) * w.group_bytes;
+    gemm_q8_for(k_, w.type)({wp, w.group_bytes, rows, &act_, 0, n, y, ldy});
+  } else {
+    const uint8_t* wp = w.data + static_cast<size_t>(r0) * w.row_bytes;
+    (w.type == GgmlType::F32 ? k_.gemm_f32 : w.type == GgmlType::F16 ? k_.gemm_f16 : k_.gemm_bf16)({wp, w.row_bytes, rows, x, k, n, y, ldy});
+  }
+}
+
+// As llama.cpp: scale by 1/cap, tanh, scale by cap.
+void Engine::soft_cap(float* logits, int n) const {
+  if (const float cap = config().final_logit_softcap; cap > 0.f)
+    for (int i = 0; i < n; ++i) logits[i] = cap * std::tanh(logits[i] * (1.0f / cap));
+}
+
+// The greedy next token of each of the `rows` rows of logits_x_ (normed), for items that want no
+// logits: the output matrix in slices of kGreedyRows rows, each slice's logits computed into the
+// thread's scratch and reduced at once to its largest (the lowest index of it) per row, then the
+// slices' in order. The slices' logits are the same numbers the full rows would hold (each is one
+// GEMM row), so this is the token the logits path picks, without writing or re-reading n_vocab
+// floats per row.
+void Engine::greedy_tokens(int rows, const std::pair<int, const BatchItem*>* wanted) {
+  const ModelConfig& c = config();
+  const Weight& w = model_->output();
+  if (is_quantized(w.type)) quantize(logits_x_.data(), rows, c.n_embd);
+  const int n_slices = (c.n_vocab + kGreedyRows - 1) / kGreedyRows;
+  parallel(n_slices, [&](int sl, int thread) {
+    const int r0 = sl * kGreedyRows, nr = std::min(kGreedyRows, c.n_vocab - r0);
+    float* y = greedy_scratch_[thread].data();
+    matmul_rows(w, r0, nr, logits_x_.data(), rows, c.n_embd, y, kGreedyRows);
+    for (int r = 0; r < rows; ++r) {
+      float* row = y + static_cast<size_t>(r) * kGreedyRows;
+      soft_cap(row, nr);
+      int best = 0;
+      for (int i = 1; i < nr; ++i)
+        if (row[i] > row[best]) best = i;
+      greedy_best_[static_cast<size_t>(sl) * kLogitRows + r] = {row[best], r0 + best};
     }
   });
+  for (int r = 0; r < rows; ++r) {
+    std::pair<float, int> best = greedy_best_[r];
+    for (int sl = 1; sl < n_slices; ++sl)
+      if (const auto& b = greedy_best_[static_cast<size_t>(sl) * kLogitRows + r]; b.first > best.first) best = b;
+    *wanted[r].second->argmax = best.second;
+  }
 }
 
 // The RoPE angles of this micro-batch's tokens for each kind of layer (RopeParams), computed as
@@ -303,7 +362,7 @@ void Engine::gated_activation(int n) {
     float* g = &gate_[static_cast<size_t>(t) * F];
     const float* u = &up_[static_cast<size_t>(t) * F];
     if (silu) {
-      for (int i = 0; i < F; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      k_.swiglu(g, u, F);
     } else {
       constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f, kCoef = 0.044715f;
       for (int i = 0; i < F; ++i) g[i] = 0.5f * g[i] * (1.0f + std::tanh(kSqrt2OverPi * g[i] * (1.0f + kCoef * g[i] * g[i]))) * u[i];
@@ -381,19 +440,22 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
 
   for (const Slice& s : slices) s.item->seq->kv.set_size(s.pos0 + s.count);
 
-  // Logits for the items whose last token is in this micro-batch, kLogitRows at a time so the
-  // output matrix is read once per group.
+  // Logits (or only the greedy token) for the items whose last token is in this micro-batch,
+  // kLogitRows at a time so the output matrix is read once per group.
   logit_rows(slices, wanted_);
   for (size_t g = 0; g < wanted_.size(); g += kLogitRows) {
     const int rows = static_cast<int>(std::min<size_t>(kLogitRows, wanted_.size() - g));
     for (int r = 0; r < rows; ++r)
       std::memcpy(&xn_[static_cast<size_t>(r) * E], &x_[static_cast<size_t>(wanted_[g + r].first) * E], E * sizeof(float));
     rms_norm(xn_.data(), model_->output_norm(), logits_x_.data(), rows, E);
+    if (std::none_of(wanted_.begin() + g, wanted_.begin() + g + rows, [](const auto& w) { return w.second->logits; })) {
+      greedy_tokens(rows, &wanted_[g]);
+      continue;
+    }
     matmuls({{&model_->output(), logits_buf_.data(), c.n_vocab}}, logits_x_.data(), rows, E);
     for (int r = 0; r < rows; ++r) {
       float* row = &logits_buf_[static_cast<size_t>(r) * c.n_vocab];
-      if (const float cap = c.final_logit_softcap; cap > 0.f)  // as llama.cpp: scale by 1/cap, tanh, scale by cap
-        for (int i = 0; i < c.n_vocab; ++i) row[i] = cap * std::tanh(row[i] * (1.0f / cap));
+      soft_cap(row, c.n_vocab);
       const BatchItem& it = *wanted_[g + r].second;
       if (it.logits) std::memcpy(it.logits, row, c.n_vocab * sizeof(float));
       if (it.argmax) *it.argmax = static_cast<int32_t>(std::max_element(row, row + c.n_vocab) - row);

@@ -144,6 +144,9 @@ class Engine : private PolicyBackend {
   DeviceBackend* device() const { return device_.get(); }
   // A sequence for this engine (with its GPU cache on a GPU engine).
   std::shared_ptr<Sequence> create_sequence(int capacity) const;
+  // Bytes of weights a one-token forward pass reads: every layer's matrices and the output matrix
+  // in the layout the kernels read (the embedding row and the norm vectors are left out).
+  size_t weight_bytes_per_token() const;
 
   // Validates the whole batch first (token ids, capacity, duplicate sequences) and throws
   // std::invalid_argument before touching any KV.
@@ -159,17 +162,29 @@ class Engine : private PolicyBackend {
   void add_bias(float* x, const float* bias, int n, int width);
   void quantize(const float* x, int n, int k);
   void matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, int k);
+  void matmul_rows(const Weight& w, int r0, int rows, const float* x, int n, int k, float* y, int ldy);
+  void soft_cap(float* logits, int n) const;
+  void greedy_tokens(int rows, const std::pair<int, const BatchItem*>* wanted);
   void rope_tables(int n);
   void rope(float* x, int n_heads, int kind, int n);
   void gated_activation(int n);
   struct QueryBlock { int slice, t_begin, t_end; };
   struct AttnScratch {  // per thread
-    std::vector<float> q, out, kv, scores;
+    // attend_flash: the block's queries per KV head, their running max, sum and output, the rows'
+    // key ranges in the current key block and flash_block's scratch.
+    std::vector<float> q, m, l, acc, work;
+    std::vector<int> lo, hi;
+    // attend_listed and probe_rows: widened keys or values, one KV head's score rows; a block's
+    // gathered f16 K and V rows.
+    std::vector<float> kv, scores;
+    std::vector<uint16_t> gathered;
     std::vector<int32_t> rows, evicted;  // listed keys' cache rows (reclaiming), a step's evictions
   };
   struct AttnTask { int block, h0, n_heads; };
   void attention(int layer, const std::vector<Slice>& slices);
-  void attend_rows(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);
+  int first_key(int layer, int p) const;
+  void attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);
+  void probe_rows(int layer, const Slice& s, int t, AttnScratch& sc);
   void attend_listed(int layer, const Slice& s, const LayerKeys& keys, int t, int g, AttnScratch& sc);
   struct KeyRange { int begin, end; };
   void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<KeyRange(int)> range);
@@ -211,6 +226,11 @@ class Engine : private PolicyBackend {
   std::vector<float> sel_raw_;  // score_keys: [n_head][ctx]
   std::vector<AttnScratch> attn_scratch_;
   std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]
+  // greedy_tokens: output rows per slice (a multiple of kRowGroup), each thread's slice of logits
+  // ([kLogitRows][kGreedyRows]) and every slice's best (logit, token) per row.
+  static constexpr int kGreedyRows = 512;
+  std::vector<std::vector<float>> greedy_scratch_;
+  std::vector<std::pair<float, int>> greedy_best_;
   std::vector<Slice> slices_;
   std::vector<std::pair<int, const BatchItem*>> wanted_;
 };

@@ -73,8 +73,27 @@ struct KernelTable {
   void (*attn_values)(const float* p, size_t ldp, int nq, const float* v, size_t ldv, int nk, int d, float* out);
   // x[i] = exp(x[i] - max), returns the sum.
   float (*exp_sum)(float* x, int n, float max);
+  // Online-softmax (flash) attention over one block of nk keys straight from the f16 cache, for
+  // nq query rows of one KV head (q: [nq][d]). Row i keeps a running max m[i], sum l[i] and
+  // unnormalised output acc[i] ([nq][d]) across blocks and takes the block's keys [lo[i], hi[i])
+  // (none when lo >= hi); key j's K and V (this head's d columns) at k + j*ld and v + j*ld. Scores
+  // are attn_scores' bit for bit. A row's result depends on its own query, keys and range only,
+  // never on nq, nk or the other rows, bit for bit: the engine attends a token in blocks whose
+  // size and company depend on how its prompt was chunked, and its logits must not. `work` holds
+  // flash_work_floats(nq, nk, d) floats.
+  void (*flash_block)(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d,
+                      float scale, const int* lo, const int* hi, float* m, float* l, float* acc, float* work);
   void (*f32_to_f16)(const float* x, uint16_t* y, int n);
+  // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
+  void (*swiglu)(float* g, const float* u, int n);
 };
+
+// Scratch flash_block needs: the rows' scores and rescale factors, and the keys and values
+// widened to f32, padded to whole 8-key tiles.
+constexpr size_t flash_work_floats(int nq, int nk, int d) {
+  return static_cast<size_t>((nk + 7) / 8 * 8) * (static_cast<size_t>(nq) + 2 * static_cast<size_t>(d)) +
+         static_cast<size_t>(nq);
+}
 
 // The table's GEMM for a packed quantized weight type (packed.h is_packable); nullptr for others.
 using GemmQ8Fn = void (*)(const GemmQ8Args&);

@@ -231,14 +231,45 @@ float exp_sum(float* x, int n, float max) {
   return static_cast<float>(sum);
 }
 
+// Row by row: scores of the row's keys, the new max, the old state rescaled by exp(m - max), then
+// the keys' weights added to the sum and their weighted values to the output.
+void flash_block(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale,
+                 const int* lo, const int* hi, float* m, float* l, float* acc, float* work) {
+  for (int i = 0; i < nq; ++i) {
+    if (lo[i] >= hi[i]) continue;
+    float mx = m[i];
+    for (int j = lo[i]; j < hi[i]; ++j) {
+      float a = 0;
+      for (int t = 0; t < d; ++t) a += q[i * d + t] * fp16_to_fp32(k[j * ld + t]);
+      work[j] = a * scale;
+      mx = std::fmax(mx, work[j]);
+    }
+    const float alpha = std::exp(m[i] - mx);  // 0 for the first keys (m = -inf)
+    float* o = acc + static_cast<size_t>(i) * d;
+    for (int t = 0; t < d; ++t) o[t] *= alpha;
+    float sum = 0;
+    for (int j = lo[i]; j < hi[i]; ++j) {
+      const float p = std::exp(work[j] - mx);
+      sum += p;
+      for (int t = 0; t < d; ++t) o[t] += p * fp16_to_fp32(v[j * ld + t]);
+    }
+    l[i] = l[i] * alpha + sum;
+    m[i] = mx;
+  }
+}
+
 void f32_to_f16(const float* x, uint16_t* y, int n) {
   for (int i = 0; i < n; ++i) y[i] = fp32_to_fp16(x[i]);
+}
+
+void swiglu(float* g, const float* u, int n) {
+  for (int i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
 const KernelTable kScalar = {
     "scalar", quantize_q8, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q5_0, gemm_q5_1, gemm_q4_k, gemm_q5_k, gemm_q6_k,
     gemm_f32, gemm_f16, gemm_bf16,
-    kv_to_f32, kv_gather_f32, attn_scores, attn_values, exp_sum, f32_to_f16,
+    kv_to_f32, kv_gather_f32, attn_scores, attn_values, exp_sum, flash_block, f32_to_f16, swiglu,
 };
 
 }  // namespace

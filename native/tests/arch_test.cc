@@ -8,7 +8,7 @@
 // - the sparse decode policies run on a model whose query width differs from its embedding
 //   length, are refused on a model with sliding-window layers, and the CUDA backend refuses what
 //   it does not compute.
-// The comparison with llama.cpp itself is test/arch-oracle.test.ts.
+// The comparison with llama.cpp itself is test/engine/arch-oracle.test.ts.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -302,6 +302,24 @@ TEST_P(Arch, ChunkingAndThreadsDoNotChangeLogits) {
   EXPECT_EQ(max_diff(lb, run(e1, one, {next})), 0.f);
 }
 
+// The greedy token of an item that asks for no logits (Engine::greedy_tokens) is the argmax of
+// the logits, soft-capped ones included, after a prompt and at decode steps.
+TEST_P(Arch, GreedyTokenWithoutLogitsIsTheLogitsArgmax) {
+  const auto model = load_case(GetParam());
+  const ModelConfig& c = model->config();
+  Engine e(model, options(1, 512));
+  Sequence with(c, 64), without(c, 64);
+  std::vector<int32_t> toks = prompt(30, c.n_vocab, 3);
+  for (int step = 0; step < 4; ++step) {
+    const auto logits = run(e, with, toks);
+    int32_t got = -1;
+    e.forward({{&without, toks.data(), static_cast<int>(toks.size()), nullptr, nullptr, &got}});
+    const auto want = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ASSERT_EQ(got, want) << "step " << step;
+    toks = {want};
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, Arch, ::testing::ValuesIn(arch_cases()),
                          [](const ::testing::TestParamInfo<ArchCase>& i) { return i.param.name; });
 
@@ -357,7 +375,7 @@ TEST(ArchConfig, SwitchesFollowTheArchitecture) {
   EXPECT_FLOAT_EQ(load(ctxtest::tiny_arch_spec(big), "gemma3_62")->config().attn_scale, 1.f / std::sqrt(16.f));
 }
 
-// The real Gemma 3 270M, when the user cache holds it (test/helpers/gemma-model.ts fetches it):
+// The real Gemma 3 270M, when the user cache holds it (test/harness/gemma-model.ts fetches it):
 // its configuration as the issue describes the file, and its weights read right (it continues a
 // repeated pattern, which random or misread weights cannot).
 std::string gemma3_path() {

@@ -371,6 +371,43 @@ TEST_P(EngineConsistency, ThreadCountDoesNotChangeLogits) {
   EXPECT_EQ(max_diff(run(*e1, s1, {t}), run(*e2, s2, {t})), 0.f);
 }
 
+// An item that asks for the greedy token only (Engine::greedy_tokens: the output matrix in
+// slices, no logits row written) gets the logits path's argmax: the lowest index of the largest
+// logit. Alone and batched, after a prompt and at decode steps; on the real model across many
+// slices of its 49,152 outputs.
+TEST_P(EngineConsistency, GreedyTokenWithoutLogitsIsTheArgmaxOfTheLogits) {
+  auto e = engine(2);
+  std::vector<std::unique_ptr<Sequence>> with, without;
+  std::vector<int32_t> next(3);
+  for (int i = 0; i < 3; ++i) {
+    with.push_back(std::make_unique<Sequence>(cfg(), 256));
+    without.push_back(std::make_unique<Sequence>(cfg(), 256));
+    const auto p = prompt(20 + 9 * i, cfg().n_vocab, 40 + i);
+    const auto logits = run(*e, *with[i], p);
+    int32_t got = -1;
+    e->forward({{without[i].get(), p.data(), static_cast<int>(p.size()), nullptr, nullptr, &got}});
+    next[i] = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    EXPECT_EQ(got, next[i]) << "prompt " << i;
+  }
+  for (int step = 0; step < 3; ++step) {
+    std::vector<std::vector<float>> logits(3, std::vector<float>(cfg().n_vocab));
+    std::vector<int32_t> both(3, -1), only(3, -1);
+    std::vector<BatchItem> a, b;
+    for (int i = 0; i < 3; ++i) {
+      a.push_back({with[i].get(), &next[i], 1, logits[i].data(), nullptr, &both[i]});
+      b.push_back({without[i].get(), &next[i], 1, nullptr, nullptr, &only[i]});
+    }
+    e->forward(a);
+    e->forward(b);
+    for (int i = 0; i < 3; ++i) {
+      const int32_t want = static_cast<int32_t>(std::max_element(logits[i].begin(), logits[i].end()) - logits[i].begin());
+      EXPECT_EQ(both[i], want) << "step " << step << " seq " << i;
+      EXPECT_EQ(only[i], want) << "step " << step << " seq " << i;
+      next[i] = want;
+    }
+  }
+}
+
 // Every refusal is std::invalid_argument, thrown before any KV is written: a valid item in
 // the same batch is not run either.
 TEST_P(EngineConsistency, ForwardRefusesBadBatchesWithoutSideEffects) {

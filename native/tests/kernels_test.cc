@@ -3,6 +3,7 @@
 // code share is caught too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -252,6 +253,55 @@ std::vector<uint16_t> rand_halves(std::mt19937& rng, size_t n) {
   return v;
 }
 
+// flash_block chained the way the engine chains it: query rows [nq][d], row i attending keys
+// [begin[i], end[i]) of an f16 cache (rows `ld` apart), in blocks of `block` keys from key 0, each
+// as long as the rows need (up to the largest end), or ending at each row's end when `tight`
+// (with nq = 1: a decode step).
+struct FlashState {
+  std::vector<float> m, l, acc;
+  double out(int i, int t, int d) const { return static_cast<double>(acc[static_cast<size_t>(i) * d + t]) / l[i]; }
+};
+FlashState flash_run(const KernelTable& kt, const std::vector<float>& q, int nq, const std::vector<uint16_t>& k,
+                     const std::vector<uint16_t>& v, size_t ld, int d, float scale, const std::vector<int>& begin,
+                     const std::vector<int>& end, int block) {
+  FlashState st{std::vector<float>(nq, -INFINITY), std::vector<float>(nq, 0.f), std::vector<float>(static_cast<size_t>(nq) * d, 0.f)};
+  const int n_keys = *std::max_element(end.begin(), end.end());
+  std::vector<float> work(flash_work_floats(nq, block, d));
+  std::vector<int> lo(nq), hi(nq);
+  for (int k0 = 0; k0 < n_keys; k0 += block) {
+    const int nk = std::min(block, n_keys - k0);
+    for (int i = 0; i < nq; ++i) {
+      lo[i] = std::clamp(begin[i] - k0, 0, nk);
+      hi[i] = std::clamp(end[i] - k0, 0, nk);
+    }
+    kt.flash_block(q.data(), nq, k.data() + k0 * ld, v.data() + k0 * ld, ld, nk, d, scale, lo.data(), hi.data(), st.m.data(),
+                   st.l.data(), st.acc.data(), work.data());
+  }
+  return st;
+}
+
+// Random key ranges [begin, end) within n_keys, never empty.
+void random_ranges(std::mt19937& rng, int nq, int n_keys, std::vector<int>& begin, std::vector<int>& end) {
+  begin.resize(nq);
+  end.resize(nq);
+  for (int i = 0; i < nq; ++i) {
+    end[i] = std::uniform_int_distribution<int>(1, n_keys)(rng);
+    begin[i] = std::uniform_int_distribution<int>(0, end[i] - 1)(rng);
+  }
+}
+
+// The bound on |score| (its magnitude sum) over a row's keys, for tolerances.
+double score_magnitude(const std::vector<float>& q, int i, const std::vector<uint16_t>& k, size_t ld, int d, float scale,
+                       int begin, int end) {
+  double mag = 0;
+  for (int j = begin; j < end; ++j) {
+    double m = 0;
+    for (int t = 0; t < d; ++t) m += std::fabs(q[static_cast<size_t>(i) * d + t] * half_ref(k[j * ld + t]));
+    mag = std::max(mag, m * scale);
+  }
+  return mag;
+}
+
 // Widening f16 cache rows is exact, so every table must match the independent decoder bit
 // for bit. The source rows are one head of a wider cache row (stride > d), as in the engine.
 TEST_P(SimdVsScalar, KvToF32IsExact) {
@@ -328,6 +378,32 @@ TEST_P(SimdVsScalar, AttentionScoresAndValues) {
             for (int j = 0; j < nk; ++j) mag += std::fabs(p[i * ldp + j] * v[j * ld + d + t]);
             EXPECT_TRUE(Close(ob[i * d + t], oa[i * d + t], mag, 1e-5)) << "i=" << i << " t=" << t;
           }
+      }
+}
+
+// Rows of a query block over several key blocks, ranges of every shape (inside one block,
+// across blocks, starting late as on a sliding-window layer), head sizes 16..128, query counts
+// around the SIMD tiles: the outputs agree within the rounding the scores' order allows.
+TEST_P(SimdVsScalar, FlashAttention) {
+  std::mt19937 rng(17);
+  for (int d : {16, 64, 80, 128})
+    for (int nq : {1, 3, 4, 7, 48})
+      for (int n_keys : {1, 9, 64, 65, 200}) {
+        SCOPED_TRACE("d=" + std::to_string(d) + " nq=" + std::to_string(nq) + " keys=" + std::to_string(n_keys));
+        const size_t ld = 3 * d;  // a cache row of three heads; the kernels read the first
+        const std::vector<uint16_t> k = rand_halves(rng, n_keys * ld), v = rand_halves(rng, n_keys * ld);
+        const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+        std::vector<int> begin, end;
+        random_ranges(rng, nq, n_keys, begin, end);
+        const float scale = 0.125f;
+        const FlashState a = flash_run(ref(), q, nq, k, v, ld, d, scale, begin, end, 64);
+        const FlashState b = flash_run(simd(), q, nq, k, v, ld, d, scale, begin, end, 64);
+        for (int i = 0; i < nq; ++i) {
+          // Values are at most 2 in size; a score's error moves the weights by about as much.
+          const double tol = 2e-5 * (1 + score_magnitude(q, i, k, ld, d, scale, begin[i], end[i]));
+          EXPECT_TRUE(Within(b.m[i], a.m[i], tol)) << "max of row " << i;
+          for (int t = 0; t < d; ++t) EXPECT_TRUE(Within(b.out(i, t, d), a.out(i, t, d), 2 * tol)) << "i=" << i << " t=" << t;
+        }
       }
 }
 
@@ -529,6 +605,58 @@ TEST_P(KernelsVsReference, AttentionIsIndependentOfBlockShape) {
       for (int t = 0; t < d; ++t)
         ASSERT_EQ(fp32_to_bits(one[t]), fp32_to_bits(all[qi * d + t])) << "query " << qi << " dim " << t << " n " << n;
     }
+  }
+}
+
+// Flash attention is softmax attention: against whole score rows in double precision.
+TEST_P(KernelsVsReference, FlashAttentionMatchesExactSoftmax) {
+  std::mt19937 rng(26);
+  const int d = 64, nq = 9, n_keys = 300;
+  const size_t ld = 2 * d;
+  const std::vector<uint16_t> k = rand_halves(rng, n_keys * ld), v = rand_halves(rng, n_keys * ld);
+  const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+  std::vector<int> begin, end;
+  random_ranges(rng, nq, n_keys, begin, end);
+  const float scale = 0.2f;
+  const FlashState st = flash_run(*kt_, q, nq, k, v, ld, d, scale, begin, end, 64);
+  for (int i = 0; i < nq; ++i) {
+    std::vector<double> p(n_keys, 0.0);
+    double mx = -INFINITY, sum = 0;
+    for (int j = begin[i]; j < end[i]; ++j) {
+      for (int t = 0; t < d; ++t) p[j] += q[static_cast<size_t>(i) * d + t] * half_ref(k[j * ld + t]);
+      p[j] *= scale;
+      mx = std::max(mx, p[j]);
+    }
+    for (int j = begin[i]; j < end[i]; ++j) sum += p[j] = std::exp(p[j] - mx);
+    const double tol = 2e-5 * (1 + score_magnitude(q, i, k, ld, d, scale, begin[i], end[i]));
+    for (int t = 0; t < d; ++t) {
+      double want = 0;
+      for (int j = begin[i]; j < end[i]; ++j) want += p[j] / sum * half_ref(v[j * ld + t]);
+      EXPECT_TRUE(Within(st.out(i, t, d), want, 2 * tol)) << "i=" << i << " t=" << t;
+    }
+  }
+}
+
+// What the engine's bit-for-bit invariance rests on (ChunkingDoesNotChangeLogits and the
+// decode/prefill tests in engine_test.cc): a row's running max, sum and output are the same,
+// bit for bit, whether it runs alone over blocks that end at its last key (a decode step), or
+// with 47 other rows of other ranges over whole blocks (a prompt's query block).
+TEST_P(KernelsVsReference, FlashRowIsIndependentOfItsBlock) {
+  std::mt19937 rng(27);
+  const int d = 64, nq = 48, n_keys = 200;
+  const size_t ld = 3 * d;
+  const std::vector<uint16_t> k = rand_halves(rng, n_keys * ld), v = rand_halves(rng, n_keys * ld);
+  const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+  std::vector<int> begin, end;
+  random_ranges(rng, nq, n_keys, begin, end);
+  const FlashState all = flash_run(*kt_, q, nq, k, v, ld, d, 0.125f, begin, end, 64);
+  for (int i = 0; i < nq; ++i) {
+    const std::vector<float> qi(q.begin() + static_cast<ptrdiff_t>(i) * d, q.begin() + static_cast<ptrdiff_t>(i + 1) * d);
+    const FlashState one = flash_run(*kt_, qi, 1, k, v, ld, d, 0.125f, {begin[i]}, {end[i]}, 64);
+    ASSERT_EQ(fp32_to_bits(one.m[0]), fp32_to_bits(all.m[i])) << "row " << i;
+    ASSERT_EQ(fp32_to_bits(one.l[0]), fp32_to_bits(all.l[i])) << "row " << i;
+    for (int t = 0; t < d; ++t)
+      ASSERT_EQ(fp32_to_bits(one.acc[t]), fp32_to_bits(all.acc[static_cast<size_t>(i) * d + t])) << "row " << i << " dim " << t;
   }
 }
 

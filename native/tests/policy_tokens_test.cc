@@ -1,7 +1,10 @@
-// Greedy tokens of the real model under every decode policy, pinned to the values the engine
-// produced before the policies became DecodePolicy objects (recorded at 729943d, when the policy
-// kinds were branches in the engine). Any change to what a policy attends to shows up here as a
-// different token sequence. Each case decodes alone and, once more, in one batch with all the
+// Greedy tokens of the real model under every decode policy, pinned. First recorded at 729943d
+// (before the policies became DecodePolicy objects: the refactor kept them bit for bit); recorded
+// again when attention became single-pass (online softmax), which changes rounding and hence,
+// on this prompt of random tokens full of near-ties, the sparse policies' selections (full
+// attention's tokens stayed; the logits' agreement with llama.cpp is test/oracle.test.ts's).
+// Set CTXBANK_RECORD_TOKENS=1 to print new values. Any change to what a policy attends to shows
+// up here as a different token sequence. Each case decodes alone and, once more, in one batch with all the
 // others (different policies share every forward), on two threads; besides the tokens, a hash
 // of every step's logits must match bit for bit. The policies that can free evicted KV rows run a
 // third time with Sequence::reclaim on, to the same values.
@@ -164,7 +167,7 @@ std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vec
 
 struct Expected { const char* name; const char* tokens; uint64_t logits_hash; };
 
-// Recorded from the engine at 729943d (see the file comment).
+// Recorded with CTXBANK_RECORD_TOKENS (see the file comment).
 const Expected kExpected[] = {
 #include "policy_tokens.inc"
 };

@@ -42,6 +42,18 @@ export function meanAbsDiff(a: ArrayLike<number>, b: ArrayLike<number>): number 
   return s / a.length;
 }
 
+/**
+ * The logits less their mean. Softmax is unchanged by adding one constant to a row, and two
+ * engines' rows often differ mostly by such a constant (a shift of the final hidden state along
+ * the output matrix's mean row): compare centred rows so the tolerances measure what sampling sees.
+ */
+export function centred(a: ArrayLike<number>): Float32Array {
+  let mean = 0;
+  for (let i = 0; i < a.length; i++) mean += a[i]!;
+  mean /= a.length;
+  return Float32Array.from(a as ArrayLike<number>, (x) => x - mean);
+}
+
 /** Gap between the best and second-best logit: how close a greedy choice is to a tie. */
 export function top2Margin(x: ArrayLike<number>): number {
   const [a, b] = topK(x, 2);

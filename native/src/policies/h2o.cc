@@ -50,6 +50,7 @@ class H2oPolicy final : public DecodePolicy {
   // Add this step's attention (mean over the head's query group) to every kept token's score,
   // then evict the lowest-scoring tokens outside the recent window down to the budget.
   bool reclaims() const override { return true; }
+  bool reads_probabilities() const override { return true; }
 
   void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>* evicted) override {
     std::vector<int32_t>& kept = kept_[slot(layer, g)];

@@ -19,6 +19,7 @@ class OmniKvScopePolicy final : public OmniKvPolicy {
   void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>*) override {
     pool_.update(layer, g, keys_[g], prompt_len_, probs, n_keys, nullptr);
   }
+  bool reads_probabilities() const override { return true; }
   PolicyStats stats() const override {
     PolicyStats s = OmniKvPolicy::stats();
     s.decode_pool_tokens = pool_.tokens();

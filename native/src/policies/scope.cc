@@ -93,6 +93,7 @@ class ScopePolicy final : public DecodePolicy, public PromptStateHolder {
     }
   }
   bool reclaims() const override { return true; }
+  bool reads_probabilities() const override { return true; }
 
   void derive_eagerly() override { eager_ = true; }
   // Without the pool (not derived eagerly), the queries it is computed from.

@@ -212,6 +212,8 @@ export interface EngineInfo {
   cudaGraphs: boolean;
   /** The CUDA kernel set in use ("simple", "fast" or a list); "" on the CPU. */
   cudaKernels: string;
+  /** Bytes of weights a one-token step reads (every layer's matrices and the output matrix): a decode step's memory floor. */
+  weightBytesPerToken: number;
 }
 
 export interface NativeEngine {
@@ -231,7 +233,9 @@ interface Addon {
   crc32c(bytes: Uint8Array, prev?: number): number;
   cudaStatus(): CudaStatus;
   kvPool(limitBytes?: number): KvPoolStats;
-  /** The policy fields the addon parses, per sub-object (camelCase): the schema's, see test/policy-schema.test.ts. */
+  /** Memory read bandwidth of `threads` threads streaming `mib` MiB, fastest of `passes` passes (native/src/membw.h). */
+  measureReadBandwidth(threads: number, mib: number, passes: number): Promise<ReadBandwidth>;
+  /** The policy fields the addon parses, per sub-object (camelCase): the schema's, see test/engine/policy-schema.test.ts. */
   policyFields(): Record<PolicyPart, string[]>;
   /** setCompletePolicy takes complete policies only; this module gives every sequence setPolicy over it. */
   NativeSequence: { prototype: { setCompletePolicy(policy: ResolvedPolicy): void; setPolicy?(policy: AttentionPolicy): void } };
@@ -262,6 +266,15 @@ export function addon(): Addon {
 
 export function cudaStatus(): CudaStatus {
   return addon().cudaStatus();
+}
+
+/** A memory read bandwidth measurement (native/src/membw.h): GB/s of the fastest pass. */
+export interface ReadBandwidth {
+  gbPerS: number;
+  /** Bytes read per pass. */
+  bytes: number;
+  passes: number;
+  threads: number;
 }
 
 /** The process's pool of recycled KV cache memory (native/src/kv_pool.h). */
