@@ -1,7 +1,8 @@
 // tools/loadgen's client and runner against a local scripted SSE server (tools/loadgen/fake-server.ts):
 // TTFT/ITL/TPOT timing, usage-based token counts, error classes (429, 5xx, mid-stream errors,
-// timeouts, refused connections), the arrival processes as the server sees them, caps, and the
-// policy check against a server's OpenAPI document.
+// timeouts, refused connections), the arrival processes as the server sees them, caps, multi-turn
+// sessions (x-session-id per conversation, whole sessions in a closed loop, the router's header and
+// ctxbank's reuse/placement reports per round), and the policy check against a server's OpenAPI document.
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -9,8 +10,10 @@ import { StreamingClient, type RequestSpec } from "../tools/loadgen/client.ts";
 import { startFakeServer, type FakeScript, type FakeServer } from "../tools/loadgen/fake-server.ts";
 import { PromptSource } from "../tools/loadgen/prompts.ts";
 import { runLoad } from "../tools/loadgen/runner.ts";
+import { roundStats, serverCounts } from "../tools/loadgen/stats.ts";
 import { policyValues } from "../tools/loadgen/target.ts";
 import { WorkloadFactory } from "../tools/loadgen/workloads.ts";
+import { seededRng } from "../tools/lib/random.ts";
 import { resolveModel } from "../shared/inference/model/resolve.ts";
 import { GgufTokenizer } from "../shared/inference/tokenizer/tokenizer.ts";
 import { ChatTemplate } from "../shared/inference/tokenizer/chat-template.ts";
@@ -22,10 +25,10 @@ const spec = (endpoint: "chat" | "completions" = "completions"): RequestSpec => 
 });
 
 let server: FakeServer;
-let script: (body: any) => FakeScript = () => ({});
+let script: (body: any, headers: http.IncomingHttpHeaders) => FakeScript = () => ({});
 
 beforeAll(async () => {
-  server = await startFakeServer((body) => script(body));
+  server = await startFakeServer((body, _n, headers) => script(body, headers));
 });
 afterAll(async () => {
   await server.close();
@@ -139,6 +142,86 @@ describe("runner against the fake server", () => {
     expect(performance.now() - t0).toBeLessThan(2500);
     expect(run.results).toHaveLength(6); // bursts at 0, 0.4, 0.8 s
     expect(run.stats.errors.timeout).toBe(6);
+  });
+});
+
+describe("multi-turn sessions against the fake server", () => {
+  let prompts: PromptSource;
+  beforeAll(async () => {
+    const path = await resolveModel();
+    const tok = GgufTokenizer.fromGguf(path);
+    prompts = new PromptSource(tok, "The quick brown fox jumps over the lazy dog. ".repeat(400), ChatTemplate.fromGguf(path, tok));
+  });
+  const multiturn = (sessionIds?: boolean) =>
+    new WorkloadFactory({ kind: "multiturn", rounds: 3, thinkS: 0, input: { kind: "fixed", value: 20 }, output: { kind: "fixed", value: 4 }, ...(sessionIds === undefined ? {} : { sessionIds }) }, prompts, { runTag: "t1" });
+
+  it("each conversation sends its own x-session-id on every round (default on), a closed loop runs whole sessions; the answers' route, reuse and placement are recorded and counted per round", async () => {
+    // The server answers like ctxbank's router: a route header, and the reused tokens and placement in the last chunk.
+    script = (body, headers) => {
+      const round = (body.messages.length - 1) / 2;
+      // The first measured session is slow: a closed loop must not start a fifth session in its place.
+      const slow = headers["x-session-id"] === "lg-t1-1" ? 300 : 0;
+      return {
+        ttftMs: 5 + 10 * round + slow,
+        itlMs: 2,
+        tokens: 3,
+        headers: { "x-ctxbank-route": `decode-${round % 2}; reason=${round === 0 ? "load" : "session"}` },
+        ctxbank: { session: { id: headers["x-session-id"], reused_tokens: 50 * round, turns: round + 1 }, prefill: round === 0 ? { where: "remote", cause: "long", reason: "r" } : { where: "local", cause: "fraction", reason: "r" } },
+      };
+    };
+    const from = server.received.length;
+    const c = client();
+    const run = await runLoad(c, multiturn(), { arrivals: { kind: "concurrency", concurrency: 2 }, maxRequests: 12, durationS: 60, drainS: 10, warmup: 1, seed: 5, progress: false });
+    await c.close();
+    // The warm-up round names no session; then 4 sessions of 3 rounds.
+    const headers = server.receivedHeaders.slice(from);
+    expect(headers[0]!["x-session-id"]).toBeUndefined();
+    const measured = headers.slice(1).map((h) => h["x-session-id"]);
+    expect(measured).toHaveLength(12);
+    for (const id of measured) expect(id).toMatch(/^lg-t1-\d+$/);
+    expect(new Set(measured).size).toBe(4);
+    // Every request of one session carried that session's id, and the result records it.
+    for (const r of run.results) expect(r.sessionId).toBe(run.results.find((x) => x.session === r.session && x.round === 0)!.sessionId);
+    expect(new Set(run.results.map((r) => r.sessionId)).size).toBe(4);
+    expect(run.sessions).toMatchObject({ started: 4, completed: 4, sessionIds: true });
+    for (let i = 0; i < 4; i++) expect(run.results.filter((r) => r.session === i).map((r) => r.round)).toEqual([0, 1, 2]);
+    // Per round: the last turn is round index 2.
+    expect(run.rounds!.map((r) => [r.round, r.requests, r.ok])).toEqual([[0, 4, 4], [1, 4, 4], [2, 4, 4]]);
+    expect(run.rounds![2]!.reusedTokens!.p50).toBe(100);
+    expect(run.rounds![2]!.ttftMs.p50).toBeGreaterThan(run.rounds![0]!.ttftMs.p50 + 10);
+    expect(run.results.find((r) => r.round === 1)).toMatchObject({ route: { decode: "decode-1", reason: "session" }, reusedTokens: 50, prefill: { where: "local", cause: "fraction" } });
+    expect(run.server).toMatchObject({
+      routeReason: { load: 4, session: 8 },
+      routeDecode: { "decode-0": 8, "decode-1": 4 },
+      prefillWhere: { remote: 4, local: 8 },
+      prefillCause: { "remote/long": 4, "local/fraction": 8 },
+      sessions: { reported: 12, reused: 8, reusedTokens: 4 * (50 + 100) },
+    });
+    expect(roundStats(run.results)).toHaveLength(3);
+  });
+
+  it("with session ids off, nothing names a session; a server without ctxbank's reports gives no counts", async () => {
+    script = () => ({ ttftMs: 2, itlMs: 1, tokens: 2 });
+    const from = server.received.length;
+    const c = client();
+    const run = await runLoad(c, multiturn(false), { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: 6, durationS: 60, drainS: 10, warmup: 0, seed: 5, progress: false });
+    await c.close();
+    expect(run.results).toHaveLength(6);
+    for (const h of server.receivedHeaders.slice(from)) expect(h["x-session-id"]).toBeUndefined();
+    for (const r of run.results) expect(r.sessionId).toBeUndefined();
+    expect(run.sessions).toMatchObject({ completed: 2, sessionIds: false });
+    expect(run.rounds).toHaveLength(3);
+    expect(run.server).toBeUndefined();
+    expect(serverCounts(run.results)).toBeUndefined();
+  });
+
+  it("the same seed draws the same conversations with session ids on or off", () => {
+    const a = multiturn(true).next(seededRng(9));
+    const b = multiturn(false).next(seededRng(9));
+    if (a.kind !== "session" || b.kind !== "session") throw new Error("not a session");
+    expect(a.round(0, []).spec.body).toEqual(b.round(0, []).spec.body);
+    expect(a.round(0, []).spec.headers).toEqual({ "x-session-id": a.sessionId });
+    expect(b.round(0, []).spec.headers).toBeUndefined();
   });
 });
 

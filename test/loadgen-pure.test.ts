@@ -1,6 +1,7 @@
 // tools/loadgen's pure parts: arrival processes (seeded), percentiles, SLO attainment and
-// goodput, the rate sweep's search on synthetic attainment curves, the SSE parser, length
-// distributions, option validation and the loopback guard.
+// goodput, multi-turn figures (per round, ctxbank's route/placement/reuse reports), the rate
+// sweep's search on synthetic attainment curves, the SSE parser, length distributions, option
+// validation and the loopback guard.
 import { describe, expect, it } from "vitest";
 import { openLoopSchedule } from "../tools/loadgen/arrivals.ts";
 import { checkTarget, isLoopback } from "../tools/loadgen/host-guard.ts";
@@ -8,7 +9,9 @@ import { UsageError } from "../shared/inference/errors.ts";
 import { parseCli } from "../tools/loadgen/options.ts";
 import { exponential, seededRng, standardNormal } from "../tools/lib/random.ts";
 import { SseParser } from "../tools/loadgen/sse.ts";
-import { cdfPoints, latencySummary, meetsSlo, percentile, runStats } from "../tools/loadgen/stats.ts";
+import { parseRoute } from "../tools/loadgen/client.ts";
+import { roundsTable, serverCountsLine } from "../tools/loadgen/report.ts";
+import { cdfPoints, latencySummary, meetsSlo, percentile, roundStats, runStats, serverCounts } from "../tools/loadgen/stats.ts";
 import { sweepMaxRate } from "../tools/loadgen/sweep.ts";
 import { sweepDrainS } from "../tools/loadgen/sweep-run.ts";
 import type { RequestResult } from "../tools/loadgen/types.ts";
@@ -140,6 +143,57 @@ describe("SLO attainment and goodput", () => {
   });
 });
 
+describe("multi-turn figures and ctxbank's reports", () => {
+  it("reads the router's x-ctxbank-route header", () => {
+    expect(parseRoute("decode-2; reason=holder_busy")).toEqual({ decode: "decode-2", reason: "holder_busy" });
+    expect(parseRoute(["  d1 ;reason=session", "other"])).toEqual({ decode: "d1", reason: "session" });
+    expect(parseRoute("d1")).toEqual({ decode: "d1", reason: "unknown" });
+    expect(parseRoute(undefined)).toBeUndefined();
+    expect(parseRoute("")).toBeUndefined();
+  });
+
+  const slo = { ttftMs: 1000, tpotMs: 50 };
+  const turns = [
+    req({ index: 0, session: 0, round: 0, ttftMs: 100, tpotMs: 10, promptTokens: 100, reusedTokens: 0, prefill: { where: "remote", cause: "long" }, route: { decode: "d1", reason: "load" } }),
+    req({ index: 1, session: 1, round: 0, ttftMs: 300, tpotMs: 10, promptTokensSent: 90, route: { decode: "d2", reason: "load" } }),
+    req({ index: 2, session: 0, round: 1, ttftMs: 200, tpotMs: 10, promptTokens: 200, reusedTokens: 110, prefill: { where: "local", cause: "fraction" }, route: { decode: "d1", reason: "session" } }),
+    req({ index: 3, session: 1, round: 1, ttftMs: 2000, tpotMs: 10, promptTokens: 190, reusedTokens: 0, prefill: { where: "remote" }, route: { decode: "d1", reason: "round_robin" } }),
+    req({ index: 4, session: 2, round: 1, ok: false, errorKind: "http_5xx", outputTokens: 0 }),
+    req({ index: 5 }), // not a session's turn: no round
+  ];
+
+  it("per round: sorted by round index, TTFT over the successes, attainment over every request, reuse over those that reported it", () => {
+    // Out of order on purpose: the rows come sorted by round.
+    const rounds = roundStats([...turns].reverse(), slo);
+    expect(rounds.map((r) => [r.round, r.requests, r.ok])).toEqual([[0, 2, 2], [1, 3, 2]]);
+    expect(rounds[0]!.ttftMs.p50).toBe(200);
+    expect(rounds[1]!.ttftMs).toMatchObject({ n: 2, p50: 1100, max: 2000 });
+    expect(rounds[0]!.promptTokens.mean).toBe(95); // the server's count, else ours
+    expect(rounds[0]!.reusedTokens).toMatchObject({ n: 1, mean: 0 });
+    expect(rounds[1]!.reusedTokens).toMatchObject({ n: 2, mean: 55 });
+    expect(rounds[0]!.slo).toEqual({ met: 2, attainment: 1 });
+    expect(rounds[1]!.slo!.met).toBe(1);
+    expect(rounds[1]!.slo!.attainment).toBeCloseTo(1 / 3, 12);
+    expect(roundStats(turns)[0]!.slo).toBeUndefined();
+    expect(roundStats([req({})])).toEqual([]);
+    const table = roundsTable([{ label: "kv", rounds }]);
+    expect(table.split("\n")).toHaveLength(4); // header, rule, 2 rounds
+    expect(table).toContain("| kv | 2 | 3 | 2 |"); // rounds are shown 1-based
+  });
+
+  it("counts what the server reported: route reasons and decodes, placements, session reuse", () => {
+    const c = serverCounts(turns)!;
+    expect(c.routeReason).toEqual({ load: 2, session: 1, round_robin: 1 });
+    expect(c.routeDecode).toEqual({ d1: 3, d2: 1 });
+    expect(c.prefillWhere).toEqual({ remote: 2, local: 1 });
+    expect(c.prefillCause).toEqual({ "remote/long": 1, "local/fraction": 1, remote: 1 });
+    expect(c.sessions).toEqual({ reported: 3, reused: 1, reusedTokens: 110, promptTokens: 490 });
+    expect(serverCountsLine(c)).toBe("route reasons: load 2, round_robin 1, session 1; decodes: d1 3, d2 1; prefill: local/fraction 1, remote 1, remote/long 1; sessions: 1/3 turns reused KV, 110 of their 490 prompt tokens (22.4%)");
+    expect(serverCounts([req({}), req({ index: 1 })])).toBeUndefined();
+    expect(serverCountsLine(undefined)).toMatch(/^server reports: none/);
+  });
+});
+
 describe("rate sweep", () => {
   const step = (cap: number) => async (rate: number) => (rate <= cap ? 0.95 : 0.5);
 
@@ -251,7 +305,12 @@ describe("lengths, options, target guard", () => {
     expect(parseCli(["--burst", "4", "--every", "2"], {})).toMatchObject({ arrivals: { kind: "burst", size: 4, periodS: 2 } });
     expect(parseCli(["--workload", "random", "--input", "10-20"], {})).toMatchObject({ workload: { kind: "synthetic", input: { kind: "uniform" } } });
     expect(parseCli(["--help"], {})).toBe("help");
+    // Multi-turn names its sessions unless told not to.
+    expect(parseCli(["--workload", "multiturn"], {})).toMatchObject({ workload: { kind: "multiturn", sessionIds: true } });
+    expect(parseCli(["--workload", "multiturn", "--session-ids", "off"], {})).toMatchObject({ workload: { kind: "multiturn", sessionIds: false } });
     for (const bad of [
+      ["--workload", "multiturn", "--session-ids", "yes"],
+      ["--session-ids", "on"],
       ["--rate", "0"],
       ["--rate", "1", "--concurrency", "2"],
       ["--burst", "3"],

@@ -15,7 +15,7 @@ import { checkTarget } from "./host-guard.ts";
 import { UsageError } from "../../shared/inference/errors.ts";
 import { HELP, parseCli, type CliOptions } from "./options.ts";
 import { PromptSource } from "./prompts.ts";
-import { attainmentPanel, cdfPanel, chart, compactResult, statsTable } from "./report.ts";
+import { attainmentPanel, cdfPanel, chart, compactResult, roundsTable, serverCountsLine, statsTable } from "./report.ts";
 import { runLoad, type RunResult } from "./runner.ts";
 import { runSweep } from "./sweep-run.ts";
 import { firstModel, policyValues } from "./target.ts";
@@ -122,8 +122,12 @@ async function main(argv: string[]): Promise<void> {
       label,
       progress: o.progress,
     });
-    process.stdout.write(statsTable([{ label, stats: run.stats }]) + "\n");
-    if (run.sessions) process.stdout.write(`sessions: ${run.sessions.completed}/${run.sessions.started} completed, ${run.sessions.roundsPerS.toFixed(3)} rounds/s\n`);
+    const extra = [
+      ...(run.rounds ? ["", roundsTable([{ label, rounds: run.rounds }])] : []),
+      ...(run.server || run.sessions ? ["", serverCountsLine(run.server)] : []),
+    ].join("\n");
+    process.stdout.write(statsTable([{ label, stats: run.stats }]) + "\n" + (extra ? `${extra}\n` : ""));
+    if (run.sessions) process.stdout.write(`sessions: ${run.sessions.completed}/${run.sessions.started} completed, ${run.sessions.roundsPerS.toFixed(3)} rounds/s, session ids ${run.sessions.sessionIds ? "sent" : "not sent"}\n`);
     if (run.qa) process.stdout.write(`long-document QA: ${run.qa.correct}/${run.qa.checked} answers contain the reference code\n`);
     if (o.out) {
       const results = new Results(resolve(o.out));
@@ -136,11 +140,13 @@ async function main(argv: string[]): Promise<void> {
         caps: { requests: o.requests, durationS: o.durationS, drainS: o.drainS, warmup: o.warmup, seed: o.seed },
         stats: run.stats,
         sessions: run.sessions,
+        rounds: run.rounds,
+        server: run.server,
         qa: run.qa,
         warmup: run.warmup,
         requests: run.results.map((x) => compactResult(x, o.itl)),
       });
-      await results.markdown("loadgen", statsTable([{ label, stats: run.stats }]) + "\n");
+      await results.markdown("loadgen", statsTable([{ label, stats: run.stats }]) + "\n" + (extra ? `${extra}\n` : ""));
       await results.chart(
         "loadgen",
         chart(

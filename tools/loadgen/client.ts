@@ -17,6 +17,8 @@ export interface RequestSpec {
   body: Record<string, unknown>;
   /** Prompt tokens as sized by our tokenizer. */
   promptTokensSent: number;
+  /** Extra request headers (a multi-turn session's `x-session-id`). */
+  headers?: Record<string, string>;
 }
 
 export interface ClientOptions {
@@ -29,7 +31,15 @@ export interface ClientOptions {
   extraBody?: Record<string, unknown>;
 }
 
-type Timed = Omit<RequestResult, "index" | "scheduledMs" | "sentMs" | "session" | "round">;
+type Timed = Omit<RequestResult, "index" | "scheduledMs" | "sentMs" | "session" | "round" | "sessionId">;
+
+/** ctxbank's router header `x-ctxbank-route: <decode id>; reason=<reason>`, when the answer has one. */
+export function parseRoute(header: string | string[] | undefined): { decode: string; reason: string } | undefined {
+  const v = Array.isArray(header) ? header[0] : header;
+  if (!v) return undefined;
+  const m = /^\s*([^;]*?)\s*;\s*reason=([\w-]+)/.exec(v);
+  return m ? { decode: m[1]!, reason: m[2]! } : { decode: v.trim(), reason: "unknown" };
+}
 
 export class StreamingClient {
   private readonly pool: Pool;
@@ -57,7 +67,7 @@ export class StreamingClient {
       stream: true,
       stream_options: { include_usage: true },
     });
-    const headers: Record<string, string> = { "content-type": "application/json", accept: "text/event-stream" };
+    const headers: Record<string, string> = { ...spec.headers, "content-type": "application/json", accept: "text/event-stream" };
     if (this.opts.apiKey) headers.authorization = `Bearer ${this.opts.apiKey}`;
     const timeout = AbortSignal.timeout(this.opts.timeoutMs);
     const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
@@ -67,6 +77,8 @@ export class StreamingClient {
     try {
       const res = await this.pool.request({ path, method: "POST", headers, body, signal: sig });
       r.status = res.statusCode;
+      const route = parseRoute(res.headers["x-ctxbank-route"]);
+      if (route) r.route = route;
       if (res.statusCode !== 200) {
         const text = await res.body.text().catch(() => "");
         const kind: ErrorKind = res.statusCode === 429 ? "rate_limited" : res.statusCode < 500 ? "http_4xx" : "http_5xx";
@@ -101,6 +113,10 @@ export class StreamingClient {
           if (typeof t.tpot_ms === "number") r.server.tpotMs = t.tpot_ms;
           if (typeof t.queue_ms === "number") r.server.queueMs = t.queue_ms;
         }
+        const session = msg.ctxbank?.session;
+        if (session && typeof session.reused_tokens === "number") r.reusedTokens = session.reused_tokens;
+        const prefill = msg.ctxbank?.prefill;
+        if (prefill && typeof prefill.where === "string") r.prefill = typeof prefill.cause === "string" ? { where: prefill.where, cause: prefill.cause } : { where: prefill.where };
         const choice = msg.choices?.[0];
         if (!choice) return undefined;
         const piece: unknown = spec.endpoint === "chat" ? choice.delta?.content : choice.text;

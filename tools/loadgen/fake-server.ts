@@ -1,7 +1,8 @@
 // A local OpenAI-style streaming server with scripted timing, for the load generator's tests and
 // its client-overhead measurement: answers /v1/completions and /v1/chat/completions with
 // `tokens` chunks, the first after `ttftMs`, then one every `itlMs`, a finish chunk, a usage
-// chunk and [DONE]. Scripts can answer 429/500, break the stream, or split events across writes.
+// chunk and [DONE]. Scripts can answer 429/500, break the stream, or split events across writes,
+// add response headers, and put a `ctxbank` extension in the usage chunk.
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 
@@ -20,20 +21,27 @@ export interface FakeScript {
   crlf?: boolean;
   /** Report this completion_tokens in usage (default: tokens). */
   usageTokens?: number;
+  /** Response headers (e.g. x-ctxbank-route). */
+  headers?: Record<string, string>;
+  /** A `ctxbank` field for the usage chunk (ctxbank's extension: session, prefill, timings). */
+  ctxbank?: Record<string, unknown>;
 }
 
 export interface FakeServer {
   url: string;
   /** Bodies received, parsed. */
   received: any[];
+  /** Their request headers (lower-case names), in the same order. */
+  receivedHeaders: http.IncomingHttpHeaders[];
   /** Most requests open at once (request received → response closed) since the last reset. */
   maxInFlight(): number;
   resetInFlight(): void;
   close(): Promise<void>;
 }
 
-export async function startFakeServer(script: (body: any, n: number) => FakeScript): Promise<FakeServer> {
+export async function startFakeServer(script: (body: any, n: number, headers: http.IncomingHttpHeaders) => FakeScript): Promise<FakeServer> {
   const received: any[] = [];
+  const receivedHeaders: http.IncomingHttpHeaders[] = [];
   let open = 0;
   let most = 0;
   const server = http.createServer((req, res) => {
@@ -46,7 +54,8 @@ export async function startFakeServer(script: (body: any, n: number) => FakeScri
     req.on("end", () => {
       const body = JSON.parse(raw || "{}");
       received.push(body);
-      void serve(script(body, received.length - 1), body, req.url ?? "", res);
+      receivedHeaders.push(req.headers);
+      void serve(script(body, received.length - 1, req.headers), body, req.url ?? "", res);
     });
   });
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
@@ -54,6 +63,7 @@ export async function startFakeServer(script: (body: any, n: number) => FakeScri
   return {
     url: `http://127.0.0.1:${port}/v1`,
     received,
+    receivedHeaders,
     maxInFlight: () => most,
     resetInFlight: () => (most = open),
     close: () =>
@@ -75,7 +85,7 @@ async function serve(s: FakeScript, body: any, url: string, res: http.ServerResp
   const chat = url.includes("chat");
   const nl = s.crlf ? "\r\n" : "\n";
   const tokens = s.tokens ?? 4;
-  res.writeHead(200, { "content-type": "text/event-stream", "cache-control": "no-cache" });
+  res.writeHead(200, { ...s.headers, "content-type": "text/event-stream", "cache-control": "no-cache" });
   const send = async (data: string) => {
     const ev = `data: ${data}${nl}${nl}`;
     if (s.splitWrites) {
@@ -100,7 +110,7 @@ async function serve(s: FakeScript, body: any, url: string, res: http.ServerResp
   }
   await send(chunk("", "length"));
   if (body.stream_options?.include_usage) {
-    await send(JSON.stringify({ choices: [], usage: { prompt_tokens: 7, completion_tokens: s.usageTokens ?? tokens, total_tokens: 7 + (s.usageTokens ?? tokens) } }));
+    await send(JSON.stringify({ choices: [], usage: { prompt_tokens: 7, completion_tokens: s.usageTokens ?? tokens, total_tokens: 7 + (s.usageTokens ?? tokens) }, ...(s.ctxbank ? { ctxbank: s.ctxbank } : {}) }));
   }
   await send("[DONE]");
   res.end();

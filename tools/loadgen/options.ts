@@ -29,6 +29,8 @@ Workload:
   --prompt-format F     completions only: text | ids (token ids: exact lengths; ctxbank, vLLM)
   --rounds N            multiturn: rounds per session (default 4)
   --think S             multiturn: mean think time between rounds, exponential (default 2)
+  --session-ids on|off  multiturn: name each conversation with x-session-id (unique per run and
+                        session) so a server keeping KV between turns can reuse it (default on)
   --tokenizer GGUF      sizes prompts (default: ctxbank's default model)
 
 Arrivals (one of; default --rate 1):
@@ -97,6 +99,7 @@ const SPEC = {
   "prompt-format": { type: "string" },
   rounds: { type: "string" },
   think: { type: "string" },
+  "session-ids": { type: "string" },
   tokenizer: { type: "string" },
   rate: { type: "string" },
   burst: { type: "string" },
@@ -167,9 +170,19 @@ export function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.env): 
     workload = { kind: "longdoc", endpoint, input: len("input", "4096"), output };
   } else if (kind === "multiturn") {
     if (endpoint !== "chat") throw new UsageError("--workload multiturn needs --endpoint chat");
-    workload = { kind: "multiturn", rounds: num("rounds", str("rounds"), 4, { int: true, min: 1, max: 100 }), thinkS: num("think", str("think"), 2, { min: 0 }), input: len("input", "128"), output };
+    const ids = str("session-ids") ?? "on";
+    if (ids !== "on" && ids !== "off") throw new UsageError(`--session-ids must be on or off (got ${JSON.stringify(ids)})`);
+    workload = {
+      kind: "multiturn",
+      rounds: num("rounds", str("rounds"), 4, { int: true, min: 1, max: 100 }),
+      thinkS: num("think", str("think"), 2, { min: 0 }),
+      input: len("input", "128"),
+      output,
+      sessionIds: ids === "on",
+    };
   } else throw new UsageError(`--workload must be fixed, random, longdoc or multiturn (got ${JSON.stringify(kind)})`);
 
+  if (kind !== "multiturn" && str("session-ids") !== undefined) throw new UsageError("--session-ids needs --workload multiturn");
   const modes = [str("rate") !== undefined, str("burst") !== undefined || str("every") !== undefined, str("concurrency") !== undefined].filter(Boolean).length;
   if (modes > 1) throw new UsageError("give one of --rate, --burst/--every, --concurrency");
   let arrivals: ArrivalSpec;

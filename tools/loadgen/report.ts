@@ -2,7 +2,7 @@
 // tools/lib): SLO attainment against the Poisson rate, and latency CDFs.
 import { niceTicks, renderChart, type Panel, type Series } from "../lib/svg-chart.ts";
 import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
-import { cdfPoints, type LatencySummary, type RunStats } from "./stats.ts";
+import { cdfPoints, type LatencySummary, type RoundStats, type RunStats, type ServerCounts } from "./stats.ts";
 import type { RequestResult } from "./types.ts";
 
 const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
@@ -90,4 +90,39 @@ export function cdfPanel(title: string, runs: Array<{ label: string; values: num
 
 export function chart(panels: Panel[], title: string, subtitle?: string, columns = 2): string {
   return renderChart(panels, { title, subtitle, columns, panelWidth: 520, panelHeight: 360 });
+}
+
+/** Multi-turn runs: TTFT and prompt sizes per round index, one block of rows per run. */
+export function roundsTable(rows: Array<{ label: string; rounds: RoundStats[] }>): string {
+  return markdownTable({
+    headers: ["run", "round", "req", "ok", "prompt tokens mean", "reused tokens mean", "TTFT ms p50", "TTFT ms p90", "TPOT ms p50", "attain."],
+    rows: rows.flatMap(({ label, rounds }) =>
+      rounds.map((r) => [
+        label,
+        String(r.round + 1),
+        String(r.requests),
+        String(r.ok),
+        fmtNum(r.promptTokens.mean),
+        r.reusedTokens ? fmtNum(r.reusedTokens.mean) : "—",
+        fmtNum(r.ttftMs.p50),
+        fmtNum(r.ttftMs.p90),
+        fmtNum(r.tpotMs.p50),
+        r.slo ? `${(100 * r.slo.attainment).toFixed(0)}%` : "—",
+      ]),
+    ),
+  });
+}
+
+const counts = (m: Record<string, number>) =>
+  Object.entries(m)
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([k, n]) => `${k} ${n}`)
+    .join(", ") || "—";
+
+/** One line of what ctxbank reported: router reasons, prefill placements, session reuse. */
+export function serverCountsLine(c: ServerCounts | undefined): string {
+  if (!c) return "server reports: none (no x-ctxbank-route, ctxbank.prefill or ctxbank.session in the answers)";
+  const s = c.sessions;
+  const reuse = s.reported > 0 ? `${s.reused}/${s.reported} turns reused KV, ${s.reusedTokens} of their ${s.promptTokens} prompt tokens (${fmtNum((100 * s.reusedTokens) / Math.max(1, s.promptTokens))}%)` : "—";
+  return `route reasons: ${counts(c.routeReason)}; decodes: ${counts(c.routeDecode)}; prefill: ${counts(c.prefillCause)}; sessions: ${reuse}`;
 }

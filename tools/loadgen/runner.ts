@@ -8,9 +8,9 @@ import { offeredRate, openLoopSchedule, type ArrivalSpec } from "./arrivals.ts";
 import type { RequestSpec, StreamingClient } from "./client.ts";
 import { runProgress } from "./progress.ts";
 import { seededRng } from "../lib/random.ts";
-import { meetsSlo, runStats, type RunStats } from "./stats.ts";
+import { meetsSlo, roundStats, runStats, serverCounts, type RoundStats, type RunStats, type ServerCounts } from "./stats.ts";
 import type { RequestResult, Slo } from "./types.ts";
-import type { Job, WorkloadFactory } from "./workloads.ts";
+import { sendsSessionIds, type Job, type WorkloadFactory } from "./workloads.ts";
 
 export interface RunOptions {
   arrivals: ArrivalSpec;
@@ -33,7 +33,11 @@ export interface RunResult {
   warmup: { sent: number; ok: number; errors: string[] };
   results: RequestResult[];
   stats: RunStats;
-  sessions?: { started: number; completed: number; roundsPerS: number; sessionsPerS: number };
+  sessions?: { started: number; completed: number; roundsPerS: number; sessionsPerS: number; sessionIds: boolean };
+  /** Multi-turn: statistics per round index (the last entry is the last turn). */
+  rounds?: RoundStats[];
+  /** What a ctxbank server reported per request (router reasons, prefill placements, session reuse), counted. */
+  server?: ServerCounts;
   qa?: { checked: number; correct: number };
 }
 
@@ -46,7 +50,8 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
   const warmup = { sent: 0, ok: 0, errors: [] as string[] };
   for (let i = 0; i < opts.warmup; i++) {
     const job = factory.next(warmRng);
-    const spec = job.kind === "single" ? job.spec : job.round(0, []).spec;
+    // A warm-up round names no session: nothing of it is kept on the server for the measured run.
+    const { headers: _session, ...spec } = job.kind === "single" ? job.spec : job.round(0, []).spec;
     const r = await client.send(spec);
     warmup.sent++;
     if (r.ok) warmup.ok++;
@@ -73,7 +78,7 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
   const elapsed = () => performance.now() - t0;
   const hardStop = setTimeout(() => stop.abort(), durationMs + opts.drainS * 1000);
 
-  const request = async (spec: RequestSpec, scheduledMs: number, where: { session?: number; round?: number }, check?: (t: string) => boolean): Promise<RequestResult> => {
+  const request = async (spec: RequestSpec, scheduledMs: number, where: { session?: number; round?: number; sessionId?: string }, check?: (t: string) => boolean): Promise<RequestResult> => {
     const index = issued++;
     const { t0: sent, ...r } = await client.send(spec, stop.signal);
     const res: RequestResult = { index, ...where, scheduledMs, sentMs: sent - t0, ...r };
@@ -107,7 +112,7 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
       }
       if (issued >= opts.maxRequests || elapsed() >= durationMs) return;
       const next = job.round(r, history);
-      const res = await request(next.spec, r === 0 ? scheduledMs : elapsed(), { session: sessionIndex, round: r });
+      const res = await request(next.spec, r === 0 ? scheduledMs : elapsed(), { session: sessionIndex, round: r, ...(job.sessionId ? { sessionId: job.sessionId } : {}) });
       if (!res.ok) return;
       history = [...next.history, { role: "assistant", content: res.text ?? "" }];
     }
@@ -127,8 +132,11 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
       }
     } else if (opts.arrivals.kind === "concurrency") {
       let sessionIndex = 0;
+      // Multi-turn: as many sessions as the request cap holds whole (as open loop schedules), so
+      // a new session never takes the rounds a running one still has to send.
+      const maxJobs = Math.ceil(opts.maxRequests / roundsPerJob);
       const worker = async () => {
-        while (issued < opts.maxRequests && elapsed() < durationMs && !stop.signal.aborted) {
+        while (issued < opts.maxRequests && sessionIndex < maxJobs && elapsed() < durationMs && !stop.signal.aborted) {
           await runJob(factory.next(jobRng), elapsed(), sessionIndex++);
         }
       };
@@ -148,8 +156,11 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
   const jobsPerS = offeredRate(opts.arrivals);
   const out: RunResult = { startedAt, wallS, warmup, results, stats: runStats(results, opts.slo, jobsPerS === undefined ? undefined : jobsPerS * roundsPerJob) };
   if (isSession) {
-    out.sessions = { ...sessions, roundsPerS: results.filter((r) => r.ok).length / wallS, sessionsPerS: sessions.completed / wallS };
+    out.sessions = { ...sessions, roundsPerS: results.filter((r) => r.ok).length / wallS, sessionsPerS: sessions.completed / wallS, sessionIds: sendsSessionIds(factory.spec) };
+    out.rounds = roundStats(results, opts.slo);
   }
+  const server = serverCounts(results);
+  if (server) out.server = server;
   if (qa.checked > 0) out.qa = qa;
   return out;
 }

@@ -121,3 +121,85 @@ export function cdfPoints(values: readonly number[], points = 100): Array<[numbe
   if (out.at(-1)![1] !== 1) out.push([s.at(-1)!, 1]);
   return out;
 }
+
+/** One round index of a multi-turn run: its requests' TTFT, prompt sizes and what a session reused. */
+export interface RoundStats {
+  /** 0-based round index. */
+  round: number;
+  requests: number;
+  ok: number;
+  ttftMs: LatencySummary;
+  tpotMs: LatencySummary;
+  /** Prompt tokens (the server's count when it reported one). */
+  promptTokens: LatencySummary;
+  /** ctxbank's `ctxbank.session.reused_tokens`, over the requests that reported it. */
+  reusedTokens?: LatencySummary;
+  slo?: { attainment: number; met: number };
+}
+
+/** Statistics per round index (requests without one are left out); the last entry is the last turn. */
+export function roundStats(results: readonly RequestResult[], slo?: Slo): RoundStats[] {
+  const by = new Map<number, RequestResult[]>();
+  for (const r of results) if (r.round !== undefined) by.set(r.round, [...(by.get(r.round) ?? []), r]);
+  return [...by.keys()]
+    .sort((a, b) => a - b)
+    .map((round) => {
+      const rs = by.get(round)!;
+      const ok = rs.filter((r) => r.ok);
+      const num = (xs: Array<number | undefined>) => xs.filter((x): x is number => x !== undefined && Number.isFinite(x));
+      const reused = num(ok.map((r) => r.reusedTokens));
+      const out: RoundStats = {
+        round,
+        requests: rs.length,
+        ok: ok.length,
+        ttftMs: latencySummary(num(ok.map((r) => r.ttftMs))),
+        tpotMs: latencySummary(num(ok.map((r) => r.tpotMs))),
+        promptTokens: latencySummary(ok.map((r) => r.promptTokens ?? r.promptTokensSent)),
+      };
+      if (reused.length > 0) out.reusedTokens = latencySummary(reused);
+      if (slo) {
+        const met = rs.filter((r) => meetsSlo(r, slo)).length;
+        out.slo = { met, attainment: met / rs.length };
+      }
+      return out;
+    });
+}
+
+/** What ctxbank said about where each request ran: router reasons, prefill placements, session reuse. */
+export interface ServerCounts {
+  /** Requests by the router's reason (`x-ctxbank-route`), and by decode. */
+  routeReason: Record<string, number>;
+  routeDecode: Record<string, number>;
+  /** Requests by `ctxbank.prefill.where`, and by `where/cause`. */
+  prefillWhere: Record<string, number>;
+  prefillCause: Record<string, number>;
+  /** Requests that reported `ctxbank.session`, those that reused any tokens, and the tokens reused against the prompt tokens of those requests. */
+  sessions: { reported: number; reused: number; reusedTokens: number; promptTokens: number };
+}
+
+/** Counts of ctxbank's per-request placement reports; undefined when no answer carried any (not ctxbank, or no sessions/router/placement). */
+export function serverCounts(results: readonly RequestResult[]): ServerCounts | undefined {
+  const c: ServerCounts = { routeReason: {}, routeDecode: {}, prefillWhere: {}, prefillCause: {}, sessions: { reported: 0, reused: 0, reusedTokens: 0, promptTokens: 0 } };
+  const inc = (m: Record<string, number>, k: string) => (m[k] = (m[k] ?? 0) + 1);
+  let any = false;
+  for (const r of results) {
+    if (r.route) {
+      any = true;
+      inc(c.routeReason, r.route.reason);
+      inc(c.routeDecode, r.route.decode);
+    }
+    if (r.prefill) {
+      any = true;
+      inc(c.prefillWhere, r.prefill.where);
+      inc(c.prefillCause, r.prefill.cause ? `${r.prefill.where}/${r.prefill.cause}` : r.prefill.where);
+    }
+    if (r.reusedTokens !== undefined) {
+      any = true;
+      c.sessions.reported++;
+      if (r.reusedTokens > 0) c.sessions.reused++;
+      c.sessions.reusedTokens += r.reusedTokens;
+      c.sessions.promptTokens += r.promptTokens ?? r.promptTokensSent;
+    }
+  }
+  return any ? c : undefined;
+}

@@ -8,6 +8,8 @@ export interface RequestResult {
   /** Session and round for multi-turn workloads. */
   session?: number;
   round?: number;
+  /** The conversation's id as sent in `x-session-id` (multi-turn with session ids on). */
+  sessionId?: string;
   /** When the arrival process wanted it sent, and when it was sent. */
   scheduledMs: number;
   sentMs: number;
@@ -33,6 +35,12 @@ export interface RequestResult {
   e2eMs?: number;
   /** The server's own timings when it reports them (ctxbank's `ctxbank.timings` extension), ms. */
   server?: { ttftMs: number; tpotMs?: number; e2eMs: number; queueMs?: number };
+  /** ctxbank's router: the decode it chose and why (the `x-ctxbank-route` response header). */
+  route?: { decode: string; reason: string };
+  /** ctxbank: prompt tokens a session's parked KV supplied (`ctxbank.session.reused_tokens`). */
+  reusedTokens?: number;
+  /** ctxbank: where the prompt was computed and why (`ctxbank.prefill.where` / `.cause`). */
+  prefill?: { where: string; cause?: string };
   /** The generated text (kept only for multi-turn history and QA checks, not written out). */
   text?: string;
 }

@@ -1,9 +1,12 @@
 // Workloads: what each job sends. A job is one request (fixed or random lengths, long-document
 // QA) or a multi-turn session (rounds of chat with the history growing, think time between).
-// Lengths come from seeded draws; prompts are corpus text cut to the drawn token count.
+// Lengths come from seeded draws; prompts are corpus text cut to the drawn token count. A multi-turn
+// session names its conversation (`x-session-id`, unique per run and session) unless session ids
+// are off, so a server that keeps a conversation's KV between turns (ctxbank's sessions) can.
 import type { ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
 import type { Endpoint, RequestSpec } from "./client.ts";
 import type { PromptSource } from "./prompts.ts";
+import { randomBytes } from "node:crypto";
 import { exponential, standardNormal, uniformInt, type Rng } from "../lib/random.ts";
 
 export type LengthDist =
@@ -44,7 +47,18 @@ export const describeLength = (d: LengthDist) =>
 export type WorkloadSpec =
   | { kind: "synthetic"; endpoint: Endpoint; input: LengthDist; output: LengthDist; promptFormat: "text" | "ids" }
   | { kind: "longdoc"; endpoint: Endpoint; input: LengthDist; output: LengthDist }
-  | { kind: "multiturn"; rounds: number; thinkS: number; input: LengthDist; output: LengthDist };
+  | {
+      kind: "multiturn";
+      rounds: number;
+      thinkS: number;
+      input: LengthDist;
+      output: LengthDist;
+      /** Send `x-session-id: <run-unique id>` with each round (default on). */
+      sessionIds?: boolean;
+    };
+
+/** Whether a multi-turn workload names its sessions (on unless turned off). */
+export const sendsSessionIds = (w: WorkloadSpec) => w.kind === "multiturn" && w.sessionIds !== false;
 
 export interface SingleJob {
   kind: "single";
@@ -56,6 +70,8 @@ export interface SingleJob {
 export interface SessionJob {
   kind: "session";
   rounds: number;
+  /** The conversation's `x-session-id`, when the workload sends one. */
+  sessionId?: string;
   /** Think time before round r (r >= 1), ms. */
   thinkMs: (round: number) => number;
   /** The request of round r given the conversation so far (which it extends). */
@@ -68,7 +84,7 @@ export function describeWorkload(w: WorkloadSpec): string {
   const io = `${describeLength(w.input)} in / ${describeLength(w.output)} out`;
   if (w.kind === "synthetic") return `synthetic ${io}, ${w.endpoint}${w.endpoint === "completions" ? `, prompt as ${w.promptFormat}` : ""}`;
   if (w.kind === "longdoc") return `long-document QA ${io}, ${w.endpoint}`;
-  return `multi-turn chat, ${w.rounds} rounds, ${describeLength(w.input)} new tokens per user turn / ${describeLength(w.output)} out, think ${w.thinkS} s (exponential)`;
+  return `multi-turn chat, ${w.rounds} rounds, ${describeLength(w.input)} new tokens per user turn / ${describeLength(w.output)} out, think ${w.thinkS} s (exponential), ${sendsSessionIds(w) ? "session ids sent" : "no session ids"}`;
 }
 
 const QA_INTRO = "Read the document below and answer the question after it.\n\n";
@@ -76,10 +92,17 @@ const QA_QUESTION = "\n\nQuestion: what is the reference code given in the docum
 const needle = (code: string) => `\n\nThe reference code for this document is ${code}.\n\n`;
 
 export class WorkloadFactory {
+  /** Prefix of this factory's session ids: `lg-<runTag>-<n>`, n counting the sessions it made. */
+  readonly runTag: string;
+  private sessions = 0;
+
   constructor(
     readonly spec: WorkloadSpec,
     private readonly prompts: PromptSource,
+    opts: { runTag?: string } = {},
   ) {
+    this.runTag = opts.runTag ?? randomBytes(4).toString("hex");
+    if (!/^[A-Za-z0-9._-]{1,100}$/.test(this.runTag)) throw new Error(`run tag ${JSON.stringify(this.runTag)}: letters, digits and . _ - only`);
     if (spec.kind === "multiturn" && !(spec.rounds >= 1)) throw new Error("multi-turn needs rounds >= 1");
   }
 
@@ -133,15 +156,19 @@ export class WorkloadFactory {
       return { user: `${this.prompts.decode(ids)}\n\nWhat does this part say? Answer briefly.`, tokens: n, maxTokens: drawLength(w.output, rng) };
     });
     const think = turns.map(() => exponential(rng, 1 / Math.max(1e-9, w.thinkS)) * 1000);
+    // Numbered in the order sessions are made (not drawn from rng: the content stays the same with ids on or off).
+    const sessionId = sendsSessionIds(w) ? `lg-${this.runTag}-${this.sessions++}` : undefined;
+    const headers = sessionId ? { "x-session-id": sessionId } : undefined;
     return {
       kind: "session",
       rounds: w.rounds,
+      ...(sessionId ? { sessionId } : {}),
       thinkMs: (r) => (w.thinkS > 0 ? think[r]! : 0),
       round: (r, history) => {
         const t = turns[r]!;
         const messages: ChatMessage[] = [...history, { role: "user", content: t.user }];
         return {
-          spec: { endpoint: "chat", body: { messages, max_tokens: t.maxTokens }, promptTokensSent: this.prompts.chatTokens(messages) },
+          spec: { endpoint: "chat", body: { messages, max_tokens: t.maxTokens }, promptTokensSent: this.prompts.chatTokens(messages), ...(headers ? { headers } : {}) },
           history: messages,
         };
       },
