@@ -1,5 +1,5 @@
 // Import rules of the repository (docs/architecture.md describes the layers), enforced by
-// test/architecture.test.ts. By hand: npx depcruise bin shared services tools bench test
+// test/unit/architecture.test.ts. By hand: npx depcruise bin shared services tools bench test
 //
 // Third-party packages are matched by their resolved path under node_modules/.
 const HTTP = "^node_modules/(hono|@hono/[^/]+)/";
@@ -59,6 +59,13 @@ module.exports = {
       to: { path: "^test/" },
     },
     {
+      name: "no-test-code-in-the-product",
+      severity: "error",
+      comment: "The CLI, services and shared code never import test/ (its harness included): a test switch is an option the test passes in.",
+      from: { path: "^(bin|shared|services)/" },
+      to: { path: "^test/" },
+    },
+    {
       name: "no-bench-code-in-tools",
       severity: "error",
       comment: "Tools serve benches, tests and operators; what a bench and a tool share lives in tools/lib, never in bench/.",
@@ -70,7 +77,7 @@ module.exports = {
       severity: "error",
       comment:
         "`ctxbank generate` must not load the HTTP stack: bin/ reaches services/ and Hono only through a dynamic import " +
-        "(test/architecture.test.ts also checks the static closure of bin/ctxbank.ts and the running CLI).",
+        "(test/unit/architecture.test.ts also checks the static closure of bin/ctxbank.ts and the running CLI).",
       from: { path: "^bin/" },
       to: { path: ["^services/", HTTP], dynamic: false },
     },

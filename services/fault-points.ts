@@ -1,7 +1,7 @@
 // Test-only fault points: `CTXBANK_FAULT_PAUSE=<point>:<ms>[,<point>:<ms>…]` makes the first
 // request (per process) that passes a named point wait there `ms` milliseconds, logging
 // "fault point reached" first, so a test can land a kill, SIGSTOP or outage at that exact stage
-// (test/security-fault-matrix.test.ts). Unset (the default), a fault point costs one map lookup.
+// (test/services/security-fault-matrix.test.ts). Unset (the default), a fault point costs one map lookup.
 // The wait is asynchronous: the process keeps serving everything else meanwhile.
 import type { Logger } from "pino";
 

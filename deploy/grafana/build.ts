@@ -1,5 +1,5 @@
 // Writes deploy/grafana/ctxbank.json from dashboard.ts: `npx tsx deploy/grafana/build.ts`.
-// test/deploy-grafana.test.ts fails while the committed file differs from what this writes.
+// test/deploy/deploy-grafana.test.ts fails while the committed file differs from what this writes.
 import { writeFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { buildDashboard } from "./dashboard.ts";

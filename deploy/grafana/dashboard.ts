@@ -1,5 +1,5 @@
 // The Grafana dashboard over ctxbank's Prometheus metrics (shared/platform/metrics), as code: `npx tsx
-// deploy/grafana/build.ts` writes deploy/grafana/ctxbank.json from it, and test/deploy-grafana.test.ts
+// deploy/grafana/build.ts` writes deploy/grafana/ctxbank.json from it, and test/deploy/deploy-grafana.test.ts
 // checks that the file is current, that every query parses as PromQL and names only metrics the
 // services export, and that the layout has no overlaps. Classic dashboard JSON; the Prometheus
 // datasource is a template variable, so the file imports into any Grafana without editing.

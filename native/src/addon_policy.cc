@@ -12,7 +12,7 @@ namespace {
 
 // The fields each sub-object must carry, all of them: the engine holds no defaults (the binding
 // writes in shared/inference/defaults.ts through the schema, shared/inference/policy/schema.ts,
-// whose field list test/policy-schema.test.ts compares with this one).
+// whose field list test/engine/policy-schema.test.ts compares with this one).
 const std::vector<std::string> kOmniKvFields = {"filterLayers", "budget", "selector", "window", "guard", "lazyIou", "offload"};
 const std::vector<std::string> kScopeFields = {"mode", "beta1", "beta2", "maxOutput", "alpha1", "alpha2"};
 const std::vector<std::string> kStreamingFields = {"sinks", "window"};

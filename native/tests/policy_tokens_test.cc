@@ -2,7 +2,7 @@
 // (before the policies became DecodePolicy objects: the refactor kept them bit for bit); recorded
 // again when attention became single-pass (online softmax), which changes rounding and hence,
 // on this prompt of random tokens full of near-ties, the sparse policies' selections (full
-// attention's tokens stayed; the logits' agreement with llama.cpp is test/oracle.test.ts's).
+// attention's tokens stayed; the logits' agreement with llama.cpp is test/engine/oracle.test.ts's).
 // Set CTXBANK_RECORD_TOKENS=1 to print new values. Any change to what a policy attends to shows
 // up here as a different token sequence. Each case decodes alone and, once more, in one batch with all the
 // others (different policies share every forward), on two threads; besides the tokens, a hash

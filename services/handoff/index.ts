@@ -1,5 +1,5 @@
 // The KV handoff's face: the one module of services/handoff/ the rest of services/ imports
-// (test/architecture.test.ts holds them to it). The interface, in its owner and reader halves, is
+// (test/unit/architecture.test.ts holds them to it). The interface, in its owner and reader halves, is
 // handoff.ts; docs/architecture.md maps the folder.
 import type { Runtime } from "../runtime.ts";
 import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";

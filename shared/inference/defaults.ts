@@ -2,7 +2,7 @@
 // the length of an answer, the attention policies' budgets, and the service-level objectives.
 // The CLI, the services and the policy schema (shared/inference/policy/schema.ts) read them from
 // here; the engine (native/) holds none of its own and is always handed complete configurations.
-// test/defaults-single-source.test.ts fails when one of these numbers is written anywhere else.
+// test/unit/defaults-single-source.test.ts fails when one of these numbers is written anywhere else.
 
 /** Sampling when a request says nothing, per surface (each keeps its own convention). */
 export const SAMPLING_DEFAULTS = {

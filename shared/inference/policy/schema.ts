@@ -3,7 +3,7 @@
 // defaults a request leaves out (shared/inference/defaults.ts, written in with .default), the
 // engine's TypeScript types (the same fields, camelCase and complete) and the object the
 // binding hands the native addon. The addon parses exactly these fields (native/src/addon_policy.cc;
-// test/policy-schema.test.ts checks its list against this one), so a new field is one edit here
+// test/engine/policy-schema.test.ts checks its list against this one), so a new field is one edit here
 // plus the kernel that uses it. Plain zod (no HTTP library): the OpenAPI text is zod metadata.
 import { z } from "zod";
 

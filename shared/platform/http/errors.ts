@@ -9,7 +9,7 @@ export type ApiStatus = 400 | 401 | 403 | 404 | 408 | 409 | 410 | 413 | 416 | 42
 
 /**
  * The one table from error code to HTTP status: every code any CtxbankError may carry, the
- * library's and the services' (test/errors.test.ts finds every error class and checks each of its
+ * library's and the services' (test/unit/errors.test.ts finds every error class and checks each of its
  * codes is here). A code means the same thing wherever it is thrown. docs/errors.md lists them.
  */
 export const HTTP_STATUS = {

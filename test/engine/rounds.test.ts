@@ -1,0 +1,71 @@
+// Round Attention through the engine: the watershed layer picks whole earlier rounds once, at the
+// first decode step; the layers above attend to those and the current round only. Keeping every
+// round is full attention bit for bit; a single round is dense; choices are whole rounds.
+import { beforeAll, describe, expect, it } from "vitest";
+import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
+import { resolveModel } from "../../shared/inference/model/resolve.ts";
+import { argmax } from "../harness/logits.ts";
+
+let engine: Engine;
+const PROMPT = Array.from({ length: 360 }, (_, i) => 100 + ((i * 7919) % 30000));
+const STARTS = [0, 80, 150, 230, 300]; // four earlier rounds, the current one from 300
+const rounds = (topK: number, starts = STARTS): AttentionPolicy => ({ kind: "rounds", rounds: { watershedLayer: 12, starts, topK } });
+
+beforeAll(async () => {
+  engine = new Engine(await loadModel(await resolveModel()), { threads: 1 });
+});
+
+async function run(policy: AttentionPolicy, steps = 6) {
+  const seq = engine.createSequence(PROMPT.length + steps + 1);
+  seq.setPolicy(policy);
+  let tok = argmax(await engine.prefill(seq, PROMPT));
+  const logits: Float32Array[] = [];
+  const selected: Int32Array[] = [];
+  for (let s = 0; s < steps; s++) {
+    const [l] = await engine.decode([seq], [tok]);
+    logits.push(l!);
+    selected.push(seq.policyStats.selected[0] ?? new Int32Array());
+    tok = argmax(l!);
+  }
+  seq.release();
+  return { logits, selected };
+}
+const same = (a: Float32Array[], b: Float32Array[]) => a.every((x, i) => Buffer.compare(Buffer.from(x.buffer), Buffer.from(b[i]!.buffer)) === 0);
+const rangesOf = (sel: Int32Array) => STARTS.slice(0, -1).map((s, r) => [s, STARTS[r + 1]!]).filter(([s, e]) => sel.includes(s!) || sel.includes(e! - 1));
+
+describe("rounds", () => {
+  it("keeping every earlier round, or having none, is full attention bit for bit", async () => {
+    const full = await run({ kind: "full" });
+    expect(same((await run(rounds(4))).logits, full.logits)).toBe(true);
+    expect(same((await run(rounds(1, [0]))).logits, full.logits)).toBe(true);
+  });
+
+  it("chooses whole rounds, once, and the layers above the watershed see only them", async () => {
+    const full = await run({ kind: "full" });
+    for (const k of [1, 2]) {
+      const { logits, selected } = await run(rounds(k));
+      const chosen = rangesOf(selected[0]!);
+      expect(chosen).toHaveLength(k);
+      expect(Array.from(selected[0]!)).toEqual(chosen.flatMap(([s, e]) => Array.from({ length: e! - s! }, (_, i) => s! + i)));
+      for (const sel of selected) expect(sel).toEqual(selected[0]); // fixed for the whole answer
+      expect(same(logits, full.logits)).toBe(false);
+    }
+  });
+
+  it("adaptive keeps the rounds above mean + std (whole rounds, at most all but one)", async () => {
+    const { selected } = await run(rounds(0));
+    const chosen = rangesOf(selected[0]!);
+    expect(chosen.length).toBeLessThan(4);
+    expect(selected[0]!.length).toBe(chosen.reduce((n, [s, e]) => n + e! - s!, 0));
+  });
+
+  it("refuses bad rounds", () => {
+    const seq = engine.createSequence(8);
+    expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 29, starts: [0] } })).toThrow(/watershed layer 29/);
+    expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 5, starts: [3, 9] } })).toThrow(/begin with 0/);
+    expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 5, starts: [0, 9, 9] } })).toThrow(/strictly increasing/);
+    expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 5, starts: "0" as unknown as number[] } })).toThrow(/policy\.rounds\.starts: .*expected array/);
+    seq.release();
+  });
+});
