@@ -9,10 +9,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { histogramQuantile } from "../../services/decode/dashboard/prom-math.js";
 import { parsePrometheus } from "../../services/decode/dashboard/prom-parse.js";
 import { M } from "../../services/decode/dashboard/stats.js";
-import { loadConfig } from "../../shared/platform/config.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
 import { launchChromium, type Browser } from "../harness/chromium.ts";
-import { postJson, tempShardDir } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
 const SCREENSHOT = process.env.CTXBANK_DASHBOARD_SCREENSHOT ?? path.join(os.tmpdir(), "ctxbank-dashboard.png");
 const WAIT_MS = 120_000; // a 2-core box running other work: scrapes every 2 s can lag
@@ -33,17 +32,14 @@ async function tile(page: Page, id: string) {
 }
 
 describe("dashboard in headless Chromium", () => {
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
   let browser: Browser;
   let page: Page;
   const problems: string[] = [];
   let opened = 0;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
-    const config = loadConfig("serve", {}, {}, { databaseUrl: "pglite://memory", port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, logLevel: "silent" });
-    s = await startServices(config);
+    s = await startServe();
     browser = await launchChromium();
     page = await browser.context.newPage();
     page.on("console", (m) => {
@@ -70,7 +66,6 @@ describe("dashboard in headless Chromium", () => {
   afterAll(async () => {
     await browser?.close();
     await s?.stop();
-    await shards?.remove();
   });
 
   it("serves the page and its files from the app, same origin only", async () => {

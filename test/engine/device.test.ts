@@ -145,18 +145,8 @@ describe("device strings", () => {
 
 describe("the services say which device runs the model", () => {
   it("/v1/models and /metrics (device auto, no GPU: cpu)", async () => {
-    const { startServices } = await import("../../services/process.ts");
-    const { tempShardDir } = await import("../../tools/lib/services.ts");
-    const shards = await tempShardDir();
-    const config = loadConfig("serve", {}, { CTXBANK_DEVICE: gpu ? "cpu" : "auto" }, {
-      databaseUrl: "pglite://memory",
-      port: 0,
-      threads: 1,
-      shardDir: shards.dir,
-      shardBytes: 8 << 20,
-      logLevel: "silent",
-    });
-    const s = await startServices(config);
+    const { startServe } = await import("../harness/serve.ts");
+    const s = await startServe({ device: gpu ? "cpu" : "auto", shardBytes: 8 << 20 });
     try {
       const models = (await (await fetch(`${s.url}/v1/models`)).json()) as { data: { id: string; device: string }[] };
       expect(models.data[0]!.device).toBe("cpu");
@@ -164,7 +154,6 @@ describe("the services say which device runs the model", () => {
       expect(metrics).toContain(`ctxbank:engine_device_info{model="${models.data[0]!.id}",device="cpu"} 1`);
     } finally {
       await s.stop();
-      await shards.remove();
     }
   }, 120_000);
 });

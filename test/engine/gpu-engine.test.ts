@@ -8,7 +8,6 @@ import { join } from "node:path";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
-import { loadConfig } from "../../shared/platform/config.ts";
 import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engine/engine.ts";
 import { cudaStatus } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
@@ -150,11 +149,8 @@ describe.skipIf(!gpu)("CUDA engine vs CPU engine, real model", () => {
 
 describe.skipIf(!gpu)("serve --device cuda", () => {
   it("chats through the official openai client, and says it runs on cuda:0", async () => {
-    const { startServices } = await import("../../services/process.ts");
-    const { tempShardDir } = await import("../../tools/lib/services.ts");
-    const shards = await tempShardDir();
-    const config = loadConfig("serve", { device: "cuda" }, {}, { databaseUrl: "pglite://memory", port: 0, threads: 2, shardDir: shards.dir, logLevel: "silent" });
-    const s = await startServices(config);
+    const { startServe } = await import("../harness/serve.ts");
+    const s = await startServe({ device: "cuda", threads: 2 });
     try {
       const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: "not-needed", maxRetries: 0 });
       const models = await client.models.list();
@@ -165,7 +161,6 @@ describe.skipIf(!gpu)("serve --device cuda", () => {
       results.serveChat = r.choices[0]!.message.content;
     } finally {
       await s.stop();
-      await shards.remove();
     }
   }, 300_000);
 });

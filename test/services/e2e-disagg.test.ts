@@ -16,8 +16,9 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { postJson, startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
+import { startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
 import { ucxAvailable } from "../../services/handoff/transport/ucx.ts";
+import { postJson } from "../harness/http.ts";
 
 const UCX = ucxAvailable();
 if (!UCX) console.warn("[e2e-disagg] the UCX decode is skipped: the UCX transport addon is not built");

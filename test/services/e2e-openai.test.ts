@@ -9,7 +9,8 @@ import { generate } from "../../shared/inference/generate.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { ChatTemplate, type ChatMessage } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
-import { getJson, startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
+import { getJson, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
+import { startServeProcess } from "../harness/serve.ts";
 
 let svc: ServiceProcess;
 let client: OpenAI;
@@ -36,7 +37,7 @@ const chat = (messages: ChatMessage[]) => tok.encode(tmpl.render(messages), { pa
 
 beforeAll(async () => {
   shards = await tempShardDir();
-  const started = startService("serve", ["--threads", "1", "--shard-dir", shards.dir, "--shard-bytes", String(64 << 20)]);
+  const started = startServeProcess(["--shard-dir", shards.dir]); // its own: the files left after the stop are checked
   const path = await resolveModel();
   engine = new Engine(await loadModel(path), { threads: 1 });
   tok = GgufTokenizer.fromGguf(path);
@@ -58,6 +59,10 @@ afterAll(async () => {
 describe("OpenAI client against `ctxbank serve`", () => {
   it("lists the model, is ready, and documents its API", async () => {
     expect(modelId).toBe("SmolLM2-135M-Instruct.Q4_1");
+    // The extension fields say where it runs and with which kernels: the table this CPU selects.
+    const listed = (await getJson(`${svc.url}/v1/models`)).body.data[0];
+    expect(listed).toMatchObject({ device: "cpu", kernels: engine.native.info.kernels });
+    expect(["scalar", "avx2", "avx512"]).toContain(listed.kernels);
     expect((await getJson(`${svc.url}/ready`)).body).toMatchObject({ status: "ready", services: { prefill: "ready", decode: "ready" } });
     const spec = (await getJson(`${svc.url}/openapi.json`)).body;
     expect(Object.keys(spec.paths)).toEqual(

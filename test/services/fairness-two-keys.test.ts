@@ -15,7 +15,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ATTACKS, LONG_PROMPT, type Attack } from "../harness/hostile-load.ts";
 import { newApiKey } from "../../shared/platform/auth/api-keys.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { parseSse, root, startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "../../tools/lib/services.ts";
+import { root, startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "../../tools/lib/services.ts";
+import { parseSse } from "../harness/http.ts";
+import { type ServeProcess, startServeProcess } from "../harness/serve.ts";
 
 const SLACK_MS = 300;
 const CONTENTION = 1.5;
@@ -107,17 +109,12 @@ const otherHostile = newApiKey("hostile2");
 const KEYS = { CTXBANK_API_KEYS: [hostileKey.line, victimKey.line, otherHostile.line].join("\n") };
 
 describe("two keys in serve", () => {
-  let svc: ServiceProcess;
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
+  let svc: ServeProcess;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
-    svc = await startService("serve", ["--threads", "1", "--shard-dir", shards.dir, "--shard-bytes", String(64 << 20)], KEYS);
+    svc = await startServeProcess([], KEYS);
   }, 180_000);
-  afterAll(async () => {
-    await svc?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => svc?.stop());
 
   it("the victim's short chats keep their TTFT under every attack (one stage: the prefill)", async () => {
     await underEveryAttack(svc.url, victimKey.key, hostileKey.key, 1);

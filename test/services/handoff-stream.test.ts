@@ -12,7 +12,8 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { chunkHeaderSize } from "../../services/handoff/format/chunk.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { postJson, startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../../tools/lib/services.ts";
+import { startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
 
 let pgServer: TestPostgres;
 let db: pg.Client;

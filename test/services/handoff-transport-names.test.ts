@@ -14,8 +14,9 @@ import { startServices, type RunningServices } from "../../services/process.ts";
 import { openRuntime, type Runtime } from "../../services/runtime.ts";
 import { ucxAvailable } from "../../services/handoff/transport/ucx.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { postJson, startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "../../tools/lib/services.ts";
+import { startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "../../tools/lib/services.ts";
 import { parseProm } from "../harness/prom.ts";
+import { postJson } from "../harness/http.ts";
 
 const TRANSPORTS: Array<"shm" | "http" | "ucx"> = ["shm", "http", ...(ucxAvailable() ? (["ucx"] as const) : [])];
 if (!ucxAvailable()) console.warn("[handoff-transport-names] the UCX case is skipped: the UCX transport addon is not built");

@@ -6,27 +6,20 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
-import { loadConfig } from "../../shared/platform/config.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { postJson, tempShardDir } from "../../tools/lib/services.ts";
 import type { DecodeEvent } from "../../services/decode/service.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
-let shards: Awaited<ReturnType<typeof tempShardDir>>;
-let s: RunningServices;
+let s: Serve;
 // ~170 tokens: several 64-token blocks on the shard path.
 const PROMPT = "Once upon a time there was a lighthouse keeper who counted ships. ".repeat(12);
 
 beforeAll(async () => {
-  shards = await tempShardDir();
-  const config = loadConfig("serve", {}, {}, { databaseUrl: "pglite://memory", port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 64, logLevel: "silent" });
-  s = await startServices(config);
+  s = await startServe({ blockTokens: 64 });
 });
-afterAll(async () => {
-  await s?.stop();
-  await shards?.remove();
-});
+afterAll(() => s?.stop());
 
 async function transferBytes(): Promise<number> {
   const text = await s.metrics.text();

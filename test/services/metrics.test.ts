@@ -6,12 +6,13 @@
 // split over a prefill and a decode service (HTTP transport), each with its own registry.
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig, type Config } from "../../shared/platform/config.ts";
 import type { CtxbankExtension } from "../../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../../services/process.ts";
 import { openRuntime, type Runtime } from "../../services/runtime.ts";
 import { parseProm, scrape, type Scrape } from "../harness/prom.ts";
-import { TEST_INTERNAL_SECRET, getJson, parseSse, postJson, tempShardDir, until } from "../../tools/lib/services.ts";
+import { TEST_INTERNAL_SECRET, getJson, tempShardDir, until } from "../../tools/lib/services.ts";
+import { parseSse, postJson } from "../harness/http.ts";
+import { type Serve, startServe, testConfig } from "../harness/serve.ts";
 
 const FAMILIES: Record<string, string> = {
   "ctxbank:time_to_first_token_seconds": "histogram",
@@ -53,34 +54,19 @@ const sumOf = (answers: Answer[], f: (a: Answer) => number) => answers.reduce((s
 const countOf = (answers: Answer[], f: (a: Answer) => boolean) => answers.filter(f).length;
 
 describe("metrics on `serve` (both services, one registry)", () => {
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
   let url: string;
   let client: OpenAI;
   const answers: Answer[] = [];
 
   beforeAll(async () => {
-    shards = await tempShardDir();
     // A generous TTFT objective (all meet it) and an impossible TPOT one (all with 2+ tokens miss it).
-    const config = loadConfig("serve", {}, {}, {
-      port: 0,
-      threads: 1,
-      shardDir: shards.dir,
-      shardBytes: SHARD_BYTES,
-      kvBudgetBytes: KV_BUDGET,
-      sloTtftMs: 60_000,
-      sloTpotMs: 0.001,
-      logLevel: "silent",
-    });
-    s = await startServices(config);
+    s = await startServe({ shardBytes: SHARD_BYTES, kvBudgetBytes: KV_BUDGET, sloTtftMs: 60_000, sloTpotMs: 0.001 });
     url = s.url;
     client = new OpenAI({ baseURL: `${url}/v1`, apiKey: "unused", maxRetries: 0 });
   });
 
-  afterAll(async () => {
-    await s?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => s?.stop());
 
   it("exports every fixed family once, typed, with process metrics and the Prometheus content type", async () => {
     const res = await fetch(`${url}/metrics`);
@@ -259,15 +245,12 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
     shards = await tempShardDir();
     // Two services in this process over one engine and registry (what `ctxbank prefill` and
     // `ctxbank decode` do in two), each with its own app and metrics registry.
-    const base: Config = loadConfig("serve", {}, {}, {
-      port: 0,
-      threads: 1,
+    const base = testConfig({
       shardDir: shards.dir,
       shardBytes: SHARD_BYTES,
       transport: "http",
       retainMs: 1_500,
       reapMs: 100,
-      logLevel: "silent",
       internalSecret: TEST_INTERNAL_SECRET, // two services: one shared secret
     });
     rt = await openRuntime(base);
@@ -330,21 +313,15 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
 });
 
 describe("SLO admission (--admission slo)", () => {
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
     // An objective no prefill can meet: once the first prefill has measured the throughput, every
     // prompt's predicted TTFT misses it.
-    const config = loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 16 * MiB, sloTtftMs: 0.5, admission: "slo", admissionMargin: 1, logLevel: "silent" });
-    s = await startServices(config);
+    s = await startServe({ shardBytes: 16 * MiB, sloTtftMs: 0.5, admission: "slo", admissionMargin: 1 });
   });
 
-  afterAll(async () => {
-    await s?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => s?.stop());
 
   it("admits while there is no estimate, then refuses with 429 slo_unattainable, counted as a failure", async () => {
     const body = { model: "default", prompt: "Admission control decides", max_tokens: 2, temperature: 0 };

@@ -6,10 +6,9 @@
 // wrapping the resolver and the engine's setPolicy.
 import { afterAll, beforeAll, describe, expect, it, vi } from "vitest";
 import { addon } from "../../shared/inference/engine/native.ts";
-import { loadConfig } from "../../shared/platform/config.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { postJson, tempShardDir } from "../../tools/lib/services.ts";
-import { startDecodeBeside } from "../harness/decode-beside.ts";
+import type { RunningServices } from "../../services/process.ts";
+import { type Serve, startDecodeBeside, startServe } from "../harness/serve.ts";
+import { postJson } from "../harness/http.ts";
 
 const resolutions = vi.hoisted(() => ({ count: 0 }));
 vi.mock("../../shared/inference/policy/request.ts", async (importOriginal) => {
@@ -23,15 +22,12 @@ vi.mock("../../shared/inference/policy/request.ts", async (importOriginal) => {
   };
 });
 
-let shards: Awaited<ReturnType<typeof tempShardDir>>;
-let serve: RunningServices;
+let serve: Serve;
 let decodeOnly: RunningServices;
 let validations = 0;
 
 beforeAll(async () => {
-  shards = await tempShardDir();
-  const config = loadConfig("serve", {}, {}, { databaseUrl: "pglite://memory", port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 64, logLevel: "silent" });
-  serve = await startServices(config);
+  serve = await startServe({ blockTokens: 64 });
   decodeOnly = await startDecodeBeside(serve);
   // Every engine validation is a setPolicy on a sequence (the binding's, over setCompletePolicy).
   const proto = addon().NativeSequence.prototype as { setPolicy(p: unknown): void };
@@ -45,7 +41,6 @@ afterAll(async () => {
   vi.restoreAllMocks();
   await decodeOnly?.stop();
   await serve?.stop();
-  await shards?.remove();
 });
 
 const messages = [{ role: "user", content: "Name three colours of the sea." }];

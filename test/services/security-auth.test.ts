@@ -14,8 +14,9 @@ import { KeyLimiter, share } from "../../shared/platform/auth/rate-limit.ts";
 import { ConfigError, configFlags, loadConfig } from "../../shared/platform/config.ts";
 import { chunkKey } from "../../services/handoff/format/chunk-key.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { getJson, postJson, tempShardDir } from "../../tools/lib/services.ts";
+import { getJson } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
 const DEFAULTS = { rate: 10, burst: 20, concurrency: 8 };
 
@@ -146,26 +147,12 @@ describe("a keyed server", () => {
   const slow = newApiKey("slow", { rate: 0.01, burst: 1 });
   const single = newApiKey("single", { rate: 0, concurrency: 1 });
   const as = (k: { key: string }) => ({ authorization: `Bearer ${k.key}` });
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
-    s = await startServices(
-      loadConfig("serve", {}, {}, {
-        port: 0,
-        threads: 1,
-        shardDir: shards.dir,
-        shardBytes: 32 << 20,
-        apiKeys: [alice.line, bob.line, slow.line, single.line].join("\n"),
-        logLevel: "silent",
-      }),
-    );
+    s = await startServe({ shardBytes: 32 << 20, apiKeys: [alice.line, bob.line, slow.line, single.line].join("\n") });
   });
-  afterAll(async () => {
-    await s?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => s?.stop());
 
   it("401 with WWW-Authenticate for a missing or wrong key; probes and docs stay open", async () => {
     const none = await fetch(`${s.url}/v1/models`);

@@ -8,10 +8,10 @@ import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vites
 import { newApiKey } from "../../shared/platform/auth/api-keys.ts";
 import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { startDecodeBeside } from "../harness/decode-beside.ts";
 import { scrape } from "../harness/prom.ts";
-import { postJson, tempShardDir, until } from "../../tools/lib/services.ts";
+import { until } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startDecodeBeside, startServe } from "../harness/serve.ts";
 
 interface Answer {
   status: number;
@@ -34,30 +34,12 @@ async function post(url: string, body: unknown, tenant = "caller"): Promise<Answ
 const ids = (n: number, seed: number) => Array.from({ length: n }, (_, i) => 200 + ((seed * 7919 + i * 13) % 40_000));
 
 describe("bounded fair queues (serve, PGlite)", () => {
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
-    s = await startServices(
-      loadConfig("serve", {}, {}, {
-        port: 0,
-        threads: 1,
-        shardDir: shards.dir,
-        shardBytes: 256 << 20,
-        maxPrefills: 1,
-        maxPrefillQueue: 4,
-        maxPrefillCalls: 1,
-        maxPrefillCallQueue: 2,
-        apiKeys: KEY_LINES,
-        logLevel: "silent",
-      }),
-    );
+    s = await startServe({ shardBytes: 256 << 20, maxPrefills: 1, maxPrefillQueue: 4, maxPrefillCalls: 1, maxPrefillCallQueue: 2, apiKeys: KEY_LINES });
   });
-  afterAll(async () => {
-    await s?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => s?.stop());
 
   it("the prefill gate: a key's burst over the queue gets 429 queue_full with Retry-After, and another key's short prompt is served next, not last", async () => {
     const url = `${s.url}/v1/prefill`;
@@ -112,20 +94,13 @@ describe("bounded fair queues (serve, PGlite)", () => {
 });
 
 describe("per-key shard cap (serve, PGlite)", () => {
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
   const perKey = 6 << 20;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
-    s = await startServices(
-      loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 16 << 20, blockTokens: 32, maxShardBytesPerKey: perKey, reapMs: 50, apiKeys: KEY_LINES, logLevel: "silent" }),
-    );
+    s = await startServe({ shardBytes: 16 << 20, blockTokens: 32, maxShardBytesPerKey: perKey, reapMs: 50, apiKeys: KEY_LINES });
   });
-  afterAll(async () => {
-    await s?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => s?.stop());
 
   it("unclaimed handles of one key stop at its cap (429 shard_full with Retry-After); other keys still fit; a decoded handle frees its share", async () => {
     const url = `${s.url}/v1/prefill`;

@@ -8,40 +8,29 @@ import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { newApiKey } from "../../shared/platform/auth/api-keys.ts";
 import { InternalAuth } from "../../shared/platform/auth/capability.ts";
-import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import type { ChunkRow } from "../../shared/platform/registry/schema.ts";
 import { chunkRequestPath } from "../../services/handoff/transport/types.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { postJson, tempShardDir, until } from "../../tools/lib/services.ts";
+import { until } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
 const victim = newApiKey("victim", { rate: 0 });
 const mallory = newApiKey("mallory", { rate: 0 });
 const as = (key: { key: string }) => ({ authorization: `Bearer ${key.key}` });
 
-let shards: Awaited<ReturnType<typeof tempShardDir>>;
-let s: RunningServices;
+let s: Serve;
 
 beforeAll(async () => {
-  shards = await tempShardDir();
-  const config = loadConfig("serve", {}, {}, {
-    port: 0,
-    threads: 1,
-    shardDir: shards.dir,
-    shardBytes: 64 << 20,
+  s = await startServe({
     blockTokens: 64,
     apiKeys: `${victim.line}\n${mallory.line}`,
     transport: "http", // the decode reads over the chunk route too, so the legitimate path is exercised
     prefillChunking: "off",
-    logLevel: "silent",
   });
-  s = await startServices(config);
 });
 
-afterAll(async () => {
-  await s?.stop();
-  await shards?.remove();
-});
+afterAll(() => s?.stop());
 
 const secretCap = () => s.security.internal;
 const chunkUrl = (base: string, c: Pick<ChunkRow, "shardId" | "shardEpoch" | "offset" | "length">, offset = c.offset, length = c.length) =>

@@ -7,7 +7,8 @@ import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { postJson, startService, tempShardDir, until, type ServiceProcess } from "../../tools/lib/services.ts";
+import { startService, tempShardDir, until, type ServiceProcess } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
 
 let db: TestPostgres;
 let client: pg.Client;

@@ -10,12 +10,13 @@ import { randomBytes, randomUUID } from "node:crypto";
 import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig, type Config } from "../../shared/platform/config.ts";
+import type { Config } from "../../shared/platform/config.ts";
 import { LAYOUT_VERSION, chunkByteLength } from "../../services/handoff/format/chunk.ts";
 import { kvShape } from "../../services/handoff/format/seq-io.ts";
 import { startServices, type RunningServices } from "../../services/process.ts";
 import { openRuntime, type Runtime } from "../../services/runtime.ts";
 import { tempShardDir } from "../../tools/lib/services.ts";
+import { testConfig } from "../harness/serve.ts";
 
 const HEARTBEAT_MS = 200;
 const HEARTBEAT_TIMEOUT_MS = 1_000;
@@ -65,16 +66,13 @@ describe("deadlines on decode's internal calls", () => {
 
   beforeAll(async () => {
     shards = await tempShardDir();
-    base = loadConfig("serve", {}, {}, {
-      port: 0,
-      threads: 1,
+    base = testConfig({
       shardDir: shards.dir,
       transport: "http",
       heartbeatMs: HEARTBEAT_MS,
       heartbeatTimeoutMs: HEARTBEAT_TIMEOUT_MS,
       prefillTimeoutMs: PREFILL_TIMEOUT_MS,
       kvTimeoutMs: KV_TIMEOUT_MS,
-      logLevel: "silent",
     });
     rt = await openRuntime(base);
     // Only a decode: the prefill instances it can call are the fakes registered below.

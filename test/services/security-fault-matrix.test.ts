@@ -15,7 +15,8 @@ import path from "node:path";
 import pg from "pg";
 import { afterAll, beforeAll, expect, it } from "vitest";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { parseSse, startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../../tools/lib/services.ts";
+import { startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../../tools/lib/services.ts";
+import { parseSse } from "../harness/http.ts";
 
 const HEARTBEAT_MS = 250;
 const HEARTBEAT_TIMEOUT_MS = 2_000;

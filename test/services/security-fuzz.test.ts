@@ -11,7 +11,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { fuzzRequests, type FuzzRequest, type RouteExample } from "../harness/fuzz-requests.ts";
 import { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { postJson, startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "../../tools/lib/services.ts";
+import { TEST_INTERNAL_SECRET } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { type ServeProcess, startServeProcess } from "../harness/serve.ts";
 
 const REQUESTS = Number(process.env.CTXBANK_FUZZ_REQUESTS ?? 10_000);
 /** Unmeasured requests first: JIT, pools, caches and the tokenizer thread's heap settle. */
@@ -27,21 +29,18 @@ function metric(text: string, name: string): number {
 }
 
 describe("fuzzing every route", () => {
-  let svc: ServiceProcess;
+  let svc: ServeProcess;
   let internalUrl: string;
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
   let db: TestPostgres;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
     db = await startPostgres();
-    svc = await startService("serve", ["--threads", "1", "--shard-dir", shards.dir, "--shard-bytes", String(64 << 20), "--max-body-bytes", String(256 << 10)], { DATABASE_URL: db.url });
+    svc = await startServeProcess(["--max-body-bytes", String(256 << 10)], { DATABASE_URL: db.url });
     internalUrl = svc.internalUrl;
   }, 180_000);
 
   afterAll(async () => {
     await svc?.stop();
-    await shards?.remove();
     await db?.stop();
   });
 

@@ -3,11 +3,11 @@
 // handle's token ids are checked like any other input (400 naming the field, never a 500).
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { maxPromptChars } from "../../services/runtime.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { getJson, postJson, tempShardDir } from "../../tools/lib/services.ts";
+import { getJson } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
 /** POSTs a body already serialised (the client's own JSON work stays outside the measurements). */
 async function postRaw(url: string, json: string): Promise<{ status: number; body: any }> {
@@ -40,14 +40,11 @@ async function watched<T>(fn: () => Promise<T>): Promise<{ result: T; ms: number
 }
 
 describe("bounded input", () => {
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
   let maxContext: number;
 
   beforeAll(async () => {
-    shards = await tempShardDir();
-    const config = loadConfig("serve", {}, {}, { databaseUrl: "pglite://memory", port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 64, logLevel: "silent" });
-    s = await startServices(config);
+    s = await startServe({ blockTokens: 64 });
     maxContext = s.rt.engine.maxContext;
     // The first requests compile the routes' and the body parser's code (a one-off stall of its
     // own): measure after them.
@@ -55,10 +52,7 @@ describe("bounded input", () => {
     await postJson(`${s.url}/v1/prefill`, { prompt: "x".repeat(100_000) });
     await postRaw(`${s.url}/v1/prefill`, JSON.stringify({ prompt: "0".repeat(4_000_000) }));
   });
-  afterAll(async () => {
-    await s?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => s?.stop());
 
   const prefills = () => s.services.prefill!.status().totals.prefills;
 

@@ -3,11 +3,12 @@
 // with the same one both work. (In one process over one runtime, as `ctxbank prefill` and
 // `ctxbank decode` would run in two.)
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig, type Config } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { startServices, type RunningServices } from "../../services/process.ts";
 import { openRuntime, type Runtime } from "../../services/runtime.ts";
-import { postJson, tempShardDir } from "../../tools/lib/services.ts";
+import { tempShardDir } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { testConfig } from "../harness/serve.ts";
 
 const SECRET = "the-secret-every-service-of-this-cluster-holds";
 
@@ -20,7 +21,7 @@ describe("the shared internal secret between separate services", () => {
 
   beforeAll(async () => {
     shards = await tempShardDir();
-    const base: Config = loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 32 << 20, transport: "http", logLevel: "silent" });
+    const base = testConfig({ shardDir: shards.dir, shardBytes: 32 << 20, transport: "http" });
     rt = await openRuntime(base);
     prefill = await startServices({ ...base, role: "prefill", instanceId: "secret-prefill", internalSecret: SECRET }, rt);
     good = await startServices({ ...base, role: "decode", instanceId: "secret-decode", internalSecret: SECRET }, rt);

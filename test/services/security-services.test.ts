@@ -11,37 +11,30 @@ import path from "node:path";
 import { DrizzleQueryError } from "drizzle-orm/errors";
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
 import { chunkRoutes } from "../../services/prefill/routes.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { createLogger, openRuntime } from "../../services/runtime.ts";
+import type { RunningServices } from "../../services/process.ts";
 import { KvLoadError } from "../../services/handoff/index.ts";
-import { loadConfig } from "../../shared/platform/config.ts";
 import { loadModel } from "../../shared/inference/engine/engine.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { openDatabase } from "../../shared/platform/registry/db.ts";
 import { isDatabaseUnavailable } from "../../shared/platform/registry/db-probe.ts";
 import { redactDatabaseUrl } from "../../shared/platform/registry/redact-url.ts";
-import { startDecodeBeside } from "../harness/decode-beside.ts";
 import { tinyLlama } from "../harness/gguf-writer.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
-import { postJson, tempShardDir, until } from "../../tools/lib/services.ts";
+import { until } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { logTo, type Serve, startDecodeBeside, startServe } from "../harness/serve.ts";
 
 describe("services under hostile input and a database outage", () => {
   let pg: TestPostgres;
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
   const logLines: string[] = [];
 
   beforeAll(async () => {
     pg = await startPostgres();
-    shards = await tempShardDir();
-    const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 32, logLevel: "info", drainMs: 2_000 });
-    const rt = await openRuntime(config, createLogger(config, { write: (line: string) => void logLines.push(line) }));
-    s = await startServices(config, rt);
+    s = await startServe({ databaseUrl: pg.url, blockTokens: 32, logLevel: "info", drainMs: 2_000 }, { log: logTo((line) => void logLines.push(line)) });
   });
   afterAll(async () => {
     await s?.stop().catch(() => {});
-    await s?.rt.close().catch(() => {});
-    await shards?.remove();
     await pg?.stop();
   });
 

@@ -2,13 +2,12 @@
 // the prefill → handle → decode flow, and every edge answered with a machine-readable 4xx/5xx.
 import { randomUUID } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it, onTestFinished } from "vitest";
-import { loadConfig } from "../../shared/platform/config.ts";
 import { generate } from "../../shared/inference/generate.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
 import { startPostgres } from "../../tools/lib/postgres.ts";
-import { getJson, parseSse, postJson, tempShardDir } from "../../tools/lib/services.ts";
-import { startDecodeBeside } from "../harness/decode-beside.ts";
+import { getJson } from "../../tools/lib/services.ts";
+import { type Serve, startDecodeBeside, startServe } from "../harness/serve.ts";
+import { parseSse, postJson } from "../harness/http.ts";
 
 const backends = [
   { name: "PGlite", start: async () => ({ url: "pglite://memory", stop: async () => {} }) },
@@ -17,18 +16,13 @@ const backends = [
 
 describe.each(backends)("services API on $name", (backend) => {
   let db: { url: string; stop(): Promise<void> };
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
   let url: string;
 
   beforeAll(async () => {
     db = await backend.start();
-    shards = await tempShardDir();
-    const config = loadConfig("serve", {}, {}, {
+    s = await startServe({
       databaseUrl: db.url,
-      port: 0,
-      threads: 1,
-      shardDir: shards.dir,
       shardBytes: 8 << 20, // 8 MiB: ~360 tokens of KV
       maxBodyBytes: 64 << 10,
       maxBatch: 1,
@@ -36,15 +30,12 @@ describe.each(backends)("services API on $name", (backend) => {
       maxPrefills: 1,
       maxPrefillQueue: 0,
       kvBudgetBytes: 600 * 23040,
-      logLevel: "silent",
     });
-    s = await startServices(config);
     url = s.url;
   });
 
   afterAll(async () => {
     await s?.stop();
-    await shards?.remove();
     await db?.stop();
   });
 

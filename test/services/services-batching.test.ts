@@ -2,28 +2,20 @@
 // every running sequence) and still get exactly the tokens they get one at a time; a short request
 // that joins a long one's batch finishes first.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { parseSse, postJson, tempShardDir } from "../../tools/lib/services.ts";
+import { parseSse, postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
-let s: RunningServices;
-let shards: Awaited<ReturnType<typeof tempShardDir>>;
+let s: Serve;
 
 const LONG_PROMPT = "Once upon a time, in a land far away, there lived";
 const PROMPTS = ["Once upon a time", "The best way to cook rice is", "My name is", "Dogs are", "The year 1969 was", "Rain falls when"];
 
 beforeAll(async () => {
-  shards = await tempShardDir();
-  s = await startServices(
-    loadConfig("serve", {}, {}, { port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, maxBatch: 4, maxQueue: 8, maxPrefills: 2, logLevel: "silent" }),
-  );
+  s = await startServe({ maxBatch: 4, maxQueue: 8, maxPrefills: 2 });
 });
 
-afterAll(async () => {
-  await s?.stop();
-  await shards?.remove();
-});
+afterAll(() => s?.stop());
 
 async function run(prompt: string, opts: object): Promise<number[]> {
   const { body: handle } = await postJson(`${s.url}/v1/prefill`, { prompt, ...opts });

@@ -6,14 +6,14 @@ import { randomUUID } from "node:crypto";
 import { open } from "node:fs/promises";
 import { sql } from "drizzle-orm";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { loadConfig } from "../../shared/platform/config.ts";
 import { generate } from "../../shared/inference/generate.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { chunkHeaderSize } from "../../services/handoff/format/chunk.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
 import { startPostgres } from "../../tools/lib/postgres.ts";
-import { postJson, tempShardDir, until } from "../../tools/lib/services.ts";
+import { until } from "../../tools/lib/services.ts";
 import { ucxAvailable } from "../../services/handoff/transport/ucx.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
 // UCX runs where the addon was built with it (CI installs libucx-dev); elsewhere its cases skip, saying so.
 const TRANSPORTS = ucxAvailable() ? (["http", "shm", "ucx"] as const) : (["http", "shm"] as const);
@@ -26,19 +26,14 @@ const backends = [
 
 describe.each(backends)("faults on $name", (backend) => {
   let db: { url: string; stop(): Promise<void> };
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
 
   beforeAll(async () => {
     db = await backend.start();
-    shards = await tempShardDir();
-    s = await startServices(
-      loadConfig("serve", {}, {}, { databaseUrl: db.url, port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 32, reapMs: 50, logLevel: "silent" }),
-    );
+    s = await startServe({ databaseUrl: db.url, blockTokens: 32, reapMs: 50 });
   });
   afterAll(async () => {
     await s?.stop();
-    await shards?.remove();
     await db?.stop();
   });
 

@@ -6,37 +6,25 @@ import { mkdtemp, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { loadConfig } from "../../shared/platform/config.ts";
-import { getJson, postJson, tempShardDir } from "../../tools/lib/services.ts";
+import { getJson } from "../../tools/lib/services.ts";
 import { tinyLlama } from "../harness/gguf-writer.ts";
 import { TINY_SPM_VOCAB, tinySpmKv } from "../harness/spm-vocab.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
 describe("a model without a chat template", () => {
   let dir: string;
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
 
   beforeAll(async () => {
     dir = await mkdtemp(join(tmpdir(), "ctxbank-nochat-"));
     const model = join(dir, "tiny-spm.gguf");
     await writeFile(model, tinyLlama({ nVocab: TINY_SPM_VOCAB.length, kv: tinySpmKv() }));
-    shards = await tempShardDir();
-    const config = loadConfig("serve", {}, {}, {
-      model,
-      databaseUrl: "pglite://memory",
-      port: 0,
-      threads: 1,
-      shardDir: shards.dir,
-      shardBytes: 8 << 20,
-      logLevel: "silent",
-    });
-    s = await startServices(config);
+    s = await startServe({ model, shardBytes: 8 << 20 });
   });
 
   afterAll(async () => {
     await s?.stop();
-    await shards?.remove();
     if (dir) await rm(dir, { recursive: true, force: true });
   });
 

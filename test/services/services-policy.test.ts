@@ -5,12 +5,11 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
-import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { checkPolicySpec, layerGroupsFromRoles, PolicyError, policyFromWire, PolicySpecSchema, resolvedSpec, resolvePolicy } from "../../shared/inference/policy/request.ts";
-import { startServices, type RunningServices } from "../../services/process.ts";
-import { postJson, tempShardDir } from "../../tools/lib/services.ts";
+import { postJson } from "../harness/http.ts";
+import { type Serve, startServe } from "../harness/serve.ts";
 
 describe("policy specs", () => {
   it("resolve with the model's filter layers, fractional budgets and SCOPE's planned length", () => {
@@ -55,19 +54,13 @@ describe("policy specs", () => {
 });
 
 describe("policies through the services", () => {
-  let shards: Awaited<ReturnType<typeof tempShardDir>>;
-  let s: RunningServices;
+  let s: Serve;
   const prompt = "Once upon a time there was a lighthouse keeper who counted ships. ".repeat(12);
 
   beforeAll(async () => {
-    shards = await tempShardDir();
-    const config = loadConfig("serve", {}, {}, { databaseUrl: "pglite://memory", port: 0, threads: 1, shardDir: shards.dir, shardBytes: 64 << 20, blockTokens: 64, logLevel: "silent" });
-    s = await startServices(config);
+    s = await startServe({ blockTokens: 64 });
   });
-  afterAll(async () => {
-    await s?.stop();
-    await shards?.remove();
-  });
+  afterAll(() => s?.stop());
 
   async function engineGreedy(ids: number[], policy: AttentionPolicy, n: number): Promise<number[]> {
     const { engine } = s.rt;

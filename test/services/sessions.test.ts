@@ -6,26 +6,21 @@
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { newApiKey } from "../../shared/platform/auth/api-keys.ts";
-import { getJson, postJson, startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
+import { getJson } from "../../tools/lib/services.ts";
 import { scrape } from "../harness/prom.ts";
+import { postJson } from "../harness/http.ts";
+import { type ServeProcess, startServeProcess } from "../harness/serve.ts";
 
 const alice = newApiKey("alice", { rate: 0, concurrency: 0 });
 const bob = newApiKey("bob", { rate: 0, concurrency: 0 });
 const as = (k: { key: string }) => ({ authorization: `Bearer ${k.key}` });
 
-let svc: ServiceProcess;
-let shards: Awaited<ReturnType<typeof tempShardDir>>;
+let svc: ServeProcess;
 
 beforeAll(async () => {
-  shards = await tempShardDir();
-  svc = await startService("serve", ["--threads", "2", "--shard-dir", shards.dir, "--shard-bytes", String(64 << 20)], {
-    CTXBANK_API_KEYS: [alice.line, bob.line].join("\n"),
-  });
+  svc = await startServeProcess(["--threads", "2"], { CTXBANK_API_KEYS: [alice.line, bob.line].join("\n") });
 }, 180_000);
-afterAll(async () => {
-  await svc?.stop();
-  await shards?.remove();
-});
+afterAll(() => svc?.stop());
 
 interface Answer {
   text: string;

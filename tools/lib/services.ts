@@ -1,5 +1,6 @@
-// Runs ctxbank service processes for tests (`tsx bin/ctxbank.ts serve|prefill|decode`), finds
-// the URL they listen on in their JSON log, and stops them (SIGTERM, then SIGKILL).
+// Runs ctxbank service processes (`tsx bin/ctxbank.ts serve|prefill|decode|router`) for tests,
+// benches and tools, finds the URL they listen on in their JSON log, and stops them (SIGTERM, then
+// SIGKILL). What only tests use is in test/harness/.
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
@@ -92,36 +93,7 @@ export async function until(what: string, check: () => Promise<boolean> | boolea
   }
 }
 
-/** POSTs JSON and returns status and parsed body. */
-export async function postJson(url: string, body: unknown, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
-  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify(body) });
-  const text = await res.text();
-  let parsed: unknown = text;
-  try {
-    parsed = JSON.parse(text);
-  } catch {
-    // not JSON
-  }
-  return { status: res.status, body: parsed };
-}
-
 export async function getJson(url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
   const res = await fetch(url, { headers });
   return { status: res.status, body: await res.json() };
-}
-
-/** Parses an SSE body into events. */
-export function parseSse(text: string): { event: string; data: string }[] {
-  return text
-    .split(/\n\n/)
-    .filter((b) => b.trim() !== "")
-    .map((block) => {
-      let event = "message";
-      const data: string[] = [];
-      for (const line of block.split("\n")) {
-        if (line.startsWith("event:")) event = line.slice(6).trim();
-        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
-      }
-      return { event, data: data.join("\n") };
-    });
 }
