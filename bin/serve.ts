@@ -4,7 +4,8 @@
 // `router` sends clients' requests to the decodes.
 import { parseArgs } from "node:util";
 import { UsageError } from "../shared/inference/errors.ts";
-import { ConfigError, configFlags, configHelp, loadConfig, type ServiceRole } from "../shared/platform/config.ts";
+import { ConfigError, configFlags, configHelp, loadConfig, type Config, type ServiceRole } from "../shared/platform/config.ts";
+import { faultsFromEnv } from "./faults.ts";
 
 export const SERVICE_COMMANDS: readonly string[] = ["serve", "prefill", "decode", "router"];
 
@@ -39,9 +40,9 @@ export async function serviceCommand(role: ServiceRole, argv: string[]): Promise
     process.stdout.write(serviceUsage(role));
     return 0;
   }
-  let config;
+  let config: Config;
   try {
-    config = loadConfig(role, values);
+    config = { ...loadConfig(role, values), faults: faultsFromEnv(process.env.CTXBANK_FAULT_PAUSE) };
   } catch (e) {
     if (e instanceof ConfigError) throw new UsageError(e.message);
     throw e;

@@ -13,7 +13,6 @@ import { FailureLog } from "../../shared/platform/failure-log.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RegistryError } from "../../shared/platform/registry/registry.ts";
-import { faultPoint } from "../fault-points.ts";
 import type { Runtime } from "../runtime.ts";
 import { PrefixHasher } from "./format/chunk-key.ts";
 import { kvShape, tokenBlocks, type BlockRange, type KvShape } from "./format/seq-io.ts";
@@ -264,7 +263,7 @@ class ShardPromptHandoff implements PromptHandoff {
     const { blocks, plan, prompt } = this;
     while (this.next < blocks.length && blocks[this.next]!.tokenEnd <= seq.nPast) {
       const b = blocks[this.next]!;
-      if (this.next > 0 && this.next === blocks.length - 1) await faultPoint("prefill.last", this.rt.log);
+      if (this.next > 0 && this.next === blocks.length - 1) await this.rt.config.faults?.pause("prefill.last", this.rt.log);
       this.hasher.push(prompt.tokens.slice(b.tokenStart, b.tokenEnd));
       for (const p of plan[this.next]!) this.writes.push(this.writer.write(p, this.hasher.keyFor(b.tokenStart, p.meta.layerIds), prompt.requestId, prompt, seq, this.shard).then(this.announce));
       this.next++;

@@ -24,7 +24,6 @@ import type { Runtime } from "../runtime.ts";
 import { PeerDeadError, type PeerWatch } from "./peer-watch.ts";
 import { SocketHttpTransport } from "./transport/socket.ts";
 import { UcxTransport, loadUcx, ucxAvailable } from "./transport/ucx.ts";
-import { faultPoint } from "../fault-points.ts";
 import { ChunkFeed } from "./chunk-feed.ts";
 import { ScratchPool, type Scratch } from "./scratch-pool.ts";
 
@@ -286,7 +285,7 @@ export class KvLoader {
           if (problem) throw faults.uncovered(problem);
         }
         if (!batch) continue;
-        if (batches.length === 1) await faultPoint("decode.load", this.rt.log); // the first leases are held
+        if (batches.length === 1) await this.rt.config.faults?.pause("decode.load", this.rt.log); // the first leases are held
         batch.deadlineMs = Date.now() + config.kvTimeoutMs; // its reads start now
         for (const leased of batch.leased) reads.push({ leased, batch });
       }

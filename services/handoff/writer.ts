@@ -6,7 +6,6 @@ import { exportChunk, type BlockRange, type KvShape, type RowMover } from "./for
 import type { Shard } from "./shard/shard.ts";
 import type { Runtime } from "../runtime.ts";
 import type { ShardQuota } from "./shard/shard-quota.ts";
-import { faultPoint } from "../fault-points.ts";
 
 /** Shard ranges (and the shard's size) are multiples of a page. */
 export const SHARD_ALIGN = 4096;
@@ -120,7 +119,7 @@ export class ChunkWriter {
           continue;
         }
         p.state = "registered";
-        await faultPoint("prefill.write", this.rt.log);
+        await this.rt.config.faults?.pause("prefill.write", this.rt.log);
         const bytes = Buffer.allocUnsafe(p.length);
         try {
           exportChunk(bytes, p.meta, seq, this.shape);

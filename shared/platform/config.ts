@@ -5,6 +5,7 @@ import { CtxbankError } from "../inference/errors.ts";
 import { availableParallelism, hostname } from "node:os";
 import { z } from "zod";
 import { DEVICE_PATTERN, type EngineDevice } from "../inference/engine/native.ts";
+import type { Faults } from "./faults.ts";
 import { defaultShardDir } from "./shard-root.ts";
 import { SLO_DEFAULTS } from "../inference/defaults.ts";
 import { POLICY_KINDS } from "../inference/policy/schema.ts";
@@ -202,7 +203,13 @@ export const ConfigSchema = z.object({
     ),
 });
 
-export type Config = z.output<typeof ConfigSchema> & { role: ServiceRole; instanceId: string; shardDir: string };
+export type Config = z.output<typeof ConfigSchema> & {
+  role: ServiceRole;
+  instanceId: string;
+  shardDir: string;
+  /** Fault points a test arms (faults.ts); never set by a flag or the environment, absent in production. */
+  faults?: Faults | undefined;
+};
 type Key = keyof z.input<typeof ConfigSchema>;
 
 /** The flag and the environment variable for each setting. */

@@ -6,6 +6,7 @@
 // tools/lib/services.ts), for tests of the process itself. `startDecodeBeside`: a decode-only
 // service on a running serve's runtime.
 import type { Logger } from "pino";
+import type { Faults } from "../../shared/platform/faults.ts";
 import { loadConfig, type Config } from "../../shared/platform/config.ts";
 import { startServices, type RunningServices } from "../../services/process.ts";
 import { createLogger, openRuntime, type Runtime } from "../../services/runtime.ts";
@@ -35,6 +36,8 @@ export interface ServeOptions {
    * opens the runtime itself and closes it at stop.
    */
   log?: (config: Config) => Logger;
+  /** Fault points to arm (shared/platform/faults.ts). */
+  faults?: Faults;
 }
 
 /** Starts `serve` in this process: TEST_DEFAULTS, then `overrides`. */
@@ -42,7 +45,7 @@ export async function startServe(overrides: ConfigOverrides = {}, options: Serve
   const own = overrides.shardDir === undefined ? await tempShardDir() : undefined;
   let rt: Runtime | undefined;
   try {
-    const config = testConfig({ ...overrides, shardDir: overrides.shardDir ?? own!.dir });
+    const config: Config = { ...testConfig({ ...overrides, shardDir: overrides.shardDir ?? own!.dir }), faults: options.faults };
     if (options.log) rt = await openRuntime(config, options.log(config));
     const running = await startServices(config, rt);
     let stopping: Promise<void> | undefined;

@@ -9,7 +9,7 @@
 // and nothing may be left behind: no chunk rows, refs or open (or unpruned) request rows in the
 // registry, no shard file but the live prefill's, no allocated shard bytes, nothing held in the
 // services. Stages that last milliseconds (a chunk being written, the decode's leased read) are
-// held open by the services' fault points (services/fault-points.ts, CTXBANK_FAULT_PAUSE).
+// held open by the services' fault points (shared/platform/faults.ts; armed in these processes by CTXBANK_FAULT_PAUSE, bin/faults.ts).
 import { readdirSync, statSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import pg from "pg";

@@ -24,7 +24,6 @@ export interface OpenedDatabase {
   close(): Promise<void>;
 }
 
-export const DEFAULT_DATABASE_URL = "pglite://memory";
 const MIGRATIONS_DIR = fileURLToPath(new URL("../../../migrations", import.meta.url));
 // Arbitrary constant: serialises migrations of services that start at the same time.
 const MIGRATION_LOCK_KEY = 0x6374_7862; // "ctxb"
@@ -37,10 +36,7 @@ export interface DatabaseOptions {
   timeoutMs?: number;
 }
 
-export async function openDatabase(
-  url: string = process.env.DATABASE_URL ?? DEFAULT_DATABASE_URL,
-  options: DatabaseOptions = {},
-): Promise<OpenedDatabase> {
+export async function openDatabase(url: string, options: DatabaseOptions = {}): Promise<OpenedDatabase> {
   if (/^postgres(ql)?:\/\//.test(url)) return openPostgres(url, options.timeoutMs ?? 15_000);
   if (url.startsWith("pglite://")) return openPglite(url);
   throw new Error(
