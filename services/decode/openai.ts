@@ -113,6 +113,8 @@ const ModelList = z
         owned_by: z.string(),
         /** ctxbank extension: where the engine runs the model (cpu or cuda:N). */
         device: z.string(),
+        /** ctxbank extension: the kernels it chose (the CPU's instruction set: scalar, avx2, avx512; on a GPU the CUDA kernel set). */
+        kernels: z.string(),
       }),
     ),
   })
@@ -187,7 +189,9 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
   /** Default max tokens, capped so a short context still works when the client says nothing. */
   const room = (want: number) => Math.max(1, Math.min(want, rt.engine.maxContext - 1));
 
-  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank", device: rt.engine.device }] }, 200));
+  const { info } = rt.engine.native;
+  const kernels = info.device === "cpu" ? info.kernels : `cuda ${info.cudaKernels}`;
+  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank", device: rt.engine.device, kernels }] }, 200));
 
   app.openapi(completionsRoute, async (c) => {
     const b = c.req.valid("json");
