@@ -155,7 +155,10 @@ describe("the streamed handle between processes over PostgreSQL 15", () => {
       const res = await answer;
       if (mode === "fail") {
         expect(res.status).toBe(502);
-        expect(res.body.error.code).toBe("prefill_failed");
+        // Over HTTP the chunks are served by the prefill process itself: its death breaks the
+        // prefill call and the chunk reads at once, and whichever the decode notices first names
+        // the error (a busy machine decides the race either way).
+        expect(["prefill_failed", "kv_load_failed"]).toContain(res.body.error.code);
       } else {
         expect(res.status, JSON.stringify(res.body)).toBe(200);
         expect(res.body.choices[0].text).toBe(await colocated(ids, 6));
