@@ -15,7 +15,7 @@ export function prefillCapability(auth: InternalAuth): MiddlewareHandler<AppEnv>
   return async (c, next) => {
     const token = bearer(c);
     const cap = token === undefined ? undefined : auth.verify(token);
-    if (!cap || cap.route !== "prefill") {
+    if (cap?.route !== "prefill") {
       throw withHeaders(new ApiError(401, "unauthorized", "internal prefill calls need a prefill capability signed with the shared secret"), CHALLENGE);
     }
     if (!nonces.use(cap.nonce, cap.exp)) {

@@ -20,7 +20,7 @@ import type { Logger } from "pino";
 import type { Engine, ForwardItem, NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { ApiError, retryAfter } from "../../shared/platform/http/errors.ts";
 import { DrainRate, queueFull } from "../../shared/platform/queue/fair-queue.ts";
-import { Reservation, Slot } from "./slot.ts";
+import { Reservation, type Slot } from "./slot.ts";
 import { prefillChunkTokens, StepCosts } from "./step-plan.ts";
 
 export interface SchedulerOptions {

@@ -62,7 +62,7 @@ export class Sweeper {
       const named = parseShardFileName(path.basename(file));
       if (!s.fileId || path.dirname(file) !== dir || named?.shardId !== s.shardId || named.epoch !== s.epoch) continue;
       const st = await lstat(file, { bigint: true }).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
-      if (!st || !st.isFile() || `${st.dev}:${st.ino}` !== s.fileId) continue;
+      if (!st?.isFile() || `${st.dev}:${st.ino}` !== s.fileId) continue;
       // A decode that still maps it keeps its pages until it unmaps; nobody new can open it.
       const gone = await unlink(file).then(
         () => true,

@@ -112,7 +112,7 @@ export function histogramQuantile(q, buckets) {
   const total = counts[counts.length - 1];
   if (!(total > 0)) return NaN;
   let rank = q * total;
-  let i = counts.findIndex((c) => c >= rank);
+  const i = counts.findIndex((c) => c >= rank);
   if (i === bs.length - 1) return bs[bs.length - 2].le;
   if (i === 0 && bs[0].le <= 0) return bs[0].le;
   const start = i === 0 ? 0 : bs[i - 1].le;

@@ -53,7 +53,7 @@ function readLabels(s) {
       }
     }
     i++;
-    if (Object.prototype.hasOwnProperty.call(labels, name)) throw new Error(`duplicate label ${name}`);
+    if (Object.hasOwn(labels, name)) throw new Error(`duplicate label ${name}`);
     labels[name] = value;
     while (s[i] === " " || s[i] === "\t") i++;
     if (s[i] === ",") i++;
