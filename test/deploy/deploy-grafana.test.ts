@@ -4,7 +4,7 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
 import { dashboardText } from "../../deploy/grafana/build.ts";
-import { buildDashboard, SCHEMA_VERSION, type Panel } from "../../deploy/grafana/dashboard.ts";
+import { type buildDashboard, SCHEMA_VERSION, type Panel } from "../../deploy/grafana/dashboard.ts";
 import { expandGrafana } from "../harness/deploy/promql.ts";
 import { at, exportedMetricsOnce } from "../harness/deploy/setup.ts";
 

@@ -4,7 +4,7 @@
 // filter and guard layers plus the packed rows; a device budget is enforced with clear errors.
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engine/engine.ts";
-import type { AttentionPolicy, NativeSequence } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicy, } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { argmax } from "../harness/logits.ts";
 

@@ -299,7 +299,7 @@ describe("chat template", () => {
   });
 
   it("reports a missing or broken template clearly", () => {
-    const { ["tokenizer.chat_template"]: _drop, ...noTemplate } = meta as Record<string, unknown>;
+    const { "tokenizer.chat_template": _drop, ...noTemplate } = meta as Record<string, unknown>;
     expect(() => ChatTemplate.fromMetadata(noTemplate)).toThrow(/this model has no chat template \(GGUF key tokenizer\.chat_template is missing\)/);
     expect(() => new ChatTemplate("{% for m in messages %}")).toThrow(/cannot be parsed/);
     const raising = new ChatTemplate("{{ raise_exception('only user messages') }}");

@@ -11,7 +11,7 @@ const BUNDLE = fileURLToPath(new URL("../../node_modules/node-llama-cpp/llama/gi
 
 function cacheRoot(): string {
   const xdg = process.env.XDG_CACHE_HOME;
-  return join(xdg && xdg.startsWith("/") ? xdg : join(homedir(), ".cache"), "ctxbank", "llama-vocab");
+  return join(xdg?.startsWith("/") ? xdg : join(homedir(), ".cache"), "ctxbank", "llama-vocab");
 }
 
 /** The bundle's commit, which names the cache directory (a new node-llama-cpp gets fresh files). */

@@ -8,7 +8,7 @@
 // - a default member initialiser in the C++ policy configurations (the engine holds none).
 // The addon's parser is held to the schema's field list by test/engine/policy-schema.test.ts.
 import { readdirSync, readFileSync, statSync } from "node:fs";
-import { join, relative } from "node:path";
+import { join, } from "node:path";
 import ts from "typescript";
 import { describe, expect, it } from "vitest";
 

@@ -12,7 +12,6 @@ import { chunkByteLength, type ChunkMeta } from "../../services/handoff/format/c
 import { encodeChunkFromLayers } from "../../services/handoff/format/chunk-pack.ts";
 import { Shard } from "../../services/handoff/shard/shard.ts";
 import { chunkRoutes } from "../../services/handoff/transport/chunk-server.ts";
-import { TransportError } from "../../services/handoff/transport/errors.ts";
 import { HttpTransport } from "../../services/handoff/transport/http.ts";
 import type { ChunkLocation } from "../../services/handoff/transport/types.ts";
 import { SocketHttpTransport } from "../../services/handoff/transport/socket.ts";

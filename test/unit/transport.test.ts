@@ -10,7 +10,7 @@ import { encodeChunkFromLayers } from "../../services/handoff/format/chunk-pack.
 import { Shard } from "../../services/handoff/shard/shard.ts";
 import type { LeasedChunk } from "../../shared/platform/registry/registry.ts";
 import { chunkRoutes } from "../../services/handoff/transport/chunk-server.ts";
-import { TransportError } from "../../services/handoff/transport/errors.ts";
+import type { TransportError } from "../../services/handoff/transport/errors.ts";
 import { HttpTransport } from "../../services/handoff/transport/http.ts";
 import { ShardMaps } from "../../services/handoff/transport/shard-maps.ts";
 import { ShmTransport } from "../../services/handoff/transport/shm.ts";
