@@ -28,7 +28,7 @@ import { join } from "node:path";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { benchCli, REPO_ROOT, type RunRecord } from "../../tools/lib/bench-runner.ts";
 import { writeFileAtomic } from "../../tools/lib/json.ts";
-import { niceTicks, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
+import type { Panel, Series } from "../../tools/lib/svg-chart.ts";
 import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
 import { waitForQuiet, type QuietWaitResult } from "../../tools/lib/timing.ts";
 import { describeArrivals, type ArrivalSpec } from "../../tools/loadgen/arrivals.ts";
@@ -38,7 +38,7 @@ import { cpuSnapshot, cpuUse, type CpuUse } from "../../tools/loadgen/machine-lo
 import { PromptSource } from "../../tools/loadgen/prompts.ts";
 import { cdfPanel, chart, compactResult, roundsTable, serverCountsLine, statsTable } from "../../tools/loadgen/report.ts";
 import { runLoad } from "../../tools/loadgen/runner.ts";
-import { meetsSlo, type RoundStats, type RunStats, type ServerCounts } from "../../tools/loadgen/stats.ts";
+import type { RoundStats, RunStats, ServerCounts } from "../../tools/loadgen/stats.ts";
 import { firstModel } from "../../tools/loadgen/target.ts";
 import type { RequestResult, Slo } from "../../tools/loadgen/types.ts";
 import { describeWorkload, WorkloadFactory, type WorkloadSpec } from "../../tools/loadgen/workloads.ts";
