@@ -28,13 +28,16 @@ interface Started {
 async function deployment(start: (procs: Started[], shardDir: string) => Promise<string>, pgHolder: { pg?: TestPostgres }): Promise<Deployment> {
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-sessions-");
   const procs: Started[] = [];
-  const stop = async () => {
-    // The front first (a router), then the rest: nothing forwards to a stopped decode.
-    for (const s of procs.filter((s) => s.role === "router")) await s.p.stop();
-    await Promise.all(procs.filter((s) => s.role !== "router").map((s) => s.p.stop()));
-    await pgHolder.pg?.stop();
-    await rm(shardDir, { recursive: true, force: true });
-  };
+  let stopping: Promise<void> | undefined;
+  // Once, however many callers ask (an interrupted run and the measurement's own cleanup).
+  const stop = () =>
+    (stopping ??= (async () => {
+      // The front first (a router), then the rest: nothing forwards to a stopped decode.
+      for (const s of procs.filter((s) => s.role === "router")) await s.p.stop();
+      await Promise.all(procs.filter((s) => s.role !== "router").map((s) => s.p.stop()));
+      await pgHolder.pg?.stop();
+      await rm(shardDir, { recursive: true, force: true });
+    })());
   try {
     const baseUrl = await start(procs, shardDir);
     return {

@@ -175,9 +175,20 @@ function describeLoad(arrivals: ArrivalSpec, conversations: boolean): string {
   return describeArrivals(arrivals);
 }
 
+// An interrupted run stops the deployment it was measuring (its processes, PostgreSQL, the
+// shard folder of 1 GiB files on tmpfs) before it exits.
+let running: Deployment | undefined;
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, () => {
+    log(`${signal}: stopping the services`);
+    void (running?.stop() ?? Promise.resolve()).finally(() => process.exit(130));
+  });
+}
+
 async function measure(label: string, start: () => Promise<Deployment>, workload: WorkloadSpec, arrivals: ArrivalSpec, o: { maxRequests: number; slo?: Slo; seed: number; warmup: number }): Promise<ConfigResult> {
   log(`${label}: starting the deployment`);
   const dep = await start();
+  running = dep;
   try {
     const model = await firstModel(dep.baseUrl);
     // Greedy answers: a conversation's history is the same text in every configuration.
@@ -223,6 +234,7 @@ async function measure(label: string, start: () => Promise<Deployment>, workload
     throw e;
   } finally {
     await dep.stop();
+    running = undefined;
   }
 }
 
