@@ -1,4 +1,4 @@
-// node --import tsx bench/handoff/shm-load.ts [lengths, default 4096,8192] [reps, default 15] [KV pool MiB, default 1024; 0 = off]
+// node --import tsx bench/handoff/shm-load.ts [lengths, default 4096,8192] [reps, default 15] [KV pool MiB, default 1024; 0 = off] [session disk dir]
 //
 // The whole shm load (KvLoader.load: lease → ready to decode) without a prefill: chunks of random
 // KV of the default model's shape are written to a shard file and registered as a prefill does,
@@ -9,8 +9,19 @@
 //   fresh:   new owner pages as in service, loaded into one sequence reused across loads;
 //   again:   the same pages into the same sequence once more (bench:handoff's repetitions).
 // To compare two trees, run it in each, alternating, and compare the medians.
+// Then the sessions' disk tier beside it (services/sessions/session-disk.ts, what a parked
+// session's next turn reads when it was spilled): the same KV saved once to a directory on disk
+// (the 4th argument, default a new one under the OS temp dir; it must not be a tmpfs), loaded into
+// a new sequence as a resumed turn does (every chunk read and checked), two cases interleaved:
+//   disk cold: the file's pages dropped from the page cache first (dd iflag=nocache), so every
+//              byte comes from the device;
+//   disk warm: the file still in the page cache (a spill shortly before the next turn).
 import { randomBytes, randomUUID } from "node:crypto";
+import { execFileSync } from "node:child_process";
+import { readdirSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
+import os from "node:os";
+import path from "node:path";
 import { loadConfig } from "../../shared/platform/config.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { renewPages } from "./fresh-pages.ts";
@@ -20,11 +31,13 @@ import { Shard, shardFileName } from "../../services/handoff/shard/shard.ts";
 import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "../../services/handoff/format/chunk.ts";
 import { encodeChunkFromLayers } from "../../services/handoff/format/chunk-pack.ts";
 import { kvShape } from "../../services/handoff/format/seq-io.ts";
+import { SessionDisk } from "../../services/sessions/session-disk.ts";
 import { startPostgres } from "../../tools/lib/postgres.ts";
 
 const lengths = (process.argv[2] ?? "4096,8192").split(",").map(Number);
 const reps = Number(process.argv[3] ?? 15);
 const kvPoolMib = Number(process.argv[4] ?? 1024);
+const diskDir = process.argv[5] ?? (await mkdtemp(path.join(os.tmpdir(), "ctxbank-session-disk-")));
 const BLOCK = 512;
 const SHARD_BYTES = 2 * 2 ** 30;
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
@@ -90,10 +103,26 @@ try {
         if (r > 0) ms[kind].push(stats.ms); // the first round warms up
       }
     }
+    // The session disk tier: the KV just loaded, saved as a spilled session, read back.
+    const disk = new SessionDisk(diskDir, 64 * 2 ** 30, shape, rt.model.fingerprint, BLOCK);
+    const tokens = Int32Array.from({ length: n }, (_, i) => i % 1000);
+    await disk.save({ tenant: "bench", id: `s${n}`, tokens, roundStarts: [0], roundHashes: [], turns: 1, createdAt: 0, lastUsedAt: 0 }, seq);
     seq.release();
+    const file = readdirSync(diskDir).find((f) => f.endsWith(".kv"))!;
+    const diskMs = { "disk cold": [] as number[], "disk warm": [] as number[] };
+    for (let r = 0; r <= reps; r++) {
+      for (const kind of r % 2 ? (["disk warm", "disk cold"] as const) : (["disk cold", "disk warm"] as const)) {
+        if (kind === "disk cold") execFileSync("dd", [`if=${path.join(diskDir, file)}`, "iflag=nocache", "count=0", "status=none"]);
+        const into = rt.engine.createSequence(n + 1);
+        const t0 = performance.now();
+        await disk.load("bench", `s${n}`, into, n).finally(() => into.release());
+        if (r > 0) diskMs[kind].push(performance.now() - t0);
+      }
+    }
+    await disk.remove("bench", `s${n}`);
     const gbps = (m: number) => (bytes / 1e9 / (m / 1000)).toFixed(2);
-    console.log(`${n} tokens (${(bytes / 2 ** 20).toFixed(1)} MiB, ${handle.chunk_ids.length} chunks), whole shm load, median of ${reps}:`);
-    for (const [kind, v] of Object.entries(ms)) console.log(`  ${kind}: ${median(v).toFixed(1)} ms = ${gbps(median(v))} GB/s  [${v.map((x) => x.toFixed(0)).join(" ")}]`);
+    console.log(`${n} tokens (${(bytes / 2 ** 20).toFixed(1)} MiB, ${handle.chunk_ids.length} chunks), whole load, median of ${reps}:`);
+    for (const [kind, v] of Object.entries({ ...ms, ...diskMs })) console.log(`  ${kind}: ${median(v).toFixed(1)} ms = ${gbps(median(v))} GB/s  [${v.map((x) => x.toFixed(0)).join(" ")}]`);
   }
   await loader.close();
 } finally {
@@ -102,4 +131,5 @@ try {
   await rt.close();
   await pg.stop();
   await rm(shardDir, { recursive: true, force: true });
+  if (process.argv[5] === undefined) await rm(diskDir, { recursive: true, force: true });
 }
