@@ -30,7 +30,9 @@ function fastTestFiles(): string[] {
     while (todo.length > 0) {
       for (const next of imports.get(todo.pop()!) ?? []) {
         if (SLOW_MODULES.includes(next)) return next;
-        if (!seen.has(next)) todo.push(next), seen.add(next);
+        if (seen.has(next)) continue;
+        todo.push(next);
+        seen.add(next);
       }
     }
     return undefined;

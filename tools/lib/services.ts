@@ -93,6 +93,7 @@ export async function until(what: string, check: () => Promise<boolean> | boolea
   }
 }
 
+// biome-ignore lint/suspicious/noExplicitAny: any JSON answer, as the test or tool asserting on it reads it
 export async function getJson(url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: any }> {
   const res = await fetch(url, { headers });
   return { status: res.status, body: await res.json() };

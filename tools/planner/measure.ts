@@ -148,6 +148,7 @@ export async function measureHandoff(modelPath: string, lengths: number[], o: { 
     if (o.nice !== undefined) for (const p of procs) reniceProcess(p.child.pid, o.nice);
     const post = async (url: string, body: unknown) => {
       const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+      // biome-ignore lint/suspicious/noExplicitAny: the services' answers, read field by field below and checked by what uses them
       const j = (await res.json()) as any;
       if (!res.ok) throw new Error(`${url}: ${res.status} ${JSON.stringify(j)}`);
       return j;
