@@ -47,7 +47,8 @@ module.exports = {
     {
       name: "handoff-below-prefill-and-decode",
       severity: "error",
-      comment: "The handoff serves the prefill and decode services; it never reaches back into them (what it needs of them is an interface of its own).",
+      comment:
+        "The handoff serves the prefill and decode services; it never reaches back into them (what it needs of them is an interface of its own).",
       from: { path: "^services/handoff/" },
       to: { path: "^services/(prefill|decode)/" },
     },
@@ -61,7 +62,8 @@ module.exports = {
     {
       name: "no-test-code-in-the-product",
       severity: "error",
-      comment: "The CLI, services and shared code never import test/ (its harness included): a test switch is an option the test passes in.",
+      comment:
+        "The CLI, services and shared code never import test/ (its harness included): a test switch is an option the test passes in.",
       from: { path: "^(bin|shared|services)/" },
       to: { path: "^test/" },
     },

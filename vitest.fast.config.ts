@@ -18,7 +18,11 @@ const SLOW_MODULES = [
 
 function fastTestFiles(): string[] {
   const root = fileURLToPath(new URL(".", import.meta.url));
-  const json = execFileSync(`${root}node_modules/.bin/depcruise`, ["test/unit", "test/deploy", "--output-type", "json"], { cwd: root, maxBuffer: 256 << 20, encoding: "utf8" });
+  const json = execFileSync(`${root}node_modules/.bin/depcruise`, ["test/unit", "test/deploy", "--output-type", "json"], {
+    cwd: root,
+    maxBuffer: 256 << 20,
+    encoding: "utf8",
+  });
   const { modules } = JSON.parse(json) as ICruiseResult;
   const imports = new Map(
     modules.map((m) => [m.source, m.dependencies.filter((d) => !d.dependencyTypes.includes("type-only")).map((d) => d.resolved)]),
@@ -40,7 +44,9 @@ function fastTestFiles(): string[] {
   const tests = modules.map((m) => m.source).filter((s) => /^test\/(unit|deploy)\/.*\.test\.ts$/.test(s));
   const misplaced = tests.filter((t) => t.startsWith("test/unit/") && slowReached(t) !== undefined);
   if (misplaced.length > 0) {
-    throw new Error(`test/unit/ holds tests that need no model, services or PostgreSQL, but ${misplaced.map((t) => `${t} reaches ${slowReached(t)}`).join("; ")}: move it to test/engine/ or test/services/`);
+    throw new Error(
+      `test/unit/ holds tests that need no model, services or PostgreSQL, but ${misplaced.map((t) => `${t} reaches ${slowReached(t)}`).join("; ")}: move it to test/engine/ or test/services/`,
+    );
   }
   return tests.filter((t) => slowReached(t) === undefined).sort();
 }

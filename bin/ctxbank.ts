@@ -50,7 +50,6 @@ Engine:
   -h, --help             show this help
 `;
 
-
 const OPTIONS = {
   model: { type: "string" },
   prompt: { type: "string" },
@@ -83,7 +82,9 @@ function parse(argv: string[]) {
 function deviceFrom(flag: string | undefined, env: string | undefined): EngineDevice {
   const value = flag ?? (env === "" ? undefined : env) ?? "cpu";
   if (!DEVICE_PATTERN.test(value))
-    throw new UsageError(`${flag !== undefined ? "--device" : "$CTXBANK_DEVICE"} must be cpu, cuda, cuda:N or auto (got ${JSON.stringify(value)})`);
+    throw new UsageError(
+      `${flag !== undefined ? "--device" : "$CTXBANK_DEVICE"} must be cpu, cuda, cuda:N or auto (got ${JSON.stringify(value)})`,
+    );
   return value as EngineDevice;
 }
 

@@ -13,7 +13,9 @@ export function faultsFromEnv(spec: string | undefined): Faults | undefined {
   for (const part of spec.split(",")) {
     const m = /^\s*([a-z]+\.[a-z]+):(\d+)\s*$/.exec(part);
     if (!m || !Object.hasOwn(FAULT_POINTS, m[1]!)) {
-      throw new ConfigError(`$CTXBANK_FAULT_PAUSE: "${part.trim()}" is not <point>:<ms> with a point among ${Object.keys(FAULT_POINTS).join(", ")}`);
+      throw new ConfigError(
+        `$CTXBANK_FAULT_PAUSE: "${part.trim()}" is not <point>:<ms> with a point among ${Object.keys(FAULT_POINTS).join(", ")}`,
+      );
     }
     pauses[m[1] as FaultPoint] = Number(m[2]);
   }

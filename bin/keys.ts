@@ -5,7 +5,6 @@ import { parseArgs } from "node:util";
 import { UsageError } from "../shared/inference/errors.ts";
 import { ApiKeyError, newApiKey, type KeyLimits } from "../shared/platform/auth/api-keys.ts";
 
-
 export const KEYS_USAGE = `Usage: ctxbank keys new <id> [--rate N] [--burst N] [--concurrency N]
 
 Prints a new API key on stdout and, on stderr, the line that registers it in the keys file
@@ -15,12 +14,21 @@ Prints a new API key on stdout and, on stderr, the line that registers it in the
   --concurrency N   requests in flight (0 = unlimited; default: --key-concurrency)
 `;
 
-export function keysCommand(argv: string[], out: (s: string) => void = (s) => process.stdout.write(s), err: (s: string) => void = (s) => process.stderr.write(s)): number {
+export function keysCommand(
+  argv: string[],
+  out: (s: string) => void = (s) => process.stdout.write(s),
+  err: (s: string) => void = (s) => process.stderr.write(s),
+): number {
   let parsed;
   try {
     parsed = parseArgs({
       args: argv,
-      options: { rate: { type: "string" }, burst: { type: "string" }, concurrency: { type: "string" }, help: { type: "boolean", short: "h" } },
+      options: {
+        rate: { type: "string" },
+        burst: { type: "string" },
+        concurrency: { type: "string" },
+        help: { type: "boolean", short: "h" },
+      },
       allowPositionals: true,
       strict: true,
     });
@@ -39,7 +47,8 @@ export function keysCommand(argv: string[], out: (s: string) => void = (s) => pr
     const v = values[name];
     if (v === undefined) continue;
     const n = Number(v);
-    if (v.trim() === "" || !Number.isFinite(n) || n < 0 || (name !== "rate" && !Number.isInteger(n))) throw new UsageError(`--${name} must be a number >= 0`);
+    if (v.trim() === "" || !Number.isFinite(n) || n < 0 || (name !== "rate" && !Number.isInteger(n)))
+      throw new UsageError(`--${name} must be a number >= 0`);
     limits[name] = n;
   }
   try {

@@ -78,7 +78,12 @@ export function formatListing(l: ModelListing): string {
       textTable({
         headers: ["model", "path", "bytes", "state"],
         rows: [
-          ...cached.map((m) => [m.name, m.cached!.path, m.cached!.size !== undefined ? number(m.cached!.size) : "-", cacheState(m.cached!)]),
+          ...cached.map((m) => [
+            m.name,
+            m.cached!.path,
+            m.cached!.size !== undefined ? number(m.cached!.size) : "-",
+            cacheState(m.cached!),
+          ]),
           ...l.otherFiles.map((f) => ["-", f.path, number(f.size), "not in the catalogue"]),
         ],
         align: ["left", "left", "right", "left"],

@@ -9,12 +9,12 @@ import { faultsFromEnv } from "./faults.ts";
 
 export const SERVICE_COMMANDS: readonly string[] = ["serve", "prefill", "decode", "router"];
 
-
 const ABOUT: Record<ServiceRole, string> = {
   serve: "both services in one process (default database: embedded PGlite, pglite://memory)",
   prefill: "the prefill service alone (needs DATABASE_URL=postgres://…)",
   decode: "the decode service with the OpenAI-compatible API (needs DATABASE_URL=postgres://…)",
-  router: "the router in front of the decodes: each request goes to the decode holding its session, else the least loaded (needs DATABASE_URL=postgres://…; loads no model)",
+  router:
+    "the router in front of the decodes: each request goes to the decode holding its session, else the least loaded (needs DATABASE_URL=postgres://…; loads no model)",
 };
 
 export function serviceUsage(role: ServiceRole): string {
@@ -32,7 +32,12 @@ ${configHelp()}
 export async function serviceCommand(role: ServiceRole, argv: string[]): Promise<number> {
   let values: Record<string, string | boolean | undefined>;
   try {
-    ({ values } = parseArgs({ args: argv, options: { ...configFlags(), help: { type: "boolean", short: "h" } }, allowPositionals: false, strict: true }));
+    ({ values } = parseArgs({
+      args: argv,
+      options: { ...configFlags(), help: { type: "boolean", short: "h" } },
+      allowPositionals: false,
+      strict: true,
+    }));
   } catch (e) {
     throw new UsageError((e as Error).message.split(/\.\s/)[0]!.replace(/^Unknown option/, "unknown option"));
   }

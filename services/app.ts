@@ -34,13 +34,18 @@ const Health = z
   .object({
     status: z.string(),
     services: z.record(z.string(), z.string()).optional(),
-    database: z.enum(["reachable", "unreachable"]).optional().openapi({ description: "The registry database answered `select 1` within a second (checked at most every 2 s)" }),
+    database: z
+      .enum(["reachable", "unreachable"])
+      .optional()
+      .openapi({ description: "The registry database answered `select 1` within a second (checked at most every 2 s)" }),
   })
   .openapi("Health");
 
 /** A registry outage is a 503 the client may retry, not an internal error. */
 function classifyError(err: unknown): ApiError | undefined {
-  return isDatabaseUnavailable(err) ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err }) : undefined;
+  return isDatabaseUnavailable(err)
+    ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err })
+    : undefined;
 }
 
 /** The routes that run a generation: their error answers count as request failures. */
@@ -74,7 +79,14 @@ function opsRoutes(services: Services, metrics: ServiceMetrics, dbProbe: DbProbe
     ...(services.decode ? { decode: services.decode.ready ? "ready" : "not ready" } : {}),
   });
   app.openapi(
-    createRoute({ method: "get", path: "/health", tags: ["ops"], security: [], summary: "Liveness", responses: { 200: { content: { "application/json": { schema: Health } }, description: "Alive" } } }),
+    createRoute({
+      method: "get",
+      path: "/health",
+      tags: ["ops"],
+      security: [],
+      summary: "Liveness",
+      responses: { 200: { content: { "application/json": { schema: Health } }, description: "Alive" } },
+    }),
     (c) => c.json({ status: "ok" }, 200),
   );
   app.openapi(
@@ -147,7 +159,13 @@ const OPENAPI_DOCUMENT = {
 } satisfies Parameters<ServiceApp["getOpenAPI31Document"]>[0];
 
 /** The internal listener's app: what only the other services (and operators holding the secret) call. */
-export function buildInternalApp(rt: Runtime, services: Services, metrics: ServiceMetrics, security: Security, dbProbe: DbProbe): ServiceApp {
+export function buildInternalApp(
+  rt: Runtime,
+  services: Services,
+  metrics: ServiceMetrics,
+  security: Security,
+  dbProbe: DbProbe,
+): ServiceApp {
   const app = createApp({ log: rt.log, maxBodyBytes: rt.config.maxBodyBytes, classifyError });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/prefill", prefillCapability(security.internal));

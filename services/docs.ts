@@ -36,7 +36,8 @@ const HEADERS = {
   "cache-control": "no-cache",
   "x-content-type-options": "nosniff",
   // Swagger UI sets inline styles and shows data: images; everything else is this origin's.
-  "content-security-policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+  "content-security-policy":
+    "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
 };
 
 export function docsRoutes(): ServiceApp {

@@ -16,10 +16,16 @@ export function prefillCapability(auth: InternalAuth): MiddlewareHandler<AppEnv>
     const token = bearer(c);
     const cap = token === undefined ? undefined : auth.verify(token);
     if (cap?.route !== "prefill") {
-      throw withHeaders(new ApiError(401, "unauthorized", "internal prefill calls need a prefill capability signed with the shared secret"), CHALLENGE);
+      throw withHeaders(
+        new ApiError(401, "unauthorized", "internal prefill calls need a prefill capability signed with the shared secret"),
+        CHALLENGE,
+      );
     }
     if (!nonces.use(cap.nonce, cap.exp)) {
-      throw withHeaders(new ApiError(401, "unauthorized", "this prefill capability was used already (each call signs a new one)"), CHALLENGE);
+      throw withHeaders(
+        new ApiError(401, "unauthorized", "this prefill capability was used already (each call signs a new one)"),
+        CHALLENGE,
+      );
     }
     c.set("tenant", cap.tenant);
     return next();
@@ -31,7 +37,10 @@ export function internalSecret(auth: InternalAuth): MiddlewareHandler<AppEnv> {
   return async (c, next) => {
     const token = bearer(c);
     if (token === undefined || !auth.isSecret(token)) {
-      throw withHeaders(new ApiError(401, "unauthorized", "internal status needs Authorization: Bearer <the shared internal secret>"), CHALLENGE);
+      throw withHeaders(
+        new ApiError(401, "unauthorized", "internal status needs Authorization: Bearer <the shared internal secret>"),
+        CHALLENGE,
+      );
     }
     return next();
   };

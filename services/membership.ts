@@ -31,7 +31,13 @@ export class Membership {
   }
 
   private register() {
-    return this.rt.registry.instances.register({ id: this.id, role: this.role, baseUrl: this.baseUrl, ...(this.publicUrl ? { publicUrl: this.publicUrl } : {}), hostId: this.rt.config.hostId });
+    return this.rt.registry.instances.register({
+      id: this.id,
+      role: this.role,
+      baseUrl: this.baseUrl,
+      ...(this.publicUrl ? { publicUrl: this.publicUrl } : {}),
+      hostId: this.rt.config.hostId,
+    });
   }
 
   private async beat(): Promise<void> {
@@ -68,8 +74,6 @@ export class Membership {
   async leave(): Promise<void> {
     clearInterval(this.timer);
     this.timer = undefined;
-    await this.rt.registry.instances
-      .leave(this.id)
-      .catch((err: unknown) => this.rt.log.warn({ err }, "could not leave the registry"));
+    await this.rt.registry.instances.leave(this.id).catch((err: unknown) => this.rt.log.warn({ err }, "could not leave the registry"));
   }
 }

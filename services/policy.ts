@@ -3,7 +3,15 @@
 // once per sequence that attends with it (applyPolicy), and what a handle carries of it.
 import type { NativeSequence } from "../shared/inference/engine/engine.ts";
 import { policyDefaultsFor } from "../shared/inference/policy/defaults.ts";
-import { checkPolicyLimits, checkPolicySpec, layerGroupsFromRoles, PolicySpecSchema, resolvePolicy, type PolicySpec, type ResolvedPolicy } from "../shared/inference/policy/request.ts";
+import {
+  checkPolicyLimits,
+  checkPolicySpec,
+  layerGroupsFromRoles,
+  PolicySpecSchema,
+  resolvePolicy,
+  type PolicySpec,
+  type ResolvedPolicy,
+} from "../shared/inference/policy/request.ts";
 import { ApiError } from "../shared/platform/http/errors.ts";
 import type { Handle } from "../shared/platform/http/wire.ts";
 import type { Runtime } from "./runtime.ts";
@@ -34,7 +42,13 @@ export function checkPolicyBeforeWork(rt: PolicyRuntime, spec: PolicySpec | unde
  * PolicyError for what the spec alone shows (limits, missing defaults). `roundStarts`: the rounds of
  * a chat prompt, for `rounds` requests that give none.
  */
-export function resolveRequestPolicy(rt: PolicyRuntime, spec: PolicySpec | undefined, promptTokens: number, maxTokens: number, roundStarts?: readonly number[]): ResolvedPolicy {
+export function resolveRequestPolicy(
+  rt: PolicyRuntime,
+  spec: PolicySpec | undefined,
+  promptTokens: number,
+  maxTokens: number,
+  roundStarts?: readonly number[],
+): ResolvedPolicy {
   const model = policyModel(rt);
   const chosen = spec ?? rt.config.policy;
   checkPolicyLimits(chosen, model);
@@ -48,7 +62,12 @@ export function resolveRequestPolicy(rt: PolicyRuntime, spec: PolicySpec | undef
  */
 export function handedOnSpec(spec: PolicySpec, policy: ResolvedPolicy): Handle["policy"] {
   const handOn: PolicySpec =
-    policy.kind === "rounds" ? { kind: "rounds", rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK } } : spec;
+    policy.kind === "rounds"
+      ? {
+          kind: "rounds",
+          rounds: { watershed_layer: policy.rounds.watershedLayer, starts: policy.rounds.starts, top_k: policy.rounds.topK },
+        }
+      : spec;
   return PolicySpecSchema.parse(handOn);
 }
 
@@ -103,7 +122,10 @@ export function promptQueriesMissing(policy: ResolvedPolicy): string | undefined
   if (policy.kind === "scope" && policy.scope.alpha1 > 0) {
     return "scope.alpha1: the prompt pool needs the prompt's last queries, which the handle does not carry; the decode kept the whole prompt";
   }
-  if ((policy.kind === "omnikv" || policy.kind === "omnikv+scope") && (policy.omnikv.selector === "uniform" || policy.omnikv.selector === "exp")) {
+  if (
+    (policy.kind === "omnikv" || policy.kind === "omnikv+scope") &&
+    (policy.omnikv.selector === "uniform" || policy.omnikv.selector === "exp")
+  ) {
     return `omnikv.selector ${policy.omnikv.selector}: the prompt's last queries, part of the selection window, did not come with the handle; the window starts with the generated tokens' queries only`;
   }
   return undefined;

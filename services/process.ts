@@ -38,7 +38,10 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
   if (config.role !== "decode") {
     // Colocated, prompts share the decode steps so a long prompt never stalls the running decodes
     // (the decode is made next; a prompt comes only once both serve).
-    const compute: PromptCompute | undefined = serve && config.prefillChunking === "slo" ? (seq, tokens, signal) => services.decode!.scheduler.prefill(seq, tokens, signal) : undefined;
+    const compute: PromptCompute | undefined =
+      serve && config.prefillChunking === "slo"
+        ? (seq, tokens, signal) => services.decode!.scheduler.prefill(seq, tokens, signal)
+        : undefined;
     services.prefill = new PrefillService(runtime, serve ? `${base}.prefill` : base, metrics, compute);
   }
   if (config.role !== "prefill") {
@@ -71,7 +74,10 @@ export async function startServices(config: Config, rt?: Runtime): Promise<Runni
     if (!rt) await runtime.close();
     throw err;
   }
-  runtime.log.info({ url, internalUrl, role: config.role, keys: security.keys ? security.keys.size : "none (keyless: tenant local)", docs: `${url}/docs` }, "listening");
+  runtime.log.info(
+    { url, internalUrl, role: config.role, keys: security.keys ? security.keys.size : "none (keyless: tenant local)", docs: `${url}/docs` },
+    "listening",
+  );
   let stopping: Promise<void> | undefined;
   return {
     rt: runtime,

@@ -31,7 +31,12 @@ export interface RequestPlan {
  * left out is drawn here, once) and its policy (checkPolicyBeforeWork).
  */
 export function checkBeforeWork(rt: Runtime, body: PrefillRequest): PlannedSampling {
-  const sampling = validateSampling({ temperature: body.temperature, topK: body.top_k, topP: body.top_p, ...(body.seed === undefined ? {} : { seed: body.seed }) });
+  const sampling = validateSampling({
+    temperature: body.temperature,
+    topK: body.top_k,
+    topP: body.top_p,
+    ...(body.seed === undefined ? {} : { seed: body.seed }),
+  });
   checkPolicyBeforeWork(rt, body.policy, { chat: body.messages !== undefined });
   return sampling;
 }

@@ -46,7 +46,10 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
   const engine = new Engine(model, { threads: config.threads, device: config.device, maxContext: config.maxContext });
   kvPool(config.kvPoolMib * 2 ** 20);
   if (engine.maxContext > model.config.nCtxTrain) {
-    log.warn({ maxContext: engine.maxContext, trainedContext: model.config.nCtxTrain }, "the context is longer than the model was trained for: positions past it give no meaningful answers");
+    log.warn(
+      { maxContext: engine.maxContext, trainedContext: model.config.nCtxTrain },
+      "the context is longer than the model was trained for: positions past it give no meaningful answers",
+    );
   }
   const meta = readGgufMetadata(modelPath);
   const tokenizer = GgufTokenizer.fromMetadata(meta);
@@ -67,7 +70,17 @@ export async function openRuntime(config: Config, log: Logger = createLogger(con
   }
   // Computed here (a pass over the vocabulary) rather than on the first request's event loop turn.
   const promptChars = maxPromptChars({ engine, tokenizer });
-  log.info({ model: path.basename(modelPath), device: engine.info.deviceDescription, kernels: engine.info.kernels, threads: engine.info.threads, db: db.kind, maxPromptChars: promptChars }, "runtime ready");
+  log.info(
+    {
+      model: path.basename(modelPath),
+      device: engine.info.deviceDescription,
+      kernels: engine.info.kernels,
+      threads: engine.info.threads,
+      db: db.kind,
+      maxPromptChars: promptChars,
+    },
+    "runtime ready",
+  );
   return {
     config,
     log,
@@ -184,7 +197,12 @@ export { defaultMaxTokens } from "../shared/inference/defaults.ts";
 /** 413 when the prompt leaves no room to generate; 400 when prompt + max tokens exceed the context. */
 export function checkContext(maxContext: number, promptTokens: number, maxTokens: number | undefined): void {
   if (promptTokens >= maxContext) {
-    throw new ApiError(400, "context_length_exceeded", `the prompt has ${promptTokens} tokens; the model's context is ${maxContext} tokens`, "prompt");
+    throw new ApiError(
+      400,
+      "context_length_exceeded",
+      `the prompt has ${promptTokens} tokens; the model's context is ${maxContext} tokens`,
+      "prompt",
+    );
   }
   if (maxTokens !== undefined && promptTokens + maxTokens > maxContext) {
     throw new ApiError(

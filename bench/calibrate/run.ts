@@ -31,11 +31,11 @@ import { renderHeatmap } from "../../tools/lib/heatmap.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
 import { multiRoundConversation } from "./conversation.ts";
 
-const SPAN = 12;             // capability: mean over the next 12 layers (OmniKV uses 8-16)
-const TOP_FRACTION = 0.067;  // top-n = OmniKV's default budget fraction of the context
+const SPAN = 12; // capability: mean over the next 12 layers (OmniKV uses 8-16)
+const TOP_FRACTION = 0.067; // top-n = OmniKV's default budget fraction of the context
 const FILTERS = 3;
-const MAX_FIRST = 2;         // at most 2 dense layers before the first filter layer (OmniKV's setting)
-const KL_THRESHOLD = 0.05;   // nats: consecutive layers' round distributions this close are "the same"
+const MAX_FIRST = 2; // at most 2 dense layers before the first filter layer (OmniKV's setting)
+const KL_THRESHOLD = 0.05; // nats: consecutive layers' round distributions this close are "the same"
 
 const bench = benchCli({
   name: "calibrate",
@@ -95,7 +95,14 @@ const name = model.config.name || "model";
 const result = {
   ...bench.record(),
   model: { name, path: modelPath, fingerprint: model.fingerprint, layers: L },
-  method: { steps, span: SPAN, topFraction: TOP_FRACTION, maxFirst: MAX_FIRST, klThreshold: KL_THRESHOLD, documents: Object.keys(documents) },
+  method: {
+    steps,
+    span: SPAN,
+    topFraction: TOP_FRACTION,
+    maxFirst: MAX_FIRST,
+    klThreshold: KL_THRESHOLD,
+    documents: Object.keys(documents),
+  },
   similarity: sim,
   capability,
   recommendedFilterLayers: filterLayers,
@@ -122,7 +129,13 @@ await bench.results.chart(
         title: `Filter capability (next ${SPAN} layers); chosen ${filterLayers.join(", ")}`,
         xLabel: "layer",
         yLabel: "capability",
-        series: [{ name: "capability", color: "#1f77b4", points: capability.flatMap((c, l) => (Number.isFinite(c) ? [[l, c]] : [])) as Array<[number, number]> }],
+        series: [
+          {
+            name: "capability",
+            color: "#1f77b4",
+            points: capability.flatMap((c, l) => (Number.isFinite(c) ? [[l, c]] : [])) as Array<[number, number]>,
+          },
+        ],
       },
       {
         title: `Round KL, layer l vs l+1 (watershed: ${watershed ?? "none"})`,

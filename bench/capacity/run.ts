@@ -35,7 +35,11 @@ const PAIR = 2 * nHeadKv * headDim * 2; // one token's f16 K and V rows of one l
 const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [2, 8, 18];
 const configs: Array<{ id: string; budget?: number; policy: AttentionPolicy }> = [
   { id: "full", policy: { kind: "full" } },
-  ...[256, 1024, 2048].map((k) => ({ id: `omnikv k=${k} offload`, budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k, offload: true } } as AttentionPolicy })),
+  ...[256, 1024, 2048].map((k) => ({
+    id: `omnikv k=${k} offload`,
+    budget: k,
+    policy: { kind: "omnikv", omnikv: { filterLayers, budget: k, offload: true } } as AttentionPolicy,
+  })),
 ];
 
 /** The arena's prediction: device-tier layers x tokens + packed rows at full budget <= BUDGET. */
@@ -72,9 +76,21 @@ for (const [i, c] of configs.entries()) {
   let refused = "";
   await engine.decode([seq], [tok]).catch((e: Error) => (refused = e.message)); // the (max + 1)-th token
   seq.release();
-  if (atMax.nPast !== max || !refused) throw new Error(`${c.id}: the arena did not stop at the predicted ${max} tokens (held ${atMax.nPast}, refusal: "${refused}")`);
-  const row = { id: c.id, budget: c.budget ?? null, maxContext: max, deviceLayers, packedBytes, ...atMax, refusal: refused, decodeMs: median(times) };
-  console.error(`[capacity] ${c.id.padEnd(22)} max ${max} tokens, device ${(atMax.deviceBytes / 2 ** 20).toFixed(1)} MiB, host ${(atMax.hostBytes / 2 ** 20).toFixed(1)} MiB, ${row.decodeMs.toFixed(1)} ms/token`);
+  if (atMax.nPast !== max || !refused)
+    throw new Error(`${c.id}: the arena did not stop at the predicted ${max} tokens (held ${atMax.nPast}, refusal: "${refused}")`);
+  const row = {
+    id: c.id,
+    budget: c.budget ?? null,
+    maxContext: max,
+    deviceLayers,
+    packedBytes,
+    ...atMax,
+    refusal: refused,
+    decodeMs: median(times),
+  };
+  console.error(
+    `[capacity] ${c.id.padEnd(22)} max ${max} tokens, device ${(atMax.deviceBytes / 2 ** 20).toFixed(1)} MiB, host ${(atMax.hostBytes / 2 ** 20).toFixed(1)} MiB, ${row.decodeMs.toFixed(1)} ms/token`,
+  );
   rows.push(row);
 }
 const full = rows[0]!.maxContext;
@@ -103,7 +119,13 @@ await bench.results.chart(
         ],
       },
     ],
-    { title: `${model.config.name}: context per device budget`, subtitle: `filter layers ${filterLayers.join(", ")}; sparse layers' KV in the host bank`, panelWidth: 640, panelHeight: 360 },
+    {
+      title: `${model.config.name}: context per device budget`,
+      subtitle: `filter layers ${filterLayers.join(", ")}; sparse layers' KV in the host bank`,
+      panelWidth: 640,
+      panelHeight: 360,
+    },
   ),
 );
-for (const r of rows) console.log(`${r.id}: ${r.maxContext} tokens (${(r.maxContext / full).toFixed(2)}x full), ${r.decodeMs.toFixed(1)} ms/token`);
+for (const r of rows)
+  console.log(`${r.id}: ${r.maxContext} tokens (${(r.maxContext / full).toFixed(2)}x full), ${r.decodeMs.toFixed(1)} ms/token`);

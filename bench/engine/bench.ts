@@ -133,9 +133,17 @@ export async function runBench(backends: Backend[], tokens: readonly number[], o
           const order = backends.map((_, i) => i);
           if (r % 2 === 1) order.reverse(); // ABBA: neither engine always runs first
           for (const i of order) {
-            const rec = await measureRep(sessions[i]!, t, prompt, doDecode ? o.steps : 0, o, () => retrySpentMs, (ms) => {
-              retrySpentMs += ms;
-            });
+            const rec = await measureRep(
+              sessions[i]!,
+              t,
+              prompt,
+              doDecode ? o.steps : 0,
+              o,
+              () => retrySpentMs,
+              (ms) => {
+                retrySpentMs += ms;
+              },
+            );
             rec.rep = r;
             points[i]!.reps.push(rec);
             points[i]!.actualThreads ??= sessions[i]!.actualThreads();

@@ -86,7 +86,12 @@ export class OursBackend implements Backend {
     let e = this.engines.get(threads);
     if (!e) {
       // Decode steps on `threads` too (the engine's default is one), as llama.cpp's are.
-      const engine = new Engine(this.model, { threads, decodeThreads: threads, ubatch: this.opts.ubatch, maxContext: this.opts.maxContext });
+      const engine = new Engine(this.model, {
+        threads,
+        decodeThreads: threads,
+        ubatch: this.opts.ubatch,
+        maxContext: this.opts.maxContext,
+      });
       e = { engine, seq: engine.createSequence(engine.maxContext) };
       this.engines.set(threads, e);
     }

@@ -12,7 +12,15 @@ import { getModuleVersion } from "node-llama-cpp";
 import { addon, type ReadBandwidth } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { benchCli, REPO_ROOT, type Results } from "../../tools/lib/bench-runner.ts";
-import { autogroup, fileStamp, machineInfo, mappedLibraries, restoreAutogroupNice, setProcessNice, threadNiceValues } from "../../tools/lib/machine.ts";
+import {
+  autogroup,
+  fileStamp,
+  machineInfo,
+  mappedLibraries,
+  restoreAutogroupNice,
+  setProcessNice,
+  threadNiceValues,
+} from "../../tools/lib/machine.ts";
 import { renderChart, type Panel, type Series } from "../../tools/lib/svg-chart.ts";
 import { fmtNum, markdownTable, textTable, type Table } from "../../shared/platform/table.ts";
 import {
@@ -51,7 +59,10 @@ const HELP = `  --lengths LIST          prompt lengths / decode contexts (defaul
 
 function list(s: string | undefined, dflt: number[]): number[] {
   if (s === undefined) return dflt;
-  const xs = s.split(",").filter((x) => x.trim() !== "").map((x) => Number(x));
+  const xs = s
+    .split(",")
+    .filter((x) => x.trim() !== "")
+    .map((x) => Number(x));
   if (xs.length === 0 || xs.some((x) => !Number.isInteger(x) || x < 0)) throw new Error(`bad list of integers: ${s}`);
   return xs;
 }
@@ -335,7 +346,9 @@ async function main(): Promise<void> {
       decode: decodeBreakdown(measured.points),
       prefill: prefillBreakdown(measured.points, opts.chunk > 0 ? opts.chunk : ubatch),
       greedyAgreement: greedyAgreement(measured.points),
-      contendedRuns: measured.points.flatMap((p) => p.reps.filter((r) => r.contended).map((r) => `${p.engine} t=${p.threads} L=${p.promptTokens} rep ${r.rep}`)),
+      contendedRuns: measured.points.flatMap((p) =>
+        p.reps.filter((r) => r.contended).map((r) => `${p.engine} t=${p.threads} L=${p.promptTokens} rep ${r.rep}`),
+      ),
       retrySpentS: measured.retrySpentS,
     },
     warmup: measured.warmup,
@@ -360,7 +373,14 @@ interface Report {
   /** readBandwidth: absent in runs before it was measured. */
   machine: { cpuModel: string; cpus: number; readBandwidth?: { best: Array<{ threads: number; gbPerS: number }> } };
   model: { path: string; name?: string };
-  engines: { ours?: { kernels: string; ubatch: number; weightBytesPerToken?: number }; llama?: { package: string; llamaCppRelease: { release: string }; variants: Array<{ id: string; flashAttentionRequested: string; flashAttentionResolved: string }> } };
+  engines: {
+    ours?: { kernels: string; ubatch: number; weightBytesPerToken?: number };
+    llama?: {
+      package: string;
+      llamaCppRelease: { release: string };
+      variants: Array<{ id: string; flashAttentionRequested: string; flashAttentionResolved: string }>;
+    };
+  };
   options: { chunk: number };
   summary: ReturnType<typeof summaryTables>;
   chartSubtitle: string;
@@ -376,7 +396,9 @@ async function writeOutputs(report: Report, results: Results): Promise<void> {
   const roofline = rooflineTable(report, variants);
   if (roofline) tables.push(roofline);
   const breakdownText = renderBreakdown(report.analysis, variants);
-  console.log(`\nctxbank engine benchmark — ${report.model.path.replace(/^.*\//, "")} — ${report.machine.cpuModel}, ${report.machine.cpus} CPUs — ${report.date}`);
+  console.log(
+    `\nctxbank engine benchmark — ${report.model.path.replace(/^.*\//, "")} — ${report.machine.cpuModel}, ${report.machine.cpus} CPUs — ${report.date}`,
+  );
   const ll = report.engines.llama;
   console.log(
     `ours: kernels ${report.engines.ours?.kernels ?? "-"} | llama.cpp ${ll?.llamaCppRelease.release ?? "-"} (${ll?.package ?? "-"}), F16 KV, ` +
@@ -423,7 +445,8 @@ function summaryTables(points: PointRecord[], backends: Variant[]) {
     }
     for (const row of rows.values()) {
       const o = row.values.ours;
-      for (const b of backends) if (b.id !== "ours") row.ratios[b.id] = o !== undefined && row.values[b.id] ? o / row.values[b.id]! : undefined;
+      for (const b of backends)
+        if (b.id !== "ours") row.ratios[b.id] = o !== undefined && row.values[b.id] ? o / row.values[b.id]! : undefined;
     }
     return [...rows.values()].sort((x, y) => x.threads - y.threads || x.tokens - y.tokens);
   };
@@ -459,7 +482,10 @@ function renderTables(s: ReturnType<typeof summaryTables>, backends: Variant[]):
   const star = anyStar ? " — * = most of the reps ran while other processes took CPU from it (see contendedRuns)" : "";
   const out: Array<{ title: string; table: Table }> = [];
   if (s.prefillTokPerS.length > 0)
-    out.push({ title: `Prefill throughput (tokens/s, median; higher is better; ratio >1 = ours faster)${star}`, table: mk(s.prefillTokPerS, "prefill") });
+    out.push({
+      title: `Prefill throughput (tokens/s, median; higher is better; ratio >1 = ours faster)${star}`,
+      table: mk(s.prefillTokPerS, "prefill"),
+    });
   if (s.decodeMsPerToken.length > 0)
     out.push({
       title: `Decode latency (ms/token: mean over the N greedy steps, median over runs; lower is better; ratio >1 = ours slower)${star}`,
@@ -532,7 +558,15 @@ function greedyAgreement(points: PointRecord[]) {
   return out;
 }
 
-function renderBreakdown(an: { decode: ReturnType<typeof decodeBreakdown>; prefill: ReturnType<typeof prefillBreakdown>; greedyAgreement: ReturnType<typeof greedyAgreement>; contendedRuns: string[] }, backends: Variant[]) {
+function renderBreakdown(
+  an: {
+    decode: ReturnType<typeof decodeBreakdown>;
+    prefill: ReturnType<typeof prefillBreakdown>;
+    greedyAgreement: ReturnType<typeof greedyAgreement>;
+    contendedRuns: string[];
+  },
+  backends: Variant[],
+) {
   const label = (id: string) => backends.find((b) => b.id === id)?.label ?? id;
   const dec: Table = {
     headers: ["engine", "threads", "fixed ms/tok", "+ms per 1K ctx", "ctx share @ longest", "r²"],
@@ -561,10 +595,16 @@ function renderBreakdown(an: { decode: ReturnType<typeof decodeBreakdown>; prefi
     an.greedyAgreement.length > 0
       ? `Greedy tokens agreeing with ours (first token + decode steps, worst rep): ` +
         an.greedyAgreement
-          .map((g) => `${new Set(an.greedyAgreement.map((x) => x.engine)).size > 1 ? `${g.engine} ` : ""}${g.context}: ${g.agreeingTokens}/${g.of}`)
+          .map(
+            (g) =>
+              `${new Set(an.greedyAgreement.map((x) => x.engine)).size > 1 ? `${g.engine} ` : ""}${g.context}: ${g.agreeingTokens}/${g.of}`,
+          )
           .join(", ")
       : "";
-  const cont = an.contendedRuns.length > 0 ? `Runs still contended after retries: ${an.contendedRuns.join("; ")}` : "No run was contended by other processes (after retries).";
+  const cont =
+    an.contendedRuns.length > 0
+      ? `Runs still contended after retries: ${an.contendedRuns.join("; ")}`
+      : "No run was contended by other processes (after retries).";
   const decTitle = "Decode breakdown: ms/token ≈ fixed + k·context (fit over the decode points; the context part is mostly attention)";
   const preTitle = "Prefill breakdown (longest prompt): time per chunk vs its position (growth with position ≈ attention)";
   return {
@@ -591,7 +631,13 @@ function renderBreakdown(an: { decode: ReturnType<typeof decodeBreakdown>; prefi
 // ---------------------------------------------------------------------------------------------
 // Chart
 
-const COLORS: Record<string, string> = { ours: "#1f77b4", llama: "#ff7f0e", "llama-fa-on": "#2ca02c", "llama-fa-off": "#9467bd", "llama-fa-auto": "#8c564b" };
+const COLORS: Record<string, string> = {
+  ours: "#1f77b4",
+  llama: "#ff7f0e",
+  "llama-fa-on": "#2ca02c",
+  "llama-fa-off": "#9467bd",
+  "llama-fa-auto": "#8c564b",
+};
 const DASH = ["", "7 4", "2 3", "10 3 2 3"];
 
 function chartPanels(points: PointRecord[], backends: Variant[], chunk: number): Panel[] {

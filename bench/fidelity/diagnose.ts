@@ -20,14 +20,21 @@ import { passkeyTask } from "./tasks.ts";
 const bench = benchCli({
   name: "fidelity",
   script: "npx tsx bench/fidelity/diagnose.ts",
-  options: { len: { type: "string", default: "7680" }, depth: { type: "string", default: "0" }, gen: { type: "string", default: "32" }, seed: { type: "string", default: "7" } },
+  options: {
+    len: { type: "string", default: "7680" },
+    depth: { type: "string", default: "0" },
+    gen: { type: "string", default: "32" },
+    seed: { type: "string", default: "7" },
+  },
   help: `  --len N          passkey prompt tokens (default 7680)
   --depth F        needle depth, 0 to 1 (default 0)
   --gen N          teacher-forced tokens (default 32)
   --seed N         passkey seed (default 7)`,
 });
 const args = bench.values;
-const LEN = Number(args.len), DEPTH = Number(args.depth), GEN = Number(args.gen);
+const LEN = Number(args.len),
+  DEPTH = Number(args.depth),
+  GEN = Number(args.gen);
 
 const modelPath = await resolveModel();
 const model = await loadModel(modelPath);
@@ -55,7 +62,10 @@ for (let i = 1; i < GEN; i++) {
   ref.push(argmax(l));
 }
 
-const omni = (budget: number, extra: Partial<{ selector: "last" | "last_softmax" | "uniform" | "exp"; window: number; guard: boolean }> = {}): AttentionPolicy => ({
+const omni = (
+  budget: number,
+  extra: Partial<{ selector: "last" | "last_softmax" | "uniform" | "exp"; window: number; guard: boolean }> = {},
+): AttentionPolicy => ({
   kind: "omnikv",
   omnikv: { filterLayers, budget, ...extra },
 });
@@ -95,7 +105,9 @@ for (const [name, policy] of configs) {
   }
   const row = { config: name, meanKl: mean(kl), firstStepKl: kl[0]!, tfTop1: top1 / (GEN - 1) };
   rows.push(row);
-  console.log(`${name.padEnd(48)} mean KL ${row.meanKl.toFixed(4)}  first-step KL ${row.firstStepKl.toFixed(4)}  TF top-1 ${(row.tfTop1 * 100).toFixed(1)}%`);
+  console.log(
+    `${name.padEnd(48)} mean KL ${row.meanKl.toFixed(4)}  first-step KL ${row.firstStepKl.toFixed(4)}  TF top-1 ${(row.tfTop1 * 100).toFixed(1)}%`,
+  );
 }
 seq.release();
 await bench.results.json(`diagnose-${LEN}-d${DEPTH}-filters-${filterLayers.join("-")}`, {

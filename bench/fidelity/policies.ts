@@ -18,12 +18,24 @@ export const OMNIKV_SCOPE_BUDGET = 1024;
 
 export function fidelityPolicies(filterLayers: number[], budgets: readonly number[] = BUDGETS): BenchPolicy[] {
   const out: BenchPolicy[] = [{ id: "full", family: "full", budget: null, policy: { kind: "full" } }];
-  for (const k of budgets) out.push({ id: `omnikv k=${k}`, family: "omnikv", budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k } } });
   for (const k of budgets)
-    out.push({ id: `streaming k=${k}`, family: "streaming", budget: k, policy: { kind: "streaming", streaming: { sinks: 4, window: k - 4 } } });
-  for (const k of budgets) out.push({ id: `h2o k=${k}`, family: "h2o", budget: k, policy: { kind: "h2o", h2o: { budget: k, recent: k / 4 } } });
+    out.push({ id: `omnikv k=${k}`, family: "omnikv", budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k } } });
+  for (const k of budgets)
+    out.push({
+      id: `streaming k=${k}`,
+      family: "streaming",
+      budget: k,
+      policy: { kind: "streaming", streaming: { sinks: 4, window: k - 4 } },
+    });
+  for (const k of budgets)
+    out.push({ id: `h2o k=${k}`, family: "h2o", budget: k, policy: { kind: "h2o", h2o: { budget: k, recent: k / 4 } } });
   const scope = { ...SCOPE };
-  out.push({ id: `scope ${scope.beta1}+${scope.beta2}`, family: "scope", budget: scope.beta1 + scope.beta2, policy: { kind: "scope", scope } });
+  out.push({
+    id: `scope ${scope.beta1}+${scope.beta2}`,
+    family: "scope",
+    budget: scope.beta1 + scope.beta2,
+    policy: { kind: "scope", scope },
+  });
   out.push({
     id: `omnikv k=${OMNIKV_SCOPE_BUDGET}+scope ${scope.beta1}+${scope.beta2}`,
     family: "omnikv+scope",

@@ -62,7 +62,7 @@ export interface FidelityResult {
 
 /** Group key: task plus prompt-length bucket (e.g. "passkey 4K"). */
 export function groupOf(p: PromptResult): string {
-  const k = p.promptTokens >= 1000 ? `${Math.round(p.promptTokens / 1024 * 2) / 2}K` : String(p.promptTokens);
+  const k = p.promptTokens >= 1000 ? `${Math.round((p.promptTokens / 1024) * 2) / 2}K` : String(p.promptTokens);
   return p.task === "longgen" ? `longgen (${p.gen} out)` : `${p.task} ${k}`;
 }
 
@@ -122,7 +122,19 @@ export function summarize(r: FidelityResult): SummaryRow[] {
 
 export function summaryTable(rows: SummaryRow[]): string {
   return markdownTable({
-    headers: ["group", "policy", "n", "score", "agreement", "first div (mean)", "mean KL", "TF top-1", "answer same", "gap at div", "decode KV kept"],
+    headers: [
+      "group",
+      "policy",
+      "n",
+      "score",
+      "agreement",
+      "first div (mean)",
+      "mean KL",
+      "TF top-1",
+      "answer same",
+      "gap at div",
+      "decode KV kept",
+    ],
     rows: rows.map((x) => [
       x.group,
       x.policy,
@@ -163,7 +175,11 @@ export function targets(r: FidelityResult): string[] {
     if (!ps.length) continue;
     for (const k of [256, 1024]) {
       const m = (id: string, f: (x: PolicyRun) => number) => mean(ps.map((p) => f(run(p, id)!)));
-      const o = { s: m(`omnikv k=${k}`, (x) => x.score), a: m(`omnikv k=${k}`, (x) => x.agreement), kl: m(`omnikv k=${k}`, (x) => x.meanKl) };
+      const o = {
+        s: m(`omnikv k=${k}`, (x) => x.score),
+        a: m(`omnikv k=${k}`, (x) => x.agreement),
+        kl: m(`omnikv k=${k}`, (x) => x.meanKl),
+      };
       const cmp = ["h2o", "streaming"].map((b) => {
         const id = `${b} k=${k}`;
         const bs = { s: m(id, (x) => x.score), a: m(id, (x) => x.agreement), kl: m(id, (x) => x.meanKl) };
@@ -179,7 +195,9 @@ export function targets(r: FidelityResult): string[] {
       const x = run(p, id)!;
       const share = x.decodeKv?.share ?? NaN;
       const ok = x.agreement >= 0.9 && share <= 0.4;
-      lines.push(`${id} over ${p.gen} generated tokens: agreement ${pct(x.agreement)} (target >= 90%), decode KV kept ${pct(share)} (target <= 40%) -> ${ok ? "MET" : "NOT MET"}`);
+      lines.push(
+        `${id} over ${p.gen} generated tokens: agreement ${pct(x.agreement)} (target >= 90%), decode KV kept ${pct(share)} (target <= 40%) -> ${ok ? "MET" : "NOT MET"}`,
+      );
     }
   return lines;
 }
@@ -194,7 +212,11 @@ const COLORS: Record<string, string> = {
 };
 
 type Metric = "score" | "agreement" | "kl";
-const METRIC_TITLE: Record<Metric, string> = { score: "task score", agreement: "greedy agreement with full", kl: "mean KL(full || policy), teacher-forced" };
+const METRIC_TITLE: Record<Metric, string> = {
+  score: "task score",
+  agreement: "greedy agreement with full",
+  kl: "mean KL(full || policy), teacher-forced",
+};
 const METRIC_Y: Record<Metric, string> = { score: "score (mean over prompts)", agreement: "agreement (%)", kl: "KL (nats / token)" };
 const metricOf = (x: SummaryRow, m: Metric) => (m === "score" ? x.score : m === "agreement" ? x.agreement * 100 : x.meanKl);
 
@@ -214,7 +236,12 @@ function panels(rows: SummaryRow[], metric: Metric, tasks: string[]): Panel[] {
         for (const b of bs) byBudget.set(b, [...(byBudget.get(b) ?? []), metricOf(x, metric)]);
       }
       const points = [...byBudget.entries()].sort((a, b) => a[0] - b[0]).map(([b, v]) => [b, mean(v)] as [number, number]);
-      series.push({ name: fam === "scope" ? "scope (b1+b2)" : fam === "omnikv+scope" ? "omnikv+scope 256+256" : fam, color: COLORS[fam]!, dash: fam === "full" ? "6 4" : undefined, points });
+      series.push({
+        name: fam === "scope" ? "scope (b1+b2)" : fam === "omnikv+scope" ? "omnikv+scope 256+256" : fam,
+        color: COLORS[fam]!,
+        dash: fam === "full" ? "6 4" : undefined,
+        points,
+      });
     }
     out.push({
       title: `${task}: ${metric === "kl" ? "mean KL vs full" : METRIC_TITLE[metric]}`,
@@ -233,12 +260,20 @@ export async function writeReport(r: FidelityResult, results: Results): Promise<
   const rows = summarize(r);
   const table = summaryTable(rows);
   const tag = r.complete ? "" : ` (PARTIAL: ${r.prompts.length}/${r.plannedPrompts.length} prompts)`;
-  await results.markdown("table", `${table}\n\nTargets${tag}:\n\n${targets(r).map((l) => `- ${l}`).join("\n")}\n`);
+  await results.markdown(
+    "table",
+    `${table}\n\nTargets${tag}:\n\n${targets(r)
+      .map((l) => `- ${l}`)
+      .join("\n")}\n`,
+  );
   const tasks = ["passkey", "2stage", "longgen"];
   const sub = `${r.model.name}; filter layers ${r.filterLayers.join(", ")}; omnikv budget = prompt tokens kept (+ all generated), streaming/h2o = tokens kept in all, scope = b1+b2 generated${tag}`;
   for (const metric of ["score", "agreement", "kl"] as const) {
     const ps = panels(rows, metric, tasks);
     if (ps.length === 0) continue;
-    await results.chart(metric, renderChart(ps, { title: `Fidelity bench: ${METRIC_TITLE[metric]} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }));
+    await results.chart(
+      metric,
+      renderChart(ps, { title: `Fidelity bench: ${METRIC_TITLE[metric]} vs budget`, subtitle: sub, panelWidth: 440, panelHeight: 360 }),
+    );
   }
 }

@@ -131,10 +131,14 @@ function promptTokens(user: string, answerPrefix: string): number[] {
 
 /** Gap between the best and second-best logit (how close greedy is to a tie). */
 function top2Gap(logits: ArrayLike<number>): number {
-  let a = -Infinity, b = -Infinity;
+  let a = -Infinity,
+    b = -Infinity;
   for (let i = 0; i < logits.length; i++) {
     const v = logits[i]!;
-    if (v > a) { b = a; a = v; } else if (v > b) b = v;
+    if (v > a) {
+      b = a;
+      a = v;
+    } else if (v > b) b = v;
   }
   return a - b;
 }
@@ -171,8 +175,7 @@ async function freeRun(seq: NativeSequence, first: number, n: number, ref?: { to
     if (!ref) {
       logps.push(logSoftmax(logits));
       gaps.push(top2Gap(logits));
-    }
-    else if (!diverged) {
+    } else if (!diverged) {
       // Inputs so far equal full's tokens: this step is a teacher-forced step too.
       klPrefix.push(klDivergence(ref.logps[i - 1]!, logSoftmax(logits)));
       tfTop1Prefix.push(next === ref.tokens[i] ? 1 : 0);
@@ -184,7 +187,10 @@ async function freeRun(seq: NativeSequence, first: number, n: number, ref?: { to
 }
 
 /** Teacher-forced: feed full's tokens, KL(full || policy) and top-1 match at every position. */
-async function teacherForced(seq: NativeSequence, ref: { tokens: number[]; logps: Float32Array[] }): Promise<{ kl: number[]; top1: number[] }> {
+async function teacherForced(
+  seq: NativeSequence,
+  ref: { tokens: number[]; logps: Float32Array[] },
+): Promise<{ kl: number[]; top1: number[] }> {
   const kl: number[] = [];
   const top1: number[] = [];
   for (let i = 1; i < ref.tokens.length; i++) {
@@ -195,17 +201,22 @@ async function teacherForced(seq: NativeSequence, ref: { tokens: number[]; logps
   return { kl, top1 };
 }
 
-function score(p: TaskPrompt & { questions?: Array<{ answer: number }> }, text: string): { score: number; extra?: Record<string, unknown> } {
+function score(
+  p: TaskPrompt & { questions?: Array<{ answer: number }> },
+  text: string,
+): { score: number; extra?: Record<string, unknown> } {
   if (p.task === "passkey") return { score: scorePasskey(text, p.answer) };
   if (p.task === "2stage") return { score: scoreTwoStage(text, p.answer), extra: { firstColour: firstColour(text) ?? null } };
-  const r = scoreLongGen(text, p.questions!.map((q) => q.answer));
+  const r = scoreLongGen(
+    text,
+    p.questions!.map((q) => q.answer),
+  );
   return { score: r.score, extra: { answered: r.answered } };
 }
 
 const items = grid();
 const result: FidelityResult = {
-  what:
-    "fidelity of sparse decode policies vs full attention: task score, greedy agreement and first divergence (free-running), mean KL(full||policy) per step (teacher-forced with full's tokens)",
+  what: "fidelity of sparse decode policies vs full attention: task score, greedy agreement and first divergence (free-running), mean KL(full||policy) per step (teacher-forced with full's tokens)",
   ...bench.record(),
   quick: QUICK,
   complete: false,
@@ -217,7 +228,9 @@ const result: FidelityResult = {
   prompts: [],
 };
 
-log(`${items.length} prompts x ${policies.length} policies; filter layers ${filterLayers.join(",")}; writing ${bench.results}/fidelity.json`);
+log(
+  `${items.length} prompts x ${policies.length} policies; filter layers ${filterLayers.join(",")}; writing ${bench.results}/fidelity.json`,
+);
 for (const [idx, item] of items.entries()) {
   const prompt = item.build((user) => promptTokens(user, "").length);
   const ids = promptTokens(prompt.user, prompt.answerPrefix);
@@ -227,7 +240,9 @@ for (const [idx, item] of items.entries()) {
   for (let i = 0; i < ids.length; i += CHUNK) logits = await engine.prefill(seq, ids.slice(i, i + CHUNK));
   const prefillMs = performance.now() - tp;
   const first = argmax(logits);
-  log(`[${idx + 1}/${items.length}] ${item.label}: ${ids.length} prompt tokens, prefill ${(prefillMs / 1000).toFixed(1)}s, ${item.gen} tokens per policy`);
+  log(
+    `[${idx + 1}/${items.length}] ${item.label}: ${ids.length} prompt tokens, prefill ${(prefillMs / 1000).toFixed(1)}s, ${item.gen} tokens per policy`,
+  );
 
   let ref: { tokens: number[]; logps: Float32Array[]; gaps: number[]; eogAt: number | null } | undefined;
   const runs: PolicyRun[] = [];
@@ -243,7 +258,17 @@ for (const [idx, item] of items.entries()) {
     let run: PolicyRun;
     if (!ref) {
       ref = { tokens: free.tokens, logps: free.logps!, gaps: [top2Gap(logits), ...free.gaps!], eogAt };
-      run = { policy: p.id, family: p.family, budget: p.budget, score: sc.score, agreement: 1, firstDivergence: null, meanKl: 0, maxKl: 0, tfTop1: 1 };
+      run = {
+        policy: p.id,
+        family: p.family,
+        budget: p.budget,
+        score: sc.score,
+        agreement: 1,
+        firstDivergence: null,
+        meanKl: 0,
+        maxKl: 0,
+        tfTop1: 1,
+      };
     } else {
       const div = firstDivergence(ref.tokens, free.tokens);
       let kl = free.klPrefix;
@@ -278,7 +303,10 @@ for (const [idx, item] of items.entries()) {
     run.decodeKv = {
       decodePoolTokens: stats.decodePoolTokens,
       fullDecodeTokens: generated * nLayer * nHeadKv,
-      share: generated > 0 && (p.family === "scope" || p.family === "omnikv+scope") ? stats.decodePoolTokens / (generated * nLayer * nHeadKv) : null,
+      share:
+        generated > 0 && (p.family === "scope" || p.family === "omnikv+scope")
+          ? stats.decodePoolTokens / (generated * nLayer * nHeadKv)
+          : null,
       decodeTokens: generated,
     };
     run.eogAt = eogAt;

@@ -75,8 +75,29 @@ export function scorePasskey(output: string, key: string): number {
 // --- 2StageRetr (OmniKV appendix) ---------------------------------------------------------------
 
 export const COLOURS = [
-  "red", "green", "blue", "yellow", "orange", "purple", "pink", "brown", "black", "white", "gray", "cyan",
-  "magenta", "indigo", "violet", "beige", "maroon", "navy", "olive", "teal", "lime", "silver", "gold",
+  "red",
+  "green",
+  "blue",
+  "yellow",
+  "orange",
+  "purple",
+  "pink",
+  "brown",
+  "black",
+  "white",
+  "gray",
+  "cyan",
+  "magenta",
+  "indigo",
+  "violet",
+  "beige",
+  "maroon",
+  "navy",
+  "olive",
+  "teal",
+  "lime",
+  "silver",
+  "gold",
 ] as const;
 
 export interface Dict2Stage {
@@ -153,7 +174,9 @@ const THINGS = ["apples", "books", "coins", "marbles", "pencils", "stamps", "she
 export function longGenQuestion(rng: () => number): LongGenQuestion {
   const who = NAMES[uniformInt(rng, 0, NAMES.length - 1)]!;
   const what = THINGS[uniformInt(rng, 0, THINGS.length - 1)]!;
-  const x = uniformInt(rng, 5, 60), y = uniformInt(rng, 2, 40), z = uniformInt(rng, 1, x + y - 1);
+  const x = uniformInt(rng, 5, 60),
+    y = uniformInt(rng, 2, 40),
+    z = uniformInt(rng, 1, x + y - 1);
   return {
     text: `${who} has ${x} ${what}, buys ${y} more and then gives away ${z}. How many ${what} does ${who} have now?`,
     answer: x + y - z,

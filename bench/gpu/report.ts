@@ -23,7 +23,11 @@ interface Point {
   ms_per_token?: number;
   tokens_per_second?: number;
 }
-interface Run { device_description: string; kernels: string; points: Point[] }
+interface Run {
+  device_description: string;
+  kernels: string;
+  points: Point[];
+}
 interface Llama {
   about: string;
   decode_ms_per_token: Record<string, number>;
@@ -50,8 +54,12 @@ const lowerIsBetter = (test: Point["test"]) => test === "decode";
 const value = (p: Point) => (p.test === "decode" ? p.ms_per_token : p.tokens_per_second)!;
 function best(key: Key, kernels?: string): { value: number; kernels: string } | undefined {
   const matching = points.filter(
-    (p) => p.test === key.test && (kernels === undefined || p.kernels === kernels) &&
-      p.context === key.context && p.tokens === key.tokens && p.batch === key.batch,
+    (p) =>
+      p.test === key.test &&
+      (kernels === undefined || p.kernels === kernels) &&
+      p.context === key.context &&
+      p.tokens === key.tokens &&
+      p.batch === key.batch,
   );
   let out: { value: number; kernels: string } | undefined;
   for (const p of matching) {
@@ -66,7 +74,10 @@ const batchedContext = points.find((p) => p.test === "batched")?.context ?? 4096
 
 const rows = [
   ...keys("decode", "context").map((context) => ({ key: { test: "decode", context } as Key, llama: llama.decode_ms_per_token[context] })),
-  ...keys("prefill", "tokens").map((tokens) => ({ key: { test: "prefill", tokens } as Key, llama: llama.prefill_tokens_per_second[tokens] })),
+  ...keys("prefill", "tokens").map((tokens) => ({
+    key: { test: "prefill", tokens } as Key,
+    llama: llama.prefill_tokens_per_second[tokens],
+  })),
   ...keys("batched", "batch").map((batch) => ({
     key: { test: "batched", context: batchedContext, batch } as Key,
     llama: batchedContext === 4096 ? llama.batched_tokens_per_second_at_4096[batch] : undefined,
@@ -75,7 +86,11 @@ const rows = [
 
 const k = (n: number) => (n >= 1024 ? `${n / 1024}K` : String(n));
 const label = (r: (typeof rows)[number]) =>
-  r.test === "decode" ? `decode, context ${k(r.context!)} (ms/token)` : r.test === "prefill" ? `prefill ${k(r.tokens!)} (tok/s)` : `batched B = ${r.batch} at ${k(r.context!)} (tok/s)`;
+  r.test === "decode"
+    ? `decode, context ${k(r.context!)} (ms/token)`
+    : r.test === "prefill"
+      ? `prefill ${k(r.tokens!)} (tok/s)`
+      : `batched B = ${r.batch} at ${k(r.context!)} (tok/s)`;
 // Speed-up over llama.cpp: > 1 means ours is faster, for times and rates alike.
 const speedup = (r: (typeof rows)[number], ours?: number) =>
   ours === undefined || r.llama === undefined ? undefined : r.test === "decode" ? r.llama / ours : ours / r.llama;
@@ -105,7 +120,11 @@ const md = [
 const series = (test: Point["test"], x: (r: (typeof rows)[number]) => number, y: (r: (typeof rows)[number]) => number | undefined) =>
   rows.filter((r) => r.test === test).flatMap((r) => (y(r) === undefined ? [] : [[x(r), y(r)!] as [number, number]]));
 const panel = (test: Point["test"], title: string, xLabel: string, yLabel: string, x: (r: (typeof rows)[number]) => number) => ({
-  title, xLabel, yLabel, xLog2: test !== "decode", xTickFormat: k,
+  title,
+  xLabel,
+  yLabel,
+  xLog2: test !== "decode",
+  xTickFormat: k,
   series: [
     { name: "ours, fastest", color: "#d62728", points: series(test, x, (r) => r.fastest?.value), labels: true },
     { name: "ours, simple", color: "#ff9896", points: series(test, x, (r) => r.simple) },

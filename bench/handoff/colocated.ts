@@ -11,7 +11,10 @@ import { resolveModel } from "../../shared/inference/model/resolve.ts";
 
 const [, , idsFile, threadsArg, maxContextArg] = process.argv;
 const ids = JSON.parse(readFileSync(idsFile!, "utf8")) as number[];
-const engine = new Engine(await loadModel(await resolveModel()), { threads: Number(threadsArg ?? 2), maxContext: maxContextArg === undefined ? undefined : Number(maxContextArg) });
+const engine = new Engine(await loadModel(await resolveModel()), {
+  threads: Number(threadsArg ?? 2),
+  maxContext: maxContextArg === undefined ? undefined : Number(maxContextArg),
+});
 // Warm up as a long-running service is (first-forward allocations), then let the caller renice
 // every thread (the engine's included) before the timed part.
 const warm = engine.createSequence(16);

@@ -50,9 +50,17 @@ const here = dirname(fileURLToPath(import.meta.url));
  */
 const TRANSPORTS: { name: string; note: string; open: (loader: KvLoader) => KvTransport | string }[] = [
   { name: "shm", note: "the owner's tmpfs shard mapped in place (same host)", open: (l) => l.shm },
-  { name: "socket", note: "HTTP/1.1 over keep-alive sockets, bodies read straight into the staging buffer (decode's reader for http:// owners)", open: (l) => l.http },
+  {
+    name: "socket",
+    note: "HTTP/1.1 over keep-alive sockets, bodies read straight into the staging buffer (decode's reader for http:// owners)",
+    open: (l) => l.http,
+  },
   { name: "http", note: "undici (decode's reader for https:// owners)", open: (l) => l.https },
-  { name: "ucx", note: "UCX active-message rendezvous: the decode asks, pulls the owner's answer into its buffer (on one host: CMA)", open: (l) => l.ucx ?? "the UCX transport addon is not built (CTXBANK_UCX, libucx-dev)" },
+  {
+    name: "ucx",
+    note: "UCX active-message rendezvous: the decode asks, pulls the owner's answer into its buffer (on one host: CMA)",
+    open: (l) => l.ucx ?? "the UCX transport addon is not built (CTXBANK_UCX, libucx-dev)",
+  },
 ];
 
 interface TransportPoint {
@@ -213,7 +221,10 @@ async function eventTimes(res: Response, t0: number, n: number): Promise<number[
 async function colocated(ids: number[], threads: number, nice: number, maxContext: number): Promise<number> {
   const file = join(await mkdtemp("/tmp/ctxbank-colocated-"), "ids.json");
   await writeFile(file, JSON.stringify(ids));
-  const child = spawn(process.execPath, ["--import", "tsx", join(here, "colocated.ts"), file, String(threads), String(maxContext)], { cwd: REPO_ROOT, stdio: ["pipe", "pipe", "inherit"] });
+  const child = spawn(process.execPath, ["--import", "tsx", join(here, "colocated.ts"), file, String(threads), String(maxContext)], {
+    cwd: REPO_ROOT,
+    stdio: ["pipe", "pipe", "inherit"],
+  });
   let out = "";
   child.stdout.setEncoding("utf8");
   const exited = new Promise<number | null>((r) => child.once("exit", r));
@@ -261,7 +272,14 @@ const cpuMs = (since: NodeJS.CpuUsage) => {
   return (u.user + u.system) / 1000;
 };
 
-async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, transport: KvTransport, reps: number, ownerPid?: number): Promise<TransportPoint> {
+async function transferReps(
+  rt: Runtime,
+  loader: KvLoader,
+  handle: Handle,
+  transport: KvTransport,
+  reps: number,
+  ownerPid?: number,
+): Promise<TransportPoint> {
   loader.override = transport;
   const readBps: number[] = [];
   const loadBps: number[] = [];
@@ -280,13 +298,29 @@ async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, trans
       const leased = await rt.registry.chunks.acquireRead(handle.chunk_ids, 60_000);
       // Every repetition is a decode's first load of a handle: new pages at the owner (below,
       // again before the whole load) and a new destination sequence.
-      const renew = () => renewPages(leased[0]!.location.shardPath, leased.map((l) => l.location));
+      const renew = () =>
+        renewPages(
+          leased[0]!.location.shardPath,
+          leased.map((l) => l.location),
+        );
       renew();
-      const bufs = leased.map(({ chunk, location }) => bufFor.get(chunk.id) ?? bufFor.set(chunk.id, Buffer.alloc(location.length)).get(chunk.id)!);
+      const bufs = leased.map(
+        ({ chunk, location }) => bufFor.get(chunk.id) ?? bufFor.set(chunk.id, Buffer.alloc(location.length)).get(chunk.id)!,
+      );
       const auth = new InternalAuth(TEST_INTERNAL_SECRET);
       const locs = leased.map(({ chunk, location }) => ({
         ...location,
-        capability: auth.sign({ route: "chunk", tenant: tenantOf(handle.request_id), request: handle.request_id, chunk: chunk.id, shard: location.shardId, epoch: location.epoch, offset: location.offset, length: location.length, exp: Date.now() + 60_000 }),
+        capability: auth.sign({
+          route: "chunk",
+          tenant: tenantOf(handle.request_id),
+          request: handle.request_id,
+          chunk: chunk.id,
+          shard: location.shardId,
+          epoch: location.epoch,
+          offset: location.offset,
+          length: location.length,
+          exp: Date.now() + 60_000,
+        }),
       }));
       let next = 0;
       const c0 = process.cpuUsage();
@@ -320,7 +354,8 @@ async function transferReps(rt: Runtime, loader: KvLoader, handle: Handle, trans
   }
   const owner1 = processCpuMs(ownerPid);
   const cpuMsPerGB: TransportPoint["cpuMsPerGB"] = { readerRead: readCpu / (readBytes / 1e9), readerLoad: loadCpu / (loadBytes / 1e9) };
-  if (ownerPid !== undefined && owner0 !== undefined && owner1 !== undefined) cpuMsPerGB.owner = (owner1 - owner0) / ((readBytes + loadBytes) / 1e9);
+  if (ownerPid !== undefined && owner0 !== undefined && owner1 !== undefined)
+    cpuMsPerGB.owner = (owner1 - owner0) / ((readBytes + loadBytes) / 1e9);
   return { readBps: summarize(readBps), loadBps: summarize(loadBps), loadMs: summarize(loadMs), cpuMsPerGB };
 }
 
@@ -337,7 +372,9 @@ async function main(): Promise<void> {
   const { bench, options: opts } = parse();
   const { results } = bench;
   if (bench.replot) {
-    const saved = await results.readJson<{ points: LengthPoint[]; ttft: TtftPoint[]; skipped: string[]; options: { threads: number } }>("handoff");
+    const saved = await results.readJson<{ points: LengthPoint[]; ttft: TtftPoint[]; skipped: string[]; options: { threads: number } }>(
+      "handoff",
+    );
     await results.chart("handoff", chart(saved.points, saved.ttft, saved.options.threads));
     await results.markdown("handoff", markdown(saved.points, saved.ttft, saved.skipped));
     log(`redrew ${results}/handoff.svg and handoff.md`);
@@ -382,17 +419,69 @@ async function main(): Promise<void> {
     // handoff, not failure detection (runs used to lose the prefill to a starved registry:
     // keepChildrenReniced).
     const long = String(3_600_000);
-    const common = ["--database-url", pg.url, "--shard-dir", shardDir, "--retain-ms", long, "--kv-timeout-ms", long, "--prefill-timeout-ms", long, "--heartbeat-timeout-ms", "60000", "--db-timeout-ms", "120000", "--max-context", String(maxContext)];
+    const common = [
+      "--database-url",
+      pg.url,
+      "--shard-dir",
+      shardDir,
+      "--retain-ms",
+      long,
+      "--kv-timeout-ms",
+      long,
+      "--prefill-timeout-ms",
+      long,
+      "--heartbeat-timeout-ms",
+      "60000",
+      "--db-timeout-ms",
+      "120000",
+      "--max-context",
+      String(maxContext),
+    ];
     log("starting prefill and two decode processes (KV over shm, streamed and not) against PostgreSQL 15");
-    const prefill = await startService("prefill", [...common, "--threads", String(opts.threads), "--block-tokens", String(opts.blockTokens), "--shard-bytes", String(2 * 2 ** 30), "--instance-id", "bench-prefill"]);
+    const prefill = await startService("prefill", [
+      ...common,
+      "--threads",
+      String(opts.threads),
+      "--block-tokens",
+      String(opts.blockTokens),
+      "--shard-bytes",
+      String(2 * 2 ** 30),
+      "--instance-id",
+      "bench-prefill",
+    ]);
     procs.push(prefill);
     const [streamed, unstreamed] = await Promise.all([
-      startService("decode", [...common, "--threads", "1", "--transport", "shm", "--kv-streaming", "true", "--instance-id", "bench-decode-streamed"]),
-      startService("decode", [...common, "--threads", "1", "--transport", "shm", "--kv-streaming", "false", "--instance-id", "bench-decode-unstreamed"]),
+      startService("decode", [
+        ...common,
+        "--threads",
+        "1",
+        "--transport",
+        "shm",
+        "--kv-streaming",
+        "true",
+        "--instance-id",
+        "bench-decode-streamed",
+      ]),
+      startService("decode", [
+        ...common,
+        "--threads",
+        "1",
+        "--transport",
+        "shm",
+        "--kv-streaming",
+        "false",
+        "--instance-id",
+        "bench-decode-unstreamed",
+      ]),
     ]);
     procs.push(streamed, unstreamed);
     for (const p of procs) reniceProcess(p.child.pid, opts.nice);
-    const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: opts.threads, logLevel: "warn", kvTimeoutMs: 3_600_000, maxContext });
+    const config = loadConfig(
+      "serve",
+      {},
+      {},
+      { databaseUrl: pg.url, shardDir, threads: opts.threads, logLevel: "warn", kvTimeoutMs: 3_600_000, maxContext },
+    );
     rt = await openRuntime(config, createLogger(config));
     // The bench's own reads carry capabilities signed with the services' shared secret.
     const loader = new KvLoader(rt, undefined, new InternalAuth(TEST_INTERNAL_SECRET));
@@ -402,7 +491,12 @@ async function main(): Promise<void> {
     // One short request through the whole path first: connections, JIT and the engines' first
     // forward are then warm in every process, as in a running deployment.
     for (const [i, d] of [streamed, unstreamed].entries()) {
-      const warm = await post(`${d.url}/v1/completions`, { model: "default", prompt: allIds.slice(64 * i, 64 * i + 64), max_tokens: 2, temperature: 0 });
+      const warm = await post(`${d.url}/v1/completions`, {
+        model: "default",
+        prompt: allIds.slice(64 * i, 64 * i + 64),
+        max_tokens: 2,
+        temperature: 0,
+      });
       if (!warm.ok) throw new Error(`warm-up failed: ${await warm.text()}`);
       await warm.text();
     }
@@ -476,13 +570,23 @@ async function main(): Promise<void> {
         const s1 = await disagg(streamed);
         const u1 = await disagg(unstreamed);
         runs.push({ colocatedMs, streamed: s1, unstreamed: u1 });
-        log(`${n}: colocated ${fmtNum(colocatedMs)} ms; streamed ${fmtNum(s1.firstMs)} / 2nd ${fmtNum(s1.secondMs)} ms; unstreamed ${fmtNum(u1.firstMs)} / 2nd ${fmtNum(u1.secondMs)} ms`);
+        log(
+          `${n}: colocated ${fmtNum(colocatedMs)} ms; streamed ${fmtNum(s1.firstMs)} / 2nd ${fmtNum(s1.secondMs)} ms; unstreamed ${fmtNum(u1.firstMs)} / 2nd ${fmtNum(u1.secondMs)} ms`,
+        );
       }
       const best = (f: (r: (typeof runs)[number]) => number) => Math.min(...runs.map(f));
       const colocatedMs = best((r) => r.colocatedMs);
       const s = { firstMs: best((r) => r.streamed.firstMs), secondMs: best((r) => r.streamed.secondMs) };
       const u = { firstMs: best((r) => r.unstreamed.firstMs), secondMs: best((r) => r.unstreamed.secondMs) };
-      ttft.push({ tokens: n, colocatedMs, streamed: s, unstreamed: u, ratio: { streamed: s.firstMs / colocatedMs, unstreamed: u.firstMs / colocatedMs }, runs, otherCores: otherHere });
+      ttft.push({
+        tokens: n,
+        colocatedMs,
+        streamed: s,
+        unstreamed: u,
+        ratio: { streamed: s.firstMs / colocatedMs, unstreamed: u.firstMs / colocatedMs },
+        runs,
+        otherCores: otherHere,
+      });
     }
 
     if (opts.transferOnly) {
@@ -509,7 +613,10 @@ async function main(): Promise<void> {
   } catch (err) {
     // The services log at info into memory: their warnings and errors say why a run failed.
     for (const p of procs) {
-      const bad = p.log().split("\n").filter((l) => /"level":(4|5|6)0/.test(l));
+      const bad = p
+        .log()
+        .split("\n")
+        .filter((l) => /"level":(4|5|6)0/.test(l));
       if (bad.length > 0) log(`pid ${p.child.pid} warned or failed:\n${bad.slice(-20).join("\n")}`);
     }
     throw err;
@@ -535,7 +642,13 @@ export function markdown(points: LengthPoint[], ttft: TtftPoint[], skipped: stri
   };
   const load = markdownTable({
     headers: ["KV tokens", "KV", "chunks", ...names.map((n) => `${n} whole load`), "memcpy"],
-    rows: points.map((p) => [String(p.tokens), `${(p.kvBytes / 2 ** 20).toFixed(1)} MiB`, String(p.chunks), ...names.map((n) => cell(p, n, (t) => medBest(t.loadBps))), gbps(p.memcpyBps)]),
+    rows: points.map((p) => [
+      String(p.tokens),
+      `${(p.kvBytes / 2 ** 20).toFixed(1)} MiB`,
+      String(p.chunks),
+      ...names.map((n) => cell(p, n, (t) => medBest(t.loadBps))),
+      gbps(p.memcpyBps),
+    ]),
   });
   const read = markdownTable({
     headers: ["KV tokens", ...names.map((n) => `${n} read`)],
@@ -548,12 +661,25 @@ export function markdown(points: LengthPoint[], ttft: TtftPoint[], skipped: stri
       ...names.flatMap((n) => {
         const t = measured(p, n);
         if (!t) return ["—", "—", "—"];
-        return [`${fmtNum(t.cpuMsPerGB.readerRead, 0)} ms`, `${fmtNum(t.cpuMsPerGB.readerLoad, 0)} ms`, t.cpuMsPerGB.owner === undefined ? "—" : `${fmtNum(t.cpuMsPerGB.owner, 0)} ms`];
+        return [
+          `${fmtNum(t.cpuMsPerGB.readerRead, 0)} ms`,
+          `${fmtNum(t.cpuMsPerGB.readerLoad, 0)} ms`,
+          t.cpuMsPerGB.owner === undefined ? "—" : `${fmtNum(t.cpuMsPerGB.owner, 0)} ms`,
+        ];
       }),
     ]),
   });
   const ttftTable = markdownTable({
-    headers: ["prompt", "TTFT colocated", "TTFT streamed", "ratio", "TTFT unstreamed", "ratio", "2nd token streamed", "2nd token unstreamed"],
+    headers: [
+      "prompt",
+      "TTFT colocated",
+      "TTFT streamed",
+      "ratio",
+      "TTFT unstreamed",
+      "ratio",
+      "2nd token streamed",
+      "2nd token unstreamed",
+    ],
     rows: ttft.map((t) => [
       String(t.tokens),
       `${fmtNum(t.colocatedMs)} ms`,
@@ -629,13 +755,27 @@ function chart(points: LengthPoint[], ttft: TtftPoint[], threads: number): strin
       xLog2: true,
       xTicks: tx,
       series: [
-        { name: "streamed handle", color: "#9467bd", points: ttft.map((t) => [t.tokens, t.streamed.secondMs - t.streamed.firstMs]), labels: true },
-        { name: "unstreamed", color: "#8c564b", dash: "5,3", points: ttft.map((t) => [t.tokens, t.unstreamed.secondMs - t.unstreamed.firstMs]), labels: true },
+        {
+          name: "streamed handle",
+          color: "#9467bd",
+          points: ttft.map((t) => [t.tokens, t.streamed.secondMs - t.streamed.firstMs]),
+          labels: true,
+        },
+        {
+          name: "unstreamed",
+          color: "#8c564b",
+          dash: "5,3",
+          points: ttft.map((t) => [t.tokens, t.unstreamed.secondMs - t.unstreamed.firstMs]),
+          labels: true,
+        },
       ],
       note: "best runs; KV over shm",
     },
   ];
-  return renderChart(panels, { title: "ctxbank prefill/decode handoff", subtitle: "prefill and decode in separate processes on one host, PostgreSQL 15 registry" });
+  return renderChart(panels, {
+    title: "ctxbank prefill/decode handoff",
+    subtitle: "prefill and decode in separate processes on one host, PostgreSQL 15 registry",
+  });
 }
 
 main().catch((err: unknown) => {

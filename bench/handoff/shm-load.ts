@@ -44,12 +44,22 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!;
 
 const pg = await startPostgres("ctxbank_shm_load");
 const shardDir = await mkdtemp("/dev/shm/ctxbank-shm-load-");
-const config = loadConfig("serve", {}, {}, { databaseUrl: pg.url, shardDir, threads: 1, logLevel: "warn", kvTimeoutMs: 600_000, kvPoolMib });
+const config = loadConfig(
+  "serve",
+  {},
+  {},
+  { databaseUrl: pg.url, shardDir, threads: 1, logLevel: "warn", kvTimeoutMs: 600_000, kvPoolMib },
+);
 const rt = await openRuntime(config, createLogger(config));
 const owner = "shm-load-owner";
 await rt.registry.instances.register({ id: owner, role: "prefill", baseUrl: "http://127.0.0.1:9", hostId: config.hostId });
 const beat = setInterval(() => void rt.registry.instances.heartbeat(owner).catch(() => {}), 1000);
-const row = await rt.registry.shards.create({ id: owner, instanceId: owner, sizeBytes: SHARD_BYTES, pathFor: (e) => `${shardDir}/${shardFileName(owner, e)}` });
+const row = await rt.registry.shards.create({
+  id: owner,
+  instanceId: owner,
+  sizeBytes: SHARD_BYTES,
+  pathFor: (e) => `${shardDir}/${shardFileName(owner, e)}`,
+});
 const shard = await Shard.create({ dir: shardDir, shardId: owner, epoch: row.epoch, sizeBytes: SHARD_BYTES });
 await rt.registry.shards.recordFile(owner, row.epoch, shard.fileId);
 const shape = kvShape(rt.model.config);
@@ -63,14 +73,40 @@ async function makeHandle(n: number): Promise<{ handle: Handle; ranges: { offset
   const ids: string[] = [];
   const ranges: { offset: number; length: number }[] = [];
   for (let t = 0; t < n; t += BLOCK) {
-    const meta: ChunkMeta = { fingerprint: rt.model.fingerprint, dtype: "f16", layerIds, hkv: shape.hkv, headDim: shape.headDim, tokenStart: t, tokenCount: Math.min(BLOCK, n - t) };
+    const meta: ChunkMeta = {
+      fingerprint: rt.model.fingerprint,
+      dtype: "f16",
+      layerIds,
+      hkv: shape.hkv,
+      headDim: shape.headDim,
+      tokenStart: t,
+      tokenCount: Math.min(BLOCK, n - t),
+    };
     const elems = meta.tokenCount * shape.hkv * shape.headDim;
     const bytes = Buffer.alloc(chunkByteLength(meta));
-    encodeChunkFromLayers(bytes, meta, layerIds.map(() => ({ k: f16(elems), v: f16(elems) })));
+    encodeChunkFromLayers(
+      bytes,
+      meta,
+      layerIds.map(() => ({ k: f16(elems), v: f16(elems) })),
+    );
     const offset = shard.alloc(bytes.length)!;
     const begun = await rt.registry.chunks.begin({
-      key: randomBytes(32).toString("hex"), requestId, sessionId: null, roundId: null, layerGroup: 0, layerIds, tokenStart: t, tokenEnd: t + meta.tokenCount,
-      shardId: owner, shardEpoch: row.epoch, offset, length: bytes.length, dtype: "f16", layoutVersion: LAYOUT_VERSION, modelFingerprint: rt.model.fingerprint, writeLeaseMs: 60_000,
+      key: randomBytes(32).toString("hex"),
+      requestId,
+      sessionId: null,
+      roundId: null,
+      layerGroup: 0,
+      layerIds,
+      tokenStart: t,
+      tokenEnd: t + meta.tokenCount,
+      shardId: owner,
+      shardEpoch: row.epoch,
+      offset,
+      length: bytes.length,
+      dtype: "f16",
+      layoutVersion: LAYOUT_VERSION,
+      modelFingerprint: rt.model.fingerprint,
+      writeLeaseMs: 60_000,
     });
     await shard.write(offset, bytes);
     await rt.registry.chunks.commit(begun.chunk.id, { checksum: bytes.readUInt32LE(8), retainMs: 3_600_000 });
@@ -106,7 +142,10 @@ try {
     // The session disk tier: the KV just loaded, saved as a spilled session, read back.
     const disk = new SessionDisk(diskDir, 64 * 2 ** 30, shape, rt.model.fingerprint, BLOCK);
     const tokens = Int32Array.from({ length: n }, (_, i) => i % 1000);
-    await disk.save({ tenant: "bench", id: `s${n}`, tokens, roundStarts: [0], roundHashes: [], turns: 1, createdAt: 0, lastUsedAt: 0 }, seq);
+    await disk.save(
+      { tenant: "bench", id: `s${n}`, tokens, roundStarts: [0], roundHashes: [], turns: 1, createdAt: 0, lastUsedAt: 0 },
+      seq,
+    );
     seq.release();
     const file = readdirSync(diskDir).find((f) => f.endsWith(".kv"))!;
     const diskMs = { "disk cold": [] as number[], "disk warm": [] as number[] };
@@ -122,7 +161,8 @@ try {
     await disk.remove("bench", `s${n}`);
     const gbps = (m: number) => (bytes / 1e9 / (m / 1000)).toFixed(2);
     console.log(`${n} tokens (${(bytes / 2 ** 20).toFixed(1)} MiB, ${handle.chunk_ids.length} chunks), whole load, median of ${reps}:`);
-    for (const [kind, v] of Object.entries({ ...ms, ...diskMs })) console.log(`  ${kind}: ${median(v).toFixed(1)} ms = ${gbps(median(v))} GB/s  [${v.map((x) => x.toFixed(0)).join(" ")}]`);
+    for (const [kind, v] of Object.entries({ ...ms, ...diskMs }))
+      console.log(`  ${kind}: ${median(v).toFixed(1)} ms = ${gbps(median(v))} GB/s  [${v.map((x) => x.toFixed(0)).join(" ")}]`);
   }
   await loader.close();
 } finally {

@@ -111,8 +111,21 @@ series.push({
 await bench.results.chart(
   "longctx",
   renderChart(
-    [{ title: "Decode latency vs context (1 thread)", xLabel: "context (tokens; 16K, 32K synthetic KV)", yLabel: "ms / token", xLog2: true, series }],
-    { title: `${model.config.name}: long-context decode`, subtitle: `filter layers ${filterLayers.join(", ")}; ${STEPS} steps per point`, panelWidth: 760, panelHeight: 420 },
+    [
+      {
+        title: "Decode latency vs context (1 thread)",
+        xLabel: "context (tokens; 16K, 32K synthetic KV)",
+        yLabel: "ms / token",
+        xLog2: true,
+        series,
+      },
+    ],
+    {
+      title: `${model.config.name}: long-context decode`,
+      subtitle: `filter layers ${filterLayers.join(", ")}; ${STEPS} steps per point`,
+      panelWidth: 760,
+      panelHeight: 420,
+    },
   ),
 );
 for (const r of rows) {

@@ -25,7 +25,10 @@ interface Started {
   p: ServiceProcess;
 }
 
-async function deployment(start: (procs: Started[], shardDir: string) => Promise<string>, pgHolder: { pg?: TestPostgres }): Promise<Deployment> {
+async function deployment(
+  start: (procs: Started[], shardDir: string) => Promise<string>,
+  pgHolder: { pg?: TestPostgres },
+): Promise<Deployment> {
   const shardDir = await mkdtemp("/dev/shm/ctxbank-bench-sessions-");
   const procs: Started[] = [];
   let stopping: Promise<void> | undefined;

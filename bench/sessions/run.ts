@@ -87,7 +87,16 @@ interface Plan {
   a: MultiturnPlan & { concurrency: number; serveThreads: number };
   /** Conversations start one every `everyS` seconds (regular: with a handful of conversations a Poisson draw's load is mostly the seed's). */
   b: MultiturnPlan & { everyS: number; slo: Slo };
-  c: { requests: number; rate: number; input: number; output: number; slo: Slo; serveThreads: number; prefillThreads: number; decodeThreads: number };
+  c: {
+    requests: number;
+    rate: number;
+    input: number;
+    output: number;
+    slo: Slo;
+    serveThreads: number;
+    prefillThreads: number;
+    decodeThreads: number;
+  };
 }
 
 // The full plan fits the run in ~30 minutes of this 2-core box. What a turn costs here, unloaded
@@ -110,13 +119,31 @@ interface Plan {
 const FULL: Plan = {
   a: { conversations: 2, turns: 8, turnTokens: 940, answerTokens: 32, thinkS: 1, concurrency: 2, serveThreads: 2 },
   b: { conversations: 4, turns: 8, turnTokens: 940, answerTokens: 32, thinkS: 2, everyS: 60, slo: { ttftMs: 40_000, tpotMs: 250 } },
-  c: { requests: 60, rate: 1.5, input: 128, output: 64, slo: { ttftMs: 2000, tpotMs: 100 }, serveThreads: 2, prefillThreads: 1, decodeThreads: 1 },
+  c: {
+    requests: 60,
+    rate: 1.5,
+    input: 128,
+    output: 64,
+    slo: { ttftMs: 2000, tpotMs: 100 },
+    serveThreads: 2,
+    prefillThreads: 1,
+    decodeThreads: 1,
+  },
 };
 
 const QUICK: Plan = {
   a: { conversations: 2, turns: 3, turnTokens: 300, answerTokens: 16, thinkS: 0.2, concurrency: 2, serveThreads: 2 },
   b: { conversations: 3, turns: 3, turnTokens: 300, answerTokens: 16, thinkS: 0.5, everyS: 3, slo: { ttftMs: 10_000, tpotMs: 250 } },
-  c: { requests: 12, rate: 1.5, input: 128, output: 32, slo: { ttftMs: 2000, tpotMs: 100 }, serveThreads: 2, prefillThreads: 1, decodeThreads: 1 },
+  c: {
+    requests: 12,
+    rate: 1.5,
+    input: 128,
+    output: 32,
+    slo: { ttftMs: 2000, tpotMs: 100 },
+    serveThreads: 2,
+    prefillThreads: 1,
+    decodeThreads: 1,
+  },
 };
 
 const TARGETS = { a: 5, b: 1.5, c: 1 };
@@ -170,7 +197,8 @@ if (!(quietWaitS >= 0)) throw new Error("--quiet-wait must be >= 0");
 
 /** How a part's arrivals read: conversations or requests. */
 function describeLoad(arrivals: ArrivalSpec, conversations: boolean): string {
-  if (arrivals.kind === "burst" && arrivals.size === 1) return `one ${conversations ? "conversation" : "request"} every ${arrivals.periodS} s`;
+  if (arrivals.kind === "burst" && arrivals.size === 1)
+    return `one ${conversations ? "conversation" : "request"} every ${arrivals.periodS} s`;
   if (arrivals.kind === "poisson" && conversations) return `Poisson, ${arrivals.rate} conversations/s`;
   return describeArrivals(arrivals);
 }
@@ -185,7 +213,13 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
   });
 }
 
-async function measure(label: string, start: () => Promise<Deployment>, workload: WorkloadSpec, arrivals: ArrivalSpec, o: { maxRequests: number; slo?: Slo; seed: number; warmup: number }): Promise<ConfigResult> {
+async function measure(
+  label: string,
+  start: () => Promise<Deployment>,
+  workload: WorkloadSpec,
+  arrivals: ArrivalSpec,
+  o: { maxRequests: number; slo?: Slo; seed: number; warmup: number },
+): Promise<ConfigResult> {
   log(`${label}: starting the deployment`);
   const dep = await start();
   running = dep;
@@ -195,21 +229,37 @@ async function measure(label: string, start: () => Promise<Deployment>, workload
     const client = new StreamingClient({ baseUrl: dep.baseUrl, model, timeoutMs: 1_800_000, extraBody: { temperature: 0 } });
     const factory = new WorkloadFactory(workload, await promptSource());
     const quiet = await waitForQuiet(quietCores, quietWaitS * 1000, 1000);
-    if (!quiet.quiet) log(`${label}: other processes still use ${fmtNum(quiet.otherCores ?? NaN)} cores after ${Math.round(quiet.waitedMs / 1000)} s; measuring anyway`);
+    if (!quiet.quiet)
+      log(
+        `${label}: other processes still use ${fmtNum(quiet.otherCores ?? NaN)} cores after ${Math.round(quiet.waitedMs / 1000)} s; measuring anyway`,
+      );
     log(`${label}: ${describeWorkload(workload)}; ${describeLoad(arrivals, workload.kind === "multiturn")}; ${o.maxRequests} requests`);
     const pids = dep.processes.map((p) => p.pid);
     const before = cpuSnapshot(pids);
     let run;
     try {
-      run = await runLoad(client, factory, { arrivals, maxRequests: o.maxRequests, durationS: 1e6, drainS: 1800, warmup: o.warmup, seed: o.seed, slo: o.slo, label, progress: process.stderr.isTTY });
+      run = await runLoad(client, factory, {
+        arrivals,
+        maxRequests: o.maxRequests,
+        durationS: 1e6,
+        drainS: 1800,
+        warmup: o.warmup,
+        seed: o.seed,
+        slo: o.slo,
+        label,
+        progress: process.stderr.isTTY,
+      });
     } finally {
       await client.close();
     }
     const cpu = cpuUse(before, cpuSnapshot(pids));
     const failed = run.results.filter((r) => !r.ok);
     if (failed.length > 0) log(`${label}: ${failed.length} requests failed, e.g. ${failed[0]!.error}`);
-    const goodputOffered = run.stats.slo && run.stats.offeredRps !== undefined ? run.stats.offeredRps * run.stats.slo.attainment : undefined;
-    log(`${label}: done in ${fmtNum(run.wallS)} s; TTFT p50 ${fmtNum(run.stats.ttftMs.p50)} ms${run.stats.slo ? `, SLO attainment ${fmtNum(100 * run.stats.slo.attainment)}%` : ""}; ${serverCountsLine(run.server)}`);
+    const goodputOffered =
+      run.stats.slo && run.stats.offeredRps !== undefined ? run.stats.offeredRps * run.stats.slo.attainment : undefined;
+    log(
+      `${label}: done in ${fmtNum(run.wallS)} s; TTFT p50 ${fmtNum(run.stats.ttftMs.p50)} ms${run.stats.slo ? `, SLO attainment ${fmtNum(100 * run.stats.slo.attainment)}%` : ""}; ${serverCountsLine(run.server)}`,
+    );
     const out: ConfigResult = {
       label,
       processes: dep.processes,
@@ -225,11 +275,13 @@ async function measure(label: string, start: () => Promise<Deployment>, workload
     if (goodputOffered !== undefined) out.goodputOffered = goodputOffered;
     if (run.rounds) out.rounds = run.rounds;
     if (run.server) out.server = run.server;
-    if (run.sessions) out.sessions = { started: run.sessions.started, completed: run.sessions.completed, sessionIds: run.sessions.sessionIds };
+    if (run.sessions)
+      out.sessions = { started: run.sessions.started, completed: run.sessions.completed, sessionIds: run.sessions.sessionIds };
     return out;
   } catch (e) {
     // What the services said is the evidence of a failed run.
-    for (const [id, text] of Object.entries(dep.logs())) await writeFileAtomic(join(bench.results.dir, `failed-${id}.log`), text).catch(() => undefined);
+    for (const [id, text] of Object.entries(dep.logs()))
+      await writeFileAtomic(join(bench.results.dir, `failed-${id}.log`), text).catch(() => undefined);
     log(`${label} failed: the services' logs are in ${bench.results}/failed-*.log`);
     throw e;
   } finally {
@@ -257,8 +309,18 @@ async function partA(plan: Plan["a"], seed: number): Promise<PartResult> {
   const arrivals: ArrivalSpec = { kind: "concurrency", concurrency: plan.concurrency };
   const maxRequests = plan.conversations * plan.turns;
   const threads = ["--threads", String(plan.serveThreads)];
-  const on = await measure("serve, sessions on", () => startServe("sessions-on", [...threads, ...SESSION_ARGS]), workload, arrivals, { maxRequests, seed, warmup: 1 });
-  const off = await measure("serve --session-bytes 0", () => startServe("sessions-off", [...threads, "--session-bytes", "0"]), workload, arrivals, { maxRequests, seed, warmup: 1 });
+  const on = await measure("serve, sessions on", () => startServe("sessions-on", [...threads, ...SESSION_ARGS]), workload, arrivals, {
+    maxRequests,
+    seed,
+    warmup: 1,
+  });
+  const off = await measure(
+    "serve --session-bytes 0",
+    () => startServe("sessions-off", [...threads, "--session-bytes", "0"]),
+    workload,
+    arrivals,
+    { maxRequests, seed, warmup: 1 },
+  );
   const [l1, l0] = [lastRound(on), lastRound(off)];
   const ratio = (l0?.ttftMs.p50 ?? NaN) / (l1?.ttftMs.p50 ?? NaN);
   return {
@@ -266,7 +328,13 @@ async function partA(plan: Plan["a"], seed: number): Promise<PartResult> {
     title: "Sessions: the last turn's TTFT with the conversation's KV kept vs recomputed",
     setup: { ...plan, workload: describeWorkload(workload), arrivals: describeLoad(arrivals, true), sessionArgs: SESSION_ARGS },
     configs: [on, off],
-    ratio: { what: "last turn's TTFT p50, sessions off / on", value: ratio, p90: (l0?.ttftMs.p90 ?? NaN) / (l1?.ttftMs.p90 ?? NaN), target: TARGETS.a, met: ratio >= TARGETS.a },
+    ratio: {
+      what: "last turn's TTFT p50, sessions off / on",
+      value: ratio,
+      p90: (l0?.ttftMs.p90 ?? NaN) / (l1?.ttftMs.p90 ?? NaN),
+      target: TARGETS.a,
+      met: ratio >= TARGETS.a,
+    },
   };
 }
 
@@ -286,19 +354,38 @@ async function partB(plan: Plan["b"], seed: number): Promise<PartResult> {
       heartbeat: { ms: 1000, timeoutMs: 10_000 },
     });
   const kv = await measure("router kv", deploy("kv", "kv"), workload, arrivals, { maxRequests, seed, slo: plan.slo, warmup: 2 });
-  const rr = await measure("router round_robin", deploy("rr", "round_robin"), workload, arrivals, { maxRequests, seed, slo: plan.slo, warmup: 2 });
+  const rr = await measure("router round_robin", deploy("rr", "round_robin"), workload, arrivals, {
+    maxRequests,
+    seed,
+    slo: plan.slo,
+    warmup: 2,
+  });
   const ratio = (kv.goodputOffered ?? NaN) / (rr.goodputOffered ?? NaN);
   return {
     part: "b",
     title: "Router: by where the KV is (kv) vs round robin, 2 prefill + 2 decode",
-    setup: { ...plan, workload: describeWorkload(workload), arrivals: describeLoad(arrivals, true), decodes: 2, prefills: 2, threadsEach: 1, sessionArgs: SESSION_ARGS },
+    setup: {
+      ...plan,
+      workload: describeWorkload(workload),
+      arrivals: describeLoad(arrivals, true),
+      decodes: 2,
+      prefills: 2,
+      threadsEach: 1,
+      sessionArgs: SESSION_ARGS,
+    },
     configs: [kv, rr],
     ratio: { what: "goodput at the SLO (offered load), kv / round_robin", value: ratio, target: TARGETS.b, met: ratio >= TARGETS.b },
   };
 }
 
 async function partC(plan: Plan["c"], seed: number): Promise<PartResult> {
-  const workload: WorkloadSpec = { kind: "synthetic", endpoint: "chat", input: { kind: "fixed", value: plan.input }, output: { kind: "fixed", value: plan.output }, promptFormat: "text" };
+  const workload: WorkloadSpec = {
+    kind: "synthetic",
+    endpoint: "chat",
+    input: { kind: "fixed", value: plan.input },
+    output: { kind: "fixed", value: plan.output },
+    promptFormat: "text",
+  };
   const arrivals: ArrivalSpec = { kind: "poisson", rate: plan.rate };
   const slo = ["--slo-ttft-ms", String(plan.slo.ttftMs), "--slo-tpot-ms", String(plan.slo.tpotMs)];
   const o = { maxRequests: plan.requests, seed, slo: plan.slo, warmup: 2 };
@@ -309,7 +396,13 @@ async function partC(plan: Plan["c"], seed: number): Promise<PartResult> {
       prefillArgs: ["--threads", String(plan.prefillThreads), ...slo],
       decodeArgs: ["--threads", String(plan.decodeThreads), "--session-bytes", "0", "--local-prefill-tokens", String(localTokens), ...slo],
     });
-  const colocated = await measure("serve (colocated)", () => startServe("short-serve", ["--threads", String(plan.serveThreads), "--session-bytes", "0", ...slo]), workload, arrivals, o);
+  const colocated = await measure(
+    "serve (colocated)",
+    () => startServe("short-serve", ["--threads", String(plan.serveThreads), "--session-bytes", "0", ...slo]),
+    workload,
+    arrivals,
+    o,
+  );
   const conditional = await measure("decode, --local-prefill-tokens 512", disagg("conditional", 512), workload, arrivals, o);
   const remote = await measure("decode, --local-prefill-tokens 0", disagg("remote", 0), workload, arrivals, o);
   const ratio = (conditional.goodputOffered ?? NaN) / (colocated.goodputOffered ?? NaN);
@@ -319,7 +412,13 @@ async function partC(plan: Plan["c"], seed: number): Promise<PartResult> {
   return {
     part: "c",
     title: "Short chat: conditional disaggregation vs always remote vs colocated",
-    setup: { ...plan, workload: describeWorkload(workload), arrivals: describeArrivals(arrivals), drawnRate: `${fmtNum(drawn, 3)} req/s (${sent.length} arrivals over ${fmtNum(Math.max(...sent) / 1000)} s)`, clientsTalkTo: "the decode directly (no router)" },
+    setup: {
+      ...plan,
+      workload: describeWorkload(workload),
+      arrivals: describeArrivals(arrivals),
+      drawnRate: `${fmtNum(drawn, 3)} req/s (${sent.length} arrivals over ${fmtNum(Math.max(...sent) / 1000)} s)`,
+      clientsTalkTo: "the decode directly (no router)",
+    },
     configs: [colocated, conditional, remote],
     ratio: { what: "goodput at the SLO (offered load), conditional / colocated", value: ratio, target: TARGETS.c, met: ratio >= TARGETS.c },
   };
@@ -352,11 +451,29 @@ function tpot(c: ConfigResult): number[] {
 /** TTFT p50 (solid) and p90 (dashed) per turn, one colour per configuration; seconds. */
 function perTurnPanel(title: string, configs: ConfigResult[], note?: string, slo?: number): Panel {
   const series: Series[] = configs.flatMap((c, i) => [
-    { name: `${c.label} p50`, color: COLORS[i % COLORS.length]!, points: (c.rounds ?? []).map((r) => [r.round + 1, r.ttftMs.p50 / 1000] as [number, number]) },
-    { name: `p90`, color: COLORS[i % COLORS.length]!, dash: "5,3", points: (c.rounds ?? []).map((r) => [r.round + 1, r.ttftMs.p90 / 1000] as [number, number]) },
+    {
+      name: `${c.label} p50`,
+      color: COLORS[i % COLORS.length]!,
+      points: (c.rounds ?? []).map((r) => [r.round + 1, r.ttftMs.p50 / 1000] as [number, number]),
+    },
+    {
+      name: `p90`,
+      color: COLORS[i % COLORS.length]!,
+      dash: "5,3",
+      points: (c.rounds ?? []).map((r) => [r.round + 1, r.ttftMs.p90 / 1000] as [number, number]),
+    },
   ]);
   const turns = Math.max(1, ...configs.flatMap((c) => (c.rounds ?? []).map((r) => r.round + 1)));
-  if (slo !== undefined) series.push({ name: "TTFT SLO", color: "#999999", dash: "4,4", points: [[1, slo / 1000], [turns, slo / 1000]] });
+  if (slo !== undefined)
+    series.push({
+      name: "TTFT SLO",
+      color: "#999999",
+      dash: "4,4",
+      points: [
+        [1, slo / 1000],
+        [turns, slo / 1000],
+      ],
+    });
   return { title, xLabel: "turn", yLabel: "TTFT (s)", xTicks: Array.from({ length: turns }, (_, i) => i + 1), series, note };
 }
 
@@ -376,7 +493,15 @@ function ratioPanel(title: string, num: ConfigResult, den: ConfigResult, target:
     series: [
       { name: "p50 ratio", color: COLORS[0]!, points: p50, labels: true },
       { name: "p90 ratio", color: COLORS[1]!, dash: "5,3", points: p90 },
-      { name: `target ${target}×`, color: "#999999", dash: "4,4", points: [[1, target], [Math.max(1, last), target]] },
+      {
+        name: `target ${target}×`,
+        color: "#999999",
+        dash: "4,4",
+        points: [
+          [1, target],
+          [Math.max(1, last), target],
+        ],
+      },
     ],
     note,
   };
@@ -394,7 +519,10 @@ function goodputPanel(title: string, configs: ConfigResult[], note?: string): Pa
       name: c.label,
       color: COLORS[i % COLORS.length]!,
       labels: true,
-      points: [[i + 1, 0], [i + 1, c.goodputOffered ?? 0]] as Array<[number, number]>,
+      points: [
+        [i + 1, 0],
+        [i + 1, c.goodputOffered ?? 0],
+      ] as Array<[number, number]>,
     })),
     note,
   };
@@ -403,7 +531,9 @@ function goodputPanel(title: string, configs: ConfigResult[], note?: string): Pa
 /** A deployment's processes, alike ones counted once, without the per-run values (database URL, shard folder, instance id). */
 function processesCell(c: ConfigResult): string {
   const drop = new Set(["--database-url", "--shard-dir", "--instance-id"]);
-  const shown = c.processes.map((q) => `${q.role} ${q.args.filter((a, i) => !drop.has(a) && !drop.has(q.args[i - 1] ?? "")).join(" ")}`.trim());
+  const shown = c.processes.map((q) =>
+    `${q.role} ${q.args.filter((a, i) => !drop.has(a) && !drop.has(q.args[i - 1] ?? "")).join(" ")}`.trim(),
+  );
   const counts = new Map<string, number>();
   for (const s of shown) counts.set(s, (counts.get(s) ?? 0) + 1);
   return [...counts].map(([s, n]) => `${n > 1 ? `${n}× ` : ""}\`${s}\``).join(", ");
@@ -411,12 +541,26 @@ function processesCell(c: ConfigResult): string {
 
 function partMarkdown(p: PartResult): string {
   const lines = [`## ${p.part.toUpperCase()}. ${p.title}`, ""];
-  lines.push(`Setup: ${Object.entries(p.setup).map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : String(v)}`).join("; ")}.`, "");
+  lines.push(
+    `Setup: ${Object.entries(p.setup)
+      .map(([k, v]) => `${k} ${typeof v === "object" ? JSON.stringify(v) : String(v)}`)
+      .join("; ")}.`,
+    "",
+  );
   lines.push(`**${p.ratio.what}: ${verdict(p.ratio)}**${p.ratio.p90 !== undefined ? ` (p90: ${x(p.ratio.p90)})` : ""}`, "");
   if (p.configs.some((c) => c.goodputOffered !== undefined)) {
     lines.push(
       markdownTable({
-        headers: ["configuration", "offered req/s", "requests", "met both SLOs", "attainment", "goodput at the offered load, req/s", "TTFT p50 / p90 ms", "TPOT p50 / p90 ms"],
+        headers: [
+          "configuration",
+          "offered req/s",
+          "requests",
+          "met both SLOs",
+          "attainment",
+          "goodput at the offered load, req/s",
+          "TTFT p50 / p90 ms",
+          "TPOT p50 / p90 ms",
+        ],
         rows: p.configs.map((c) => [
           c.label,
           fmtNum(c.stats.offeredRps ?? NaN, 3),
@@ -432,10 +576,19 @@ function partMarkdown(p: PartResult): string {
     );
   }
   lines.push(statsTable(p.configs.map((c) => ({ label: c.label, stats: c.stats }))), "");
-  if (p.configs.some((c) => c.rounds)) lines.push("Per turn:", "", roundsTable(p.configs.filter((c) => c.rounds).map((c) => ({ label: c.label, rounds: c.rounds! }))), "");
+  if (p.configs.some((c) => c.rounds))
+    lines.push("Per turn:", "", roundsTable(p.configs.filter((c) => c.rounds).map((c) => ({ label: c.label, rounds: c.rounds! }))), "");
   lines.push(
     markdownTable({
-      headers: ["configuration", "processes", "wall s", "services cores", "foreign cores", "waited for quiet s", "what the server reported"],
+      headers: [
+        "configuration",
+        "processes",
+        "wall s",
+        "services cores",
+        "foreign cores",
+        "waited for quiet s",
+        "what the server reported",
+      ],
       rows: p.configs.map((c) => [
         c.label,
         processesCell(c),
@@ -457,7 +610,13 @@ function partChart(p: PartResult): string {
     return chart(
       [
         perTurnPanel("TTFT per turn", p.configs),
-        ratioPanel("TTFT without / with sessions, per turn", off, on, p.ratio.target, `last turn: p50 ${x(p.ratio.value)}, p90 ${x(p.ratio.p90 ?? NaN)}`),
+        ratioPanel(
+          "TTFT without / with sessions, per turn",
+          off,
+          on,
+          p.ratio.target,
+          `last turn: p50 ${x(p.ratio.value)}, p90 ${x(p.ratio.p90 ?? NaN)}`,
+        ),
       ],
       "A. Sessions: TTFT per turn, KV kept (serve) vs recomputed (serve --session-bytes 0)",
       `${p.setup.workload}; ${p.setup.arrivals}`,
@@ -470,8 +629,22 @@ function partChart(p: PartResult): string {
       [
         goodputPanel("Goodput at the SLO", p.configs, `${p.ratio.what}: ${x(p.ratio.value)} (target ≥ ${p.ratio.target}×)`),
         perTurnPanel("TTFT per turn", p.configs, sloNote, slo?.ttftMs),
-        cdfPanel("TTFT, every turn", p.configs.map((c) => ({ label: c.label, values: ttft(c) })), "TTFT (s)", true, sloNote, slo?.ttftMs),
-        cdfPanel("TPOT", p.configs.map((c) => ({ label: c.label, values: tpot(c) })), "TPOT (ms)", false, undefined, slo?.tpotMs),
+        cdfPanel(
+          "TTFT, every turn",
+          p.configs.map((c) => ({ label: c.label, values: ttft(c) })),
+          "TTFT (s)",
+          true,
+          sloNote,
+          slo?.ttftMs,
+        ),
+        cdfPanel(
+          "TPOT",
+          p.configs.map((c) => ({ label: c.label, values: tpot(c) })),
+          "TPOT (ms)",
+          false,
+          undefined,
+          slo?.tpotMs,
+        ),
       ],
       "B. Router: kv (to the session's holder) vs round robin, PostgreSQL + 2 prefill + 2 decode",
       `${p.setup.workload}; ${p.setup.arrivals}`,
@@ -480,8 +653,22 @@ function partChart(p: PartResult): string {
   return chart(
     [
       goodputPanel("Goodput at the SLO", p.configs, `${p.ratio.what}: ${x(p.ratio.value)} (target ≥ ${p.ratio.target}×)`),
-      cdfPanel("TTFT", p.configs.map((c) => ({ label: c.label, values: ttft(c) })), "TTFT (ms)", false, sloNote, slo?.ttftMs),
-      cdfPanel("TPOT", p.configs.map((c) => ({ label: c.label, values: tpot(c) })), "TPOT (ms)", false, undefined, slo?.tpotMs),
+      cdfPanel(
+        "TTFT",
+        p.configs.map((c) => ({ label: c.label, values: ttft(c) })),
+        "TTFT (ms)",
+        false,
+        sloNote,
+        slo?.ttftMs,
+      ),
+      cdfPanel(
+        "TPOT",
+        p.configs.map((c) => ({ label: c.label, values: tpot(c) })),
+        "TPOT (ms)",
+        false,
+        undefined,
+        slo?.tpotMs,
+      ),
     ],
     "C. Short chat: colocated vs conditional vs always-remote prefill",
     `${p.setup.workload}; ${p.setup.arrivals}; clients talk to the decode directly`,
@@ -499,7 +686,13 @@ async function report(out: Output): Promise<void> {
     "",
     markdownTable({
       headers: ["part", "figure", "value", "target", "met"],
-      rows: out.parts.map((p) => [p.part.toUpperCase(), p.ratio.what, x(p.ratio.value) + (p.ratio.p90 !== undefined ? ` (p90 ${x(p.ratio.p90)})` : ""), `≥ ${p.ratio.target}×`, p.ratio.met ? "yes" : "no"]),
+      rows: out.parts.map((p) => [
+        p.part.toUpperCase(),
+        p.ratio.what,
+        x(p.ratio.value) + (p.ratio.p90 !== undefined ? ` (p90 ${x(p.ratio.p90)})` : ""),
+        `≥ ${p.ratio.target}×`,
+        p.ratio.met ? "yes" : "no",
+      ]),
     }),
     "",
   ];
@@ -527,7 +720,11 @@ async function main(): Promise<void> {
     await bench.results.json("sessions", out, 5);
     await report(out);
   };
-  const runners: Record<Part, () => Promise<PartResult>> = { a: () => partA(plan.a, seed), b: () => partB(plan.b, seed), c: () => partC(plan.c, seed) };
+  const runners: Record<Part, () => Promise<PartResult>> = {
+    a: () => partA(plan.a, seed),
+    b: () => partB(plan.b, seed),
+    c: () => partC(plan.c, seed),
+  };
   for (const p of PARTS) {
     if (!parts.includes(p)) continue;
     out.parts.push(await runners[p]());

@@ -67,7 +67,14 @@ interface SoakResult {
 function chart(r: SoakResult): string {
   const last = r.samples.at(-1)?.t ?? r.durationS;
   const xTicks = niceTicks(0, last, 6);
-  const panel = (title: string, series: Series[]) => ({ title, xLabel: "s", yLabel: "MiB", xTicks, xTickFormat: (x: number) => String(Math.round(x)), series });
+  const panel = (title: string, series: Series[]) => ({
+    title,
+    xLabel: "s",
+    yLabel: "MiB",
+    xTicks,
+    xTickFormat: (x: number) => String(Math.round(x)),
+    series,
+  });
   return renderChart(
     [
       panel("Resident memory", [{ name: "RSS", color: "#1f77b4", points: r.samples.map((s) => [s.t, s.rssMiB]) }]),
@@ -76,7 +83,10 @@ function chart(r: SoakResult): string {
         { name: "shard", color: "#d62728", dash: "4 3", points: r.samples.map((s) => [s.t, s.kvShardMiB]) },
       ]),
     ],
-    { title: `Soak: ${r.rate} req/s short chat for ${r.durationS} s`, subtitle: `${r.requests} requests, ${r.rateLimited} 429s, ${r.errors.length} other errors` },
+    {
+      title: `Soak: ${r.rate} req/s short chat for ${r.durationS} s`,
+      subtitle: `${r.requests} requests, ${r.rateLimited} 429s, ${r.errors.length} other errors`,
+    },
   );
 }
 
@@ -110,18 +120,57 @@ async function main(): Promise<void> {
   const samples: Sample[] = [];
   try {
     const baseUrl = `${svc.url}/v1`;
-    const argv = ["--base-url", baseUrl, "--workload", "fixed", "--input", "256", "--output", "128", "--rate", String(rate), "--duration", String(durationS)];
-    argv.push("--requests", String(Math.ceil(rate * durationS * 2)), "--drain", "120", "--slo-ttft", "2000", "--slo-tpot", "50", "--no-progress");
+    const argv = [
+      "--base-url",
+      baseUrl,
+      "--workload",
+      "fixed",
+      "--input",
+      "256",
+      "--output",
+      "128",
+      "--rate",
+      String(rate),
+      "--duration",
+      String(durationS),
+    ];
+    argv.push(
+      "--requests",
+      String(Math.ceil(rate * durationS * 2)),
+      "--drain",
+      "120",
+      "--slo-ttft",
+      "2000",
+      "--slo-tpot",
+      "50",
+      "--no-progress",
+    );
     const o = parseCli(argv) as CliOptions;
     const model = await firstModel(baseUrl);
     const prompts = PromptSource.fromGguf(await resolveModel(), loadCorpus(join(REPO_ROOT, "node_modules")).text);
     const client = new StreamingClient({ baseUrl, model, timeoutMs: o.timeoutS * 1000, extraBody: {} });
     const t0 = performance.now();
-    const timer = setInterval(() => void sample(svc, t0).then((s) => samples.push(s), () => {}), 5000);
+    const timer = setInterval(
+      () =>
+        void sample(svc, t0).then(
+          (s) => samples.push(s),
+          () => {},
+        ),
+      5000,
+    );
     log(`${rate} req/s for ${durationS} s against ${svc.url}`);
     let run;
     try {
-      run = await runLoad(client, new WorkloadFactory(o.workload, prompts), { arrivals: o.arrivals, maxRequests: o.requests, durationS, drainS: o.drainS, warmup: o.warmup, seed: o.seed, slo: o.slo, progress: false });
+      run = await runLoad(client, new WorkloadFactory(o.workload, prompts), {
+        arrivals: o.arrivals,
+        maxRequests: o.requests,
+        durationS,
+        drainS: o.drainS,
+        warmup: o.warmup,
+        seed: o.seed,
+        slo: o.slo,
+        progress: false,
+      });
     } finally {
       clearInterval(timer);
     }

@@ -69,7 +69,15 @@ const SECTIONS: Section[] = [
   {
     row: "Service level",
     panels: [
-      { kind: "stat", title: "Request rate", description: "Generation requests ending per second, finished or failed.", unit: "reqps", width: 6, height: 4, targets: [{ expr: `${finished} + ${failed}`, legend: "requests/s" }] },
+      {
+        kind: "stat",
+        title: "Request rate",
+        description: "Generation requests ending per second, finished or failed.",
+        unit: "reqps",
+        width: 6,
+        height: 4,
+        targets: [{ expr: `${finished} + ${failed}`, legend: "requests/s" }],
+      },
       {
         kind: "stat",
         title: "Goodput",
@@ -206,7 +214,8 @@ const SECTIONS: Section[] = [
       {
         kind: "timeseries",
         title: "Requests running and waiting",
-        description: "Prefills computing / queued, and decode sequences in the batch / admitted but waiting (the autoscalers' queue signals).",
+        description:
+          "Prefills computing / queued, and decode sequences in the batch / admitted but waiting (the autoscalers' queue signals).",
         unit: "short",
         width: 12,
         height: 8,
@@ -219,7 +228,8 @@ const SECTIONS: Section[] = [
       {
         kind: "timeseries",
         title: "KV bytes per tier vs capacity",
-        description: "device: decode KV reserved for live sequences vs the KV budget; shard: prefill shard bytes vs shard size; host: the offload context bank.",
+        description:
+          "device: decode KV reserved for live sequences vs the KV budget; shard: prefill shard bytes vs shard size; host: the offload context bank.",
         unit: "bytes",
         width: 12,
         height: 8,
@@ -284,7 +294,9 @@ const SECTIONS: Section[] = [
         width: 8,
         height: 8,
         min: 0,
-        targets: [{ expr: `sum by (transport, reason) (${rate("ctxbank:kv_transfer_failures_total")})`, legend: "{{transport}} {{reason}}" }],
+        targets: [
+          { expr: `sum by (transport, reason) (${rate("ctxbank:kv_transfer_failures_total")})`, legend: "{{transport}} {{reason}}" },
+        ],
       },
     ],
   },
@@ -294,7 +306,8 @@ const SECTIONS: Section[] = [
       {
         kind: "timeseries",
         title: "Prompt placement",
-        description: "Where decodes had prompts computed, per second: local (in the decode's own steps), remote (a prefill instance) or in_process (serve), and why (short, fraction, pool_full, long, session, colocated, off).",
+        description:
+          "Where decodes had prompts computed, per second: local (in the decode's own steps), remote (a prefill instance) or in_process (serve), and why (short, fraction, pool_full, long, session, colocated, off).",
         unit: "reqps",
         width: 8,
         height: 8,
@@ -317,7 +330,8 @@ const SECTIONS: Section[] = [
       {
         kind: "timeseries",
         title: "Sessions kept",
-        description: "Conversations the decodes keep between turns, by tier, and what happens to them per second (resumed, spilled to disk, dropped, expired).",
+        description:
+          "Conversations the decodes keep between turns, by tier, and what happens to them per second (resumed, spilled to disk, dropped, expired).",
         unit: "short",
         width: 8,
         height: 8,
@@ -330,7 +344,8 @@ const SECTIONS: Section[] = [
       {
         kind: "timeseries",
         title: "Router: why each request went where it did",
-        description: "Requests the routers forwarded per second, by reason: session / prefix (to the decode holding the conversation's KV), load, holder_busy, holder_gone, round_robin; retries on the next decode and requests no decode could take.",
+        description:
+          "Requests the routers forwarded per second, by reason: session / prefix (to the decode holding the conversation's KV), load, holder_busy, holder_gone, round_robin; retries on the next decode and requests no decode could take.",
         unit: "reqps",
         width: 12,
         height: 8,
@@ -362,7 +377,8 @@ const SECTIONS: Section[] = [
       {
         kind: "timeseries",
         title: "Request failures by code",
-        description: "Generation requests that did not finish, per second, by error code (429s: queue_full, kv_memory_full, shard_full, slo_unattainable).",
+        description:
+          "Generation requests that did not finish, per second, by error code (429s: queue_full, kv_memory_full, shard_full, slo_unattainable).",
         unit: "reqps",
         width: 12,
         height: 8,
@@ -387,7 +403,8 @@ const SECTIONS: Section[] = [
       {
         kind: "timeseries",
         title: "Queue depth per stage",
-        description: "Requests waiting in each stage's bounded queue (prefill places, decode's calls to prefill, decode batch places); past the bound the answer is 429 queue_full.",
+        description:
+          "Requests waiting in each stage's bounded queue (prefill places, decode's calls to prefill, decode batch places); past the bound the answer is 429 queue_full.",
         unit: "short",
         width: 8,
         height: 8,
@@ -453,7 +470,11 @@ const SECTIONS: Section[] = [
 ];
 
 function panelJson(spec: PanelSpec, id: number, gridPos: Panel["gridPos"]): Panel {
-  const defaults: Record<string, unknown> = { unit: spec.unit, ...(spec.min !== undefined ? { min: spec.min } : {}), ...(spec.max !== undefined ? { max: spec.max } : {}) };
+  const defaults: Record<string, unknown> = {
+    unit: spec.unit,
+    ...(spec.min !== undefined ? { min: spec.min } : {}),
+    ...(spec.max !== undefined ? { max: spec.max } : {}),
+  };
   const overrides = (spec.dashed ?? []).map((name) => ({
     matcher: { id: "byName", options: name },
     properties: [{ id: "custom.lineStyle", value: { fill: "dash", dash: [10, 10] } }],
@@ -477,14 +498,28 @@ function panelJson(spec: PanelSpec, id: number, gridPos: Panel["gridPos"]): Pane
   if (spec.kind === "stat") {
     return {
       ...common,
-      fieldConfig: { defaults: { ...defaults, color: { mode: "thresholds" }, thresholds: { mode: "absolute", steps: [{ color: "text", value: null }] } }, overrides: [] },
-      options: { reduceOptions: { calcs: ["lastNotNull"], fields: "", values: false }, colorMode: "value", graphMode: "area", textMode: "value", justifyMode: "auto", orientation: "auto" },
+      fieldConfig: {
+        defaults: { ...defaults, color: { mode: "thresholds" }, thresholds: { mode: "absolute", steps: [{ color: "text", value: null }] } },
+        overrides: [],
+      },
+      options: {
+        reduceOptions: { calcs: ["lastNotNull"], fields: "", values: false },
+        colorMode: "value",
+        graphMode: "area",
+        textMode: "value",
+        justifyMode: "auto",
+        orientation: "auto",
+      },
     };
   }
   return {
     ...common,
     fieldConfig: {
-      defaults: { ...defaults, color: { mode: "palette-classic" }, custom: { drawStyle: "line", lineWidth: 1, fillOpacity: 10, showPoints: "never", spanNulls: false } },
+      defaults: {
+        ...defaults,
+        color: { mode: "palette-classic" },
+        custom: { drawStyle: "line", lineWidth: 1, fillOpacity: 10, showPoints: "never", spanNulls: false },
+      },
       overrides,
     },
     options: { legend: { displayMode: "list", placement: "bottom", showLegend: true }, tooltip: { mode: "multi", sort: "desc" } },
@@ -563,7 +598,18 @@ export function buildDashboard(): Record<string, unknown> {
     },
     templating: {
       list: [
-        { name: "datasource", label: "Prometheus", type: "datasource", query: "prometheus", refresh: 1, current: {}, hide: 0, includeAll: false, multi: false, regex: "" },
+        {
+          name: "datasource",
+          label: "Prometheus",
+          type: "datasource",
+          query: "prometheus",
+          refresh: 1,
+          current: {},
+          hide: 0,
+          includeAll: false,
+          multi: false,
+          regex: "",
+        },
         labelVariable("namespace", "Namespace", "label_values(ctxbank:num_requests_running, namespace)"),
         labelVariable("model", "Model", "label_values(ctxbank:num_requests_running, model)"),
       ],

@@ -51,17 +51,26 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--model") a.model = value();
-    else if (k == "--out") a.out = value();
-    else if (k == "--device") a.device = value();
-    else if (k == "--kernels") a.kernels = value();
-    else if (k == "--quick") a.quick = true;
-    else if (k == "--subset") a.subset = true;
-    else if (k == "--deadline") a.deadline_s = std::stod(value());
-    else throw std::invalid_argument("unknown argument " + k);
+    if (k == "--model")
+      a.model = value();
+    else if (k == "--out")
+      a.out = value();
+    else if (k == "--device")
+      a.device = value();
+    else if (k == "--kernels")
+      a.kernels = value();
+    else if (k == "--quick")
+      a.quick = true;
+    else if (k == "--subset")
+      a.subset = true;
+    else if (k == "--deadline")
+      a.deadline_s = std::stod(value());
+    else
+      throw std::invalid_argument("unknown argument " + k);
   }
   if (a.model.empty() || a.out.empty())
-    throw std::invalid_argument("usage: ctxbank_gpu_bench --model PATH --out FILE [--device cuda|cpu] [--kernels SET] [--subset] [--quick] [--deadline S]");
+    throw std::invalid_argument(
+        "usage: ctxbank_gpu_bench --model PATH --out FILE [--device cuda|cpu] [--kernels SET] [--subset] [--quick] [--deadline S]");
   return a;
 }
 
@@ -152,12 +161,11 @@ class Bench {
         const double ms = decode_steps(e, {seq}, rep < 0 ? 8 : steps);
         if (rep >= 0) runs.push_back(ms);
       }
-      std::printf("decode batch 1, context %6d, kernels %-20s graphs %-3s: %8.3f ms/token\n", ctx, kernels.c_str(),
-                  graphs ? "on" : "off", median(runs));
+      std::printf("decode batch 1, context %6d, kernels %-20s graphs %-3s: %8.3f ms/token\n", ctx, kernels.c_str(), graphs ? "on" : "off",
+                  median(runs));
       std::fflush(stdout);
-      r.add("{\"test\": \"decode\", \"kernels\": " + quoted(kernels) + ", \"graphs\": " + (graphs ? "true" : "false") +
-            ", \"context\": " + std::to_string(ctx) + ", \"ms_per_token\": " + std::to_string(median(runs)) +
-            ", \"runs_ms\": " + runs_json(runs) + "}");
+      r.add("{\"test\": \"decode\", \"kernels\": " + quoted(kernels) + ", \"graphs\": " + (graphs ? "true" : "false") + ", \"context\": " +
+            std::to_string(ctx) + ", \"ms_per_token\": " + std::to_string(median(runs)) + ", \"runs_ms\": " + runs_json(runs) + "}");
     }
   }
 
@@ -203,13 +211,12 @@ class Bench {
         if (rep >= 0) runs.push_back(ms);
       }
       const double tps = b / median(runs) * 1000;
-      std::printf("batched decode B %3d at %d, kernels %-20s graphs %-3s: %8.0f tok/s (%.3f ms/step)\n", b, ctx,
-                  kernels.c_str(), graphs ? "on" : "off", tps, median(runs));
+      std::printf("batched decode B %3d at %d, kernels %-20s graphs %-3s: %8.0f tok/s (%.3f ms/step)\n", b, ctx, kernels.c_str(),
+                  graphs ? "on" : "off", tps, median(runs));
       std::fflush(stdout);
-      r.add("{\"test\": \"batched\", \"kernels\": " + quoted(kernels) + ", \"graphs\": " + (graphs ? "true" : "false") +
-            ", \"batch\": " + std::to_string(b) + ", \"context\": " + std::to_string(ctx) +
-            ", \"tokens_per_second\": " + std::to_string(tps) + ", \"ms_per_step\": " + std::to_string(median(runs)) +
-            ", \"runs_ms\": " + runs_json(runs) + "}");
+      r.add("{\"test\": \"batched\", \"kernels\": " + quoted(kernels) + ", \"graphs\": " + (graphs ? "true" : "false") + ", \"batch\": " +
+            std::to_string(b) + ", \"context\": " + std::to_string(ctx) + ", \"tokens_per_second\": " + std::to_string(tps) +
+            ", \"ms_per_step\": " + std::to_string(median(runs)) + ", \"runs_ms\": " + runs_json(runs) + "}");
     }
   }
 
@@ -242,20 +249,22 @@ int main(int argc, char** argv) {
     std::printf("device: %s\n", description.c_str());
     Report report(a.out, "  \"model\": " + quoted(a.model) + ",\n  \"device\": " + quoted(a.device) +
                              ",\n  \"device_description\": " + quoted(description) + ",\n  \"kernels\": " + quoted(a.kernels) +
-                             ",\n  \"quick\": " + (a.quick ? "true" : "false") + ",\n  \"subset\": " +
-                             (a.subset ? "true" : "false"));
+                             ",\n  \"quick\": " + (a.quick ? "true" : "false") + ",\n  \"subset\": " + (a.subset ? "true" : "false"));
     report.write(false);
     Bench b(a, model);
     const std::string& k = a.kernels;
     const bool all = !a.subset;
-    const std::vector<int> contexts = a.quick ? std::vector<int>{0, 1024} : all ? std::vector<int>{0, 4096, 8192, 32768, 131072}
-                                                                                : std::vector<int>{0, 32768};
+    const std::vector<int> contexts = a.quick ? std::vector<int>{0, 1024}
+                                      : all   ? std::vector<int>{0, 4096, 8192, 32768, 131072}
+                                              : std::vector<int>{0, 32768};
     const std::vector<int> lengths = a.quick ? std::vector<int>{512} : all ? std::vector<int>{512, 8192} : std::vector<int>{8192};
     const std::vector<int> batches = a.quick ? std::vector<int>{1, 8} : all ? std::vector<int>{1, 8, 32, 128} : std::vector<int>{128};
     // Graphs off and on for every set (on a CUDA device); the subset with graphs only.
     std::vector<bool> graphs = {false, true};
-    if (a.device == "cpu") graphs = {false};
-    else if (!all) graphs = {true};
+    if (a.device == "cpu")
+      graphs = {false};
+    else if (!all)
+      graphs = {true};
     for (bool g : graphs) b.decode_batch1(report, k, g, contexts);
     b.prefill(report, k, lengths);
     for (bool g : graphs) b.batched(report, k, g, batches);

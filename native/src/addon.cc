@@ -22,15 +22,22 @@ namespace {
 
 Napi::Value to_js(Napi::Env env, const GgufValue& v) {
   switch (v.type) {
-    case GgufValueType::STRING: return Napi::String::New(env, v.str);
-    case GgufValueType::BOOL: return Napi::Boolean::New(env, v.u != 0);
-    case GgufValueType::F32: case GgufValueType::F64: return Napi::Number::New(env, v.f);
+    case GgufValueType::STRING:
+      return Napi::String::New(env, v.str);
+    case GgufValueType::BOOL:
+      return Napi::Boolean::New(env, v.u != 0);
+    case GgufValueType::F32:
+    case GgufValueType::F64:
+      return Napi::Number::New(env, v.f);
     case GgufValueType::ARRAY: {
       Napi::Array a = Napi::Array::New(env, v.arr.size());
       for (size_t i = 0; i < v.arr.size(); ++i) a.Set(static_cast<uint32_t>(i), to_js(env, v.arr[i]));
       return a;
     }
-    case GgufValueType::I8: case GgufValueType::I16: case GgufValueType::I32: case GgufValueType::I64:
+    case GgufValueType::I8:
+    case GgufValueType::I16:
+    case GgufValueType::I32:
+    case GgufValueType::I64:
       if (v.i > (1ll << 53) || v.i < -(1ll << 53)) return Napi::BigInt::New(env, static_cast<int64_t>(v.i));
       return Napi::Number::New(env, static_cast<double>(v.i));
     default:
@@ -57,8 +64,8 @@ int int_option(Napi::Object o, const char* key, int fallback, int lo, int hi) {
   if (!v.IsNumber()) throw Napi::TypeError::New(o.Env(), std::string(key) + " must be a number");
   const double d = v.As<Napi::Number>().DoubleValue();
   if (d != static_cast<int>(d) || d < lo || d > hi)
-    throw Napi::RangeError::New(o.Env(), std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " +
-                                             std::to_string(hi) + "]");
+    throw Napi::RangeError::New(o.Env(),
+                                std::string(key) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return static_cast<int>(d);
 }
 
@@ -147,14 +154,14 @@ class NativeModel : public Napi::ObjectWrap<NativeModel> {
  public:
   static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports) {
-    Napi::Function f = DefineClass(env, "NativeModel", {InstanceAccessor<&NativeModel::Config>("config"),
-                                                       InstanceAccessor<&NativeModel::WeightsCrc32c>("weightsCrc32c")});
+    Napi::Function f =
+        DefineClass(env, "NativeModel",
+                    {InstanceAccessor<&NativeModel::Config>("config"), InstanceAccessor<&NativeModel::WeightsCrc32c>("weightsCrc32c")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeModel", f);
   }
   explicit NativeModel(const Napi::CallbackInfo& info) : Napi::ObjectWrap<NativeModel>(info) {
-    if (info.Length() != 1 || !info[0].IsExternal())
-      throw Napi::TypeError::New(info.Env(), "NativeModel is created by loadModel()");
+    if (info.Length() != 1 || !info[0].IsExternal()) throw Napi::TypeError::New(info.Env(), "NativeModel is created by loadModel()");
     model_ = *info[0].As<Napi::External<std::shared_ptr<Model>>>().Data();
   }
   std::shared_ptr<Model> model() const { return model_; }
@@ -253,8 +260,8 @@ Napi::Value MeasureReadBandwidth(const Napi::CallbackInfo& info) {
   auto count = [&](size_t i, int lo, int hi, const char* what) {
     const double v = info.Length() > i && info[i].IsNumber() ? info[i].As<Napi::Number>().DoubleValue() : -1;
     if (!(v >= lo && v <= hi && v == static_cast<double>(static_cast<int>(v))))
-      throw Napi::RangeError::New(env, std::string("measureReadBandwidth: ") + what + " must be an integer in " +
-                                           std::to_string(lo) + ".." + std::to_string(hi));
+      throw Napi::RangeError::New(
+          env, std::string("measureReadBandwidth: ") + what + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
     return static_cast<int>(v);
   };
   const int threads = count(0, 1, 256, "threads"), mib = count(1, 1, 65536, "mib"), passes = count(2, 1, 1000, "passes");
@@ -270,25 +277,19 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
  public:
   static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports) {
-    Napi::Function f = DefineClass(env, "NativeSequence",
-                                   {InstanceAccessor<&NativeSequence::NPast>("nPast"),
-                                    InstanceAccessor<&NativeSequence::Capacity>("capacity"),
-                                    InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"),
-                                    InstanceAccessor<&NativeSequence::DeviceBytes>("deviceBytesUsed"),
-                                    InstanceAccessor<&NativeSequence::HostBytes>("hostBytesUsed"),
-                                    InstanceMethod<&NativeSequence::Truncate>("truncate"),
-                                    InstanceMethod<&NativeSequence::Release>("release"),
-                                    InstanceMethod<&NativeSequence::Prefault>("prefault"),
-                                    InstanceMethod<&NativeSequence::SetLength>("setLength"),
-                                    InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
-                                    InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
-                                    InstanceMethod<&NativeSequence::PreparePromptStateExport>("preparePromptStateExport"),
-                                    InstanceMethod<&NativeSequence::ExportPromptState>("exportPromptState"),
-                                    InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"),
-                                    InstanceMethod<&NativeSequence::ImportRows>("importRows"),
-                                    InstanceMethod<&NativeSequence::ExportRows>("exportRows"),
-                                    InstanceMethod<&NativeSequence::ImportChunk>("importChunk"),
-                                    InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
+    Napi::Function f = DefineClass(
+        env, "NativeSequence",
+        {InstanceAccessor<&NativeSequence::NPast>("nPast"), InstanceAccessor<&NativeSequence::Capacity>("capacity"),
+         InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"), InstanceAccessor<&NativeSequence::DeviceBytes>("deviceBytesUsed"),
+         InstanceAccessor<&NativeSequence::HostBytes>("hostBytesUsed"), InstanceMethod<&NativeSequence::Truncate>("truncate"),
+         InstanceMethod<&NativeSequence::Release>("release"), InstanceMethod<&NativeSequence::Prefault>("prefault"),
+         InstanceMethod<&NativeSequence::SetLength>("setLength"), InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
+         InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
+         InstanceMethod<&NativeSequence::PreparePromptStateExport>("preparePromptStateExport"),
+         InstanceMethod<&NativeSequence::ExportPromptState>("exportPromptState"),
+         InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"), InstanceMethod<&NativeSequence::ImportRows>("importRows"),
+         InstanceMethod<&NativeSequence::ExportRows>("exportRows"), InstanceMethod<&NativeSequence::ImportChunk>("importChunk"),
+         InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeSequence", f);
   }
@@ -299,7 +300,10 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     seq_ = init->seq;
     model_ = init->model;
   }
-  struct SequenceInit { std::shared_ptr<Sequence> seq; std::shared_ptr<const Model> model; };
+  struct SequenceInit {
+    std::shared_ptr<Sequence> seq;
+    std::shared_ptr<const Model> model;
+  };
   const std::shared_ptr<Sequence>& seq() const { return seq_; }
   bool busy = false;  // inside an in-flight forward(); JS thread only
 
@@ -387,7 +391,8 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
       throw Napi::TypeError::New(env, "importPromptState(bytes) needs a Uint8Array");
     Napi::Uint8Array bytes = info[0].As<Napi::Uint8Array>();
     try {
-      return Napi::Boolean::New(env, import_prompt_state(*seq_->policy, model_->config(), seq_->n_past(), bytes.Data(), bytes.ByteLength()));
+      return Napi::Boolean::New(env,
+                                import_prompt_state(*seq_->policy, model_->config(), seq_->n_past(), bytes.Data(), bytes.ByteLength()));
     } catch (const std::invalid_argument& e) {
       throw Napi::RangeError::New(env, std::string("importPromptState: ") + e.what());
     }
@@ -412,8 +417,10 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
         check_chunk_rows(seq_->kv, rows, bytes.size);
         for (int l : rows.layers) gpu->download(seq_->kv, l, rows.token_start, rows.token_count);
       }
-      if (import) import_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
-      else export_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
+      if (import)
+        import_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
+      else
+        export_chunk_rows(seq_->kv, rows, bytes.data, bytes.size);
       if (gpu && import)
         for (int l : rows.layers) gpu->upload(seq_->kv, l, rows.token_start, rows.token_count);
     } catch (const DeviceError& e) {
@@ -477,13 +484,11 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   // element l * 2 * capacity * kvDim, its V capacity * kvDim later; rows are [token][kv_dim].
   Napi::Value Kv(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    if (seq_->device_kv)
-      throw Napi::Error::New(env, "kvBuffer: this sequence's KV is in GPU memory; use exportRows/importRows");
+    if (seq_->device_kv) throw Napi::Error::New(env, "kvBuffer: this sequence's KV is in GPU memory; use exportRows/importRows");
     if (kv_buffer_.IsEmpty()) {
       auto* hold = new std::shared_ptr<Sequence>(seq_);
       Napi::ArrayBuffer ab = Napi::ArrayBuffer::New(
-          env, seq_->kv.k(0), seq_->kv.bytes_reserved(),
-          [](Napi::Env, void*, std::shared_ptr<Sequence>* h) { delete h; }, hold);
+          env, seq_->kv.k(0), seq_->kv.bytes_reserved(), [](Napi::Env, void*, std::shared_ptr<Sequence>* h) { delete h; }, hold);
       kv_buffer_ = Napi::Persistent(ab);
     }
     return kv_buffer_.Value();
@@ -500,8 +505,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
   static void Init(Napi::Env env, Napi::Object exports) {
     Napi::Function f = DefineClass(env, "NativeEngine",
                                    {InstanceMethod<&NativeEngine::CreateSequence>("createSequence"),
-                                    InstanceMethod<&NativeEngine::Forward>("forward"),
-                                    InstanceAccessor<&NativeEngine::Info>("info")});
+                                    InstanceMethod<&NativeEngine::Forward>("forward"), InstanceAccessor<&NativeEngine::Info>("info")});
     exports.Set("NativeEngine", f);
   }
 
@@ -573,8 +577,8 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
       if (!info[0].IsNumber()) throw Napi::TypeError::New(env, "createSequence(capacity): capacity must be a number");
       const double c = info[0].As<Napi::Number>().DoubleValue();
       if (c != static_cast<int>(c) || c < 1 || c > engine_->max_context())
-        throw Napi::RangeError::New(env, "createSequence: capacity must be an integer in [1, " +
-                                             std::to_string(engine_->max_context()) + "]");
+        throw Napi::RangeError::New(env,
+                                    "createSequence: capacity must be an integer in [1, " + std::to_string(engine_->max_context()) + "]");
       capacity = static_cast<int>(c);
     }
     try {
@@ -596,7 +600,13 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     if (info.Length() != 1 || !info[0].IsArray()) throw Napi::TypeError::New(env, "forward(items) needs an array");
     Napi::Array arr = info[0].As<Napi::Array>();
     if (arr.Length() == 0) throw Napi::RangeError::New(env, "forward: empty batch");
-    struct Owned { std::shared_ptr<Sequence> seq; std::vector<int32_t> tokens; float* logits; float* probe; int32_t* argmax; };
+    struct Owned {
+      std::shared_ptr<Sequence> seq;
+      std::vector<int32_t> tokens;
+      float* logits;
+      float* probe;
+      int32_t* argmax;
+    };
     auto owned = std::make_shared<std::vector<Owned>>();
     std::vector<NativeSequence*> seqs;
     // Everything the job touches stays reachable until it settles, even if the caller drops it.
@@ -681,7 +691,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaStatus", Napi::Function::New(env, CudaStatus));
   exports.Set("kvPool", Napi::Function::New(env, KvPoolStats));
   exports.Set("measureReadBandwidth", Napi::Function::New(env, MeasureReadBandwidth));
-  exports.Set("policyFields", Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value { return policy_fields_to_js(info.Env()); }));
+  exports.Set("policyFields",
+              Napi::Function::New(env, [](const Napi::CallbackInfo& info) -> Napi::Value { return policy_fields_to_js(info.Env()); }));
   init_kv_io(env, exports);
   NativeModel::Init(env, exports);
   NativeSequence::Init(env, exports);

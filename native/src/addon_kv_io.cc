@@ -14,8 +14,7 @@
 namespace ctx {
 
 BytesArg bytes_arg(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  if (info.Length() <= i || !info[i].IsTypedArray() ||
-      info[i].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+  if (info.Length() <= i || !info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
     throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a Uint8Array");
   Napi::Uint8Array a = info[i].As<Napi::Uint8Array>();
   return {a.Data(), a.ByteLength()};
@@ -43,8 +42,7 @@ ChunkRows chunk_rows_arg(const Napi::CallbackInfo& info, size_t i) {
       if (d != static_cast<double>(static_cast<int>(d))) throw Napi::RangeError::New(env, "layerIds must be integers");
       rows.layers.push_back(static_cast<int>(d));
     }
-  } else if (info.Length() > i && info[i].IsTypedArray() &&
-             info[i].As<Napi::TypedArray>().TypedArrayType() == napi_int32_array) {
+  } else if (info.Length() > i && info[i].IsTypedArray() && info[i].As<Napi::TypedArray>().TypedArrayType() == napi_int32_array) {
     Napi::Int32Array a = info[i].As<Napi::Int32Array>();
     rows.layers.assign(a.Data(), a.Data() + a.ElementLength());
   } else {
@@ -67,7 +65,8 @@ Napi::Value MapFile(const Napi::CallbackInfo& info) {
   if (info.Length() < 3 || info.Length() > 5 || !info[0].IsString() || !info[1].IsNumber() || !info[2].IsNumber() ||
       (info.Length() >= 4 && !info[3].IsString() && !info[3].IsUndefined()) ||
       (info.Length() == 5 && !info[4].IsBoolean() && !info[4].IsUndefined()))
-    throw Napi::TypeError::New(env, "mapFile(path, offset, length, expectId?, populate?) needs a string, two numbers, an optional string and an optional boolean");
+    throw Napi::TypeError::New(
+        env, "mapFile(path, offset, length, expectId?, populate?) needs a string, two numbers, an optional string and an optional boolean");
   const std::string expect_id = info.Length() >= 4 && info[3].IsString() ? info[3].As<Napi::String>().Utf8Value() : "";
   const bool populate = !(info.Length() == 5 && info[4].IsBoolean() && !info[4].As<Napi::Boolean>().Value());
   const double offset = info[1].As<Napi::Number>().DoubleValue();
@@ -78,8 +77,8 @@ Napi::Value MapFile(const Napi::CallbackInfo& info) {
     throw Napi::RangeError::New(env, "mapFile: offset must be a non-negative integer and length a positive integer");
   std::shared_ptr<FileMap> map;
   try {
-    map = std::make_shared<FileMap>(info[0].As<Napi::String>().Utf8Value(), static_cast<uint64_t>(offset),
-                                    static_cast<uint64_t>(length), expect_id, populate);
+    map = std::make_shared<FileMap>(info[0].As<Napi::String>().Utf8Value(), static_cast<uint64_t>(offset), static_cast<uint64_t>(length),
+                                    expect_id, populate);
   } catch (const FileMapError& e) {
     Napi::Error err = Napi::Error::New(env, e.what());
     err.Set("code", Napi::String::New(env, e.code));
@@ -114,8 +113,7 @@ Napi::Value UnmapFile(const Napi::CallbackInfo& info) {
   {
     std::lock_guard<std::mutex> lock(maps_mutex);
     auto it = live_maps.find(data);
-    if (data == nullptr || it == live_maps.end())
-      throw Napi::Error::New(env, "unmapFile: the buffer is not a live mapping from mapFile()");
+    if (data == nullptr || it == live_maps.end()) throw Napi::Error::New(env, "unmapFile: the buffer is not a live mapping from mapFile()");
     map = it->second;
     live_maps.erase(it);
   }
@@ -147,7 +145,12 @@ class PopulateWorker : public Napi::AsyncWorker {
 class PrefaultWorker : public Napi::AsyncWorker {
  public:
   PrefaultWorker(Napi::Env env, std::shared_ptr<const KvCache> kv, int from, int to)
-      : Napi::AsyncWorker(env), kv_(std::move(kv)), spans_(kv_->row_spans()), gen_(kv_->generation()), from_(from), to_(to),
+      : Napi::AsyncWorker(env),
+        kv_(std::move(kv)),
+        spans_(kv_->row_spans()),
+        gen_(kv_->generation()),
+        from_(from),
+        to_(to),
         deferred_(Napi::Promise::Deferred::New(env)) {}
   Napi::Promise Promise() const { return deferred_.Promise(); }
   void Execute() override { done_ = kv_->prefault(spans_, from_, to_, gen_); }

@@ -28,7 +28,8 @@ void check_keys(Napi::Object o, const std::vector<std::string>& allowed, const s
       throw Napi::TypeError::New(o.Env(), what + "." + key + " is not a field of " + what);
   }
   for (const std::string& key : allowed)
-    if (o.Get(key).IsUndefined()) throw Napi::TypeError::New(o.Env(), what + "." + key + " is missing (the engine takes complete policies)");
+    if (o.Get(key).IsUndefined())
+      throw Napi::TypeError::New(o.Env(), what + "." + key + " is missing (the engine takes complete policies)");
 }
 
 int int_field(Napi::Object o, const char* key, const std::string& what) {
@@ -167,8 +168,11 @@ AttentionPolicy policy_from_js(Napi::Object o, const ModelConfig& mc) {
 
 Napi::Object policy_fields_to_js(Napi::Env env) {
   Napi::Object out = Napi::Object::New(env);
-  const std::pair<const char*, const std::vector<std::string>*> parts[] = {
-      {"omnikv", &kOmniKvFields}, {"scope", &kScopeFields}, {"streaming", &kStreamingFields}, {"h2o", &kH2oFields}, {"rounds", &kRoundsFields}};
+  const std::pair<const char*, const std::vector<std::string>*> parts[] = {{"omnikv", &kOmniKvFields},
+                                                                           {"scope", &kScopeFields},
+                                                                           {"streaming", &kStreamingFields},
+                                                                           {"h2o", &kH2oFields},
+                                                                           {"rounds", &kRoundsFields}};
   for (const auto& [name, fields] : parts) {
     Napi::Array a = Napi::Array::New(env, fields->size());
     for (size_t i = 0; i < fields->size(); ++i) a.Set(static_cast<uint32_t>(i), (*fields)[i]);

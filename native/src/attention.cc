@@ -18,8 +18,7 @@ void Engine::attention(int layer, const std::vector<Slice>& slices) {
   bool probing = false;
   for (const Slice& s : slices) probing |= s.item->probe != nullptr;
   // Probes sum over every head of a token, so a probed token's heads stay in one task.
-  const int head_tasks =
-      probing || single_thread_ || static_cast<int>(qblocks_.size()) >= 2 * pool_.size() ? 1 : hkv;
+  const int head_tasks = probing || single_thread_ || static_cast<int>(qblocks_.size()) >= 2 * pool_.size() ? 1 : hkv;
   attn_tasks_.clear();
   for (int b = 0; b < static_cast<int>(qblocks_.size()); ++b) {
     if (slice_keys_[qblocks_[b].slice].listed())
@@ -77,8 +76,7 @@ void Engine::attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h
   for (int gl = 0; gl < n_heads; ++gl)
     for (int t = 0; t < n_tok; ++t)
       std::memcpy(&sc.q[gl * head_rows + static_cast<size_t>(t) * group * d],
-                  &q_[static_cast<size_t>(qb.t_begin + t) * Q + static_cast<size_t>(h0 + gl) * group * d],
-                  sizeof(float) * group * d);
+                  &q_[static_cast<size_t>(qb.t_begin + t) * Q + static_cast<size_t>(h0 + gl) * group * d], sizeof(float) * group * d);
   std::fill(sc.m.begin(), sc.m.begin() + n_heads * nq, -INFINITY);
   std::fill(sc.l.begin(), sc.l.begin() + n_heads * nq, 0.f);
   std::fill(sc.acc.begin(), sc.acc.begin() + n_heads * head_rows, 0.f);
@@ -91,9 +89,8 @@ void Engine::attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h
       sc.hi[r] = std::clamp(p + 1 - k0, 0, nk);
     }
     for (int gl = 0; gl < n_heads; ++gl)
-      k_.flash_block(&sc.q[gl * head_rows], nq, kv.k(layer, k0) + (h0 + gl) * d, kv.v(layer, k0) + (h0 + gl) * d,
-                     kv.ld(layer), nk, d, c.attn_scale, sc.lo.data(), sc.hi.data(), &sc.m[gl * nq], &sc.l[gl * nq],
-                     &sc.acc[gl * head_rows], sc.work.data());
+      k_.flash_block(&sc.q[gl * head_rows], nq, kv.k(layer, k0) + (h0 + gl) * d, kv.v(layer, k0) + (h0 + gl) * d, kv.ld(layer), nk, d,
+                     c.attn_scale, sc.lo.data(), sc.hi.data(), &sc.m[gl * nq], &sc.l[gl * nq], &sc.acc[gl * head_rows], sc.work.data());
   }
   for (int gl = 0; gl < n_heads; ++gl)
     for (int r = 0; r < nq; ++r) {
@@ -119,8 +116,8 @@ void Engine::probe_rows(int layer, const Slice& s, int t, AttnScratch& sc) {
     for (int k0 = k_lo; k0 < n_keys; k0 += kKeyBlock) {
       const int nk = std::min(kKeyBlock, n_keys - k0);
       k_.kv_to_f32(kv.k(layer, k0) + g * d, kv.ld(layer), nk, d, sc.kv.data());
-      k_.attn_scores(&q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], group, sc.kv.data(), d, nk, d,
-                     c.attn_scale, rows + (k0 - k_lo), n);
+      k_.attn_scores(&q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], group, sc.kv.data(), d, nk, d, c.attn_scale,
+                     rows + (k0 - k_lo), n);
     }
     softmax_rows(rows, n, group, n, [&](int) { return KeyRange{0, n}; });
     for (int r = 0; r < group; ++r)
@@ -179,8 +176,7 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
         std::memcpy(gv + static_cast<size_t>(j) * d, cache_v + static_cast<size_t>(rows[k0 + j]) * ld, sizeof(uint16_t) * d);
       }
     }
-    k_.flash_block(q, group, k, v, ldk, nk, d, scale, sc.lo.data(), sc.hi.data(), sc.m.data(), sc.l.data(),
-                   sc.acc.data(), sc.work.data());
+    k_.flash_block(q, group, k, v, ldk, nk, d, scale, sc.lo.data(), sc.hi.data(), sc.m.data(), sc.l.data(), sc.acc.data(), sc.work.data());
   }
   float* out = &attn_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d];
   for (int r = 0; r < group; ++r) {
@@ -191,8 +187,10 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
   if (seq.policy->reads_probabilities()) {
     for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
       k1 = block_end(k0);
-      if (k0 < packed.n) k_.kv_to_f32(packed_k + k0 * packed.ld, packed.ld, k1 - k0, d, sc.kv.data());
-      else k_.kv_gather_f32(cache_k, ld, rows + k0, k1 - k0, d, sc.kv.data());
+      if (k0 < packed.n)
+        k_.kv_to_f32(packed_k + k0 * packed.ld, packed.ld, k1 - k0, d, sc.kv.data());
+      else
+        k_.kv_gather_f32(cache_k, ld, rows + k0, k1 - k0, d, sc.kv.data());
       k_.attn_scores(q, group, sc.kv.data(), d, k1 - k0, d, scale, &sc.scores[k0], n_keys);
     }
     softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return KeyRange{0, n_keys}; });

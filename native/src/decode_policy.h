@@ -69,11 +69,11 @@ struct LayerKeys {
 
 // What policyStats reports (addon_policy.cc).
 struct PolicyStats {
-  int prompt_len = -1;                          // -1: no decode step since the last prompt
-  uint64_t selections = 0, lazy_reuses = 0;     // OmniKV selections run, and reused by lazy_iou
-  std::vector<std::vector<int32_t>> selected;   // OmniKV: per filter layer, prompt positions
-  double decode_pool_tokens = 0;                // SCOPE / H2O: kept per (layer, KV head), summed
-  double prompt_pool_tokens = 0;                // SCOPE prompt pool, summed the same way
+  int prompt_len = -1;                         // -1: no decode step since the last prompt
+  uint64_t selections = 0, lazy_reuses = 0;    // OmniKV selections run, and reused by lazy_iou
+  std::vector<std::vector<int32_t>> selected;  // OmniKV: per filter layer, prompt positions
+  double decode_pool_tokens = 0;               // SCOPE / H2O: kept per (layer, KV head), summed
+  double prompt_pool_tokens = 0;               // SCOPE prompt pool, summed the same way
 };
 
 class DecodePolicy {

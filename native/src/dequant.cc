@@ -130,15 +130,24 @@ int64_t first_nonfinite_scale(const Weight& w) {
   using Two = std::array<uint16_t, 2>;
   using One = std::array<uint16_t, 1>;
   switch (w.type) {
-    case GgmlType::Q4_0: return scan<BlockQ4_0>(w.data, n, [](const BlockQ4_0& b) { return One{b.d}; });
-    case GgmlType::Q4_1: return scan<BlockQ4_1>(w.data, n, [](const BlockQ4_1& b) { return Two{b.d, b.m}; });
-    case GgmlType::Q5_0: return scan<BlockQ5_0>(w.data, n, [](const BlockQ5_0& b) { return One{b.d}; });
-    case GgmlType::Q5_1: return scan<BlockQ5_1>(w.data, n, [](const BlockQ5_1& b) { return Two{b.d, b.m}; });
-    case GgmlType::Q8_0: return scan<BlockQ8_0>(w.data, n, [](const BlockQ8_0& b) { return One{b.d}; });
-    case GgmlType::Q4_K: return scan<BlockQ4_K>(w.data, n, [](const BlockQ4_K& b) { return Two{b.d, b.dmin}; });
-    case GgmlType::Q5_K: return scan<BlockQ5_K>(w.data, n, [](const BlockQ5_K& b) { return Two{b.d, b.dmin}; });
-    case GgmlType::Q6_K: return scan<BlockQ6_K>(w.data, n, [](const BlockQ6_K& b) { return One{b.d}; });
-    default: return -1;
+    case GgmlType::Q4_0:
+      return scan<BlockQ4_0>(w.data, n, [](const BlockQ4_0& b) { return One{b.d}; });
+    case GgmlType::Q4_1:
+      return scan<BlockQ4_1>(w.data, n, [](const BlockQ4_1& b) { return Two{b.d, b.m}; });
+    case GgmlType::Q5_0:
+      return scan<BlockQ5_0>(w.data, n, [](const BlockQ5_0& b) { return One{b.d}; });
+    case GgmlType::Q5_1:
+      return scan<BlockQ5_1>(w.data, n, [](const BlockQ5_1& b) { return Two{b.d, b.m}; });
+    case GgmlType::Q8_0:
+      return scan<BlockQ8_0>(w.data, n, [](const BlockQ8_0& b) { return One{b.d}; });
+    case GgmlType::Q4_K:
+      return scan<BlockQ4_K>(w.data, n, [](const BlockQ4_K& b) { return Two{b.d, b.dmin}; });
+    case GgmlType::Q5_K:
+      return scan<BlockQ5_K>(w.data, n, [](const BlockQ5_K& b) { return Two{b.d, b.dmin}; });
+    case GgmlType::Q6_K:
+      return scan<BlockQ6_K>(w.data, n, [](const BlockQ6_K& b) { return One{b.d}; });
+    default:
+      return -1;
   }
 }
 

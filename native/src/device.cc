@@ -23,12 +23,13 @@ DeviceSpec parse_device(const std::string& s) {
 }
 
 namespace {
-struct Variant { const char* name; bool CudaKernelSet::*flag; };
+struct Variant {
+  const char* name;
+  bool CudaKernelSet::*flag;
+};
 constexpr Variant kVariants[] = {
-    {"fused", &CudaKernelSet::fused},
-    {"matvec", &CudaKernelSet::matvec},
-    {"attention", &CudaKernelSet::attention},
-    {"prefill-attention", &CudaKernelSet::prefill_attention},
+    {"fused", &CudaKernelSet::fused},         {"matvec", &CudaKernelSet::matvec},
+    {"attention", &CudaKernelSet::attention}, {"prefill-attention", &CudaKernelSet::prefill_attention},
     {"gemm", &CudaKernelSet::gemm},
 };
 }  // namespace
@@ -48,8 +49,10 @@ CudaKernelSet parse_cuda_kernels(const std::string& s) {
     for (const Variant& v : kVariants)
       if (name == v.name) k.*v.flag = known = true;
     if (!known)
-      throw DeviceError("invalid_cuda_kernels", "cuda kernels must be simple, fast or a comma list of fused, matvec, "
-                                                "attention, prefill-attention, gemm (got \"" + s.substr(0, 64) + "\")");
+      throw DeviceError("invalid_cuda_kernels",
+                        "cuda kernels must be simple, fast or a comma list of fused, matvec, "
+                        "attention, prefill-attention, gemm (got \"" +
+                            s.substr(0, 64) + "\")");
     start = end + 1;
   }
   return k;

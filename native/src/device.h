@@ -54,8 +54,7 @@ struct CudaKernelSet {
   bool prefill_attention = false;  // prefill attention on tensor cores (cuda/attention_fast.cu)
   bool gemm = false;               // GEMM on repacked weights with tiles that fill the GPU (cuda/gemm_fast.cu)
   bool operator==(const CudaKernelSet& o) const {
-    return fused == o.fused && matvec == o.matvec && attention == o.attention && prefill_attention == o.prefill_attention &&
-           gemm == o.gemm;
+    return fused == o.fused && matvec == o.matvec && attention == o.attention && prefill_attention == o.prefill_attention && gemm == o.gemm;
   }
 };
 // Parses "simple" (none), "fast" (all) or a comma list of fused, matvec, attention,

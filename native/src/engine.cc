@@ -87,9 +87,7 @@ Engine::Engine(std::shared_ptr<const Model> model, const EngineOptions& opts)
 
 Engine::~Engine() = default;
 
-std::string Engine::device_description() const {
-  return device_ ? device_->description() : std::string("CPU, ") + k_.name + " kernels";
-}
+std::string Engine::device_description() const { return device_ ? device_->description() : std::string("CPU, ") + k_.name + " kernels"; }
 
 std::shared_ptr<Sequence> Engine::create_sequence(int capacity) const {
   auto seq = std::make_shared<Sequence>(config(), capacity);
@@ -118,9 +116,8 @@ void Sequence::set_policy(const AttentionPolicy& p) {
                                 "window): only 'full' runs on this model");
   const size_t packed = next->packed_rows() * kv.row_pair_bytes();
   if (device_budget > 0 && packed > device_budget)
-    throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " +
-                                std::to_string(packed >> 20) + " MiB of packed rows, more than the device arena's " +
-                                std::to_string(device_budget >> 20) + " MiB");
+    throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " + std::to_string(packed >> 20) +
+                                " MiB of packed rows, more than the device arena's " + std::to_string(device_budget >> 20) + " MiB");
   kv.offload(next->host_groups());  // none: every layer back on the device
   policy = std::move(next);
   slots.reset();
@@ -148,9 +145,8 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
                                            : "forward: the sequence was not created by this GPU engine");
     if (!device_ && it.seq->device_kv) throw std::invalid_argument("forward: a GPU sequence on a CPU engine");
     if (it.seq->n_past() + it.n_tokens > limit)
-      throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) +
-                                  " tokens exceed the context limit of " + std::to_string(limit) +
-                                  (limit == max_ctx_ ? " (model context)" : " (sequence capacity)"));
+      throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) + " tokens exceed the context limit of " +
+                                  std::to_string(limit) + (limit == max_ctx_ ? " (model context)" : " (sequence capacity)"));
     const Sequence& seq = *it.seq;
     if (seq.device_budget > 0 && seq.device_bytes(seq.n_past() + it.n_tokens) > seq.device_budget)
       throw std::invalid_argument("forward: " + std::to_string(seq.n_past() + it.n_tokens) + " tokens need " +
@@ -227,8 +223,8 @@ void Engine::quantize(const float* x, int n, int k) {
   act_.k = k;
   const int nb = k / 32;
   for_tokens(n, [&](int t) {
-    k_.quantize_q8(x + static_cast<size_t>(t) * k, k, act_.qs + static_cast<size_t>(t) * k, act_.d + t * nb,
-                   act_.s + t * nb, act_.isum + t * nb);
+    k_.quantize_q8(x + static_cast<size_t>(t) * k, k, act_.qs + static_cast<size_t>(t) * k, act_.d + t * nb, act_.s + t * nb,
+                   act_.isum + t * nb);
   });
 }
 
@@ -240,7 +236,10 @@ void Engine::matmuls(std::initializer_list<MatJob> jobs, const float* x, int n, 
 
   // Tasks are runs of whole 8-row groups; a few per thread so uneven progress evens out.
   constexpr int kMaxTasks = 256;
-  struct Task { const MatJob* job; int r0, rows; };
+  struct Task {
+    const MatJob* job;
+    int r0, rows;
+  };
   Task tasks[kMaxTasks];
   int n_tasks = 0;
   const int threads = pool_.size();
@@ -265,7 +264,9 @@ void Engine::matmul_rows(const Weight& w, int r0, int rows, const float* x, int 
     gemm_q8_for(k_, w.type)({wp, w.group_bytes, rows, &act_, 0, n, y, ldy});
   } else {
     const uint8_t* wp = w.data + static_cast<size_t>(r0) * w.row_bytes;
-    (w.type == GgmlType::F32 ? k_.gemm_f32 : w.type == GgmlType::F16 ? k_.gemm_f16 : k_.gemm_bf16)({wp, w.row_bytes, rows, x, k, n, y, ldy});
+    (w.type == GgmlType::F32   ? k_.gemm_f32
+     : w.type == GgmlType::F16 ? k_.gemm_f16
+                               : k_.gemm_bf16)({wp, w.row_bytes, rows, x, k, n, y, ldy});
   }
 }
 

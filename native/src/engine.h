@@ -25,8 +25,8 @@ struct EngineOptions {
   // Threads for micro-batches of at most kSmallBatch tokens (decode steps). One thread is often
   // fastest for a memory-bound step on a small machine: no barriers, no cross-core traffic.
   int n_threads_decode = 1;
-  int ubatch = 512;       // tokens per micro-batch (bounds the scratch memory)
-  int max_context = 0;    // longest sequence the engine accepts; 0 = the model's trained context
+  int ubatch = 512;     // tokens per micro-batch (bounds the scratch memory)
+  int max_context = 0;  // longest sequence the engine accepts; 0 = the model's trained context
   // The "device" arena one sequence may use: its device-tier KV plus OmniKV's packed buffers
   // (KvCache, policy.h). 0 = no limit. A forward that would exceed it is refused.
   size_t device_budget_bytes = 0;
@@ -88,7 +88,10 @@ struct BatchItem {
 };
 
 // One item's share of a micro-batch: `count` of its tokens from `offset`, at positions from pos0.
-struct UbatchSlice { const BatchItem* item; int offset, count, pos0; };
+struct UbatchSlice {
+  const BatchItem* item;
+  int offset, count, pos0;
+};
 
 // Cuts a batch into micro-batches of at most `ubatch` tokens (a long prompt spans several) and
 // calls run(slices) for each, in order; `slices` is the caller's reused buffer. Every backend
@@ -154,7 +157,11 @@ class Engine : private PolicyBackend {
 
  private:
   using Slice = UbatchSlice;
-  struct MatJob { const Weight* w; float* y; int ldy; };
+  struct MatJob {
+    const Weight* w;
+    float* y;
+    int ldy;
+  };
   void validate(const std::vector<BatchItem>& items) const;
   void forward_ubatch(const std::vector<Slice>& slices);
   void embed(const std::vector<Slice>& slices, int n);
@@ -168,7 +175,9 @@ class Engine : private PolicyBackend {
   void rope_tables(int n);
   void rope(float* x, int n_heads, int kind, int n);
   void gated_activation(int n);
-  struct QueryBlock { int slice, t_begin, t_end; };
+  struct QueryBlock {
+    int slice, t_begin, t_end;
+  };
   struct AttnScratch {  // per thread
     // attend_flash: the block's queries per KV head, their running max, sum and output, the rows'
     // key ranges in the current key block and flash_block's scratch.
@@ -180,13 +189,17 @@ class Engine : private PolicyBackend {
     std::vector<uint16_t> gathered;
     std::vector<int32_t> rows, evicted;  // listed keys' cache rows (reclaiming), a step's evictions
   };
-  struct AttnTask { int block, h0, n_heads; };
+  struct AttnTask {
+    int block, h0, n_heads;
+  };
   void attention(int layer, const std::vector<Slice>& slices);
   int first_key(int layer, int p) const;
   void attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h0, int n_heads, AttnScratch& sc);
   void probe_rows(int layer, const Slice& s, int t, AttnScratch& sc);
   void attend_listed(int layer, const Slice& s, const LayerKeys& keys, int t, int g, AttnScratch& sc);
-  struct KeyRange { int begin, end; };
+  struct KeyRange {
+    int begin, end;
+  };
   void softmax_rows(float* s, size_t lds, int rows, int n_keys, FunctionRef<KeyRange(int)> range);
   // Decode policies (sparse.cc): their per-micro-batch view of a slice, the key lists each slice
   // attends at `layer`, and the backend services they call.

@@ -10,8 +10,7 @@ EngineWorker::EngineWorker(Napi::Env env) : tsfn_closed_(std::make_shared<std::a
   // At environment teardown Node finalizes the function itself; releasing it afterwards aborts.
   // The flag outlives this object (a normal release finalizes later, asynchronously).
   auto closed = tsfn_closed_;
-  tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function(), "ctxbank-engine", 0, 1,
-                                        [closed](Napi::Env) { closed->store(true); });
+  tsfn_ = Napi::ThreadSafeFunction::New(env, Napi::Function(), "ctxbank-engine", 0, 1, [closed](Napi::Env) { closed->store(true); });
   tsfn_.Unref(env);  // an idle engine must not keep the process alive
   thread_ = std::thread([this] { loop(); });
 }
@@ -27,11 +26,10 @@ EngineWorker::~EngineWorker() {
   if (!tsfn_closed_->load()) tsfn_.Release();
 }
 
-Napi::Promise EngineWorker::submit(Napi::Env env, std::function<void()> run,
-                                   std::function<Napi::Value(Napi::Env)> settle, std::function<void()> finally,
-                                   Napi::Object keep_alive) {
-  auto* job = new Job{std::move(run), std::move(settle), std::move(finally), Napi::Promise::Deferred::New(env),
-                      Napi::Persistent(keep_alive), this, {}};
+Napi::Promise EngineWorker::submit(Napi::Env env, std::function<void()> run, std::function<Napi::Value(Napi::Env)> settle,
+                                   std::function<void()> finally, Napi::Object keep_alive) {
+  auto* job = new Job{
+      std::move(run), std::move(settle), std::move(finally), Napi::Promise::Deferred::New(env), Napi::Persistent(keep_alive), this, {}};
   Napi::Promise promise = job->deferred.Promise();
   if (pending_++ == 0) tsfn_.Ref(env);
   {

@@ -28,8 +28,7 @@ int punch_hole(int fd, uint64_t offset, uint64_t length) {
   const uint64_t start = (offset + page - 1) / page * page;
   const uint64_t end = (offset + length) / page * page;
   if (end <= start) return 0;  // no whole page inside the range
-  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start),
-                  static_cast<off_t>(end - start)) != 0)
+  if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(start), static_cast<off_t>(end - start)) != 0)
     return errno;
   return 0;
 }
@@ -53,8 +52,8 @@ FileMap::FileMap(const std::string& path, uint64_t offset, uint64_t length, cons
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (offset > file_size || length > file_size - offset) {
     ::close(fd);
-    fail(path, "ERANGE", "bytes " + std::to_string(offset) + "+" + std::to_string(length) + " lie outside the " +
-                   std::to_string(file_size) + "-byte file");
+    fail(path, "ERANGE",
+         "bytes " + std::to_string(offset) + "+" + std::to_string(length) + " lie outside the " + std::to_string(file_size) + "-byte file");
   }
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t start = offset - offset % page;

@@ -25,8 +25,7 @@ class FileMap {
   // file planted at the path (or a later file with the same name) is refused, checked on the
   // descriptor that is mapped (no window between the check and the map). With `populate`, the
   // range's pages are mapped in at once (MADV_POPULATE_READ); without, populate() does it later.
-  FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id = "",
-          bool populate = true);
+  FileMap(const std::string& path, uint64_t offset, uint64_t length, const std::string& expect_id = "", bool populate = true);
   ~FileMap();
   FileMap(const FileMap&) = delete;
   FileMap& operator=(const FileMap&) = delete;

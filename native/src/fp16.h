@@ -7,8 +7,16 @@
 
 namespace ctx {
 
-static inline float fp32_from_bits(uint32_t w) { float f; std::memcpy(&f, &w, 4); return f; }
-static inline uint32_t fp32_to_bits(float f) { uint32_t w; std::memcpy(&w, &f, 4); return w; }
+static inline float fp32_from_bits(uint32_t w) {
+  float f;
+  std::memcpy(&f, &w, 4);
+  return f;
+}
+static inline uint32_t fp32_to_bits(float f) {
+  uint32_t w;
+  std::memcpy(&w, &f, 4);
+  return w;
+}
 
 // Branch-light conversions after Maratos' FP16 library (as used by ggml's scalar path).
 static inline float fp16_to_fp32(uint16_t h) {

@@ -18,7 +18,7 @@ namespace {
 
 constexpr uint32_t kMagic = 0x46554747;  // "GGUF" little-endian
 constexpr uint64_t kMaxStringBytes = 1ull << 30;
-constexpr uint64_t kMaxTensorName = 64;   // GGML_MAX_NAME
+constexpr uint64_t kMaxTensorName = 64;  // GGML_MAX_NAME
 constexpr int kMaxArrayDepth = 4;
 // Parsed metadata costs ~100 bytes per array element, so a small crafted file could claim
 // gigabytes; real vocabularies and merge lists stay far below this.
@@ -33,9 +33,8 @@ class Cursor {
 
   void need(uint64_t n, const std::string& what) const {
     if (n > remaining())
-      throw GgufError("gguf: file is truncated while reading " + what + " at byte " +
-                      std::to_string(pos_) + " (needs " + std::to_string(n) + " bytes, " +
-                      std::to_string(remaining()) + " left)");
+      throw GgufError("gguf: file is truncated while reading " + what + " at byte " + std::to_string(pos_) + " (needs " +
+                      std::to_string(n) + " bytes, " + std::to_string(remaining()) + " left)");
   }
   template <typename T>
   T read(const std::string& what) {
@@ -47,8 +46,7 @@ class Cursor {
   }
   std::string read_string(const std::string& what) {
     const uint64_t len = read<uint64_t>(what + " length");
-    if (len > kMaxStringBytes)
-      throw GgufError("gguf: " + what + " claims " + std::to_string(len) + " bytes, over the 1 GiB limit");
+    if (len > kMaxStringBytes) throw GgufError("gguf: " + what + " claims " + std::to_string(len) + " bytes, over the 1 GiB limit");
     need(len, what);
     std::string s(reinterpret_cast<const char*>(base_ + pos_), len);
     pos_ += len;
@@ -67,11 +65,23 @@ class Cursor {
 
 uint64_t scalar_size(GgufValueType t) {
   switch (t) {
-    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::BOOL: return 1;
-    case GgufValueType::U16: case GgufValueType::I16: return 2;
-    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::F32: return 4;
-    case GgufValueType::U64: case GgufValueType::I64: case GgufValueType::F64: return 8;
-    default: return 0;
+    case GgufValueType::U8:
+    case GgufValueType::I8:
+    case GgufValueType::BOOL:
+      return 1;
+    case GgufValueType::U16:
+    case GgufValueType::I16:
+      return 2;
+    case GgufValueType::U32:
+    case GgufValueType::I32:
+    case GgufValueType::F32:
+      return 4;
+    case GgufValueType::U64:
+    case GgufValueType::I64:
+    case GgufValueType::F64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -81,34 +91,56 @@ GgufValue read_value(Cursor& c, GgufValueType type, const std::string& key, int 
   GgufValue v;
   v.type = type;
   switch (type) {
-    case GgufValueType::U8: v.u = c.read<uint8_t>(key); break;
-    case GgufValueType::I8: v.i = c.read<int8_t>(key); break;
-    case GgufValueType::U16: v.u = c.read<uint16_t>(key); break;
-    case GgufValueType::I16: v.i = c.read<int16_t>(key); break;
-    case GgufValueType::U32: v.u = c.read<uint32_t>(key); break;
-    case GgufValueType::I32: v.i = c.read<int32_t>(key); break;
-    case GgufValueType::U64: v.u = c.read<uint64_t>(key); break;
-    case GgufValueType::I64: v.i = c.read<int64_t>(key); break;
-    case GgufValueType::F32: v.f = c.read<float>(key); break;
-    case GgufValueType::F64: v.f = c.read<double>(key); break;
+    case GgufValueType::U8:
+      v.u = c.read<uint8_t>(key);
+      break;
+    case GgufValueType::I8:
+      v.i = c.read<int8_t>(key);
+      break;
+    case GgufValueType::U16:
+      v.u = c.read<uint16_t>(key);
+      break;
+    case GgufValueType::I16:
+      v.i = c.read<int16_t>(key);
+      break;
+    case GgufValueType::U32:
+      v.u = c.read<uint32_t>(key);
+      break;
+    case GgufValueType::I32:
+      v.i = c.read<int32_t>(key);
+      break;
+    case GgufValueType::U64:
+      v.u = c.read<uint64_t>(key);
+      break;
+    case GgufValueType::I64:
+      v.i = c.read<int64_t>(key);
+      break;
+    case GgufValueType::F32:
+      v.f = c.read<float>(key);
+      break;
+    case GgufValueType::F64:
+      v.f = c.read<double>(key);
+      break;
     case GgufValueType::BOOL: {
       const uint8_t b = c.read<uint8_t>(key);
       if (b > 1) throw GgufError("gguf: metadata '" + key + "' has a bool byte of " + std::to_string(b));
       v.u = b;
       break;
     }
-    case GgufValueType::STRING: v.str = c.read_string("metadata '" + key + "'"); break;
+    case GgufValueType::STRING:
+      v.str = c.read_string("metadata '" + key + "'");
+      break;
     case GgufValueType::ARRAY: {
       if (depth >= kMaxArrayDepth) throw GgufError("gguf: metadata '" + key + "' nests arrays too deeply");
       const uint32_t et = c.read<uint32_t>(key + " array type");
-      if (!known_value_type(et))
-        throw GgufError("gguf: metadata '" + key + "' is an array of unknown type " + std::to_string(et));
+      if (!known_value_type(et)) throw GgufError("gguf: metadata '" + key + "' is an array of unknown type " + std::to_string(et));
       v.elem_type = static_cast<GgufValueType>(et);
       const uint64_t n = c.read<uint64_t>(key + " array length");
       // Every element needs at least one byte (strings 8), so a count larger than the bytes left
       // is corrupt; checking first avoids reserving memory for a lie.
-      const uint64_t min_elem = v.elem_type == GgufValueType::STRING ? 8
-                                : v.elem_type == GgufValueType::ARRAY ? 12 : scalar_size(v.elem_type);
+      const uint64_t min_elem = v.elem_type == GgufValueType::STRING  ? 8
+                                : v.elem_type == GgufValueType::ARRAY ? 12
+                                                                      : scalar_size(v.elem_type);
       if (n > c.remaining() / min_elem)
         throw GgufError("gguf: metadata '" + key + "' claims " + std::to_string(n) +
                         " elements, more than the file holds (truncated or corrupt)");
@@ -127,8 +159,14 @@ GgufValue read_value(Cursor& c, GgufValueType type, const std::string& key, int 
 
 bool GgufValue::is_integer() const {
   switch (type) {
-    case GgufValueType::U8: case GgufValueType::I8: case GgufValueType::U16: case GgufValueType::I16:
-    case GgufValueType::U32: case GgufValueType::I32: case GgufValueType::U64: case GgufValueType::I64:
+    case GgufValueType::U8:
+    case GgufValueType::I8:
+    case GgufValueType::U16:
+    case GgufValueType::I16:
+    case GgufValueType::U32:
+    case GgufValueType::I32:
+    case GgufValueType::U64:
+    case GgufValueType::I64:
       return true;
     default:
       return false;
@@ -136,8 +174,7 @@ bool GgufValue::is_integer() const {
 }
 
 const char* gguf_value_type_name(GgufValueType t) {
-  static const char* names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32",
-                                "bool", "string", "array", "u64", "i64", "f64"};
+  static const char* names[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
   const auto i = static_cast<uint32_t>(t);
   return i < sizeof(names) / sizeof(names[0]) ? names[i] : "unknown";
 }
@@ -177,24 +214,23 @@ GgufFile::~GgufFile() {
 
 void GgufFile::parse() {
   Cursor c(base_, size_);
-  if (c.read<uint32_t>("magic") != kMagic)
-    throw GgufError("gguf: '" + path_ + "' is not a GGUF file (bad magic)");
+  if (c.read<uint32_t>("magic") != kMagic) throw GgufError("gguf: '" + path_ + "' is not a GGUF file (bad magic)");
   version_ = c.read<uint32_t>("version");
-  if (version_ < 2 || version_ > 3)
-    throw GgufError("gguf: unsupported GGUF version " + std::to_string(version_) + " (supported: 2, 3)");
+  if (version_ < 2 || version_ > 3) throw GgufError("gguf: unsupported GGUF version " + std::to_string(version_) + " (supported: 2, 3)");
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
   // A KV needs >= 8+1+4+1 bytes and a tensor info >= 8+4+8+4+8 bytes.
-  if (n_kv > c.remaining() / 14) throw GgufError("gguf: metadata count " + std::to_string(n_kv) + " exceeds the file (truncated or corrupt)");
-  if (n_tensors > c.remaining() / 32) throw GgufError("gguf: tensor count " + std::to_string(n_tensors) + " exceeds the file (truncated or corrupt)");
+  if (n_kv > c.remaining() / 14)
+    throw GgufError("gguf: metadata count " + std::to_string(n_kv) + " exceeds the file (truncated or corrupt)");
+  if (n_tensors > c.remaining() / 32)
+    throw GgufError("gguf: tensor count " + std::to_string(n_tensors) + " exceeds the file (truncated or corrupt)");
 
   uint64_t elements = 0;
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key = c.read_string("metadata key #" + std::to_string(k));
     if (key.empty()) throw GgufError("gguf: metadata key #" + std::to_string(k) + " is empty");
     const uint32_t t = c.read<uint32_t>("type of '" + key + "'");
-    if (!known_value_type(t))
-      throw GgufError("gguf: metadata '" + key + "' has unknown value type " + std::to_string(t));
+    if (!known_value_type(t)) throw GgufError("gguf: metadata '" + key + "' has unknown value type " + std::to_string(t));
     GgufValue v = read_value(c, static_cast<GgufValueType>(t), key, 0, elements);
     if (!kv_.emplace(key, std::move(v)).second) throw GgufError("gguf: duplicate metadata key '" + key + "'");
   }
@@ -225,18 +261,16 @@ void GgufFile::parse() {
     const GgmlTypeTraits* tr = ggml_type_traits(t.type);
     if (!tr) throw GgufError("gguf: tensor '" + t.name + "' has unknown ggml type " + std::to_string(t.type));
     if (t.ne[0] % tr->block_size != 0)
-      throw GgufError("gguf: tensor '" + t.name + "' row of " + std::to_string(t.ne[0]) +
-                      " is not a multiple of the " + tr->name + " block size");
+      throw GgufError("gguf: tensor '" + t.name + "' row of " + std::to_string(t.ne[0]) + " is not a multiple of the " + tr->name +
+                      " block size");
     // n <= 2^62, but at up to 8 bytes per element the byte count could still wrap to a small
     // number that "fits" in the file.
     if (n / tr->block_size > UINT64_MAX / tr->type_size)
       throw GgufError("gguf: tensor '" + t.name + "' has an invalid shape (too many bytes)");
     t.n_bytes = n / tr->block_size * tr->type_size;
     t.offset = c.read<uint64_t>("offset of " + t.name);
-    if (t.offset % alignment_ != 0)
-      throw GgufError("gguf: tensor '" + t.name + "' offset is not aligned to " + std::to_string(alignment_));
-    if (!tensor_index_.emplace(t.name, tensors_.size()).second)
-      throw GgufError("gguf: duplicate tensor name '" + t.name + "'");
+    if (t.offset % alignment_ != 0) throw GgufError("gguf: tensor '" + t.name + "' offset is not aligned to " + std::to_string(alignment_));
+    if (!tensor_index_.emplace(t.name, tensors_.size()).second) throw GgufError("gguf: duplicate tensor name '" + t.name + "'");
     tensors_.push_back(std::move(t));
   }
   header_bytes_ = c.pos();
@@ -252,16 +286,13 @@ void GgufFile::parse() {
     t.data = base_ + data_start + t.offset;
     by_offset.push_back(&t);
   }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
+  std::sort(by_offset.begin(), by_offset.end(), [](const GgufTensorInfo* a, const GgufTensorInfo* b) { return a->offset < b->offset; });
   for (size_t k = 1; k < by_offset.size(); ++k)
     if (by_offset[k - 1]->offset + by_offset[k - 1]->n_bytes > by_offset[k]->offset)
       throw GgufError("gguf: tensors '" + by_offset[k - 1]->name + "' and '" + by_offset[k]->name + "' overlap");
 }
 
-uint32_t GgufFile::tensor_data_crc32c() const {
-  return crc32c(0, base_ + data_start_, static_cast<size_t>(size_ - data_start_));
-}
+uint32_t GgufFile::tensor_data_crc32c() const { return crc32c(0, base_ + data_start_, static_cast<size_t>(size_ - data_start_)); }
 
 const GgufTensorInfo* GgufFile::find_tensor(const std::string& name) const {
   auto it = tensor_index_.find(name);
@@ -277,8 +308,8 @@ std::optional<uint64_t> GgufFile::get_uint_opt(const std::string& key) const {
   const GgufValue* v = find(key);
   if (!v) return std::nullopt;
   if (!v->is_integer()) throw GgufError("gguf: metadata '" + key + "' must be an integer, is " + gguf_value_type_name(v->type));
-  const bool is_signed = v->type == GgufValueType::I8 || v->type == GgufValueType::I16 ||
-                         v->type == GgufValueType::I32 || v->type == GgufValueType::I64;
+  const bool is_signed =
+      v->type == GgufValueType::I8 || v->type == GgufValueType::I16 || v->type == GgufValueType::I32 || v->type == GgufValueType::I64;
   if (is_signed && v->i < 0) throw GgufError("gguf: metadata '" + key + "' must not be negative");
   return is_signed ? static_cast<uint64_t>(v->i) : v->u;
 }

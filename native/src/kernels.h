@@ -15,11 +15,11 @@ namespace ctx {
 // and Q6_K's -32). Stored structure-of-arrays, one row per token. The K-quants use the same
 // 32-element blocks, one per sub-block (ggml uses 256-element Q8_K activations for them).
 struct ActQ8 {
-  int8_t* qs = nullptr;    // [rows][k]
-  float* d = nullptr;      // [rows][k/32]
-  float* s = nullptr;      // [rows][k/32]
-  int32_t* isum = nullptr; // [rows][k/32]
-  int k = 0;               // row length (multiple of 32)
+  int8_t* qs = nullptr;     // [rows][k]
+  float* d = nullptr;       // [rows][k/32]
+  float* s = nullptr;       // [rows][k/32]
+  int32_t* isum = nullptr;  // [rows][k/32]
+  int k = 0;                // row length (multiple of 32)
   int blocks() const { return k / 32; }
 };
 
@@ -30,8 +30,8 @@ struct GemmQ8Args {
   size_t group_bytes;  // bytes between row groups
   int n_rows;          // rows to compute from the first group on (the last group may be partial)
   const ActQ8* x;
-  int tok0, n_tok;     // activation rows [tok0, tok0 + n_tok)
-  float* y;            // already offset to (tok0, first row)
+  int tok0, n_tok;  // activation rows [tok0, tok0 + n_tok)
+  float* y;         // already offset to (tok0, first row)
   int ldy;
 };
 // The same for F32/F16/BF16 weights in their file layout, f32 activations.
@@ -39,7 +39,7 @@ struct GemmF32Args {
   const uint8_t* w;
   size_t w_stride;
   int n_rows;
-  const float* x;     // [n_tok][k], already offset to tok0
+  const float* x;  // [n_tok][k], already offset to tok0
   int k, n_tok;
   float* y;
   int ldy;
@@ -67,8 +67,7 @@ struct KernelTable {
   // The same for the rows idx[0..n) of a cache whose row i starts at base + idx[i] * stride.
   void (*kv_gather_f32)(const uint16_t* base, size_t stride, const int32_t* idx, int n, int width, float* dst);
   // s[i * lds + j] = dot(q[i], k[j]) * scale for i < nq, j < nk; q is [nq][d], key j at k + j*ldk.
-  void (*attn_scores)(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s,
-                      size_t lds);
+  void (*attn_scores)(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s, size_t lds);
   // out[i] += sum_j p[i * ldp + j] * v[j] for i < nq, j < nk; value j at v + j*ldv, out is [nq][d].
   void (*attn_values)(const float* p, size_t ldp, int nq, const float* v, size_t ldv, int nk, int d, float* out);
   // x[i] = exp(x[i] - max), returns the sum.
@@ -81,8 +80,8 @@ struct KernelTable {
   // never on nq, nk or the other rows, bit for bit: the engine attends a token in blocks whose
   // size and company depend on how its prompt was chunked, and its logits must not. `work` holds
   // flash_work_floats(nq, nk, d) floats.
-  void (*flash_block)(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d,
-                      float scale, const int* lo, const int* hi, float* m, float* l, float* acc, float* work);
+  void (*flash_block)(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale, const int* lo,
+                      const int* hi, float* m, float* l, float* acc, float* work);
   void (*f32_to_f16)(const float* x, uint16_t* y, int n);
   // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
   void (*swiglu)(float* g, const float* u, int n);
@@ -91,8 +90,7 @@ struct KernelTable {
 // Scratch flash_block needs: the rows' scores and rescale factors, and the keys and values
 // widened to f32, padded to whole 8-key tiles.
 constexpr size_t flash_work_floats(int nq, int nk, int d) {
-  return static_cast<size_t>((nk + 7) / 8 * 8) * (static_cast<size_t>(nq) + 2 * static_cast<size_t>(d)) +
-         static_cast<size_t>(nq);
+  return static_cast<size_t>((nk + 7) / 8 * 8) * (static_cast<size_t>(nq) + 2 * static_cast<size_t>(d)) + static_cast<size_t>(nq);
 }
 
 // The table's GEMM for a packed quantized weight type (packed.h is_packable); nullptr for others.

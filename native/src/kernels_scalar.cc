@@ -54,8 +54,7 @@ void gemm_packed(const GemmQ8Args& a, DotBlock dot_block) {
       const int32_t* xi = a.x->isum + static_cast<size_t>(row) * nb32;
       for (int r = 0; r < kRowGroup && g0 + r < a.n_rows; ++r) {
         float acc = 0;
-        for (int b = 0; b < nb; ++b)
-          acc += dot_block(pb[b], r, XBlock{xq + b * kCols, xd + b * kSub, xs + b * kSub, xi + b * kSub});
+        for (int b = 0; b < nb; ++b) acc += dot_block(pb[b], r, XBlock{xq + b * kCols, xd + b * kSub, xs + b * kSub, xi + b * kSub});
         a.y[static_cast<size_t>(t) * a.ldy + g0 + r] = acc;
       }
     }
@@ -201,11 +200,11 @@ void kv_to_f32(const uint16_t* src, size_t stride, int n, int width, float* dst)
 }
 
 void kv_gather_f32(const uint16_t* base, size_t stride, const int32_t* idx, int n, int width, float* dst) {
-  for (int j = 0; j < n; ++j) kv_to_f32(base + static_cast<size_t>(idx[j]) * stride, stride, 1, width, dst + static_cast<size_t>(j) * width);
+  for (int j = 0; j < n; ++j)
+    kv_to_f32(base + static_cast<size_t>(idx[j]) * stride, stride, 1, width, dst + static_cast<size_t>(j) * width);
 }
 
-void attn_scores(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s,
-                 size_t lds) {
+void attn_scores(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s, size_t lds) {
   for (int i = 0; i < nq; ++i)
     for (int j = 0; j < nk; ++j) {
       float acc = 0;
@@ -233,8 +232,8 @@ float exp_sum(float* x, int n, float max) {
 
 // Row by row: scores of the row's keys, the new max, the old state rescaled by exp(m - max), then
 // the keys' weights added to the sum and their weighted values to the output.
-void flash_block(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale,
-                 const int* lo, const int* hi, float* m, float* l, float* acc, float* work) {
+void flash_block(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale, const int* lo,
+                 const int* hi, float* m, float* l, float* acc, float* work) {
   for (int i = 0; i < nq; ++i) {
     if (lo[i] >= hi[i]) continue;
     float mx = m[i];
@@ -267,9 +266,8 @@ void swiglu(float* g, const float* u, int n) {
 }
 
 const KernelTable kScalar = {
-    "scalar", quantize_q8, gemm_q4_0, gemm_q4_1, gemm_q8_0, gemm_q5_0, gemm_q5_1, gemm_q4_k, gemm_q5_k, gemm_q6_k,
-    gemm_f32, gemm_f16, gemm_bf16,
-    kv_to_f32, kv_gather_f32, attn_scores, attn_values, exp_sum, flash_block, f32_to_f16, swiglu,
+    "scalar", quantize_q8, gemm_q4_0, gemm_q4_1,     gemm_q8_0,   gemm_q5_0,   gemm_q5_1, gemm_q4_k,   gemm_q5_k,  gemm_q6_k, gemm_f32,
+    gemm_f16, gemm_bf16,   kv_to_f32, kv_gather_f32, attn_scores, attn_values, exp_sum,   flash_block, f32_to_f16, swiglu,
 };
 
 }  // namespace

@@ -6,26 +6,33 @@
 
 namespace ctx {
 
-bool cpu_has_avx2() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
+bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"); }
 
 bool cpu_has_avx512() {
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512vnni");
 }
 
 GemmQ8Fn gemm_q8_for(const KernelTable& k, GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: return k.gemm_q4_0;
-    case GgmlType::Q4_1: return k.gemm_q4_1;
-    case GgmlType::Q5_0: return k.gemm_q5_0;
-    case GgmlType::Q5_1: return k.gemm_q5_1;
-    case GgmlType::Q8_0: return k.gemm_q8_0;
-    case GgmlType::Q4_K: return k.gemm_q4_k;
-    case GgmlType::Q5_K: return k.gemm_q5_k;
-    case GgmlType::Q6_K: return k.gemm_q6_k;
-    default: return nullptr;
+    case GgmlType::Q4_0:
+      return k.gemm_q4_0;
+    case GgmlType::Q4_1:
+      return k.gemm_q4_1;
+    case GgmlType::Q5_0:
+      return k.gemm_q5_0;
+    case GgmlType::Q5_1:
+      return k.gemm_q5_1;
+    case GgmlType::Q8_0:
+      return k.gemm_q8_0;
+    case GgmlType::Q4_K:
+      return k.gemm_q4_k;
+    case GgmlType::Q5_K:
+      return k.gemm_q5_k;
+    case GgmlType::Q6_K:
+      return k.gemm_q6_k;
+    default:
+      return nullptr;
   }
 }
 

@@ -61,8 +61,10 @@ void KvCache::release() {
   // zeros, as after MADV_DONTNEED); without a pool, or on a kernel before 5.7, they go back to the OS.
   // They move to a 2 MiB-aligned address, so their huge pages stay whole (kv_pool.h).
   void* moved = KvPool::instance().limit() > 0 ? move_huge_aligned(base_, bytes_, bytes_, MREMAP_DONTUNMAP) : MAP_FAILED;
-  if (moved != MAP_FAILED) KvPool::instance().give(moved, bytes_);
-  else madvise(base_, bytes_, MADV_DONTNEED);
+  if (moved != MAP_FAILED)
+    KvPool::instance().give(moved, bytes_);
+  else
+    madvise(base_, bytes_, MADV_DONTNEED);
   for (const Bank& b : banks_) madvise(b.base, b.bytes, MADV_DONTNEED);
   size_ = 0;
 }
@@ -101,7 +103,8 @@ void KvCache::offload(const std::vector<std::vector<int>>& groups) {
     void* p = map_kv(b.bytes);
     if (p == MAP_FAILED) {
       restore();
-      throw std::runtime_error("kv cache: cannot reserve a host bank of " + std::to_string(b.bytes >> 20) + " MiB: " + std::strerror(errno));
+      throw std::runtime_error("kv cache: cannot reserve a host bank of " + std::to_string(b.bytes >> 20) +
+                               " MiB: " + std::strerror(errno));
     }
     b.base = static_cast<uint16_t*>(p);
     banks_.push_back(b);
@@ -181,7 +184,8 @@ bool KvCache::prefault(const std::vector<RowSpan>& spans, int from, int to, uint
 }
 
 void KvCache::set_size(int n) {
-  if (n < 0 || n > capacity_) throw std::out_of_range("kv cache: size " + std::to_string(n) + " outside capacity " + std::to_string(capacity_));
+  if (n < 0 || n > capacity_)
+    throw std::out_of_range("kv cache: size " + std::to_string(n) + " outside capacity " + std::to_string(capacity_));
   size_ = n;
 }
 

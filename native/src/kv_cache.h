@@ -28,8 +28,8 @@ class KvCache {
   int n_layer() const { return n_layer_; }
   int kv_dim() const { return kv_dim_; }
   int capacity() const { return capacity_; }
-  int size() const { return size_; }           // tokens whose KV is stored
-  void set_size(int n);                        // after a forward pass or an import; <= capacity
+  int size() const { return size_; }  // tokens whose KV is stored
+  void set_size(int n);               // after a forward pass or an import; <= capacity
   // Gives the physical memory up now (to the KV pool, else to the OS); the mapping stays valid
   // (reads see zeros), so views held elsewhere cannot fault. The cache is empty afterwards.
   void release();
@@ -44,7 +44,9 @@ class KvCache {
     return k(layer, token) + (bank_of_[layer] >= 0 ? static_cast<size_t>(kv_dim_) : static_cast<size_t>(capacity_) * kv_dim_);
   }
   // Elements between the rows of consecutive tokens of a layer (K or V).
-  size_t ld(int layer) const { return bank_of_[layer] >= 0 ? static_cast<size_t>(banks_[bank_of_[layer]].n_layers) * 2 * kv_dim_ : kv_dim_; }
+  size_t ld(int layer) const {
+    return bank_of_[layer] >= 0 ? static_cast<size_t>(banks_[bank_of_[layer]].n_layers) * 2 * kv_dim_ : kv_dim_;
+  }
   const uint16_t* k(int layer, int token = 0) const { return const_cast<KvCache*>(this)->k(layer, token); }
   const uint16_t* v(int layer, int token = 0) const { return const_cast<KvCache*>(this)->v(layer, token); }
 

@@ -48,8 +48,8 @@ class KvPool {
     size_t limit = 0;
     size_t ready_regions = 0;
     size_t ready_resident_bytes = 0;
-    size_t takes = 0;  // take() calls that returned pooled memory
-    size_t misses = 0; // take() calls that found nothing ready
+    size_t takes = 0;   // take() calls that returned pooled memory
+    size_t misses = 0;  // take() calls that found nothing ready
   };
   Stats stats();
 

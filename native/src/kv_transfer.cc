@@ -21,8 +21,7 @@ void check_chunk_rows(const KvCache& kv, const ChunkRows& rows, size_t payload_b
     if (seen[l]) throw std::invalid_argument("layer " + std::to_string(l) + " is listed twice");
     seen[l] = true;
   }
-  if (rows.token_start < 0 || rows.token_count <= 0 ||
-      static_cast<long long>(rows.token_start) + rows.token_count > kv.capacity())
+  if (rows.token_start < 0 || rows.token_count <= 0 || static_cast<long long>(rows.token_start) + rows.token_count > kv.capacity())
     throw std::invalid_argument("tokens " + std::to_string(rows.token_start) + "+" + std::to_string(rows.token_count) +
                                 " exceed the sequence capacity " + std::to_string(kv.capacity()));
   const size_t need = chunk_payload_bytes(kv, rows);

@@ -48,9 +48,7 @@ ReadBandwidth measure_read_bandwidth(int threads, size_t bytes, int passes) {
   double best_s = 0;
   for (int pass = 0; pass < passes; ++pass) {
     const auto t0 = std::chrono::steady_clock::now();
-    pool.parallel_for(threads, [&](int task, int) {
-      sums[task] += read_words(buf.get() + task * (share / 8), share / 8);
-    });
+    pool.parallel_for(threads, [&](int task, int) { sums[task] += read_words(buf.get() + task * (share / 8), share / 8); });
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (pass == 0 || s < best_s) best_s = s;
   }

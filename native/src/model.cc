@@ -30,7 +30,8 @@ std::string number(double v) {
 
 float positive_float(const GgufFile& f, const std::string& key, double fallback) {
   const double v = f.get_float_or(key, fallback);
-  if (!(v > 0) || !std::isfinite(v)) throw std::invalid_argument("model: metadata '" + key + "' = " + number(v) + " must be a positive number");
+  if (!(v > 0) || !std::isfinite(v))
+    throw std::invalid_argument("model: metadata '" + key + "' = " + number(v) + " must be a positive number");
   return static_cast<float>(v);
 }
 
@@ -47,11 +48,11 @@ RopeParams read_rope(const GgufFile& f, const std::string& a) {
   r.base = positive_float(f, a + "rope.freq_base", 10000.0);
   const std::string type = f.get_string_opt(a + "rope.scaling.type").value_or("linear");
   if (type != "none" && type != "linear")
-    throw std::invalid_argument("model: metadata '" + a + "rope.scaling.type' = '" + type +
-                                "' is not supported (none or linear)");
+    throw std::invalid_argument("model: metadata '" + a + "rope.scaling.type' = '" + type + "' is not supported (none or linear)");
   const std::string factor_key = f.find(a + "rope.scaling.factor") ? a + "rope.scaling.factor" : a + "rope.scale_linear";
   const double factor = f.get_float_or(factor_key, 0.0);  // 0: not scaled
-  if (factor < 0 || !std::isfinite(factor)) throw std::invalid_argument("model: metadata '" + factor_key + "' = " + number(factor) + " must be positive");
+  if (factor < 0 || !std::isfinite(factor))
+    throw std::invalid_argument("model: metadata '" + factor_key + "' = " + number(factor) + " must be positive");
   if (type == "linear" && factor > 0) r.scale = static_cast<float>(1.0 / factor);
   if (const double m = f.get_float_or(a + "rope.scaling.attn_factor", 1.0); m != 1.0)
     throw std::invalid_argument("model: metadata '" + a + "rope.scaling.attn_factor' = " + number(m) + " is not supported (only 1)");
@@ -114,8 +115,7 @@ void Model::read_config() {
   c.n_embd = checked_int(f.get_uint(a + "embedding_length"), a + "embedding_length", 1 << 16);
   c.n_ff = checked_int(f.get_uint(a + "feed_forward_length"), a + "feed_forward_length", 1 << 18);
   c.n_head = checked_int(f.get_uint(a + "attention.head_count"), a + "attention.head_count", 1024);
-  c.n_head_kv = checked_int(f.get_uint_opt(a + "attention.head_count_kv").value_or(c.n_head),
-                            a + "attention.head_count_kv", 1024);
+  c.n_head_kv = checked_int(f.get_uint_opt(a + "attention.head_count_kv").value_or(c.n_head), a + "attention.head_count_kv", 1024);
   c.n_ctx_train = checked_int(f.get_uint(a + "context_length"), a + "context_length", 1u << 24);
   c.rope = read_rope(f, a);
   c.rms_eps = required_positive_float(f, a + "attention.layer_norm_rms_epsilon");
@@ -123,9 +123,13 @@ void Model::read_config() {
 
   // Head size: attention.key_length, else n_embd / n_head; V heads must be as wide.
   const uint64_t default_dim = c.n_embd % c.n_head == 0 ? static_cast<uint64_t>(c.n_embd / c.n_head) : 0;
-  if (const auto k = f.get_uint_opt(a + "attention.key_length")) c.head_dim = checked_int(*k, a + "attention.key_length", 1024);
-  else if (default_dim) c.head_dim = static_cast<int>(default_dim);
-  else throw std::invalid_argument("model: embedding length is not a multiple of the head count, and '" + a + "attention.key_length' is absent");
+  if (const auto k = f.get_uint_opt(a + "attention.key_length"))
+    c.head_dim = checked_int(*k, a + "attention.key_length", 1024);
+  else if (default_dim)
+    c.head_dim = static_cast<int>(default_dim);
+  else
+    throw std::invalid_argument("model: embedding length is not a multiple of the head count, and '" + a +
+                                "attention.key_length' is absent");
   const uint64_t v_dim = f.get_uint_opt(a + "attention.value_length").value_or(default_dim);
   if (v_dim != static_cast<uint64_t>(c.head_dim))
     throw std::invalid_argument("model: V heads of size " + std::to_string(v_dim) + " ('" + a +
@@ -188,9 +192,8 @@ Weight Model::weight(const std::string& name, int cols, int rows) {
   if (!t) throw GgufError("gguf: model is missing tensor '" + name + "'");
   used_.push_back(name);
   if (t->n_dims != 2 || t->ne[0] != static_cast<uint64_t>(cols) || t->ne[1] != static_cast<uint64_t>(rows))
-    throw std::invalid_argument("model: tensor '" + name + "' has shape [" + std::to_string(t->ne[0]) + ", " +
-                                std::to_string(t->ne[1]) + "], expected [" + std::to_string(cols) + ", " +
-                                std::to_string(rows) + "]");
+    throw std::invalid_argument("model: tensor '" + name + "' has shape [" + std::to_string(t->ne[0]) + ", " + std::to_string(t->ne[1]) +
+                                "], expected [" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
   const auto type = static_cast<GgmlType>(t->type);
   if (!is_supported_weight_type(type))
     throw std::invalid_argument("model: tensor '" + name + "' has type " + ggml_type_name(t->type) +
@@ -206,8 +209,8 @@ Weight Model::weight(const std::string& name, int cols, int rows) {
   // is corrupt, and would only surface as NaN logits.
   if (const int64_t b = first_nonfinite_scale(w); b >= 0) {
     const int64_t per_row = cols / tr->block_size;
-    throw GgufError("gguf: tensor '" + name + "' (" + tr->name + ") has a non-finite scale in block " +
-                    std::to_string(b % per_row) + " of row " + std::to_string(b / per_row));
+    throw GgufError("gguf: tensor '" + name + "' (" + tr->name + ") has a non-finite scale in block " + std::to_string(b % per_row) +
+                    " of row " + std::to_string(b / per_row));
   }
   return w;
 }
@@ -248,8 +251,7 @@ void Model::read_tensors() {
   ModelConfig& c = config_;
   const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
   if (!embd || embd->n_dims != 2) throw GgufError("gguf: model is missing a 2-D 'token_embd.weight'");
-  if (embd->ne[1] > static_cast<uint64_t>(std::numeric_limits<int>::max()))
-    throw std::invalid_argument("model: vocabulary too large");
+  if (embd->ne[1] > static_cast<uint64_t>(std::numeric_limits<int>::max())) throw std::invalid_argument("model: vocabulary too large");
   c.n_vocab = static_cast<int>(embd->ne[1]);
   const std::string a = c.architecture + ".";
   if (auto v = f.get_uint_opt(a + "vocab_size"); v && *v != static_cast<uint64_t>(c.n_vocab))
@@ -264,8 +266,8 @@ void Model::read_tensors() {
     rope_freq_factors_ = vector("rope_freqs.weight", c.head_dim / 2);
     for (int i = 0; i < c.head_dim / 2; ++i)
       if (!(rope_freq_factors_[i] > 0.f) || !std::isfinite(rope_freq_factors_[i]))
-        throw std::invalid_argument("model: tensor 'rope_freqs.weight' holds " + number(rope_freq_factors_[i]) +
-                                    " at " + std::to_string(i) + " (factors must be positive)");
+        throw std::invalid_argument("model: tensor 'rope_freqs.weight' holds " + number(rope_freq_factors_[i]) + " at " +
+                                    std::to_string(i) + " (factors must be positive)");
     c.rope_freq_factors = true;
   }
 

@@ -48,13 +48,13 @@ struct ModelConfig {
   bool qk_norm = false;            // Qwen 3, Gemma 3: RMSNorm of each head of Q and K before RoPE
   bool post_norms = false;         // Gemma 3: RMSNorm of the attention and FFN outputs before each residual add
   FfnActivation ffn_activation = FfnActivation::Silu;
-  float embd_scale = 1.f;          // Gemma 3: sqrt(n_embd) times each embedding row
-  float attn_scale = 0.f;          // the softmax's scale of q.k: 1/sqrt(head_dim) (Gemma 3 27B: see model.cc)
-  float final_logit_softcap = 0.f; // > 0: logits = cap * tanh(logits / cap) (Gemma 3 files that set it)
+  float embd_scale = 1.f;           // Gemma 3: sqrt(n_embd) times each embedding row
+  float attn_scale = 0.f;           // the softmax's scale of q.k: 1/sqrt(head_dim) (Gemma 3 27B: see model.cc)
+  float final_logit_softcap = 0.f;  // > 0: logits = cap * tanh(logits / cap) (Gemma 3 files that set it)
   // Sliding-window layers (Gemma 3): layer l with slides[l] attends only to its last
   // `sliding_window` keys (the query's own included) and turns by rope_swa.
   int sliding_window = 0;
-  std::vector<bool> slides;        // per layer; empty when no layer slides
+  std::vector<bool> slides;  // per layer; empty when no layer slides
   RopeParams rope_swa;
 
   int q_dim() const { return n_head * head_dim; }  // width of Q and of the attention output
@@ -89,7 +89,7 @@ struct LayerWeights {
   const float* post_attn_norm = nullptr;                    // post_norms
   const float* ffn_norm = nullptr;
   Weight w_gate, w_up, w_down;
-  const float* post_ffn_norm = nullptr;                     // post_norms
+  const float* post_ffn_norm = nullptr;  // post_norms
 };
 
 class Model {
@@ -126,7 +126,9 @@ class Model {
   std::vector<std::unique_ptr<float[]>> vectors_;  // the F32 vectors (norms, biases), copied out of the file
   std::vector<std::string> used_;                  // names of the tensors read, to refuse any other
   uint32_t weights_crc32c_ = 0;
-  struct FreeAligned { void operator()(uint8_t* p) const; };
+  struct FreeAligned {
+    void operator()(uint8_t* p) const;
+  };
   std::unique_ptr<uint8_t, FreeAligned> packed_;  // every packed weight, one allocation
 };
 

@@ -9,9 +9,15 @@ bool is_packable(GgmlType t) { return packed_block_cols(t) != 0; }
 
 int packed_block_cols(GgmlType t) {
   switch (t) {
-    case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
       return kQuantBlock;
-    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
       return kSuperBlock;
     default:
       return 0;
@@ -23,15 +29,24 @@ size_t packed_group_bytes(GgmlType t, int cols) {
   if (bc == 0) return 0;
   const size_t nb = static_cast<size_t>(cols) / bc;
   switch (t) {
-    case GgmlType::Q4_0: return nb * sizeof(PackedQ4_0);
-    case GgmlType::Q4_1: return nb * sizeof(PackedQ4_1);
-    case GgmlType::Q5_0: return nb * sizeof(PackedQ5_0);
-    case GgmlType::Q5_1: return nb * sizeof(PackedQ5_1);
-    case GgmlType::Q8_0: return nb * sizeof(PackedQ8_0);
-    case GgmlType::Q4_K: return nb * sizeof(PackedQ4_K);
-    case GgmlType::Q5_K: return nb * sizeof(PackedQ5_K);
-    case GgmlType::Q6_K: return nb * sizeof(PackedQ6_K);
-    default: return 0;
+    case GgmlType::Q4_0:
+      return nb * sizeof(PackedQ4_0);
+    case GgmlType::Q4_1:
+      return nb * sizeof(PackedQ4_1);
+    case GgmlType::Q5_0:
+      return nb * sizeof(PackedQ5_0);
+    case GgmlType::Q5_1:
+      return nb * sizeof(PackedQ5_1);
+    case GgmlType::Q8_0:
+      return nb * sizeof(PackedQ8_0);
+    case GgmlType::Q4_K:
+      return nb * sizeof(PackedQ4_K);
+    case GgmlType::Q5_K:
+      return nb * sizeof(PackedQ5_K);
+    case GgmlType::Q6_K:
+      return nb * sizeof(PackedQ6_K);
+    default:
+      return 0;
   }
 }
 
@@ -45,8 +60,7 @@ void pack(const uint8_t* src, int rows, int nb, uint8_t* dst, Fill fill) {
     for (int b = 0; b < nb; ++b) {
       Dst& p = *out++;
       std::memset(&p, 0, sizeof(Dst));
-      for (int r = 0; r < kRowGroup && g0 + r < rows; ++r)
-        fill(p, r, reinterpret_cast<const Src*>(src + (g0 + r) * row_bytes)[b]);
+      for (int r = 0; r < kRowGroup && g0 + r < rows; ++r) fill(p, r, reinterpret_cast<const Src*>(src + (g0 + r) * row_bytes)[b]);
     }
 }
 
@@ -64,8 +78,8 @@ void put_bit4(uint8_t* h, int r, const uint8_t q[32]) {
 void put_bits45(uint8_t* h, int r, const uint8_t q[32]) {
   for (int g = 0; g < 4; ++g)
     for (int i = 0; i < 4; ++i)
-      h[32 * (g / 2) + r * 4 + i] |= static_cast<uint8_t>(((q[4 * g + i] >> 4) & 3) << (2 * (g % 2)) |
-                                                          ((q[16 + 4 * g + i] >> 4) & 3) << (4 + 2 * (g % 2)));
+      h[32 * (g / 2) + r * 4 + i] |=
+          static_cast<uint8_t>(((q[4 * g + i] >> 4) & 3) << (2 * (g % 2)) | ((q[16 + 4 * g + i] >> 4) & 3) << (4 + 2 * (g % 2)));
 }
 
 template <typename Src, typename Dst>
@@ -128,12 +142,10 @@ void pack_matrix(GgmlType t, const uint8_t* src, int rows, int cols, uint8_t* ds
       });
       break;
     case GgmlType::Q4_K:
-      pack<BlockQ4_K, PackedQ4_K>(src, rows, nb, dst,
-                                  [](PackedQ4_K& p, int r, const BlockQ4_K& s) { fill_k4(p, r, s, quants_q4_k); });
+      pack<BlockQ4_K, PackedQ4_K>(src, rows, nb, dst, [](PackedQ4_K& p, int r, const BlockQ4_K& s) { fill_k4(p, r, s, quants_q4_k); });
       break;
     case GgmlType::Q5_K:
-      pack<BlockQ5_K, PackedQ5_K>(src, rows, nb, dst,
-                                  [](PackedQ5_K& p, int r, const BlockQ5_K& s) { fill_k4(p, r, s, quants_q5_k); });
+      pack<BlockQ5_K, PackedQ5_K>(src, rows, nb, dst, [](PackedQ5_K& p, int r, const BlockQ5_K& s) { fill_k4(p, r, s, quants_q5_k); });
       break;
     case GgmlType::Q6_K:
       pack<BlockQ6_K, PackedQ6_K>(src, rows, nb, dst, [](PackedQ6_K& p, int r, const BlockQ6_K& s) {

@@ -26,26 +26,61 @@ namespace ctx {
 
 constexpr int kRowGroup = 8;
 
-struct PackedQ4_0 { uint16_t d[8]; uint8_t qs[128]; };
-struct PackedQ4_1 { uint16_t d[8]; uint16_t m[8]; uint8_t qs[128]; };
-struct PackedQ5_0 { uint16_t d[8]; uint8_t qh[32]; uint8_t qs[128]; };
-struct PackedQ5_1 { uint16_t d[8]; uint16_t m[8]; uint8_t qh[32]; uint8_t qs[128]; };
+struct PackedQ4_0 {
+  uint16_t d[8];
+  uint8_t qs[128];
+};
+struct PackedQ4_1 {
+  uint16_t d[8];
+  uint16_t m[8];
+  uint8_t qs[128];
+};
+struct PackedQ5_0 {
+  uint16_t d[8];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
+struct PackedQ5_1 {
+  uint16_t d[8];
+  uint16_t m[8];
+  uint8_t qh[32];
+  uint8_t qs[128];
+};
 // wsum: sum of each row's quants in the block, so a kernel may bias activations to unsigned.
-struct PackedQ8_0 { uint16_t d[8]; int16_t wsum[8]; int8_t qs[256]; };
-struct PackedQ4_K { uint16_t d[8]; uint16_t dmin[8]; uint8_t sc[8][8]; uint8_t m[8][8]; uint8_t qs[8][128]; };
+struct PackedQ8_0 {
+  uint16_t d[8];
+  int16_t wsum[8];
+  int8_t qs[256];
+};
+struct PackedQ4_K {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t sc[8][8];
+  uint8_t m[8][8];
+  uint8_t qs[8][128];
+};
 struct PackedQ5_K {
-  uint16_t d[8]; uint16_t dmin[8]; uint8_t sc[8][8]; uint8_t m[8][8]; uint8_t qh[8][32]; uint8_t qs[8][128];
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t sc[8][8];
+  uint8_t m[8][8];
+  uint8_t qh[8][32];
+  uint8_t qs[8][128];
 };
 // sc[g][r]: row r's scale of 16-weight group g (two per sub-block).
-struct PackedQ6_K { uint16_t d[8]; int8_t sc[16][8]; uint8_t qh[8][64]; uint8_t qs[8][128]; };
+struct PackedQ6_K {
+  uint16_t d[8];
+  int8_t sc[16][8];
+  uint8_t qh[8][64];
+  uint8_t qs[8][128];
+};
 static_assert(sizeof(PackedQ4_0) == 144 && sizeof(PackedQ4_1) == 160 && sizeof(PackedQ8_0) == 288, "packed sizes");
 // Q5_0, Q5_1 and Q6_K take exactly the bytes of their 8 source blocks; Q4_K and Q5_K 32 more
 // (their unpacked scales and mins: +2.8% and +2.3%).
 static_assert(sizeof(PackedQ5_0) == 8 * sizeof(BlockQ5_0) && sizeof(PackedQ5_1) == 8 * sizeof(BlockQ5_1) &&
                   sizeof(PackedQ6_K) == 8 * sizeof(BlockQ6_K),
               "packed sizes");
-static_assert(sizeof(PackedQ4_K) == 8 * sizeof(BlockQ4_K) + 32 && sizeof(PackedQ5_K) == 8 * sizeof(BlockQ5_K) + 32,
-              "packed sizes");
+static_assert(sizeof(PackedQ4_K) == 8 * sizeof(BlockQ4_K) + 32 && sizeof(PackedQ5_K) == 8 * sizeof(BlockQ5_K) + 32, "packed sizes");
 
 bool is_packable(GgmlType t);
 // Columns one packed block covers: 32, or 256 for the K-quants.

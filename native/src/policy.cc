@@ -9,23 +9,34 @@ namespace ctx {
 
 const char* AttentionPolicy::name() const {
   switch (kind) {
-    case Kind::Full: return "full";
-    case Kind::OmniKv: return "omnikv";
-    case Kind::Scope: return "scope";
-    case Kind::OmniKvScope: return "omnikv+scope";
-    case Kind::Streaming: return "streaming";
-    case Kind::H2o: return "h2o";
-    case Kind::Rounds: return "rounds";
+    case Kind::Full:
+      return "full";
+    case Kind::OmniKv:
+      return "omnikv";
+    case Kind::Scope:
+      return "scope";
+    case Kind::OmniKvScope:
+      return "omnikv+scope";
+    case Kind::Streaming:
+      return "streaming";
+    case Kind::H2o:
+      return "h2o";
+    case Kind::Rounds:
+      return "rounds";
   }
   return "?";
 }
 
 const char* selector_name(Selector s) {
   switch (s) {
-    case Selector::Last: return "last";
-    case Selector::LastSoftmax: return "last_softmax";
-    case Selector::Uniform: return "uniform";
-    case Selector::Exp: return "exp";
+    case Selector::Last:
+      return "last";
+    case Selector::LastSoftmax:
+      return "last_softmax";
+    case Selector::Uniform:
+      return "uniform";
+    case Selector::Exp:
+      return "exp";
   }
   return "?";
 }
@@ -41,13 +52,11 @@ bool parse_selector(const std::string& name, Selector* out) {
 
 AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const ModelConfig& model) {
   const int L = model.n_layer;
-  if (cfg.filter_layers.empty() || cfg.filter_layers.size() > 8)
-    throw std::invalid_argument("omnikv: give 1 to 8 filter layers");
+  if (cfg.filter_layers.empty() || cfg.filter_layers.size() > 8) throw std::invalid_argument("omnikv: give 1 to 8 filter layers");
   for (size_t i = 0; i < cfg.filter_layers.size(); ++i) {
     const int f = cfg.filter_layers[i];
     if (f < 0 || f >= L)
-      throw std::invalid_argument("omnikv: filter layer " + std::to_string(f) + " is out of range [0, " +
-                                  std::to_string(L) + ")");
+      throw std::invalid_argument("omnikv: filter layer " + std::to_string(f) + " is out of range [0, " + std::to_string(L) + ")");
     if (i > 0 && f <= cfg.filter_layers[i - 1]) throw std::invalid_argument("omnikv: filter layers must be strictly increasing");
   }
   if (cfg.budget <= 0) throw std::invalid_argument("omnikv: budget must be a positive number of tokens");
@@ -141,8 +150,7 @@ AttentionPolicy AttentionPolicy::make_streaming(const StreamingConfig& cfg) {
 }
 
 AttentionPolicy AttentionPolicy::make_h2o(const H2oConfig& cfg) {
-  if (cfg.recent < 1 || cfg.budget <= cfg.recent)
-    throw std::invalid_argument("h2o: recent must be >= 1 and budget larger than recent");
+  if (cfg.recent < 1 || cfg.budget <= cfg.recent) throw std::invalid_argument("h2o: recent must be >= 1 and budget larger than recent");
   AttentionPolicy p;
   p.kind = Kind::H2o;
   p.h2o = cfg;
@@ -162,8 +170,8 @@ bool scope_reselects(const ScopeConfig& cfg, int t) {
   return t % (delta + 1) == 0;
 }
 
-void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
-                  std::vector<int32_t>& out, std::vector<int32_t>& scratch) {
+void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent, std::vector<int32_t>& out,
+                  std::vector<int32_t>& scratch) {
   out.clear();
   if (n <= budget) {
     out.assign(positions, positions + n);
@@ -193,8 +201,7 @@ void rank_candidates(Selector sel, const float* raw, int n_heads, int n_all, int
   }
 }
 
-void accumulate_window_scores(const float* raw, int n_heads, int n_all, int n_cand, float weight, float* out,
-                              std::vector<float>& scratch) {
+void accumulate_window_scores(const float* raw, int n_heads, int n_all, int n_cand, float weight, float* out, std::vector<float>& scratch) {
   scratch.resize(n_cand);
   rank_candidates(Selector::LastSoftmax, raw, n_heads, n_all, n_cand, scratch.data());
   for (int j = 0; j < n_cand; ++j) out[j] += weight * scratch[j];
@@ -216,9 +223,8 @@ void top_k_sorted(const float* scores, int n, int k, std::vector<int32_t>& out) 
   out.resize(n);
   std::iota(out.begin(), out.end(), 0);
   if (k < n) {
-    std::nth_element(out.begin(), out.begin() + k, out.end(), [&](int32_t a, int32_t b) {
-      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-    });
+    std::nth_element(out.begin(), out.begin() + k, out.end(),
+                     [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
     out.resize(k);
     std::sort(out.begin(), out.end());
   }
@@ -227,9 +233,14 @@ void top_k_sorted(const float* scores, int n, int k, std::vector<int32_t>& out) 
 float iou(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   size_t i = 0, j = 0, both = 0;
   while (i < a.size() && j < b.size()) {
-    if (a[i] == b[j]) { ++both; ++i; ++j; }
-    else if (a[i] < b[j]) ++i;
-    else ++j;
+    if (a[i] == b[j]) {
+      ++both;
+      ++i;
+      ++j;
+    } else if (a[i] < b[j])
+      ++i;
+    else
+      ++j;
   }
   const size_t uni = a.size() + b.size() - both;
   return uni == 0 ? 1.f : static_cast<float>(both) / static_cast<float>(uni);

@@ -39,9 +39,9 @@ struct OmniKvConfig {
   std::vector<int> filter_layers;  // strictly increasing, in [0, n_layer)
   int budget;                      // prompt tokens kept per filter layer
   Selector selector;
-  int window;                      // queries the uniform and exp selectors combine (the current one included)
-  bool guard;                      // the layer after each filter layer stays dense
-  float lazy_iou;                  // reuse the previous set when the new one overlaps it more (0 = off)
+  int window;      // queries the uniform and exp selectors combine (the current one included)
+  bool guard;      // the layer after each filter layer stays dense
+  float lazy_iou;  // reuse the previous set when the new one overlaps it more (0 = off)
   // Memory tiers: keep the sparse layers' KV in the host bank (KvCache::offload), and at each
   // selection gather the selected tokens' rows of a filter layer's sparse group into one packed
   // device buffer that those layers attend over.
@@ -75,23 +75,29 @@ bool scope_reselects(const ScopeConfig& cfg, int t);
 void snap_select(const float* importance, int n, int alpha1, int alpha2, std::vector<int32_t>& out);
 // Keeps the last `recent` of n generated positions plus the (budget - recent) earlier ones with
 // the highest importance, ascending; all n when n <= budget.
-void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent,
-                  std::vector<int32_t>& out, std::vector<int32_t>& scratch);
+void scope_select(const float* importance, const int32_t* positions, int n, int budget, int recent, std::vector<int32_t>& out,
+                  std::vector<int32_t>& scratch);
 
 // Round Attention (docs/algorithms.md): a multi-turn context is a list of rounds; at the watershed layer the
 // question's attention mass per earlier round picks the rounds that matter, once per round (at the
 // first decode step), and the layers above it attend only to those rounds plus the current one.
 struct RoundsConfig {
-  int watershed_layer;     // L_w: layers <= L_w attend everything
-  std::vector<int> starts; // first token of each round, strictly increasing from 0; the last is the current round
-  int top_k;               // earlier rounds kept; 0 = adaptive (mass > mean + std)
+  int watershed_layer;      // L_w: layers <= L_w attend everything
+  std::vector<int> starts;  // first token of each round, strictly increasing from 0; the last is the current round
+  int top_k;                // earlier rounds kept; 0 = adaptive (mass > mean + std)
 };
 // Which earlier rounds to keep from their attention mass: the top_k largest (ties to the earlier
 // round), or with top_k = 0 those above mean + std (population std); ascending round indices.
 std::vector<int> choose_rounds(const std::vector<double>& mass, int top_k);
 
-struct StreamingConfig { int sinks; int window; };
-struct H2oConfig { int budget; int recent; };
+struct StreamingConfig {
+  int sinks;
+  int window;
+};
+struct H2oConfig {
+  int budget;
+  int recent;
+};
 
 enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
 
@@ -128,8 +134,7 @@ bool parse_selector(const std::string& name, Selector* out);
 void rank_candidates(Selector sel, const float* raw, int n_heads, int n_all, int n_cand, float* out);
 // Window selectors: adds weight * (max over heads of each query's softmax probability) of each
 // candidate to out[n_cand] (rank_candidates with LastSoftmax, weighted and summed over queries).
-void accumulate_window_scores(const float* raw, int n_heads, int n_all, int n_cand, float weight, float* out,
-                              std::vector<float>& scratch);
+void accumulate_window_scores(const float* raw, int n_heads, int n_all, int n_cand, float weight, float* out, std::vector<float>& scratch);
 // The weight of query j (0 = oldest) of a window of n under `sel`: 1 (uniform), 2^(j - (n - 1)) (exp).
 float window_weight(Selector sel, int j, int n);
 // The k best of n scores (ties to the lower index), ascending by index; all n when k >= n.

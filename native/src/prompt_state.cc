@@ -63,7 +63,8 @@ std::vector<int32_t> read_positions(Reader& r, uint32_t count, int n_tokens) {
 bool import_windows(Reader& r, PromptStateHolder* holder, const ModelConfig& c, int n_tokens) {
   const uint32_t keep = r.u32("keep"), n_windows = r.u32("n_windows");
   if (keep == 0 || keep > kMaxKeep) throw std::invalid_argument("prompt state: window size out of range");
-  if (n_windows == 0 || n_windows > static_cast<uint32_t>(c.n_layer)) throw std::invalid_argument("prompt state: window count out of range");
+  if (n_windows == 0 || n_windows > static_cast<uint32_t>(c.n_layer))
+    throw std::invalid_argument("prompt state: window count out of range");
   std::vector<int> layers(n_windows);
   std::vector<QueryWindow> parsed(n_windows);
   const size_t row_bytes = static_cast<size_t>(c.q_dim()) * sizeof(float);
@@ -123,7 +124,8 @@ std::vector<uint8_t> export_prompt_state(DecodePolicy& policy, const ModelConfig
   for (uint32_t v : {kMagic, kVersion, static_cast<uint32_t>(c.q_dim()), static_cast<uint32_t>(n_tokens), pools.lists ? kPools : kWindows})
     put_u32(out, v);
   if (pools.lists) {
-    for (uint32_t v : {static_cast<uint32_t>(pools.alpha1), static_cast<uint32_t>(pools.alpha2), static_cast<uint32_t>(pools.lists->size())})
+    for (uint32_t v :
+         {static_cast<uint32_t>(pools.alpha1), static_cast<uint32_t>(pools.alpha2), static_cast<uint32_t>(pools.lists->size())})
       put_u32(out, v);
     for (const std::vector<int32_t>& list : *pools.lists) {
       put_u32(out, static_cast<uint32_t>(list.size()));
@@ -148,10 +150,13 @@ bool import_prompt_state(DecodePolicy& policy, const ModelConfig& c, int n_token
   if (r.u32("magic") != kMagic) throw std::invalid_argument("prompt state: not a prompt state (bad magic)");
   const uint32_t version = r.u32("version");
   if (version != kVersion)
-    throw std::invalid_argument("prompt state: version " + std::to_string(version) + " (this engine reads " + std::to_string(kVersion) + ")");
-  if (r.u32("query width") != static_cast<uint32_t>(c.q_dim())) throw std::invalid_argument("prompt state: made for another model (query width)");
+    throw std::invalid_argument("prompt state: version " + std::to_string(version) + " (this engine reads " + std::to_string(kVersion) +
+                                ")");
+  if (r.u32("query width") != static_cast<uint32_t>(c.q_dim()))
+    throw std::invalid_argument("prompt state: made for another model (query width)");
   if (r.u32("n_tokens") != static_cast<uint32_t>(n_tokens))
-    throw std::invalid_argument("prompt state: made for a prompt of another length than the sequence's " + std::to_string(n_tokens) + " tokens");
+    throw std::invalid_argument("prompt state: made for a prompt of another length than the sequence's " + std::to_string(n_tokens) +
+                                " tokens");
   // Everything is parsed and checked before the policy is touched.
   const uint32_t kind = r.u32("kind");
   if (kind == kWindows) return import_windows(r, holder_of(policy), c, n_tokens);

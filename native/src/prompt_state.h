@@ -35,7 +35,7 @@ class PromptStateHolder {
 
   struct Pools {
     const std::vector<std::vector<int32_t>>* lists = nullptr;  // per (layer, KV head), ascending
-    int alpha1{}, alpha2{};  // zero: no pools
+    int alpha1{}, alpha2{};                                    // zero: no pools
   };
   // The kept prompt lists computed for a prompt of n_tokens; lists null when there are none.
   virtual Pools prompt_pools(const ModelConfig& c, int n_tokens) const { return {}; }
@@ -45,8 +45,7 @@ class PromptStateHolder {
   // Takes lists computed elsewhere for this prompt of n_tokens (well formed: one per layer and KV
   // head, ascending positions below n_tokens, at most alpha1 + alpha2 each); false when this
   // policy keeps no pool or another one.
-  virtual bool take_prompt_pools(const ModelConfig& c, int n_tokens, int alpha1, int alpha2,
-                                 std::vector<std::vector<int32_t>>& lists) {
+  virtual bool take_prompt_pools(const ModelConfig& c, int n_tokens, int alpha1, int alpha2, std::vector<std::vector<int32_t>>& lists) {
     return false;
   }
 

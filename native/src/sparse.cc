@@ -15,8 +15,10 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
   for (size_t i = 0; i < slices.size(); t += slices[i].count, ++i) {
     const PolicyStep step = policy_step(slices[i], t);
     DecodePolicy& policy = *slices[i].item->seq->policy;
-    if (step.prompt) policy.observe_prompt(layer, step);
-    else slice_keys_[i] = policy.keys(layer, step);
+    if (step.prompt)
+      policy.observe_prompt(layer, step);
+    else
+      slice_keys_[i] = policy.keys(layer, step);
   }
 }
 

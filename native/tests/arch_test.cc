@@ -574,9 +574,9 @@ TEST(ArchPolicies, SparsePoliciesAreRefusedOnSlidingWindowModels) {
   const auto model = load_case(arch_cases()[3]);
   const ModelConfig& m = model->config();
   Sequence seq(m, 64);
-  for (const AttentionPolicy& p : {AttentionPolicy::make_omnikv(test::omnikv_config({1}, 16), m),
-                                   AttentionPolicy::make_scope(test::scope_config(8, 8, 16), m),
-                                   AttentionPolicy::make_streaming({4, 16}), AttentionPolicy::make_h2o({16, 4})}) {
+  for (const AttentionPolicy& p :
+       {AttentionPolicy::make_omnikv(test::omnikv_config({1}, 16), m), AttentionPolicy::make_scope(test::scope_config(8, 8, 16), m),
+        AttentionPolicy::make_streaming({4, 16}), AttentionPolicy::make_h2o({16, 4})}) {
     SCOPED_TRACE(p.name());
     try {
       seq.set_policy(p);

@@ -38,7 +38,6 @@ TEST(Crc32c, HardwareEqualsTableAtEveryLengthAndOffsetAndChains) {
   EXPECT_EQ(ctx::crc32c(ctx::crc32c(0, buf.data(), 500), buf.data() + 500, buf.size() - 500), whole);
 }
 
-
 TEST(Crc32c, CopyEqualsMemcpyAndCrcAtEveryAlignment) {
   std::vector<uint8_t> src(700), dst(760);
   uint32_t x = 777;

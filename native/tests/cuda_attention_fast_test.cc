@@ -32,15 +32,15 @@ namespace {
 using namespace ctx;
 using namespace ctx::cuda;
 
-#define SKIP_WITHOUT_GPU()                                                                   \
-  do {                                                                                       \
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
     if (auto why = ctx::cuda_unusable(0)) GTEST_SKIP() << "no usable GPU: " << why->what(); \
   } while (0)
 
-#define ASSERT_CUDA(call)                                                                   \
-  do {                                                                                      \
-    const cudaError_t err_ = (call);                                                        \
-    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_);              \
+#define ASSERT_CUDA(call)                                                      \
+  do {                                                                         \
+    const cudaError_t err_ = (call);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #call << ": " << cudaGetErrorString(err_); \
   } while (0)
 
 constexpr int kLayers = 2, kLayer = 1;  // the kernels read layer 1 of a two-layer cache
@@ -107,9 +107,8 @@ Problem make_problem(int n, int pos0, int n_head, int n_head_kv, int d, uint32_t
 // Causal GQA attention in double precision (cuda_kernels_test.cc's reference_attention, with an
 // optional key list): query i (position pos0 + i) over keys 0..pos0 + i, or over the keys of
 // `list` that are <= pos0 + i.
-std::vector<float> reference_attention(const std::vector<float>& q, const std::vector<uint16_t>& k,
-                                       const std::vector<uint16_t>& v, int n, int pos0, int n_head, int n_head_kv, int d,
-                                       const std::vector<int>* list = nullptr) {
+std::vector<float> reference_attention(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v, int n,
+                                       int pos0, int n_head, int n_head_kv, int d, const std::vector<int>* list = nullptr) {
   const int kv_dim = n_head_kv * d, group = n_head / n_head_kv;
   std::vector<float> out(static_cast<size_t>(n) * n_head * d);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -168,8 +167,7 @@ std::vector<double> tc_bound(const Problem& p, const std::vector<int>& keys_seen
       double delta = 0;
       for (int c = 0; c < p.d; ++c) delta += std::fabs(static_cast<double>(qr[c]) - round_fp16(qr[c]));
       delta *= scale * 2.0;
-      const double b = std::ldexp(1.0, -11) + keys_seen[i] * std::ldexp(1.0, -25) + 2e-5 +
-                       (q_rounding ? std::expm1(2 * delta) : 0.0);
+      const double b = std::ldexp(1.0, -11) + keys_seen[i] * std::ldexp(1.0, -25) + 2e-5 + (q_rounding ? std::expm1(2 * delta) : 0.0);
       std::fill_n(bound.begin() + (static_cast<size_t>(i) * p.n_head + h) * p.d, p.d, b);
     }
   return bound;
@@ -189,17 +187,21 @@ void expect_within(const std::vector<float>& got, const std::vector<float>& want
     const double excess = std::fabs(static_cast<double>(got[i]) - want[i]) - bound[i];
     if (excess > worst_excess) worst_excess = excess, worst = i;
   }
-  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " got " << got[worst] << " want " << want[worst]
-                               << " bound " << bound[worst];
+  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " got " << got[worst] << " want " << want[worst] << " bound "
+                               << bound[worst];
 }
 
 enum class Variant { kSimple, kGqa, kTc, kMixed };
 const char* variant_name(Variant v) {
   switch (v) {
-    case Variant::kSimple: return "simple";
-    case Variant::kGqa: return "gqa";
-    case Variant::kTc: return "tc";
-    case Variant::kMixed: return "mixed";
+    case Variant::kSimple:
+      return "simple";
+    case Variant::kGqa:
+      return "gqa";
+    case Variant::kTc:
+      return "tc";
+    case Variant::kMixed:
+      return "mixed";
   }
   return "?";
 }
@@ -246,9 +248,15 @@ void run_variant(Variant variant, DeviceArena& arena, const DeviceProblem& dp, s
     kernel(dp.q, w, count, p.n_head, p.n_head_kv, p.d, kLayer, scale, dp.part_o, dp.part_ml, nullptr);
   };
   switch (variant) {
-    case Variant::kSimple: run(&ctx::cuda::attention, d_works, n_works); break;
-    case Variant::kGqa: run(&attention_gqa, d_works, n_works); break;
-    case Variant::kTc: run(&attention_prefill_tc, d_works, n_works); break;
+    case Variant::kSimple:
+      run(&ctx::cuda::attention, d_works, n_works);
+      break;
+    case Variant::kGqa:
+      run(&attention_gqa, d_works, n_works);
+      break;
+    case Variant::kTc:
+      run(&attention_prefill_tc, d_works, n_works);
+      break;
     case Variant::kMixed:
       run(&attention_gqa, d_works, n_decode);
       run(&attention_prefill_tc, d_works + n_decode, n_works - n_decode);
@@ -263,9 +271,8 @@ void run_variant(Variant variant, DeviceArena& arena, const DeviceProblem& dp, s
 
 // Runs every variant on the works and checks each against the references and the simple kernel.
 // `keys_seen[i]`: how many keys query i sees; `list`: the key list, if the works use one.
-void check_variants(DeviceArena& arena, const DeviceProblem& dp, const std::vector<AttnWork>& works,
-                    const std::vector<AttnCombine>& comb, const std::vector<int>& keys_seen, const std::string& what,
-                    const std::vector<int>* list = nullptr) {
+void check_variants(DeviceArena& arena, const DeviceProblem& dp, const std::vector<AttnWork>& works, const std::vector<AttnCombine>& comb,
+                    const std::vector<int>& keys_seen, const std::string& what, const std::vector<int>* list = nullptr) {
   const Problem& p = *dp.p;
   const std::vector<float> want = reference_attention(p.q, p.k, p.v, p.n, p.pos0, p.n_head, p.n_head_kv, p.d, list);
   std::vector<float> q16(p.q.size());
@@ -308,13 +315,16 @@ void check_planned(int n, int pos0, int n_head, int n_head_kv, int d, const std:
 }
 
 std::string shape_name(int n, int pos0, int n_head, int n_head_kv, int d) {
-  return std::to_string(n) + " queries at " + std::to_string(pos0) + ", heads " + std::to_string(n_head) + "/" +
-         std::to_string(n_head_kv) + ", d " + std::to_string(d);
+  return std::to_string(n) + " queries at " + std::to_string(pos0) + ", heads " + std::to_string(n_head) + "/" + std::to_string(n_head_kv) +
+         ", d " + std::to_string(d);
 }
 
 TEST(CudaAttentionFast, KernelTestCasesMatchTheReference) {
   SKIP_WITHOUT_GPU();
-  struct Case { int n, pos0, n_head, n_head_kv, d; const char* what; };
+  struct Case {
+    int n, pos0, n_head, n_head_kv, d;
+    const char* what;
+  };
   // cuda_kernels_test.cc AttentionMatchesADoublePrecisionReference.
   const Case cases[] = {
       {1, 0, 6, 2, 64, "first token"},
@@ -342,7 +352,9 @@ TEST(CudaAttentionFast, DecodeGroupOf3Head64MatchesTheReference) {
 TEST(CudaAttentionFast, PrefillTilesMatchTheReference) {
   SKIP_WITHOUT_GPU();
   // Groups of 1, 3, 8 (two KV heads: two blocks of 4 query heads each) and 7 (blocks of 4 and 3).
-  struct Heads { int n_head, n_head_kv; };
+  struct Heads {
+    int n_head, n_head_kv;
+  };
   const Heads heads[] = {{4, 4}, {9, 3}, {16, 2}, {7, 1}};
   for (const Heads& h : heads)
     for (int d : {32, 64, 128})
@@ -427,12 +439,14 @@ TEST(CudaAttentionFast, WideCombineMatchesTheSimpleMerge) {
         ml[2 * r + 1] = std::uniform_real_distribution<float>(0.5f, 300.f)(rng);  // l
         if (splits > 1 && rng() % 5 == 0) ml[2 * r] = -INFINITY, ml[2 * r + 1] = 0.f;
       }
-      for (int h = 0; h < n_head; ++h) ml[2 * static_cast<size_t>(h)] = 1.f, ml[2 * static_cast<size_t>(h) + 1] = 2.f;  // every token sees a key
+      for (int h = 0; h < n_head; ++h)
+        ml[2 * static_cast<size_t>(h)] = 1.f, ml[2 * static_cast<size_t>(h) + 1] = 2.f;  // every token sees a key
       // Token t's split s is row t + s * n (the decode plan's stride).
       std::vector<AttnCombine> comb(n);
       for (int t = 0; t < n; ++t) comb[t] = {t, n, splits};
       for (int t = 1; t < n; ++t)
-        for (int h = 0; h < n_head; ++h) ml[(static_cast<size_t>(t) * n_head + h) * 2] = 0.5f, ml[(static_cast<size_t>(t) * n_head + h) * 2 + 1] = 1.f;
+        for (int h = 0; h < n_head; ++h)
+          ml[(static_cast<size_t>(t) * n_head + h) * 2] = 0.5f, ml[(static_cast<size_t>(t) * n_head + h) * 2 + 1] = 1.f;
       DeviceArena arena;
       const float* d_o = arena.upload(part_o);
       const float* d_ml = arena.upload(ml);
@@ -462,13 +476,18 @@ TEST(CudaAttentionFast, PrintsTimings) {
   AttnWork* d_works = arena.alloc<AttnWork>(kMaxParts);
   ASSERT_TRUE(cache && q && part_o && part_ml && d_works) << "device allocation failed";
   ASSERT_CUDA(cudaMemset(cache, 0x3C, 2 * static_cast<size_t>(cap) * kv_dim * sizeof(__half)));  // halves of about 1.06
-  ASSERT_CUDA(cudaMemset(q, 0x3C, static_cast<size_t>(max_n) * n_head * d * sizeof(float)));       // floats of about 0.011
+  ASSERT_CUDA(cudaMemset(q, 0x3C, static_cast<size_t>(max_n) * n_head * d * sizeof(float)));     // floats of about 0.011
   cudaEvent_t start, stop;
   ASSERT_CUDA(cudaEventCreate(&start));
   ASSERT_CUDA(cudaEventCreate(&stop));
-  struct Shape { int n, pos0; const char* what; };
-  const Shape shapes[] = {{1, 131071, "decode, 1 token at 128K"}, {4, 131068, "decode, 4 tokens at 128K"},
-                          {1, 16383, "decode, 1 token at 16K"}, {512, 0, "prefill 512 at 0"},
+  struct Shape {
+    int n, pos0;
+    const char* what;
+  };
+  const Shape shapes[] = {{1, 131071, "decode, 1 token at 128K"},
+                          {4, 131068, "decode, 4 tokens at 128K"},
+                          {1, 16383, "decode, 1 token at 16K"},
+                          {512, 0, "prefill 512 at 0"},
                           {512, 16384, "prefill 512 at 16K"}};
   const float scale = 0.125f;
   for (const Shape& s : shapes) {
@@ -491,8 +510,8 @@ TEST(CudaAttentionFast, PrintsTimings) {
       us[k] = 1000.0 * ms / reps;
     }
     const double kv_bytes = 2.0 * (s.pos0 + s.n) * kv_dim * sizeof(__half);
-    std::printf("[ timing ] %-26s %5d works: simple %9.1f us, gqa %9.1f us, tc %9.1f us; K/V once %.1f MB: %.0f GB/s (gqa)\n",
-                s.what, n_works, us[0], us[1], us[2], kv_bytes / 1e6, kv_bytes / us[1] / 1e3);
+    std::printf("[ timing ] %-26s %5d works: simple %9.1f us, gqa %9.1f us, tc %9.1f us; K/V once %.1f MB: %.0f GB/s (gqa)\n", s.what,
+                n_works, us[0], us[1], us[2], kv_bytes / 1e6, kv_bytes / us[1] / 1e3);
   }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);

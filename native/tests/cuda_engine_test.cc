@@ -23,8 +23,8 @@ namespace {
 
 using namespace ctx;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
     if (auto why = ctx::cuda_unusable(0)) GTEST_SKIP() << "no usable GPU: " << why->what(); \
   } while (0)
 
@@ -131,7 +131,8 @@ TEST_P(CudaEngineKernels, EveryWeightTypePrefillThenDecode) {
     p.add(1024);
     const std::vector<int32_t> prompt = tokens(300, 300, 1);
     p.step({{0, prompt}}, kRel, "type " + std::to_string(type) + " prefill 300");
-    for (int i = 0; i < 20; ++i) p.step({{0, {static_cast<int32_t>((i * 37) % 300)}}}, kRel, "type " + std::to_string(type) + " decode " + std::to_string(i));
+    for (int i = 0; i < 20; ++i)
+      p.step({{0, {static_cast<int32_t>((i * 37) % 300)}}}, kRel, "type " + std::to_string(type) + " decode " + std::to_string(i));
   }
 }
 
@@ -143,8 +144,8 @@ TEST_P(CudaEngineKernels, Q5AndKQuantModelsPrefillThenDecode) {
   ctxtest::TinyLlama c = ctxtest::kTinyWide;
   c.n_vocab = 300, c.n_ctx = 1024, c.rope_base = 1000.f;
   for (uint32_t type : {ctxtest::kTQ5_0, ctxtest::kTQ5_1, ctxtest::kTQ4_K, ctxtest::kTQ5_K, ctxtest::kTQ6_K}) {
-    const auto m = Model::load(dir.write("w" + std::to_string(type) + ".gguf",
-                                         ctxtest::build(ctxtest::quantized_tiny_llama_spec(c, type, 21 + type)).bytes));
+    const auto m = Model::load(
+        dir.write("w" + std::to_string(type) + ".gguf", ctxtest::build(ctxtest::quantized_tiny_llama_spec(c, type, 21 + type)).bytes));
     Pair p(m, 512, GetParam());
     p.add(1024);
     p.step({{0, tokens(300, 300, 2)}}, kRel, "type " + std::to_string(type) + " prefill 300");

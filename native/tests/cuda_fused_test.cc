@@ -17,8 +17,8 @@ namespace {
 using namespace ctx;
 using namespace ctx::cuda;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
     if (auto why = ctx::cuda_unusable(0)) GTEST_SKIP() << "no usable GPU: " << why->what(); \
   } while (0)
 
@@ -58,9 +58,7 @@ struct Act {
   Dev<float> d, s;
   Dev<int32_t> isum;
   DevActQ8 a;
-  Act(int n, int k)
-      : qs(static_cast<size_t>(n) * k), d(static_cast<size_t>(n) * k / 32), s(d.n), isum(d.n),
-        a{qs.p, d.p, s.p, isum.p, k} {}
+  Act(int n, int k) : qs(static_cast<size_t>(n) * k), d(static_cast<size_t>(n) * k / 32), s(d.n), isum(d.n), a{qs.p, d.p, s.p, isum.p, k} {}
 };
 
 TEST(CudaFused, RmsNormQuantizeIsRmsNormThenQuantize) {

@@ -27,8 +27,8 @@ namespace {
 using namespace ctx;
 using cuda::GemmFastTiling;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
     if (auto why = ctx::cuda_unusable(0)) GTEST_SKIP() << "no usable GPU: " << why->what(); \
   } while (0)
 
@@ -124,8 +124,10 @@ void run_gemm(const cuda::DevQWeight& w, const float* x, int n, int ldy, const P
   DeviceBuffer<float> dy(count);
   ASSERT_NE(dy.p, nullptr);
   ASSERT_EQ(cudaMemset(dy.p, 0xFF, count * sizeof(float)), cudaSuccess);
-  if (plan.automatic) cuda::gemm_fast(w, x, n, dy.p, ldy, nullptr);
-  else cuda::gemm_fast(w, x, n, dy.p, ldy, nullptr, plan.plan);
+  if (plan.automatic)
+    cuda::gemm_fast(w, x, n, dy.p, ldy, nullptr);
+  else
+    cuda::gemm_fast(w, x, n, dy.p, ldy, nullptr, plan.plan);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   y->resize(count);
   ASSERT_EQ(cudaMemcpy(y->data(), dy.p, count * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -177,15 +179,15 @@ void expect_matches(const std::vector<float>& y, int n, int ldy, const Reference
       const double want = ref.want[static_cast<size_t>(t) * nr + k];
       const double tol = 2e-3 * ref.scale[static_cast<size_t>(t) * nr + k] + 1e-5;
       if (!(std::fabs(static_cast<double>(got) - want) <= tol) && bad++ == 0)
-        first = "token " + std::to_string(t) + " row " + std::to_string(ref.rows[k]) + " got " + std::to_string(got) +
-                " want " + std::to_string(want) + " (tolerance " + std::to_string(tol) + ")";
-  }
+        first = "token " + std::to_string(t) + " row " + std::to_string(ref.rows[k]) + " got " + std::to_string(got) + " want " +
+                std::to_string(want) + " (tolerance " + std::to_string(tol) + ")";
+    }
   EXPECT_EQ(bad, 0u) << what << ": " << bad << " elements off, the first at " << first;
 }
 
 std::string describe(uint32_t type, int n, int rows, int cols, const Plan& plan) {
-  return "type " + std::to_string(type) + " n " + std::to_string(n) + " " + std::to_string(rows) + "x" +
-         std::to_string(cols) + " plan " + plan.name;
+  return "type " + std::to_string(type) + " n " + std::to_string(n) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " plan " +
+         plan.name;
 }
 
 TEST(CudaGemmFast, MatchesADoublePrecisionProductWithEveryPlan) {
@@ -198,12 +200,12 @@ TEST(CudaGemmFast, MatchesADoublePrecisionProductWithEveryPlan) {
     int n, rows, cols;
   };
   const Case cases[] = {
-      {ctxtest::kTQ4_0, 9, 130, 96},      {ctxtest::kTQ4_1, 9, 130, 96},     {ctxtest::kTQ8_0, 9, 130, 96},
-      {ctxtest::kTQ4_0, 17, 192, 160},    {ctxtest::kTQ4_1, 17, 192, 160},   {ctxtest::kTQ8_0, 17, 192, 160},
-      {ctxtest::kTQ4_0, 64, 576, 576},    {ctxtest::kTQ4_1, 64, 576, 576},   {ctxtest::kTQ8_0, 64, 576, 576},
-      {ctxtest::kTQ4_1, 100, 130, 1536},  {ctxtest::kTQ4_0, 128, 1536, 576}, {ctxtest::kTQ4_1, 128, 576, 1536},
-      {ctxtest::kTQ8_0, 129, 192, 1536},  {ctxtest::kTQ4_1, 700, 576, 160},  {ctxtest::kTQ8_0, 700, 130, 576},
-      {ctxtest::kTQ4_0, 2048, 192, 96},   {ctxtest::kTQ4_1, 2048, 1536, 96},
+      {ctxtest::kTQ4_0, 9, 130, 96},     {ctxtest::kTQ4_1, 9, 130, 96},     {ctxtest::kTQ8_0, 9, 130, 96},
+      {ctxtest::kTQ4_0, 17, 192, 160},   {ctxtest::kTQ4_1, 17, 192, 160},   {ctxtest::kTQ8_0, 17, 192, 160},
+      {ctxtest::kTQ4_0, 64, 576, 576},   {ctxtest::kTQ4_1, 64, 576, 576},   {ctxtest::kTQ8_0, 64, 576, 576},
+      {ctxtest::kTQ4_1, 100, 130, 1536}, {ctxtest::kTQ4_0, 128, 1536, 576}, {ctxtest::kTQ4_1, 128, 576, 1536},
+      {ctxtest::kTQ8_0, 129, 192, 1536}, {ctxtest::kTQ4_1, 700, 576, 160},  {ctxtest::kTQ8_0, 700, 130, 576},
+      {ctxtest::kTQ4_0, 2048, 192, 96},  {ctxtest::kTQ4_1, 2048, 1536, 96},
   };
   uint32_t seed = 100;
   for (const Case& c : cases) {

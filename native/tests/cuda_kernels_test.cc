@@ -26,8 +26,8 @@ namespace {
 using namespace ctx;
 namespace gpu = ctx::cuda::testing;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
     if (auto why = ctx::cuda_unusable(0)) GTEST_SKIP() << "no usable GPU: " << why->what(); \
   } while (0)
 
@@ -44,8 +44,10 @@ struct HostWeight {
     const std::vector<float> f = randoms(static_cast<size_t>(rows) * cols, seed, -0.5f, 0.5f);
     for (int r = 0; r < rows; ++r) {
       const float* row = f.data() + static_cast<size_t>(r) * cols;
-      if (type == ctxtest::kTF32) bytes += std::string(reinterpret_cast<const char*>(row), cols * sizeof(float));
-      else bytes += ctxtest::quantize_row(type, row, cols);
+      if (type == ctxtest::kTF32)
+        bytes += std::string(reinterpret_cast<const char*>(row), cols * sizeof(float));
+      else
+        bytes += ctxtest::quantize_row(type, row, cols);
     }
     w.type = static_cast<GgmlType>(type);
     w.data = reinterpret_cast<const uint8_t*>(bytes.data());
@@ -75,8 +77,8 @@ std::vector<float> cpu_matmul(const HostWeight& hw, const std::vector<float>& x,
     std::vector<float> d(static_cast<size_t>(n) * nb), s(d.size());
     std::vector<int32_t> isum(d.size());
     for (int t = 0; t < n; ++t)
-      k.quantize_q8(x.data() + static_cast<size_t>(t) * w.cols, w.cols, qs.data() + static_cast<size_t>(t) * w.cols,
-                    d.data() + t * nb, s.data() + t * nb, isum.data() + t * nb);
+      k.quantize_q8(x.data() + static_cast<size_t>(t) * w.cols, w.cols, qs.data() + static_cast<size_t>(t) * w.cols, d.data() + t * nb,
+                    s.data() + t * nb, isum.data() + t * nb);
     const ActQ8 act{qs.data(), d.data(), s.data(), isum.data(), w.cols};
     const GemmQ8Args a{packed.data(), packed_group_bytes(w.type, w.cols), w.rows, &act, 0, n, y.data(), w.rows};
     gemm_q8_for(k, w.type)(a);
@@ -88,8 +90,8 @@ std::vector<float> cpu_matmul(const HostWeight& hw, const std::vector<float>& x,
 }
 
 // |a - b| <= rel * scale[i] + abs everywhere; reports the worst element.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale, double rel,
-                  double abs, const std::string& what) {
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale, double rel, double abs,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   size_t worst = 0;
   double worst_excess = -1;
@@ -113,8 +115,8 @@ TEST(CudaKernels, QuantizeQ8MatchesTheCpuBitForBit) {
   std::vector<float> d(static_cast<size_t>(n) * nb), s(d.size());
   std::vector<int32_t> isum(d.size());
   for (int t = 0; t < n; ++t)
-    scalar_kernels().quantize_q8(x.data() + static_cast<size_t>(t) * k, k, qs.data() + static_cast<size_t>(t) * k,
-                                 d.data() + t * nb, s.data() + t * nb, isum.data() + t * nb);
+    scalar_kernels().quantize_q8(x.data() + static_cast<size_t>(t) * k, k, qs.data() + static_cast<size_t>(t) * k, d.data() + t * nb,
+                                 s.data() + t * nb, isum.data() + t * nb);
   EXPECT_EQ(g.qs, qs);
   EXPECT_EQ(g.d, d);
   EXPECT_EQ(g.s, s);
@@ -212,8 +214,10 @@ TEST(CudaKernels, FloatPathsReadQ5AndKQuantWeights) {
           scale[static_cast<size_t>(t) * rows + r] = a;
         }
       const std::string what = "type " + std::to_string(type) + " n " + std::to_string(n);
-      if (n <= 8) expect_close(gpu::matvec(hw.w, x, n), want, scale, 1e-5, 1e-6, what + " matvec");
-      else expect_close(gpu::gemm(hw.w, x, n), want, scale, 2e-3, 1e-5, what + " gemm");
+      if (n <= 8)
+        expect_close(gpu::matvec(hw.w, x, n), want, scale, 1e-5, 1e-6, what + " matvec");
+      else
+        expect_close(gpu::gemm(hw.w, x, n), want, scale, 2e-3, 1e-5, what + " gemm");
     }
   }
 }
@@ -260,8 +264,8 @@ TEST(CudaKernels, RopeRotatesAdjacentPairsLikeTheEngine) {
 }
 
 // Causal GQA attention in double precision: query i (position pos0 + i) over keys 0..pos0 + i.
-std::vector<float> reference_attention(const std::vector<float>& q, const std::vector<uint16_t>& k,
-                                       const std::vector<uint16_t>& v, int n, int pos0, int n_head, int n_head_kv, int d) {
+std::vector<float> reference_attention(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v, int n,
+                                       int pos0, int n_head, int n_head_kv, int d) {
   const int kv_dim = n_head_kv * d, group = n_head / n_head_kv;
   std::vector<float> out(static_cast<size_t>(n) * n_head * d);
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
@@ -273,7 +277,8 @@ std::vector<float> reference_attention(const std::vector<float>& q, const std::v
       for (int j = 0; j < keys; ++j) {
         double dot = 0;
         for (int c = 0; c < d; ++c)
-          dot += static_cast<double>(q[(static_cast<size_t>(i) * n_head + h) * d + c]) * fp16_to_fp32(k[static_cast<size_t>(j) * kv_dim + kvh * d + c]);
+          dot += static_cast<double>(q[(static_cast<size_t>(i) * n_head + h) * d + c]) *
+                 fp16_to_fp32(k[static_cast<size_t>(j) * kv_dim + kvh * d + c]);
         s[j] = dot * scale;
         m = std::max(m, s[j]);
       }
@@ -290,7 +295,10 @@ std::vector<float> reference_attention(const std::vector<float>& q, const std::v
 
 TEST(CudaKernels, AttentionMatchesADoublePrecisionReference) {
   SKIP_WITHOUT_GPU();
-  struct Case { int n, pos0, n_head, n_head_kv, d; const char* what; };
+  struct Case {
+    int n, pos0, n_head, n_head_kv, d;
+    const char* what;
+  };
   const Case cases[] = {
       {1, 0, 6, 2, 64, "first token"},
       {100, 0, 6, 2, 64, "prefill: 7 query tiles, 2 key tiles"},
@@ -326,8 +334,8 @@ TEST(CudaKernels, ArgmaxTakesTheFirstLargest) {
   SKIP_WITHOUT_GPU();
   const int rows = 3, vocab = 49152;
   std::vector<float> l = randoms(static_cast<size_t>(rows) * vocab, 10);
-  l[5] = 7.f, l[40000] = 7.f;                    // row 0: a tie, the first wins
-  l[vocab + vocab - 1] = 9.f;                     // row 1: the last element
+  l[5] = 7.f, l[40000] = 7.f;                                                    // row 0: a tie, the first wins
+  l[vocab + vocab - 1] = 9.f;                                                    // row 1: the last element
   for (int i = 0; i < vocab; ++i) l[2 * static_cast<size_t>(vocab) + i] = -1.f;  // row 2: all equal
   EXPECT_EQ(gpu::argmax(l, rows, vocab), (std::vector<int32_t>{5, vocab - 1, 0}));
 }

@@ -25,8 +25,8 @@ namespace {
 
 using namespace ctx;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
     if (auto why = ctx::cuda_unusable(0)) GTEST_SKIP() << "no usable GPU: " << why->what(); \
   } while (0)
 
@@ -89,16 +89,15 @@ struct HostAct {
   std::vector<int8_t> qs;
   std::vector<float> d, s;
   std::vector<int32_t> isum;
-  HostAct(int tokens, int cols, uint32_t seed)
-      : n(tokens), k(cols), x(randoms(static_cast<size_t>(tokens) * cols, seed, -2.f, 2.f)) {
+  HostAct(int tokens, int cols, uint32_t seed) : n(tokens), k(cols), x(randoms(static_cast<size_t>(tokens) * cols, seed, -2.f, 2.f)) {
     const int nb = k / 32;
     qs.resize(x.size());
     d.resize(static_cast<size_t>(n) * nb);
     s.resize(d.size());
     isum.resize(d.size());
     for (int t = 0; t < n; ++t)
-      scalar_kernels().quantize_q8(x.data() + static_cast<size_t>(t) * k, k, qs.data() + static_cast<size_t>(t) * k,
-                                   d.data() + t * nb, s.data() + t * nb, isum.data() + t * nb);
+      scalar_kernels().quantize_q8(x.data() + static_cast<size_t>(t) * k, k, qs.data() + static_cast<size_t>(t) * k, d.data() + t * nb,
+                                   s.data() + t * nb, isum.data() + t * nb);
   }
   ActQ8 view() { return {qs.data(), d.data(), s.data(), isum.data(), k}; }
 };
@@ -161,8 +160,8 @@ std::vector<double> abs_products(const HostWeight& hw, const HostAct& act) {
 }
 
 // |got - want| <= rel * scale[i] + abs everywhere; reports the worst element.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale,
-                  double rel, double abs, const std::string& what) {
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale, double rel, double abs,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   size_t worst = 0;
   double worst_excess = -1;
@@ -188,8 +187,7 @@ std::vector<float> results(const std::vector<float>& out, const std::vector<floa
 }
 
 std::string describe(uint32_t type, int rows, int cols, int n) {
-  return "type " + std::to_string(type) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " n " +
-         std::to_string(n);
+  return "type " + std::to_string(type) + " " + std::to_string(rows) + "x" + std::to_string(cols) + " n " + std::to_string(n);
 }
 
 // matvec_fast on random data against the CPU, y starting from random values (kept or overwritten).
@@ -235,8 +233,7 @@ TEST(CudaMatvecFast, MatvecMatchesTheCpu) {
   for (uint32_t type : kQuantTypes)
     for (const Shape& shape : {Shape{77, 96}, Shape{193, 576}, Shape{64, 1536}})
       for (int n : {1, 3, 8})
-        for (bool accumulate : {false, true})
-          ASSERT_NO_FATAL_FAILURE(check_matvec(type, shape.rows, shape.cols, n, accumulate));
+        for (bool accumulate : {false, true}) ASSERT_NO_FATAL_FAILURE(check_matvec(type, shape.rows, shape.cols, n, accumulate));
 }
 
 TEST(CudaMatvecFast, MatvecStreamsTheOutputMatrix) {
@@ -258,8 +255,8 @@ TEST(CudaMatvecFast, MultiComputesEachWeightInOneLaunch) {
           const std::string what = describe(type, c.rows[0], c.cols, n) + " count " + std::to_string(count);
           const uint32_t seed = type * 1000 + c.cols + n * 10 + count;
           HostAct act(n, c.cols, seed);
-          const HostWeight hw[3] = {{type, c.rows[0], c.cols, seed + 1}, {type, c.rows[1], c.cols, seed + 2},
-                                    {type, c.rows[2], c.cols, seed + 3}};
+          const HostWeight hw[3] = {
+              {type, c.rows[0], c.cols, seed + 1}, {type, c.rows[1], c.cols, seed + 2}, {type, c.rows[2], c.cols, seed + 3}};
           std::vector<float> before[3];
           DeviceMemory mem;
           cuda::DevActQ8 a;
@@ -284,8 +281,7 @@ TEST(CudaMatvecFast, MultiComputesEachWeightInOneLaunch) {
               continue;
             }
             const std::vector<float> got = results(out, before[i], n, c.rows[i], ldy[i], what);
-            expect_close(got, cpu_product(hw[i], act), abs_products(hw[i], act), 1e-5, 1e-6,
-                         what + " weight " + std::to_string(i));
+            expect_close(got, cpu_product(hw[i], act), abs_products(hw[i], act), 1e-5, 1e-6, what + " weight " + std::to_string(i));
           }
         }
 }

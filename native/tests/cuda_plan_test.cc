@@ -31,15 +31,16 @@ Checked check(const std::vector<std::pair<int, int>>& slices_spec, int max_parts
   std::vector<AttnWork> works(max_parts + 1);
   std::vector<AttnCombine> comb(tokens);
   int bucket = 0;
-  const int n = bucketed ? plan_decode_bucketed(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts, &bucket)
-                         : plan_attention(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts);
+  const int n = bucketed
+                    ? plan_decode_bucketed(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts, &bucket)
+                    : plan_attention(slices.data(), static_cast<int>(slices.size()), works.data(), comb.data(), max_parts);
   if (bucketed) EXPECT_EQ(n, bucket * static_cast<int>(slices.size()));
   Checked out;
   out.works = n;
   EXPECT_LE(n, max_parts);
   // For each batch token: the keys each work item lets it see, and the partial row it writes.
   std::map<int, std::vector<std::pair<int, int>>> seen;  // token -> [key_begin, key_end) per work
-  std::map<int, std::set<int>> rows_of;                   // token -> partial rows written
+  std::map<int, std::set<int>> rows_of;                  // token -> partial rows written
   std::set<int> all_rows;
   for (int w = 0; w < n; ++w) {
     const AttnWork& a = works[w];
@@ -87,7 +88,7 @@ TEST(CudaPlan, PrefillTilesCoverEveryCausalKeyOnce) {
 
 TEST(CudaPlan, DecodeStepsSplitLongContexts) {
   EXPECT_EQ(check({{1, 0}}, 1024).max_splits, 1);
-  EXPECT_EQ(check({{1, 510}}, 1024).max_splits, 1);     // 511 keys: one range of >= 256 only
+  EXPECT_EQ(check({{1, 510}}, 1024).max_splits, 1);  // 511 keys: one range of >= 256 only
   EXPECT_EQ(check({{1, 1000}}, 1024).max_splits, 3);
   EXPECT_EQ(check({{4, 5000}}, 4096).max_splits, 19);
   EXPECT_EQ(check({{1, 131071}}, 16384).max_splits, kMaxSplits);

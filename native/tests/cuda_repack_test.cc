@@ -45,7 +45,8 @@ TEST(CudaRepack, EveryElementDequantizesAsInTheFileLayout) {
     std::vector<float> want(cols);
     for (int r = 0; r < rows; ++r) {
       dequantize_row(w, r, want.data());
-      for (int c = 0; c < cols; ++c) ASSERT_EQ(element(w.type, qs, dm, nb, r, c), want[c]) << "type " << type << " row " << r << " col " << c;
+      for (int c = 0; c < cols; ++c)
+        ASSERT_EQ(element(w.type, qs, dm, nb, r, c), want[c]) << "type " << type << " row " << r << " col " << c;
     }
   }
 }

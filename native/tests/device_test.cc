@@ -84,8 +84,10 @@ TEST(Device, ParsesTheCudaKernelSets) {
 TEST(Device, CudaWithoutAUsableGpuFailsWithACode) {
   const std::unique_ptr<DeviceError> why = cuda_unusable(0);
   if (!why) GTEST_SKIP() << "a GPU is usable here: the CUDA tests (cuda_*_test.cc) cover it";
-  if (!cuda_compiled()) EXPECT_EQ(why->code(), "cuda_unavailable_in_build");
-  else EXPECT_TRUE(why->code() == "no_gpu" || why->code() == "cuda_driver_too_old") << why->code();
+  if (!cuda_compiled())
+    EXPECT_EQ(why->code(), "cuda_unavailable_in_build");
+  else
+    EXPECT_TRUE(why->code() == "no_gpu" || why->code() == "cuda_driver_too_old") << why->code();
   for (const char* device : {"cuda", "cuda:0", "cuda:7"}) {
     try {
       Engine e(tiny_model(), on(device));

@@ -78,7 +78,9 @@ Models& models() {
 // Engine options by name. Decode steps get the same thread count as prefill (when the engine
 // has a separate decode setting; the overload resolution keeps this compiling without one).
 template <typename O>
-auto set_decode_threads(O& o, int n, int) -> decltype(o.n_threads_decode = n, void()) { o.n_threads_decode = n; }
+auto set_decode_threads(O& o, int n, int) -> decltype(o.n_threads_decode = n, void()) {
+  o.n_threads_decode = n;
+}
 template <typename O>
 void set_decode_threads(O&, int, long) {}
 
@@ -202,8 +204,7 @@ std::vector<std::vector<double>> reference_forward(const Model& model, const std
     for (int l = 0; l < c.n_layer; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
       auto xn = rms_norm(x, rm.w(p + "attn_norm.weight"), c.rms_eps);
-      auto q = matvec(rm.w(p + "attn_q.weight"), xn), k = matvec(rm.w(p + "attn_k.weight"), xn),
-           v = matvec(rm.w(p + "attn_v.weight"), xn);
+      auto q = matvec(rm.w(p + "attn_q.weight"), xn), k = matvec(rm.w(p + "attn_k.weight"), xn), v = matvec(rm.w(p + "attn_v.weight"), xn);
       auto rope = [&](std::vector<double>& h) {
         for (size_t base = 0; base < h.size(); base += d)
           for (int i = 0; i < d / 2; ++i) {
@@ -287,9 +288,7 @@ class EngineConsistency : public ::testing::TestWithParam<std::string> {
       model_ = models().tiny_q;
     }
   }
-  std::unique_ptr<Engine> engine(int threads, int ubatch = 512) {
-    return std::make_unique<Engine>(model_, options(threads, ubatch, 256));
-  }
+  std::unique_ptr<Engine> engine(int threads, int ubatch = 512) { return std::make_unique<Engine>(model_, options(threads, ubatch, 256)); }
   const ModelConfig& cfg() const { return model_->config(); }
   std::shared_ptr<Model> model_;
 };
@@ -299,7 +298,7 @@ class EngineConsistency : public ::testing::TestWithParam<std::string> {
 // which other tokens share its batch. So the results are expected to be bit-identical.
 TEST_P(EngineConsistency, ChunkingDoesNotChangeLogits) {
   const auto toks = prompt(150, cfg().n_vocab, 1);  // several query and key blocks
-  auto e = engine(1), e7 = engine(2, 7);  // also differs in threads: both must not matter
+  auto e = engine(1), e7 = engine(2, 7);            // also differs in threads: both must not matter
   Sequence one(cfg(), 256), chunked(cfg(), 256), ub7(cfg(), 256);
   const auto l_one = run(*e, one, toks);
   const auto l_chunked = run(*e, chunked, toks, {13, 1, 70, 66});
@@ -477,7 +476,8 @@ class EngineQuantTypes : public ::testing::TestWithParam<uint32_t> {
     static ctxtest::TempDir dir;
     ctxtest::TinyLlama c = ctxtest::kTinyWide;
     c.rope_base = 100.f;
-    return Model::load(dir.write("q" + std::to_string(type) + ".gguf", ctxtest::build(ctxtest::quantized_tiny_llama_spec(c, type, 9)).bytes));
+    return Model::load(
+        dir.write("q" + std::to_string(type) + ".gguf", ctxtest::build(ctxtest::quantized_tiny_llama_spec(c, type, 9)).bytes));
   }
 };
 
@@ -533,9 +533,7 @@ void expect_matches_scalar_and_double_precision(const std::shared_ptr<Model>& mo
   }
 }
 
-TEST_P(EngineQuantTypes, PrefillAndDecodeMatchScalarAndDoublePrecision) {
-  expect_matches_scalar_and_double_precision(load(GetParam()));
-}
+TEST_P(EngineQuantTypes, PrefillAndDecodeMatchScalarAndDoublePrecision) { expect_matches_scalar_and_double_precision(load(GetParam())); }
 
 // Types mixed as a Q4_K_M file mixes them (and more): the matrices that share an input (Q/K/V,
 // gate/up) are of different types, so one quantized activation feeds several kernels; the
@@ -548,9 +546,9 @@ TEST(EngineMixedQuantTypes, PrefillAndDecodeMatchScalarAndDoublePrecision) {
   s.tensors.push_back(s.tensor("token_embd.weight"));
   s.tensors.back().name = "output.weight";
   const std::map<std::string, uint32_t> types = {
-      {"token_embd", ctxtest::kTQ6_K}, {"output", ctxtest::kTQ8_0},    {"attn_q", ctxtest::kTQ4_K},
-      {"attn_k", ctxtest::kTQ5_0},     {"attn_v", ctxtest::kTQ6_K},    {"attn_output", ctxtest::kTQ5_K},
-      {"ffn_gate", ctxtest::kTQ4_K},   {"ffn_up", ctxtest::kTQ5_1},    {"ffn_down", ctxtest::kTQ6_K}};
+      {"token_embd", ctxtest::kTQ6_K}, {"output", ctxtest::kTQ8_0}, {"attn_q", ctxtest::kTQ4_K},
+      {"attn_k", ctxtest::kTQ5_0},     {"attn_v", ctxtest::kTQ6_K}, {"attn_output", ctxtest::kTQ5_K},
+      {"ffn_gate", ctxtest::kTQ4_K},   {"ffn_up", ctxtest::kTQ5_1}, {"ffn_down", ctxtest::kTQ6_K}};
   for (auto& t : s.tensors) {
     if (t.dims.size() != 2) continue;
     std::string kind = t.name.substr(0, t.name.rfind('.'));
@@ -566,9 +564,7 @@ TEST(EngineMixedQuantTypes, PrefillAndDecodeMatchScalarAndDoublePrecision) {
 INSTANTIATE_TEST_SUITE_P(Types, EngineQuantTypes,
                          ::testing::Values(ctxtest::kTQ5_0, ctxtest::kTQ5_1, ctxtest::kTQ4_K, ctxtest::kTQ5_K, ctxtest::kTQ6_K,
                                            ctxtest::kTQ4_0, ctxtest::kTQ4_1, ctxtest::kTQ8_0),
-                         [](const ::testing::TestParamInfo<uint32_t>& i) {
-                           return ggml_type_name(i.param);
-                         });
+                         [](const ::testing::TestParamInfo<uint32_t>& i) { return ggml_type_name(i.param); });
 
 // The real model's weights are read right: it continues a repeated pattern of ten tokens
 // (in-context copying, which even small models do reliably), which random or misread

@@ -115,7 +115,8 @@ TEST(FileMap, PunchHoleReturnsWholePagesOnly) {
   const std::string path = temp_file(bytes);
   const int fd = ::open(path.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
-  struct stat before {}, after {};
+  struct stat before {
+  }, after{};
   ASSERT_EQ(::fstat(fd, &before), 0);
   const int err = ctx::punch_hole(fd, 4096 + 10, 8 * 4096);  // pages 2..8 whole; 1 and 9 partly
   if (err == EOPNOTSUPP) GTEST_SKIP() << "this file system cannot punch holes";

@@ -70,8 +70,7 @@ Spec full_spec() {
       kv("t.arr_i32", kArray, garr(kI32, 3, le<int32_t>(1) + le<int32_t>(-2) + le<int32_t>(3))),
       kv("t.arr_str", kArray, garr(kString, 2, gstr("a") + gstr("bc"))),
       kv("t.arr_empty", kArray, garr(kF32, 0, "")),
-      kv("t.arr_nested", kArray,
-         garr(kArray, 2, garr(kU8, 2, le<uint8_t>(7) + le<uint8_t>(9)) + garr(kString, 1, gstr("x")))),
+      kv("t.arr_nested", kArray, garr(kArray, 2, garr(kU8, 2, le<uint8_t>(7) + le<uint8_t>(9)) + garr(kString, 1, gstr("x")))),
   };
   s.tensors = {
       {"a", {8}, kTF32, pattern(32, 1), {}, true},
@@ -211,8 +210,7 @@ TEST_F(GgufTest, EveryTruncationIsRefused) {
       ADD_FAILURE() << "prefix of " << n << " bytes accepted";
     } catch (const GgufError& e) {
       // Whatever field the cut lands in, the message says what a user needs to know.
-      EXPECT_TRUE(std::regex_search(e.what(), std::regex("truncated|too small to be a GGUF file")))
-          << "prefix " << n << ": " << e.what();
+      EXPECT_TRUE(std::regex_search(e.what(), std::regex("truncated|too small to be a GGUF file"))) << "prefix " << n << ": " << e.what();
     }
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << full.size() << " prefixes";
@@ -252,8 +250,7 @@ TEST_F(GgufTest, RefusesBadMetadata) {
   EXPECT_TRUE(Rejects(dir, with({kv("k", kString, le<uint64_t>(1ull << 29))}), "truncated"));
   EXPECT_TRUE(Rejects(dir, with({kv("k", kArray, garr(kU8, 1ull << 61, ""))}), "more than the file holds"));
   EXPECT_TRUE(Rejects(dir, with({kv("k", kArray, garr(kString, 1ull << 40, ""))}), "more than the file holds"));
-  EXPECT_TRUE(Rejects(dir, with({kv("k", kArray, garr(kArray, 1, garr(kU64, 1ull << 58, "")))}),
-                      "more than the file holds"));
+  EXPECT_TRUE(Rejects(dir, with({kv("k", kArray, garr(kArray, 1, garr(kU64, 1ull << 58, "")))}), "more than the file holds"));
   EXPECT_TRUE(Rejects(dir, with({kv("k", 13, le<uint32_t>(0))}), "unknown value type 13"));
   EXPECT_TRUE(Rejects(dir, with({kv("k", 0xFFFFFFFFu, le<uint32_t>(0))}), "unknown value type"));
   EXPECT_TRUE(Rejects(dir, with({kv("k", kArray, garr(13, 1, le<uint32_t>(0)))}), "array of unknown type 13"));
@@ -387,8 +384,8 @@ TEST_F(ModelLoadTest, WeightsCrcCoversEveryTensorByte) {
   const auto a = ctx::Model::load(dir.write("a.gguf", bytes));
   const auto again = ctx::Model::load(dir.write("again.gguf", bytes));
   EXPECT_EQ(a->weights_crc32c(), again->weights_crc32c());
-  EXPECT_EQ(a->weights_crc32c(), ctx::crc32c(0, a->file().bytes() + a->file().data_start(),
-                                             a->file().file_size() - a->file().data_start()));
+  EXPECT_EQ(a->weights_crc32c(),
+            ctx::crc32c(0, a->file().bytes() + a->file().data_start(), a->file().file_size() - a->file().data_start()));
   bytes[bytes.size() - 3] ^= 0x10;  // a bit in the last tensor's data
   const auto flipped = ctx::Model::load(dir.write("flipped.gguf", bytes));
   EXPECT_NE(a->weights_crc32c(), flipped->weights_crc32c());
@@ -401,8 +398,8 @@ TEST_F(ModelLoadTest, RefusesWrongArchitecture) {
 }
 
 TEST_F(ModelLoadTest, RefusesMissingOrMistypedKeys) {
-  for (const char* key : {"general.architecture", "llama.block_count", "llama.embedding_length",
-                          "llama.feed_forward_length", "llama.attention.head_count", "llama.context_length"}) {
+  for (const char* key : {"general.architecture", "llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
+                          "llama.attention.head_count", "llama.context_length"}) {
     SCOPED_TRACE(key);
     Spec s = tiny_llama_spec(TinyLlama());
     s.erase_kv(key);
@@ -448,8 +445,9 @@ TEST_F(ModelLoadTest, RefusesUnsupportedTensorType) {
   t.type = kTQ3_K;
   t.data.clear();  // the writer sizes it: 32 rows x 1 block x 110 bytes
   ExpectLoadFails<std::invalid_argument>(
-      s, "tensor 'blk.0.ffn_down.weight' has type Q3_K, which ctxbank does not support (supported: F32, F16, BF16, "
-         "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
+      s,
+      "tensor 'blk.0.ffn_down.weight' has type Q3_K, which ctxbank does not support (supported: F32, F16, BF16, "
+      "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -560,8 +558,7 @@ TEST_F(ModelLoadTest, RefusesNonFiniteBlockScales) {
     const size_t row = 300, block = 256 / c.block_elems - 1;
     std::memcpy(&t.data[row * row_bytes + block * block_bytes + c.field], &c.bits, 2);
     ExpectLoadFails<GgufError>(s, "tensor 'blk.1.ffn_up.weight' (" + std::string(ctx::ggml_type_name(c.type)) +
-                                      ") has a non-finite scale in block " + std::to_string(block) + " of row " +
-                                      std::to_string(row));
+                                      ") has a non-finite scale in block " + std::to_string(block) + " of row " + std::to_string(row));
   }
 }
 
@@ -577,7 +574,8 @@ TEST_F(ModelLoadTest, RandomCorruptionLoadsOrIsRefused) {
       std::string bad = good;
       // Mostly the header (where a flip changes meaning), some in the data.
       const size_t span = trial % 3 == 0 ? bad.size() : std::min<size_t>(bad.size(), 2048);
-      for (int flips = 1 + trial % 4; flips > 0; --flips) bad[std::uniform_int_distribution<size_t>(0, span - 1)(rng)] ^= static_cast<char>(1 + rng() % 255);
+      for (int flips = 1 + trial % 4; flips > 0; --flips)
+        bad[std::uniform_int_distribution<size_t>(0, span - 1)(rng)] ^= static_cast<char>(1 + rng() % 255);
       try {
         ctx::Model::load(dir.write("fuzz.gguf", bad));
         ++loaded;

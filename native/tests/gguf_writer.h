@@ -22,13 +22,33 @@ namespace ctxtest {
 
 // GGUF value type numbers (spec).
 enum : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 // ggml type numbers used by the tests.
 enum : uint32_t {
-  kTF32 = 0, kTF16 = 1, kTQ4_0 = 2, kTQ4_1 = 3, kTQ5_0 = 6, kTQ5_1 = 7, kTQ8_0 = 8,
-  kTQ3_K = 11, kTQ4_K = 12, kTQ5_K = 13, kTQ6_K = 14,
+  kTF32 = 0,
+  kTF16 = 1,
+  kTQ4_0 = 2,
+  kTQ4_1 = 3,
+  kTQ5_0 = 6,
+  kTQ5_1 = 7,
+  kTQ8_0 = 8,
+  kTQ3_K = 11,
+  kTQ4_K = 12,
+  kTQ5_K = 13,
+  kTQ6_K = 14,
 };
 
 // Little-endian byte builder.
@@ -44,12 +64,21 @@ struct Bytes {
   Bytes& u8(uint8_t v) { return put(v); }
   Bytes& u32(uint32_t v) { return put(v); }
   Bytes& u64(uint64_t v) { return put(v); }
-  Bytes& str(const std::string& s) { u64(s.size()); b += s; return *this; }
-  Bytes& raw(const std::string& s) { b += s; return *this; }
+  Bytes& str(const std::string& s) {
+    u64(s.size());
+    b += s;
+    return *this;
+  }
+  Bytes& raw(const std::string& s) {
+    b += s;
+    return *this;
+  }
 };
 
 template <typename T>
-std::string le(T v) { return Bytes().put(v).b; }
+std::string le(T v) {
+  return Bytes().put(v).b;
+}
 inline std::string gstr(const std::string& s) { return Bytes().str(s).b; }
 // Array payload: element type, count, then the already-encoded elements.
 inline std::string garr(uint32_t elem_type, uint64_t count, const std::string& elems) {
@@ -61,9 +90,7 @@ struct Kv {
   std::string key;
   std::string encoded;
 };
-inline Kv kv(const std::string& key, uint32_t type, const std::string& payload) {
-  return {key, Bytes().str(key).u32(type).raw(payload).b};
-}
+inline Kv kv(const std::string& key, uint32_t type, const std::string& payload) { return {key, Bytes().str(key).u32(type).raw(payload).b}; }
 inline Kv kv_u32(const std::string& k, uint32_t v) { return kv(k, kU32, le(v)); }
 inline Kv kv_f32(const std::string& k, float v) { return kv(k, kF32, le(v)); }
 inline Kv kv_str(const std::string& k, const std::string& v) { return kv(k, kString, gstr(v)); }
@@ -71,18 +98,30 @@ inline Kv kv_str(const std::string& k, const std::string& v) { return kv(k, kStr
 // Bytes a tensor of this ggml type and element count occupies (own table, not ggml_types.cc).
 inline uint64_t tensor_bytes(uint32_t type, uint64_t n) {
   switch (type) {
-    case kTF32: return n * 4;
-    case kTF16: return n * 2;
-    case kTQ4_0: return n / 32 * 18;
-    case kTQ4_1: return n / 32 * 20;
-    case kTQ5_0: return n / 32 * 22;
-    case kTQ5_1: return n / 32 * 24;
-    case kTQ8_0: return n / 32 * 34;
-    case kTQ3_K: return n / 256 * 110;
-    case kTQ4_K: return n / 256 * 144;
-    case kTQ5_K: return n / 256 * 176;
-    case kTQ6_K: return n / 256 * 210;
-    default: throw std::logic_error("gguf_writer: no size for this type; give data explicitly");
+    case kTF32:
+      return n * 4;
+    case kTF16:
+      return n * 2;
+    case kTQ4_0:
+      return n / 32 * 18;
+    case kTQ4_1:
+      return n / 32 * 20;
+    case kTQ5_0:
+      return n / 32 * 22;
+    case kTQ5_1:
+      return n / 32 * 24;
+    case kTQ8_0:
+      return n / 32 * 34;
+    case kTQ3_K:
+      return n / 256 * 110;
+    case kTQ4_K:
+      return n / 256 * 144;
+    case kTQ5_K:
+      return n / 256 * 176;
+    case kTQ6_K:
+      return n / 256 * 210;
+    default:
+      throw std::logic_error("gguf_writer: no size for this type; give data explicitly");
   }
 }
 
@@ -104,19 +143,29 @@ struct Spec {
   uint64_t alignment = 32;  // padding used by the writer (general.alignment is a separate KV)
 
   Kv* find_kv(const std::string& key) {
-    for (auto& k : kvs) if (k.key == key) return &k;
+    for (auto& k : kvs)
+      if (k.key == key) return &k;
     return nullptr;
   }
   void erase_kv(const std::string& key) {
-    for (size_t i = 0; i < kvs.size(); ++i) if (kvs[i].key == key) { kvs.erase(kvs.begin() + i); return; }
+    for (size_t i = 0; i < kvs.size(); ++i)
+      if (kvs[i].key == key) {
+        kvs.erase(kvs.begin() + i);
+        return;
+      }
     throw std::logic_error("no kv " + key);
   }
   Tensor& tensor(const std::string& name) {
-    for (auto& t : tensors) if (t.name == name) return t;
+    for (auto& t : tensors)
+      if (t.name == name) return t;
     throw std::logic_error("no tensor " + name);
   }
   void erase_tensor(const std::string& name) {
-    for (size_t i = 0; i < tensors.size(); ++i) if (tensors[i].name == name) { tensors.erase(tensors.begin() + i); return; }
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (tensors[i].name == name) {
+        tensors.erase(tensors.begin() + i);
+        return;
+      }
     throw std::logic_error("no tensor " + name);
   }
 };
@@ -222,11 +271,15 @@ inline uint16_t to_half(float f) {
   std::memcpy(&b, &f, 4);
   const uint32_t sign = (b >> 16) & 0x8000;
   // Subnormal halves are multiples of 2^-24 (1024 of them is the smallest normal, 0x0400).
-  if (std::fabs(f) < std::ldexp(1.f, -14)) return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(std::ldexp(std::fabs(f), 24))));
+  if (std::fabs(f) < std::ldexp(1.f, -14))
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(std::ldexp(std::fabs(f), 24))));
   const int exp = static_cast<int>((b >> 23) & 0xFF) - 127 + 15;
   uint32_t mant = (b & 0x7FFFFF) + 0x1000;  // round half up at bit 13
   int e = exp;
-  if (mant & 0x800000) { mant = 0; ++e; }
+  if (mant & 0x800000) {
+    mant = 0;
+    ++e;
+  }
   if (e <= 0 || e >= 31) throw std::logic_error("to_half: out of normal range");
   return static_cast<uint16_t>(sign | (e << 10) | (mant >> 13));
 }
@@ -309,8 +362,10 @@ inline std::string quantize_row(uint32_t type, const float* x, int n) {
   if (type == kTQ4_K || type == kTQ5_K || type == kTQ6_K) {
     if (n % 256 != 0) throw std::logic_error("quantize_row: K-quant rows hold multiples of 256");
     for (int b = 0; b < n / 256; ++b) {
-      if (type == kTQ6_K) quantize_q6_k(x + 256 * b, out);
-      else quantize_k4(x + 256 * b, type == kTQ4_K ? 15 : 31, out);
+      if (type == kTQ6_K)
+        quantize_q6_k(x + 256 * b, out);
+      else
+        quantize_k4(x + 256 * b, type == kTQ4_K ? 15 : 31, out);
     }
     return out.b;
   }
@@ -409,8 +464,12 @@ inline Spec tiny_llama_spec(const TinyLlama& c, uint32_t seed = 1) {
   auto norm = [&](const std::string& name) {
     s.tensors.push_back({name, {E}, kTF32, floats_to_bytes(random_floats(E, rng, 0.5f, 1.5f)), {}, true});
   };
-  s.tensors.push_back({"token_embd.weight", {E, static_cast<uint64_t>(c.n_vocab)}, kTF32,
-                       floats_to_bytes(random_floats(E * c.n_vocab, rng, -1.f, 1.f)), {}, true});
+  s.tensors.push_back({"token_embd.weight",
+                       {E, static_cast<uint64_t>(c.n_vocab)},
+                       kTF32,
+                       floats_to_bytes(random_floats(E * c.n_vocab, rng, -1.f, 1.f)),
+                       {},
+                       true});
   norm("output_norm.weight");
   for (int l = 0; l < c.n_layer; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -450,10 +509,10 @@ constexpr TinyLlama kTinyWide = [] {
 struct TinyArch {
   std::string arch = "llama";  // llama | qwen2 | qwen3 | gemma3
   int n_embd = 64, n_head = 4, n_head_kv = 2, n_ff = 128, n_layer = 2, n_vocab = 50, n_ctx = 256;
-  int head_dim = 0;               // 0: n_embd / n_head, no attention.key_length key
+  int head_dim = 0;  // 0: n_embd / n_head, no attention.key_length key
   float rope_base = 100.f, rms_eps = 1e-6f;
-  bool rope_freqs = false;        // llama: a rope_freqs.weight of random factors in [1, 8]
-  float rope_linear_factor = 0;   // > 0: rope.scaling.type "linear" with this factor
+  bool rope_freqs = false;       // llama: a rope_freqs.weight of random factors in [1, 8]
+  float rope_linear_factor = 0;  // > 0: rope.scaling.type "linear" with this factor
   bool tied_output = true;
   // gemma3 only: attention.sliding_window (0: absent), the pattern as a period (0: absent) or
   // as per-layer flags (empty: absent), rope.freq_base_swa and final_logit_softcapping (0: absent).
@@ -511,8 +570,12 @@ inline Spec tiny_arch_spec(const TinyArch& c, uint32_t seed = 1) {
     const float r = 1.f / std::sqrt(static_cast<float>(cols));
     s.tensors.push_back({name, {cols, rows}, kTF32, floats_to_bytes(random_floats(cols * rows, rng, -r, r)), {}, true});
   };
-  s.tensors.push_back({"token_embd.weight", {E, static_cast<uint64_t>(c.n_vocab)}, kTF32,
-                       floats_to_bytes(random_floats(E * c.n_vocab, rng, -1.f, 1.f)), {}, true});
+  s.tensors.push_back({"token_embd.weight",
+                       {E, static_cast<uint64_t>(c.n_vocab)},
+                       kTF32,
+                       floats_to_bytes(random_floats(E * c.n_vocab, rng, -1.f, 1.f)),
+                       {},
+                       true});
   if (!c.tied_output) mat("output.weight", E, c.n_vocab);
   vec("output_norm.weight", E, 0.5f, 1.5f);
   if (c.rope_freqs) vec("rope_freqs.weight", D / 2, 1.f, 8.f);

@@ -27,9 +27,12 @@ using namespace ctx;
 double half_ref(uint16_t h) {
   const int e = (h >> 10) & 31, m = h & 1023;
   double v;
-  if (e == 0) v = std::ldexp(m, -24);
-  else if (e == 31) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else v = std::ldexp(m + 1024, e - 25);
+  if (e == 0)
+    v = std::ldexp(m, -24);
+  else if (e == 31)
+    v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else
+    v = std::ldexp(m + 1024, e - 25);
   return (h & 0x8000) ? -v : v;
 }
 
@@ -60,9 +63,15 @@ struct QWeights {
 // Byte offsets of a block's f16 fields (d, and m or dmin).
 std::vector<size_t> half_fields(GgmlType type) {
   switch (type) {
-    case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-    case GgmlType::Q6_K: return {208};
-    default: return {0};
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+      return {0, 2};
+    case GgmlType::Q6_K:
+      return {208};
+    default:
+      return {0};
   }
 }
 
@@ -170,8 +179,8 @@ TEST_P(SimdVsScalar, QuantizedGemms) {
     for (int k : ks_for(type))
       for (int rows : kRowCounts)
         for (int n_tok : kTokCounts) {
-          SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) +
-                       " rows=" + std::to_string(rows) + " tok=" + std::to_string(n_tok));
+          SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) + " rows=" + std::to_string(rows) +
+                       " tok=" + std::to_string(n_tok));
           const QWeights qw = make_qweights(type, rows, k, rng);
           // One extra activation row in front: tok0 = 1 checks the row offset.
           const int tok0 = 1, ldy = rows + 3;
@@ -211,8 +220,8 @@ TEST_P(SimdVsScalar, FloatGemms) {
     for (int k : {5, 32, 37, 576, 1536})
       for (int rows : {1, 3, 4, 7})
         for (int n_tok : {1, 2, 3, 4, 5, 8, 33}) {
-          SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) +
-                       " rows=" + std::to_string(rows) + " tok=" + std::to_string(n_tok));
+          SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)) + " k=" + std::to_string(k) + " rows=" + std::to_string(rows) +
+                       " tok=" + std::to_string(n_tok));
           const std::vector<float> wf = rand_floats(rng, static_cast<size_t>(rows) * k, -1.f, 1.f);
           std::vector<uint8_t> wb;
           size_t es = 4;
@@ -274,8 +283,8 @@ FlashState flash_run(const KernelTable& kt, const std::vector<float>& q, int nq,
       lo[i] = std::clamp(begin[i] - k0, 0, nk);
       hi[i] = std::clamp(end[i] - k0, 0, nk);
     }
-    kt.flash_block(q.data(), nq, k.data() + k0 * ld, v.data() + k0 * ld, ld, nk, d, scale, lo.data(), hi.data(), st.m.data(),
-                   st.l.data(), st.acc.data(), work.data());
+    kt.flash_block(q.data(), nq, k.data() + k0 * ld, v.data() + k0 * ld, ld, nk, d, scale, lo.data(), hi.data(), st.m.data(), st.l.data(),
+                   st.acc.data(), work.data());
   }
   return st;
 }
@@ -291,8 +300,8 @@ void random_ranges(std::mt19937& rng, int nq, int n_keys, std::vector<int>& begi
 }
 
 // The bound on |score| (its magnitude sum) over a row's keys, for tolerances.
-double score_magnitude(const std::vector<float>& q, int i, const std::vector<uint16_t>& k, size_t ld, int d, float scale,
-                       int begin, int end) {
+double score_magnitude(const std::vector<float>& q, int i, const std::vector<uint16_t>& k, size_t ld, int d, float scale, int begin,
+                       int end) {
   double mag = 0;
   for (int j = begin; j < end; ++j) {
     double m = 0;
@@ -440,7 +449,7 @@ TEST_P(SimdVsScalar, F32ToF16IsBitIdentical) {
   }
   std::uniform_int_distribution<uint32_t> bits;
   for (int i = 0; i < 100000; ++i) x.push_back(fp32_from_bits(bits(rng)));  // includes NaNs, subnormals
-  x.push_back(0.5f);  // odd length: exercises the scalar tail of the SIMD version
+  x.push_back(0.5f);                                                        // odd length: exercises the scalar tail of the SIMD version
   std::vector<uint16_t> a(x.size()), b(x.size());
   ref().f32_to_f16(x.data(), a.data(), static_cast<int>(x.size()));
   simd().f32_to_f16(x.data(), b.data(), static_cast<int>(x.size()));
@@ -454,8 +463,7 @@ TEST_P(SimdVsScalar, F32ToF16IsBitIdentical) {
     }
     if (a[i] != b[i]) {
       ++mismatches;
-      ADD_FAILURE() << "x=" << x[i] << " (bits " << std::hex << fp32_to_bits(x[i]) << "): scalar " << a[i]
-                    << ", simd " << b[i];
+      ADD_FAILURE() << "x=" << x[i] << " (bits " << std::hex << fp32_to_bits(x[i]) << "): scalar " << a[i] << ", simd " << b[i];
     }
   }
 }
@@ -588,8 +596,8 @@ TEST_P(KernelsVsReference, AttentionIsIndependentOfBlockShape) {
       kt_->attn_scores(q.data() + qi * d, 1, k.data(), ld, n, d, 0.125f, one.data(), n);
       for (int j = 0; j < n; ++j)
         ASSERT_EQ(fp32_to_bits(one[j]), fp32_to_bits(full[qi * nk + j]))
-            << "score of query " << qi << ", key " << j << ": alone with " << n << " keys " << one[j]
-            << ", in the full block " << full[qi * nk + j];
+            << "score of query " << qi << ", key " << j << ": alone with " << n << " keys " << one[j] << ", in the full block "
+            << full[qi * nk + j];
     }
   // Values: each query alone over its first n keys equals its row in the full block with the
   // probabilities of keys >= n set to 0.
@@ -687,8 +695,9 @@ TEST(Packing, LayoutMatchesDocumentation) {
   for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0}) {
     SCOPED_TRACE(ggml_type_name(static_cast<uint32_t>(type)));
     const QWeights qw = make_qweights(type, rows, k, rng);
-    ASSERT_EQ(qw.group_bytes, nb * (type == GgmlType::Q4_0 ? sizeof(PackedQ4_0)
-                                    : type == GgmlType::Q4_1 ? sizeof(PackedQ4_1) : sizeof(PackedQ8_0)));
+    ASSERT_EQ(qw.group_bytes, nb * (type == GgmlType::Q4_0   ? sizeof(PackedQ4_0)
+                                    : type == GgmlType::Q4_1 ? sizeof(PackedQ4_1)
+                                                             : sizeof(PackedQ8_0)));
     for (int r = 0; r < 16; ++r)
       for (int b = 0; b < nb; ++b) {
         const uint8_t* blk = qw.packed.data() + (r / 8) * qw.group_bytes;
@@ -816,8 +825,7 @@ TEST(Packing, HighBitAndKQuantLayoutsMatchDocumentation) {
             const uint8_t byte = run[(g * 8 + rr) * 4 + i];
             int q = j < 16 ? byte & 0xF : byte >> 4;
             if (high_bits == 1) q |= ((hv[rr * 4 + i] >> (j < 16 ? g : 4 + g)) & 1) << 4;
-            if (high_bits == 2)
-              q |= ((hv[32 * (g / 2) + rr * 4 + i] >> ((j < 16 ? 0 : 4) + 2 * (g % 2))) & 3) << 4;
+            if (high_bits == 2) q |= ((hv[32 * (g / 2) + rr * 4 + i] >> ((j < 16 ? 0 : 4) + 2 * (g % 2))) & 3) << 4;
             EXPECT_EQ(q, want[j]) << "r=" << r << " b=" << b << " unit=" << u << " j=" << j;
           }
         }

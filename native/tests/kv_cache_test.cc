@@ -107,8 +107,10 @@ std::string vm_flags_of(const void* p) {
     uintptr_t lo = 0, hi = 0;
     char dash = 0;
     std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-') inside = lo <= at && at < hi;
-    else if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-')
+      inside = lo <= at && at < hi;
+    else if (inside && line.rfind("VmFlags:", 0) == 0)
+      return line;
   }
   return "";
 }

@@ -45,7 +45,7 @@ void reset_pool(size_t limit) {
 
 TEST(KvPool, AReleasedCachesPagesComeToTheNextOneZeroedAndResident) {
   reset_pool(256 * MiB);
-  KvCache a(30, 192, 2048);  // 45 MiB
+  KvCache a(30, 192, 2048);                       // 45 MiB
   std::memset(a.k(0), 0xab, a.bytes_reserved());  // every byte, rows past its size included
   a.set_size(1000);
   a.release();

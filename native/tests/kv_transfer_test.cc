@@ -82,7 +82,6 @@ TEST(KvTransfer, RefusesBadRowsAndSizes) {
   }
 }
 
-
 // A chunk as import_chunk_checked reads it: `header` bytes (any content; the checksum at [8, 12))
 // then the export of `rows`, sealed like chunk.ts sealChunk: CRC-32C of [0, 8) then [12, end).
 std::vector<uint8_t> sealed_chunk(const KvCache& src, const ChunkRows& rows, size_t header) {
@@ -148,8 +147,9 @@ TEST(KvTransfer, CheckedImportRefusesShortChunksAndBadHeaders) {
   EXPECT_THROW(import(header, header), std::invalid_argument);            // a header and no payload
   EXPECT_THROW(import(chunk.size() - 1, header), std::invalid_argument);  // payload truncated
   EXPECT_THROW(import(chunk.size(), header + 2), std::invalid_argument);  // header size wrong
-  EXPECT_THROW(ctx::import_chunk_checked(dst, {{0}, 7, 3}, chunk.data(), chunk.size(), header), std::invalid_argument);  // rows off the cache
-  EXPECT_TRUE(same_cache(dst, KvCache(2, 4, 8)));                        // nothing was written
+  EXPECT_THROW(ctx::import_chunk_checked(dst, {{0}, 7, 3}, chunk.data(), chunk.size(), header),
+               std::invalid_argument);             // rows off the cache
+  EXPECT_TRUE(same_cache(dst, KvCache(2, 4, 8)));  // nothing was written
   EXPECT_TRUE(import(chunk.size(), header).ok());
 }
 

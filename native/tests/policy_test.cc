@@ -26,10 +26,14 @@ TEST(OmniKvRoles, FollowTheOfficialLayout) {
   for (int l = 0; l < 30; ++l) {
     LayerRole want = LayerRole::Sparse;
     int group = -1;
-    if (l < 2) want = LayerRole::Dense;
-    else if (l == 2 || l == 8 || l == 18) want = LayerRole::Filter;
-    else if (l == 3 || l == 9 || l == 19) want = LayerRole::Guard;
-    else group = l < 8 ? 0 : l < 18 ? 1 : 2;
+    if (l < 2)
+      want = LayerRole::Dense;
+    else if (l == 2 || l == 8 || l == 18)
+      want = LayerRole::Filter;
+    else if (l == 3 || l == 9 || l == 19)
+      want = LayerRole::Guard;
+    else
+      group = l < 8 ? 0 : l < 18 ? 1 : 2;
     EXPECT_EQ(p.roles[l], want) << "layer " << l;
     EXPECT_EQ(p.group[l], group) << "layer " << l;
   }
@@ -77,7 +81,7 @@ TEST(Selection, TopKMatchesSortReference) {
 
 TEST(Selection, RankCandidatesLastAndSoftmax) {
   // 2 heads over 5 keys, the first 3 are candidates.
-  const float raw[] = {1, 5, 2, 9, 0,   //
+  const float raw[] = {1, 5, 2, 9, 0,  //
                        4, 0, 3, 0, 8};
   float out[3];
   rank_candidates(Selector::Last, raw, 2, 5, 3, out);
@@ -139,7 +143,7 @@ TEST(Selection, WindowSelectorsParseAndValidate) {
 
 TEST(Rounds, ChooseTopKOrAboveMeanPlusStd) {
   const std::vector<double> mass = {0.30, 0.05, 0.30, 0.02, 0.90};
-  EXPECT_EQ(choose_rounds(mass, 2), (std::vector<int>{0, 4}));     // ties go to the earlier round
+  EXPECT_EQ(choose_rounds(mass, 2), (std::vector<int>{0, 4}));  // ties go to the earlier round
   EXPECT_EQ(choose_rounds(mass, 3), (std::vector<int>{0, 2, 4}));
   EXPECT_EQ(choose_rounds(mass, 9), (std::vector<int>{0, 1, 2, 3, 4}));
   // mean 0.314, population std 0.3156: only round 4 is above 0.63.

@@ -43,7 +43,10 @@ std::shared_ptr<Model> real_model() {
 std::vector<int32_t> make_prompt(int n_segments, uint32_t seed) {
   std::vector<std::vector<int32_t>> segs;
   uint32_t x = seed;
-  auto next = [&] { x = x * 1664525u + 1013904223u; return static_cast<int32_t>(200 + (x >> 8) % 20000); };
+  auto next = [&] {
+    x = x * 1664525u + 1013904223u;
+    return static_cast<int32_t>(200 + (x >> 8) % 20000);
+  };
   std::vector<int32_t> out;
   for (int s = 0; s < n_segments; ++s) {
     if (s >= 3 && s % 3 == 0) {
@@ -59,7 +62,10 @@ std::vector<int32_t> make_prompt(int n_segments, uint32_t seed) {
   return out;
 }
 
-struct Case { std::string name; AttentionPolicy policy; };
+struct Case {
+  std::string name;
+  AttentionPolicy policy;
+};
 
 std::vector<Case> cases(const ModelConfig& m) {
   std::vector<Case> c;
@@ -97,8 +103,7 @@ std::vector<Case> cases(const ModelConfig& m) {
   c.push_back({"scope_adaptive", AttentionPolicy::make_scope(scope(ScopeMode::Adaptive, 0), m)});
   c.push_back({"scope_discontinuous", AttentionPolicy::make_scope(scope(ScopeMode::Discontinuous, 0), m)});
   c.push_back({"scope_prompt_pool", AttentionPolicy::make_scope(scope(ScopeMode::Slide, 64), m)});
-  c.push_back({"omnikv_scope", AttentionPolicy::make_omnikv_scope(omni({4, 12}, 64, Selector::Last),
-                                                                 scope(ScopeMode::Slide, 0), m)});
+  c.push_back({"omnikv_scope", AttentionPolicy::make_omnikv_scope(omni({4, 12}, 64, Selector::Last), scope(ScopeMode::Slide, 0), m)});
   {
     RoundsConfig r = test::rounds_config(10, {0, 100, 200, 280}, 1);
     c.push_back({"rounds_top1", AttentionPolicy::make_rounds(r, m)});
@@ -128,15 +133,17 @@ std::string join(const std::vector<int32_t>& t) {
 // Greedy continuation of every case, each sequence decoded alone or all in one batch per step.
 // FNV-1a over the bits of every logit of every step: equal only if each step computed the same
 // numbers, which a change in any attended key set breaks even where the argmax survives.
-struct Run { std::vector<int32_t> tokens; uint64_t logits_hash = 1469598103934665603ull; };
+struct Run {
+  std::vector<int32_t> tokens;
+  uint64_t logits_hash = 1469598103934665603ull;
+};
 
 void hash_logits(Run& r, const std::vector<float>& logits) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(logits.data());
   for (size_t i = 0; i < logits.size() * sizeof(float); ++i) r.logits_hash = (r.logits_hash ^ bytes[i]) * 1099511628211ull;
 }
 
-std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vector<int32_t>& prompt, bool batched,
-                          bool reclaim = false) {
+std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vector<int32_t>& prompt, bool batched, bool reclaim = false) {
   const ModelConfig& m = e.config();
   std::vector<std::unique_ptr<Sequence>> seqs;
   std::vector<std::vector<float>> logits(cs.size(), std::vector<float>(m.n_vocab));
@@ -153,8 +160,10 @@ std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vec
     std::vector<BatchItem> batch;
     for (size_t i = 0; i < cs.size(); ++i) {
       BatchItem it{seqs[i].get(), &runs[i].tokens.back(), 1, logits[i].data()};
-      if (batched) batch.push_back(it);
-      else e.forward({it});
+      if (batched)
+        batch.push_back(it);
+      else
+        e.forward({it});
     }
     if (batched) e.forward(batch);
     for (size_t i = 0; i < cs.size(); ++i) {
@@ -165,15 +174,18 @@ std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vec
   return runs;
 }
 
-struct Expected { const char* name; const char* tokens; uint64_t logits_hash; };
+struct Expected {
+  const char* name;
+  const char* tokens;
+  uint64_t logits_hash;
+};
 
 // Recorded with CTXBANK_RECORD_TOKENS (see the file comment).
 const Expected kExpected[] = {
 #include "policy_tokens.inc"
 };
 
-void check(const std::vector<Case>& cs, const std::vector<Run>& got, const Expected* want, size_t n_want,
-           const char* label) {
+void check(const std::vector<Case>& cs, const std::vector<Run>& got, const Expected* want, size_t n_want, const char* label) {
   ASSERT_EQ(cs.size(), n_want);
   for (size_t i = 0; i < cs.size(); ++i) {
     EXPECT_EQ(cs[i].name, want[i].name);

@@ -32,7 +32,7 @@ AttentionPolicy scope_pool(const ModelConfig& c, int alpha2) {
 AttentionPolicy omnikv_window(const ModelConfig& c, Selector selector) {
   OmniKvConfig o = test::omnikv_config({1}, 10, selector);
   o.guard = false;  // layer 2 attends to the selection
-  o.window = 4;  // 3 prompt tokens forced in, the rest of the budget ranked
+  o.window = 4;     // 3 prompt tokens forced in, the rest of the budget ranked
   return AttentionPolicy::make_omnikv(o, c);
 }
 
@@ -78,13 +78,9 @@ void expect_shipped_state_decodes_alike(const AttentionPolicy& policy, bool eage
   EXPECT_NE(decode(e, bare, 6), want);  // the state matters for this policy
 }
 
-TEST(PromptState, ScopeKeptListsDecodeAsIfObserved) {
-  expect_shipped_state_decodes_alike(scope_pool(tiny_model()->config(), 4), true, 2);
-}
+TEST(PromptState, ScopeKeptListsDecodeAsIfObserved) { expect_shipped_state_decodes_alike(scope_pool(tiny_model()->config(), 4), true, 2); }
 
-TEST(PromptState, ScopeQueriesDecodeAsIfObserved) {
-  expect_shipped_state_decodes_alike(scope_pool(tiny_model()->config(), 4), false, 1);
-}
+TEST(PromptState, ScopeQueriesDecodeAsIfObserved) { expect_shipped_state_decodes_alike(scope_pool(tiny_model()->config(), 4), false, 1); }
 
 TEST(PromptState, OmniKvUniformWindowDecodesAsIfObserved) {
   expect_shipped_state_decodes_alike(omnikv_window(tiny_model()->config(), Selector::Uniform), true, 1);

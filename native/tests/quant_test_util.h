@@ -37,8 +37,8 @@ inline Act quantize_all(const ctx::KernelTable& kt, const std::vector<float>& x,
   Act act(rows, k);
   const int nb = k / 32;
   for (int r = 0; r < rows; ++r)
-    kt.quantize_q8(&x[static_cast<size_t>(r) * k], k, &act.qs[static_cast<size_t>(r) * k], &act.d[r * nb],
-                   &act.s[r * nb], &act.isum[r * nb]);
+    kt.quantize_q8(&x[static_cast<size_t>(r) * k], k, &act.qs[static_cast<size_t>(r) * k], &act.d[r * nb], &act.s[r * nb],
+                   &act.isum[r * nb]);
   return act;
 }
 
@@ -75,10 +75,18 @@ inline std::vector<double> offset_magnitudes(const Weight& w, int row) {
   for (int j = 0; j < w.cols; ++j) {
     const int b = j / 32, sb = j / 256, s = (j % 256) / 32;
     switch (w.type) {
-      case GgmlType::Q4_0: off[j] = 8 * h(reinterpret_cast<const ctx::BlockQ4_0*>(p)[b].d); break;
-      case GgmlType::Q5_0: off[j] = 16 * h(reinterpret_cast<const ctx::BlockQ5_0*>(p)[b].d); break;
-      case GgmlType::Q4_1: off[j] = h(reinterpret_cast<const ctx::BlockQ4_1*>(p)[b].m); break;
-      case GgmlType::Q5_1: off[j] = h(reinterpret_cast<const ctx::BlockQ5_1*>(p)[b].m); break;
+      case GgmlType::Q4_0:
+        off[j] = 8 * h(reinterpret_cast<const ctx::BlockQ4_0*>(p)[b].d);
+        break;
+      case GgmlType::Q5_0:
+        off[j] = 16 * h(reinterpret_cast<const ctx::BlockQ5_0*>(p)[b].d);
+        break;
+      case GgmlType::Q4_1:
+        off[j] = h(reinterpret_cast<const ctx::BlockQ4_1*>(p)[b].m);
+        break;
+      case GgmlType::Q5_1:
+        off[j] = h(reinterpret_cast<const ctx::BlockQ5_1*>(p)[b].m);
+        break;
       case GgmlType::Q4_K:
       case GgmlType::Q5_K: {
         const bool q5 = w.type == GgmlType::Q5_K;
@@ -95,7 +103,8 @@ inline std::vector<double> offset_magnitudes(const Weight& w, int row) {
         off[j] = 32 * h(blk.d) * std::fabs(static_cast<double>(blk.scales[(j % 256) / 16]));
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
   return off;
@@ -123,8 +132,8 @@ inline double s_rounding_error(const Weight& w, int row, const ActQ8& x, int tok
   double err = 0;
   for (int b = 0; b < w.cols / 32; ++b) {
     const size_t blk = static_cast<size_t>(tok) * x.blocks() + b;
-    const uint16_t mh = w.type == GgmlType::Q4_1 ? reinterpret_cast<const ctx::BlockQ4_1*>(p)[b].m
-                                                 : reinterpret_cast<const ctx::BlockQ5_1*>(p)[b].m;
+    const uint16_t mh =
+        w.type == GgmlType::Q4_1 ? reinterpret_cast<const ctx::BlockQ4_1*>(p)[b].m : reinterpret_cast<const ctx::BlockQ5_1*>(p)[b].m;
     err += std::fabs(ctx::fp16_to_fp32(mh) * (static_cast<double>(x.s[blk]) - static_cast<double>(x.d[blk]) * x.isum[blk]));
   }
   return err;

@@ -53,7 +53,11 @@ Generation generate(Engine& e, const AttentionPolicy& policy, bool reclaim) {
   return r;
 }
 
-struct Case { const char* name; AttentionPolicy policy; int bound; };  // bound: KV rows per layer
+struct Case {
+  const char* name;
+  AttentionPolicy policy;
+  int bound;
+};  // bound: KV rows per layer
 
 std::vector<Case> cases() {
   const ModelConfig& m = tiny_model()->config();

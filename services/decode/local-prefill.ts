@@ -27,10 +27,21 @@ export interface Placement {
  * small part of the prompt (at most `maxFraction`: the rest is a session's), or when every call to
  * the prefill instances is taken (`poolFull`); else a prefill instance computes it.
  */
-export function placePrefill(o: { uncached: number; promptTokens: number; maxTokens: number; maxFraction: number; poolFull: boolean }): Placement {
-  if (o.uncached <= o.maxTokens) return { where: "local", cause: "short", reason: `${o.uncached} tokens to compute, at most ${o.maxTokens} are computed here` };
+export function placePrefill(o: {
+  uncached: number;
+  promptTokens: number;
+  maxTokens: number;
+  maxFraction: number;
+  poolFull: boolean;
+}): Placement {
+  if (o.uncached <= o.maxTokens)
+    return { where: "local", cause: "short", reason: `${o.uncached} tokens to compute, at most ${o.maxTokens} are computed here` };
   if (o.uncached <= o.maxFraction * o.promptTokens) {
-    return { where: "local", cause: "fraction", reason: `${o.uncached} of ${o.promptTokens} tokens to compute, at most ${Math.round(o.maxFraction * 100)}% are computed here` };
+    return {
+      where: "local",
+      cause: "fraction",
+      reason: `${o.uncached} of ${o.promptTokens} tokens to compute, at most ${Math.round(o.maxFraction * 100)}% are computed here`,
+    };
   }
   if (o.poolFull) return { where: "local", cause: "pool_full", reason: "every call to the prefill instances is taken" };
   return { where: "remote", cause: "long", reason: `${o.uncached} tokens to compute: a prefill instance computes them` };
@@ -50,12 +61,24 @@ export interface LocalPrompt {
  * registry row first (as a prefill would make it), its milestones, then the Handover. On failure
  * the sequence is released and the error thrown.
  */
-export async function prefillLocally(rt: Runtime, instanceId: string, compute: PromptCompute, p: LocalPrompt, signal: AbortSignal, log: Logger): Promise<Handover> {
+export async function prefillLocally(
+  rt: Runtime,
+  instanceId: string,
+  compute: PromptCompute,
+  p: LocalPrompt,
+  signal: AbortSignal,
+  log: Logger,
+): Promise<Handover> {
   const t0 = performance.now();
   const { tokens, sampling, policy } = p.plan;
   const requestId = namespacedRequestId(p.tenant, `req-${randomUUID()}`);
   try {
-    await rt.registry.requests.create({ id: requestId, sessionId: p.sessionId, promptTokens: tokens.length, prefillInstanceId: instanceId });
+    await rt.registry.requests.create({
+      id: requestId,
+      sessionId: p.sessionId,
+      promptTokens: tokens.length,
+      prefillInstanceId: instanceId,
+    });
     await rt.registry.requests.mark(requestId, { event: "prefill_start" });
     const logits = await compute(p.seq, tokens.slice(p.reused), signal);
     const firstToken = new Sampler(sampling).sample(logits);

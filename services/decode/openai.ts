@@ -9,7 +9,15 @@ import { newApp, type ServiceApp } from "../../shared/platform/http/app.ts";
 import { ApiError, errorResponses } from "../../shared/platform/http/errors.ts";
 import { requestTenant } from "../../shared/platform/http/tenant.ts";
 import { isJsonMediaType } from "../../shared/platform/http/json-depth.ts";
-import { CtxbankExtensionSchema, MAX_WIRE_MESSAGES, policyField, SamplingFields, SessionId, StopSchema, TokenIds } from "../../shared/platform/http/wire.ts";
+import {
+  CtxbankExtensionSchema,
+  MAX_WIRE_MESSAGES,
+  policyField,
+  SamplingFields,
+  SessionId,
+  StopSchema,
+  TokenIds,
+} from "../../shared/platform/http/wire.ts";
 import { MAX_TOKENS_DEFAULTS, SAMPLING_DEFAULTS } from "../../shared/inference/defaults.ts";
 import { MAX_TOP_K } from "../../shared/inference/engine/sampler.ts";
 import type { FinishReason } from "../../shared/inference/generate.ts";
@@ -28,12 +36,25 @@ const Common = {
     .int()
     .min(1)
     .nullish()
-    .openapi({ description: `Default ${MAX_TOKENS_DEFAULTS.completions} for completions, ${MAX_TOKENS_DEFAULTS.generate} for chat (less if the context is short)` }),
+    .openapi({
+      description: `Default ${MAX_TOKENS_DEFAULTS.completions} for completions, ${MAX_TOKENS_DEFAULTS.generate} for chat (less if the context is short)`,
+    }),
   ...SamplingFields,
   temperature: z.number().min(0).max(2).nullish().openapi({ default: SAMPLING_DEFAULTS.openai.temperature }),
   top_p: z.number().gt(0).max(1).nullish().openapi({ default: SAMPLING_DEFAULTS.openai.topP }),
-  top_k: z.number().int().min(0).max(MAX_TOP_K).nullish().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.openai.topK }),
-  seed: z.number().int().min(0).max(2 ** 32 - 1).nullish(),
+  top_k: z
+    .number()
+    .int()
+    .min(0)
+    .max(MAX_TOP_K)
+    .nullish()
+    .openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.openai.topK }),
+  seed: z
+    .number()
+    .int()
+    .min(0)
+    .max(2 ** 32 - 1)
+    .nullish(),
   stop: StopSchema.nullable(),
   stream: z.boolean().nullish(),
   stream_options: z.object({ include_usage: z.boolean().optional() }).nullish(),
@@ -46,10 +67,14 @@ const Common = {
   tool_choice: z.literal("none").nullish().openapi(unsupported('only "none" or null')),
   functions: z.array(z.unknown()).max(0).nullish().openapi(unsupported("only [] or null")),
   function_call: z.literal("none").nullish().openapi(unsupported('only "none" or null')),
-  response_format: z.strictObject({ type: z.literal("text") }).nullish().openapi(unsupported('only { type: "text" } or null')),
+  response_format: z
+    .strictObject({ type: z.literal("text") })
+    .nullish()
+    .openapi(unsupported('only { type: "text" } or null')),
   on_kv_failure: z.enum(["fail", "recompute"]).optional().openapi({ description: "extension: what to do when the KV cannot be loaded" }),
   session_id: SessionId.optional().openapi({
-    description: "extension: the conversation this request is a turn of (or the x-session-id header): its KV is kept, and the next turn computes only its new tokens",
+    description:
+      "extension: the conversation this request is a turn of (or the x-session-id header): its KV is kept, and the next turn computes only its new tokens",
   }),
   policy: policyField("extension: how decode attends (full, omnikv, scope, ...); default: the server's --policy"),
 };
@@ -70,7 +95,12 @@ const ChatRequest = z
     ...Common,
     max_completion_tokens: z.number().int().min(1).nullish(),
     messages: z
-      .array(z.object({ role: z.enum(["system", "developer", "user", "assistant"]), content: z.union([z.string(), z.array(ContentPart).max(1024)]) }))
+      .array(
+        z.object({
+          role: z.enum(["system", "developer", "user", "assistant"]),
+          content: z.union([z.string(), z.array(ContentPart).max(1024)]),
+        }),
+      )
       .min(1)
       .max(MAX_WIRE_MESSAGES),
     logprobs: z.literal(false).nullish(),
@@ -96,7 +126,12 @@ const ChatResponse = z
     created: z.number(),
     model: z.string(),
     choices: z.array(
-      z.object({ index: z.number(), message: z.object({ role: z.literal("assistant"), content: z.string() }), finish_reason: z.string().nullable(), logprobs: z.null() }),
+      z.object({
+        index: z.number(),
+        message: z.object({ role: z.literal("assistant"), content: z.string() }),
+        finish_reason: z.string().nullable(),
+        logprobs: z.null(),
+      }),
     ),
     usage: Usage,
     ctxbank: CtxbankExtensionSchema.openapi({ description: "extension: this request's timings and SLO verdicts" }),
@@ -122,7 +157,9 @@ const ModelList = z
 
 const stream = {
   "text/event-stream": {
-    schema: z.string().openapi({ description: "data: <chunk JSON> lines, then data: [DONE]; the last chunk before [DONE] carries `ctxbank` (CtxbankExtension)" }),
+    schema: z.string().openapi({
+      description: "data: <chunk JSON> lines, then data: [DONE]; the last chunk before [DONE] carries `ctxbank` (CtxbankExtension)",
+    }),
   },
 };
 const errors = errorResponses(400, 404, 409, 413, 429, 499, 500, 502, 503);
@@ -133,7 +170,10 @@ const completionsRoute = createRoute({
   tags: ["openai"],
   summary: "Text completion (OpenAI-compatible), disaggregated: prefill elsewhere, decode here",
   request: { body: { content: { "application/json": { schema: CompletionRequest } }, required: true } },
-  responses: { 200: { description: "Completion, or a stream of chunks", content: { "application/json": { schema: CompletionResponse }, ...stream } }, ...errors },
+  responses: {
+    200: { description: "Completion, or a stream of chunks", content: { "application/json": { schema: CompletionResponse }, ...stream } },
+    ...errors,
+  },
 });
 const chatRoute = createRoute({
   method: "post",
@@ -141,7 +181,10 @@ const chatRoute = createRoute({
   tags: ["openai"],
   summary: "Chat completion (OpenAI-compatible) with the model's chat template",
   request: { body: { content: { "application/json": { schema: ChatRequest } }, required: true } },
-  responses: { 200: { description: "Chat completion, or a stream of chunks", content: { "application/json": { schema: ChatResponse }, ...stream } }, ...errors },
+  responses: {
+    200: { description: "Chat completion, or a stream of chunks", content: { "application/json": { schema: ChatResponse }, ...stream } },
+    ...errors,
+  },
 });
 const modelsRoute = createRoute({
   method: "get",
@@ -159,7 +202,8 @@ function sessionOf(c: Context, b: Common): string | undefined {
   const header = c.req.header("x-session-id");
   if (header === undefined) return undefined;
   const parsed = SessionId.safeParse(header);
-  if (!parsed.success) throw new ApiError(400, "invalid_request", `x-session-id: ${parsed.error.issues[0]?.message ?? "invalid"}`, "x-session-id");
+  if (!parsed.success)
+    throw new ApiError(400, "invalid_request", `x-session-id: ${parsed.error.issues[0]?.message ?? "invalid"}`, "x-session-id");
   return parsed.data;
 }
 
@@ -183,7 +227,12 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
   const created = Math.floor(Date.now() / 1000);
   const checkModel = (model: string) => {
     if (![rt.modelId, `${rt.modelId}.gguf`, "default", "ctxbank"].includes(model)) {
-      throw new ApiError(404, "unknown_model", `model ${JSON.stringify(model)} is not served here; GET /v1/models lists ${JSON.stringify(rt.modelId)}`, "model");
+      throw new ApiError(
+        404,
+        "unknown_model",
+        `model ${JSON.stringify(model)} is not served here; GET /v1/models lists ${JSON.stringify(rt.modelId)}`,
+        "model",
+      );
     }
   };
   /** Default max tokens, capped so a short context still works when the client says nothing. */
@@ -191,17 +240,42 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
 
   const { info } = rt.engine.native;
   const kernels = info.device === "cpu" ? info.kernels : `cuda ${info.cudaKernels}`;
-  app.openapi(modelsRoute, (c) => c.json({ object: "list" as const, data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank", device: rt.engine.device, kernels }] }, 200));
+  app.openapi(modelsRoute, (c) =>
+    c.json(
+      {
+        object: "list" as const,
+        data: [{ id: rt.modelId, object: "model" as const, created, owned_by: "ctxbank", device: rt.engine.device, kernels }],
+      },
+      200,
+    ),
+  );
 
   app.openapi(completionsRoute, async (c) => {
     const b = c.req.valid("json");
     await reportIgnored(c, CompletionRequest.shape);
     checkModel(b.model);
     const p = b.prompt;
-    const prompt = typeof p === "string" ? { prompt: p } : typeof p[0] === "string" ? { prompt: p[0] } : Array.isArray(p[0]) ? { prompt_token_ids: p[0] } : { prompt_token_ids: p as number[] };
+    const prompt =
+      typeof p === "string"
+        ? { prompt: p }
+        : typeof p[0] === "string"
+          ? { prompt: p[0] }
+          : Array.isArray(p[0])
+            ? { prompt_token_ids: p[0] }
+            : { prompt_token_ids: p as number[] };
     checkPromptSize(rt, prompt); // here too, so an oversized prompt is not sent on to a prefill
     const ac = clientSignal(c);
-    const events = svc.complete(prompt, { ...options(b, b.max_tokens, room(MAX_TOKENS_DEFAULTS.completions)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c), session: sessionOf(c, b) }, ac.signal, c.get("log"));
+    const events = svc.complete(
+      prompt,
+      {
+        ...options(b, b.max_tokens, room(MAX_TOKENS_DEFAULTS.completions)),
+        arrivedAt: c.get("arrivedAt"),
+        tenant: requestTenant(c),
+        session: sessionOf(c, b),
+      },
+      ac.signal,
+      c.get("log"),
+    );
     const id = `cmpl-${crypto.randomUUID()}`;
     const base = { id, object: "text_completion" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -211,7 +285,15 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
       });
     }
     const { text, done } = await gather(events);
-    return c.json({ ...base, choices: [{ index: 0, text, finish_reason: openaiFinish(done.finish), logprobs: null }], usage: usage(done), ctxbank: done.ctxbank }, 200);
+    return c.json(
+      {
+        ...base,
+        choices: [{ index: 0, text, finish_reason: openaiFinish(done.finish), logprobs: null }],
+        usage: usage(done),
+        ctxbank: done.ctxbank,
+      },
+      200,
+    );
   });
 
   app.openapi(chatRoute, async (c) => {
@@ -224,7 +306,17 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     }));
     checkPromptSize(rt, { messages });
     const ac = clientSignal(c);
-    const events = svc.complete({ messages }, { ...options(b, b.max_completion_tokens ?? b.max_tokens, room(MAX_TOKENS_DEFAULTS.generate)), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c), session: sessionOf(c, b) }, ac.signal, c.get("log"));
+    const events = svc.complete(
+      { messages },
+      {
+        ...options(b, b.max_completion_tokens ?? b.max_tokens, room(MAX_TOKENS_DEFAULTS.generate)),
+        arrivedAt: c.get("arrivedAt"),
+        tenant: requestTenant(c),
+        session: sessionOf(c, b),
+      },
+      ac.signal,
+      c.get("log"),
+    );
     const id = `chatcmpl-${crypto.randomUUID()}`;
     const base = { id, object: "chat.completion.chunk" as const, created: now(), model: rt.modelId };
     if (b.stream) {
@@ -243,7 +335,9 @@ export function openaiRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
       {
         ...base,
         object: "chat.completion" as const,
-        choices: [{ index: 0, message: { role: "assistant" as const, content: text }, finish_reason: openaiFinish(done.finish), logprobs: null }],
+        choices: [
+          { index: 0, message: { role: "assistant" as const, content: text }, finish_reason: openaiFinish(done.finish), logprobs: null },
+        ],
         usage: usage(done),
         ctxbank: done.ctxbank,
       },
@@ -272,7 +366,11 @@ async function reportIgnored(c: Context, shape: Record<string, unknown>): Promis
 
 const now = () => Math.floor(Date.now() / 1000);
 type Done = Extract<DecodeEvent, { type: "done" }>;
-const usage = (d: Done) => ({ prompt_tokens: d.promptTokens, completion_tokens: d.completionTokens, total_tokens: d.promptTokens + d.completionTokens });
+const usage = (d: Done) => ({
+  prompt_tokens: d.promptTokens,
+  completion_tokens: d.completionTokens,
+  total_tokens: d.promptTokens + d.completionTokens,
+});
 
 async function gather(events: AsyncGenerator<DecodeEvent>): Promise<{ text: string; done: Done }> {
   const all = await collect(events);
@@ -296,7 +394,9 @@ function respondStream(c: Context, ac: AbortController, events: AsyncGenerator<D
     async event(s, ev) {
       if (ev.type === "token") {
         // The first chunk says which policy runs (every default and budget written in).
-        await s.writeSSE({ data: JSON.stringify({ ...make.chunk(ev.text, null), ...(ev.policy ? { ctxbank: { policy: ev.policy } } : {}) }) });
+        await s.writeSSE({
+          data: JSON.stringify({ ...make.chunk(ev.text, null), ...(ev.policy ? { ctxbank: { policy: ev.policy } } : {}) }),
+        });
         return;
       }
       const ext = { ctxbank: ev.ctxbank };

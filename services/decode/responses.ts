@@ -34,14 +34,20 @@ const ResponseRequest = z
     input: z.union([z.string(), z.array(InputMessage).min(1).max(MAX_WIRE_MESSAGES)]),
     instructions: z.string().nullish().openapi({ description: "A system message for this turn (not carried to the next, as OpenAI's)" }),
     previous_response_id: z.string().min(1).max(128).nullish(),
-    store: z.boolean().nullish().openapi({ description: "Keep this turn (and its KV, as the chain's session) for a next turn; default true" }),
+    store: z
+      .boolean()
+      .nullish()
+      .openapi({ description: "Keep this turn (and its KV, as the chain's session) for a next turn; default true" }),
     max_output_tokens: z.number().int().min(1).nullish(),
     temperature: z.number().min(0).max(2).nullish(),
     top_p: z.number().gt(0).max(1).nullish(),
     stream: z.literal(false).nullish().openapi(unsupported("streaming: only false or absent")),
     tools: z.array(z.unknown()).max(0).nullish().openapi(unsupported("only [] or null")),
     tool_choice: z.literal("none").nullish().openapi(unsupported('only "none" or null')),
-    text: z.object({ format: z.object({ type: z.literal("text") }) }).nullish().openapi(unsupported('only { format: { type: "text" } }')),
+    text: z
+      .object({ format: z.object({ type: z.literal("text") }) })
+      .nullish()
+      .openapi(unsupported('only { format: { type: "text" } }')),
     reasoning: z.null().optional(),
     metadata: z.record(z.string(), z.string().max(512)).nullish(),
     user: z.string().optional(),
@@ -64,7 +70,13 @@ const ResponseObject = z
         id: z.string(),
         status: z.literal("completed"),
         role: z.literal("assistant"),
-        content: z.array(z.object({ type: z.literal("output_text"), text: z.string(), annotations: z.array(z.string()).max(0).openapi({ description: "always empty" }) })),
+        content: z.array(
+          z.object({
+            type: z.literal("output_text"),
+            text: z.string(),
+            annotations: z.array(z.string()).max(0).openapi({ description: "always empty" }),
+          }),
+        ),
       }),
     ),
     output_text: z.string(),
@@ -106,20 +118,30 @@ const deleteRouteDef = createRoute({
   summary: "Deletes a stored response (and ends its chain's session when it was the last turn)",
   request: { params: IdParam },
   responses: {
-    200: { description: "Deleted", content: { "application/json": { schema: z.object({ id: z.string(), object: z.literal("response.deleted"), deleted: z.boolean() }) } } },
+    200: {
+      description: "Deleted",
+      content: {
+        "application/json": { schema: z.object({ id: z.string(), object: z.literal("response.deleted"), deleted: z.boolean() }) },
+      },
+    },
     ...errorResponses(404),
   },
 });
 
 /** The text of a message's content (parts joined). */
-const textOf = (content: z.infer<typeof InputMessage>["content"]) => (typeof content === "string" ? content : content.map((p) => p.text).join(""));
+const textOf = (content: z.infer<typeof InputMessage>["content"]) =>
+  typeof content === "string" ? content : content.map((p) => p.text).join("");
 const roleOf = (role: z.infer<typeof InputMessage>["role"]): ChatMessage["role"] => (role === "developer" ? "system" : role);
 
 /** A key's ids are namespaced in the registry (`<key>:<id>`), as request ids are; the client sees the id alone. */
 const stored = (tenant: string, id: string) => `${tenant}:${id}`;
-const unknownResponse = (id: string) => new ApiError(404, "unknown_response", `no stored response ${JSON.stringify(id.slice(0, 128))}`, "previous_response_id");
+const unknownResponse = (id: string) =>
+  new ApiError(404, "unknown_response", `no stored response ${JSON.stringify(id.slice(0, 128))}`, "previous_response_id");
 
-function responseObject(row: Pick<ResponseRow, "outputText" | "inputTokens" | "outputTokens" | "model" | "createdAt">, o: { id: string; previousId: string | null; instructions: string | null; cached: number; incomplete: boolean; store: boolean }) {
+function responseObject(
+  row: Pick<ResponseRow, "outputText" | "inputTokens" | "outputTokens" | "model" | "createdAt">,
+  o: { id: string; previousId: string | null; instructions: string | null; cached: number; incomplete: boolean; store: boolean },
+) {
   return {
     id: o.id,
     object: "response" as const,
@@ -129,7 +151,15 @@ function responseObject(row: Pick<ResponseRow, "outputText" | "inputTokens" | "o
     model: row.model,
     previous_response_id: o.previousId,
     instructions: o.instructions,
-    output: [{ type: "message" as const, id: `msg_${o.id.slice(5)}`, status: "completed" as const, role: "assistant" as const, content: [{ type: "output_text" as const, text: row.outputText, annotations: [] as string[] }] }],
+    output: [
+      {
+        type: "message" as const,
+        id: `msg_${o.id.slice(5)}`,
+        status: "completed" as const,
+        role: "assistant" as const,
+        content: [{ type: "output_text" as const, text: row.outputText, annotations: [] as string[] }],
+      },
+    ],
     output_text: row.outputText,
     usage: {
       input_tokens: row.inputTokens,
@@ -150,11 +180,18 @@ export function responsesRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
   app.openapi(createRouteDef, async (c) => {
     const b = c.req.valid("json");
     if (![rt.modelId, `${rt.modelId}.gguf`, "default", "ctxbank"].includes(b.model)) {
-      throw new ApiError(404, "unknown_model", `model ${JSON.stringify(b.model)} is not served here; GET /v1/models lists ${JSON.stringify(rt.modelId)}`, "model");
+      throw new ApiError(
+        404,
+        "unknown_model",
+        `model ${JSON.stringify(b.model)} is not served here; GET /v1/models lists ${JSON.stringify(rt.modelId)}`,
+        "model",
+      );
     }
     const tenant = requestTenant(c);
     const turn: ChatMessage[] =
-      typeof b.input === "string" ? [{ role: "user", content: b.input }] : b.input.map((m) => ({ role: roleOf(m.role), content: textOf(m.content) }));
+      typeof b.input === "string"
+        ? [{ role: "user", content: b.input }]
+        : b.input.map((m) => ({ role: roleOf(m.role), content: textOf(m.content) }));
     // The conversation so far: every stored turn's input and output, oldest first.
     let history: ChatMessage[] = [];
     let sessionId: string | undefined;
@@ -162,10 +199,17 @@ export function responsesRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     if (previousId) {
       const chain = await registry.responses.chain(stored(tenant, previousId), tenant);
       if (!chain) throw unknownResponse(previousId);
-      history = chain.flatMap((r) => [...r.input.map((m) => ({ role: m.role as ChatMessage["role"], content: m.content })), { role: "assistant" as const, content: r.outputText }]);
+      history = chain.flatMap((r) => [
+        ...r.input.map((m) => ({ role: m.role as ChatMessage["role"], content: m.content })),
+        { role: "assistant" as const, content: r.outputText },
+      ]);
       sessionId = chain[0]!.sessionId.slice(tenant.length + 1);
     }
-    const messages: ChatMessage[] = [...(b.instructions ? [{ role: "system" as const, content: b.instructions }] : []), ...history, ...turn];
+    const messages: ChatMessage[] = [
+      ...(b.instructions ? [{ role: "system" as const, content: b.instructions }] : []),
+      ...history,
+      ...turn,
+    ];
     checkPromptSize(rt, { messages });
     const id = `resp_${crypto.randomUUID().replaceAll("-", "")}`;
     const store = b.store ?? true;
@@ -188,7 +232,13 @@ export function responsesRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
     const done = all.at(-1) as Extract<DecodeEvent, { type: "done" }> | undefined;
     if (done?.type !== "done") throw new ApiError(500, "internal_error", "the generation ended without a result");
     const outputText = all.map((e) => (e.type === "token" ? e.text : "")).join("");
-    const row = { outputText, inputTokens: done.promptTokens, outputTokens: done.completionTokens, model: rt.modelId, createdAt: new Date() };
+    const row = {
+      outputText,
+      inputTokens: done.promptTokens,
+      outputTokens: done.completionTokens,
+      model: rt.modelId,
+      createdAt: new Date(),
+    };
     if (store) {
       await registry.responses.create({
         ...row,
@@ -201,7 +251,10 @@ export function responsesRoutes(rt: Runtime, svc: DecodeService): ServiceApp {
       });
     }
     const cached = done.ctxbank.session?.reused_tokens ?? 0;
-    return c.json(responseObject(row, { id, previousId, instructions: b.instructions ?? null, cached, incomplete: done.finish === "length", store }), 200);
+    return c.json(
+      responseObject(row, { id, previousId, instructions: b.instructions ?? null, cached, incomplete: done.finish === "length", store }),
+      200,
+    );
   });
 
   app.openapi(getRouteDef, async (c) => {

@@ -50,12 +50,21 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
   app.openapi(decodeRoute, async (c) => {
     const body = c.req.valid("json");
     const ac = clientSignal(c);
-    const events = svc.decode(body.handle, { ...decodeOptions(body), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) }, ac.signal, c.get("log"));
+    const events = svc.decode(
+      body.handle,
+      { ...decodeOptions(body), arrivedAt: c.get("arrivedAt"), tenant: requestTenant(c) },
+      ac.signal,
+      c.get("log"),
+    );
     if (body.stream) {
       return sse(c, ac, events, {
         event: (s, ev) =>
           ev.type === "token"
-            ? s.writeSSE({ event: "token", id: String(ev.index), data: JSON.stringify({ index: ev.index, id: ev.id, text: ev.text, ...(ev.policy ? { policy: ev.policy } : {}) }) })
+            ? s.writeSSE({
+                event: "token",
+                id: String(ev.index),
+                data: JSON.stringify({ index: ev.index, id: ev.id, text: ev.text, ...(ev.policy ? { policy: ev.policy } : {}) }),
+              })
             : s.writeSSE({ event: "done", data: JSON.stringify(result(ev, "")) }),
         error: (s, e) => s.writeSSE({ event: "error", data: JSON.stringify(errorJson(e)) }),
       }) as never;

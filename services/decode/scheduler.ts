@@ -105,7 +105,10 @@ export class DecodeScheduler {
     if (this.admitted >= maxBatch + maxQueue) {
       this.rejected++;
       const retry = this.drain.retryAfterSeconds(this.admitted - (maxBatch + maxQueue) + 1);
-      throw queueFull(`decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry in ${retry} s`, retry);
+      throw queueFull(
+        `decode is full: ${this.admitted} requests admitted (batch ${maxBatch} + queue ${maxQueue}); retry in ${retry} s`,
+        retry,
+      );
     }
   }
 
@@ -114,11 +117,14 @@ export class DecodeScheduler {
     const { kvBudgetBytes } = this.options;
     this.checkPlace();
     if (this.reservedBytes + bytes > kvBudgetBytes) {
-      throw retryAfter(this.drain.retryAfterSeconds(1), new ApiError(
-        429,
-        "kv_memory_full",
-        `not enough KV memory: this request needs ${bytes} bytes, ${kvBudgetBytes - this.reservedBytes} of ${kvBudgetBytes} are free; retry later or ask for fewer tokens`,
-      ));
+      throw retryAfter(
+        this.drain.retryAfterSeconds(1),
+        new ApiError(
+          429,
+          "kv_memory_full",
+          `not enough KV memory: this request needs ${bytes} bytes, ${kvBudgetBytes - this.reservedBytes} of ${kvBudgetBytes} are free; retry later or ask for fewer tokens`,
+        ),
+      );
     }
     this.admitted++;
     this.reservedBytes += bytes;
@@ -337,7 +343,12 @@ export class DecodeScheduler {
     const nVocab = this.engine.model.config.nVocab;
     const items: ForwardItem[] = batch.map((s) => ({ seq: s.seq, tokens: Int32Array.of(s.last), logits: new Float32Array(nVocab) }));
     // Only a prompt's last chunk needs logits (the next token's).
-    for (const { job, n } of chunks) items.push({ seq: job.seq, tokens: job.tokens.subarray(job.done, job.done + n), ...(job.done + n === job.tokens.length ? { logits: job.logits } : {}) });
+    for (const { job, n } of chunks)
+      items.push({
+        seq: job.seq,
+        tokens: job.tokens.subarray(job.done, job.done + n),
+        ...(job.done + n === job.tokens.length ? { logits: job.logits } : {}),
+      });
     const prefillTokens = chunks.reduce((sum, c) => sum + c.n, 0);
     batch.forEach((s) => this.inStep.add(s));
     const t0 = performance.now();

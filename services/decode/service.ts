@@ -21,7 +21,16 @@ import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
-import { KvLoadError, openReader, type Handle, type Handover, type HandoffReader, type InProcessPrefill, type KvSummary, type OwnRequest } from "../handoff/index.ts";
+import {
+  KvLoadError,
+  openReader,
+  type Handle,
+  type Handover,
+  type HandoffReader,
+  type InProcessPrefill,
+  type KvSummary,
+  type OwnRequest,
+} from "../handoff/index.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
 import { SessionDisk } from "../sessions/session-disk.ts";
 import { SessionStore } from "../sessions/session-store.ts";
@@ -109,8 +118,17 @@ export class DecodeService {
     inProcess?: InProcessPrefill,
   ) {
     const c = rt.config;
-    this.scheduler = new DecodeScheduler(rt.engine, { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE }, rt.log);
-    this.handoff = openReader(rt, { metrics, auth, compute: (seq, tokens, signal) => this.scheduler.prefill(seq, tokens, signal), inProcess });
+    this.scheduler = new DecodeScheduler(
+      rt.engine,
+      { maxBatch: c.maxBatch, maxQueue: c.maxQueue, kvBudgetBytes: c.kvBudgetBytes, tpotTargetMs: c.sloTpotMs * TPOT_PACE },
+      rt.log,
+    );
+    this.handoff = openReader(rt, {
+      metrics,
+      auth,
+      compute: (seq, tokens, signal) => this.scheduler.prefill(seq, tokens, signal),
+      inProcess,
+    });
     this.outcomes = new RequestOutcomes(rt);
     this.colocated = inProcess !== undefined;
     const m = rt.model.config;
@@ -121,7 +139,9 @@ export class DecodeService {
             createSequence: (capacity) => rt.engine.createSequence(capacity),
             kvBytesPerToken: m.kvBytesPerToken,
             nLayer: m.nLayer,
-            disk: c.sessionDir ? new SessionDisk(c.sessionDir, c.sessionDiskBytes, kvShape(m), rt.model.fingerprint, c.blockTokens) : undefined,
+            disk: c.sessionDir
+              ? new SessionDisk(c.sessionDir, c.sessionDiskBytes, kvShape(m), rt.model.fingerprint, c.blockTokens)
+              : undefined,
           })
         : undefined;
     if (this.sessions) {
@@ -171,7 +191,14 @@ export class DecodeService {
 
   status() {
     const { kv_loads, prefill_calls, recomputed, in_process } = this.handoff.status();
-    return { state: this.state, requests_in_flight: this.requestsInFlight, ...this.scheduler.status(), kv_loads, prefill_calls, totals: { ...this.totals, recomputed, in_process } };
+    return {
+      state: this.state,
+      requests_in_flight: this.requestsInFlight,
+      ...this.scheduler.status(),
+      kv_loads,
+      prefill_calls,
+      totals: { ...this.totals, recomputed, in_process },
+    };
   }
 
   private assertReady(): void {
@@ -198,7 +225,12 @@ export class DecodeService {
     }
   }
 
-  private async *completeTurn(prompt: Omit<PrefillRequest, "max_tokens">, opts: DecodeOptions, signal: AbortSignal, log: Logger): AsyncGenerator<DecodeEvent> {
+  private async *completeTurn(
+    prompt: Omit<PrefillRequest, "max_tokens">,
+    opts: DecodeOptions,
+    signal: AbortSignal,
+    log: Logger,
+  ): AsyncGenerator<DecodeEvent> {
     const t0 = opts.arrivedAt ?? performance.now();
     let handover: Handover;
     let turn: TurnPlan;
@@ -228,7 +260,14 @@ export class DecodeService {
         },
       };
       handover = turn.local
-        ? await prefillLocally(this.rt, this.instanceId, (seq, tokens, sig) => this.scheduler.prefill(seq, tokens, sig), turn.local, signal, log)
+        ? await prefillLocally(
+            this.rt,
+            this.instanceId,
+            (seq, tokens, sig) => this.scheduler.prefill(seq, tokens, sig),
+            turn.local,
+            signal,
+            log,
+          )
         : await this.handoff.prefill(body, own, signal, log);
     } catch (e) {
       const err = kvLoadFailed(e);
@@ -248,7 +287,11 @@ export class DecodeService {
     const c = this.rt.config;
     const sessionId = this.sessions && opts.session ? opts.session : undefined;
     if (!sessionId && (this.colocated || c.localPrefillTokens === 0)) {
-      return { placement: this.colocated ? { where: "in_process", cause: "colocated", reason: "prefill and decode run in this process" } : { where: "remote", cause: "off", reason: "local prefill is off" } };
+      return {
+        placement: this.colocated
+          ? { where: "in_process", cause: "colocated", reason: "prefill and decode run in this process" }
+          : { where: "remote", cause: "off", reason: "local prefill is off" },
+      };
     }
     const chat = body.messages !== undefined;
     const sampling = checkBeforeWork(this.rt, body);
@@ -257,15 +300,26 @@ export class DecodeService {
     const maxTokens = this.maxTokensFor(tokens.length, opts);
     // A parked sequence continues under full attention only: a sparse policy's state (selections,
     // prompt pools) was built for the old prompt, so such a turn computes its prompt afresh.
-    const resumed = sessionId && policyKind(body.policy ?? c.policy) === "full" ? await this.sessions!.resume(tenant, sessionId, tokens, tokens.length + maxTokens) : undefined;
+    const resumed =
+      sessionId && policyKind(body.policy ?? c.policy) === "full"
+        ? await this.sessions!.resume(tenant, sessionId, tokens, tokens.length + maxTokens)
+        : undefined;
     const reused = resumed?.reused ?? 0;
-    const session = sessionId ? { id: sessionId, reused, turns: resumed?.turns ?? 0, tokens, roundStarts: roundStarts ?? [0], messages: promptMessages(body) } : undefined;
+    const session = sessionId
+      ? { id: sessionId, reused, turns: resumed?.turns ?? 0, tokens, roundStarts: roundStarts ?? [0], messages: promptMessages(body) }
+      : undefined;
     const calls = this.handoff.prefillCalls;
     const placement: Placement = this.colocated
       ? resumed
         ? { where: "local", cause: "session", reason: `the session holds ${reused} of the prompt's ${tokens.length} tokens` }
         : { where: "in_process", cause: "colocated", reason: "prefill and decode run in this process" }
-      : placePrefill({ uncached: tokens.length - reused, promptTokens: tokens.length, maxTokens: c.localPrefillTokens, maxFraction: c.localPrefillFraction, poolFull: calls.running >= calls.options.limit });
+      : placePrefill({
+          uncached: tokens.length - reused,
+          promptTokens: tokens.length,
+          maxTokens: c.localPrefillTokens,
+          maxFraction: c.localPrefillFraction,
+          poolFull: calls.running >= calls.options.limit,
+        });
     if (placement.where !== "local") {
       resumed?.seq.release(); // the prompt is computed elsewhere; this turn parks its own sequence
       const plan = placement.where === "in_process" ? { plan: planPrompt(this.rt, body, prompt, sampling) } : {};
@@ -296,9 +350,19 @@ export class DecodeService {
    * client's handle is decoded under the policy its request names, else the handle's, resolved
    * for this decode's own length (SCOPE's planned output is its max_tokens).
    */
-  private decodePolicy(prefilled: Pick<Handle, "prompt_tokens" | "policy" | "resolved_policy">, opts: DecodeOptions, owned: boolean, maxTokens: number): ResolvedPolicy {
+  private decodePolicy(
+    prefilled: Pick<Handle, "prompt_tokens" | "policy" | "resolved_policy">,
+    opts: DecodeOptions,
+    owned: boolean,
+    maxTokens: number,
+  ): ResolvedPolicy {
     if (owned && prefilled.resolved_policy) return policyFromWire(prefilled.resolved_policy);
-    return resolveRequestPolicy(this.rt, owned ? prefilled.policy ?? opts.policy : opts.policy ?? prefilled.policy, prefilled.prompt_tokens, maxTokens);
+    return resolveRequestPolicy(
+      this.rt,
+      owned ? (prefilled.policy ?? opts.policy) : (opts.policy ?? prefilled.policy),
+      prefilled.prompt_tokens,
+      maxTokens,
+    );
   }
 
   /** The answer's length for a prompt of `promptTokens`: max_tokens or the default, checked against the context. */
@@ -312,7 +376,13 @@ export class DecodeService {
    * Decodes a prompt handed over. `owned`: it came from our own prefill call, so on any failure its
    * chunks are released; a client's handle is left alone when it was not ours to take (404/409/429).
    */
-  private async *run(handover: Handover, opts: DecodeOptions, outer: AbortSignal, log: Logger, how: { owned?: boolean; t0?: number; turn?: TurnPlan } = {}): AsyncGenerator<DecodeEvent> {
+  private async *run(
+    handover: Handover,
+    opts: DecodeOptions,
+    outer: AbortSignal,
+    log: Logger,
+    how: { owned?: boolean; t0?: number; turn?: TurnPlan } = {},
+  ): AsyncGenerator<DecodeEvent> {
     const { model } = this.rt;
     const handle = handover.handle;
     const t0 = how.t0 ?? opts.arrivedAt ?? performance.now();
@@ -335,7 +405,12 @@ export class DecodeService {
     try {
       this.assertReady();
       if (handle.model_fingerprint !== model.fingerprint) {
-        throw new ApiError(400, "model_mismatch", `the handle was made by model ${handle.model_fingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`, "handle.model_fingerprint");
+        throw new ApiError(
+          400,
+          "model_mismatch",
+          `the handle was made by model ${handle.model_fingerprint.slice(0, 12)}…, this decode runs ${model.fingerprint.slice(0, 12)}…`,
+          "handle.model_fingerprint",
+        );
       }
       if (handle.prompt_token_ids.length !== handle.prompt_tokens) {
         throw new ApiError(400, "invalid_request", "handle.prompt_token_ids must hold prompt_tokens ids", "handle.prompt_token_ids");
@@ -346,7 +421,12 @@ export class DecodeService {
       checkTokenIds(handle.prompt_token_ids, model.config.nVocab, "handle.prompt_token_ids");
       const nFirst = Math.min(model.config.nVocab, this.rt.tokenizer.vocabSize); // it is detokenized too
       if (handle.first_token >= nFirst) {
-        throw new ApiError(400, "invalid_request", `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`, "handle.first_token");
+        throw new ApiError(
+          400,
+          "invalid_request",
+          `handle.first_token = ${handle.first_token} is not a token id in [0, ${nFirst})`,
+          "handle.first_token",
+        );
       }
       // The policy the handed-over sequence runs already (set before the prompt in process, at the
       // start of a streamed load), else the one decodePolicy picks.
@@ -449,8 +529,16 @@ export class DecodeService {
       if (seq) this.scheduler.release(seq);
       reservation?.release();
       this.totals[outcome]++;
-      if (claimed) await this.outcomes.record(requestId, { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 }, log);
-      log.info({ requestId, outcome, handoff: handover.path, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) }, "decode finished");
+      if (claimed)
+        await this.outcomes.record(
+          requestId,
+          { state: outcome, ...(errorText ? { error: errorText.slice(0, 4000) } : {}), outputTokens: text?.count ?? 0 },
+          log,
+        );
+      log.info(
+        { requestId, outcome, handoff: handover.path, tokens: text?.count ?? 0, ms: Math.round(performance.now() - t0) },
+        "decode finished",
+      );
     }
   }
 
@@ -459,7 +547,14 @@ export class DecodeService {
    * answer but its last token (sampled, never fed). The registry learns where the session is (the
    * router sends its next turn here).
    */
-  private async park(tenant: string, session: NonNullable<TurnPlan["session"]>, seq: NativeSequence, prompt: readonly number[], answer: TokenTextStream, log: Logger): Promise<void> {
+  private async park(
+    tenant: string,
+    session: NonNullable<TurnPlan["session"]>,
+    seq: NativeSequence,
+    prompt: readonly number[],
+    answer: TokenTextStream,
+    log: Logger,
+  ): Promise<void> {
     const tokens = [...prompt, ...answer.ids].slice(0, seq.nPast);
     const roundStarts = [...session.roundStarts, prompt.length].filter((s, i, all) => s < tokens.length && (i === 0 || s > all[i - 1]!));
     try {
@@ -493,7 +588,12 @@ export class DecodeService {
     if (!row) throw unknownHandle(requestId);
     if (row.state === "failed" && row.firstTokenAt === null && row.decodeInstanceId === null && row.prefillEndAt !== null) {
       // The sweep ended it: nobody took the handle while its chunks were kept.
-      throw new ApiError(409, "handle_expired", `request ${requestId} was never decoded and has expired (${row.error ?? "abandoned"})`, "handle.request_id");
+      throw new ApiError(
+        409,
+        "handle_expired",
+        `request ${requestId} was never decoded and has expired (${row.error ?? "abandoned"})`,
+        "handle.request_id",
+      );
     }
     const why = (OPEN as readonly string[]).includes(row.state) ? "is already being decoded" : `already ended (${row.state})`;
     throw new ApiError(409, "handle_released", `request ${requestId} ${why}; a handle is decoded once`, "handle.request_id");
@@ -501,12 +601,10 @@ export class DecodeService {
 
   /** Records this decode on a request it started itself (a failure only costs the sweep's help). */
   private adopt(requestId: string, log: Logger): Promise<void> {
-    return this.rt.registry.requests
-      .recordDecoder(requestId, this.instanceId)
-      .then(
-        () => undefined,
-        (err: unknown) => log.warn({ err }, "could not record the decode on its request"),
-      );
+    return this.rt.registry.requests.recordDecoder(requestId, this.instanceId).then(
+      () => undefined,
+      (err: unknown) => log.warn({ err }, "could not record the decode on its request"),
+    );
   }
 
   /** Graceful stop, part one: refuse new work and let running generations finish. */
@@ -534,11 +632,23 @@ export class DecodeService {
 /** A KV load that failed, as the request's answer (on_kv_failure: fail); any other failure as it is. */
 function kvLoadFailed(e: unknown): unknown {
   if (e instanceof ApiError || !(e instanceof KvLoadError)) return e;
-  return new ApiError(502, "kv_load_failed", `${e.message}. Retry, or set on_kv_failure: "recompute" to prefill locally`, null, { reason: e.reason }, { cause: e });
+  return new ApiError(
+    502,
+    "kv_load_failed",
+    `${e.message}. Retry, or set on_kv_failure: "recompute" to prefill locally`,
+    null,
+    { reason: e.reason },
+    { cause: e },
+  );
 }
 
 function unknownHandle(requestId: string): ApiError {
-  return new ApiError(404, "unknown_handle", `no request ${requestId}: the handle is unknown (or its prefill never finished)`, "handle.request_id");
+  return new ApiError(
+    404,
+    "unknown_handle",
+    `no request ${requestId}: the handle is unknown (or its prefill never finished)`,
+    "handle.request_id",
+  );
 }
 
 /** The decode's sampler, continuing the one that sampled the handle's first token. */

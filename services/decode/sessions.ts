@@ -8,7 +8,6 @@ import { SessionId } from "../../shared/platform/http/wire.ts";
 import type { Runtime } from "../runtime.ts";
 import type { DecodeService } from "./service.ts";
 
-
 const SessionSchema = z
   .object({
     id: z.string(),
@@ -31,7 +30,10 @@ const getRoute = createRoute({
   tags: ["decode"],
   summary: "A conversation kept between turns: its size, tier and rounds",
   request: { params: IdParam },
-  responses: { 200: { description: "The session", content: { "application/json": { schema: SessionSchema } } }, ...errorResponses(400, 404) },
+  responses: {
+    200: { description: "The session", content: { "application/json": { schema: SessionSchema } } },
+    ...errorResponses(400, 404),
+  },
 });
 const deleteRoute = createRoute({
   method: "delete",
@@ -40,7 +42,10 @@ const deleteRoute = createRoute({
   summary: "Ends a conversation: its KV is freed; its next turn computes the whole prompt",
   request: { params: IdParam },
   responses: {
-    200: { description: "Ended", content: { "application/json": { schema: z.object({ id: z.string(), object: z.literal("session.deleted"), deleted: z.boolean() }) } } },
+    200: {
+      description: "Ended",
+      content: { "application/json": { schema: z.object({ id: z.string(), object: z.literal("session.deleted"), deleted: z.boolean() }) } },
+    },
     ...errorResponses(400, 404),
   },
 });

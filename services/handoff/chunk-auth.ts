@@ -19,7 +19,9 @@ export function chunkReadAuth(auth: InternalAuth, registry: Registry): Middlewar
     const token = bearer(c);
     const cap = token === undefined ? undefined : auth.verify(token);
     if (!cap) {
-      throw withHeaders(new ApiError(401, "unauthorized", "chunk reads need a capability from the decode that leased the chunk"), { "www-authenticate": 'Bearer realm="ctxbank-internal"' });
+      throw withHeaders(new ApiError(401, "unauthorized", "chunk reads need a capability from the decode that leased the chunk"), {
+        "www-authenticate": 'Bearer realm="ctxbank-internal"',
+      });
     }
     // Mounted on /v1/chunks/*, so the route's params are not parsed yet: read them from the path.
     const m = /^\/v1\/chunks\/([^/]+)\/([^/]+)$/.exec(c.req.path);
@@ -45,9 +47,20 @@ export function chunkReadAuth(auth: InternalAuth, registry: Registry): Middlewar
       ownsRequest(cap.tenant, cap.request);
     const leased =
       exact &&
-      (await registry.chunks.isLeasedRead({ chunkId: cap.chunk, requestId: cap.request, shardId, epoch: cap.epoch, offset: cap.offset, length: cap.length }));
+      (await registry.chunks.isLeasedRead({
+        chunkId: cap.chunk,
+        requestId: cap.request,
+        shardId,
+        epoch: cap.epoch,
+        offset: cap.offset,
+        length: cap.length,
+      }));
     if (!leased) {
-      throw new ApiError(403, "forbidden", "the capability does not allow this read: not exactly a chunk its request holds a live read lease on");
+      throw new ApiError(
+        403,
+        "forbidden",
+        "the capability does not allow this read: not exactly a chunk its request holds a live read lease on",
+      );
     }
     c.set("tenant", cap.tenant);
     return next();

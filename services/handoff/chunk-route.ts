@@ -18,7 +18,10 @@ export interface InPlaceChunkSource extends ChunkSource {
   view(offset: number, length: number): Uint8Array;
 }
 
-export function fastChunkRoutes(lookup: (shardId: string) => InPlaceChunkSource | undefined, options: ChunkRoutesOptions = {}): Hono<{ Bindings: Partial<HttpBindings> }> {
+export function fastChunkRoutes(
+  lookup: (shardId: string) => InPlaceChunkSource | undefined,
+  options: ChunkRoutesOptions = {},
+): Hono<{ Bindings: Partial<HttpBindings> }> {
   const maxLength = options.maxLength ?? 1 << 30;
   const shared = chunkRoutes(lookup, { ...options, maxLength });
   const app = new Hono<{ Bindings: Partial<HttpBindings> }>();

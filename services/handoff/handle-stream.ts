@@ -10,7 +10,13 @@ import { ApiError } from "../../shared/platform/http/errors.ts";
 import { HandleSchema, type Handle } from "../../shared/platform/http/wire.ts";
 import type { WriteResult } from "./writer.ts";
 
-export const HandleStartSchema = HandleSchema.omit({ first_token: true, chunk_ids: true, prefill_ms: true, queue_ms: true, expires_at: true })
+export const HandleStartSchema = HandleSchema.omit({
+  first_token: true,
+  chunk_ids: true,
+  prefill_ms: true,
+  queue_ms: true,
+  expires_at: true,
+})
   .extend({ total_chunks: z.number().int().min(1).openapi({ description: "Chunks the prefill will announce (ids may repeat)" }) })
   .openapi("HandleStart");
 export type HandleStart = z.infer<typeof HandleStartSchema>;
@@ -19,7 +25,9 @@ export const HandleLineSchema = z.union([
   z.object({ started: HandleStartSchema }).strict(),
   z.object({ chunk: z.uuid() }).strict(),
   z.object({ handle: HandleSchema }).strict(),
-  z.object({ error: z.object({ status: z.number().int().min(400).max(599), code: z.string().max(64), message: z.string().max(4000) }) }).strict(),
+  z
+    .object({ error: z.object({ status: z.number().int().min(400).max(599), code: z.string().max(64), message: z.string().max(4000) }) })
+    .strict(),
 ]);
 export type HandleLine = z.infer<typeof HandleLineSchema>;
 
@@ -86,7 +94,10 @@ export type { Handle };
  * line are thrown (an ordinary HTTP error), later ones end the stream with an error line. The
  * caller going away (`signal`, or the stream cancelled) aborts the prefill.
  */
-export async function handleStreamResponse(signal: AbortSignal, run: (progress: HandleProgress, signal: AbortSignal) => Promise<Handle>): Promise<Response> {
+export async function handleStreamResponse(
+  signal: AbortSignal,
+  run: (progress: HandleProgress, signal: AbortSignal) => Promise<Handle>,
+): Promise<Response> {
   const cancelled = new AbortController();
   const enc = new TextEncoder();
   let controller!: ReadableStreamDefaultController<Uint8Array>;
@@ -124,7 +135,10 @@ export async function handleStreamResponse(signal: AbortSignal, run: (progress: 
       end();
     },
     (e: unknown) => {
-      const err = e instanceof ApiError ? { status: e.status, code: e.code, message: e.message.slice(0, 4000) } : { status: 500, code: "internal_error", message: "internal error; see the service log" };
+      const err =
+        e instanceof ApiError
+          ? { status: e.status, code: e.code, message: e.message.slice(0, 4000) }
+          : { status: 500, code: "internal_error", message: "internal error; see the service log" };
       write({ error: err });
       end();
     },

@@ -8,7 +8,19 @@ import type { Handle, KvLoadStatsSchema } from "../../shared/platform/http/wire.
 export type { Handle };
 
 /** What a handle says of a prefill, less where its chunks are (an in-process prefill writes none). */
-export type PromptHandle = Pick<Handle, "request_id" | "first_token" | "model_fingerprint" | "prompt_tokens" | "prompt_token_ids" | "policy" | "resolved_policy" | "sampling" | "prefill_ms" | "queue_ms">;
+export type PromptHandle = Pick<
+  Handle,
+  | "request_id"
+  | "first_token"
+  | "model_fingerprint"
+  | "prompt_tokens"
+  | "prompt_token_ids"
+  | "policy"
+  | "resolved_policy"
+  | "sampling"
+  | "prefill_ms"
+  | "queue_ms"
+>;
 
 /** How a request's KV reached the decode (the answer's `kv`): the transport, what moved, and whether it was recomputed. */
 export type KvSummary = z.infer<typeof KvLoadStatsSchema>;

@@ -159,5 +159,11 @@ export interface ReaderStatus {
  * over as it is (the caller owns it).
  */
 export interface InProcessPrefill {
-  prefillInProcess(req: PrefillRequest, plan: RequestPlan | undefined, signal: AbortSignal, log: Logger, tenant: string): Promise<{ handle: PromptHandle; seq: NativeSequence; policy: ResolvedPolicy }>;
+  prefillInProcess(
+    req: PrefillRequest,
+    plan: RequestPlan | undefined,
+    signal: AbortSignal,
+    log: Logger,
+    tenant: string,
+  ): Promise<{ handle: PromptHandle; seq: NativeSequence; policy: ResolvedPolicy }>;
 }

@@ -10,7 +10,16 @@ import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
 import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
 import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
 import type { Handle, PromptHandle } from "./handle.ts";
-import type { Handover, HandoffReader, InProcessPrefill, KvFailureChoice, LoadedKv, OwnRequest, ReaderStatus, SequencePlan } from "./handoff.ts";
+import type {
+  Handover,
+  HandoffReader,
+  InProcessPrefill,
+  KvFailureChoice,
+  LoadedKv,
+  OwnRequest,
+  ReaderStatus,
+  SequencePlan,
+} from "./handoff.ts";
 
 export class InProcessHandoff implements HandoffReader {
   /** Sequences handed to a decode, since the start. */
@@ -64,7 +73,9 @@ class InProcessHandover implements Handover {
     this.seq = undefined;
     if (seq.capacity < plan.capacity || seq.nPast !== this.handle.prompt_tokens) {
       seq.release();
-      throw new Error(`the in-process prefill handed over a sequence of ${seq.nPast}/${seq.capacity} tokens for ${this.handle.prompt_tokens} + room to ${plan.capacity}`);
+      throw new Error(
+        `the in-process prefill handed over a sequence of ${seq.nPast}/${seq.capacity} tokens for ${this.handle.prompt_tokens} + room to ${plan.capacity}`,
+      );
     }
     return seq;
   }

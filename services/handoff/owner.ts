@@ -86,7 +86,10 @@ export class ShardOwner implements HandoffOwner {
     this.reaper.unref();
     this.sweepTimer = setInterval(() => void this.sweep(), this.rt.config.sweepMs);
     this.sweepTimer.unref();
-    this.rt.log.info({ shard: this.shardId, epoch: this.shard!.epoch, bytes: this.shard!.sizeBytes, path: this.shard!.path }, "shard ready");
+    this.rt.log.info(
+      { shard: this.shardId, epoch: this.shard!.epoch, bytes: this.shard!.sizeBytes, path: this.shard!.path },
+      "shard ready",
+    );
   }
 
   async newEpoch(): Promise<void> {
@@ -123,7 +126,10 @@ export class ShardOwner implements HandoffOwner {
    */
   private async publishUcx(shard: Shard): Promise<UcxShardExposure | undefined> {
     const mode = this.rt.config.transport;
-    if (mode === "ucx" && !ucxAvailable()) throw new Error("--transport ucx: the UCX transport is not built (install libucx-dev and run \"npm run build:native\" with CTXBANK_UCX=AUTO or ON)");
+    if (mode === "ucx" && !ucxAvailable())
+      throw new Error(
+        '--transport ucx: the UCX transport is not built (install libucx-dev and run "npm run build:native" with CTXBANK_UCX=AUTO or ON)',
+      );
     if ((mode !== "ucx" && mode !== "auto") || !ucxAvailable()) return undefined;
     if (mode === "auto") {
       try {
@@ -190,7 +196,16 @@ export class ShardOwner implements HandoffOwner {
   status(): OwnerStatus {
     const s = this.shard;
     return {
-      shard: s ? { id: s.shardId, epoch: s.epoch, bytes: s.sizeBytes, bytes_used: s.bytesUsed, bytes_free: s.bytesFree, largest_free: s.largestFree } : null,
+      shard: s
+        ? {
+            id: s.shardId,
+            epoch: s.epoch,
+            bytes: s.sizeBytes,
+            bytes_used: s.bytesUsed,
+            bytes_free: s.bytesFree,
+            largest_free: s.largestFree,
+          }
+        : null,
       totals: { ...this.totals },
     };
   }
@@ -213,8 +228,12 @@ export class ShardOwner implements HandoffOwner {
     await this.sweeping;
     const shard = this.shard;
     if (!shard) return;
-    await this.rt.registry.shards.retire(shard.shardId, shard.epoch).catch((err: unknown) => this.rt.log.warn({ err }, "could not retire the shard"));
-    await this.rt.registry.chunks.reapExpired({ shardId: shard.shardId, epoch: shard.epoch }).catch((err: unknown) => this.rt.log.warn({ err }, "could not reap the shard's expired chunks"));
+    await this.rt.registry.shards
+      .retire(shard.shardId, shard.epoch)
+      .catch((err: unknown) => this.rt.log.warn({ err }, "could not retire the shard"));
+    await this.rt.registry.chunks
+      .reapExpired({ shardId: shard.shardId, epoch: shard.epoch })
+      .catch((err: unknown) => this.rt.log.warn({ err }, "could not reap the shard's expired chunks"));
     this.ucx?.close();
     this.ucx = undefined;
     await shard.destroy();
@@ -265,7 +284,12 @@ class ShardPromptHandoff implements PromptHandoff {
       const b = blocks[this.next]!;
       if (this.next > 0 && this.next === blocks.length - 1) await this.rt.config.faults?.pause("prefill.last", this.rt.log);
       this.hasher.push(prompt.tokens.slice(b.tokenStart, b.tokenEnd));
-      for (const p of plan[this.next]!) this.writes.push(this.writer.write(p, this.hasher.keyFor(b.tokenStart, p.meta.layerIds), prompt.requestId, prompt, seq, this.shard).then(this.announce));
+      for (const p of plan[this.next]!)
+        this.writes.push(
+          this.writer
+            .write(p, this.hasher.keyFor(b.tokenStart, p.meta.layerIds), prompt.requestId, prompt, seq, this.shard)
+            .then(this.announce),
+        );
       this.next++;
     }
   }
@@ -295,7 +319,9 @@ class ShardPromptHandoff implements PromptHandoff {
       };
     } catch (err) {
       if (err instanceof RegistryError && err.code === "stale_epoch") {
-        throw new ApiError(503, "not_ready", "the prefill instance restarted its shard during the request; retry", null, undefined, { cause: err });
+        throw new ApiError(503, "not_ready", "the prefill instance restarted its shard during the request; retry", null, undefined, {
+          cause: err,
+        });
       }
       throw err;
     }

@@ -52,7 +52,11 @@ export class PeerWatch {
         if (row === "unknown") continue; // the registry itself is down: the call's deadline still bounds it
         const silentMs = row ? Date.now() - row.lastHeartbeatAt.getTime() : Infinity;
         if (row && row.state !== "dead" && silentMs < heartbeatTimeoutMs) continue;
-        const why = !row ? "is no longer registered" : row.state === "dead" ? "was declared dead" : `has been silent for ${Math.round(silentMs)} ms`;
+        const why = !row
+          ? "is no longer registered"
+          : row.state === "dead"
+            ? "was declared dead"
+            : `has been silent for ${Math.round(silentMs)} ms`;
         this.rt.log.warn({ instance: id, calls: set.size }, "aborting calls to a dead instance");
         for (const ac of set) ac.abort(new PeerDeadError(id, `instance ${id} ${why} (no heartbeat within ${heartbeatTimeoutMs} ms)`));
       }

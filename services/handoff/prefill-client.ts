@@ -43,7 +43,12 @@ export class PrefillClient {
   ) {
     const c = rt.config;
     // One key holds all prefill calls but one: another key's prompt is sent at once.
-    this.queue = new FairQueue({ stage: "prefill_calls", limit: c.maxPrefillCalls, capacity: c.maxPrefillCallQueue, perTenant: Math.max(1, c.maxPrefillCalls - 1) });
+    this.queue = new FairQueue({
+      stage: "prefill_calls",
+      limit: c.maxPrefillCalls,
+      capacity: c.maxPrefillCallQueue,
+      perTenant: Math.max(1, c.maxPrefillCalls - 1),
+    });
     this.peers = peers;
     this.timeoutMs = c.prefillTimeoutMs ?? defaultPrefillTimeoutMs(rt.engine.maxContext);
   }
@@ -55,7 +60,8 @@ export class PrefillClient {
   async prefill(body: PrefillRequest, signal: AbortSignal, tenant: string = LOCAL_TENANT, progress?: HandleProgress): Promise<Handle> {
     const deadline = AbortSignal.timeout(this.timeoutMs);
     const bounded = AbortSignal.any([signal, deadline]);
-    const timedOut = () => new ApiError(504, "prefill_timeout", `the prefill did not answer within ${this.timeoutMs} ms (--prefill-timeout-ms); retry later`);
+    const timedOut = () =>
+      new ApiError(504, "prefill_timeout", `the prefill did not answer within ${this.timeoutMs} ms (--prefill-timeout-ms); retry later`);
     let leave: () => void;
     try {
       leave = await this.queue.enter(tenant, bounded);
@@ -96,7 +102,11 @@ export class PrefillClient {
             path: new URL(inst.baseUrl).pathname.replace(/\/+$/, "") + "/v1/prefill",
             headers: {
               "content-type": "application/json",
-              ...(this.auth ? { authorization: `Bearer ${this.auth.sign({ route: "prefill", tenant, exp: Date.now() + CAPABILITY_MS, nonce: InternalAuth.nonce() })}` } : {}),
+              ...(this.auth
+                ? {
+                    authorization: `Bearer ${this.auth.sign({ route: "prefill", tenant, exp: Date.now() + CAPABILITY_MS, nonce: InternalAuth.nonce() })}`,
+                  }
+                : {}),
             },
             body: JSON.stringify(body),
             signal: ac.signal,
@@ -131,7 +141,12 @@ export class PrefillClient {
         }
         const err = parseError(text);
         if (PASS_THROUGH.has(res.statusCode)) {
-          const passed = new ApiError(res.statusCode as ApiStatus, (err?.code ?? "invalid_request") as ApiErrorCode, err?.message ?? text.slice(0, 300), err?.param ?? null);
+          const passed = new ApiError(
+            res.statusCode as ApiStatus,
+            (err?.code ?? "invalid_request") as ApiErrorCode,
+            err?.message ?? text.slice(0, 300),
+            err?.param ?? null,
+          );
           const retryAfter = res.headers["retry-after"];
           if (typeof retryAfter === "string") passed.headers["retry-after"] = retryAfter;
           throw passed;
@@ -166,7 +181,13 @@ export class PrefillClient {
     if (!pool) {
       // A long prompt takes long to prefill: no header/body timeouts here; the call's deadline and
       // the peer watch bound it. The queue above keeps at most maxPrefillCalls in flight.
-      pool = new Pool(origin, { connections: this.rt.config.maxPrefillCalls, pipelining: 1, headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 30_000 });
+      pool = new Pool(origin, {
+        connections: this.rt.config.maxPrefillCalls,
+        pipelining: 1,
+        headersTimeout: 0,
+        bodyTimeout: 0,
+        keepAliveTimeout: 30_000,
+      });
       this.pools.set(origin, pool);
     }
     return pool;
@@ -191,19 +212,32 @@ async function readStreamedHandle(body: AsyncIterable<Uint8Array>, instanceId: s
       else if ("handle" in line && started) return line.handle;
       else if ("error" in line) {
         const { status, code, message } = line.error;
-        throw new ApiError((PASS_THROUGH.has(status) ? status : 502) as ApiStatus, (PASS_THROUGH.has(status) ? code : "prefill_failed") as ApiErrorCode, `prefill instance ${instanceId}: ${message}`);
+        throw new ApiError(
+          (PASS_THROUGH.has(status) ? status : 502) as ApiStatus,
+          (PASS_THROUGH.has(status) ? code : "prefill_failed") as ApiErrorCode,
+          `prefill instance ${instanceId}: ${message}`,
+        );
       } else throw new Error("lines out of order");
     }
   } catch (e) {
     if (e instanceof ApiError) throw e;
-    throw new ApiError(502, "prefill_failed", `prefill instance ${instanceId} broke off its streamed answer: ${(e as Error).message}`, null, undefined, { cause: e });
+    throw new ApiError(
+      502,
+      "prefill_failed",
+      `prefill instance ${instanceId} broke off its streamed answer: ${(e as Error).message}`,
+      null,
+      undefined,
+      { cause: e },
+    );
   }
   throw new ApiError(502, "prefill_failed", `prefill instance ${instanceId} ended its streamed answer without a handle`);
 }
 
 function peerDead(reason: unknown): unknown {
   if (!(reason instanceof PeerDeadError)) return reason;
-  return new ApiError(502, "prefill_failed", `prefill ${reason.message}; the request was lost with it, retry`, null, undefined, { cause: reason });
+  return new ApiError(502, "prefill_failed", `prefill ${reason.message}; the request was lost with it, retry`, null, undefined, {
+    cause: reason,
+  });
 }
 
 function parseJson(text: string): unknown {

@@ -77,8 +77,14 @@ interface ListFaults {
 const HANDLE_FAULTS: ListFaults = {
   foreign: () => new ApiError(400, "invalid_request", "the handle names chunks its request does not hold", "handle.chunk_ids"),
   otherModel: (chunk, fingerprint) =>
-    new ApiError(400, "model_mismatch", `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${fingerprint.slice(0, 12)}…`, "handle"),
-  uncovered: (problem) => new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids"),
+    new ApiError(
+      400,
+      "model_mismatch",
+      `chunk ${chunk.id} was made by model ${chunk.modelFingerprint.slice(0, 12)}…, this decode runs ${fingerprint.slice(0, 12)}…`,
+      "handle",
+    ),
+  uncovered: (problem) =>
+    new ApiError(400, "invalid_request", `the handle's chunks do not cover the prompt: ${problem}`, "handle.chunk_ids"),
 };
 
 const ANNOUNCED_FAULTS: ListFaults = {
@@ -114,7 +120,10 @@ export class KvLoader {
     // than at the first read), under auto at the first chunk whose owner publishes an endpoint.
     this.ucx = (rt.config.transport === "ucx" || rt.config.transport === "auto") && ucxAvailable() ? new UcxTransport() : undefined;
     if (rt.config.transport === "ucx") {
-      if (!this.ucx) throw new Error("--transport ucx: the UCX transport is not built (install libucx-dev and run \"npm run build:native\" with CTXBANK_UCX=AUTO or ON)");
+      if (!this.ucx)
+        throw new Error(
+          '--transport ucx: the UCX transport is not built (install libucx-dev and run "npm run build:native" with CTXBANK_UCX=AUTO or ON)',
+        );
       loadUcx();
     }
     this.shape = kvShape(rt.model.config);
@@ -198,7 +207,11 @@ export class KvLoader {
       );
     } catch (e) {
       if (e instanceof ChunkError) {
-        throw new KvLoadError(`chunk ${chunk.id} (tokens ${chunk.tokenStart}..${chunk.tokenEnd}) failed verification: ${e.code}: ${e.message}`, "corrupt", { cause: e });
+        throw new KvLoadError(
+          `chunk ${chunk.id} (tokens ${chunk.tokenStart}..${chunk.tokenEnd}) failed verification: ${e.code}: ${e.message}`,
+          "corrupt",
+          { cause: e },
+        );
       }
       throw e;
     }
@@ -231,7 +244,13 @@ export class KvLoader {
    * verified and imported, kvConcurrency at once; a batch's leases are released as its last chunk
    * is in (whatever is still leased, at the end). The length is set once every chunk verified.
    */
-  private async loadFeed(feed: ChunkFeed, target: LoadTarget, seq: NativeSequence, signal: AbortSignal, faults: ListFaults): Promise<KvLoadStats> {
+  private async loadFeed(
+    feed: ChunkFeed,
+    target: LoadTarget,
+    seq: NativeSequence,
+    signal: AbortSignal,
+    faults: ListFaults,
+  ): Promise<KvLoadStats> {
     const { registry, config, model } = this.rt;
     const t0 = performance.now();
     prefaultFor(seq, target.prompt_tokens);
@@ -298,11 +317,19 @@ export class KvLoader {
         for (;;) {
           const read = await reads.next(stop.signal);
           if (read === undefined || stop.signal.aborted) return;
-          const { leased: { chunk, location }, batch } = read;
+          const {
+            leased: { chunk, location },
+            batch,
+          } = read;
           const transport = this.pick(location);
           transports.add(transport.name);
           scratch ??= this.scratch.take();
-          await this.readAndImport(transport, location, chunk, seq, scratch, { deadlineMs: batch.deadlineMs, stop: stop.signal, ownerDead: ownerDead.signal, caller: signal });
+          await this.readAndImport(transport, location, chunk, seq, scratch, {
+            deadlineMs: batch.deadlineMs,
+            stop: stop.signal,
+            ownerDead: ownerDead.signal,
+            caller: signal,
+          });
           bytes += location.length;
           this.metrics?.transferBytes(transport.name, location.length);
           if (--batch.unread === 0) batch.released = this.release(batch.leased);
@@ -383,7 +410,9 @@ export class KvLoader {
     const untracks: Array<() => void> = [];
     for (const { shardId, epoch } of shardsRead.values()) {
       // Unwatched if the registry cannot say: the read's own deadline still bounds it.
-      const row = await this.rt.registry.shards.get(shardId, epoch).catch((err: unknown) => void this.rt.log.warn({ err, shardId }, "could not look up a shard's owner to watch"));
+      const row = await this.rt.registry.shards
+        .get(shardId, epoch)
+        .catch((err: unknown) => void this.rt.log.warn({ err, shardId }, "could not look up a shard's owner to watch"));
       if (row) untracks.push(peers.track(row.instanceId, ac));
     }
     return () => untracks.forEach((f) => f());

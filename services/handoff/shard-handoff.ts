@@ -13,7 +13,16 @@ import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
 import { applyPolicy, loadPromptState } from "../policy.ts";
 import type { Runtime } from "../runtime.ts";
 import type { Handle, KvSummary } from "./handle.ts";
-import type { Handover, HandoffReader, KvFailureChoice, LoadedKv, OwnRequest, PromptCompute, ReaderStatus, SequencePlan } from "./handoff.ts";
+import type {
+  Handover,
+  HandoffReader,
+  KvFailureChoice,
+  LoadedKv,
+  OwnRequest,
+  PromptCompute,
+  ReaderStatus,
+  SequencePlan,
+} from "./handoff.ts";
 import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { KvLoadError, KvLoader } from "./reader.ts";

@@ -105,7 +105,9 @@ export class StreamedLoad {
     seq.truncate(0);
     const logits = await compute(seq, start.prompt_token_ids, signal);
     const s = start.sampling;
-    const firstToken = new Sampler(validateSampling({ temperature: s.temperature, topK: s.top_k, topP: s.top_p, seed: s.seed })).sample(logits);
+    const firstToken = new Sampler(validateSampling({ temperature: s.temperature, topK: s.top_k, topP: s.top_p, seed: s.seed })).sample(
+      logits,
+    );
     const ms = performance.now() - t0;
     const { total_chunks: _, ...rest } = start;
     const message = why instanceof Error ? why.message : String(why);

@@ -45,7 +45,8 @@ export class Sweeper {
     // whatever the retention (a retention shorter than the grace left the files forever).
     const pruned = await this.registry.sweep.prune(retentionMs, Math.max(retentionMs, 2 * graceMs));
     const report = { files, chunks, requestsEnded, requestsPruned: pruned.requests, instancesPruned: pruned.instances };
-    if (files.length + chunks + requestsEnded + pruned.requests + pruned.instances > 0) this.log.info(report, "swept dead instances' litter");
+    if (files.length + chunks + requestsEnded + pruned.requests + pruned.instances > 0)
+      this.log.info(report, "swept dead instances' litter");
     return report;
   }
 
@@ -61,7 +62,9 @@ export class Sweeper {
       const file = path.resolve(s.path);
       const named = parseShardFileName(path.basename(file));
       if (!s.fileId || path.dirname(file) !== dir || named?.shardId !== s.shardId || named.epoch !== s.epoch) continue;
-      const st = await lstat(file, { bigint: true }).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
+      const st = await lstat(file, { bigint: true }).catch((e: NodeJS.ErrnoException) =>
+        e.code === "ENOENT" ? undefined : Promise.reject(e),
+      );
       if (!st?.isFile() || `${st.dev}:${st.ino}` !== s.fileId) continue;
       // A decode that still maps it keeps its pages until it unmaps; nobody new can open it.
       const gone = await unlink(file).then(

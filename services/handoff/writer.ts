@@ -28,10 +28,23 @@ export interface ChunkTotals {
 }
 
 /** The chunks of a prompt, block-major: plan[block][group]. */
-export function planChunks(blocks: BlockRange[], groups: readonly (readonly number[])[], fingerprint: string, shape: KvShape): PlannedChunk[][] {
+export function planChunks(
+  blocks: BlockRange[],
+  groups: readonly (readonly number[])[],
+  fingerprint: string,
+  shape: KvShape,
+): PlannedChunk[][] {
   return blocks.map((b) =>
     groups.map((layerIds, group) => {
-      const meta: ChunkMeta = { fingerprint, dtype: "f16", layerIds, hkv: shape.hkv, headDim: shape.headDim, tokenStart: b.tokenStart, tokenCount: b.tokenEnd - b.tokenStart };
+      const meta: ChunkMeta = {
+        fingerprint,
+        dtype: "f16",
+        layerIds,
+        hkv: shape.hkv,
+        headDim: shape.headDim,
+        tokenStart: b.tokenStart,
+        tokenCount: b.tokenEnd - b.tokenStart,
+      };
       return { meta, group, length: chunkByteLength(meta), offset: -1, state: "freed" as const };
     }),
   );
@@ -67,7 +80,11 @@ export class ChunkWriter {
         got.push(p);
       }
       if (got.length === all.length) {
-        quota.charge(tenant, shard, all.map((p) => ({ offset: p.offset, length: Math.ceil(p.length / SHARD_ALIGN) * SHARD_ALIGN })));
+        quota.charge(
+          tenant,
+          shard,
+          all.map((p) => ({ offset: p.offset, length: Math.ceil(p.length / SHARD_ALIGN) * SHARD_ALIGN })),
+        );
         return;
       }
       for (const p of got) {
@@ -83,7 +100,14 @@ export class ChunkWriter {
   }
 
   /** Registers, writes and commits one chunk (its row names the prompt's session and round), or takes a live chunk with the same key. Never rejects. */
-  async write(p: PlannedChunk, key: string, requestId: string, prompt: { sessionId: string | null; roundId: number | null }, seq: RowMover, shard: Shard): Promise<WriteResult> {
+  async write(
+    p: PlannedChunk,
+    key: string,
+    requestId: string,
+    prompt: { sessionId: string | null; roundId: number | null },
+    seq: RowMover,
+    shard: Shard,
+  ): Promise<WriteResult> {
     const { registry, model, config } = this.rt;
     const deadline = Date.now() + config.writeLeaseMs;
     try {
@@ -127,7 +151,9 @@ export class ChunkWriter {
           await registry.chunks.commit(res.chunk.id, { checksum: bytes.readUInt32LE(8), retainMs: config.retainMs });
         } catch (err) {
           // The row stays pending otherwise, until the sweep ends this instance's leftovers.
-          await registry.chunks.fail(res.chunk.id).catch((failErr: unknown) => this.rt.log.warn({ err: failErr, chunkId: res.chunk.id }, "could not mark a chunk failed"));
+          await registry.chunks
+            .fail(res.chunk.id)
+            .catch((failErr: unknown) => this.rt.log.warn({ err: failErr, chunkId: res.chunk.id }, "could not mark a chunk failed"));
           throw err;
         }
         this.totals.chunks_written++;

@@ -17,7 +17,8 @@ const prefillRoute = createRoute({
   responses: {
     200: {
       content: { "application/json": { schema: HandleSchema }, "application/x-ndjson": { schema: z.string() } },
-      description: "Handle: request id, first token, chunk ids, shard and epoch, model fingerprint; with stream: NDJSON lines (services/handoff/handle-stream.ts)",
+      description:
+        "Handle: request id, first token, chunk ids, shard and epoch, model fingerprint; with stream: NDJSON lines (services/handoff/handle-stream.ts)",
     },
     ...errorResponses(400, 409, 413, 429, 499, 500, 503),
   },
@@ -35,7 +36,10 @@ export function prefillRoutes(svc: PrefillService): ServiceApp {
   const app = newApp();
   app.openapi(prefillRoute, async (c) => {
     const body = c.req.valid("json");
-    if (body.stream) return (await handleStreamResponse(c.req.raw.signal, (progress, signal) => svc.prefill(body, signal, c.get("log"), c.get("tenant"), progress))) as never;
+    if (body.stream)
+      return (await handleStreamResponse(c.req.raw.signal, (progress, signal) =>
+        svc.prefill(body, signal, c.get("log"), c.get("tenant"), progress),
+      )) as never;
     return c.json(await svc.prefill(body, c.req.raw.signal, c.get("log"), c.get("tenant")), 200);
   });
   return app;

@@ -24,7 +24,17 @@ import { planRequest, type RequestPlan } from "../request-plan.ts";
 import { sloTargets, type Runtime } from "../runtime.ts";
 import { FairQueue } from "../../shared/platform/queue/fair-queue.ts";
 import { RequestOutcomes } from "../request-outcomes.ts";
-import { openOwner, type Handle, type HandleProgress, type HandoffOwner, type InProcessPrefill, type OwnerStatus, type PromptCompute, type PromptHandle, type PromptHandoff } from "../handoff/index.ts";
+import {
+  openOwner,
+  type Handle,
+  type HandleProgress,
+  type HandoffOwner,
+  type InProcessPrefill,
+  type OwnerStatus,
+  type PromptCompute,
+  type PromptHandle,
+  type PromptHandoff,
+} from "../handoff/index.ts";
 
 /** A prefill admitted (queued or running): its prompt tokens and how many are computed. */
 interface PrefillWork {
@@ -68,7 +78,12 @@ export class PrefillService implements InProcessPrefill {
   ) {
     const c = rt.config;
     // One key holds all prefill places but one (when there are several): another key's prompt starts at once.
-    this.gate = new FairQueue({ stage: "prefill", limit: c.maxPrefills, capacity: c.maxPrefillQueue, perTenant: Math.max(1, c.maxPrefills - 1) });
+    this.gate = new FairQueue({
+      stage: "prefill",
+      limit: c.maxPrefills,
+      capacity: c.maxPrefillQueue,
+      perTenant: Math.max(1, c.maxPrefills - 1),
+    });
     metrics.watchRequests("prefill", () => ({ running: this.gate.running, waiting: this.gate.queued }));
     metrics.watchQueue("prefill", () => ({ queued: this.gate.queued, rejected: this.gate.rejected }));
     metrics.watchQueue("tokenize", () => ({ queued: rt.prompts.queue.queued, rejected: rt.prompts.queue.rejected }));
@@ -103,7 +118,13 @@ export class PrefillService implements InProcessPrefill {
   }
 
   /** Prefills `req` for `tenant` (the API key id, "local" keyless): its place in the fair queue, its shard cap, and its own request ids and chunk keys (shared/platform/auth/tenant.ts). */
-  async prefill(req: PrefillRequest, signal: AbortSignal, log: Logger, tenant: string = LOCAL_TENANT, progress?: HandleProgress): Promise<Handle> {
+  async prefill(
+    req: PrefillRequest,
+    signal: AbortSignal,
+    log: Logger,
+    tenant: string = LOCAL_TENANT,
+    progress?: HandleProgress,
+  ): Promise<Handle> {
     const t0 = performance.now();
     const plan = await this.plan(req, tenant, signal);
     return this.inPlace(plan.tokens.length, tenant, signal, async (work, queueMs) => ({
@@ -128,7 +149,9 @@ export class PrefillService implements InProcessPrefill {
   ): Promise<{ handle: PromptHandle; seq: NativeSequence; policy: ResolvedPolicy }> {
     const t0 = performance.now();
     const p = plan ?? (await this.plan(req, tenant, signal));
-    return this.inPlace(p.tokens.length, tenant, signal, (work, queueMs) => this.runInProcess(req, tenant, p, signal, log, { t0, work, queueMs }));
+    return this.inPlace(p.tokens.length, tenant, signal, (work, queueMs) =>
+      this.runInProcess(req, tenant, p, signal, log, { t0, work, queueMs }),
+    );
   }
 
   /** 503 unless ready, then the request planned (services/request-plan.ts: checked before any work, tokenized, its policy resolved). */
@@ -142,7 +165,12 @@ export class PrefillService implements InProcessPrefill {
   }
 
   /** Runs `run` in a prefill place (SLO admission, then the fair queue), counting the work and its throughput. */
-  private async inPlace<T>(promptTokens: number, tenant: string, signal: AbortSignal, run: (work: PrefillWork, queueMs: number) => Promise<T>): Promise<T> {
+  private async inPlace<T>(
+    promptTokens: number,
+    tenant: string,
+    signal: AbortSignal,
+    run: (work: PrefillWork, queueMs: number) => Promise<T>,
+  ): Promise<T> {
     this.admit(promptTokens);
     const work: PrefillWork = { tokens: promptTokens, done: 0, computeMs: 0 };
     this.work.add(work);
@@ -172,7 +200,13 @@ export class PrefillService implements InProcessPrefill {
     let tokensAhead = 0;
     for (const w of this.work) tokensAhead += w.tokens - w.done;
     const { tokensPerSecond, overheadSeconds } = this.throughput;
-    const d = decideAdmission(admission, sloTtftMs, admissionMargin, { prefillsAhead: this.work.size, tokensAhead, promptTokens, tokensPerSecond, overheadSeconds });
+    const d = decideAdmission(admission, sloTtftMs, admissionMargin, {
+      prefillsAhead: this.work.size,
+      tokensAhead,
+      promptTokens,
+      tokensPerSecond,
+      overheadSeconds,
+    });
     if (d.admit) return;
     throw new ApiError(
       429,
@@ -182,7 +216,16 @@ export class PrefillService implements InProcessPrefill {
     );
   }
 
-  private async run(req: PrefillRequest, tenant: string, plan: RequestPlan, signal: AbortSignal, log: Logger, t0: number, work: PrefillWork, progress?: HandleProgress): Promise<Handle> {
+  private async run(
+    req: PrefillRequest,
+    tenant: string,
+    plan: RequestPlan,
+    signal: AbortSignal,
+    log: Logger,
+    t0: number,
+    work: PrefillWork,
+    progress?: HandleProgress,
+  ): Promise<Handle> {
     const { registry, engine, model } = this.rt;
     const { tokens, sampling } = plan;
     const n = tokens.length;
@@ -203,7 +246,17 @@ export class PrefillService implements InProcessPrefill {
       seq.preparePromptStateExport();
       requestId = await this.createRequest(req, tenant, n);
       handoff = await this.owner.open(
-        { requestId, tenant, tokens, layerGroups, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, policy: plan.spec, resolvedPolicy: resolved, sampling: wire },
+        {
+          requestId,
+          tenant,
+          tokens,
+          layerGroups,
+          sessionId: req.session_id ?? null,
+          roundId: req.round_id ?? null,
+          policy: plan.spec,
+          resolvedPolicy: resolved,
+          sampling: wire,
+        },
         progress,
       );
       await registry.requests.mark(requestId, { event: "prefill_start" });
@@ -222,7 +275,10 @@ export class PrefillService implements InProcessPrefill {
       const firstToken = new Sampler(sampling).sample(logits!);
       let promptState = seq.exportPromptState();
       if (promptState && promptState.byteLength > MAX_PROMPT_STATE_BYTES) {
-        log.warn({ requestId, bytes: promptState.byteLength, max: MAX_PROMPT_STATE_BYTES }, "the prompt state is larger than a handle carries; the decode will do without it");
+        log.warn(
+          { requestId, bytes: promptState.byteLength, max: MAX_PROMPT_STATE_BYTES },
+          "the prompt state is larger than a handle carries; the decode will do without it",
+        );
         promptState = null;
       }
       const placed = await handoff.finish(signal);
@@ -241,7 +297,9 @@ export class PrefillService implements InProcessPrefill {
         layer_groups: placed.layer_groups,
         policy: plan.spec,
         resolved_policy: resolved,
-        ...(promptState ? { prompt_state: Buffer.from(promptState.buffer, promptState.byteOffset, promptState.byteLength).toString("base64") } : {}),
+        ...(promptState
+          ? { prompt_state: Buffer.from(promptState.buffer, promptState.byteOffset, promptState.byteLength).toString("base64") }
+          : {}),
         block_tokens: placed.block_tokens,
         sampling: wire,
         prefill_ms: prefillMs,
@@ -250,7 +308,8 @@ export class PrefillService implements InProcessPrefill {
     } catch (err) {
       await handoff?.abandon();
       const cancelled = signal.aborted;
-      if (requestId !== undefined) await this.outcomes.record(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) }, log);
+      if (requestId !== undefined)
+        await this.outcomes.record(requestId, { state: cancelled ? "cancelled" : "failed", error: safeErrorMessage(err, 4000) }, log);
       if (cancelled) throw clientClosed();
       throw err;
     } finally {
@@ -324,10 +383,21 @@ export class PrefillService implements InProcessPrefill {
   private async createRequest(req: PrefillRequest, tenant: string, promptTokens: number): Promise<string> {
     const requestId = namespacedRequestId(tenant, req.request_id ?? `req-${randomUUID()}`);
     try {
-      await this.rt.registry.requests.create({ id: requestId, sessionId: req.session_id ?? null, roundId: req.round_id ?? null, promptTokens, prefillInstanceId: this.instanceId });
+      await this.rt.registry.requests.create({
+        id: requestId,
+        sessionId: req.session_id ?? null,
+        roundId: req.round_id ?? null,
+        promptTokens,
+        prefillInstanceId: this.instanceId,
+      });
     } catch (e) {
       if (e instanceof RegistryError && e.code === "conflict") {
-        throw new ApiError(409, "request_id_conflict", `request id ${req.request_id ?? requestId} was used before; pick a new one`, "request_id");
+        throw new ApiError(
+          409,
+          "request_id_conflict",
+          `request id ${req.request_id ?? requestId} was used before; pick a new one`,
+          "request_id",
+        );
       }
       throw e;
     }

@@ -47,7 +47,13 @@ function messagesOf(value: unknown): HashedMessage[] | undefined {
   if (!Array.isArray(value)) return undefined;
   const out: HashedMessage[] = [];
   for (const m of value) {
-    if (m === null || typeof m !== "object" || typeof (m as HashedMessage).role !== "string" || typeof (m as HashedMessage).content !== "string") return undefined;
+    if (
+      m === null ||
+      typeof m !== "object" ||
+      typeof (m as HashedMessage).role !== "string" ||
+      typeof (m as HashedMessage).content !== "string"
+    )
+      return undefined;
     out.push({ role: (m as HashedMessage).role, content: (m as HashedMessage).content });
   }
   return out;
@@ -66,7 +72,10 @@ export function buildRouterApp(o: RouterAppOptions): ServiceApp {
   const app = createApp({
     log: o.log,
     maxBodyBytes: o.maxBodyBytes,
-    classifyError: (err) => (isDatabaseUnavailable(err) ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err }) : undefined),
+    classifyError: (err) =>
+      isDatabaseUnavailable(err)
+        ? new ApiError(503, "not_ready", "the registry database is unreachable; retry shortly", null, undefined, { cause: err })
+        : undefined,
   });
   app.use("*", hostCheck(security.hosts));
   app.use("/v1/*", apiKeyAuth(security.keys, security.limiter));
@@ -76,12 +85,18 @@ export function buildRouterApp(o: RouterAppOptions): ServiceApp {
     const db = await o.dbProbe.check();
     const decodes = router.targets().length;
     const ready = db.ok && decodes > 0 && !o.draining();
-    const body = { status: o.draining() ? "draining" : ready ? "ready" : "not ready", database: db.ok ? "reachable" : "unreachable", decodes, routers: o.routers() };
+    const body = {
+      status: o.draining() ? "draining" : ready ? "ready" : "not ready",
+      database: db.ok ? "reachable" : "unreachable",
+      decodes,
+      routers: o.routers(),
+    };
     return c.json(body, ready ? 200 : 503);
   });
   app.get("/metrics", async (c) => c.body(await router.metrics.metrics(), 200, { "content-type": router.metrics.contentType }));
 
-  const text = async (c: Context<AppEnv>) => (c.req.method === "GET" || c.req.method === "HEAD" || c.req.method === "DELETE" ? undefined : await c.req.text());
+  const text = async (c: Context<AppEnv>) =>
+    c.req.method === "GET" || c.req.method === "HEAD" || c.req.method === "DELETE" ? undefined : await c.req.text();
   const send = async (c: Context<AppEnv>, hint: (body: Record<string, unknown> | undefined) => KvHint) => {
     const body = await text(c);
     return router.send(c, body, hint(parsed(body)));
@@ -99,10 +114,12 @@ export function buildRouterApp(o: RouterAppOptions): ServiceApp {
   // ends its chain's session, which only its holder can.
   app.get("/v1/responses/:id", (c) => send(c, () => ({})));
   app.delete("/v1/responses/:id", (c) => send(c, () => ({ response: c.req.param("id") })));
-  app.on(["GET", "DELETE"], "/v1/sessions/:id", (c) => send(c, (): KvHint => {
-    const id = sessionId(c.req.param("id"));
-    return id ? { session: id } : {};
-  }));
+  app.on(["GET", "DELETE"], "/v1/sessions/:id", (c) =>
+    send(c, (): KvHint => {
+      const id = sessionId(c.req.param("id"));
+      return id ? { session: id } : {};
+    }),
+  );
   app.post("/v1/decode", (c) => send(c, () => ({})));
   app.get("/v1/models", (c) => send(c, () => ({})));
   // The API's description and its page: the decodes serve them. (Each decode's dashboard shows

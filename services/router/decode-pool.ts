@@ -68,7 +68,9 @@ export class DecodePool {
   /** The decodes requests may go to now, in id order. */
   targets(): DecodeTarget[] {
     const now = performance.now();
-    return [...this.entries.values()].filter((e) => e.downUntil <= now).map(({ id, publicUrl, internalUrl, load, kvFree }) => ({ id, publicUrl, internalUrl, load, kvFree }));
+    return [...this.entries.values()]
+      .filter((e) => e.downUntil <= now)
+      .map(({ id, publicUrl, internalUrl, load, kvFree }) => ({ id, publicUrl, internalUrl, load, kvFree }));
   }
 
   /** Whether the registry answered the last poll (the router's /ready). */
@@ -118,7 +120,12 @@ export class DecodePool {
     for (const row of rows) {
       if (!row.publicUrl) continue; // registered by a version that did not publish its public API
       const old = this.entries.get(row.id);
-      next.set(row.id, old ? { ...old, publicUrl: row.publicUrl, internalUrl: row.baseUrl, sent: 0 } : { id: row.id, publicUrl: row.publicUrl, internalUrl: row.baseUrl, load: 0, kvFree: Infinity, sent: 0, downUntil: 0 });
+      next.set(
+        row.id,
+        old
+          ? { ...old, publicUrl: row.publicUrl, internalUrl: row.baseUrl, sent: 0 }
+          : { id: row.id, publicUrl: row.publicUrl, internalUrl: row.baseUrl, load: 0, kvFree: Infinity, sent: 0, downUntil: 0 },
+      );
     }
     this.entries = next;
     await Promise.all([...next.values()].map((e) => this.readStatus(e)));

@@ -8,7 +8,18 @@ import { errors, request, type Dispatcher } from "undici";
 import { CtxbankError } from "../../shared/inference/errors.ts";
 
 /** Headers that describe one connection, not the request (RFC 9110 §7.6.1), and those undici sets itself. */
-const HOP_BY_HOP = new Set(["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length", "expect"]);
+const HOP_BY_HOP = new Set([
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "transfer-encoding",
+  "te",
+  "trailer",
+  "upgrade",
+  "host",
+  "content-length",
+  "expect",
+]);
 
 export interface Outgoing {
   method: string;
@@ -38,7 +49,17 @@ export class Unreachable extends CtxbankError<"not_ready"> {
 }
 
 /** Connection failures before any answer: the decode never got the request, or died under it. */
-const CONNECT_CODES = new Set(["ECONNREFUSED", "ECONNRESET", "EHOSTUNREACH", "ENETUNREACH", "ENOTFOUND", "EPIPE", "UND_ERR_CONNECT_TIMEOUT", "UND_ERR_SOCKET", "UND_ERR_CLOSED"]);
+const CONNECT_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ENOTFOUND",
+  "EPIPE",
+  "UND_ERR_CONNECT_TIMEOUT",
+  "UND_ERR_SOCKET",
+  "UND_ERR_CLOSED",
+]);
 
 function errorCode(err: unknown): string | undefined {
   for (let e: unknown = err; e instanceof Error; e = e.cause) {
@@ -48,7 +69,12 @@ function errorCode(err: unknown): string | undefined {
   return undefined;
 }
 
-export async function forward(baseUrl: string, out: Outgoing, extraHeaders: Record<string, string> = {}, dispatcher?: Dispatcher): Promise<Response> {
+export async function forward(
+  baseUrl: string,
+  out: Outgoing,
+  extraHeaders: Record<string, string> = {},
+  dispatcher?: Dispatcher,
+): Promise<Response> {
   const headers: Record<string, string> = {};
   out.headers.forEach((value, name) => {
     if (!HOP_BY_HOP.has(name)) headers[name] = value;

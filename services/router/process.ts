@@ -31,7 +31,13 @@ export async function startRouter(config: Config): Promise<RunningRouter> {
   const keys = openSecurity(config);
   const db = await openDatabase(config.databaseUrl, { timeoutMs: config.dbTimeoutMs });
   const registry = new Registry(db.db);
-  const pool = new DecodePool({ registry, internalSecret: keys.internalSecret, heartbeatTimeoutMs: config.heartbeatTimeoutMs, pollMs: config.routerPollMs, log });
+  const pool = new DecodePool({
+    registry,
+    internalSecret: keys.internalSecret,
+    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
+    pollMs: config.routerPollMs,
+    log,
+  });
   // Routers alive (this one included): each holds 1/n of every key's limits.
   let routers = 1;
   const countRouters = async () => {
@@ -44,8 +50,23 @@ export async function startRouter(config: Config): Promise<RunningRouter> {
   let draining = false;
   try {
     await pool.start();
-    const router = new Router({ pool, registry, policy: config.routerPolicy, imbalance: config.routerImbalance, timeoutMs: config.requestTimeoutMs, log });
-    const app = buildRouterApp({ router, security, dbProbe: new DbProbe(db), log, maxBodyBytes: config.maxBodyBytes, routers: () => routers, draining: () => draining });
+    const router = new Router({
+      pool,
+      registry,
+      policy: config.routerPolicy,
+      imbalance: config.routerImbalance,
+      timeoutMs: config.requestTimeoutMs,
+      log,
+    });
+    const app = buildRouterApp({
+      router,
+      security,
+      dbProbe: new DbProbe(db),
+      log,
+      maxBodyBytes: config.maxBodyBytes,
+      routers: () => routers,
+      draining: () => draining,
+    });
     http = await listen(app.fetch, config.host, config.port, config);
     const url = (config.publicUrl ?? http.url).replace(/\/+$/, "");
     // Registered like the services (its URL: the public one; nothing calls a router internally).

@@ -56,9 +56,19 @@ export class Router {
     const found = this.o.policy === "kv" ? await this.holderOf(tenant, hint) : undefined;
     const tried = new Set<string>();
     const url = new URL(c.req.url);
-    const out = { method: c.req.method, path: url.pathname + url.search, headers: c.req.raw.headers, body, signal: c.req.raw.signal, timeoutMs: this.o.timeoutMs };
+    const out = {
+      method: c.req.method,
+      path: url.pathname + url.search,
+      headers: c.req.raw.headers,
+      body,
+      signal: c.req.raw.signal,
+      timeoutMs: this.o.timeoutMs,
+    };
     for (let attempt = 0; attempt < MAX_TRIES; attempt++) {
-      const route = this.choose(this.o.pool.targets().filter((t) => !tried.has(t.id)), found?.holder);
+      const route = this.choose(
+        this.o.pool.targets().filter((t) => !tried.has(t.id)),
+        found?.holder,
+      );
       if (!route) break;
       tried.add(route.target.id);
       // A conversation found by its messages continues the session it repeats: the holder resumes it.
@@ -75,7 +85,10 @@ export class Router {
         if (!(err instanceof Unreachable)) throw err;
         this.m.retried.inc({ kind: err.kind });
         if (err.kind === "connect") this.o.pool.markDown(route.target.id);
-        this.o.log.warn({ decode: route.target.id, err: err.message }, "router: the decode could not take the request; trying the next one");
+        this.o.log.warn(
+          { decode: route.target.id, err: err.message },
+          "router: the decode could not take the request; trying the next one",
+        );
         if (found?.holder.instanceId === route.target.id) found.holder = { ...found.holder, instanceId: "" }; // gone: the next choice is holder_gone, by load
       }
     }
@@ -103,7 +116,12 @@ export class Router {
     }
     if ("messages" in hint && hint.messages.length > 1) {
       const match = await sessions.longestPrefix(tenant, messageHashes(hint.messages), { continued: true });
-      return match && { holder: { instanceId: match.session.holderInstanceId, by: "prefix" }, continues: match.session.id.slice(tenant.length + 1) };
+      return (
+        match && {
+          holder: { instanceId: match.session.holderInstanceId, by: "prefix" },
+          continues: match.session.id.slice(tenant.length + 1),
+        }
+      );
     }
     return undefined;
   }

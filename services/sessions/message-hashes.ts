@@ -18,7 +18,9 @@ export function messageHashes(messages: readonly HashedMessage[]): string[] {
   let previous = "ctxbank-messages-v1";
   for (const m of messages.slice(0, MAX_HASHED_MESSAGES)) {
     // JSON keeps the three parts apart whatever characters they hold.
-    previous = createHash("sha256").update(JSON.stringify([previous, m.role, m.content])).digest("hex");
+    previous = createHash("sha256")
+      .update(JSON.stringify([previous, m.role, m.content]))
+      .digest("hex");
     out.push(previous);
   }
   return out;

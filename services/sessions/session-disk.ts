@@ -9,7 +9,16 @@ import { createHash } from "node:crypto";
 import { mkdir, open, readdir, readFile, rename, stat, unlink, writeFile } from "node:fs/promises";
 import path from "node:path";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
-import { chunkByteLength, chunkHeaderSize, decodeChunkHeader, exportChunk, importVerifiedChunk, tokenBlocks, type ChunkMeta, type KvShape } from "../handoff/index.ts";
+import {
+  chunkByteLength,
+  chunkHeaderSize,
+  decodeChunkHeader,
+  exportChunk,
+  importVerifiedChunk,
+  tokenBlocks,
+  type ChunkMeta,
+  type KvShape,
+} from "../handoff/index.ts";
 
 /** What a spilled session's record holds (the KV itself is in its .kv file). */
 export interface DiskSession {
@@ -111,8 +120,14 @@ export class SessionDisk {
           buf = bigger;
         }
         const rest = await fh.read(buf, headerSize, total - headerSize, at + headerSize);
-        if (rest.bytesRead !== total - headerSize) throw new Error(`session ${id}: its KV file is truncated at byte ${at + headerSize + rest.bytesRead}`);
-        importVerifiedChunk(buf.subarray(0, total), { fingerprint: this.fingerprint, tokenStart: next, layerIds: this.allLayers(), dtype: "f16" }, seq, this.shape);
+        if (rest.bytesRead !== total - headerSize)
+          throw new Error(`session ${id}: its KV file is truncated at byte ${at + headerSize + rest.bytesRead}`);
+        importVerifiedChunk(
+          buf.subarray(0, total),
+          { fingerprint: this.fingerprint, tokenStart: next, layerIds: this.allLayers(), dtype: "f16" },
+          seq,
+          this.shape,
+        );
         next += header.tokenCount;
         at += total;
       }
@@ -126,7 +141,8 @@ export class SessionDisk {
   async remove(tenant: string, id: string): Promise<void> {
     const base = this.base(tenant, id);
     const size = (await stat(`${base}.kv`).catch(() => undefined))?.size ?? 0;
-    for (const f of [`${base}.json`, `${base}.kv`]) await unlink(f).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
+    for (const f of [`${base}.json`, `${base}.kv`])
+      await unlink(f).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(e)));
     if (this.bytesUsed !== undefined) this.bytesUsed = Math.max(0, this.bytesUsed - size);
   }
 
@@ -141,12 +157,26 @@ export class SessionDisk {
         const r = JSON.parse(await readFile(file, "utf8")) as Record<string, unknown>;
         const raw = Buffer.from(String(r.tokens), "base64");
         const ok =
-          r.version === RECORD_VERSION && typeof r.tenant === "string" && typeof r.id === "string" && raw.byteLength % 4 === 0 &&
-          Array.isArray(r.roundStarts) && Array.isArray(r.roundHashes) && typeof r.lastUsedAt === "number" &&
+          r.version === RECORD_VERSION &&
+          typeof r.tenant === "string" &&
+          typeof r.id === "string" &&
+          raw.byteLength % 4 === 0 &&
+          Array.isArray(r.roundStarts) &&
+          Array.isArray(r.roundHashes) &&
+          typeof r.lastUsedAt === "number" &&
           this.base(r.tenant, r.id) === file.slice(0, -".json".length);
         if (!ok) throw new Error("malformed record");
         const tokens = new Int32Array(raw.buffer.slice(raw.byteOffset, raw.byteOffset + raw.byteLength));
-        out.push({ tenant: r.tenant as string, id: r.id as string, tokens, roundStarts: r.roundStarts as number[], roundHashes: r.roundHashes as string[], turns: Number(r.turns) || 1, createdAt: Number(r.createdAt) || 0, lastUsedAt: r.lastUsedAt as number });
+        out.push({
+          tenant: r.tenant as string,
+          id: r.id as string,
+          tokens,
+          roundStarts: r.roundStarts as number[],
+          roundHashes: r.roundHashes as string[],
+          turns: Number(r.turns) || 1,
+          createdAt: Number(r.createdAt) || 0,
+          lastUsedAt: r.lastUsedAt as number,
+        });
       } catch {
         await unlink(file).catch(() => {});
         await unlink(`${file.slice(0, -".json".length)}.kv`).catch(() => {});

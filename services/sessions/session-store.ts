@@ -64,7 +64,9 @@ export function roundHashes(tokens: Int32Array, roundStarts: readonly number[]):
   return starts.map((start, i) => {
     const end = starts[i + 1] ?? tokens.length;
     const part = tokens.subarray(start, end);
-    return createHash("sha256").update(new Uint8Array(part.buffer, part.byteOffset, part.byteLength)).digest("hex");
+    return createHash("sha256")
+      .update(new Uint8Array(part.buffer, part.byteOffset, part.byteLength))
+      .digest("hex");
   });
 }
 
@@ -133,7 +135,10 @@ export class SessionStore {
 
   /** Every live session of `tenant`, most recently used first. */
   list(tenant: string): SessionSummary[] {
-    return [...this.parked.values()].filter((p) => p.tenant === tenant && !this.expired(p)).reverse().map((p) => this.describe(p));
+    return [...this.parked.values()]
+      .filter((p) => p.tenant === tenant && !this.expired(p))
+      .reverse()
+      .map((p) => this.describe(p));
   }
 
   /**
@@ -181,7 +186,14 @@ export class SessionStore {
    * sessions to disk, or dropped); a session larger than the per-key quota or the memory budget is
    * not kept.
    */
-  async park(tenant: string, id: string, seq: NativeSequence, tokens: ArrayLike<number>, roundStarts: readonly number[], turns: number): Promise<void> {
+  async park(
+    tenant: string,
+    id: string,
+    seq: NativeSequence,
+    tokens: ArrayLike<number>,
+    roundStarts: readonly number[],
+    turns: number,
+  ): Promise<void> {
     const held = Int32Array.from(tokens);
     if (held.length !== seq.nPast) throw new Error(`park: the sequence holds ${seq.nPast} tokens, ${held.length} were named`);
     await this.remove(tenant, id); // an older copy of the same session (a concurrent turn's)
@@ -194,7 +206,18 @@ export class SessionStore {
     await this.makeRoom(tenant, bytes);
     const t = this.now();
     const starts = roundStarts.length > 0 ? [...roundStarts] : [0];
-    const p: Parked = { tenant, id, seq, tokens: held, roundStarts: starts, roundHashes: roundHashes(held, starts), bytes, turns, createdAt: t, lastUsedAt: t };
+    const p: Parked = {
+      tenant,
+      id,
+      seq,
+      tokens: held,
+      roundStarts: starts,
+      roundHashes: roundHashes(held, starts),
+      bytes,
+      turns,
+      createdAt: t,
+      lastUsedAt: t,
+    };
     this.parked.set(keyOf(tenant, id), p);
     this.memoryBytes += bytes;
     this.byKey.set(tenant, (this.byKey.get(tenant) ?? 0) + bytes);
@@ -337,7 +360,19 @@ export class SessionStore {
   /** Moves `p` to disk, keeping it in the store; false when the disk tier could not take it. */
   private async spill(p: Parked): Promise<boolean> {
     const seq = p.seq!;
-    const ok = await this.disk!.save({ tenant: p.tenant, id: p.id, tokens: p.tokens, roundStarts: p.roundStarts, roundHashes: p.roundHashes, turns: p.turns, createdAt: p.createdAt, lastUsedAt: p.lastUsedAt }, seq).then(
+    const ok = await this.disk!.save(
+      {
+        tenant: p.tenant,
+        id: p.id,
+        tokens: p.tokens,
+        roundStarts: p.roundStarts,
+        roundHashes: p.roundHashes,
+        turns: p.turns,
+        createdAt: p.createdAt,
+        lastUsedAt: p.lastUsedAt,
+      },
+      seq,
+    ).then(
       () => true,
       () => false,
     );

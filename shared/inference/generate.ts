@@ -117,7 +117,13 @@ export function generate(
   return run(engine, tokens, sampler, text, options.signal);
 }
 
-async function* run(engine: Engine, prompt: Int32Array, sampler: Sampler, text: TokenTextStream, signal: AbortSignal | undefined): AsyncGenerator<GenerateEvent, void, undefined> {
+async function* run(
+  engine: Engine,
+  prompt: Int32Array,
+  sampler: Sampler,
+  text: TokenTextStream,
+  signal: AbortSignal | undefined,
+): AsyncGenerator<GenerateEvent, void, undefined> {
   signal?.throwIfAborted();
   const t0 = performance.now();
   // The only resource this call owns; dropped (and collected) when the generator ends.

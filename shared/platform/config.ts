@@ -19,7 +19,10 @@ const MiB = 1 << 20;
 const int = (min: number, max: number) => z.coerce.number().int().min(min).max(max);
 const ms = int(1, 7 * 24 * 3600 * 1000);
 const bytes = int(1, Number.MAX_SAFE_INTEGER);
-const sloMs = z.coerce.number().positive().max(24 * 3600 * 1000);
+const sloMs = z.coerce
+  .number()
+  .positive()
+  .max(24 * 3600 * 1000);
 
 export const ConfigSchema = z.object({
   host: z.string().min(1).default("127.0.0.1"),
@@ -44,7 +47,10 @@ export const ConfigSchema = z.object({
     .transform((d) => d as EngineDevice),
   /** Stable across restarts: the shard id is derived from it. Default role-host-port. */
   instanceId: z.string().regex(ID, "1-128 chars of letters, digits and . _ : -").optional(),
-  hostId: z.string().regex(ID).default(sanitizeId(hostname()) || "localhost"),
+  hostId: z
+    .string()
+    .regex(ID)
+    .default(sanitizeId(hostname()) || "localhost"),
   shardDir: z.string().min(1).optional(),
   shardBytes: bytes.default(1024 * MiB),
   /** Tokens per KV chunk (per layer group). */
@@ -218,77 +224,229 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
   port: { flag: "port", env: ["CTXBANK_PORT", "PORT"], help: "port (default 8080; 0 = any free port)" },
   publicUrl: { flag: "public-url", env: ["CTXBANK_PUBLIC_URL"], help: "URL other services reach this one at" },
   databaseUrl: { flag: "database-url", env: ["DATABASE_URL"], help: "postgres://… or pglite://memory | pglite:///dir" },
-  model: { flag: "model", env: ["CTXBANK_MODEL"], help: `a model name (ctxbank models lists them; downloaded once) or a GGUF file (default: ${MODEL_CATALOGUE.defaultModel})` },
+  model: {
+    flag: "model",
+    env: ["CTXBANK_MODEL"],
+    help: `a model name (ctxbank models lists them; downloaded once) or a GGUF file (default: ${MODEL_CATALOGUE.defaultModel})`,
+  },
   threads: { flag: "threads", env: ["CTXBANK_THREADS"], help: "engine threads" },
-  maxContext: { flag: "max-context", env: ["CTXBANK_MAX_CONTEXT"], help: "tokens one sequence may hold (default: the model's trained context; past it a warning: for measuring, not for answers)" },
+  maxContext: {
+    flag: "max-context",
+    env: ["CTXBANK_MAX_CONTEXT"],
+    help: "tokens one sequence may hold (default: the model's trained context; past it a warning: for measuring, not for answers)",
+  },
   device: { flag: "device", env: ["CTXBANK_DEVICE"], help: "cpu | cuda | cuda:N | auto: where the engine computes (default cpu)" },
   instanceId: { flag: "instance-id", env: ["CTXBANK_INSTANCE_ID"], help: "registry id (stable across restarts)" },
   hostId: { flag: "host-id", env: ["CTXBANK_HOST_ID"], help: "host identity for shm locality (default hostname)" },
   shardDir: { flag: "shard-dir", env: ["CTXBANK_SHARD_DIR"], help: "tmpfs directory for KV shards" },
   shardBytes: { flag: "shard-bytes", env: ["CTXBANK_SHARD_BYTES"], help: "KV shard size in bytes (default 1 GiB)" },
   blockTokens: { flag: "block-tokens", env: ["CTXBANK_BLOCK_TOKENS"], help: "tokens per KV chunk (default 512)" },
-  policy: { flag: "policy", env: ["CTXBANK_POLICY"], help: `default attention policy of requests that name none (${POLICY_KINDS.join(", ")}; with the model's calibrated defaults)` },
+  policy: {
+    flag: "policy",
+    env: ["CTXBANK_POLICY"],
+    help: `default attention policy of requests that name none (${POLICY_KINDS.join(", ")}; with the model's calibrated defaults)`,
+  },
   writeLeaseMs: { flag: "write-lease-ms", env: ["CTXBANK_WRITE_LEASE_MS"], help: "chunk write lease" },
   retainMs: { flag: "retain-ms", env: ["CTXBANK_RETAIN_MS"], help: "how long an unread chunk is kept (default 30 000)" },
-  maxShardBytesPerKey: { flag: "max-shard-bytes-per-key", env: ["CTXBANK_MAX_SHARD_BYTES_PER_KEY"], help: "shard bytes one API key may hold (then 429; default half the shard, keyless: none)" },
+  maxShardBytesPerKey: {
+    flag: "max-shard-bytes-per-key",
+    env: ["CTXBANK_MAX_SHARD_BYTES_PER_KEY"],
+    help: "shard bytes one API key may hold (then 429; default half the shard, keyless: none)",
+  },
   readLeaseMs: { flag: "read-lease-ms", env: ["CTXBANK_READ_LEASE_MS"], help: "chunk read lease" },
   heartbeatMs: { flag: "heartbeat-ms", env: ["CTXBANK_HEARTBEAT_MS"], help: "heartbeat period" },
   heartbeatTimeoutMs: { flag: "heartbeat-timeout-ms", env: ["CTXBANK_HEARTBEAT_TIMEOUT_MS"], help: "silence before an instance is dead" },
   reapMs: { flag: "reap-ms", env: ["CTXBANK_REAP_MS"], help: "expired-chunk reaper period" },
-  sweepMs: { flag: "sweep-ms", env: ["CTXBANK_SWEEP_MS"], help: "how often a prefill sweeps dead instances' shard files, chunks and requests (default 10000)" },
-  requestRetentionMs: { flag: "request-retention-ms", env: ["CTXBANK_REQUEST_RETENTION_MS"], help: "ended request rows are deleted after this (default 86400000 = 24 h)" },
+  sweepMs: {
+    flag: "sweep-ms",
+    env: ["CTXBANK_SWEEP_MS"],
+    help: "how often a prefill sweeps dead instances' shard files, chunks and requests (default 10000)",
+  },
+  requestRetentionMs: {
+    flag: "request-retention-ms",
+    env: ["CTXBANK_REQUEST_RETENTION_MS"],
+    help: "ended request rows are deleted after this (default 86400000 = 24 h)",
+  },
   maxPrefills: { flag: "max-prefills", env: ["CTXBANK_MAX_PREFILLS"], help: "prefills computed at once" },
   maxPrefillQueue: { flag: "max-prefill-queue", env: ["CTXBANK_MAX_PREFILL_QUEUE"], help: "prefills waiting (then 429)" },
-  maxPrefillCalls: { flag: "max-prefill-calls", env: ["CTXBANK_MAX_PREFILL_CALLS"], help: "decode: prefill calls in flight (default 4; raise with more prefill instances)" },
-  maxPrefillCallQueue: { flag: "max-prefill-call-queue", env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"], help: "decode: prefill calls waiting (then 429; default 16)" },
-  prefillTimeoutMs: { flag: "prefill-timeout-ms", env: ["CTXBANK_PREFILL_TIMEOUT_MS"], help: "decode: deadline of a prefill call (default 60 s + 20 ms per context token)" },
+  maxPrefillCalls: {
+    flag: "max-prefill-calls",
+    env: ["CTXBANK_MAX_PREFILL_CALLS"],
+    help: "decode: prefill calls in flight (default 4; raise with more prefill instances)",
+  },
+  maxPrefillCallQueue: {
+    flag: "max-prefill-call-queue",
+    env: ["CTXBANK_MAX_PREFILL_CALL_QUEUE"],
+    help: "decode: prefill calls waiting (then 429; default 16)",
+  },
+  prefillTimeoutMs: {
+    flag: "prefill-timeout-ms",
+    env: ["CTXBANK_PREFILL_TIMEOUT_MS"],
+    help: "decode: deadline of a prefill call (default 60 s + 20 ms per context token)",
+  },
   dbTimeoutMs: { flag: "db-timeout-ms", env: ["CTXBANK_DB_TIMEOUT_MS"], help: "PostgreSQL query and connect deadline (default 15 000)" },
-  headersTimeoutMs: { flag: "headers-timeout-ms", env: ["CTXBANK_HEADERS_TIMEOUT_MS"], help: "time to send a request's headers (default 10 000)" },
-  requestTimeoutMs: { flag: "request-timeout-ms", env: ["CTXBANK_REQUEST_TIMEOUT_MS"], help: "time to receive a whole request, headers and body, then 408 (default 120 000; responses are not limited)" },
-  bodyIdleTimeoutMs: { flag: "body-idle-timeout-ms", env: ["CTXBANK_BODY_IDLE_TIMEOUT_MS"], help: "longest pause inside a request body, then 408 (default 10 000)" },
-  keepAliveTimeoutMs: { flag: "keep-alive-timeout-ms", env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"], help: "idle keep-alive connection lifetime (default 65 000)" },
-  maxConnections: { flag: "max-connections", env: ["CTXBANK_MAX_CONNECTIONS"], help: "open connections per listener (default 1024; at the cap a new one closes the oldest idle one)" },
-  maxConnectionsPerPeer: { flag: "max-connections-per-peer", env: ["CTXBANK_MAX_CONNECTIONS_PER_PEER"], help: "open connections per listener from one address (default 256)" },
-  firstByteTimeoutMs: { flag: "first-byte-timeout-ms", env: ["CTXBANK_FIRST_BYTE_TIMEOUT_MS"], help: "time from accepting a connection to its first byte (default 3 000)" },
+  headersTimeoutMs: {
+    flag: "headers-timeout-ms",
+    env: ["CTXBANK_HEADERS_TIMEOUT_MS"],
+    help: "time to send a request's headers (default 10 000)",
+  },
+  requestTimeoutMs: {
+    flag: "request-timeout-ms",
+    env: ["CTXBANK_REQUEST_TIMEOUT_MS"],
+    help: "time to receive a whole request, headers and body, then 408 (default 120 000; responses are not limited)",
+  },
+  bodyIdleTimeoutMs: {
+    flag: "body-idle-timeout-ms",
+    env: ["CTXBANK_BODY_IDLE_TIMEOUT_MS"],
+    help: "longest pause inside a request body, then 408 (default 10 000)",
+  },
+  keepAliveTimeoutMs: {
+    flag: "keep-alive-timeout-ms",
+    env: ["CTXBANK_KEEP_ALIVE_TIMEOUT_MS"],
+    help: "idle keep-alive connection lifetime (default 65 000)",
+  },
+  maxConnections: {
+    flag: "max-connections",
+    env: ["CTXBANK_MAX_CONNECTIONS"],
+    help: "open connections per listener (default 1024; at the cap a new one closes the oldest idle one)",
+  },
+  maxConnectionsPerPeer: {
+    flag: "max-connections-per-peer",
+    env: ["CTXBANK_MAX_CONNECTIONS_PER_PEER"],
+    help: "open connections per listener from one address (default 256)",
+  },
+  firstByteTimeoutMs: {
+    flag: "first-byte-timeout-ms",
+    env: ["CTXBANK_FIRST_BYTE_TIMEOUT_MS"],
+    help: "time from accepting a connection to its first byte (default 3 000)",
+  },
   maxBatch: { flag: "max-batch", env: ["CTXBANK_MAX_BATCH"], help: "sequences per decode step" },
   maxQueue: { flag: "max-queue", env: ["CTXBANK_MAX_QUEUE"], help: "decode requests waiting (then 429)" },
-  prefillChunking: { flag: "prefill-chunking", env: ["CTXBANK_PREFILL_CHUNKING"], help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)" },
+  prefillChunking: {
+    flag: "prefill-chunking",
+    env: ["CTXBANK_PREFILL_CHUNKING"],
+    help: "serve: slo | off: prompts share the decode steps in chunks that keep the TPOT pace (default slo)",
+  },
   kvBudgetBytes: { flag: "kv-budget-bytes", env: ["CTXBANK_KV_BUDGET_BYTES"], help: "decode KV memory budget (then 429)" },
-  sessionBytes: { flag: "session-bytes", env: ["CTXBANK_SESSION_BYTES"], help: "KV memory kept for conversations between turns (default 512 MiB; 0 = no sessions)" },
-  sessionBytesPerKey: { flag: "session-bytes-per-key", env: ["CTXBANK_SESSION_BYTES_PER_KEY"], help: "one API key's share of session KV, memory and disk (default 128 MiB)" },
-  sessionTtlMs: { flag: "session-ttl-ms", env: ["CTXBANK_SESSION_TTL_MS"], help: "an unused session is dropped after this (default 10 min)" },
-  sessionDir: { flag: "session-dir", env: ["CTXBANK_SESSION_DIR"], help: "disk tier for sessions under memory pressure (KV in clear: a private directory; default none)" },
-  sessionDiskBytes: { flag: "session-disk-bytes", env: ["CTXBANK_SESSION_DISK_BYTES"], help: "bytes the session disk tier may take (default 4 GiB)" },
-  localPrefillTokens: { flag: "local-prefill-tokens", env: ["CTXBANK_LOCAL_PREFILL_TOKENS"], help: "decode: prefill here when the uncached part is at most this many tokens (default 0: sessions' turns only)" },
-  localPrefillFraction: { flag: "local-prefill-fraction", env: ["CTXBANK_LOCAL_PREFILL_FRACTION"], help: "decode: or at most this fraction of the prompt (default 0.3)" },
-  routerPollMs: { flag: "router-poll-ms", env: ["CTXBANK_ROUTER_POLL_MS"], help: "router: how often it reads the decodes and their load (default 1000)" },
-  routerPolicy: { flag: "router-policy", env: ["CTXBANK_ROUTER_POLICY"], help: "router: kv (where the KV is, then load) or round_robin (default kv)" },
-  routerImbalance: { flag: "router-imbalance", env: ["CTXBANK_ROUTER_IMBALANCE"], help: "router: requests a session's holder may have beyond the least loaded decode (default 8)" },
+  sessionBytes: {
+    flag: "session-bytes",
+    env: ["CTXBANK_SESSION_BYTES"],
+    help: "KV memory kept for conversations between turns (default 512 MiB; 0 = no sessions)",
+  },
+  sessionBytesPerKey: {
+    flag: "session-bytes-per-key",
+    env: ["CTXBANK_SESSION_BYTES_PER_KEY"],
+    help: "one API key's share of session KV, memory and disk (default 128 MiB)",
+  },
+  sessionTtlMs: {
+    flag: "session-ttl-ms",
+    env: ["CTXBANK_SESSION_TTL_MS"],
+    help: "an unused session is dropped after this (default 10 min)",
+  },
+  sessionDir: {
+    flag: "session-dir",
+    env: ["CTXBANK_SESSION_DIR"],
+    help: "disk tier for sessions under memory pressure (KV in clear: a private directory; default none)",
+  },
+  sessionDiskBytes: {
+    flag: "session-disk-bytes",
+    env: ["CTXBANK_SESSION_DISK_BYTES"],
+    help: "bytes the session disk tier may take (default 4 GiB)",
+  },
+  localPrefillTokens: {
+    flag: "local-prefill-tokens",
+    env: ["CTXBANK_LOCAL_PREFILL_TOKENS"],
+    help: "decode: prefill here when the uncached part is at most this many tokens (default 0: sessions' turns only)",
+  },
+  localPrefillFraction: {
+    flag: "local-prefill-fraction",
+    env: ["CTXBANK_LOCAL_PREFILL_FRACTION"],
+    help: "decode: or at most this fraction of the prompt (default 0.3)",
+  },
+  routerPollMs: {
+    flag: "router-poll-ms",
+    env: ["CTXBANK_ROUTER_POLL_MS"],
+    help: "router: how often it reads the decodes and their load (default 1000)",
+  },
+  routerPolicy: {
+    flag: "router-policy",
+    env: ["CTXBANK_ROUTER_POLICY"],
+    help: "router: kv (where the KV is, then load) or round_robin (default kv)",
+  },
+  routerImbalance: {
+    flag: "router-imbalance",
+    env: ["CTXBANK_ROUTER_IMBALANCE"],
+    help: "router: requests a session's holder may have beyond the least loaded decode (default 8)",
+  },
   maxBodyBytes: { flag: "max-body-bytes", env: ["CTXBANK_MAX_BODY_BYTES"], help: "largest request body (then 413)" },
-  transport: { flag: "transport", env: ["CTXBANK_TRANSPORT"], help: "auto | http | shm | ucx (auto: in process under serve, else shm on the owner's host, then UCX where both ends have it, then http; a named transport makes serve use the shard path too)" },
+  transport: {
+    flag: "transport",
+    env: ["CTXBANK_TRANSPORT"],
+    help: "auto | http | shm | ucx (auto: in process under serve, else shm on the owner's host, then UCX where both ends have it, then http; a named transport makes serve use the shard path too)",
+  },
   kvTimeoutMs: { flag: "kv-timeout-ms", env: ["CTXBANK_KV_TIMEOUT_MS"], help: "deadline for loading a request's KV" },
   kvConcurrency: { flag: "kv-concurrency", env: ["CTXBANK_KV_CONCURRENCY"], help: "chunk reads in flight per request" },
-  kvPoolMib: { flag: "kv-pool-mib", env: ["CTXBANK_KV_POOL_MIB"], help: "MiB of released KV memory kept zeroed for new sequences (default 1024; 0 = off)" },
-  kvStreaming: { flag: "kv-streaming", env: ["CTXBANK_KV_STREAMING"], help: "true | false: decode loads the KV while the prefill runs (default true)" },
+  kvPoolMib: {
+    flag: "kv-pool-mib",
+    env: ["CTXBANK_KV_POOL_MIB"],
+    help: "MiB of released KV memory kept zeroed for new sequences (default 1024; 0 = off)",
+  },
+  kvStreaming: {
+    flag: "kv-streaming",
+    env: ["CTXBANK_KV_STREAMING"],
+    help: "true | false: decode loads the KV while the prefill runs (default true)",
+  },
   drainMs: { flag: "drain-ms", env: ["CTXBANK_DRAIN_MS"], help: "graceful shutdown drain time" },
   logLevel: { flag: "log-level", env: ["CTXBANK_LOG_LEVEL", "LOG_LEVEL"], help: "pino level (info)" },
   sloTtftMs: { flag: "slo-ttft-ms", env: ["CTXBANK_SLO_TTFT_MS"], help: `TTFT objective in ms (default ${SLO_DEFAULTS.ttftMs})` },
-  sloTpotMs: { flag: "slo-tpot-ms", env: ["CTXBANK_SLO_TPOT_MS"], help: `time-per-output-token objective in ms (default ${SLO_DEFAULTS.tpotMs})` },
+  sloTpotMs: {
+    flag: "slo-tpot-ms",
+    env: ["CTXBANK_SLO_TPOT_MS"],
+    help: `time-per-output-token objective in ms (default ${SLO_DEFAULTS.tpotMs})`,
+  },
   sloE2eMs: { flag: "slo-e2e-ms", env: ["CTXBANK_SLO_E2E_MS"], help: "end-to-end objective in ms (default: none)" },
-  admission: { flag: "admission", env: ["CTXBANK_ADMISSION"], help: "off | slo: refuse prompts whose predicted TTFT misses the SLO (default off)" },
-  admissionMargin: { flag: "admission-margin", env: ["CTXBANK_ADMISSION_MARGIN"], help: `slo admission refuses above slo-ttft × (1 + margin) (default ${SLO_DEFAULTS.admissionMargin})` },
-  apiKeysFile: { flag: "api-keys-file", env: ["CTXBANK_API_KEYS_FILE"], help: "API keys file: `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines (ctxbank keys new <id>)" },
+  admission: {
+    flag: "admission",
+    env: ["CTXBANK_ADMISSION"],
+    help: "off | slo: refuse prompts whose predicted TTFT misses the SLO (default off)",
+  },
+  admissionMargin: {
+    flag: "admission-margin",
+    env: ["CTXBANK_ADMISSION_MARGIN"],
+    help: `slo admission refuses above slo-ttft × (1 + margin) (default ${SLO_DEFAULTS.admissionMargin})`,
+  },
+  apiKeysFile: {
+    flag: "api-keys-file",
+    env: ["CTXBANK_API_KEYS_FILE"],
+    help: "API keys file: `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines (ctxbank keys new <id>)",
+  },
   apiKeys: { flag: "api-keys", env: ["CTXBANK_API_KEYS"], help: "API key lines inline (as in the file; separated by newlines or ;)" },
   keyRate: { flag: "key-rate", env: ["CTXBANK_KEY_RATE"], help: "default requests/s per API key (default 10; 0 = unlimited)" },
   keyBurst: { flag: "key-burst", env: ["CTXBANK_KEY_BURST"], help: "default burst per API key (default 20)" },
-  keyConcurrency: { flag: "key-concurrency", env: ["CTXBANK_KEY_CONCURRENCY"], help: "default requests in flight per API key (default 8; 0 = unlimited)" },
+  keyConcurrency: {
+    flag: "key-concurrency",
+    env: ["CTXBANK_KEY_CONCURRENCY"],
+    help: "default requests in flight per API key (default 8; 0 = unlimited)",
+  },
   insecure: { flag: "insecure", env: ["CTXBANK_INSECURE"], help: "allow a non-loopback bind without API keys" },
   internalHost: { flag: "internal-host", env: ["CTXBANK_INTERNAL_HOST"], help: "interface of the internal listener (default 127.0.0.1)" },
-  internalPort: { flag: "internal-port", env: ["CTXBANK_INTERNAL_PORT"], help: "port of the internal listener (default 0 = any free port)" },
+  internalPort: {
+    flag: "internal-port",
+    env: ["CTXBANK_INTERNAL_PORT"],
+    help: "port of the internal listener (default 0 = any free port)",
+  },
   internalUrl: { flag: "internal-url", env: ["CTXBANK_INTERNAL_URL"], help: "URL other services reach the internal listener at" },
-  internalSecret: { flag: "internal-secret", env: ["CTXBANK_INTERNAL_SECRET"], help: "shared secret between services, >= 32 chars (prefer the env or the file)" },
+  internalSecret: {
+    flag: "internal-secret",
+    env: ["CTXBANK_INTERNAL_SECRET"],
+    help: "shared secret between services, >= 32 chars (prefer the env or the file)",
+  },
   internalSecretFile: { flag: "internal-secret-file", env: ["CTXBANK_INTERNAL_SECRET_FILE"], help: "file holding the shared secret" },
-  allowedHosts: { flag: "allowed-hosts", env: ["CTXBANK_ALLOWED_HOSTS"], help: "extra Host names to answer for, comma-separated (* = any)" },
+  allowedHosts: {
+    flag: "allowed-hosts",
+    env: ["CTXBANK_ALLOWED_HOSTS"],
+    help: "extra Host names to answer for, comma-separated (* = any)",
+  },
 };
 
 /** A setting (flag or environment variable) that is missing or malformed; the message names it. */
@@ -302,7 +460,9 @@ export class ConfigError extends CtxbankError<"invalid_config"> {
 
 /** parseArgs option descriptors for every setting (all strings). */
 export function configFlags(): Record<string, { type: "string" | "boolean" }> {
-  return Object.fromEntries(Object.values(SETTINGS).map((s) => [s.flag, { type: BOOLEAN_FLAGS.has(s.flag) ? ("boolean" as const) : ("string" as const) }]));
+  return Object.fromEntries(
+    Object.values(SETTINGS).map((s) => [s.flag, { type: BOOLEAN_FLAGS.has(s.flag) ? ("boolean" as const) : ("string" as const) }]),
+  );
 }
 
 /** Flags given without a value (`--insecure`). */
@@ -358,7 +518,9 @@ export function loadConfig(
   }
   checkSecurity(role, c);
   if (c.headersTimeoutMs > c.requestTimeoutMs) {
-    throw new ConfigError(`the headers timeout (${c.headersTimeoutMs} ms) must not be longer than the request timeout (${c.requestTimeoutMs} ms), which includes it`);
+    throw new ConfigError(
+      `the headers timeout (${c.headersTimeoutMs} ms) must not be longer than the request timeout (${c.requestTimeoutMs} ms), which includes it`,
+    );
   }
   if (c.heartbeatTimeoutMs <= c.heartbeatMs) {
     throw new ConfigError(`heartbeat timeout (${c.heartbeatTimeoutMs} ms) must be longer than the heartbeat period (${c.heartbeatMs} ms)`);

@@ -54,7 +54,12 @@ describe("parsePrometheus", () => {
 
 describe("histogramQuantile (Prometheus semantics)", () => {
   const b = (pairs: [number, number][]) => pairs.map(([le, count]) => ({ le, count }));
-  const buckets = b([[0.1, 2], [0.5, 6], [1, 8], [Infinity, 10]]);
+  const buckets = b([
+    [0.1, 2],
+    [0.5, 6],
+    [1, 8],
+    [Infinity, 10],
+  ]);
 
   it("interpolates linearly inside the bucket the rank falls into", () => {
     expect(histogramQuantile(0.5, buckets)).toBeCloseTo(0.4, 12); // rank 5: 0.1 + 0.4 * 3/4
@@ -68,13 +73,47 @@ describe("histogramQuantile (Prometheus semantics)", () => {
   });
 
   it("makes counts monotonic, and handles a non-positive first bound", () => {
-    expect(histogramQuantile(0.5, b([[0.1, 3], [0.5, 2], [Infinity, 4]]))).toBeCloseTo(0.1 * (2 / 3), 12);
-    expect(histogramQuantile(0.25, b([[-1, 1], [0, 2], [Infinity, 2]]))).toBe(-1);
+    expect(
+      histogramQuantile(
+        0.5,
+        b([
+          [0.1, 3],
+          [0.5, 2],
+          [Infinity, 4],
+        ]),
+      ),
+    ).toBeCloseTo(0.1 * (2 / 3), 12);
+    expect(
+      histogramQuantile(
+        0.25,
+        b([
+          [-1, 1],
+          [0, 2],
+          [Infinity, 2],
+        ]),
+      ),
+    ).toBe(-1);
   });
 
   it("is NaN without +Inf, observations or two buckets; ±Inf outside [0, 1]", () => {
-    expect(histogramQuantile(0.5, b([[0.1, 1], [1, 2]]))).toBeNaN();
-    expect(histogramQuantile(0.5, b([[0.1, 0], [Infinity, 0]]))).toBeNaN();
+    expect(
+      histogramQuantile(
+        0.5,
+        b([
+          [0.1, 1],
+          [1, 2],
+        ]),
+      ),
+    ).toBeNaN();
+    expect(
+      histogramQuantile(
+        0.5,
+        b([
+          [0.1, 0],
+          [Infinity, 0],
+        ]),
+      ),
+    ).toBeNaN();
     expect(histogramQuantile(0.5, b([[Infinity, 3]]))).toBeNaN();
     expect(histogramQuantile(-0.1, buckets)).toBe(-Infinity);
     expect(histogramQuantile(1.1, buckets)).toBe(Infinity);
@@ -160,7 +199,17 @@ describe("dashboard figures from prom-client output", () => {
     expect(tiles([s0])!.window).toBeNull();
     const s1 = await scrape(2_000);
     const idle = tiles([s0, s1])!.window!;
-    expect([idle.requestRate, idle.goodput, idle.attainment.all, ...idle.ttft, ...idle.tpot]).toEqual([0, 0, null, null, null, null, null, null, null]);
+    expect([idle.requestRate, idle.goodput, idle.attainment.all, ...idle.ttft, ...idle.tpot]).toEqual([
+      0,
+      0,
+      null,
+      null,
+      null,
+      null,
+      null,
+      null,
+      null,
+    ]);
     m.ttft.observe({ model: "x" }, 0.3);
     m.success.inc({ model: "x", finished_reason: "stop" });
     const s2 = await scrape(4_000);

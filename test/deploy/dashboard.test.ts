@@ -28,7 +28,11 @@ async function status(page: Page): Promise<string> {
 async function tile(page: Page, id: string) {
   const el = page.locator(`[data-tile="${id}"]`);
   const raw = await el.locator(".value").getAttribute("data-value");
-  return { value: raw === "" || raw === null ? null : Number(raw), text: await el.locator(".value").innerText(), sub: await el.locator(".sub").innerText() };
+  return {
+    value: raw === "" || raw === null ? null : Number(raw),
+    text: await el.locator(".value").innerText(),
+    sub: await el.locator(".sub").innerText(),
+  };
 }
 
 describe("dashboard in headless Chromium", () => {
@@ -75,7 +79,11 @@ describe("dashboard in headless Chromium", () => {
     expect(res.headers.get("content-security-policy")).toContain("default-src 'self'");
     const html = await res.text();
     expect(html).not.toMatch(/https?:\/\//); // no CDN
-    for (const [file, type] of [["app.js", "text/javascript"], ["uplot.esm.js", "text/javascript"], ["uplot.min.css", "text/css"]]) {
+    for (const [file, type] of [
+      ["app.js", "text/javascript"],
+      ["uplot.esm.js", "text/javascript"],
+      ["uplot.min.css", "text/css"],
+    ]) {
       const r = await fetch(`${s.url}/dashboard/${file}`);
       expect(r.status, file).toBe(200);
       expect(r.headers.get("content-type"), file).toContain(type);
@@ -109,7 +117,12 @@ describe("dashboard in headless Chromium", () => {
       await Promise.all(
         [0, 1].map(async (i) => {
           const t0 = performance.now();
-          const res = await postJson(`${s.url}/v1/completions`, { model: "default", prompt: `Count to ten, wave ${wave} #${i}:`, max_tokens: 24, temperature: 0 });
+          const res = await postJson(`${s.url}/v1/completions`, {
+            model: "default",
+            prompt: `Count to ten, wave ${wave} #${i}:`,
+            max_tokens: 24,
+            temperature: 0,
+          });
           expect(res.status, JSON.stringify(res.body)).toBe(200);
           latencies.push((performance.now() - t0) / 1000);
         }),
@@ -130,7 +143,9 @@ describe("dashboard in headless Chromium", () => {
     // The page's TTFT p50 is histogram_quantile over the same buckets /metrics has now (the page's
     // window starts before the first request), and lies within what the client measured.
     const ttftFamily = parsePrometheus(await (await fetch(`${s.url}/metrics`)).text()).families.get(M.ttft!)!;
-    const buckets = ttftFamily.samples.filter((x) => x.name.endsWith("_bucket")).map((b) => ({ le: b.labels.le === "+Inf" ? Infinity : Number(b.labels.le), count: b.value }));
+    const buckets = ttftFamily.samples
+      .filter((x) => x.name.endsWith("_bucket"))
+      .map((b) => ({ le: b.labels.le === "+Inf" ? Infinity : Number(b.labels.le), count: b.value }));
     const expectedP50 = histogramQuantile(0.5, buckets); // sums the buckets of equal bound itself
     expect(ttft.value).toBeCloseTo(expectedP50, 9);
     expect(ttft.value!).toBeGreaterThan(0);

@@ -17,11 +17,18 @@ describe("Dockerfile", () => {
     for (const s of dockerfile.stages.slice(0, -1)) expect(s.image, `stage ${s.name}`).toMatch(/^(node:20-bookworm|[a-z]+)$/);
     expect(runtime.image).toBe("node:20-bookworm-slim");
     // No compiler or package manager cache in the final stage: it only copies.
-    expect(runtime.instructions.filter((i) => i.keyword === "RUN").map((i) => i.rest).join("\n")).not.toMatch(/apt-get install|npm (ci|install)|cmake/);
+    expect(
+      runtime.instructions
+        .filter((i) => i.keyword === "RUN")
+        .map((i) => i.rest)
+        .join("\n"),
+    ).not.toMatch(/apt-get install|npm (ci|install)|cmake/);
   });
 
   it("copies only files that exist in the repository and that .dockerignore lets through", () => {
-    const sources = dockerfile.stages.flatMap((s) => s.instructions.filter((i) => (i.keyword === "COPY" || i.keyword === "ADD") && !("from" in i.flags)));
+    const sources = dockerfile.stages.flatMap((s) =>
+      s.instructions.filter((i) => (i.keyword === "COPY" || i.keyword === "ADD") && !("from" in i.flags)),
+    );
     expect(sources.length).toBeGreaterThan(5);
     for (const ins of sources) {
       expect(ins.keyword, `line ${ins.line}: use COPY`).toBe("COPY");
@@ -35,7 +42,13 @@ describe("Dockerfile", () => {
         }
       }
     }
-    for (const never of ["node_modules/tsx/package.json", "native/build/Release/ctxbank_native.node", "x/model.gguf", "bench/engine/run.ts", "test/deploy.test.ts"]) {
+    for (const never of [
+      "node_modules/tsx/package.json",
+      "native/build/Release/ctxbank_native.node",
+      "x/model.gguf",
+      "bench/engine/run.ts",
+      "test/deploy.test.ts",
+    ]) {
       expect(isIgnored(never, ignore), `${never} must stay out of the build context`).toBe(true);
     }
   });
@@ -121,7 +134,9 @@ describe("Dockerfile", () => {
   });
 
   it("installs production dependencies with the optional ones .npmrc omits (tsx needs esbuild's binary)", () => {
-    const npm = dockerfile.stages.flatMap((s) => s.instructions).find((i) => i.keyword === "RUN" && /\bnpm (ci|install)\b/.test(i.rest))!.rest;
+    const npm = dockerfile.stages
+      .flatMap((s) => s.instructions)
+      .find((i) => i.keyword === "RUN" && /\bnpm (ci|install)\b/.test(i.rest))!.rest;
     expect(npm).toMatch(/--omit=dev/);
     if (/^omit=optional$/m.test(readFileSync(at(".npmrc"), "utf8"))) expect(npm).toMatch(/--include=optional/);
     const lock = JSON.parse(readFileSync(at("package-lock.json"), "utf8")) as {
@@ -131,7 +146,9 @@ describe("Dockerfile", () => {
     // `npm ci` refuses a lockfile that lacks optional packages of a package in it (node-llama-cpp's
     // platform builds the registry does not serve); `npm install` follows the lockfile and skips them.
     const missing = Object.entries(lock.packages).flatMap(([where, p]) =>
-      Object.keys(p.optionalDependencies ?? {}).filter((dep) => !(`${where}/node_modules/${dep}` in lock.packages) && !(`node_modules/${dep}` in lock.packages)),
+      Object.keys(p.optionalDependencies ?? {}).filter(
+        (dep) => !(`${where}/node_modules/${dep}` in lock.packages) && !(`node_modules/${dep}` in lock.packages),
+      ),
     );
     if (missing.length > 0) expect(npm, `npm ci would fail on the lockfile (missing ${missing[0]})`).not.toMatch(/\bnpm ci\b/);
   });

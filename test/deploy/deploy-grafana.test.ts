@@ -12,7 +12,10 @@ const exported = exportedMetricsOnce();
 
 describe("Grafana dashboard", () => {
   const file = readFileSync(at("deploy/grafana/ctxbank.json"), "utf8");
-  const dashboard = JSON.parse(file) as ReturnType<typeof buildDashboard> & { panels: Panel[]; templating: { list: { name: string; type: string; query: unknown }[] } };
+  const dashboard = JSON.parse(file) as ReturnType<typeof buildDashboard> & {
+    panels: Panel[];
+    templating: { list: { name: string; type: string; query: unknown }[] };
+  };
   const panels = dashboard.panels.filter((p) => p.type !== "row");
 
   it("is what deploy/grafana/dashboard.ts builds (run `npx tsx deploy/grafana/build.ts`)", () => {
@@ -34,7 +37,8 @@ describe("Grafana dashboard", () => {
     const used = new Set<string>();
     for (const p of panels) {
       for (const t of p.targets as { expr: string; refId: string }[]) {
-        for (const m of exported.query(expandGrafana(t.expr), `${p.title as string}/${t.refId}`)) used.add(m.replace(/_(bucket|sum|count)$/, ""));
+        for (const m of exported.query(expandGrafana(t.expr), `${p.title as string}/${t.refId}`))
+          used.add(m.replace(/_(bucket|sum|count)$/, ""));
       }
     }
     for (const v of dashboard.templating.list.filter((v) => v.type === "query")) {
@@ -43,7 +47,10 @@ describe("Grafana dashboard", () => {
       expect(inner, q).not.toBeNull();
       exported.query(inner![1]!, `variable ${v.name}`);
     }
-    const missing = exported.list().filter((m) => m.name.startsWith("ctxbank:") && !used.has(m.name)).map((m) => m.name);
+    const missing = exported
+      .list()
+      .filter((m) => m.name.startsWith("ctxbank:") && !used.has(m.name))
+      .map((m) => m.name);
     expect(missing, "ctxbank metrics with no panel").toEqual([]);
   });
 

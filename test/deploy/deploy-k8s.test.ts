@@ -39,11 +39,18 @@ const MiB = 2 ** 20;
 /** Roles that load a model and hold KV; the router does neither. */
 const MODEL_ROLES: ServiceRole[] = ["prefill", "decode"];
 /** Where each role's HTTP routes are declared (the probes must hit one of them). */
-const ROUTES_OF: Partial<Record<ServiceRole, string>> = { prefill: "services/app.ts", decode: "services/app.ts", router: "services/router/app.ts" };
+const ROUTES_OF: Partial<Record<ServiceRole, string>> = {
+  prefill: "services/app.ts",
+  decode: "services/app.ts",
+  router: "services/router/app.ts",
+};
 /** The routes a source file declares: OpenAPI `path: "/x"` and Hono `app.get("/x", …)`. */
 function declaredRoutes(file: string): Set<string> {
   const source = readFileSync(at(file), "utf8");
-  const routes = [...source.matchAll(/path: "(\/[^"]*)"/g), ...source.matchAll(/\bapp\.(?:get|post|put|delete|on)\(\s*(?:\[[^\]]*\],\s*)?"(\/[^"]*)"/g)];
+  const routes = [
+    ...source.matchAll(/path: "(\/[^"]*)"/g),
+    ...source.matchAll(/\bapp\.(?:get|post|put|delete|on)\(\s*(?:\[[^\]]*\],\s*)?"(\/[^"]*)"/g),
+  ];
   return new Set(routes.map((m) => m[1]!));
 }
 
@@ -54,14 +61,17 @@ const exported = exportedMetricsOnce();
 
 const isCtxbankImage = (image: unknown) => typeof image === "string" && /(^|\/)ctxbank(:[^/]*)?$/.test(image);
 const workloads = (objects: K8sObject[]) => objects.filter((o) => o.kind === "Deployment" || o.kind === "StatefulSet");
-const podSpec = (o: K8sObject) => (o.spec as { template: { metadata: { labels: Record<string, string> }; spec: Record<string, any> } }).template;
+const podSpec = (o: K8sObject) =>
+  (o.spec as { template: { metadata: { labels: Record<string, string> }; spec: Record<string, any> } }).template;
 const matches = (selector: Record<string, string>, labels: Record<string, string> | undefined) =>
   Object.keys(selector).length > 0 && Object.entries(selector).every(([k, v]) => labels?.[k] === v);
 
 describe("Kubernetes manifests", () => {
   it("every YAML file under deploy/k8s parses and is used by an overlay", () => {
     const used = new Set(OVERLAYS.flatMap((o) => [...filesUsed(path.join(K8S, o))]));
-    const files = readdirSync(K8S, { recursive: true, encoding: "utf8" }).filter((f) => /\.ya?ml$/.test(f)).map((f) => path.join(K8S, f));
+    const files = readdirSync(K8S, { recursive: true, encoding: "utf8" })
+      .filter((f) => /\.ya?ml$/.test(f))
+      .map((f) => path.join(K8S, f));
     for (const f of files) {
       expect(() => readYamlDocs(f), f).not.toThrow();
       if (f !== ADAPTER_VALUES) expect(used.has(f), `${path.relative(root, f)} is not part of any overlay`).toBe(true);
@@ -89,8 +99,12 @@ describe("Kubernetes manifests", () => {
 
   it("puts every namespaced object in the ctxbank namespace", () => {
     for (const [overlay, objects] of rendered) {
-      for (const o of objects) expect(o.kind === "Namespace" ? o.metadata.name : o.metadata.namespace, `${overlay}: ${objectId(o)}`).toBe("ctxbank");
-      expect(objects.some((o) => o.kind === "Namespace"), overlay).toBe(true);
+      for (const o of objects)
+        expect(o.kind === "Namespace" ? o.metadata.name : o.metadata.namespace, `${overlay}: ${objectId(o)}`).toBe("ctxbank");
+      expect(
+        objects.some((o) => o.kind === "Namespace"),
+        overlay,
+      ).toBe(true);
     }
   });
 
@@ -104,7 +118,10 @@ describe("Kubernetes manifests", () => {
         for (const port of spec.ports) {
           for (const p of selected) {
             const ports = (p.spec.containers as { ports?: { name?: string; containerPort: number }[] }[]).flatMap((c) => c.ports ?? []);
-            expect(ports.some((cp) => cp.name === port.targetPort || cp.containerPort === port.targetPort), `${overlay}: ${svc.metadata.name}:${port.name}`).toBe(true);
+            expect(
+              ports.some((cp) => cp.name === port.targetPort || cp.containerPort === port.targetPort),
+              `${overlay}: ${svc.metadata.name}:${port.name}`,
+            ).toBe(true);
           }
         }
       }
@@ -113,7 +130,10 @@ describe("Kubernetes manifests", () => {
         expect(pods.filter((p) => matches(sel, p.metadata.labels)).length, `${overlay}: PDB ${pdb.metadata.name}`).toBe(1);
       }
       for (const sm of objects.filter((o) => o.kind === "ServiceMonitor")) {
-        const spec = sm.spec as { selector: { matchLabels: Record<string, string> }; endpoints: { port: string; path: string; honorLabels?: boolean }[] };
+        const spec = sm.spec as {
+          selector: { matchLabels: Record<string, string> };
+          endpoints: { port: string; path: string; honorLabels?: boolean }[];
+        };
         const services = objects.filter((o) => o.kind === "Service" && matches(spec.selector.matchLabels, o.metadata.labels));
         expect(services.map((s) => s.metadata.name).sort(), overlay).toEqual(["ctxbank-decode", "ctxbank-prefill", "ctxbank-router"]);
         for (const ep of spec.endpoints) {
@@ -143,8 +163,15 @@ describe("Kubernetes manifests", () => {
           const probe = c[kind];
           if (isCtxbankImage(c.image)) expect(probe, `${w.metadata.name}/${c.name} needs a ${kind}`).toBeDefined();
           const port = probe?.httpGet?.port ?? probe?.tcpSocket?.port;
-          if (port !== undefined) expect(ports.some((p) => p.name === port || p.containerPort === port), `${w.metadata.name} ${kind} port ${port}`).toBe(true);
-          if (isCtxbankImage(c.image)) expect(routes.has(probe.httpGet.path), `${w.metadata.name} ${kind} ${probe.httpGet.path} is not a route of ${routesFile}`).toBe(true);
+          if (port !== undefined)
+            expect(
+              ports.some((p) => p.name === port || p.containerPort === port),
+              `${w.metadata.name} ${kind} port ${port}`,
+            ).toBe(true);
+          if (isCtxbankImage(c.image))
+            expect(routes.has(probe.httpGet.path), `${w.metadata.name} ${kind} ${probe.httpGet.path} is not a route of ${routesFile}`).toBe(
+              true,
+            );
         }
         if (isCtxbankImage(c.image)) {
           expect(c.readinessProbe.httpGet.path).toBe("/ready");
@@ -155,7 +182,12 @@ describe("Kubernetes manifests", () => {
   });
 
   describe("ctxbank containers", () => {
-    const uid = Number(runtime.instructions.filter((i) => i.keyword === "USER").at(-1)!.rest.split(":")[0]);
+    const uid = Number(
+      runtime.instructions
+        .filter((i) => i.keyword === "USER")
+        .at(-1)!
+        .rest.split(":")[0],
+    );
     const cases = workloads(allObjects).flatMap((w) =>
       (podContainers(w) as Record<string, any>[]).filter((c) => isCtxbankImage(c.image)).map((c) => ({ w, c })),
     );
@@ -208,14 +240,23 @@ describe("Kubernetes manifests", () => {
           expect(c.ports.find((p: { name: string }) => p.name === "internal").containerPort, name).toBe(config.internalPort);
           expect(config.internalPort, name).not.toBe(config.port);
           const internal = new URL(config.internalUrl!);
-          expect([internal.hostname, Number(internal.port)], `${name}: internal URL from the pod IP`).toEqual(["10.1.2.3", config.internalPort]);
+          expect([internal.hostname, Number(internal.port)], `${name}: internal URL from the pod IP`).toEqual([
+            "10.1.2.3",
+            config.internalPort,
+          ]);
         } else {
           // The router has no internal listener (nothing calls it): no port, no URL, no bind.
           expect(config.role, name).toBe("router");
-          expect(c.ports.map((p: { name: string }) => p.name), `${name}: only the public port`).toEqual(["http"]);
+          expect(
+            c.ports.map((p: { name: string }) => p.name),
+            `${name}: only the public port`,
+          ).toEqual(["http"]);
           expect(config.internalUrl, `${name}: no internal URL to register`).toBeUndefined();
           const env = configOf(w, c).env.names;
-          expect(env.filter((n) => n.startsWith("CTXBANK_INTERNAL_") && n !== "CTXBANK_INTERNAL_SECRET"), name).toEqual([]);
+          expect(
+            env.filter((n) => n.startsWith("CTXBANK_INTERNAL_") && n !== "CTXBANK_INTERNAL_SECRET"),
+            name,
+          ).toEqual([]);
         }
         // The router needs the secret too: it reads each decode's status on the internal listener.
         expect(config.internalSecret, `${name}: the shared secret`).toBeDefined();
@@ -243,9 +284,13 @@ describe("Kubernetes manifests", () => {
     it("prefill's shard is on a memory emptyDir as large as --shard-bytes", () => {
       const { w, c } = distinct.find(({ c }) => c.args[0] === "prefill")!;
       const { config } = configOf(w, c);
-      const mount = (c.volumeMounts as { name: string; mountPath: string }[]).find((m) => config.shardDir === m.mountPath || config.shardDir.startsWith(m.mountPath + "/"));
+      const mount = (c.volumeMounts as { name: string; mountPath: string }[]).find(
+        (m) => config.shardDir === m.mountPath || config.shardDir.startsWith(m.mountPath + "/"),
+      );
       expect(mount, `no volume holds ${config.shardDir}`).toBeDefined();
-      const volume = (podSpec(w).spec.volumes as { name: string; emptyDir?: { medium?: string; sizeLimit?: string } }[]).find((v) => v.name === mount!.name)!;
+      const volume = (podSpec(w).spec.volumes as { name: string; emptyDir?: { medium?: string; sizeLimit?: string } }[]).find(
+        (v) => v.name === mount!.name,
+      )!;
       expect(volume.emptyDir?.medium).toBe("Memory");
       expect(parseQuantity(volume.emptyDir!.sizeLimit!)).toBe(Math.ceil(config.shardBytes / 4096) * 4096);
     });
@@ -332,17 +377,27 @@ describe("Kubernetes manifests", () => {
     const prefillContainer = podContainers(prefill)[0] as Record<string, any>;
     /** The SLO a query's latency is judged against (seconds), if it is a latency query. */
     const sloFor = (query: string): number | undefined => {
-      const slo = loadConfig("prefill", {}, containerEnv(prefillContainer, allObjects, imageEnv(runtime), (_, key) => SECRET_VALUES[key] ?? "secret").env);
+      const slo = loadConfig(
+        "prefill",
+        {},
+        containerEnv(prefillContainer, allObjects, imageEnv(runtime), (_, key) => SECRET_VALUES[key] ?? "secret").env,
+      );
       if (query.includes("time_to_first_token_seconds")) return slo.sloTtftMs / 1000;
       return query.includes("time_per_output_token_seconds") ? slo.sloTpotMs / 1000 : undefined;
     };
     const scaledObjects = rendered.get("overlays/keda")!.filter((o) => o.kind === "ScaledObject");
     const hpas = rendered.get("overlays/hpa")!.filter((o) => o.kind === "HorizontalPodAutoscaler");
-    const deployments = new Set(workloads(allObjects).filter((w) => w.kind === "Deployment").map((w) => w.metadata.name));
+    const deployments = new Set(
+      workloads(allObjects)
+        .filter((w) => w.kind === "Deployment")
+        .map((w) => w.metadata.name),
+    );
 
     /** The CPU request of every container of a Deployment (a utilisation target is a percentage of it). */
     const cpuRequests = (name: string) =>
-      (podContainers(workloads(allObjects).find((w) => w.metadata.name === name)!) as Record<string, any>[]).map((c) => c.resources?.requests?.cpu as string | undefined);
+      (podContainers(workloads(allObjects).find((w) => w.metadata.name === name)!) as Record<string, any>[]).map(
+        (c) => c.resources?.requests?.cpu as string | undefined,
+      );
 
     it("scales prefill and decode independently, each on its own latency SLO", () => {
       for (const set of [scaledObjects, hpas]) {
@@ -384,7 +439,11 @@ describe("Kubernetes manifests", () => {
 
     it("KEDA triggers: valid PromQL over exported metrics, latency as Value under the SLO", () => {
       for (const o of scaledObjects) {
-        const spec = o.spec as { minReplicaCount: number; maxReplicaCount: number; triggers: { type: string; name: string; metricType?: string; metadata: Record<string, string> }[] };
+        const spec = o.spec as {
+          minReplicaCount: number;
+          maxReplicaCount: number;
+          triggers: { type: string; name: string; metricType?: string; metadata: Record<string, string> }[];
+        };
         expect(spec.minReplicaCount, "a pod needs minutes to load; never scale to zero").toBeGreaterThanOrEqual(1);
         expect(spec.maxReplicaCount).toBeGreaterThan(spec.minReplicaCount);
         for (const t of spec.triggers) {
@@ -395,7 +454,8 @@ describe("Kubernetes manifests", () => {
             const value = Number(t.metadata.value);
             expect(value, where).toBeGreaterThan(0);
             expect(value, where).toBeLessThanOrEqual(100);
-            for (const cpu of cpuRequests((o.spec as { scaleTargetRef: { name: string } }).scaleTargetRef.name)) expect(parseQuantity(cpu!), `${where}: CPU request`).toBeGreaterThan(0);
+            for (const cpu of cpuRequests((o.spec as { scaleTargetRef: { name: string } }).scaleTargetRef.name))
+              expect(parseQuantity(cpu!), `${where}: CPU request`).toBeGreaterThan(0);
             expect(spec.minReplicaCount, `${where}: a resource trigger cannot scale to zero`).toBeGreaterThanOrEqual(1);
             continue;
           }
@@ -421,7 +481,10 @@ describe("Kubernetes manifests", () => {
       };
       type AdapterRule = { seriesQuery: string; metricsQuery: string; name: { as: string } };
       const published = new Map<string, { kind: "Pods" | "External"; rule: AdapterRule }>();
-      for (const [kind, rules] of [["Pods", values.rules.custom], ["External", values.rules.external]] as const) {
+      for (const [kind, rules] of [
+        ["Pods", values.rules.custom],
+        ["External", values.rules.external],
+      ] as const) {
         for (const rule of rules) {
           const seriesMetrics = exported.query(rule.seriesQuery, `adapter ${rule.name.as} seriesQuery`);
           exported.query(expandAdapter(rule.metricsQuery, seriesMetrics[0]!), `adapter ${rule.name.as} metricsQuery`);
@@ -430,7 +493,12 @@ describe("Kubernetes manifests", () => {
         }
       }
       for (const hpa of hpas) {
-        const spec = hpa.spec as { minReplicas: number; maxReplicas: number; scaleTargetRef: { name: string }; metrics: { type: string; pods?: any; external?: any; resource?: any }[] };
+        const spec = hpa.spec as {
+          minReplicas: number;
+          maxReplicas: number;
+          scaleTargetRef: { name: string };
+          metrics: { type: string; pods?: any; external?: any; resource?: any }[];
+        };
         expect(spec.minReplicas).toBeGreaterThanOrEqual(1);
         expect(spec.maxReplicas).toBeGreaterThan(spec.minReplicas);
         for (const m of spec.metrics) {
@@ -441,7 +509,8 @@ describe("Kubernetes manifests", () => {
             expect(m.resource.target.type, where).toBe("Utilization");
             expect(m.resource.target.averageUtilization, where).toBeGreaterThan(0);
             expect(m.resource.target.averageUtilization, where).toBeLessThanOrEqual(100);
-            for (const cpu of cpuRequests(spec.scaleTargetRef.name)) expect(parseQuantity(cpu!), `${where}: CPU request`).toBeGreaterThan(0);
+            for (const cpu of cpuRequests(spec.scaleTargetRef.name))
+              expect(parseQuantity(cpu!), `${where}: CPU request`).toBeGreaterThan(0);
             continue;
           }
           const body = m.type === "Pods" ? m.pods : m.external;

@@ -36,17 +36,24 @@ const KL_ROUNDING = 1e-12;
 
 interface OracleRun {
   prefillLogits: Float32Array;
-  greedy: number[];            // `steps` tokens: greedy from this run, or the ones it was forced to take
-  stepLogits: Float32Array[];  // the logits before each of them
+  greedy: number[]; // `steps` tokens: greedy from this run, or the ones it was forced to take
+  stepLogits: Float32Array[]; // the logits before each of them
 }
 
-async function runOracle(oracle: LlamaModel, ids: number[], steps: number, nVocab: number, kvType: "F32" | "F16",
-                         forced?: number[]): Promise<OracleRun> {
+async function runOracle(
+  oracle: LlamaModel,
+  ids: number[],
+  steps: number,
+  nVocab: number,
+  kvType: "F32" | "F16",
+  forced?: number[],
+): Promise<OracleRun> {
   const ctx = await oracleContext(oracle, { contextSize: ids.length + steps + 16, kvType });
   try {
     const seq = ctx.getSequence();
-    const input = ids.map((id, i): ControlledEvaluateInputItem =>
-      i === ids.length - 1 ? [id as Token, { generateNext: { logits: true } }] : (id as Token));
+    const input = ids.map(
+      (id, i): ControlledEvaluateInputItem => (i === ids.length - 1 ? [id as Token, { generateNext: { logits: true } }] : (id as Token)),
+    );
     const first = await seq.controlledEvaluate(input);
     const prefillLogits = logitsArray(first[ids.length - 1]!.next!.logits!, nVocab);
     const greedy: number[] = [];
@@ -71,10 +78,10 @@ async function runOracle(oracle: LlamaModel, ids: number[], steps: number, nVoca
 // each 8-bit activation that a rounding difference flips (one kernel table of ours against
 // another doubles the worst step's KL on Gemma 3), their averages do not.
 interface Distance {
-  maxAbs: number;     // largest |Δlogit| at any step
-  meanAbs: number;    // mean |Δlogit|, averaged over the steps
-  kl: number;         // KL(llama.cpp f32 || other), averaged over the steps
-  worstKl: number;    // the largest KL of a step (reported)
+  maxAbs: number; // largest |Δlogit| at any step
+  meanAbs: number; // mean |Δlogit|, averaged over the steps
+  kl: number; // KL(llama.cpp f32 || other), averaged over the steps
+  worstKl: number; // the largest KL of a step (reported)
 }
 
 function distance(ref: Float32Array[], other: Float32Array[]): Distance {
@@ -115,7 +122,8 @@ async function compare(name: string, path: string, ids: number[], steps: number,
     // 2. Teacher-forced: fed llama.cpp's greedy tokens, top-1 equal at every step that is not a
     //    tie; the largest |Δlogit| of any step, and the mean |Δlogit| and KL over the steps, within
     //    FLOOR_FACTOR of the floor's.
-    let agree = 0, ties = 0;
+    let agree = 0,
+      ties = 0;
     const got: Float32Array[] = [logits];
     for (let s = 0; s < steps; s++) {
       const want = ref.greedy[s]!;
@@ -169,7 +177,10 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 // A small RoPE base, so that every pair turns noticeably within the prompt.
 const CASES: { name: string; model: TinyArchOptions }[] = [
-  { name: "llama: Llama 3 rope_freqs, linear scaling, untied head", model: { arch: "llama", ropeBase: 500, ropeFreqs: true, ropeLinearFactor: 2, tiedOutput: false } },
+  {
+    name: "llama: Llama 3 rope_freqs, linear scaling, untied head",
+    model: { arch: "llama", ropeBase: 500, ropeFreqs: true, ropeLinearFactor: 2, tiedOutput: false },
+  },
   { name: "qwen2: Q/K/V biases, NEOX pairs", model: { arch: "qwen2", ropeBase: 500 } },
   { name: "qwen3: per-head Q/K norm, 128-wide queries on a 64-wide model", model: { arch: "qwen3", ropeBase: 500, headDim: 32 } },
   {
@@ -178,7 +189,18 @@ const CASES: { name: string; model: TinyArchOptions }[] = [
   },
   {
     name: "gemma3: window 12 every other layer (pattern as a period), local base 50, soft-cap 3",
-    model: { arch: "gemma3", ropeBase: 500, nHeadKv: 1, headDim: 32, nLayer: 4, slidingWindow: 12, swaPeriod: 2, ropeBaseSwa: 50, softcap: 3, tiedOutput: false },
+    model: {
+      arch: "gemma3",
+      ropeBase: 500,
+      nHeadKv: 1,
+      headDim: 32,
+      nLayer: 4,
+      slidingWindow: 12,
+      swaPeriod: 2,
+      ropeBaseSwa: 50,
+      softcap: 3,
+      tiedOutput: false,
+    },
   },
 ];
 

@@ -3,7 +3,14 @@
 import { beforeAll, describe, expect, it, vi } from "vitest";
 import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engine/engine.ts";
 import { Sampler, argmax, type SamplingOptions } from "../../shared/inference/engine/sampler.ts";
-import { generate, GenerateError, StopStringFilter, type DoneEvent, type GenerateOptions, type TokenEvent } from "../../shared/inference/generate.ts";
+import {
+  generate,
+  GenerateError,
+  StopStringFilter,
+  type DoneEvent,
+  type GenerateOptions,
+  type TokenEvent,
+} from "../../shared/inference/generate.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
@@ -142,7 +149,10 @@ describe("generate", () => {
       expect(r.ids).toEqual(full.ids.slice(0, 10)); // token 9 completes the stop string
       // While the stop string was forming its start was held back: token 6's event has not
       // printed the character where the stop string begins.
-      const upTo6 = r.events.slice(0, 7).map((e) => e.text).join("");
+      const upTo6 = r.events
+        .slice(0, 7)
+        .map((e) => e.text)
+        .join("");
       expect(upTo6.length).toBeLessThanOrEqual(start);
     });
 
@@ -192,7 +202,7 @@ describe("generate", () => {
       ).rejects.toMatchObject({ name: "AbortError" });
       expect(ids).toHaveLength(3);
       const again = await run(tok.encode(STORY), { maxTokens: 8, temperature: 0 });
-      expect(again.ids).toEqual((await manual(tok.encode(STORY), 8)));
+      expect(again.ids).toEqual(await manual(tok.encode(STORY), 8));
     });
 
     it("stops between prefill chunks", async () => {

@@ -119,7 +119,15 @@ describe.skipIf(!gpu)("CUDA engine vs CPU engine, real model", () => {
   it("a verified chunk import reaches a GPU sequence; a corrupt chunk's rows are not uploaded", () => {
     const shape = kvShape(model.config);
     const layers = Array.from({ length: model.config.nLayer }, (_, l) => l);
-    const meta: ChunkMeta = { fingerprint: "ef".repeat(32), dtype: "f16", layerIds: layers, hkv: shape.hkv, headDim: shape.headDim, tokenStart: 0, tokenCount: 64 };
+    const meta: ChunkMeta = {
+      fingerprint: "ef".repeat(32),
+      dtype: "f16",
+      layerIds: layers,
+      hkv: shape.hkv,
+      headDim: shape.headDim,
+      tokenStart: 0,
+      tokenCount: 64,
+    };
     const c = cpu.createSequence(128);
     const cache = new Uint16Array(c.kvBuffer());
     for (let i = 0; i < cache.length; i++) cache[i] = (i * 40503) & 0x3fff; // finite f16 values
@@ -155,7 +163,12 @@ describe.skipIf(!gpu)("serve --device cuda", () => {
       const client = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: "not-needed", maxRetries: 0 });
       const models = await client.models.list();
       expect((models.data[0] as unknown as { device: string }).device).toBe("cuda:0");
-      const r = await client.chat.completions.create({ model: models.data[0]!.id, messages: [{ role: "user", content: "Say hello." }], max_tokens: 16, temperature: 0 });
+      const r = await client.chat.completions.create({
+        model: models.data[0]!.id,
+        messages: [{ role: "user", content: "Say hello." }],
+        max_tokens: 16,
+        temperature: 0,
+      });
       expect(r.choices[0]!.message.content).toMatch(/\S/);
       expect(await (await fetch(`${s.url}/metrics`)).text()).toContain('device="cuda:0"} 1');
       results.serveChat = r.choices[0]!.message.content;

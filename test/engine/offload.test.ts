@@ -4,7 +4,7 @@
 // filter and guard layers plus the packed rows; a device budget is enforced with clear errors.
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engine/engine.ts";
-import type { AttentionPolicy, } from "../../shared/inference/engine/native.ts";
+import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { argmax } from "../harness/logits.ts";
 
@@ -18,7 +18,12 @@ const PAIR = 2 * 192 * 2; // one token's K and V rows of one layer, f16
 /** Bit-identical logits, step by step (cheap to report when they are not). */
 function expectSameLogits(a: Float32Array[], b: Float32Array[]) {
   expect(a.length).toBe(b.length);
-  a.forEach((x, i) => expect(Buffer.compare(Buffer.from(x.buffer, x.byteOffset, x.byteLength), Buffer.from(b[i]!.buffer, b[i]!.byteOffset, b[i]!.byteLength)), `step ${i}`).toBe(0));
+  a.forEach((x, i) =>
+    expect(
+      Buffer.compare(Buffer.from(x.buffer, x.byteOffset, x.byteLength), Buffer.from(b[i]!.buffer, b[i]!.byteOffset, b[i]!.byteLength)),
+      `step ${i}`,
+    ).toBe(0),
+  );
 }
 
 beforeAll(async () => {
@@ -95,14 +100,18 @@ describe("omnikv offload", () => {
     const { all, seq } = await run(omnikv(true, 16), "before", 2, small);
     expect(all).toHaveLength(2);
     expect(seq.deviceBytesUsed).toBeLessThanOrEqual(700 * 8 * PAIR);
-    expect(() => seq.setPolicy(omnikv(true, 5000))).toThrow(/budget of 5000 tokens needs \d+ MiB of packed rows, more than the device arena/);
+    expect(() => seq.setPolicy(omnikv(true, 5000))).toThrow(
+      /budget of 5000 tokens needs \d+ MiB of packed rows, more than the device arena/,
+    );
     seq.release();
     full.release();
   });
 
   it("refuses a malformed offload flag", () => {
     const seq = engine.createSequence(8);
-    expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: FILTERS, budget: 8, offload: "yes" as unknown as boolean } })).toThrow(/policy\.omnikv\.offload: .*expected boolean/);
+    expect(() =>
+      seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: FILTERS, budget: 8, offload: "yes" as unknown as boolean } }),
+    ).toThrow(/policy\.omnikv\.offload: .*expected boolean/);
     seq.release();
   });
 });

@@ -27,8 +27,10 @@ const license = readFileSync(new URL("../../LICENSE", import.meta.url), "utf8");
 
 const PROMPTS: Record<string, string> = {
   "short chat": chat("Hello!"),
-  "question": chat("What is the capital of France? Tell me about it."),
-  "code": chat("Explain what this function does:\n\nfunction fib(n) {\n  if (n < 2) return n;\n  return fib(n - 1) + fib(n - 2);\n}\n\nThen write an iterative version."),
+  question: chat("What is the capital of France? Tell me about it."),
+  code: chat(
+    "Explain what this function does:\n\nfunction fib(n) {\n  if (n < 2) return n;\n  return fib(n - 1) + fib(n - 2);\n}\n\nThen write an iterative version.",
+  ),
   "document ~1K": chat(`${license.slice(0, 4500)}\n\nWhat does this text say about trademarks?`),
   "document >2K": chat(`${license}\n\nSummarize the license above in three sentences.`),
 };
@@ -52,7 +54,7 @@ afterAll(async () => {
 interface OracleRun {
   ids: number[];
   prefillLogits: Float32Array;
-  greedy: number[];           // STEPS tokens, greedy from llama.cpp
+  greedy: number[]; // STEPS tokens, greedy from llama.cpp
   stepLogits: Float32Array[]; // llama.cpp's logits before each greedy token
 }
 
@@ -62,8 +64,9 @@ async function runOracle(text: string, kvType: "F32" | "F16" = "F32"): Promise<O
   try {
     const seq = ctx.getSequence();
     const nVocab = ours.config.nVocab;
-    const input = ids.map((id, i): ControlledEvaluateInputItem =>
-      i === ids.length - 1 ? [id as Token, { generateNext: { logits: true } }] : (id as Token));
+    const input = ids.map(
+      (id, i): ControlledEvaluateInputItem => (i === ids.length - 1 ? [id as Token, { generateNext: { logits: true } }] : (id as Token)),
+    );
     const first = await seq.controlledEvaluate(input);
     const prefillLogits = logitsArray(first[ids.length - 1]!.next!.logits!, nVocab);
     const greedy: number[] = [];
@@ -103,7 +106,9 @@ describe("engine vs llama.cpp (same GGUF, f32-KV oracle)", () => {
 
       // 2. Teacher-forced: fed llama.cpp's greedy tokens, our top-1 matches at every step that
       //    is not a tie.
-      let agree = 0, ties = 0, worstKl = kl;
+      let agree = 0,
+        ties = 0,
+        worstKl = kl;
       let stepLogits = logits;
       for (let s = 0; s < STEPS; s++) {
         const want = ref.greedy[s]!;

@@ -7,7 +7,14 @@ import { POLICY_DEFAULTS } from "../../shared/inference/defaults.ts";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import { addon, type AttentionPolicy, type NativeSequence } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { completePolicy, engineFieldNames, POLICY_PART_SCHEMAS, POLICY_PARTS, PolicySpecSchema, type PolicyPart } from "../../shared/inference/policy/schema.ts";
+import {
+  completePolicy,
+  engineFieldNames,
+  POLICY_PART_SCHEMAS,
+  POLICY_PARTS,
+  PolicySpecSchema,
+  type PolicyPart,
+} from "../../shared/inference/policy/schema.ts";
 import { resolvedSpec, resolvePolicy } from "../../shared/inference/policy/request.ts";
 
 let engine: Engine;
@@ -46,9 +53,13 @@ describe("the addon parses exactly the schema's fields", () => {
     const seq = engine.createSequence(64);
     for (const [part, policy] of Object.entries(complete) as [PolicyPart, AttentionPolicy][]) {
       const fields = (policy as unknown as Record<string, Record<string, unknown>>)[part]!;
-      for (const field of Object.keys(POLICY_PART_SCHEMAS[part].shape).map((k) => k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase()))) {
+      for (const field of Object.keys(POLICY_PART_SCHEMAS[part].shape).map((k) =>
+        k.replace(/_([a-z])/g, (_, c: string) => c.toUpperCase()),
+      )) {
         const { [field]: _dropped, ...rest } = fields;
-        expect(() => setRaw(seq, { ...policy, [part]: rest }), `${part}.${field}`).toThrow(new RegExp(`policy\\.${part}\\.${field} is missing`));
+        expect(() => setRaw(seq, { ...policy, [part]: rest }), `${part}.${field}`).toThrow(
+          new RegExp(`policy\\.${part}\\.${field} is missing`),
+        );
       }
     }
     seq.release();
@@ -58,9 +69,13 @@ describe("the addon parses exactly the schema's fields", () => {
     const seq = engine.createSequence(64);
     for (const [part, policy] of Object.entries(complete) as [PolicyPart, AttentionPolicy][]) {
       const fields = (policy as unknown as Record<string, Record<string, unknown>>)[part]!;
-      expect(() => setRaw(seq, { ...policy, [part]: { ...fields, polcy: 1 } })).toThrow(new RegExp(`policy\\.${part}\\.polcy is not a field`));
+      expect(() => setRaw(seq, { ...policy, [part]: { ...fields, polcy: 1 } })).toThrow(
+        new RegExp(`policy\\.${part}\\.polcy is not a field`),
+      );
     }
-    expect(() => setRaw(seq, { kind: "full", omnikv: (complete.omnikv as { omnikv: unknown }).omnikv })).toThrow(/policy\.omnikv is not a field/);
+    expect(() => setRaw(seq, { kind: "full", omnikv: (complete.omnikv as { omnikv: unknown }).omnikv })).toThrow(
+      /policy\.omnikv is not a field/,
+    );
     seq.release();
   });
   it("reads exactly the sub-objects the schema gives each kind", () => {
@@ -74,7 +89,9 @@ describe("the addon parses exactly the schema's fields", () => {
           const { [part]: _dropped, ...rest } = own;
           expect(() => setRaw(seq, { kind, ...rest }), `${kind} without ${part}`).toThrow(new RegExp(`policy\\.${part} is missing`));
         } else {
-          expect(() => setRaw(seq, { kind, ...own, [part]: sub(part) }), `${kind} with ${part}`).toThrow(new RegExp(`policy\\.${part} is not a field`));
+          expect(() => setRaw(seq, { kind, ...own, [part]: sub(part) }), `${kind} with ${part}`).toThrow(
+            new RegExp(`policy\\.${part} is not a field`),
+          );
         }
       }
     }
@@ -110,7 +127,10 @@ describe("the schema", () => {
   });
 
   it("reports the resolved policy in the wire's shape, which parses back to itself", () => {
-    const policy = resolvePolicy({ kind: "omnikv+scope", omnikv: { budget: 0.5 } }, { filterLayers: [2, 7], promptTokens: 100, maxTokens: 20 });
+    const policy = resolvePolicy(
+      { kind: "omnikv+scope", omnikv: { budget: 0.5 } },
+      { filterLayers: [2, 7], promptTokens: 100, maxTokens: 20 },
+    );
     const spec = resolvedSpec(policy);
     expect(spec).toEqual({
       kind: "omnikv+scope",

@@ -67,9 +67,13 @@ describe("decode policies", () => {
     const seq = engine.createSequence(16);
     expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [30], budget: 8 } })).toThrow(/out of range/);
     expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [2], budget: 0 } })).toThrow(/budget/);
-    expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [2], budget: 8, selector: "best" as never } })).toThrow(/selector/);
+    expect(() => seq.setPolicy({ kind: "omnikv", omnikv: { filterLayers: [2], budget: 8, selector: "best" as never } })).toThrow(
+      /selector/,
+    );
     expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: -4, beta2: 8, maxOutput: STEPS } })).toThrow(/policy\.scope\.beta1: .*>=1/);
-    expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: 8, beta2: 8, maxOutput: STEPS, mode: "sideways" as never } })).toThrow(/mode/);
+    expect(() => seq.setPolicy({ kind: "scope", scope: { beta1: 8, beta2: 8, maxOutput: STEPS, mode: "sideways" as never } })).toThrow(
+      /mode/,
+    );
     expect(() => seq.setPolicy({ kind: "h2o", h2o: { budget: 8, recent: 8 } })).toThrow(/budget larger than recent/);
     expect(() => seq.setPolicy({ kind: "streaming", streaming: { sinks: 4, window: 0 } })).toThrow(/window/);
     expect(() => seq.setPolicy({ kind: "snapkv" } as never)).toThrow(/kind/);

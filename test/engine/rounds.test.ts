@@ -31,8 +31,12 @@ async function run(policy: AttentionPolicy, steps = 6) {
   seq.release();
   return { logits, selected };
 }
-const same = (a: Float32Array[], b: Float32Array[]) => a.every((x, i) => Buffer.compare(Buffer.from(x.buffer), Buffer.from(b[i]!.buffer)) === 0);
-const rangesOf = (sel: Int32Array) => STARTS.slice(0, -1).map((s, r) => [s, STARTS[r + 1]!]).filter(([s, e]) => sel.includes(s!) || sel.includes(e! - 1));
+const same = (a: Float32Array[], b: Float32Array[]) =>
+  a.every((x, i) => Buffer.compare(Buffer.from(x.buffer), Buffer.from(b[i]!.buffer)) === 0);
+const rangesOf = (sel: Int32Array) =>
+  STARTS.slice(0, -1)
+    .map((s, r) => [s, STARTS[r + 1]!])
+    .filter(([s, e]) => sel.includes(s!) || sel.includes(e! - 1));
 
 describe("rounds", () => {
   it("keeping every earlier round, or having none, is full attention bit for bit", async () => {
@@ -65,7 +69,9 @@ describe("rounds", () => {
     expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 29, starts: [0] } })).toThrow(/watershed layer 29/);
     expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 5, starts: [3, 9] } })).toThrow(/begin with 0/);
     expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 5, starts: [0, 9, 9] } })).toThrow(/strictly increasing/);
-    expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 5, starts: "0" as unknown as number[] } })).toThrow(/policy\.rounds\.starts: .*expected array/);
+    expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 5, starts: "0" as unknown as number[] } })).toThrow(
+      /policy\.rounds\.starts: .*expected array/,
+    );
     seq.release();
   });
 });

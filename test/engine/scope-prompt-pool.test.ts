@@ -10,7 +10,10 @@ import { argmax } from "../harness/logits.ts";
 let engine: Engine;
 const PROMPT = Array.from({ length: 300 }, (_, i) => 100 + ((i * 7919) % 30000));
 const LAYERS_X_HEADS = 30 * 3;
-const scope = (alpha1: number, alpha2 = 8): AttentionPolicy => ({ kind: "scope", scope: { beta1: 64, beta2: 64, alpha1, alpha2, maxOutput: 64 } });
+const scope = (alpha1: number, alpha2 = 8): AttentionPolicy => ({
+  kind: "scope",
+  scope: { beta1: 64, beta2: 64, alpha1, alpha2, maxOutput: 64 },
+});
 
 beforeAll(async () => {
   engine = new Engine(await loadModel(await resolveModel()), { threads: 1 });
@@ -79,7 +82,11 @@ describe("scope prompt pool", () => {
     expect(() => seq.setPolicy(scope(16, 0))).toThrow(/alpha2/);
     expect(() => seq.setPolicy(scope(16, 65))).toThrow(/alpha2/);
     expect(() =>
-      seq.setPolicy({ kind: "omnikv+scope", omnikv: { filterLayers: [2], budget: 8 }, scope: { beta1: 8, beta2: 8, alpha1: 16, maxOutput: 64 } }),
+      seq.setPolicy({
+        kind: "omnikv+scope",
+        omnikv: { filterLayers: [2], budget: 8 },
+        scope: { beta1: 8, beta2: 8, alpha1: 16, maxOutput: 64 },
+      }),
     ).toThrow(/alpha1 is for kind scope/);
     seq.release();
   });

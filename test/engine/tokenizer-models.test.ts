@@ -61,7 +61,11 @@ const CASES: Case[] = [
       addSpacePrefix: true,
       special: { bos: 1, eos: 2, nl: 13 },
       eotNames: [],
-      known: [["Hello world", [15043, 3186]], [" Hello world", [29871, 15043, 3186]], ["", []]],
+      known: [
+        ["Hello world", [15043, 3186]],
+        [" Hello world", [29871, 15043, 3186]],
+        ["", []],
+      ],
     },
   },
   {
@@ -78,7 +82,10 @@ const CASES: Case[] = [
       special: { bos: 2, eos: 1, nl: 248 },
       eotNames: ["<end_of_turn>"],
       // "  " and "\n\n" are user-defined tokens of their own (138, 108).
-      known: [["Hello world", [9259, 1902]], ["a  b\n\nc", [236746, 138, 236763, 108, 236755]]],
+      known: [
+        ["Hello world", [9259, 1902]],
+        ["a  b\n\nc", [236746, 138, 236763, 108, 236755]],
+      ],
     },
   },
   {
@@ -92,7 +99,10 @@ const CASES: Case[] = [
       addSpacePrefix: false,
       special: { bos: 128000, eos: 128001, nl: 198 },
       eotNames: ["<|eot_id|>", "<|end_of_text|>"],
-      known: [["1234567", [4513, 10961, 22]], ["Hello world", [9906, 1917]]],
+      known: [
+        ["1234567", [4513, 10961, 22]],
+        ["Hello world", [9906, 1917]],
+      ],
     },
   },
   {
@@ -106,7 +116,10 @@ const CASES: Case[] = [
       addSpacePrefix: false,
       special: { bos: 151643, eos: 151643, nl: 198 },
       eotNames: ["<|im_end|>", "<|endoftext|>"],
-      known: [["1234567", [16, 17, 18, 19, 20, 21, 22]], ["Hello world", [9707, 1879]]],
+      known: [
+        ["1234567", [16, 17, 18, 19, 20, 21, 22]],
+        ["Hello world", [9707, 1879]],
+      ],
     },
   },
   {
@@ -209,7 +222,11 @@ for (const c of CASES) {
             parseSpecial,
             text: model.detokenize(TS(ids), parseSpecial),
           });
-          expect({ s, parseSpecial, text: tok.decode(ids, { special: true }) }).toEqual({ s, parseSpecial, text: model.detokenize(TS(ids), true) });
+          expect({ s, parseSpecial, text: tok.decode(ids, { special: true }) }).toEqual({
+            s,
+            parseSpecial,
+            text: model.detokenize(TS(ids), true),
+          });
         }
         // Control-token text a user writes stays text: no control id comes out of plain text.
         expect(tok.encode(s).filter((id) => tok.isControl(id))).toEqual([]);
@@ -219,12 +236,24 @@ for (const c of CASES) {
     it("1,000 random mixed strings (with this model's special-token texts)", (ctx) => {
       if (skip) return ctx.skip(skip);
       const mismatches: { s: string; parseSpecial: boolean; ours: number[]; theirs: number[] }[] = [];
-      for (const s of fuzzCorpus(1000, [...specialTexts.slice(0, 40), "▁", "▁▁", "<0x41>", "'S", "'LL", "123456", "\r", "\n\n\n", "    "])) {
+      for (const s of fuzzCorpus(1000, [
+        ...specialTexts.slice(0, 40),
+        "▁",
+        "▁▁",
+        "<0x41>",
+        "'S",
+        "'LL",
+        "123456",
+        "\r",
+        "\n\n\n",
+        "    ",
+      ])) {
         for (const parseSpecial of [false, true]) {
           const ours = tok.encode(s, { parseSpecial });
           const theirs = Array.from(model.tokenize(s, parseSpecial));
           if (ours.length !== theirs.length || ours.some((v, i) => v !== theirs[i])) mismatches.push({ s, parseSpecial, ours, theirs });
-          else if (tok.decode(ours, { special: parseSpecial }) !== model.detokenize(TS(ours), parseSpecial)) mismatches.push({ s, parseSpecial, ours, theirs: [] });
+          else if (tok.decode(ours, { special: parseSpecial }) !== model.detokenize(TS(ours), parseSpecial))
+            mismatches.push({ s, parseSpecial, ours, theirs: [] });
         }
       }
       expect(mismatches.slice(0, 5)).toEqual([]);
@@ -269,7 +298,8 @@ for (const c of CASES) {
         if (tok.decode([i]) !== model.detokenize([i as Token], false)) diffs.push(i);
         // The raw piece (llama.cpp's token_to_piece, no leading space dropped), which streaming emits:
         // after a BOS that renders as nothing, llama.cpp's detokenize drops no space (clean_spaces aside).
-        if (bos !== undefined && !tok.cleanSpaces && utf8.decode(tok.tokenBytes(i)) !== model.detokenize(TS([bos, i]), false)) diffs.push(i);
+        if (bos !== undefined && !tok.cleanSpaces && utf8.decode(tok.tokenBytes(i)) !== model.detokenize(TS([bos, i]), false))
+          diffs.push(i);
       }
       expect(diffs.slice(0, 10)).toEqual([]);
     });
@@ -294,7 +324,7 @@ for (const c of CASES) {
       const N = 100_000;
       const rep = (u: string): string => u.repeat(Math.ceil(N / u.length)).slice(0, N);
       let seed = 7;
-      const rnd = (): number => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32);
+      const rnd = (): number => (seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32;
       const inputs: Record<string, string> = {
         "one letter": rep("a"),
         spaces: rep(" "),
@@ -333,8 +363,33 @@ for (const c of CASES) {
 
 describe("SentencePiece edge semantics vs llama.cpp (synthetic vocabulary)", () => {
   const vocab = TINY_SPM_VOCAB;
-  const texts = ["abc", "cab", "abca", "aaaa", "aaa", "dd", "ddd", " a b", "  a", "xyz", "é", "日本", "<user>a<user> a", "<ctl>a <ctl> b",
-    "<s>a</s>", "", " ", "▁", "▁▁a", "a<unused0>b", "<0x41>", "a\nb", "<unk>a", "😀x", "a".repeat(50)];
+  const texts = [
+    "abc",
+    "cab",
+    "abca",
+    "aaaa",
+    "aaa",
+    "dd",
+    "ddd",
+    " a b",
+    "  a",
+    "xyz",
+    "é",
+    "日本",
+    "<user>a<user> a",
+    "<ctl>a <ctl> b",
+    "<s>a</s>",
+    "",
+    " ",
+    "▁",
+    "▁▁a",
+    "a<unused0>b",
+    "<0x41>",
+    "a\nb",
+    "<unk>a",
+    "😀x",
+    "a".repeat(50),
+  ];
 
   for (const addSpacePrefix of [false, true]) {
     it(`add_space_prefix = ${addSpacePrefix}: ids, decoding and token flags match llama.cpp`, async () => {
@@ -351,7 +406,8 @@ describe("SentencePiece edge semantics vs llama.cpp (synthetic vocabulary)", () 
           for (let i = 0; i < vocab.length; i++) {
             const a = theirs.getTokenAttributes(i as Token);
             expect([i, ours.isControl(i), ours.isEog(i)]).toEqual([i, a.control || a.unknown, theirs.isEogToken(i as Token)]);
-            for (const special of [false, true]) expect([i, ours.decode([i], { special })]).toEqual([i, theirs.detokenize([i as Token], special)]);
+            for (const special of [false, true])
+              expect([i, ours.decode([i], { special })]).toEqual([i, theirs.detokenize([i as Token], special)]);
           }
           for (const s of texts) {
             for (const parseSpecial of [false, true]) {
@@ -361,7 +417,11 @@ describe("SentencePiece edge semantics vs llama.cpp (synthetic vocabulary)", () 
             }
           }
           // The rules themselves, spelled out (token texts joined by "|").
-          const tt = (s: string): string => ours.encode(s, { parseSpecial: true }).map((i) => ours.tokenText(i)).join("|");
+          const tt = (s: string): string =>
+            ours
+              .encode(s, { parseSpecial: true })
+              .map((i) => ours.tokenText(i))
+              .join("|");
           const p = addSpacePrefix ? "▁|" : "";
           expect(tt("abc")).toBe(addSpacePrefix ? "▁|ab|c" : "ab|c"); // leftmost of the tied pairs; "abc" is no token
           expect(tt("cab")).toBe(`${p}ca|b`); // the higher score first, though not leftmost
@@ -403,10 +463,12 @@ describe("malformed SentencePiece vocabularies are refused with clear errors", (
     expect(bad(set("tokenizer.ggml.token_type", 9, 1.5))).toThrow(/token_type\[9\] is not an integer/);
     expect(bad(set("tokenizer.ggml.tokens", 3 + 0x41, "<0xZZ>"))).toThrow(/byte token 68 is "<0xZZ>", not <0xNN>/);
     // Without its byte token, 0x80 has no fallback (only ASCII may fall back to a one-character token).
-    expect(bad((m) => {
-      set("tokenizer.ggml.tokens", 3 + 0x80, "gone")(m);
-      set("tokenizer.ggml.token_type", 3 + 0x80, 1)(m);
-    })).toThrow(/no byte-fallback token for byte 0x80/);
+    expect(
+      bad((m) => {
+        set("tokenizer.ggml.tokens", 3 + 0x80, "gone")(m);
+        set("tokenizer.ggml.token_type", 3 + 0x80, 1)(m);
+      }),
+    ).toThrow(/no byte-fallback token for byte 0x80/);
     expect(bad((m) => (m["tokenizer.ggml.add_bos_token"] = "yes"))).toThrow(/tokenizer\.ggml\.add_bos_token is not a boolean/);
     expect(bad((m) => (m["tokenizer.ggml.tokens"] = []))).toThrow(/tokenizer\.ggml\.tokens is missing/);
     // llama.cpp aborts on a repeated token text; we refuse the file.
@@ -416,7 +478,9 @@ describe("malformed SentencePiece vocabularies are refused with clear errors", (
   it("a vocabulary llama.cpp strips whitespace around special tokens for (Phi-3, by name) is refused", () => {
     const phi3 = readGgufMetadata(llamaCppVocab("phi-3"));
     expect(phi3["general.name"]).toBe("Phi3");
-    expect(() => GgufTokenizer.fromMetadata(phi3)).toThrow(/unsupported tokenizer of "Phi3": llama\.cpp strips whitespace beside special tokens for phi3 models/);
+    expect(() => GgufTokenizer.fromMetadata(phi3)).toThrow(
+      /unsupported tokenizer of "Phi3": llama\.cpp strips whitespace beside special tokens for phi3 models/,
+    );
     expect(bad((m) => (m["general.name"] = "Phi-3 Mini"))).toThrow(/for phi-3 models/);
     expect(bad((m) => (m["general.architecture"] = "jina-bert-v3"))).toThrow(/for jina-bert-v3 models/);
   });

@@ -73,7 +73,9 @@ describe("tokenizer metadata", () => {
 
   it("rejects unsupported tokenizer models and pre-tokenizers with clear errors", () => {
     const bad = (over: Record<string, unknown>) => () => GgufTokenizer.fromMetadata({ ...meta, ...over });
-    expect(bad({ "tokenizer.ggml.model": "t5" })).toThrow(/unsupported tokenizer model "t5" \(Unigram \(T5\)\): ctxbank supports .*"gpt2".*"llama"/);
+    expect(bad({ "tokenizer.ggml.model": "t5" })).toThrow(
+      /unsupported tokenizer model "t5" \(Unigram \(T5\)\): ctxbank supports .*"gpt2".*"llama"/,
+    );
     // SentencePiece is supported, but this BPE vocabulary has no byte-fallback tokens for it.
     expect(bad({ "tokenizer.ggml.model": "llama" })).toThrow(/no byte-fallback token for byte 0x00/);
     expect(bad({ "tokenizer.ggml.pre": "qwen35" })).toThrow(/unsupported pre-tokenizer "qwen35".*supported: smollm, starcoder/);
@@ -88,7 +90,22 @@ describe("tokenizer metadata", () => {
   it("supports the GPT-2-only pre-tokenizer family (digits not isolated)", () => {
     const gpt2 = GgufTokenizer.fromMetadata({ ...meta, "tokenizer.ggml.pre": "gpt-2" });
     // smollm: every \p{N} isolated first; gpt-2 family: " 2024" stays one pre-token for BPE.
-    expect(tok.preTokenize("in 2024, x² it's  ok\n")).toEqual(["in", " ", "2", "0", "2", "4", ",", " x", "²", " it", "'s", " ", " ok", "\n"]);
+    expect(tok.preTokenize("in 2024, x² it's  ok\n")).toEqual([
+      "in",
+      " ",
+      "2",
+      "0",
+      "2",
+      "4",
+      ",",
+      " x",
+      "²",
+      " it",
+      "'s",
+      " ",
+      " ok",
+      "\n",
+    ]);
     expect(gpt2.preTokenize("in 2024, x² it's  ok\n")).toEqual(["in", " 2024", ",", " x", "²", " it", "'s", " ", " ok", "\n"]);
     expect(tok.encode(" 2024").map((i) => tok.tokenText(i))).toEqual(["Ġ", "2", "0", "2", "4"]);
     const s = "year 2024 and 3.14 , ok .";
@@ -235,7 +252,8 @@ describe("chat template", () => {
 
   // llama.cpp's own C++ Jinja engine, as built into node-llama-cpp's native addon (internal API).
   function renderWithLlamaCpp(messages: unknown[], addGenerationPrompt = true): string {
-    const bindings = (llama as unknown as { _bindings: { AddonJinjaRenderer: new (t: string) => { render(v: object): string } } })._bindings;
+    const bindings = (llama as unknown as { _bindings: { AddonJinjaRenderer: new (t: string) => { render(v: object): string } } })
+      ._bindings;
     expect(typeof bindings.AddonJinjaRenderer).toBe("function");
     const r = new bindings.AddonJinjaRenderer(meta["tokenizer.chat_template"] as string);
     return r.render({ messages, add_generation_prompt: addGenerationPrompt, bos_token: "<|im_start|>", eos_token: "<|im_end|>" });
@@ -290,9 +308,12 @@ describe("chat template", () => {
     expect(err("hi")).toMatch(/messages must be an array .* \(got string\)/);
     expect(err([])).toMatch(/at least one message/);
     expect(err([null])).toMatch(/messages\[0\] must be an object .*got null/);
-    expect(err([{ role: "user", content: "a" }, { role: "tool", content: "x" }])).toMatch(
-      /messages\[1\]\.role must be one of system, user, assistant \(got "tool"\)/,
-    );
+    expect(
+      err([
+        { role: "user", content: "a" },
+        { role: "tool", content: "x" },
+      ]),
+    ).toMatch(/messages\[1\]\.role must be one of system, user, assistant \(got "tool"\)/);
     expect(err([{ role: "user", content: ["part"] }])).toMatch(/messages\[0\]\.content must be a string \(got array\)/);
     expect(err([{ content: "x" }])).toMatch(/messages\[0\]\.role .*got undefined/);
     expect(validateMessages([{ role: "user", content: "x", name: "bob" }])).toEqual([{ role: "user", content: "x" }]);
@@ -300,7 +321,9 @@ describe("chat template", () => {
 
   it("reports a missing or broken template clearly", () => {
     const { "tokenizer.chat_template": _drop, ...noTemplate } = meta as Record<string, unknown>;
-    expect(() => ChatTemplate.fromMetadata(noTemplate)).toThrow(/this model has no chat template \(GGUF key tokenizer\.chat_template is missing\)/);
+    expect(() => ChatTemplate.fromMetadata(noTemplate)).toThrow(
+      /this model has no chat template \(GGUF key tokenizer\.chat_template is missing\)/,
+    );
     expect(() => new ChatTemplate("{% for m in messages %}")).toThrow(/cannot be parsed/);
     const raising = new ChatTemplate("{{ raise_exception('only user messages') }}");
     expect(() => raising.render([{ role: "user", content: "x" }])).toThrow(/failed to render: .*only user messages/);
@@ -443,14 +466,41 @@ describe("synthetic vocabulary vs llama.cpp", () => {
   ];
   // "b c" appears twice: the first (lower) rank must win, so "abc" → a|bc, not ab|c.
   // "x y" merges into "xy", which is not in the vocabulary: emitted as x|y.
-  const merges = ["b c", "a b", "b c", "a a", "Ġ t", "h e", "t he", "Ġt he", "Ġ Ġ", "1 2", "x y", "' s", "Ġ w",
-    "o r", "Ġw or", "l d", "Ġwor ld", "Ġ 1", "Ċ Ċ", "ĠĠ Ġ"];
+  const merges = [
+    "b c",
+    "a b",
+    "b c",
+    "a a",
+    "Ġ t",
+    "h e",
+    "t he",
+    "Ġt he",
+    "Ġ Ġ",
+    "1 2",
+    "x y",
+    "' s",
+    "Ġ w",
+    "o r",
+    "Ġw or",
+    "l d",
+    "Ġwor ld",
+    "Ġ 1",
+    "Ċ Ċ",
+    "ĠĠ Ġ",
+  ];
   const merged = ["bc", "ab", "aa", "Ġt", "he", "the", "Ġthe", "ĠĠ", "12", "'s", "Ġw", "or", "Ġwor", "ld", "Ġworld", "Ġ1", "ĊĊ", "ĠĠĠ"];
   const tokens = [...specials.map((x) => x[0]), ...byteChars, ...merged];
   const types = [...specials.map((x) => x[1]), ...byteChars.map(() => 1), ...merged.map(() => 1)];
   const texts = [
-    "abc", "aaa", "aaaa", "the the world", " 12 123 x² ١٢", "xyxy", "it's   a\n\n\nb  \n",
-    "<tool>x<|im_end|><|eot_id|><|file_sep|><unused0><|im_start|>", "hello , world . it 's ok ' q ' we 're",
+    "abc",
+    "aaa",
+    "aaaa",
+    "the the world",
+    " 12 123 x² ١٢",
+    "xyxy",
+    "it's   a\n\n\nb  \n",
+    "<tool>x<|im_end|><|eot_id|><|file_sep|><unused0><|im_start|>",
+    "hello , world . it 's ok ' q ' we 're",
   ];
 
   for (const pre of ["smollm", "gpt-2", "starcoder"]) {
@@ -487,7 +537,11 @@ describe("synthetic vocabulary vs llama.cpp", () => {
               expect(ours.decode(ids, { special: parseSpecial })).toBe(theirs.detokenize(TS(ids), parseSpecial));
             }
           }
-          const tt = (s: string): string => ours.encode(s, { parseSpecial: true }).map((i) => ours.tokenText(i)).join("|");
+          const tt = (s: string): string =>
+            ours
+              .encode(s, { parseSpecial: true })
+              .map((i) => ours.tokenText(i))
+              .join("|");
           expect(tt("abc")).toBe("a|bc");
           expect(tt("aaa")).toBe("aa|a");
           expect(tt("xyxy")).toBe("x|y|x|y");

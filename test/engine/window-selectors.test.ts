@@ -48,7 +48,9 @@ describe("window selectors", () => {
     for (const sel of ["uniform", "exp"] as const) {
       const got = await run(omnikv(sel, 1));
       expect(got.selections).toEqual(ref.selections);
-      got.logits.forEach((l, i) => expect(Buffer.compare(Buffer.from(l.buffer), Buffer.from(ref.logits[i]!.buffer)), `${sel} step ${i}`).toBe(0));
+      got.logits.forEach((l, i) =>
+        expect(Buffer.compare(Buffer.from(l.buffer), Buffer.from(ref.logits[i]!.buffer)), `${sel} step ${i}`).toBe(0),
+      );
     }
   });
 
@@ -58,7 +60,10 @@ describe("window selectors", () => {
       const { selections } = await run(omnikv(sel, w), 3);
       // First step (position 400): prompt positions 393..399 are inside the window; later steps fewer.
       for (const [step, perFilter] of selections.entries()) {
-        const forced = Array.from({ length: Math.max(0, PROMPT.length - (PROMPT.length + step - (w - 1))) }, (_, i) => PROMPT.length + step - (w - 1) + i);
+        const forced = Array.from(
+          { length: Math.max(0, PROMPT.length - (PROMPT.length + step - (w - 1))) },
+          (_, i) => PROMPT.length + step - (w - 1) + i,
+        );
         for (const set of perFilter) {
           expect(set.length).toBe(32);
           for (const p of forced) expect(set, `${sel} step ${step} keeps ${p}`).toContain(p);

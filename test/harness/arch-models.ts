@@ -38,10 +38,17 @@ export interface TinyArchOptions {
 export const TINY_ARCH_VOCAB = TINY_SPM_VOCAB.length;
 
 export function tinyArchModel(o: TinyArchOptions): Buffer {
-  const E = o.nEmbd ?? 64, H = o.nHead ?? 4, HKV = o.nHeadKv ?? 2, F = o.nFf ?? 128, L = o.nLayer ?? 2;
-  const D = o.headDim ?? E / H, Q = D * H, KV = D * HKV, V = TINY_ARCH_VOCAB;
+  const E = o.nEmbd ?? 64,
+    H = o.nHead ?? 4,
+    HKV = o.nHeadKv ?? 2,
+    F = o.nFf ?? 128,
+    L = o.nLayer ?? 2;
+  const D = o.headDim ?? E / H,
+    Q = D * H,
+    KV = D * HKV,
+    V = TINY_ARCH_VOCAB;
   let seed = o.seed ?? 4242;
-  const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;  // [-1, 1)
+  const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1; // [-1, 1)
   const f32s = (n: number, scale: number, offset = 0) => {
     const a = new Float32Array(n);
     for (let i = 0; i < n; i++) a[i] = offset + rand() * scale;

@@ -15,7 +15,8 @@ export interface Browser {
 }
 
 export async function launchChromium(viewport = { width: 1400, height: 1000 }): Promise<Browser> {
-  if (!existsSync(CHROMIUM)) throw new Error(`no Chromium at ${CHROMIUM}: apt-get install -y chromium (.ci/run does), or set CTXBANK_CHROMIUM`);
+  if (!existsSync(CHROMIUM))
+    throw new Error(`no Chromium at ${CHROMIUM}: apt-get install -y chromium (.ci/run does), or set CTXBANK_CHROMIUM`);
   const profile = await mkdtemp(path.join(os.tmpdir(), "ctxbank-chromium-"));
   // launchPersistentContext passes --user-data-dir=<profile> itself (a fresh, empty profile).
   const context = await chromium.launchPersistentContext(profile, {

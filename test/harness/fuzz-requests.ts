@@ -44,7 +44,9 @@ function mutateBody(example: Record<string, unknown>): fc.Arbitrary<string> {
     return JSON.stringify(copy);
   });
   const addField = fc.tuple(fc.string({ maxLength: 12 }), weird).map(([k, v]) => JSON.stringify({ ...example, [k]: v }));
-  const nestedField = fc.tuple(fc.constantFrom(...keys), fc.constantFrom(...keys), weird).map(([k, k2, v]) => JSON.stringify({ ...example, [k]: { [k2]: v } }));
+  const nestedField = fc
+    .tuple(fc.constantFrom(...keys), fc.constantFrom(...keys), weird)
+    .map(([k, k2, v]) => JSON.stringify({ ...example, [k]: { [k2]: v } }));
   return fc.oneof(
     { weight: 4, arbitrary: replaceField },
     { weight: 2, arbitrary: dropField },
@@ -53,7 +55,7 @@ function mutateBody(example: Record<string, unknown>): fc.Arbitrary<string> {
     { weight: 2, arbitrary: fc.jsonValue({ maxDepth: 4 }).map((v) => JSON.stringify(v)) },
     { weight: 1, arbitrary: fc.string({ unit: "binary", maxLength: 200 }) },
     { weight: 1, arbitrary: deep },
-    { weight: 1, arbitrary: fc.constantFrom("", "{", "null", "{\"a\":", JSON.stringify(example).slice(0, -1)) },
+    { weight: 1, arbitrary: fc.constantFrom("", "{", "null", '{"a":', JSON.stringify(example).slice(0, -1)) },
   );
 }
 
@@ -69,8 +71,16 @@ function fillPath(template: string): fc.Arbitrary<string> {
 
 function fillQuery(query: Record<string, string> | undefined): fc.Arbitrary<string> {
   const keys = Object.keys(query ?? {});
-  if (keys.length === 0) return fc.oneof(fc.constant(""), fc.string({ maxLength: 30 }).map((s) => `?${encodeURIComponent(s)}=1`));
-  const value = fc.oneof(fc.constantFrom("", "-1", "0", "1e3", "18446744073709551616", "0x10", "1.5", "NaN"), fc.nat().map(String), fc.string({ maxLength: 10 }).map(encodeURIComponent));
+  if (keys.length === 0)
+    return fc.oneof(
+      fc.constant(""),
+      fc.string({ maxLength: 30 }).map((s) => `?${encodeURIComponent(s)}=1`),
+    );
+  const value = fc.oneof(
+    fc.constantFrom("", "-1", "0", "1e3", "18446744073709551616", "0x10", "1.5", "NaN"),
+    fc.nat().map(String),
+    fc.string({ maxLength: 10 }).map(encodeURIComponent),
+  );
   return fc.tuple(...keys.map((k) => fc.option(value.map((v) => `${k}=${v}`)))).map((xs) => {
     const q = xs.filter((x) => x !== null).join("&");
     return q ? `?${q}` : "";
@@ -79,14 +89,22 @@ function fillQuery(query: Record<string, string> | undefined): fc.Arbitrary<stri
 
 const oddHeaders = fc.oneof(
   fc.constant({}),
-  fc.record({ authorization: fc.oneof(fc.constant("Bearer "), fc.string({ maxLength: 60 }).map((s) => `Bearer ${s.replace(/[^\x21-\x7e]/g, "x")}`)) }),
+  fc.record({
+    authorization: fc.oneof(
+      fc.constant("Bearer "),
+      fc.string({ maxLength: 60 }).map((s) => `Bearer ${s.replace(/[^\x21-\x7e]/g, "x")}`),
+    ),
+  }),
   fc.record({ "x-request-id": fc.string({ maxLength: 300 }).map((s) => s.replace(/[^\x20-\x7e]/g, "x")) }),
   fc.record({ accept: fc.constantFrom("text/event-stream", "*/*", "application/xml") }),
 );
 
 /** One malformed (or at least unusual) request for a route. */
 export function requestFor(route: RouteExample): fc.Arbitrary<FuzzRequest> {
-  const path = fc.oneof({ weight: 3, arbitrary: fc.constant(route.path) }, { weight: route.path.includes("{") ? 3 : 1, arbitrary: fillPath(route.path) });
+  const path = fc.oneof(
+    { weight: 3, arbitrary: fc.constant(route.path) },
+    { weight: route.path.includes("{") ? 3 : 1, arbitrary: fillPath(route.path) },
+  );
   const withQuery = fc.tuple(path, fillQuery(route.query)).map(([p, q]) => p + q);
   const listener = fc.constant(route.listener ?? "public");
   if (route.method === "GET") {
@@ -97,7 +115,14 @@ export function requestFor(route: RouteExample): fc.Arbitrary<FuzzRequest> {
       headers: oddHeaders,
     });
   }
-  const contentType = fc.constantFrom("application/json", "application/json", "application/json", "text/plain", "application/x-www-form-urlencoded", "application/json; charset=latin1");
+  const contentType = fc.constantFrom(
+    "application/json",
+    "application/json",
+    "application/json",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "application/json; charset=latin1",
+  );
   return fc
     .record({
       listener,

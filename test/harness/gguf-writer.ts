@@ -6,7 +6,12 @@ export const GgmlType = { F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q8_0: 8, Q3_K: 11 } 
 
 // Bytes per block and elements per block, for sizing tensor data.
 const TYPE_SIZE: Record<number, [bytes: number, block: number]> = {
-  0: [4, 1], 1: [2, 1], 2: [18, 32], 3: [20, 32], 8: [34, 32], 11: [110, 256],
+  0: [4, 1],
+  1: [2, 1],
+  2: [18, 32],
+  3: [20, 32],
+  8: [34, 32],
+  11: [110, 256],
 };
 
 type Scalar = "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "f32" | "bool" | "u64" | "i64" | "f64" | "string";
@@ -15,7 +20,19 @@ export type GgufValue =
   | { type: "array"; elem: Scalar; values: (number | bigint | boolean | string)[] };
 
 const VALUE_TYPE: Record<Scalar | "array", number> = {
-  u8: 0, i8: 1, u16: 2, i16: 3, u32: 4, i32: 5, f32: 6, bool: 7, string: 8, array: 9, u64: 10, i64: 11, f64: 12,
+  u8: 0,
+  i8: 1,
+  u16: 2,
+  i16: 3,
+  u32: 4,
+  i32: 5,
+  f32: 6,
+  bool: 7,
+  string: 8,
+  array: 9,
+  u64: 10,
+  i64: 11,
+  f64: 12,
 };
 
 export const u32 = (value: number): GgufValue => ({ type: "u32", value });
@@ -62,18 +79,41 @@ class Out {
   scalar(type: Scalar, v: number | bigint | boolean | string): void {
     const b = Buffer.alloc(8);
     switch (type) {
-      case "u8": b.writeUInt8(Number(v)); return this.push(b.subarray(0, 1));
-      case "i8": b.writeInt8(Number(v)); return this.push(b.subarray(0, 1));
-      case "bool": b.writeUInt8(v ? 1 : 0); return this.push(b.subarray(0, 1));
-      case "u16": b.writeUInt16LE(Number(v)); return this.push(b.subarray(0, 2));
-      case "i16": b.writeInt16LE(Number(v)); return this.push(b.subarray(0, 2));
-      case "u32": b.writeUInt32LE(Number(v)); return this.push(b.subarray(0, 4));
-      case "i32": b.writeInt32LE(Number(v)); return this.push(b.subarray(0, 4));
-      case "f32": b.writeFloatLE(Number(v)); return this.push(b.subarray(0, 4));
-      case "u64": b.writeBigUInt64LE(BigInt(v as number | bigint)); return this.push(b);
-      case "i64": b.writeBigInt64LE(BigInt(v as number | bigint)); return this.push(b);
-      case "f64": b.writeDoubleLE(Number(v)); return this.push(b);
-      case "string": return this.str(String(v));
+      case "u8":
+        b.writeUInt8(Number(v));
+        return this.push(b.subarray(0, 1));
+      case "i8":
+        b.writeInt8(Number(v));
+        return this.push(b.subarray(0, 1));
+      case "bool":
+        b.writeUInt8(v ? 1 : 0);
+        return this.push(b.subarray(0, 1));
+      case "u16":
+        b.writeUInt16LE(Number(v));
+        return this.push(b.subarray(0, 2));
+      case "i16":
+        b.writeInt16LE(Number(v));
+        return this.push(b.subarray(0, 2));
+      case "u32":
+        b.writeUInt32LE(Number(v));
+        return this.push(b.subarray(0, 4));
+      case "i32":
+        b.writeInt32LE(Number(v));
+        return this.push(b.subarray(0, 4));
+      case "f32":
+        b.writeFloatLE(Number(v));
+        return this.push(b.subarray(0, 4));
+      case "u64":
+        b.writeBigUInt64LE(BigInt(v as number | bigint));
+        return this.push(b);
+      case "i64":
+        b.writeBigInt64LE(BigInt(v as number | bigint));
+        return this.push(b);
+      case "f64":
+        b.writeDoubleLE(Number(v));
+        return this.push(b);
+      case "string":
+        return this.str(String(v));
     }
   }
   pad(alignment: number): void {
@@ -137,33 +177,48 @@ export interface TinyLlamaOptions {
 
 /** A tiny Llama model with F32 weights from a fixed-seed generator; loadable by the engine. */
 export function tinyLlama(o: TinyLlamaOptions = {}): Buffer {
-  const E = o.nEmbd ?? 32, H = o.nHead ?? 2, HKV = o.nHeadKv ?? 1, F = o.nFf ?? 64;
-  const L = o.nLayer ?? 1, V = o.nVocab ?? 16, C = o.nCtx ?? 64;
+  const E = o.nEmbd ?? 32,
+    H = o.nHead ?? 2,
+    HKV = o.nHeadKv ?? 1,
+    F = o.nFf ?? 64;
+  const L = o.nLayer ?? 1,
+    V = o.nVocab ?? 16,
+    C = o.nCtx ?? 64;
   const KV = (E / H) * HKV;
   let seed = 12345;
-  const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1;  // [-1, 1)
+  const rand = () => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32) * 2 - 1; // [-1, 1)
   const f32s = (n: number, scale: number, offset = 0) => {
     const a = new Float32Array(n);
     for (let i = 0; i < n; i++) a[i] = offset + rand() * scale;
     return new Uint8Array(a.buffer);
   };
-  const mat = (name: string, cols: number, rows: number): GgufTensor =>
-    ({ name, dims: [cols, rows], type: GgmlType.F32, data: f32s(cols * rows, 1 / Math.sqrt(cols)) });
+  const mat = (name: string, cols: number, rows: number): GgufTensor => ({
+    name,
+    dims: [cols, rows],
+    type: GgmlType.F32,
+    data: f32s(cols * rows, 1 / Math.sqrt(cols)),
+  });
   const norm = (name: string): GgufTensor => ({ name, dims: [E], type: GgmlType.F32, data: f32s(E, 0.2, 1) });
   const tensors: GgufTensor[] = [mat("token_embd.weight", E, V), norm("output_norm.weight")];
   for (let l = 0; l < L; l++) {
     const p = `blk.${l}.`;
     tensors.push(
-      norm(`${p}attn_norm.weight`), mat(`${p}attn_q.weight`, E, E), mat(`${p}attn_k.weight`, E, KV),
-      mat(`${p}attn_v.weight`, E, KV), mat(`${p}attn_output.weight`, E, E), norm(`${p}ffn_norm.weight`),
-      mat(`${p}ffn_gate.weight`, E, F), mat(`${p}ffn_up.weight`, E, F), mat(`${p}ffn_down.weight`, F, E),
+      norm(`${p}attn_norm.weight`),
+      mat(`${p}attn_q.weight`, E, E),
+      mat(`${p}attn_k.weight`, E, KV),
+      mat(`${p}attn_v.weight`, E, KV),
+      mat(`${p}attn_output.weight`, E, E),
+      norm(`${p}ffn_norm.weight`),
+      mat(`${p}ffn_gate.weight`, E, F),
+      mat(`${p}ffn_up.weight`, E, F),
+      mat(`${p}ffn_down.weight`, F, E),
     );
   }
   for (const t of tensors) {
     const ov = o.override?.[t.name];
     if (!ov) continue;
     Object.assign(t, ov);
-    if (ov.type !== undefined && ov.data === undefined) delete t.data;  // re-sized for the new type
+    if (ov.type !== undefined && ov.data === undefined) delete t.data; // re-sized for the new type
   }
   return writeGguf(
     {

@@ -24,7 +24,8 @@ export function logSoftmax(x: ArrayLike<number>): Float64Array {
 
 /** KL(p || q) in nats between the softmax distributions of two logit vectors. */
 export function klDivergence(pLogits: ArrayLike<number>, qLogits: ArrayLike<number>): number {
-  const lp = logSoftmax(pLogits), lq = logSoftmax(qLogits);
+  const lp = logSoftmax(pLogits),
+    lq = logSoftmax(qLogits);
   let kl = 0;
   for (let i = 0; i < lp.length; i++) kl += Math.exp(lp[i]!) * (lp[i]! - lq[i]!);
   return kl;

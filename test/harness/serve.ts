@@ -88,7 +88,13 @@ export async function startServeProcess(args: string[] = [], env: Record<string,
   const given = args.indexOf("--shard-dir");
   const own = given < 0 ? await tempShardDir() : undefined;
   const shardDir = own?.dir ?? args[given + 1]!;
-  const defaults = ["--threads", String(TEST_DEFAULTS.threads), "--shard-bytes", String(TEST_DEFAULTS.shardBytes), ...(own ? ["--shard-dir", own.dir] : [])];
+  const defaults = [
+    "--threads",
+    String(TEST_DEFAULTS.threads),
+    "--shard-bytes",
+    String(TEST_DEFAULTS.shardBytes),
+    ...(own ? ["--shard-dir", own.dir] : []),
+  ];
   let p: ServiceProcess;
   try {
     p = await startService("serve", [...defaults, ...args], env);

@@ -35,9 +35,18 @@ export function tinySpmKv(addSpacePrefix?: boolean): Record<string, GgufValue> {
   const arr = (elem: "string" | "f32" | "i32", values: (string | number)[]): GgufValue => ({ type: "array", elem, values });
   return {
     "tokenizer.ggml.model": str("llama"),
-    "tokenizer.ggml.tokens": arr("string", TINY_SPM_VOCAB.map((v) => v[0])),
-    "tokenizer.ggml.token_type": arr("i32", TINY_SPM_VOCAB.map((v) => v[1])),
-    "tokenizer.ggml.scores": arr("f32", TINY_SPM_VOCAB.map((v) => v[2])),
+    "tokenizer.ggml.tokens": arr(
+      "string",
+      TINY_SPM_VOCAB.map((v) => v[0]),
+    ),
+    "tokenizer.ggml.token_type": arr(
+      "i32",
+      TINY_SPM_VOCAB.map((v) => v[1]),
+    ),
+    "tokenizer.ggml.scores": arr(
+      "f32",
+      TINY_SPM_VOCAB.map((v) => v[2]),
+    ),
     ...(addSpacePrefix === undefined ? {} : { "tokenizer.ggml.add_space_prefix": { type: "bool", value: addSpacePrefix } }),
   };
 }

@@ -41,7 +41,7 @@ export const CORPUS: string[] = [
   // code
   "function f(x) { return x*2; } // comment\n\tif (a<=b && c!==d) { arr[i++] = `t${v}`; }",
   "def main():\n    print(\"hi\")  # py\n\n    return {'a': [1, 2, 3]}\n",
-  "#include <stdio.h>\nint main(void){printf(\"%d\\n\", 42);}",
+  '#include <stdio.h>\nint main(void){printf("%d\\n", 42);}',
   "SELECT * FROM t WHERE id IN (1,2,3) AND name LIKE '%x%';",
   "https://example.com/path?q=1&r=two#frag user@example.org",
   // special tokens, partial specials, adjacent specials
@@ -100,10 +100,69 @@ export function fuzzCorpus(n: number, extra: readonly string[] = []): string[] {
     seed ^= seed << 5;
     return (seed >>> 0) / 2 ** 32;
   };
-  const pool = [" ", "  ", "\n", "\t", "\r\n", "a", "Z", "é", "ß", "'", "'s", "'ll", "0", "7", "١", "²", "½", ".", ",",
-    "!", "?", "-", "_", "(", ")", "{", "}", "<", ">", "|", "日", "本", "한", "😀", "👍🏽", "👨‍👩‍👧", "\u200d", "\ufe0f",
-    "\u0301", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "Ġ", "\u00a0", "\u3000", "\u0085", "the", " the", "ing",
-    "http://x.y/z?q=1", "\\", "\"", "#", "$", "%", "^", "&", "*", "🏳️‍🌈", "\u{1F9D1}", ...extra];
+  const pool = [
+    " ",
+    "  ",
+    "\n",
+    "\t",
+    "\r\n",
+    "a",
+    "Z",
+    "é",
+    "ß",
+    "'",
+    "'s",
+    "'ll",
+    "0",
+    "7",
+    "١",
+    "²",
+    "½",
+    ".",
+    ",",
+    "!",
+    "?",
+    "-",
+    "_",
+    "(",
+    ")",
+    "{",
+    "}",
+    "<",
+    ">",
+    "|",
+    "日",
+    "本",
+    "한",
+    "😀",
+    "👍🏽",
+    "👨‍👩‍👧",
+    "\u200d",
+    "\ufe0f",
+    "\u0301",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "Ġ",
+    "\u00a0",
+    "\u3000",
+    "\u0085",
+    "the",
+    " the",
+    "ing",
+    "http://x.y/z?q=1",
+    "\\",
+    '"',
+    "#",
+    "$",
+    "%",
+    "^",
+    "&",
+    "*",
+    "🏳️‍🌈",
+    "\u{1F9D1}",
+    ...extra,
+  ];
   const out: string[] = [];
   for (let k = 0; k < n; k++) {
     const len = 1 + Math.floor(rnd() * 30);
@@ -113,4 +172,3 @@ export function fuzzCorpus(n: number, extra: readonly string[] = []): string[] {
   }
   return out;
 }
-

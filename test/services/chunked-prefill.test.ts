@@ -94,7 +94,12 @@ describe("the scheduler's mixed steps", () => {
    * Prefills `ids` (outside the scheduler) and starts decoding it greedily in the scheduler;
    * resolves once it is in the batch, with the promise of all its tokens.
    */
-  async function decodeIn(sched: DecodeScheduler, ids: number[], steps: number, o: { onToken?: (count: number) => void; feedToken?: number } = {}): Promise<{ tokens: Promise<number[]> }> {
+  async function decodeIn(
+    sched: DecodeScheduler,
+    ids: number[],
+    steps: number,
+    o: { onToken?: (count: number) => void; feedToken?: number } = {},
+  ): Promise<{ tokens: Promise<number[]> }> {
     const seq = engine.createSequence(ids.length + steps + 1);
     const first = argmax(await engine.prefill(seq, ids));
     const text = new TokenTextStream({ createDetokenizer: () => tokenizer.createDetokenizer(), isEog: () => false }, steps, []);
@@ -146,7 +151,13 @@ describe("the scheduler's mixed steps", () => {
     };
   }
 
-  const options = (o: Partial<SchedulerOptions>): SchedulerOptions => ({ maxBatch: 4, maxQueue: 4, kvBudgetBytes: 1 << 30, tpotTargetMs: 100, ...o });
+  const options = (o: Partial<SchedulerOptions>): SchedulerOptions => ({
+    maxBatch: 4,
+    maxQueue: 4,
+    kvBudgetBytes: 1 << 30,
+    tpotTargetMs: 100,
+    ...o,
+  });
 
   it("a late decode makes every shared step carry the minimum chunk; both get what they get alone", async () => {
     const [a, b] = [prompt(40, 1), prompt(700, 2)];

@@ -34,7 +34,18 @@ let model: LoadedModel;
 let tok: GgufTokenizer;
 let tmpl: ChatTemplate;
 
-const common = () => ["--threads", "1", "--database-url", pg.url, "--shard-dir", shards.dir, "--heartbeat-ms", "500", "--heartbeat-timeout-ms", "3000"];
+const common = () => [
+  "--threads",
+  "1",
+  "--database-url",
+  pg.url,
+  "--shard-dir",
+  shards.dir,
+  "--heartbeat-ms",
+  "500",
+  "--heartbeat-timeout-ms",
+  "3000",
+];
 // A long prompt spans several 64-token blocks, so several chunks are handed over.
 const LONG = "In a quiet village by the sea, the fishermen rose before dawn to mend their nets. ".repeat(4);
 const PROMPTS = ["Once upon a time", "The capital of Italy is", LONG, "1, 2, 3, 4,"];
@@ -81,21 +92,20 @@ afterAll(async () => {
 });
 
 describe("prefill and decode in separate processes over PostgreSQL 15", () => {
-  it.each([
-    ["http", () => viaHttp],
-    ["shm", () => viaShm],
-    ...(UCX ? ([["ucx", () => viaUcx!]] as const) : []),
-  ] as const)("over %s: the greedy tokens equal one process's, for several prompts", async (transport, decode) => {
-    for (const prompt of PROMPTS) {
-      const p = await postJson(`${prefill.url}/v1/prefill`, { prompt });
-      expect(p.status).toBe(200);
-      const handle = p.body as Handle;
-      const d = await postJson(`${decode().url}/v1/decode`, { handle, max_tokens: 12, temperature: 0 });
-      expect(d.status, JSON.stringify(d.body)).toBe(200);
-      expect(d.body.kv).toMatchObject({ transport, chunks: Math.ceil(handle.prompt_tokens / 64), recomputed: false });
-      expect(d.body.token_ids, prompt).toEqual(await colocated(handle.prompt_token_ids, 12));
-    }
-  });
+  it.each([["http", () => viaHttp], ["shm", () => viaShm], ...(UCX ? ([["ucx", () => viaUcx!]] as const) : [])] as const)(
+    "over %s: the greedy tokens equal one process's, for several prompts",
+    async (transport, decode) => {
+      for (const prompt of PROMPTS) {
+        const p = await postJson(`${prefill.url}/v1/prefill`, { prompt });
+        expect(p.status).toBe(200);
+        const handle = p.body as Handle;
+        const d = await postJson(`${decode().url}/v1/decode`, { handle, max_tokens: 12, temperature: 0 });
+        expect(d.status, JSON.stringify(d.body)).toBe(200);
+        expect(d.body.kv).toMatchObject({ transport, chunks: Math.ceil(handle.prompt_tokens / 64), recomputed: false });
+        expect(d.body.token_ids, prompt).toEqual(await colocated(handle.prompt_token_ids, 12));
+      }
+    },
+  );
 
   it("the OpenAI route on a decode process finds the prefill process in the registry", async () => {
     const messages = [{ role: "user" as const, content: "Give me a color." }];
@@ -111,12 +121,19 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
     const exp = { kind: "omnikv", omnikv: { budget: 16, selector: "exp", window: 16 } } as const;
     const ids = tok.encode(LONG);
     const defaults = policyDefaultsFor(model.fingerprint);
-    const resolved = (spec: PolicySpec) => resolvePolicy(spec, { ...(defaults ? { filterLayers: defaults.filterLayers } : {}), promptTokens: ids.length, maxTokens: n });
+    const resolved = (spec: PolicySpec) =>
+      resolvePolicy(spec, { ...(defaults ? { filterLayers: defaults.filterLayers } : {}), promptTokens: ids.length, maxTokens: n });
     const pooled = await withPolicy(ids, resolved(scope), n);
     // The pool changes what the decode attends to: without the prompt state it would differ.
     expect(pooled).not.toEqual(await withPolicy(ids, resolved({ kind: "scope", scope: { beta1: 64, beta2: 64 } }), n));
 
-    const res = await postJson(`${viaShm.url}/v1/completions`, { model: "default", prompt: LONG, max_tokens: n, temperature: 0, policy: scope });
+    const res = await postJson(`${viaShm.url}/v1/completions`, {
+      model: "default",
+      prompt: LONG,
+      max_tokens: n,
+      temperature: 0,
+      policy: scope,
+    });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     expect(res.body.ctxbank.handoff).toEqual({ path: "shard" });
     expect(res.body.choices[0].text).toBe(tok.decode(pooled.filter((id) => !tok.isEog(id))));
@@ -132,7 +149,8 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
 
   it("a prefill killed after answering: decode fails fast with a clear error, or recomputes when asked", async () => {
     const handles: Handle[] = [];
-    for (const prompt of ["The sun is a", "Water boils at", "Snow is"]) handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);
+    for (const prompt of ["The sun is a", "Water boils at", "Snow is"])
+      handles.push((await postJson(`${prefill.url}/v1/prefill`, { prompt })).body);
     await prefill.kill();
 
     const t0 = performance.now();
@@ -149,7 +167,12 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
       expect(overUcx.body.error.message).toMatch(/cannot read the KV \(unreachable\).*UCX/);
     }
 
-    const recomputed = await postJson(`${viaHttp.url}/v1/decode`, { handle: handles[1], max_tokens: 8, temperature: 0, on_kv_failure: "recompute" });
+    const recomputed = await postJson(`${viaHttp.url}/v1/decode`, {
+      handle: handles[1],
+      max_tokens: 8,
+      temperature: 0,
+      on_kv_failure: "recompute",
+    });
     expect(recomputed.status).toBe(200);
     expect(recomputed.body.kv).toMatchObject({ transport: "recompute", recomputed: true });
     expect(recomputed.body.kv.error).toMatch(/unreachable/);

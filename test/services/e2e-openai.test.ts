@@ -141,7 +141,14 @@ describe("OpenAI client against `ctxbank serve`", () => {
       { role: "system", content: "You answer briefly." },
       { role: "user", content: "What is two plus two?" },
     ];
-    const stream = await client.chat.completions.create({ model: modelId, messages, max_tokens: 12, temperature: 0, stream: true, stream_options: { include_usage: true } });
+    const stream = await client.chat.completions.create({
+      model: modelId,
+      messages,
+      max_tokens: 12,
+      temperature: 0,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
     const chunks: OpenAI.ChatCompletionChunk[] = [];
     for await (const chunk of stream) chunks.push(chunk);
     const ref = await reference(chat(messages), 12);
@@ -154,11 +161,18 @@ describe("OpenAI client against `ctxbank serve`", () => {
   });
 
   it("seeded sampling is reproducible across the prefill/decode split", async () => {
-    const ask = () => client.completions.create({ model: modelId, prompt: "My favourite animal is", max_tokens: 8, temperature: 0.9, seed: 1234 });
+    const ask = () =>
+      client.completions.create({ model: modelId, prompt: "My favourite animal is", max_tokens: 8, temperature: 0.9, seed: 1234 });
     const [a, b] = [await ask(), await ask()];
     expect(a.choices[0]!.text).toBe(b.choices[0]!.text);
     let text = "";
-    for await (const ev of generate(engine, tok, plain("My favourite animal is"), { maxTokens: 8, temperature: 0.9, topK: 40, topP: 1, seed: 1234 })) {
+    for await (const ev of generate(engine, tok, plain("My favourite animal is"), {
+      maxTokens: 8,
+      temperature: 0.9,
+      topK: 40,
+      topP: 1,
+      seed: 1234,
+    })) {
       if (ev.type === "token") text += ev.text;
     }
     expect(a.choices[0]!.text).toBe(text);

@@ -34,7 +34,13 @@ async function shortChat(url: string, key: string): Promise<Chat> {
   const res = await request(`${url}/v1/chat/completions`, {
     method: "POST",
     headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
-    body: JSON.stringify({ model: "default", messages: [{ role: "user", content: "Say hi." }], max_tokens: 3, temperature: 0, stream: true }),
+    body: JSON.stringify({
+      model: "default",
+      messages: [{ role: "user", content: "Say hi." }],
+      max_tokens: 3,
+      temperature: 0,
+      stream: true,
+    }),
     headersTimeout: 300_000,
     bodyTimeout: 300_000,
   });
@@ -45,13 +51,21 @@ async function shortChat(url: string, key: string): Promise<Chat> {
     first ??= performance.now();
     text += chunk.toString();
   }
-  const events = parseSse(text).filter((e) => e.data !== "[DONE]").map((e) => JSON.parse(e.data) as { ctxbank?: { timings: { ttft_ms: number } } });
+  const events = parseSse(text)
+    .filter((e) => e.data !== "[DONE]")
+    .map((e) => JSON.parse(e.data) as { ctxbank?: { timings: { ttft_ms: number } } });
   const last = events.findLast((e) => e.ctxbank);
   return { ttftMs: first! - t0, recordedTtftMs: last!.ctxbank!.timings.ttft_ms };
 }
 
 async function post(url: string, key: string, path: string, body: string): Promise<number> {
-  const res = await request(`${url}${path}`, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${key}` }, body, headersTimeout: 300_000, bodyTimeout: 300_000 });
+  const res = await request(`${url}${path}`, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${key}` },
+    body,
+    headersTimeout: 300_000,
+    bodyTimeout: 300_000,
+  });
   await res.body.text();
   return res.statusCode;
 }
@@ -60,7 +74,10 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 
 /** An attack at full quota from its own process (test/harness/hostile-load.ts); stop() kills it. */
 function startAttack(url: string, key: string, attack: Attack): { stop(): Promise<void> } {
-  const child = spawn(process.execPath, ["--import", "tsx", "test/harness/hostile-load.ts", url, key, attack], { cwd: root, stdio: "ignore" });
+  const child = spawn(process.execPath, ["--import", "tsx", "test/harness/hostile-load.ts", url, key, attack], {
+    cwd: root,
+    stdio: "ignore",
+  });
   const exited = new Promise((r) => child.once("exit", r));
   return {
     async stop() {
@@ -78,12 +95,18 @@ async function underEveryAttack(url: string, victim: string, attacker: string, s
   const prefills: number[] = [];
   for (let i = 0; i < 2; i++) {
     const t0 = performance.now();
-    expect(await post(url, attacker, "/v1/completions", JSON.stringify({ model: "default", prompt: LONG_PROMPT, max_tokens: 1 }))).toBe(200);
+    expect(await post(url, attacker, "/v1/completions", JSON.stringify({ model: "default", prompt: LONG_PROMPT, max_tokens: 1 }))).toBe(
+      200,
+    );
     prefills.push(performance.now() - t0);
   }
   const prefillMs = Math.max(...prefills);
   const boundMs = 2 * unloaded + stages * prefillMs * CONTENTION + SLACK_MS;
-  const report: Record<string, unknown> = { unloadedTtftMs: Math.round(unloaded), longPrefillMs: Math.round(prefillMs), boundMs: Math.round(boundMs) };
+  const report: Record<string, unknown> = {
+    unloadedTtftMs: Math.round(unloaded),
+    longPrefillMs: Math.round(prefillMs),
+    boundMs: Math.round(boundMs),
+  };
   for (const name of names) {
     const attack = startAttack(url, attacker, name);
     try {
@@ -158,8 +181,14 @@ describe("two keys in separate prefill and decode processes", () => {
   beforeAll(async () => {
     [pg, shards] = await Promise.all([startPostgres(), tempShardDir()]);
     const common = ["--threads", "1", "--database-url", pg.url, "--shard-dir", shards.dir];
-    prefill = await startService("prefill", [...common, "--instance-id", "fair-prefill"], { ...KEYS, CTXBANK_INTERNAL_SECRET: TEST_INTERNAL_SECRET });
-    decode = await startService("decode", [...common, "--instance-id", "fair-decode"], { ...KEYS, CTXBANK_INTERNAL_SECRET: TEST_INTERNAL_SECRET });
+    prefill = await startService("prefill", [...common, "--instance-id", "fair-prefill"], {
+      ...KEYS,
+      CTXBANK_INTERNAL_SECRET: TEST_INTERNAL_SECRET,
+    });
+    decode = await startService("decode", [...common, "--instance-id", "fair-decode"], {
+      ...KEYS,
+      CTXBANK_INTERNAL_SECRET: TEST_INTERNAL_SECRET,
+    });
   }, 180_000);
   afterAll(async () => {
     await decode?.stop();

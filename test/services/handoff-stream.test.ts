@@ -27,11 +27,24 @@ const extra: ServiceProcess[] = [];
 let engine: Engine;
 let tok: GgufTokenizer;
 
-const common = () => ["--threads", "1", "--database-url", pgServer.url, "--shard-dir", shards.dir, "--heartbeat-ms", "500", "--heartbeat-timeout-ms", "3000"];
+const common = () => [
+  "--threads",
+  "1",
+  "--database-url",
+  pgServer.url,
+  "--shard-dir",
+  shards.dir,
+  "--heartbeat-ms",
+  "500",
+  "--heartbeat-timeout-ms",
+  "3000",
+];
 const startPrefill = (id: string, pauseMs: number) =>
   startService("prefill", [...common(), "--block-tokens", "64", "--instance-id", id], { CTXBANK_FAULT_PAUSE: `prefill.last:${pauseMs}` });
 // Four 64-token blocks or so: several chunks stream before the last one.
-const LONG = "In a quiet village by the sea, the fishermen rose before dawn to mend their nets, and the gulls followed them out. ".repeat(9);
+const LONG = "In a quiet village by the sea, the fishermen rose before dawn to mend their nets, and the gulls followed them out. ".repeat(
+  9,
+);
 
 async function colocated(ids: number[], maxTokens: number): Promise<string> {
   const out: number[] = [];
@@ -62,7 +75,9 @@ beforeAll(async () => {
     startService("decode", [...common(), "--transport", "shm", "--instance-id", "decode-shm"]),
     startService("decode", [...common(), "--transport", "http", "--instance-id", "decode-http"]),
     startService("decode", [...common(), "--transport", "shm", "--kv-streaming", "false", "--instance-id", "decode-unstreamed"]),
-    startService("decode", [...common(), "--transport", "shm", "--instance-id", "decode-paused"], { CTXBANK_FAULT_PAUSE: "decode.load:4000" }),
+    startService("decode", [...common(), "--transport", "shm", "--instance-id", "decode-paused"], {
+      CTXBANK_FAULT_PAUSE: "decode.load:4000",
+    }),
   ]);
   const path = await resolveModel();
   engine = new Engine(await loadModel(path), { threads: 1 });

@@ -31,8 +31,24 @@ let rt: Runtime;
 
 beforeAll(async () => {
   [pg, shards] = await Promise.all([startPostgres(), tempShardDir()]);
-  prefill = await startService("prefill", ["--threads", "1", "--database-url", pg.url, "--shard-dir", shards.dir, "--block-tokens", "64", "--instance-id", "names-prefill"]);
-  config = loadConfig("decode", {}, {}, { databaseUrl: pg.url, shardDir: shards.dir, threads: 1, internalSecret: TEST_INTERNAL_SECRET, logLevel: "silent" });
+  prefill = await startService("prefill", [
+    "--threads",
+    "1",
+    "--database-url",
+    pg.url,
+    "--shard-dir",
+    shards.dir,
+    "--block-tokens",
+    "64",
+    "--instance-id",
+    "names-prefill",
+  ]);
+  config = loadConfig(
+    "decode",
+    {},
+    {},
+    { databaseUrl: pg.url, shardDir: shards.dir, threads: 1, internalSecret: TEST_INTERNAL_SECRET, logLevel: "silent" },
+  );
   rt = await openRuntime(config);
 });
 
@@ -52,7 +68,13 @@ function start(role: "decode" | "serve", transport: Config["transport"]): Promis
 /** The decode's own request (what the OpenAI routes run), collected. */
 async function complete(s: RunningServices): Promise<Extract<DecodeEvent, { type: "done" }>> {
   let done: Extract<DecodeEvent, { type: "done" }> | undefined;
-  for await (const ev of s.services.decode!.complete({ prompt: PROMPT }, { maxTokens: 4, temperature: 0 }, new AbortController().signal, rt.log)) if (ev.type === "done") done = ev;
+  for await (const ev of s.services.decode!.complete(
+    { prompt: PROMPT },
+    { maxTokens: 4, temperature: 0 },
+    new AbortController().signal,
+    rt.log,
+  ))
+    if (ev.type === "done") done = ev;
   return done!;
 }
 
@@ -60,7 +82,11 @@ async function complete(s: RunningServices): Promise<Extract<DecodeEvent, { type
 async function transfers(s: RunningServices): Promise<Record<string, { bytes: number; loads: number }>> {
   const m = parseProm(await s.metrics.text());
   const by: Record<string, { bytes: number; loads: number }> = {};
-  for (const t of ["shm", "http", "ucx", "in_process"]) by[t] = { bytes: m.sum("ctxbank:kv_transfer_bytes_total", { transport: t }), loads: m.sum("ctxbank:kv_transfer_seconds_count", { transport: t }) };
+  for (const t of ["shm", "http", "ucx", "in_process"])
+    by[t] = {
+      bytes: m.sum("ctxbank:kv_transfer_bytes_total", { transport: t }),
+      loads: m.sum("ctxbank:kv_transfer_seconds_count", { transport: t }),
+    };
   return by;
 }
 
@@ -82,7 +108,8 @@ describe("a KV load reports the transport it used", () => {
       const byTransport = await transfers(s);
       expect(byTransport[transport]!.loads).toBe(2);
       expect(byTransport[transport]!.bytes).toBe(streamed.kv.bytes + d.body.kv.bytes);
-      for (const other of Object.keys(byTransport).filter((t) => t !== transport)) expect(byTransport[other], other).toEqual({ bytes: 0, loads: 0 });
+      for (const other of Object.keys(byTransport).filter((t) => t !== transport))
+        expect(byTransport[other], other).toEqual({ bytes: 0, loads: 0 });
     } finally {
       await s.stop();
     }

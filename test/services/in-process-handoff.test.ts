@@ -31,7 +31,12 @@ async function transferBytes(): Promise<number> {
 /** The decode service's own path (what the OpenAI routes call), collected. */
 async function complete(prompt: string, maxTokens: number, policy?: unknown): Promise<Extract<DecodeEvent, { type: "done" }>> {
   const log = s.rt.log;
-  const events = s.services.decode!.complete({ prompt }, { maxTokens, temperature: 0, ...(policy ? { policy: policy as never } : {}) }, new AbortController().signal, log);
+  const events = s.services.decode!.complete(
+    { prompt },
+    { maxTokens, temperature: 0, ...(policy ? { policy: policy as never } : {}) },
+    new AbortController().signal,
+    log,
+  );
   let done: Extract<DecodeEvent, { type: "done" }> | undefined;
   for await (const ev of events) if (ev.type === "done") done = ev;
   return done!;
@@ -52,7 +57,12 @@ describe("serve: the KV handoff in process", () => {
   it("writes no shard bytes, reads none, calls no prefill over HTTP, and gives the shard path's greedy tokens", async () => {
     const decode = s.services.decode!;
     const prefill = s.services.prefill!;
-    const before = { prefill: prefill.status().totals, calls: decode.status().prefill_calls, bytes: await transferBytes(), inProcess: decode.status().totals.in_process };
+    const before = {
+      prefill: prefill.status().totals,
+      calls: decode.status().prefill_calls,
+      bytes: await transferBytes(),
+      inProcess: decode.status().totals.in_process,
+    };
     const local = await complete(PROMPT, 16);
     expect(local.kv).toEqual({ transport: "in_process", chunks: 0, bytes: 0, ms: 0, recomputed: false });
     expect(local.ctxbank.handoff).toEqual({ path: "in_process" });
@@ -132,9 +142,16 @@ describe("serve: the KV handoff in process", () => {
 
     // Decoded under a policy that remembers another window: not loaded, and said so.
     const other = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
-    const o = await postJson(`${s.url}/v1/decode`, { handle: other.body, max_tokens: n, temperature: 0, policy: { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 4 } } });
+    const o = await postJson(`${s.url}/v1/decode`, {
+      handle: other.body,
+      max_tokens: n,
+      temperature: 0,
+      policy: { kind: "scope", scope: { beta1: 64, beta2: 64, alpha1: 16, alpha2: 4 } },
+    });
     expect(o.status, JSON.stringify(o.body)).toBe(200);
-    expect(o.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(/^scope\.alpha1: .*made under a policy that derives other state/)]);
+    expect(o.body.ctxbank.handoff.warnings).toEqual([
+      expect.stringMatching(/^scope\.alpha1: .*made under a policy that derives other state/),
+    ]);
   });
 
   it("a malformed prompt state in a client's handle is a 400, never a crash", async () => {
@@ -166,30 +183,34 @@ describe("serve: the KV handoff in process", () => {
     expect(s.services.decode!.status()).toMatchObject({ live_sequences: 0, admitted: 0, kv_reserved_bytes: 0 });
   });
 
-  it.each(["exp", "uniform"] as const)("the OmniKV %s selector sees the prompt's last queries in process and over the shard path alike", async (selector) => {
-    const n = 12;
-    const filterLayers = policyDefaultsFor(s.rt.model.fingerprint)!.filterLayers;
-    const spec = { kind: "omnikv", omnikv: { budget: 16, selector, window: 16 } };
-    const ids = s.rt.tokenizer.encode(PROMPT);
-    const expected = await engineGreedy(ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16, selector, window: 16 } }, n);
-    const local = await complete(PROMPT, n, spec);
-    expect(local.ctxbank.handoff).toEqual({ path: "in_process" });
-    expect(local.tokenIds).toEqual(expected);
+  it.each(["exp", "uniform"] as const)(
+    "the OmniKV %s selector sees the prompt's last queries in process and over the shard path alike",
+    async (selector) => {
+      const n = 12;
+      const filterLayers = policyDefaultsFor(s.rt.model.fingerprint)!.filterLayers;
+      const spec = { kind: "omnikv", omnikv: { budget: 16, selector, window: 16 } };
+      const ids = s.rt.tokenizer.encode(PROMPT);
+      const expected = await engineGreedy(ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16, selector, window: 16 } }, n);
+      const local = await complete(PROMPT, n, spec);
+      expect(local.ctxbank.handoff).toEqual({ path: "in_process" });
+      expect(local.tokenIds).toEqual(expected);
 
-    const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
-    expect(p.status).toBe(200);
-    expect((p.body as Handle).prompt_state).toBeDefined();
-    const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
-    expect(d.status, JSON.stringify(d.body)).toBe(200);
-    expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
-    expect(d.body.token_ids).toEqual(expected);
+      const p = await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n });
+      expect(p.status).toBe(200);
+      expect((p.body as Handle).prompt_state).toBeDefined();
+      const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
+      expect(d.status, JSON.stringify(d.body)).toBe(200);
+      expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+      expect(d.body.token_ids).toEqual(expected);
 
-    const { prompt_state: _, ...stripped } = (await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n })).body as Handle;
-    // (On this repetitive prompt the greedy tokens come out the same without the prompt's queries;
-    // native/tests/prompt_state_test.cc shows the logits differ without them, and match with them.)
-    const b = await postJson(`${s.url}/v1/decode`, { handle: stripped, max_tokens: n, temperature: 0 });
-    expect(b.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(new RegExp(`^omnikv\\.selector ${selector}: `))]);
-  });
+      const { prompt_state: _, ...stripped } = (await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n }))
+        .body as Handle;
+      // (On this repetitive prompt the greedy tokens come out the same without the prompt's queries;
+      // native/tests/prompt_state_test.cc shows the logits differ without them, and match with them.)
+      const b = await postJson(`${s.url}/v1/decode`, { handle: stripped, max_tokens: n, temperature: 0 });
+      expect(b.body.ctxbank.handoff.warnings).toEqual([expect.stringMatching(new RegExp(`^omnikv\\.selector ${selector}: `))]);
+    },
+  );
 
   it("policies that remember no prompt queries put no state in the handle", async () => {
     for (const policy of [undefined, { kind: "scope", scope: { beta1: 64, beta2: 64 } }, { kind: "omnikv", omnikv: { budget: 16 } }]) {
@@ -204,7 +225,10 @@ describe("serve: the KV handoff in process", () => {
 
   it("a bad policy is refused before any work, in process as over HTTP", async () => {
     const prefills = s.services.prefill!.status().totals.prefills;
-    for (const policy of [{ kind: "scope", scope: { beta1: 0 } }, { kind: "omnikv", omnikv: { filter_layers: [40] } }]) {
+    for (const policy of [
+      { kind: "scope", scope: { beta1: 0 } },
+      { kind: "omnikv", omnikv: { filter_layers: [40] } },
+    ]) {
       const res = await postJson(`${s.url}/v1/completions`, { model: s.rt.modelId, prompt: PROMPT, max_tokens: 4, policy });
       expect(res.status, JSON.stringify(policy)).toBe(400);
       expect(res.body.error.code).toBe("invalid_policy");
@@ -217,9 +241,11 @@ describe("serve: the KV handoff in process", () => {
     const ac = new AbortController();
     const events = s.services.decode!.complete({ prompt: PROMPT.repeat(4) }, { maxTokens: 8, temperature: 0 }, ac.signal, s.rt.log);
     setTimeout(() => ac.abort(new Error("gone")), 20);
-    await expect((async () => {
-      for await (const _ of events) void _;
-    })()).rejects.toThrow();
+    await expect(
+      (async () => {
+        for await (const _ of events) void _;
+      })(),
+    ).rejects.toThrow();
     expect(s.services.decode!.status()).toMatchObject({ live_sequences: 0, admitted: 0, kv_reserved_bytes: 0, prefills: 0 });
     expect(s.services.prefill!.status()).toMatchObject({ prefills_running: 0, prefills_queued: 0 });
   });

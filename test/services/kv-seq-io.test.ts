@@ -8,7 +8,16 @@ import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
 import { ChunkError, chunkByteLength, verifyChunk, type ChunkMeta } from "../../services/handoff/format/chunk.ts";
 import { encodeChunkFromLayers, unpackKv } from "../../services/handoff/format/chunk-pack.ts";
-import { coverageProblem, exportChunk, importChunk, importVerifiedChunk, kvShape, layerViews, tokenBlocks, type KvShape } from "../../services/handoff/format/seq-io.ts";
+import {
+  coverageProblem,
+  exportChunk,
+  importChunk,
+  importVerifiedChunk,
+  kvShape,
+  layerViews,
+  tokenBlocks,
+  type KvShape,
+} from "../../services/handoff/format/seq-io.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 
 const cap = 40;
@@ -30,7 +39,15 @@ function seqWith(fill: (i: number) => number): NativeSequence {
 const cacheOf = (seq: NativeSequence) => ({ buffer: seq.kvBuffer(), capacity: seq.capacity });
 
 describe("seq-io", () => {
-  const meta = (): ChunkMeta => ({ fingerprint: FP, dtype: "f16", layerIds: [1, 3, 29], hkv: shape.hkv, headDim: shape.headDim, tokenStart: 7, tokenCount: 20 });
+  const meta = (): ChunkMeta => ({
+    fingerprint: FP,
+    dtype: "f16",
+    layerIds: [1, 3, 29],
+    hkv: shape.hkv,
+    headDim: shape.headDim,
+    tokenStart: 7,
+    tokenCount: 20,
+  });
 
   it("export equals the reference encoder over zero-copy layer views", () => {
     const seq = seqWith((i) => (i * 2654435761) & 0xffff);
@@ -157,9 +174,27 @@ describe("seq-io", () => {
       { tokenStart: 4, tokenEnd: 5 },
     ]);
     const all = [0, 1, 2, 3];
-    expect(coverageProblem([{ layerIds: all, tokenStart: 0, tokenEnd: 3 }, { layerIds: all, tokenStart: 3, tokenEnd: 5 }], 4, 5)).toBeNull();
+    expect(
+      coverageProblem(
+        [
+          { layerIds: all, tokenStart: 0, tokenEnd: 3 },
+          { layerIds: all, tokenStart: 3, tokenEnd: 5 },
+        ],
+        4,
+        5,
+      ),
+    ).toBeNull();
     expect(coverageProblem([{ layerIds: all, tokenStart: 0, tokenEnd: 3 }], 4, 5)).toMatch(/cover 3 of 5/);
-    expect(coverageProblem([{ layerIds: all, tokenStart: 0, tokenEnd: 3 }, { layerIds: all, tokenStart: 2, tokenEnd: 5 }], 4, 5)).toMatch(/overlap/);
+    expect(
+      coverageProblem(
+        [
+          { layerIds: all, tokenStart: 0, tokenEnd: 3 },
+          { layerIds: all, tokenStart: 2, tokenEnd: 5 },
+        ],
+        4,
+        5,
+      ),
+    ).toMatch(/overlap/);
     expect(coverageProblem([{ layerIds: [0, 1], tokenStart: 0, tokenEnd: 5 }], 4, 5)).toMatch(/layer 2/);
   });
 });

@@ -59,7 +59,13 @@ describe("streaming client timing", () => {
     expect(r.finishReason).toBe("length");
     expect(r.promptTokens).toBe(7);
     // The request carried the model, stream flags and extra fields.
-    expect(server.received.at(-1)).toMatchObject({ model: "m", stream: true, stream_options: { include_usage: true }, policy: "omnikv", max_tokens: 8 });
+    expect(server.received.at(-1)).toMatchObject({
+      model: "m",
+      stream: true,
+      stream_options: { include_usage: true },
+      policy: "omnikv",
+      max_tokens: 8,
+    });
   });
 
   it("events split across writes and CRLF line ends time the same tokens; usage overrides chunk counts", async () => {
@@ -102,14 +108,32 @@ describe("runner against the fake server", () => {
     const path = await resolveModel();
     const tok = GgufTokenizer.fromGguf(path);
     const prompts = new PromptSource(tok, "The quick brown fox jumps over the lazy dog. ".repeat(400), ChatTemplate.fromGguf(path, tok));
-    factory = new WorkloadFactory({ kind: "synthetic", endpoint: "completions", input: { kind: "fixed", value: 64 }, output: { kind: "fixed", value: 8 }, promptFormat: "ids" }, prompts);
+    factory = new WorkloadFactory(
+      {
+        kind: "synthetic",
+        endpoint: "completions",
+        input: { kind: "fixed", value: 64 },
+        output: { kind: "fixed", value: 8 },
+        promptFormat: "ids",
+      },
+      prompts,
+    );
   });
 
   it("Poisson: sends the seeded schedule, records timing, attainment and 429s separately", async () => {
     let n = 0;
     script = () => (n++ % 5 === 4 ? { status: 429 } : { ttftMs: 30, itlMs: 5, tokens: 4 });
     const c = client();
-    const run = await runLoad(c, factory, { arrivals: { kind: "poisson", rate: 40 }, maxRequests: 30, durationS: 60, drainS: 10, warmup: 2, seed: 3, slo: { ttftMs: 1000, tpotMs: 100 }, progress: false });
+    const run = await runLoad(c, factory, {
+      arrivals: { kind: "poisson", rate: 40 },
+      maxRequests: 30,
+      durationS: 60,
+      drainS: 10,
+      warmup: 2,
+      seed: 3,
+      slo: { ttftMs: 1000, tpotMs: 100 },
+      progress: false,
+    });
     await c.close();
     expect(run.warmup).toMatchObject({ sent: 2, ok: 2 });
     expect(run.results).toHaveLength(30);
@@ -127,7 +151,15 @@ describe("runner against the fake server", () => {
     script = () => ({ ttftMs: 40, itlMs: 5, tokens: 3 });
     server.resetInFlight();
     const c = client();
-    const run = await runLoad(c, factory, { arrivals: { kind: "concurrency", concurrency: 3 }, maxRequests: 12, durationS: 60, drainS: 10, warmup: 0, seed: 1, progress: false });
+    const run = await runLoad(c, factory, {
+      arrivals: { kind: "concurrency", concurrency: 3 },
+      maxRequests: 12,
+      durationS: 60,
+      drainS: 10,
+      warmup: 0,
+      seed: 1,
+      progress: false,
+    });
     await c.close();
     expect(run.results).toHaveLength(12);
     expect(server.maxInFlight()).toBe(3);
@@ -137,7 +169,15 @@ describe("runner against the fake server", () => {
     script = () => ({ ttftMs: 3000, tokens: 1 });
     const c = client(60_000);
     const t0 = performance.now();
-    const run = await runLoad(c, factory, { arrivals: { kind: "burst", size: 2, periodS: 0.4 }, maxRequests: 100, durationS: 1, drainS: 0.5, warmup: 0, seed: 1, progress: false });
+    const run = await runLoad(c, factory, {
+      arrivals: { kind: "burst", size: 2, periodS: 0.4 },
+      maxRequests: 100,
+      durationS: 1,
+      drainS: 0.5,
+      warmup: 0,
+      seed: 1,
+      progress: false,
+    });
     await c.close();
     expect(performance.now() - t0).toBeLessThan(2500);
     expect(run.results).toHaveLength(6); // bursts at 0, 0.4, 0.8 s
@@ -153,7 +193,18 @@ describe("multi-turn sessions against the fake server", () => {
     prompts = new PromptSource(tok, "The quick brown fox jumps over the lazy dog. ".repeat(400), ChatTemplate.fromGguf(path, tok));
   });
   const multiturn = (sessionIds?: boolean) =>
-    new WorkloadFactory({ kind: "multiturn", rounds: 3, thinkS: 0, input: { kind: "fixed", value: 20 }, output: { kind: "fixed", value: 4 }, ...(sessionIds === undefined ? {} : { sessionIds }) }, prompts, { runTag: "t1" });
+    new WorkloadFactory(
+      {
+        kind: "multiturn",
+        rounds: 3,
+        thinkS: 0,
+        input: { kind: "fixed", value: 20 },
+        output: { kind: "fixed", value: 4 },
+        ...(sessionIds === undefined ? {} : { sessionIds }),
+      },
+      prompts,
+      { runTag: "t1" },
+    );
 
   it("each conversation sends its own x-session-id on every round (default on), a closed loop runs whole sessions; the answers' route, reuse and placement are recorded and counted per round", async () => {
     // The server answers like ctxbank's router: a route header, and the reused tokens and placement in the last chunk.
@@ -166,12 +217,23 @@ describe("multi-turn sessions against the fake server", () => {
         itlMs: 2,
         tokens: 3,
         headers: { "x-ctxbank-route": `decode-${round % 2}; reason=${round === 0 ? "load" : "session"}` },
-        ctxbank: { session: { id: headers["x-session-id"], reused_tokens: 50 * round, turns: round + 1 }, prefill: round === 0 ? { where: "remote", cause: "long", reason: "r" } : { where: "local", cause: "fraction", reason: "r" } },
+        ctxbank: {
+          session: { id: headers["x-session-id"], reused_tokens: 50 * round, turns: round + 1 },
+          prefill: round === 0 ? { where: "remote", cause: "long", reason: "r" } : { where: "local", cause: "fraction", reason: "r" },
+        },
       };
     };
     const from = server.received.length;
     const c = client();
-    const run = await runLoad(c, multiturn(), { arrivals: { kind: "concurrency", concurrency: 2 }, maxRequests: 12, durationS: 60, drainS: 10, warmup: 1, seed: 5, progress: false });
+    const run = await runLoad(c, multiturn(), {
+      arrivals: { kind: "concurrency", concurrency: 2 },
+      maxRequests: 12,
+      durationS: 60,
+      drainS: 10,
+      warmup: 1,
+      seed: 5,
+      progress: false,
+    });
     await c.close();
     // The warm-up round names no session; then 4 sessions of 3 rounds.
     const headers = server.receivedHeaders.slice(from);
@@ -186,10 +248,18 @@ describe("multi-turn sessions against the fake server", () => {
     expect(run.sessions).toMatchObject({ started: 4, completed: 4, sessionIds: true });
     for (let i = 0; i < 4; i++) expect(run.results.filter((r) => r.session === i).map((r) => r.round)).toEqual([0, 1, 2]);
     // Per round: the last turn is round index 2.
-    expect(run.rounds!.map((r) => [r.round, r.requests, r.ok])).toEqual([[0, 4, 4], [1, 4, 4], [2, 4, 4]]);
+    expect(run.rounds!.map((r) => [r.round, r.requests, r.ok])).toEqual([
+      [0, 4, 4],
+      [1, 4, 4],
+      [2, 4, 4],
+    ]);
     expect(run.rounds![2]!.reusedTokens!.p50).toBe(100);
     expect(run.rounds![2]!.ttftMs.p50).toBeGreaterThan(run.rounds![0]!.ttftMs.p50 + 10);
-    expect(run.results.find((r) => r.round === 1)).toMatchObject({ route: { decode: "decode-1", reason: "session" }, reusedTokens: 50, prefill: { where: "local", cause: "fraction" } });
+    expect(run.results.find((r) => r.round === 1)).toMatchObject({
+      route: { decode: "decode-1", reason: "session" },
+      reusedTokens: 50,
+      prefill: { where: "local", cause: "fraction" },
+    });
     expect(run.server).toMatchObject({
       routeReason: { load: 4, session: 8 },
       routeDecode: { "decode-0": 8, "decode-1": 4 },
@@ -204,7 +274,15 @@ describe("multi-turn sessions against the fake server", () => {
     script = () => ({ ttftMs: 2, itlMs: 1, tokens: 2 });
     const from = server.received.length;
     const c = client();
-    const run = await runLoad(c, multiturn(false), { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: 6, durationS: 60, drainS: 10, warmup: 0, seed: 5, progress: false });
+    const run = await runLoad(c, multiturn(false), {
+      arrivals: { kind: "concurrency", concurrency: 1 },
+      maxRequests: 6,
+      durationS: 60,
+      drainS: 10,
+      warmup: 0,
+      seed: 5,
+      progress: false,
+    });
     await c.close();
     expect(run.results).toHaveLength(6);
     for (const h of server.receivedHeaders.slice(from)) expect(h["x-session-id"]).toBeUndefined();
@@ -237,12 +315,18 @@ describe("policy check", () => {
     const path = "/v1/chat/completions";
     doc = {
       paths: { [path]: { post: { requestBody: { content: { "application/json": { schema: { $ref: "#/components/schemas/Chat" } } } } } } },
-      components: { schemas: { Chat: { properties: { policy: { anyOf: [{ type: "string", enum: ["full", "omnikv"] }, { type: "null" }] } } } } },
+      components: {
+        schemas: { Chat: { properties: { policy: { anyOf: [{ type: "string", enum: ["full", "omnikv"] }, { type: "null" }] } } } },
+      },
     };
     expect(await policyValues(base, path)).toEqual(["full", "omnikv"]);
     doc = { paths: { [path]: { post: { requestBody: { content: { "application/json": { schema: { properties: { model: {} } } } } } } } } };
     expect(await policyValues(base, path)).toEqual([]);
-    doc = { paths: { [path]: { post: { requestBody: { content: { "application/json": { schema: { properties: { policy: { type: "object" } } } } } } } } } };
+    doc = {
+      paths: {
+        [path]: { post: { requestBody: { content: { "application/json": { schema: { properties: { policy: { type: "object" } } } } } } } },
+      },
+    };
     expect(await policyValues(base, path)).toEqual(["*"]);
     doc = null;
     expect(await policyValues(base, path)).toBeUndefined();

@@ -78,7 +78,12 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(m.count("process_cpu_user_seconds_total")).toBe(1);
     expect(m.count("nodejs_eventloop_lag_seconds")).toBe(1);
     // Both services' gauges, every series labelled with the model.
-    expect(m.samples.filter((x) => x.name === "ctxbank:num_requests_running").map((x) => x.labels.service).sort()).toEqual(["decode", "prefill"]);
+    expect(
+      m.samples
+        .filter((x) => x.name === "ctxbank:num_requests_running")
+        .map((x) => x.labels.service)
+        .sort(),
+    ).toEqual(["decode", "prefill"]);
     expect(m.samples.filter((x) => x.name === "ctxbank:kv_bytes_capacity").map((x) => [x.labels.tier, x.value])).toEqual(
       expect.arrayContaining([
         ["device", KV_BUDGET],
@@ -97,7 +102,11 @@ describe("metrics on `serve` (both services, one registry)", () => {
   it("counts a known sequence exactly as the answers report it", async () => {
     for (const [i, prompt] of ["The capital of France is", "Once upon a time, a fox", "Water boils at a temperature of"].entries()) {
       const r = await client.completions.create({ model: "default", prompt, max_tokens: 5, temperature: 0, seed: i });
-      answers.push({ finish: r.choices[0]!.finish_reason!, usage: r.usage!, ctxbank: (r as unknown as { ctxbank: CtxbankExtension }).ctxbank });
+      answers.push({
+        finish: r.choices[0]!.finish_reason!,
+        usage: r.usage!,
+        ctxbank: (r as unknown as { ctxbank: CtxbankExtension }).ctxbank,
+      });
     }
     const stream = await client.chat.completions.create({
       model: "default",
@@ -115,7 +124,10 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(Object.keys(chunks[0]!.ctxbank!)).toEqual(["policy"]);
     const finishChunk = chunks.find((c) => c.choices[0]?.finish_reason);
     answers.push({ finish: finishChunk!.choices[0]!.finish_reason!, usage: chunks.at(-1)!.usage!, ctxbank: chunks.at(-1)!.ctxbank! });
-    await expect(client.completions.create({ model: "default", prompt: "x", temperature: 5 })).rejects.toMatchObject({ status: 400, code: "invalid_request" });
+    await expect(client.completions.create({ model: "default", prompt: "x", temperature: 5 })).rejects.toMatchObject({
+      status: 400,
+      code: "invalid_request",
+    });
 
     for (const a of answers) {
       const t = a.ctxbank.timings;
@@ -129,10 +141,15 @@ describe("metrics on `serve` (both services, one registry)", () => {
     const m = await scrape(url);
     const internal = (f: string) => (f === "length" ? "length" : "stop"); // no stop strings were asked for
     for (const reason of ["stop", "length"]) {
-      expect([reason, m.get("ctxbank:request_success_total", { finished_reason: reason })]).toEqual([reason, countOf(answers, (a) => internal(a.finish) === reason)]);
+      expect([reason, m.get("ctxbank:request_success_total", { finished_reason: reason })]).toEqual([
+        reason,
+        countOf(answers, (a) => internal(a.finish) === reason),
+      ]);
     }
     expect(m.get("ctxbank:request_success_total", { finished_reason: "stop_string" })).toBe(0);
-    expect(m.samples.filter((x) => x.name === "ctxbank:request_failure_total").map((x) => [x.labels.code, x.value])).toEqual([["invalid_request", 1]]);
+    expect(m.samples.filter((x) => x.name === "ctxbank:request_failure_total").map((x) => [x.labels.code, x.value])).toEqual([
+      ["invalid_request", 1],
+    ]);
 
     const completion = sumOf(answers, (a) => a.usage.completion_tokens);
     const prompt = sumOf(answers, (a) => a.usage.prompt_tokens);
@@ -141,7 +158,8 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(m.get("ctxbank:prefill_tokens_total")).toBe(prompt);
 
     const n = answers.length;
-    for (const h of ["time_to_first_token", "e2e_request_latency", "request_queue_time"]) expect([h, m.get(`ctxbank:${h}_seconds_count`)]).toEqual([h, n]);
+    for (const h of ["time_to_first_token", "e2e_request_latency", "request_queue_time"])
+      expect([h, m.get(`ctxbank:${h}_seconds_count`)]).toEqual([h, n]);
     expect(m.get("ctxbank:time_to_first_token_seconds_bucket", { le: "+Inf" })).toBe(n);
     expect(m.get("ctxbank:time_per_output_token_seconds_count")).toBe(countOf(answers, (a) => a.usage.completion_tokens > 1));
     expect(m.get("ctxbank:inter_token_latency_seconds_count")).toBe(completion - n);
@@ -156,7 +174,8 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect(m.get("ctxbank:slo_missed_total", { slo: "tpot" })).toBeGreaterThan(0);
 
     // One process: every prefill handed its sequence to the decode, so no KV was written or moved.
-    const written = (await getJson(`${s.internalUrl}/v1/prefill/status`, { authorization: `Bearer ${s.security.internalSecret}` })).body.totals.bytes_written as number;
+    const written = (await getJson(`${s.internalUrl}/v1/prefill/status`, { authorization: `Bearer ${s.security.internalSecret}` })).body
+      .totals.bytes_written as number;
     expect(written).toBe(0);
     expect(answers.every((a) => a.ctxbank.handoff?.path === "in_process")).toBe(true);
     expect(m.get("ctxbank:kv_transfer_bytes_total", { transport: "shm" })).toBe(0);
@@ -179,7 +198,13 @@ describe("metrics on `serve` (both services, one registry)", () => {
     const res = await fetch(`${url}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model: "default", prompt: "Count from one to a thousand: one, two,", max_tokens: 400, temperature: 0, stream: true }),
+      body: JSON.stringify({
+        model: "default",
+        prompt: "Count from one to a thousand: one, two,",
+        max_tokens: 400,
+        temperature: 0,
+        stream: true,
+      }),
       signal: ac.signal,
     });
     expect(res.status).toBe(200);
@@ -221,7 +246,11 @@ describe("metrics on `serve` (both services, one registry)", () => {
     expect((await postJson(`${url}/v1/decode`, { handle, max_tokens: 3 })).body.error.code).toBe("handle_released");
 
     const handle2 = (await postJson(`${url}/v1/prefill`, { prompt: "Streams are", temperature: 0 })).body;
-    const res = await fetch(`${url}/v1/decode`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ handle: handle2, max_tokens: 3, stream: true }) });
+    const res = await fetch(`${url}/v1/decode`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ handle: handle2, max_tokens: 3, stream: true }),
+    });
     const done = parseSse(await res.text()).find((e) => e.event === "done")!;
     const result = JSON.parse(done.data);
     expect(result.ctxbank.timings.output_tokens).toBe(result.usage.completion_tokens);
@@ -277,16 +306,27 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
 
     expect(p.get("ctxbank:prefill_tokens_total")).toBe(prompt);
     expect(p.samples.filter((x) => x.name === "ctxbank:num_requests_running").map((x) => x.labels.service)).toEqual(["prefill"]);
-    expect(p.samples.filter((x) => x.name === "ctxbank:kv_bytes_capacity").map((x) => [x.labels.tier, x.value])).toEqual([["shard", SHARD_BYTES]]);
+    expect(p.samples.filter((x) => x.name === "ctxbank:kv_bytes_capacity").map((x) => [x.labels.tier, x.value])).toEqual([
+      ["shard", SHARD_BYTES],
+    ]);
     expect(p.sum("ctxbank:request_success_total")).toBe(0);
     expect(p.sum("ctxbank:kv_transfer_bytes_total")).toBe(0);
 
     expect(d.get("ctxbank:prefill_tokens_total")).toBe(0);
     expect(d.get("ctxbank:prompt_tokens_total")).toBe(prompt);
-    expect(d.get("ctxbank:request_success_total", { finished_reason: "length" }) + d.get("ctxbank:request_success_total", { finished_reason: "stop" })).toBe(2);
+    expect(
+      d.get("ctxbank:request_success_total", { finished_reason: "length" }) +
+        d.get("ctxbank:request_success_total", { finished_reason: "stop" }),
+    ).toBe(2);
     expect(d.samples.filter((x) => x.name === "ctxbank:num_requests_running").map((x) => x.labels.service)).toEqual(["decode"]);
-    expect(d.samples.filter((x) => x.name === "ctxbank:kv_bytes_in_use").map((x) => x.labels.tier).sort()).toEqual(["device", "host"]);
-    const written = (await getJson(`${prefill.internalUrl}/v1/prefill/status`, { authorization: `Bearer ${TEST_INTERNAL_SECRET}` })).body.totals.bytes_written as number;
+    expect(
+      d.samples
+        .filter((x) => x.name === "ctxbank:kv_bytes_in_use")
+        .map((x) => x.labels.tier)
+        .sort(),
+    ).toEqual(["device", "host"]);
+    const written = (await getJson(`${prefill.internalUrl}/v1/prefill/status`, { authorization: `Bearer ${TEST_INTERNAL_SECRET}` })).body
+      .totals.bytes_written as number;
     expect(written).toBeGreaterThan(0);
     expect(d.get("ctxbank:kv_transfer_bytes_total", { transport: "http" })).toBe(written);
     expect(d.get("ctxbank:kv_transfer_bytes_total", { transport: "shm" })).toBe(0);
@@ -299,7 +339,11 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
     expect(handle.chunk_ids).toHaveLength(1);
     const shardUsed = (await scrape(prefill.url)).get("ctxbank:kv_bytes_in_use", { tier: "shard" });
     expect(shardUsed).toBeGreaterThan(0);
-    await until("the lease expiry is counted", async () => (await scrape(prefill.url)).get("ctxbank:lease_expiries_total") > before.get("ctxbank:lease_expiries_total"), 20_000);
+    await until(
+      "the lease expiry is counted",
+      async () => (await scrape(prefill.url)).get("ctxbank:lease_expiries_total") > before.get("ctxbank:lease_expiries_total"),
+      20_000,
+    );
     const after = await scrape(prefill.url);
     expect(after.get("ctxbank:lease_expiries_total") - before.get("ctxbank:lease_expiries_total")).toBe(1);
     expect(after.get("ctxbank:kv_bytes_in_use", { tier: "shard" })).toBeLessThan(shardUsed);

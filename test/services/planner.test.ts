@@ -19,7 +19,13 @@ import {
 import { parseQuantity } from "../../tools/planner/cli.ts";
 import { factsFromGguf, type ModelFacts } from "../../tools/planner/model.ts";
 
-const t = (name: string, shape: number[], bytesPerEl = 1) => ({ name, type: "Q8_0", shape, offset: 0, nBytes: shape.reduce((p, x) => p * x, 1) * bytesPerEl });
+const t = (name: string, shape: number[], bytesPerEl = 1) => ({
+  name,
+  type: "Q8_0",
+  shape,
+  offset: 0,
+  nBytes: shape.reduce((p, x) => p * x, 1) * bytesPerEl,
+});
 
 // SmolLM2-135M's shapes (L=30, H=9, Hkv=3, d=64, 576 wide, 1536 FFN, 49152 vocab, tied output).
 const smolTensors = [
@@ -62,8 +68,17 @@ describe("model facts", () => {
 
 // A toy model with round numbers.
 const toy: ModelFacts = {
-  name: "toy", nLayer: 2, nHead: 4, nHeadKv: 2, headDim: 8, nEmbd: 32, nVocab: 100,
-  weightBytes: 100e6, blockParams: 1e6, outputParams: 1e4, kvBytesPerToken: 1000,
+  name: "toy",
+  nLayer: 2,
+  nHead: 4,
+  nHeadKv: 2,
+  headDim: 8,
+  nEmbd: 32,
+  nVocab: 100,
+  weightBytes: 100e6,
+  blockParams: 1e6,
+  outputParams: 1e4,
+  kvBytesPerToken: 1000,
 };
 const hw: Hardware = { flops: 1e10, memBw: 1e10, memBytes: 1.1e9, linkBw: 1e9 };
 
@@ -119,7 +134,11 @@ describe("M/D/1 prefill queue", () => {
       }
       return (1 - lambda * D) * s;
     };
-    for (const [lambda, tw] of [[0.7, 1.5], [0.5, 0.75], [0.8, 3.2]] as const) {
+    for (const [lambda, tw] of [
+      [0.7, 1.5],
+      [0.5, 0.75],
+      [0.8, 3.2],
+    ] as const) {
       const p = exactCdf(lambda, 1, tw);
       // The simulated time in system (wait + D) at that quantile ≈ tw + D.
       expect(md1Quantile(lambda, 1, p, 200_000)).toBeCloseTo(tw + 1, 1);

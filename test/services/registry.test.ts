@@ -11,7 +11,9 @@ import { startPostgres } from "../../tools/lib/postgres.ts";
 import { messageHashes } from "../../services/sessions/message-hashes.ts";
 
 /** The migrations drizzle applies: the journal's entries (0000_init … the newest). */
-const MIGRATIONS = (JSON.parse(readFileSync(new URL("../../migrations/meta/_journal.json", import.meta.url), "utf8")) as { entries: unknown[] }).entries.length;
+const MIGRATIONS = (
+  JSON.parse(readFileSync(new URL("../../migrations/meta/_journal.json", import.meta.url), "utf8")) as { entries: unknown[] }
+).entries.length;
 
 interface Backend {
   /** URL for the suite, and a URL that may be opened twice in a row (persistent). */
@@ -123,24 +125,13 @@ describe.each(backends)("registry on $name", (backend) => {
     await first.close();
     const second = await openDatabase(env.reopenUrl);
     try {
-      const applied = await rowsOf<{ n: number }>(
-        second,
-        sql`select count(*)::int as n from drizzle.__drizzle_migrations`,
-      );
+      const applied = await rowsOf<{ n: number }>(second, sql`select count(*)::int as n from drizzle.__drizzle_migrations`);
       expect(applied).toEqual([{ n: MIGRATIONS }]); // each migration in migrations/meta/_journal.json, once
       const tables = await rowsOf<{ table_name: string }>(
         second,
         sql`select table_name from information_schema.tables where table_schema = 'public' order by table_name`,
       );
-      expect(tables.map((r) => r.table_name)).toEqual([
-        "chunk_refs",
-        "chunks",
-        "instances",
-        "requests",
-        "responses",
-        "sessions",
-        "shards",
-      ]);
+      expect(tables.map((r) => r.table_name)).toEqual(["chunk_refs", "chunks", "instances", "requests", "responses", "sessions", "shards"]);
     } finally {
       await second.close();
     }
@@ -179,11 +170,7 @@ describe.each(backends)("registry on $name", (backend) => {
     });
 
     it("validates instance input", async () => {
-      await expectRegistryError(
-        reg.instances.register({ role: "prefill", baseUrl: "ftp://x", hostId: "h" }),
-        "invalid_input",
-        /baseUrl/,
-      );
+      await expectRegistryError(reg.instances.register({ role: "prefill", baseUrl: "ftp://x", hostId: "h" }), "invalid_input", /baseUrl/);
       await expectRegistryError(
         reg.instances.register({ role: "cook" as "prefill", baseUrl: "http://x", hostId: "h" }),
         "invalid_input",
@@ -274,7 +261,12 @@ describe.each(backends)("registry on $name", (backend) => {
       const id = await readyChunk();
       const [leased] = await reg.chunks.acquireRead([id], 10_000);
       expect(leased!.location.ucxEndpoint).toBe(endpoint);
-      await reg.shards.create({ id: "prefill-a", instanceId: "p1", sizeBytes: 1 << 30, pathFor: (e) => `/dev/shm/ctxbank/prefill-a.e${e}.shard` });
+      await reg.shards.create({
+        id: "prefill-a",
+        instanceId: "p1",
+        sizeBytes: 1 << 30,
+        pathFor: (e) => `/dev/shm/ctxbank/prefill-a.e${e}.shard`,
+      });
       await expectRegistryError(reg.shards.recordUcxEndpoint("prefill-a", 1, endpoint), "stale_epoch");
       expect((await reg.shards.active("prefill-a"))!.ucxEndpoint).toBeNull(); // a new epoch publishes its own
       for (const bad of ["", "not base64!", "A".repeat(70_000)]) {
@@ -289,18 +281,9 @@ describe.each(backends)("registry on $name", (backend) => {
         "invalid_input",
         /absolute/,
       );
-      await expectRegistryError(
-        reg.shards.create({ id: "s", instanceId: "ghost", sizeBytes: 10, pathFor: () => "/x" }),
-        "not_found",
-      );
-      await expectRegistryError(
-        reg.shards.create({ id: "bad/id", instanceId: "p1", sizeBytes: 10, pathFor: () => "/x" }),
-        "invalid_input",
-      );
-      await expectRegistryError(
-        reg.shards.create({ id: "s", instanceId: "p1", sizeBytes: 0, pathFor: () => "/x" }),
-        "invalid_input",
-      );
+      await expectRegistryError(reg.shards.create({ id: "s", instanceId: "ghost", sizeBytes: 10, pathFor: () => "/x" }), "not_found");
+      await expectRegistryError(reg.shards.create({ id: "bad/id", instanceId: "p1", sizeBytes: 10, pathFor: () => "/x" }), "invalid_input");
+      await expectRegistryError(reg.shards.create({ id: "s", instanceId: "p1", sizeBytes: 0, pathFor: () => "/x" }), "invalid_input");
     });
   });
 
@@ -345,10 +328,7 @@ describe.each(backends)("registry on $name", (backend) => {
       const again = await reg.chunks.begin(chunkInput({ requestId: "req-b", offset: 4096 }));
       expect(again).toMatchObject({ status: "reuse", chunk: { refCount: 2 } });
 
-      await expectRegistryError(
-        reg.chunks.begin(chunkInput({ requestId: "req-c", tokenEnd: 128 })),
-        "key_mismatch",
-      );
+      await expectRegistryError(reg.chunks.begin(chunkInput({ requestId: "req-c", tokenEnd: 128 })), "key_mismatch");
 
       // The chunk outlives the request that wrote it while another request holds it.
       expect(await reg.chunks.releaseRequest("req-a")).toEqual({ dropped: 1, released: 0 });
@@ -598,24 +578,51 @@ describe.each(backends)("registry on $name", (backend) => {
 
     it("sessions: upsert moves a session, the longest prefix of message hashes finds its holder, expiry and dead holders sweep", async () => {
       const h = (n: number) => String(n).padStart(64, "0");
-      const turn = (n: number) => [{ role: "user", content: `q${n}` }, { role: "assistant", content: `a${n}` }];
+      const turn = (n: number) => [
+        { role: "user", content: `q${n}` },
+        { role: "assistant", content: `a${n}` },
+      ];
       const chat = (n: number) => messageHashes(Array.from({ length: n }, (_, i) => turn(i)).flat());
-      const base = { tenant: "alice", tier: "memory" as const, tokens: 100, bytes: 1000, turns: 1, createdAt: clock.now(), lastUsedAt: clock.now(), expiresAt: new Date(clock.ms + 60_000), roundHashes: [h(1)] };
+      const base = {
+        tenant: "alice",
+        tier: "memory" as const,
+        tokens: 100,
+        bytes: 1000,
+        turns: 1,
+        createdAt: clock.now(),
+        lastUsedAt: clock.now(),
+        expiresAt: new Date(clock.ms + 60_000),
+        roundHashes: [h(1)],
+      };
       await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d1", messageHashes: chat(3) });
       await reg.sessions.upsert({ ...base, id: "alice:s2", holderInstanceId: "d2", messageHashes: chat(2) });
       await reg.sessions.upsert({ ...base, id: "bob:s3", tenant: "bob", holderInstanceId: "d3", messageHashes: chat(4) });
       // The next turn of s1's conversation: its 6 messages, then a new question.
       const next = messageHashes([...Array.from({ length: 3 }, (_, i) => turn(i)).flat(), { role: "user", content: "q3" }]);
-      expect(await reg.sessions.longestPrefix("alice", next)).toMatchObject({ session: { id: "alice:s1", holderInstanceId: "d1" }, messages: 6 });
+      expect(await reg.sessions.longestPrefix("alice", next)).toMatchObject({
+        session: { id: "alice:s1", holderInstanceId: "d1" },
+        messages: 6,
+      });
       // A conversation that left s1's after its first answer shares 2 messages with both; the newer wins the tie.
       const forked = messageHashes([...turn(0), { role: "user", content: "something else" }]);
       expect(await reg.sessions.longestPrefix("alice", forked)).toMatchObject({ messages: 2 });
       // ... but it continues neither: only a request repeating a session's whole conversation does.
       expect(await reg.sessions.longestPrefix("alice", forked, { continued: true })).toBeUndefined();
-      expect(await reg.sessions.longestPrefix("alice", next, { continued: true })).toMatchObject({ session: { id: "alice:s1" }, messages: 6 });
+      expect(await reg.sessions.longestPrefix("alice", next, { continued: true })).toMatchObject({
+        session: { id: "alice:s1" },
+        messages: 6,
+      });
       // A client that trimmed the last answer (a stop string it cut) still continues it.
-      const trimmed = messageHashes([...Array.from({ length: 2 }, (_, i) => turn(i)).flat(), { role: "user", content: "q2" }, { role: "assistant", content: "a2, trimmed" }, { role: "user", content: "q3" }]);
-      expect(await reg.sessions.longestPrefix("alice", trimmed, { continued: true })).toMatchObject({ session: { id: "alice:s1" }, messages: 5 });
+      const trimmed = messageHashes([
+        ...Array.from({ length: 2 }, (_, i) => turn(i)).flat(),
+        { role: "user", content: "q2" },
+        { role: "assistant", content: "a2, trimmed" },
+        { role: "user", content: "q3" },
+      ]);
+      expect(await reg.sessions.longestPrefix("alice", trimmed, { continued: true })).toMatchObject({
+        session: { id: "alice:s1" },
+        messages: 5,
+      });
       expect(await reg.sessions.longestPrefix("alice", messageHashes([{ role: "user", content: "new" }]))).toBeUndefined();
       expect(await reg.sessions.longestPrefix("alice", [])).toBeUndefined();
       expect((await reg.sessions.longestPrefix("bob", chat(1)))?.session.id).toBe("bob:s3"); // keys never see each other's
@@ -624,8 +631,14 @@ describe.each(backends)("registry on $name", (backend) => {
       await reg.sessions.upsert({ ...base, id: "alice:s1", holderInstanceId: "d2", tier: "disk", turns: 2 });
       expect(await reg.sessions.remove("alice:s1", "d1")).toBe(false);
       expect(await reg.sessions.get("alice:s1")).toMatchObject({ holderInstanceId: "d2", tier: "disk", turns: 2 });
-      await expectRegistryError(reg.sessions.upsert({ ...base, id: "alice:s4", holderInstanceId: "d1", roundHashes: ["nothex"] }), "invalid_input");
-      await expectRegistryError(reg.sessions.upsert({ ...base, id: "alice:s4", holderInstanceId: "d1", messageHashes: ["nothex"] }), "invalid_input");
+      await expectRegistryError(
+        reg.sessions.upsert({ ...base, id: "alice:s4", holderInstanceId: "d1", roundHashes: ["nothex"] }),
+        "invalid_input",
+      );
+      await expectRegistryError(
+        reg.sessions.upsert({ ...base, id: "alice:s4", holderInstanceId: "d1", messageHashes: ["nothex"] }),
+        "invalid_input",
+      );
       clock.advance(30_000);
       expect(await reg.sessions.sweep(["d3"])).toBe(1); // bob's holder died
       clock.advance(31_000);
@@ -635,8 +648,17 @@ describe.each(backends)("registry on $name", (backend) => {
 
     it("responses: stored per key, chained oldest first, expired links end the chain", async () => {
       const turn = (id: string, previousId: string | null, expiresInMs = 60_000) => ({
-        id, tenant: "alice", previousId, sessionId: "alice:resp_1", model: "m", input: [{ role: "user" as const, content: `q ${id}` }],
-        outputText: `a ${id}`, inputTokens: 5, outputTokens: 3, createdAt: clock.now(), expiresAt: new Date(clock.ms + expiresInMs),
+        id,
+        tenant: "alice",
+        previousId,
+        sessionId: "alice:resp_1",
+        model: "m",
+        input: [{ role: "user" as const, content: `q ${id}` }],
+        outputText: `a ${id}`,
+        inputTokens: 5,
+        outputTokens: 3,
+        createdAt: clock.now(),
+        expiresAt: new Date(clock.ms + expiresInMs),
       });
       await reg.responses.create(turn("resp_1", null, 10_000));
       await reg.responses.create(turn("resp_2", "resp_1"));
@@ -665,7 +687,10 @@ describe.each(backends)("registry on $name", (backend) => {
       clock.advance(10);
       await reg.requests.create({ id: "new-life", prefillInstanceId: "serve-1" }); // arrived after the restart
       expect(await reg.sweep.endPreviousLife("serve-1", restartedAt)).toBe(2);
-      expect(await reg.requests.get("prefilling-here")).toMatchObject({ state: "failed", error: "the instance serve-1 restarted during the request" });
+      expect(await reg.requests.get("prefilling-here")).toMatchObject({
+        state: "failed",
+        error: "the instance serve-1 restarted during the request",
+      });
       expect(await reg.requests.get("decoding-here")).toMatchObject({ state: "failed" });
       for (const id of ["elsewhere", "new-life"]) expect((await reg.requests.get(id))?.state).toBe("queued");
       expect((await reg.requests.get("finished"))?.state).toBe("done");

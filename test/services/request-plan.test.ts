@@ -68,13 +68,20 @@ describe("one chat completion", () => {
   });
 
   it("a session's turn in serve: one resolution, one validation", async () => {
-    const res = await postJson(`${serve.url}/v1/chat/completions`, { model: "default", messages, max_tokens: 4, temperature: 0 }, { "x-session-id": "counted" });
+    const res = await postJson(
+      `${serve.url}/v1/chat/completions`,
+      { model: "default", messages, max_tokens: 4, temperature: 0 },
+      { "x-session-id": "counted" },
+    );
     expect(res.status).toBe(200);
     expect(await counted(() => chat(serve.url, { "x-session-id": "counted" }))).toEqual({ resolutions: 1, validations: 1 });
   });
 
   it("a session's turn on a disaggregated decode: one resolution, one validation per sequence", async () => {
-    expect(await counted(() => chat(decodeOnly.url, { "x-session-id": "counted-disaggregated" }))).toEqual({ resolutions: 1, validations: 2 });
+    expect(await counted(() => chat(decodeOnly.url, { "x-session-id": "counted-disaggregated" }))).toEqual({
+      resolutions: 1,
+      validations: 2,
+    });
   });
 
   it("a client's /v1/prefill + /v1/decode: each sequence's policy resolved and validated once", async () => {

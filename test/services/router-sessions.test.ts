@@ -35,13 +35,36 @@ beforeAll(async () => {
   [pg, shards] = await Promise.all([startPostgres(), tempShardDir()]);
   sessionDirs = await Promise.all([0, 1].map(() => mkdtemp(path.join(tmpdir(), "ctxbank-sessions-"))));
   const env = { CTXBANK_API_KEYS: [alice.line, bob.line, carol.line].join("\n") };
-  const common = ["--threads", "1", "--database-url", pg.url, "--shard-dir", shards.dir, "--heartbeat-ms", "300", "--heartbeat-timeout-ms", "2000"];
-  prefills.push(...(await Promise.all(["prefill-a", "prefill-b"].map((id) => startService("prefill", [...common, "--instance-id", id], env)))));
+  const common = [
+    "--threads",
+    "1",
+    "--database-url",
+    pg.url,
+    "--shard-dir",
+    shards.dir,
+    "--heartbeat-ms",
+    "300",
+    "--heartbeat-timeout-ms",
+    "2000",
+  ];
+  prefills.push(
+    ...(await Promise.all(["prefill-a", "prefill-b"].map((id) => startService("prefill", [...common, "--instance-id", id], env)))),
+  );
   const ds = await Promise.all(
-    ["decode-1", "decode-2"].map((id, i) => startService("decode", [...common, "--instance-id", id, "--session-bytes", String(SESSION_BYTES), "--session-dir", sessionDirs[i]!], env)),
+    ["decode-1", "decode-2"].map((id, i) =>
+      startService(
+        "decode",
+        [...common, "--instance-id", id, "--session-bytes", String(SESSION_BYTES), "--session-dir", sessionDirs[i]!],
+        env,
+      ),
+    ),
   );
   decodes.set("decode-1", ds[0]!).set("decode-2", ds[1]!);
-  router = await startService("router", ["--database-url", pg.url, "--heartbeat-ms", "300", "--heartbeat-timeout-ms", "2000", "--router-poll-ms", "200"], env);
+  router = await startService(
+    "router",
+    ["--database-url", pg.url, "--heartbeat-ms", "300", "--heartbeat-timeout-ms", "2000", "--router-poll-ms", "200"],
+    env,
+  );
   await until("the router sees both decodes", async () => (await getJson(`${router.url}/ready`)).body.decodes === 2, 10_000);
 }, 240_000);
 
@@ -70,15 +93,30 @@ async function chat(url: string, key: { key: string }, messages: Message[], sess
   const body = (await res.json()) as any;
   expect(res.status, JSON.stringify(body)).toBe(200);
   const [decode, reason] = (res.headers.get("x-ctxbank-route") ?? "; reason=none").split("; reason=");
-  return { text: body.choices[0].message.content, route: { decode: decode!, reason: reason! }, session: body.ctxbank.session, promptTokens: body.usage.prompt_tokens };
+  return {
+    text: body.choices[0].message.content,
+    route: { decode: decode!, reason: reason! },
+    session: body.ctxbank.session,
+    promptTokens: body.usage.prompt_tokens,
+  };
 }
 
 /** The greedy answer computed from the whole prompt: an unnamed request straight to a decode (no session, no router). */
 async function whole(messages: Message[]): Promise<string> {
-  return (await chat([...decodes.values()].find((d) => d.child.exitCode === null && d.child.signalCode === null)!.url, alice, messages)).text;
+  return (await chat([...decodes.values()].find((d) => d.child.exitCode === null && d.child.signalCode === null)!.url, alice, messages))
+    .text;
 }
 
-const QUESTIONS = ["Name a fruit that is yellow.", "What colour is its inside?", "Is it sweet?", "Name another yellow fruit.", "Which of the two is bigger?", "Say goodbye.", "One more word?", "Thanks."];
+const QUESTIONS = [
+  "Name a fruit that is yellow.",
+  "What colour is its inside?",
+  "Is it sweet?",
+  "Name another yellow fruit.",
+  "Which of the two is bigger?",
+  "Say goodbye.",
+  "One more word?",
+  "Thanks.",
+];
 
 describe("the router sends each turn where its KV is", () => {
   const conv: Message[] = [];
@@ -175,13 +213,30 @@ describe("the router sends each turn where its KV is", () => {
   it("the official client chains three Responses through the router, each turn reusing the stored KV on its holder", async () => {
     const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: alice.key, maxRetries: 0 });
     const r1 = await client.responses.create({ model: "default", input: "Name a large animal.", max_output_tokens: 16, temperature: 0 });
-    const r2 = await client.responses.create({ model: "default", input: "Where does it live?", previous_response_id: r1.id, max_output_tokens: 16, temperature: 0 });
-    const r3 = await client.responses.create({ model: "default", input: "What does it eat?", previous_response_id: r2.id, max_output_tokens: 16, temperature: 0 });
+    const r2 = await client.responses.create({
+      model: "default",
+      input: "Where does it live?",
+      previous_response_id: r1.id,
+      max_output_tokens: 16,
+      temperature: 0,
+    });
+    const r3 = await client.responses.create({
+      model: "default",
+      input: "What does it eat?",
+      previous_response_id: r2.id,
+      max_output_tokens: 16,
+      temperature: 0,
+    });
     expect(r1.usage?.input_tokens_details.cached_tokens).toBe(0);
-    for (const [prev, r] of [[r1, r2], [r2, r3]] as const) {
+    for (const [prev, r] of [
+      [r1, r2],
+      [r2, r3],
+    ] as const) {
       expect(r.usage!.input_tokens_details.cached_tokens).toBeGreaterThan(prev.usage!.input_tokens);
     }
-    const raw = await client.responses.create({ model: "default", input: "Bye.", previous_response_id: r3.id, max_output_tokens: 4, temperature: 0 }).asResponse();
+    const raw = await client.responses
+      .create({ model: "default", input: "Bye.", previous_response_id: r3.id, max_output_tokens: 4, temperature: 0 })
+      .asResponse();
     expect(raw.headers.get("x-ctxbank-route")).toMatch(/; reason=session$/);
   });
 
@@ -193,14 +248,28 @@ describe("the router sends each turn where its KV is", () => {
   });
 
   it("a key's concurrency holds for the whole deployment: two routers each hold half of it", async () => {
-    const second = await startService("router", ["--database-url", pg.url, "--heartbeat-ms", "300", "--heartbeat-timeout-ms", "2000", "--router-poll-ms", "200"], { CTXBANK_API_KEYS: carol.line });
+    const second = await startService(
+      "router",
+      ["--database-url", pg.url, "--heartbeat-ms", "300", "--heartbeat-timeout-ms", "2000", "--router-poll-ms", "200"],
+      { CTXBANK_API_KEYS: carol.line },
+    );
     try {
-      await until("both routers count each other", async () => (await getJson(`${router.url}/ready`)).body.routers === 2 && (await getJson(`${second.url}/ready`)).body.routers === 2, 10_000);
+      await until(
+        "both routers count each other",
+        async () => (await getJson(`${router.url}/ready`)).body.routers === 2 && (await getJson(`${second.url}/ready`)).body.routers === 2,
+        10_000,
+      );
       const long = (url: string) =>
         fetch(`${url}/v1/chat/completions`, {
           method: "POST",
           headers: { "content-type": "application/json", ...as(carol) },
-          body: JSON.stringify({ model: "default", messages: [{ role: "user", content: "Count to one hundred." }], max_tokens: 200, temperature: 0, stream: true }),
+          body: JSON.stringify({
+            model: "default",
+            messages: [{ role: "user", content: "Count to one hundred." }],
+            max_tokens: 200,
+            temperature: 0,
+            stream: true,
+          }),
         });
       const held = await long(router.url); // streaming: in flight until its last byte
       expect(held.status).toBe(200);

@@ -36,12 +36,30 @@ describe("API keys", () => {
   it("`ctxbank keys new` prints the key on stdout and the line on stderr, which the server accepts", () => {
     const out: string[] = [];
     const err: string[] = [];
-    expect(keysCommand(["new", "team-1", "--rate", "3", "--concurrency", "2"], (x) => out.push(x), (x) => err.push(x))).toBe(0);
+    expect(
+      keysCommand(
+        ["new", "team-1", "--rate", "3", "--concurrency", "2"],
+        (x) => out.push(x),
+        (x) => err.push(x),
+      ),
+    ).toBe(0);
     const key = out.join("").trim();
     const keys = ApiKeys.load({ inline: err.join("") }, DEFAULTS);
     expect(keys.verify(key)).toMatchObject({ id: "team-1", limits: { rate: 3, burst: 20, concurrency: 2 } });
-    expect(() => keysCommand(["new", "bad_id"], () => {}, () => {})).toThrow(UsageError);
-    expect(() => keysCommand(["new", "x", "--rate", "-1"], () => {}, () => {})).toThrow(/--rate/);
+    expect(() =>
+      keysCommand(
+        ["new", "bad_id"],
+        () => {},
+        () => {},
+      ),
+    ).toThrow(UsageError);
+    expect(() =>
+      keysCommand(
+        ["new", "x", "--rate", "-1"],
+        () => {},
+        () => {},
+      ),
+    ).toThrow(/--rate/);
   });
 
   it("refuses malformed lines with the entry named", () => {
@@ -72,7 +90,10 @@ describe("API keys", () => {
 
   it("several gates (routers) each hold an equal share of a key's limits, never less than one request", () => {
     let gates = 2;
-    const limiter = new KeyLimiter(() => 0, () => gates);
+    const limiter = new KeyLimiter(
+      () => 0,
+      () => gates,
+    );
     const limits = { rate: 10, burst: 4, concurrency: 4 };
     const admitted = Array.from({ length: 4 }, () => limiter.admit("a", limits));
     expect(admitted.map((a) => a.ok)).toEqual([true, true, false, false]); // a burst of 2 here
@@ -134,8 +155,14 @@ describe("what the services refuse to start with", () => {
 
 describe("hosts", () => {
   it("allows loopback names, configured hosts and refuses others", () => {
-    const hosts = AllowedHosts.fromConfig({ host: "0.0.0.0", internalHost: "127.0.0.1", publicUrl: "http://api.example:8080", allowedHosts: ["gw.example"] });
-    for (const h of ["localhost:8080", "127.0.0.1", "[::1]:80", "api.example", "API.EXAMPLE:8080", "gw.example"]) expect(hosts.allows(h), h).toBe(true);
+    const hosts = AllowedHosts.fromConfig({
+      host: "0.0.0.0",
+      internalHost: "127.0.0.1",
+      publicUrl: "http://api.example:8080",
+      allowedHosts: ["gw.example"],
+    });
+    for (const h of ["localhost:8080", "127.0.0.1", "[::1]:80", "api.example", "API.EXAMPLE:8080", "gw.example"])
+      expect(hosts.allows(h), h).toBe(true);
     for (const h of ["evil.example", "evil.example:8080", "0.0.0.0", undefined]) expect(hosts.allows(h), String(h)).toBe(false);
     expect(new AllowedHosts(["*"]).allows("anything")).toBe(true);
   });
@@ -162,7 +189,11 @@ describe("a keyed server", () => {
     const wrong = await fetch(`${s.url}/v1/models`, { headers: { authorization: "Bearer ctxb_alice_" + "A".repeat(43) } });
     expect(wrong.status).toBe(401);
     expect(wrong.headers.get("www-authenticate")).toMatch(/error="invalid_token"/);
-    const chat = await postJson(`${s.url}/v1/chat/completions`, { model: "default", messages: [{ role: "user", content: "Hi" }], max_tokens: 2 });
+    const chat = await postJson(`${s.url}/v1/chat/completions`, {
+      model: "default",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 2,
+    });
     expect(chat.status).toBe(401);
     expect((await getJson(`${s.url}/health`)).status).toBe(200);
     expect((await getJson(`${s.url}/v1/models`, as(alice))).status).toBe(200);
@@ -180,7 +211,12 @@ describe("a keyed server", () => {
   it("429 concurrency_limited while a key's stream is in flight, and a place again once it ends", async () => {
     const ac = new AbortController();
     const body = JSON.stringify({ model: "default", prompt: "Count: 1, 2, 3,", max_tokens: 200, stream: true });
-    const stream = await fetch(`${s.url}/v1/completions`, { method: "POST", headers: { ...as(single), "content-type": "application/json" }, body, signal: ac.signal });
+    const stream = await fetch(`${s.url}/v1/completions`, {
+      method: "POST",
+      headers: { ...as(single), "content-type": "application/json" },
+      body,
+      signal: ac.signal,
+    });
     expect(stream.status).toBe(200);
     await stream.body!.getReader().read(); // the stream is running
     const second = await fetch(`${s.url}/v1/models`, { headers: as(single) });
@@ -214,7 +250,9 @@ describe("a keyed server", () => {
     const b = await postJson(`${s.url}/v1/prefill`, { prompt: "Same id", request_id: "order-1" }, as(bob));
     expect([a.status, b.status]).toEqual([200, 200]);
     expect([a.body.request_id, b.body.request_id]).toEqual(["alice:order-1", "bob:order-1"]);
-    expect((await postJson(`${s.url}/v1/prefill`, { prompt: "again", request_id: "order-1" }, as(alice))).body.error.code).toBe("request_id_conflict");
+    expect((await postJson(`${s.url}/v1/prefill`, { prompt: "again", request_id: "order-1" }, as(alice))).body.error.code).toBe(
+      "request_id_conflict",
+    );
     const colon = await postJson(`${s.url}/v1/prefill`, { prompt: "x", request_id: "alice:order-1" }, as(bob));
     expect(colon.status).toBe(400);
     expect(colon.body.error.param).toBe("request_id");

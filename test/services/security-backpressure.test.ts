@@ -21,11 +21,19 @@ interface Answer {
 }
 
 /** One API key per tenant the tests use (generous limits: the queues are what is tested). */
-const KEYS = Object.fromEntries(["burst", "chat", "caller", "hog", "other"].map((id) => [id, newApiKey(id, { rate: 1000, burst: 1000, concurrency: 100 })]));
-const KEY_LINES = Object.values(KEYS).map((k) => k.line).join("\n");
+const KEYS = Object.fromEntries(
+  ["burst", "chat", "caller", "hog", "other"].map((id) => [id, newApiKey(id, { rate: 1000, burst: 1000, concurrency: 100 })]),
+);
+const KEY_LINES = Object.values(KEYS)
+  .map((k) => k.line)
+  .join("\n");
 
 async function post(url: string, body: unknown, tenant = "caller"): Promise<Answer> {
-  const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${KEYS[tenant]!.key}` }, body: JSON.stringify(body) });
+  const res = await fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", authorization: `Bearer ${KEYS[tenant]!.key}` },
+    body: JSON.stringify(body),
+  });
   const text = await res.text();
   return { status: res.status, retryAfter: res.headers.get("retry-after"), body: JSON.parse(text), at: performance.now() };
 }
@@ -37,7 +45,14 @@ describe("bounded fair queues (serve, PGlite)", () => {
   let s: Serve;
 
   beforeAll(async () => {
-    s = await startServe({ shardBytes: 256 << 20, maxPrefills: 1, maxPrefillQueue: 4, maxPrefillCalls: 1, maxPrefillCallQueue: 2, apiKeys: KEY_LINES });
+    s = await startServe({
+      shardBytes: 256 << 20,
+      maxPrefills: 1,
+      maxPrefillQueue: 4,
+      maxPrefillCalls: 1,
+      maxPrefillCallQueue: 2,
+      apiKeys: KEY_LINES,
+    });
   });
   afterAll(() => s?.stop());
 
@@ -73,7 +88,9 @@ describe("bounded fair queues (serve, PGlite)", () => {
     const d = await startDecodeBeside(s);
     onTestFinished(() => d.stop());
     const url = `${d.url}/v1/completions`;
-    const calls = Array.from({ length: 6 }, (_, i) => post(url, { model: "default", prompt: ids(384, 100 + i), max_tokens: 2, temperature: 0 }));
+    const calls = Array.from({ length: 6 }, (_, i) =>
+      post(url, { model: "default", prompt: ids(384, 100 + i), max_tokens: 2, temperature: 0 }),
+    );
     await until("decode queues its prefill calls", () => d.services.decode!.handoff.prefillCalls.queued === 2, 20_000);
     const m = await scrape(d.url);
     expect(m.get("ctxbank:queue_depth", { stage: "prefill_calls" })).toBe(2);
@@ -125,7 +142,11 @@ describe("per-key shard cap (serve, PGlite)", () => {
     // The hog decodes one of its handles: its chunks are released and reclaimed, and it fits again.
     const decoded = await postJson(`${s.url}/v1/decode`, { handle: held[0], max_tokens: 1 }, { authorization: `Bearer ${KEYS.hog!.key}` });
     expect(decoded.status, JSON.stringify(decoded.body)).toBe(200);
-    await until("the decoded handle's ranges are reclaimed", async () => (await post(url, { prompt_token_ids: ids(100, 500) }, "hog")).status === 200, 10_000);
+    await until(
+      "the decoded handle's ranges are reclaimed",
+      async () => (await post(url, { prompt_token_ids: ids(100, 500) }, "hog")).status === 200,
+      10_000,
+    );
   });
 
   it("the default retention of an unclaimed handle is 30 s and the default per-key cap half the shard", () => {

@@ -36,7 +36,11 @@ const secretCap = () => s.security.internal;
 const chunkUrl = (base: string, c: Pick<ChunkRow, "shardId" | "shardEpoch" | "offset" | "length">, offset = c.offset, length = c.length) =>
   base + chunkRequestPath({ shardId: c.shardId, epoch: c.shardEpoch, offset, length });
 /** A capability as a peer holding the secret would sign it (the strongest attacker: a buggy or compromised peer). */
-function signed(auth: InternalAuth, c: ChunkRow, over: Partial<{ request: string; tenant: string; offset: number; length: number }> = {}): string {
+function signed(
+  auth: InternalAuth,
+  c: ChunkRow,
+  over: Partial<{ request: string; tenant: string; offset: number; length: number }> = {},
+): string {
   return auth.sign({
     route: "chunk",
     tenant: over.tenant ?? "victim",
@@ -56,7 +60,11 @@ describe("stealing another client's prompt through the chunk route", () => {
   let chunk: ChunkRow;
 
   beforeAll(async () => {
-    const res = await postJson(`${s.url}/v1/prefill`, { prompt: "My secret diagnosis is: nothing to see here, attacker.", temperature: 0 }, as(victim));
+    const res = await postJson(
+      `${s.url}/v1/prefill`,
+      { prompt: "My secret diagnosis is: nothing to see here, attacker.", temperature: 0 },
+      as(victim),
+    );
     expect(res.status).toBe(200);
     handle = res.body as Handle;
     chunk = (await s.rt.registry.chunks.ofRequest(handle.request_id))[0]!;
@@ -102,7 +110,9 @@ describe("stealing another client's prompt through the chunk route", () => {
       // A capability for the whole chunk used on a sub-range: refused.
       expect((await get(chunkUrl(s.internalUrl, chunk, chunk.offset, 4096), signed(secretCap(), chunk))).status).toBe(403);
       // The attacker's own request (its tenant) does not hold the chunk: refused.
-      expect((await get(chunkUrl(s.internalUrl, chunk), signed(secretCap(), chunk, { request: "mallory:req-x", tenant: "mallory" }))).status).toBe(403);
+      expect(
+        (await get(chunkUrl(s.internalUrl, chunk), signed(secretCap(), chunk, { request: "mallory:req-x", tenant: "mallory" }))).status,
+      ).toBe(403);
       // The victim's request id under the attacker's tenant: refused.
       expect((await get(chunkUrl(s.internalUrl, chunk), signed(secretCap(), chunk, { tenant: "mallory" }))).status).toBe(403);
       // The holder's exact capability: the bytes (the legitimate read).
@@ -110,7 +120,17 @@ describe("stealing another client's prompt through the chunk route", () => {
       expect(ok.status).toBe(200);
       expect((await ok.arrayBuffer()).byteLength).toBe(chunk.length);
       // An expired capability: refused.
-      const expired = secretCap().sign({ route: "chunk", tenant: "victim", request: chunk.requestId, chunk: chunk.id, shard: chunk.shardId, epoch: chunk.shardEpoch, offset: chunk.offset, length: chunk.length, exp: Date.now() - 1 });
+      const expired = secretCap().sign({
+        route: "chunk",
+        tenant: "victim",
+        request: chunk.requestId,
+        chunk: chunk.id,
+        shard: chunk.shardId,
+        epoch: chunk.shardEpoch,
+        offset: chunk.offset,
+        length: chunk.length,
+        exp: Date.now() - 1,
+      });
       expect((await get(chunkUrl(s.internalUrl, chunk), expired)).status).toBe(401);
     } finally {
       await s.rt.registry.chunks.releaseRead([chunk.id]);
@@ -132,7 +152,9 @@ describe("stealing another client's prompt through the chunk route", () => {
     await until(
       "a chunk of the long prompt is in the registry",
       async () => {
-        const rows = (await s.rt.db.db.execute(sql`select id from chunks where request_id = 'victim:long-secret'`)) as unknown as { rows: { id: string }[] };
+        const rows = (await s.rt.db.db.execute(sql`select id from chunks where request_id = 'victim:long-secret'`)) as unknown as {
+          rows: { id: string }[];
+        };
         if (rows.rows.length === 0) return false;
         writing = await s.rt.registry.chunks.get(rows.rows[0]!.id);
         return writing !== undefined;

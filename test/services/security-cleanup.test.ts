@@ -89,13 +89,20 @@ describe.each(backends)("sweeping dead instances on $name", (backend) => {
     if (stage === "prefilling") return;
     await reg.requests.mark(id, { event: "prefill_end" });
     if (stage === "handle") return;
-    await opened.db.update(requests).set({ firstTokenAt: clock(), decodeInstanceId: decoder ?? null }).where(eq(requests.id, id));
+    await opened.db
+      .update(requests)
+      .set({ firstTokenAt: clock(), decodeInstanceId: decoder ?? null })
+      .where(eq(requests.id, id));
     if (stage === "done") await reg.requests.finish(id, { state: "done", outputTokens: 3 });
   }
 
   const state = async (id: string) => (await reg.requests.get(id))?.state;
   const chunkCount = async (shardId: string) =>
-    ((await opened.db.execute(sql`select count(*)::int as n from chunks where shard_id = ${shardId}`)) as unknown as { rows: { n: number }[] }).rows[0]!.n;
+    (
+      (await opened.db.execute(sql`select count(*)::int as n from chunks where shard_id = ${shardId}`)) as unknown as {
+        rows: { n: number }[];
+      }
+    ).rows[0]!.n;
 
   it("removes a dead prefill's file, chunks, refs and open requests after the grace, and nothing of the living", async () => {
     const old = await prefillInstance("prefill-old");
@@ -142,8 +149,14 @@ describe.each(backends)("sweeping dead instances on $name", (backend) => {
     const refs = await opened.db.select().from(chunkRefs);
     expect(refs.map((r) => r.requestId).sort()).toEqual(["r-decoding-dead", "r-decoding-live", "r-long-prefill"]);
 
-    expect(await reg.requests.get("r-prefilling")).toMatchObject({ state: "failed", error: "the prefill instance prefill-old died during the request" });
-    expect(await reg.requests.get("r-decoding-dead")).toMatchObject({ state: "failed", error: "the decode instance decode-old died during the request" });
+    expect(await reg.requests.get("r-prefilling")).toMatchObject({
+      state: "failed",
+      error: "the prefill instance prefill-old died during the request",
+    });
+    expect(await reg.requests.get("r-decoding-dead")).toMatchObject({
+      state: "failed",
+      error: "the decode instance decode-old died during the request",
+    });
     expect((await reg.requests.get("r-prefilling"))!.endedAt?.getTime()).toBe(now);
     expect(await state("r-decoding-live")).toBe("decoding");
     expect(await state("r-long-prefill")).toBe("prefilling");

@@ -31,8 +31,26 @@ afterAll(async () => {
 const prefill = (id: string) =>
   startService(
     "prefill",
-    ["--instance-id", id, "--shard-dir", shards.dir, "--shard-bytes", String(128 << 20), "--threads", "1", "--block-tokens", "64",
-     "--heartbeat-ms", "200", "--heartbeat-timeout-ms", "1000", "--sweep-ms", "300", "--retain-ms", "1000"],
+    [
+      "--instance-id",
+      id,
+      "--shard-dir",
+      shards.dir,
+      "--shard-bytes",
+      String(128 << 20),
+      "--threads",
+      "1",
+      "--block-tokens",
+      "64",
+      "--heartbeat-ms",
+      "200",
+      "--heartbeat-timeout-ms",
+      "1000",
+      "--sweep-ms",
+      "300",
+      "--retain-ms",
+      "1000",
+    ],
     { DATABASE_URL: db.url },
   ).then((p) => (procs.push(p), p));
 
@@ -44,8 +62,15 @@ it("a live prefill sweeps a killed one's shard file, chunks, refs and open reque
   expect(handle.status).toBe(200);
   const requestId = (handle.body as { request_id: string }).request_id;
   // A second prompt long enough to be caught mid-prefill.
-  void postJson(`${dead.url}/v1/prefill`, { prompt: "Another prompt, still being prefilled when the process dies. ".repeat(120), request_id: "req-mid" }).catch(() => {});
-  await until("the long prompt is prefilling", async () => (await one<{ state: string } | undefined>("select state from requests where id = 'req-mid'"))?.state === "prefilling", 30_000);
+  void postJson(`${dead.url}/v1/prefill`, {
+    prompt: "Another prompt, still being prefilled when the process dies. ".repeat(120),
+    request_id: "req-mid",
+  }).catch(() => {});
+  await until(
+    "the long prompt is prefilling",
+    async () => (await one<{ state: string } | undefined>("select state from requests where id = 'req-mid'"))?.state === "prefilling",
+    30_000,
+  );
   const deadFile = path.join(shards.dir, "pf-dead.e1.shard");
   expect(existsSync(deadFile)).toBe(true);
   expect((await one<{ n: number }>("select count(*)::int as n from chunks where shard_id = 'pf-dead'")).n).toBeGreaterThan(0);
@@ -63,7 +88,10 @@ it("a live prefill sweeps a killed one's shard file, chunks, refs and open reque
   );
   expect(readdirSync(shards.dir).sort()).toEqual(["pf-live.e1.shard", "pf-live.e1.shard.owner"]);
   expect((await one<{ n: number }>("select count(*)::int as n from chunk_refs")).n).toBe(0);
-  expect(await one("select state, error from requests where id = 'req-mid'")).toEqual({ state: "failed", error: "the prefill instance pf-dead died during the request" });
+  expect(await one("select state, error from requests where id = 'req-mid'")).toEqual({
+    state: "failed",
+    error: "the prefill instance pf-dead died during the request",
+  });
   expect(await one("select state from requests where id = $1", [requestId])).toEqual({ state: "failed" });
   expect((await fetch(`${live.url}/ready`)).status).toBe(200);
 });

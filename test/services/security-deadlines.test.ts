@@ -154,12 +154,25 @@ describe("deadlines on decode's internal calls", () => {
   async function fakeHandle(owner: string) {
     const { model } = rt;
     const shape = kvShape(model.config);
-    const shard = await rt.registry.shards.create({ id: owner, instanceId: owner, sizeBytes: 64 << 20, pathFor: (e) => `${shards.dir}/${owner}.${e}.shard` });
+    const shard = await rt.registry.shards.create({
+      id: owner,
+      instanceId: owner,
+      sizeBytes: 64 << 20,
+      pathFor: (e) => `${shards.dir}/${owner}.${e}.shard`,
+    });
     const n = 8;
     const requestId = `req-${randomUUID()}`;
     await rt.registry.requests.create({ id: requestId, sessionId: null, roundId: null, promptTokens: n });
     const layerIds = Array.from({ length: shape.nLayer }, (_, i) => i);
-    const length = chunkByteLength({ fingerprint: model.fingerprint, dtype: "f16", layerIds, hkv: shape.hkv, headDim: shape.headDim, tokenStart: 0, tokenCount: n });
+    const length = chunkByteLength({
+      fingerprint: model.fingerprint,
+      dtype: "f16",
+      layerIds,
+      hkv: shape.hkv,
+      headDim: shape.headDim,
+      tokenStart: 0,
+      tokenCount: n,
+    });
     const begun = await rt.registry.chunks.begin({
       key: randomBytes(32).toString("hex"),
       requestId,
@@ -199,7 +212,11 @@ describe("deadlines on decode's internal calls", () => {
 
   const decodeHandle = async (handle: object) => {
     const t0 = performance.now();
-    const res = await fetch(`${decode.url}/v1/decode`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ handle, max_tokens: 4 }) });
+    const res = await fetch(`${decode.url}/v1/decode`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ handle, max_tokens: 4 }),
+    });
     return { status: res.status, body: (await res.json()) as any, ms: performance.now() - t0 };
   };
 

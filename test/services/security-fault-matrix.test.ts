@@ -53,10 +53,32 @@ let decode: Proc | undefined;
 const all: ServiceProcess[] = [];
 
 const common = () => [
-  "--threads", "1", "--database-url", db.url, "--shard-dir", shards.dir,
-  "--heartbeat-ms", String(HEARTBEAT_MS), "--heartbeat-timeout-ms", String(HEARTBEAT_TIMEOUT_MS),
-  "--sweep-ms", "500", "--reap-ms", "250", "--retain-ms", "2000", "--request-retention-ms", "1000",
-  "--read-lease-ms", "6000", "--write-lease-ms", "6000", "--db-timeout-ms", String(DB_TIMEOUT_MS), "--drain-ms", "3000",
+  "--threads",
+  "1",
+  "--database-url",
+  db.url,
+  "--shard-dir",
+  shards.dir,
+  "--heartbeat-ms",
+  String(HEARTBEAT_MS),
+  "--heartbeat-timeout-ms",
+  String(HEARTBEAT_TIMEOUT_MS),
+  "--sweep-ms",
+  "500",
+  "--reap-ms",
+  "250",
+  "--retain-ms",
+  "2000",
+  "--request-retention-ms",
+  "1000",
+  "--read-lease-ms",
+  "6000",
+  "--write-lease-ms",
+  "6000",
+  "--db-timeout-ms",
+  String(DB_TIMEOUT_MS),
+  "--drain-ms",
+  "3000",
 ];
 
 async function startPrefill(armed: boolean): Promise<Proc> {
@@ -74,8 +96,19 @@ async function startDecode(armed: boolean): Promise<Proc> {
   const id = `dc-${++serial}`;
   const p = await startService(
     "decode",
-    [...common(), "--instance-id", id, "--transport", "http", "--max-prefill-calls", "4",
-     "--prefill-timeout-ms", String(PREFILL_TIMEOUT_MS), "--kv-timeout-ms", String(KV_TIMEOUT_MS)],
+    [
+      ...common(),
+      "--instance-id",
+      id,
+      "--transport",
+      "http",
+      "--max-prefill-calls",
+      "4",
+      "--prefill-timeout-ms",
+      String(PREFILL_TIMEOUT_MS),
+      "--kv-timeout-ms",
+      String(KV_TIMEOUT_MS),
+    ],
     { DATABASE_URL: db.url, ...(armed ? { CTXBANK_FAULT_PAUSE: `decode.load:${PAUSE_MS}` } : {}) },
   );
   all.push(p);
@@ -89,26 +122,38 @@ async function ensureProcesses(stage: Stage): Promise<void> {
   const starts: Promise<void>[] = [];
   if (!prefill || prefill.armed !== wantPrefill) {
     const old = prefill;
-    starts.push((async () => {
-      await old?.p.stop();
-      prefill = await startPrefill(wantPrefill);
-    })());
+    starts.push(
+      (async () => {
+        await old?.p.stop();
+        prefill = await startPrefill(wantPrefill);
+      })(),
+    );
   }
   if (!decode || decode.armed !== wantDecode) {
     const old = decode;
-    starts.push((async () => {
-      await old?.p.stop();
-      decode = await startDecode(wantDecode);
-    })());
+    starts.push(
+      (async () => {
+        await old?.p.stop();
+        decode = await startDecode(wantDecode);
+      })(),
+    );
   }
   await Promise.all(starts);
   await until("both services are ready", async () => (await ready(prefill!.p)) && (await ready(decode!.p)), 60_000);
   // The decode must see the prefill alive in the registry before it is sent anything.
-  await until("the prefill is alive in the registry", async () => (await one<{ n: number }>("select count(*)::int as n from instances where id = $1 and state = 'alive'", [prefill!.id])).n === 1, 30_000);
+  await until(
+    "the prefill is alive in the registry",
+    async () =>
+      (await one<{ n: number }>("select count(*)::int as n from instances where id = $1 and state = 'alive'", [prefill!.id])).n === 1,
+    30_000,
+  );
 }
 
 async function ready(p: ServiceProcess): Promise<boolean> {
-  return fetch(`${p.url}/ready`).then((r) => r.ok, () => false);
+  return fetch(`${p.url}/ready`).then(
+    (r) => r.ok,
+    () => false,
+  );
 }
 
 async function one<T>(text: string, params: unknown[] = []): Promise<T> {
@@ -122,7 +167,8 @@ async function internalStatus(p: ServiceProcess, route: "prefill" | "decode"): P
 
 // A long prompt prefills for seconds on one thread (several 512-token micro-batches, 256-token
 // chunks); each scenario's prompts start with their own words so no chunk is shared across them.
-const LONG = (tag: string) => `${tag}. ` + "In a quiet village by the sea, the fishermen rose before dawn to mend their nets and count the boats. ".repeat(40);
+const LONG = (tag: string) =>
+  `${tag}. ` + "In a quiet village by the sea, the fishermen rose before dawn to mend their nets and count the boats. ".repeat(40);
 const SHORT = (tag: string) => `${tag}. Tell me a story about a lighthouse keeper and a storm.`;
 /** A prompt greedy decoding continues for hundreds of tokens (no early end of text). */
 const COUNTING = (tag: string) => `${tag}. Counting from 1 to 1000: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,`;
@@ -176,7 +222,11 @@ function complete(url: string, prompt: string, maxTokens: number): Call {
       if (events.at(-1)?.data !== "[DONE]") return { kind: "connection ended", ms, detail: "stream ended without [DONE]" };
       const finish = events.map((e) => (e.data === "[DONE]" ? undefined : JSON.parse(e.data).choices?.[0]?.finish_reason)).find((f) => f);
       expect(finish).toMatch(/^(stop|length)$/);
-      return { kind: "result", ms, text: events.map((e) => (e.data === "[DONE]" ? "" : JSON.parse(e.data).choices?.[0]?.text ?? "")).join("") };
+      return {
+        kind: "result",
+        ms,
+        text: events.map((e) => (e.data === "[DONE]" ? "" : (JSON.parse(e.data).choices?.[0]?.text ?? ""))).join(""),
+      };
     } catch (e) {
       const ms = performance.now() - t0;
       if (ac.signal.aborted) return { kind: "client deadline", ms };
@@ -200,15 +250,21 @@ function complete(url: string, prompt: string, maxTokens: number): Call {
 
 /** Waits until `check` holds while every call is still in flight (one that ended first fails the wait, saying how). */
 async function during(calls: Call[], what: string, check: () => Promise<boolean> | boolean, ms = 60_000): Promise<void> {
-  await until(what, async () => {
-    const ended = calls.find((c) => c.ended);
-    if (ended) throw new Error(`a request ended before ${what}: ${JSON.stringify(ended.ended)}`);
-    return check();
-  }, ms);
+  await until(
+    what,
+    async () => {
+      const ended = calls.find((c) => c.ended);
+      if (ended) throw new Error(`a request ended before ${what}: ${JSON.stringify(ended.ended)}`);
+      return check();
+    },
+    ms,
+  );
 }
 
 function expectErrorShape(body: any): void {
-  expect(body).toMatchObject({ error: { message: expect.any(String), type: expect.any(String), code: expect.stringMatching(/^[a-z_]+$/) } });
+  expect(body).toMatchObject({
+    error: { message: expect.any(String), type: expect.any(String), code: expect.stringMatching(/^[a-z_]+$/) },
+  });
   expect(body.error).toHaveProperty("param");
 }
 
@@ -221,7 +277,11 @@ async function reach(stage: Stage, tag: string): Promise<Call[]> {
       const ahead = complete(dc.url, LONG(`${tag} ahead`), 8);
       await during([ahead], "a prompt holds the prefill place", async () => (await internalStatus(pf, "prefill")).prefills_running === 1);
       const queued = complete(dc.url, SHORT(tag), 8);
-      await during([ahead, queued], "a prompt waits for the prefill place", async () => (await internalStatus(pf, "prefill")).prefills_queued === 1);
+      await during(
+        [ahead, queued],
+        "a prompt waits for the prefill place",
+        async () => (await internalStatus(pf, "prefill")).prefills_queued === 1,
+      );
       return [queued, ahead];
     }
     case "prefilling": {
@@ -230,7 +290,12 @@ async function reach(stage: Stage, tag: string): Promise<Call[]> {
       await during(
         [call],
         "the prompt is prefilling",
-        async () => (await one<{ n: number }>("select count(*)::int as n from requests r where state = 'prefilling' and not exists (select 1 from chunks c where c.request_id = r.id)")).n === 1,
+        async () =>
+          (
+            await one<{ n: number }>(
+              "select count(*)::int as n from requests r where state = 'prefilling' and not exists (select 1 from chunks c where c.request_id = r.id)",
+            )
+          ).n === 1,
       );
       return [call];
     }
@@ -273,7 +338,9 @@ async function expectNothingLeft(what: string): Promise<void> {
                   (select count(*)::int from requests) as requests,
                   (select count(*)::int from shards s join instances i on i.id = s.instance_id where i.state = 'dead') as dead_shards`,
         );
-        const activeFiles = (await sql.query("select path from shards where state = 'active'")).rows.map((r) => path.basename(r.path as string)).sort();
+        const activeFiles = (await sql.query("select path from shards where state = 'active'")).rows
+          .map((r) => path.basename(r.path as string))
+          .sort();
         // Shard files only: each carries a small owner mark (`.owner`: its owner's pid), which goes with it.
         const all = readdirSync(shards.dir).sort();
         const files = all.filter((f) => !f.endsWith(".owner"));
@@ -295,9 +362,20 @@ async function expectNothingLeft(what: string): Promise<void> {
         };
         last = JSON.stringify(state);
         return (
-          counts.chunks === 0 && counts.refs === 0 && counts.open_requests === 0 && counts.requests === 0 && counts.dead_shards === 0 &&
-          JSON.stringify(files) === JSON.stringify([`${pf.id}.e${ps.shard.epoch}.shard`]) && JSON.stringify(activeFiles) === JSON.stringify(files) && state.marksWithoutFile.length === 0 &&
-          allocated === 0 && state.shard_used === 0 && state.prefills === 0 && state.kv_in_flight === 0 && state.decode_admitted === 0 && state.decode_sequences === 0
+          counts.chunks === 0 &&
+          counts.refs === 0 &&
+          counts.open_requests === 0 &&
+          counts.requests === 0 &&
+          counts.dead_shards === 0 &&
+          JSON.stringify(files) === JSON.stringify([`${pf.id}.e${ps.shard.epoch}.shard`]) &&
+          JSON.stringify(activeFiles) === JSON.stringify(files) &&
+          state.marksWithoutFile.length === 0 &&
+          allocated === 0 &&
+          state.shard_used === 0 &&
+          state.prefills === 0 &&
+          state.kv_in_flight === 0 &&
+          state.decode_admitted === 0 &&
+          state.decode_sequences === 0
         );
       },
       45_000,
@@ -337,49 +415,63 @@ async function reconnectSql(): Promise<void> {
 
 const MATRIX = FAULTS.flatMap((fault) => STAGES.map((stage) => [fault, stage] as const));
 
-it.each(MATRIX)("%s while a request is %s: every request ends cleanly in time, nothing is left", async (fault, stage) => {
-  await ensureProcesses(stage);
-  const tag = `${fault} ${stage} ${serial}`.replace(/[^a-z0-9 ]/g, "");
-  const calls = await reach(stage, tag);
-  const target = fault.endsWith("prefill") ? prefill! : fault.endsWith("decode") ? decode! : undefined;
-  const faultAt = performance.now();
-  if (fault.startsWith("kill")) await target!.p.kill();
-  else if (fault.startsWith("stop")) target!.p.child.kill("SIGSTOP");
-  else {
-    await db.shutDown();
-    setTimeout(() => void db.startUp(), OUTAGE_MS);
-  }
-  const clientHit = fault.endsWith("decode");
-  if (fault === "stop decode") for (const c of calls) c.deadlineIn(CLIENT_DEADLINE_AFTER_FREEZE_MS);
-  const outcomes = await Promise.all(calls.map((c) => c.done));
-  summary.push(`${fault.padEnd(13)} ${stage.padEnd(10)} ${outcomes.map((o) => `${o.kind}${"code" in o ? ` ${o.code}` : ""} (${Math.round(o.ms)} ms)`).join(", ")}`);
-  for (const o of outcomes) {
-    if (clientHit) {
-      // Nothing can answer: a killed decode's connection ends at once, a frozen one meets the client's deadline.
-      expect(o.kind).toBe(fault === "kill decode" ? "connection ended" : "client deadline");
-      expect(performance.now() - faultAt).toBeLessThan(CLIENT_DEADLINE_AFTER_FREEZE_MS + 5_000);
-    } else {
-      expect(["result", "error status", "error event"], JSON.stringify(o)).toContain(o.kind);
-      expect(o.ms).toBeLessThan(SERVICE_DEADLINE_MS);
-      if (o.kind === "error status") expect(o.status).toBeGreaterThanOrEqual(400);
+it.each(MATRIX)(
+  "%s while a request is %s: every request ends cleanly in time, nothing is left",
+  async (fault, stage) => {
+    await ensureProcesses(stage);
+    const tag = `${fault} ${stage} ${serial}`.replace(/[^a-z0-9 ]/g, "");
+    const calls = await reach(stage, tag);
+    const target = fault.endsWith("prefill") ? prefill! : fault.endsWith("decode") ? decode! : undefined;
+    const faultAt = performance.now();
+    if (fault.startsWith("kill")) await target!.p.kill();
+    else if (fault.startsWith("stop")) target!.p.child.kill("SIGSTOP");
+    else {
+      await db.shutDown();
+      setTimeout(() => void db.startUp(), OUTAGE_MS);
     }
-  }
+    const clientHit = fault.endsWith("decode");
+    if (fault === "stop decode") for (const c of calls) c.deadlineIn(CLIENT_DEADLINE_AFTER_FREEZE_MS);
+    const outcomes = await Promise.all(calls.map((c) => c.done));
+    summary.push(
+      `${fault.padEnd(13)} ${stage.padEnd(10)} ${outcomes.map((o) => `${o.kind}${"code" in o ? ` ${o.code}` : ""} (${Math.round(o.ms)} ms)`).join(", ")}`,
+    );
+    for (const o of outcomes) {
+      if (clientHit) {
+        // Nothing can answer: a killed decode's connection ends at once, a frozen one meets the client's deadline.
+        expect(o.kind).toBe(fault === "kill decode" ? "connection ended" : "client deadline");
+        expect(performance.now() - faultAt).toBeLessThan(CLIENT_DEADLINE_AFTER_FREEZE_MS + 5_000);
+      } else {
+        expect(["result", "error status", "error event"], JSON.stringify(o)).toContain(o.kind);
+        expect(o.ms).toBeLessThan(SERVICE_DEADLINE_MS);
+        if (o.kind === "error status") expect(o.status).toBeGreaterThanOrEqual(400);
+      }
+    }
 
-  // Recovery: a killed process is replaced under another id; a stopped one is resumed and rejoins.
-  if (fault.startsWith("kill")) {
-    if (fault === "kill prefill") prefill = await startPrefill(false);
-    else decode = await startDecode(false);
-  } else if (fault.startsWith("stop")) {
-    target!.p.child.kill("SIGCONT");
-    target!.armed = false;
-  } else {
-    await until("PostgreSQL is back", async () => reconnectSql().then(() => true, () => false), 30_000);
-  }
-  for (const p of [prefill!, decode!]) if (p.armed && p.p.log().includes('"msg":"fault point reached"')) p.armed = false;
-  await until("both services are ready again", async () => (await ready(prefill!.p)) && (await ready(decode!.p)), 30_000);
-  await expectNothingLeft(`${fault} / ${stage}`);
-  // And the pair serves again.
-  const after = await complete(decode!.p.url, SHORT(`${tag} after`), 4).done;
-  expect(after.kind, JSON.stringify(after)).toBe("result");
-  await expectNothingLeft(`${fault} / ${stage}, after a request`);
-}, 240_000);
+    // Recovery: a killed process is replaced under another id; a stopped one is resumed and rejoins.
+    if (fault.startsWith("kill")) {
+      if (fault === "kill prefill") prefill = await startPrefill(false);
+      else decode = await startDecode(false);
+    } else if (fault.startsWith("stop")) {
+      target!.p.child.kill("SIGCONT");
+      target!.armed = false;
+    } else {
+      await until(
+        "PostgreSQL is back",
+        async () =>
+          reconnectSql().then(
+            () => true,
+            () => false,
+          ),
+        30_000,
+      );
+    }
+    for (const p of [prefill!, decode!]) if (p.armed && p.p.log().includes('"msg":"fault point reached"')) p.armed = false;
+    await until("both services are ready again", async () => (await ready(prefill!.p)) && (await ready(decode!.p)), 30_000);
+    await expectNothingLeft(`${fault} / ${stage}`);
+    // And the pair serves again.
+    const after = await complete(decode!.p.url, SHORT(`${tag} after`), 4).done;
+    expect(after.kind, JSON.stringify(after)).toBe("result");
+    await expectNothingLeft(`${fault} / ${stage}, after a request`);
+  },
+  240_000,
+);

@@ -63,11 +63,15 @@ describe("fuzzing every route", () => {
       // GET routes are also sent with DELETE (and other methods) by the generator.
       { method: "GET", path: "/v1/responses/{id}" },
       { method: "GET", path: "/v1/sessions/{id}" },
-      ...["/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs", "/dashboard", "/"].map((path) => ({ method: "GET", path }) as RouteExample),
+      ...["/v1/models", "/health", "/ready", "/metrics", "/openapi.json", "/docs", "/dashboard", "/"].map(
+        (path) => ({ method: "GET", path }) as RouteExample,
+      ),
       // The internal listener: capabilities and the shared secret guard all of it.
       { listener: "internal", method: "POST", path: "/v1/prefill", body: { prompt: "Hi", max_tokens: 1 } },
       { listener: "internal", method: "GET", path: "/v1/chunks/{shardId}/{epoch}", query: { offset: "0", length: "4096" } },
-      ...["/v1/prefill/status", "/v1/decode/status", "/health", "/ready", "/metrics"].map((path) => ({ listener: "internal", method: "GET", path }) as RouteExample),
+      ...["/v1/prefill/status", "/v1/decode/status", "/health", "/ready", "/metrics"].map(
+        (path) => ({ listener: "internal", method: "GET", path }) as RouteExample,
+      ),
     ];
   }
 
@@ -89,24 +93,36 @@ describe("fuzzing every route", () => {
     let turn = 0;
     const credentials = (r: FuzzRequest): Record<string, string> => {
       if (r.listener !== "internal" || turn++ % 2 === 0) return r.headers;
-      const token = r.path.startsWith("/v1/prefill?") || r.path === "/v1/prefill" ? internal.sign({ route: "prefill", tenant: "local", exp: Date.now() + 60_000, nonce: InternalAuth.nonce() }) : TEST_INTERNAL_SECRET;
+      const token =
+        r.path.startsWith("/v1/prefill?") || r.path === "/v1/prefill"
+          ? internal.sign({ route: "prefill", tenant: "local", exp: Date.now() + 60_000, nonce: InternalAuth.nonce() })
+          : TEST_INTERNAL_SECRET;
       return { ...r.headers, authorization: `Bearer ${token}` };
     };
     const send = async (r: FuzzRequest) => {
       try {
-        const res = await request(`${r.listener === "internal" ? internalUrl : svc.url}${r.path}`, { method: r.method as "GET", headers: credentials(r), body: r.body, headersTimeout: 30_000, bodyTimeout: 30_000 });
+        const res = await request(`${r.listener === "internal" ? internalUrl : svc.url}${r.path}`, {
+          method: r.method as "GET",
+          headers: credentials(r),
+          body: r.body,
+          headersTimeout: 30_000,
+          bodyTimeout: 30_000,
+        });
         await res.body.text();
         statuses.set(res.statusCode, (statuses.get(res.statusCode) ?? 0) + 1);
-        if (res.statusCode >= 500) serverErrors.push(`${res.statusCode} ${r.method} ${r.path.slice(0, 120)} ${(r.body ?? "").slice(0, 200)}`);
+        if (res.statusCode >= 500)
+          serverErrors.push(`${res.statusCode} ${r.method} ${r.path.slice(0, 120)} ${(r.body ?? "").slice(0, 200)}`);
       } catch {
         clientErrors++; // e.g. the server closed the connection after an early 413: not a server failure
       }
     };
     const run = async (list: FuzzRequest[]) => {
       let next = 0;
-      await Promise.all(Array.from({ length: CONCURRENCY }, async () => {
-        while (next < list.length) await send(list[next++]!);
-      }));
+      await Promise.all(
+        Array.from({ length: CONCURRENCY }, async () => {
+          while (next < list.length) await send(list[next++]!);
+        }),
+      );
     };
 
     await run(warm);
@@ -119,7 +135,10 @@ describe("fuzzing every route", () => {
 
     let maxLag = 0;
     const lagTimer = setInterval(() => {
-      void scrape().then((t) => (maxLag = Math.max(maxLag, metric(t, "nodejs_eventloop_lag_max_seconds"))), () => {});
+      void scrape().then(
+        (t) => (maxLag = Math.max(maxLag, metric(t, "nodejs_eventloop_lag_max_seconds"))),
+        () => {},
+      );
     }, 1000);
     // Memory is read after each half. Node's heap keeps garbage until a major collection, which an
     // idle server may put off for long, so memory grows during the first half whatever the code
@@ -141,9 +160,19 @@ describe("fuzzing every route", () => {
     const rssMid = metric(mid, "process_resident_memory_bytes");
     const rssAfter = metric(after, "process_resident_memory_bytes");
 
-    const summary = { statuses: Object.fromEntries(statuses), clientErrors, maxLagMs: Math.round(maxLag * 1000), idleLagMs: Math.round(idleLag * 1000), rssBeforeMiB: rssBefore / 2 ** 20, rssMidMiB: rssMid / 2 ** 20, rssAfterMiB: rssAfter / 2 ** 20,
-      heapBeforeMiB: metric(before, "nodejs_heap_size_used_bytes") / 2 ** 20, heapAfterMiB: metric(after, "nodejs_heap_size_used_bytes") / 2 ** 20,
-      externalBeforeMiB: metric(before, "nodejs_external_memory_bytes") / 2 ** 20, externalAfterMiB: metric(after, "nodejs_external_memory_bytes") / 2 ** 20 };
+    const summary = {
+      statuses: Object.fromEntries(statuses),
+      clientErrors,
+      maxLagMs: Math.round(maxLag * 1000),
+      idleLagMs: Math.round(idleLag * 1000),
+      rssBeforeMiB: rssBefore / 2 ** 20,
+      rssMidMiB: rssMid / 2 ** 20,
+      rssAfterMiB: rssAfter / 2 ** 20,
+      heapBeforeMiB: metric(before, "nodejs_heap_size_used_bytes") / 2 ** 20,
+      heapAfterMiB: metric(after, "nodejs_heap_size_used_bytes") / 2 ** 20,
+      externalBeforeMiB: metric(before, "nodejs_external_memory_bytes") / 2 ** 20,
+      externalAfterMiB: metric(after, "nodejs_external_memory_bytes") / 2 ** 20,
+    };
     console.log("fuzz summary", JSON.stringify(summary));
     expect(serverErrors.slice(0, 20)).toEqual([]);
     expect(svc.child.exitCode).toBeNull();
@@ -161,15 +190,28 @@ describe("fuzzing every route", () => {
   // too long for the context (merged whole). Each at its bounds, several at once.
   it("the stall cases: every sampling field at its bounds, deep nesting, the worst words of every script", async () => {
     const model = ((await (await fetch(`${svc.url}/v1/models`)).json()) as { data: { id: string }[] }).data[0]!.id;
-    const chat = (extra: Record<string, unknown>, content = "Tell me a story.") => ({ path: "/v1/chat/completions", body: { model, messages: [{ role: "user", content }], max_tokens: 12, ...extra } });
+    const chat = (extra: Record<string, unknown>, content = "Tell me a story.") => ({
+      path: "/v1/chat/completions",
+      body: { model, messages: [{ role: "user", content }], max_tokens: 12, ...extra },
+    });
     const cases: { path: string; body: unknown; raw?: string; want: number[] }[] = [];
-    for (const top_k of [0, 1, 40, 999, 1000]) for (const top_p of [1, 0.999, 0.5, 1e-9]) cases.push({ ...chat({ temperature: 2, top_k, top_p, seed: top_k }), want: [200] });
-    cases.push({ path: "/v1/completions", body: { model, prompt: "Hi", max_tokens: 12, temperature: 10, top_k: 0, top_p: 1 }, want: [400] }); // OpenAI's temperature is at most 2
+    for (const top_k of [0, 1, 40, 999, 1000])
+      for (const top_p of [1, 0.999, 0.5, 1e-9]) cases.push({ ...chat({ temperature: 2, top_k, top_p, seed: top_k }), want: [200] });
+    cases.push({
+      path: "/v1/completions",
+      body: { model, prompt: "Hi", max_tokens: 12, temperature: 10, top_k: 0, top_p: 1 },
+      want: [400],
+    }); // OpenAI's temperature is at most 2
     cases.push({ path: "/v1/prefill", body: { prompt: "Hi", max_tokens: 12, temperature: 10, top_k: 1000, top_p: 1e-9 }, want: [200] });
     for (const top_k of [1001, 49_151, 1_000_000]) cases.push({ ...chat({ temperature: 1, top_k }), want: [400] });
     // Nesting: 120,000 brackets at the top, and inside a field the schema reads.
     cases.push({ path: "/v1/completions", body: undefined, raw: "[".repeat(120_000) + "]".repeat(120_000), want: [400] });
-    cases.push({ path: "/v1/chat/completions", body: undefined, raw: `{"model":"${model}","messages":${"[".repeat(100_000)}${"]".repeat(100_000)}}`, want: [400] });
+    cases.push({
+      path: "/v1/chat/completions",
+      body: undefined,
+      raw: `{"model":"${model}","messages":${"[".repeat(100_000)}${"]".repeat(100_000)}}`,
+      want: [400],
+    });
     // One word per script, as long as the body limit lets it be (256 KiB here).
     const words = ["a", "é", "ж", "ع", "क", "中", "ア", "한", "€", "😀", "1", "\u00a0", "\u200b"];
     for (const w of words) {
@@ -183,7 +225,10 @@ describe("fuzzing every route", () => {
     const idleLag = await idle();
     let maxLag = 0;
     const lagTimer = setInterval(() => {
-      void scrape().then((t) => (maxLag = Math.max(maxLag, metric(t, "nodejs_eventloop_lag_max_seconds"))), () => {});
+      void scrape().then(
+        (t) => (maxLag = Math.max(maxLag, metric(t, "nodejs_eventloop_lag_max_seconds"))),
+        () => {},
+      );
     }, 500);
     const wrong: string[] = [];
     try {
@@ -193,7 +238,13 @@ describe("fuzzing every route", () => {
           while (next < cases.length) {
             const c = cases[next++]!;
             const body = c.raw ?? JSON.stringify(c.body);
-            const res = await request(`${svc.url}${c.path}`, { method: "POST", headers: { "content-type": "application/json" }, body, headersTimeout: 120_000, bodyTimeout: 120_000 });
+            const res = await request(`${svc.url}${c.path}`, {
+              method: "POST",
+              headers: { "content-type": "application/json" },
+              body,
+              headersTimeout: 120_000,
+              bodyTimeout: 120_000,
+            });
             const text = await res.body.text();
             if (!c.want.includes(res.statusCode)) wrong.push(`${res.statusCode} ${c.path} ${body.slice(0, 120)}: ${text.slice(0, 200)}`);
           }
@@ -203,7 +254,10 @@ describe("fuzzing every route", () => {
       clearInterval(lagTimer);
     }
     maxLag = Math.max(maxLag, await idle());
-    console.log("stall cases", JSON.stringify({ cases: cases.length, maxLagMs: Math.round(maxLag * 1000), idleLagMs: Math.round(idleLag * 1000) }));
+    console.log(
+      "stall cases",
+      JSON.stringify({ cases: cases.length, maxLagMs: Math.round(maxLag * 1000), idleLagMs: Math.round(idleLag * 1000) }),
+    );
     expect(wrong).toEqual([]);
     expect((maxLag - idleLag) * 1000).toBeLessThan(100);
   }, 600_000);

@@ -144,7 +144,11 @@ describe("bounded input", () => {
       expect(res.body.error, JSON.stringify(policy)).toMatchObject({ code: "invalid_policy", param });
       expect(res.body.error.message, JSON.stringify(policy)).toMatch(message);
     }
-    const chat = await postJson(`${s.url}/v1/chat/completions`, { model: "default", messages: [{ role: "user", content: "hi" }], policy: { kind: "omnikv", omnikv: { budget: huge } } });
+    const chat = await postJson(`${s.url}/v1/chat/completions`, {
+      model: "default",
+      messages: [{ role: "user", content: "hi" }],
+      policy: { kind: "omnikv", omnikv: { budget: huge } },
+    });
     expect(chat.status).toBe(400);
     expect(chat.body.error).toMatchObject({ code: "invalid_policy", param: "policy.omnikv.budget" });
     expect(prefills()).toBe(before);
@@ -154,7 +158,9 @@ describe("bounded input", () => {
     // 1,300 one-letter user messages (~7,800 tokens, within the context): finding their rounds took
     // ~11 s before the policy was checked.
     const messages = Array.from({ length: 1300 }, () => ({ role: "user", content: "q" }));
-    const { result, ms } = await watched(() => postJson(`${s.url}/v1/prefill`, { messages, policy: { kind: "rounds", rounds: { watershed_layer: 29 } } }));
+    const { result, ms } = await watched(() =>
+      postJson(`${s.url}/v1/prefill`, { messages, policy: { kind: "rounds", rounds: { watershed_layer: 29 } } }),
+    );
     expect(result.status).toBe(400);
     expect(result.body.error).toMatchObject({ code: "invalid_policy" });
     expect(result.body.error.message).toMatch(/watershed layer 29/);
@@ -176,7 +182,11 @@ describe("bounded input", () => {
       expect(out.status, JSON.stringify(out.body)).toBe(400);
       expect(out.body.error).toMatchObject({ code: "invalid_request", param });
     }
-    const absurd = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 2, policy: { kind: "omnikv", omnikv: { budget: 4_000_000 } } });
+    const absurd = await postJson(`${s.url}/v1/decode`, {
+      handle,
+      max_tokens: 2,
+      policy: { kind: "omnikv", omnikv: { budget: 4_000_000 } },
+    });
     expect(absurd.status).toBe(400);
     expect(absurd.body.error).toMatchObject({ code: "invalid_policy", param: "policy.omnikv.budget" });
     const ok = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 2 });

@@ -25,7 +25,10 @@ describe("the shared internal secret between separate services", () => {
     rt = await openRuntime(base);
     prefill = await startServices({ ...base, role: "prefill", instanceId: "secret-prefill", internalSecret: SECRET }, rt);
     good = await startServices({ ...base, role: "decode", instanceId: "secret-decode", internalSecret: SECRET }, rt);
-    stranger = await startServices({ ...base, role: "decode", instanceId: "stranger-decode", internalSecret: "another-secret-that-nobody-shares-000000" }, rt);
+    stranger = await startServices(
+      { ...base, role: "decode", instanceId: "stranger-decode", internalSecret: "another-secret-that-nobody-shares-000000" },
+      rt,
+    );
   });
   afterAll(async () => {
     await stranger?.stop();
@@ -35,7 +38,13 @@ describe("the shared internal secret between separate services", () => {
     await shards?.remove();
   });
 
-  const chat = (s: RunningServices) => postJson(`${s.url}/v1/chat/completions`, { model: "default", messages: [{ role: "user", content: "Hi" }], max_tokens: 2, temperature: 0 });
+  const chat = (s: RunningServices) =>
+    postJson(`${s.url}/v1/chat/completions`, {
+      model: "default",
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 2,
+      temperature: 0,
+    });
 
   it("a decode with another secret: its prefill call is refused (401 at the prefill, 502 prefill_failed to the client)", async () => {
     const res = await chat(stranger);
@@ -54,7 +63,8 @@ describe("the shared internal secret between separate services", () => {
 
   it("with the shared secret both work", async () => {
     expect((await chat(good)).status).toBe(200);
-    const handle = (await postJson(`${prefill.url}/v1/prefill`, { prompt: "The owner's decode reads this", temperature: 0 })).body as Handle;
+    const handle = (await postJson(`${prefill.url}/v1/prefill`, { prompt: "The owner's decode reads this", temperature: 0 }))
+      .body as Handle;
     const res = await postJson(`${good.url}/v1/decode`, { handle, max_tokens: 2, temperature: 0 });
     expect(res.status).toBe(200);
     expect(res.body.kv).toMatchObject({ transport: "http", recomputed: false });

@@ -31,7 +31,10 @@ describe("services under hostile input and a database outage", () => {
 
   beforeAll(async () => {
     pg = await startPostgres();
-    s = await startServe({ databaseUrl: pg.url, blockTokens: 32, logLevel: "info", drainMs: 2_000 }, { log: logTo((line) => void logLines.push(line)) });
+    s = await startServe(
+      { databaseUrl: pg.url, blockTokens: 32, logLevel: "info", drainMs: 2_000 },
+      { log: logTo((line) => void logLines.push(line)) },
+    );
   });
   afterAll(async () => {
     await s?.stop().catch(() => {});
@@ -51,7 +54,13 @@ describe("services under hostile input and a database outage", () => {
     const res = await fetch(`${url}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model: "default", messages: [{ role: "user", content: "Say hi." }], max_tokens: 8, temperature: 0, stream: true }),
+      body: JSON.stringify({
+        model: "default",
+        messages: [{ role: "user", content: "Say hi." }],
+        max_tokens: 8,
+        temperature: 0,
+        stream: true,
+      }),
     });
     expect(res.status).toBe(200);
     const text = await res.text();
@@ -81,7 +90,9 @@ describe("services under hostile input and a database outage", () => {
     const route = chunkRoutes(s.services.prefill!);
     const res = await route.request("/v1/chunks/nope/1?offset=0&length=1");
     expect(res.status).toBe(404);
-    expect(await res.json()).toEqual({ error: { message: "no shard nope here", type: "not_found_error", code: "unknown_shard", param: null } });
+    expect(await res.json()).toEqual({
+      error: { message: "no shard nope here", type: "not_found_error", code: "unknown_shard", param: null },
+    });
     const bad = await route.request("/v1/chunks/nope/1?offset=-1&length=1");
     expect(bad.status).toBe(400);
     expect(await bad.json()).toMatchObject({ error: { code: "invalid_request", type: "invalid_request_error", param: null } });
@@ -126,10 +137,18 @@ describe("services under hostile input and a database outage", () => {
   it("an internal failure mid-stream shows no details to the client and logs a bounded line without parameters", async () => {
     const d = await shardDecode(); // the KV load is what fails: `serve`'s in-process handoff has none
     const secret = "secret-param-";
-    leasesFail(new DrizzleQueryError("select * from chunks where id in ($1, …)", Array.from({ length: 200_000 }, (_, i) => `${secret}${i}`), new Error("bind message has 200000 parameter formats")));
+    leasesFail(
+      new DrizzleQueryError(
+        "select * from chunks where id in ($1, …)",
+        Array.from({ length: 200_000 }, (_, i) => `${secret}${i}`),
+        new Error("bind message has 200000 parameter formats"),
+      ),
+    );
     const before = logLines.length;
     const events = await chatStream(d.url);
-    expect(JSON.parse(events.at(-2)!)).toEqual({ error: { message: "internal error; see the service log", type: "server_error", code: "internal_error", param: null } });
+    expect(JSON.parse(events.at(-2)!)).toEqual({
+      error: { message: "internal error; see the service log", type: "server_error", code: "internal_error", param: null },
+    });
     expect(events.at(-1)).toBe("[DONE]");
     const logged = logLines.slice(before);
     const line = logged.find((l) => l.includes("a stream failed"));
@@ -171,7 +190,9 @@ describe("database outage classification", () => {
 describe("DATABASE_URL redaction", () => {
   it("hides the password in user:password@ and in ?password=", async () => {
     expect(redactDatabaseUrl("postgres://app:hunter2@db:5432/x")).toBe("postgres://app:***@db:5432/x");
-    expect(redactDatabaseUrl("postgres://app@db/x?sslmode=require&password=hunter2&x=1")).toBe("postgres://app@db/x?sslmode=require&password=***&x=1");
+    expect(redactDatabaseUrl("postgres://app@db/x?sslmode=require&password=hunter2&x=1")).toBe(
+      "postgres://app@db/x?sslmode=require&password=***&x=1",
+    );
     // Unencoded @, / and ? in the password: nothing of it is left.
     expect(redactDatabaseUrl("postgres://app:hun@ter@2@db:5432/x")).toBe("postgres://app:***@db:5432/x");
     expect(redactDatabaseUrl("postgres://app:a/b?c#d@db/x")).toBe("postgres://app:***@db/x");

@@ -34,7 +34,11 @@ interface RawResult {
 }
 
 /** Opens a raw connection, writes `head` (and optional drips), and resolves when the server closes it. */
-function raw(port: number, head: string, opts: { drip?: { every: number; times: number } } = {}): { done: Promise<RawResult>; socket: net.Socket } {
+function raw(
+  port: number,
+  head: string,
+  opts: { drip?: { every: number; times: number } } = {},
+): { done: Promise<RawResult>; socket: net.Socket } {
   const socket = net.connect(port, "127.0.0.1");
   const t0 = performance.now();
   let text = "";
@@ -91,7 +95,7 @@ describe("listener timeouts and connection cap", () => {
   });
 
   it("20 slow-body connections are answered 408 and closed after the body idle timeout; others are served meanwhile", async () => {
-    const head = "POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"a\":";
+    const head = 'POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a":';
     const slow = Array.from({ length: 20 }, () => raw(server.port, head));
     const health = await fetch(`${server.url}/health`);
     expect(health.status).toBe(200);
@@ -108,7 +112,11 @@ describe("listener timeouts and connection cap", () => {
     }
     // A body that keeps coming (a byte per 200 ms, under the idle timeout) is read to the end.
     const body = '{"k":"' + "a".repeat(6);
-    const ok = raw(server.port, `POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: ${body.length + 2 + 6}\r\n\r\n${body}`, { drip: { every: 200, times: 6 } });
+    const ok = raw(
+      server.port,
+      `POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: ${body.length + 2 + 6}\r\n\r\n${body}`,
+      { drip: { every: 200, times: 6 } },
+    );
     ok.socket.on("connect", () => setTimeout(() => ok.socket.write('"}'), 200 * 7 + 50));
     const served = await ok.done;
     expect(served.text).toMatch(/^HTTP\/1\.1 200 /);
@@ -123,7 +131,11 @@ describe("listener timeouts and connection cap", () => {
   });
 
   it("a body dripped just under the idle timeout still ends at the whole-request timeout", async () => {
-    const { done } = raw(server.port, "POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n", { drip: { every: 300, times: 100 } });
+    const { done } = raw(
+      server.port,
+      "POST /v1/echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n",
+      { drip: { every: 300, times: 100 } },
+    );
     const r = await done;
     expect(r.text).toMatch(/^HTTP\/1\.1 408 /);
     expect(r.closedAfterMs).toBeGreaterThanOrEqual(LIMITS.requestTimeoutMs - 100);
@@ -149,7 +161,9 @@ describe("listener timeouts and connection cap", () => {
   });
 
   it("connections beyond the cap are refused; streams longer than every timeout are not cut", async () => {
-    const streams = Array.from({ length: LIMITS.maxConnections }, () => raw(server.port, "GET /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    const streams = Array.from({ length: LIMITS.maxConnections }, () =>
+      raw(server.port, "GET /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+    );
     await new Promise((r) => setTimeout(r, 300)); // every stream has started
     const extra = raw(server.port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
     const refused = await extra.done;
@@ -174,7 +188,12 @@ describe("the per-peer connection cap", () => {
       return c.text("done");
     });
     app.get("/health", (c) => c.json({ status: "ok" }));
-    const srv = await listen(app.fetch, "127.0.0.1", 0, { ...LIMITS, maxConnections: 100, maxConnectionsPerPeer: 4, firstByteTimeoutMs: 5_000 });
+    const srv = await listen(app.fetch, "127.0.0.1", 0, {
+      ...LIMITS,
+      maxConnections: 100,
+      maxConnectionsPerPeer: 4,
+      firstByteTimeoutMs: 5_000,
+    });
     try {
       const idle = Array.from({ length: 4 }, () => raw(srv.port, ""));
       await new Promise((r) => setTimeout(r, 100));
@@ -207,7 +226,10 @@ describe("registry calls to a hung PostgreSQL end at --db-timeout-ms", () => {
     // (what a SIGSTOPped or wedged server looks like to its clients).
     proxy = net.createServer((client) => {
       const upstream = net.connect(Number(target.port), target.hostname);
-      for (const [from, to] of [[client, upstream], [upstream, client]] as const) {
+      for (const [from, to] of [
+        [client, upstream],
+        [upstream, client],
+      ] as const) {
         sockets.add(from);
         from.on("data", (d) => {
           if (!frozen) to.write(d);
@@ -250,7 +272,9 @@ describe("registry calls to a hung PostgreSQL end at --db-timeout-ms", () => {
 describe("listener limit flags", () => {
   it("are read from flags and the environment, with defaults, and a headers timeout over the request timeout is refused", () => {
     const d = loadConfig("serve", {}, {});
-    expect([d.headersTimeoutMs, d.requestTimeoutMs, d.bodyIdleTimeoutMs, d.keepAliveTimeoutMs, d.maxConnections]).toEqual([10_000, 120_000, 10_000, 65_000, 1024]);
+    expect([d.headersTimeoutMs, d.requestTimeoutMs, d.bodyIdleTimeoutMs, d.keepAliveTimeoutMs, d.maxConnections]).toEqual([
+      10_000, 120_000, 10_000, 65_000, 1024,
+    ]);
     expect([d.maxConnectionsPerPeer, d.firstByteTimeoutMs]).toEqual([256, 3_000]);
     const p = loadConfig("serve", { "max-connections-per-peer": "8" }, { CTXBANK_FIRST_BYTE_TIMEOUT_MS: "1500" });
     expect([p.maxConnectionsPerPeer, p.firstByteTimeoutMs]).toEqual([8, 1_500]);

@@ -43,7 +43,8 @@ describe.each(backends)("services API on $name", (backend) => {
   const decode = (body: object) => postJson(`${url}/v1/decode`, body);
   async function reference(ids: number[], maxTokens: number): Promise<number[]> {
     const out: number[] = [];
-    for await (const ev of generate(s.rt.engine, s.rt.tokenizer, ids, { maxTokens, temperature: 0 })) if (ev.type === "token") out.push(ev.id);
+    for await (const ev of generate(s.rt.engine, s.rt.tokenizer, ids, { maxTokens, temperature: 0 }))
+      if (ev.type === "token") out.push(ev.id);
     return out;
   }
 
@@ -56,10 +57,16 @@ describe.each(backends)("services API on $name", (backend) => {
     const res = await prefill({ prompt: "The quick brown fox", request_id: `api-${randomUUID()}`, session_id: "sess-1", round_id: 3 });
     expect(res.status).toBe(200);
     const handle = res.body as Handle;
-    expect(handle).toMatchObject({ shard_epoch: 1, model_fingerprint: s.rt.model.fingerprint, layer_groups: [Array.from({ length: 30 }, (_, i) => i)] });
+    expect(handle).toMatchObject({
+      shard_epoch: 1,
+      model_fingerprint: s.rt.model.fingerprint,
+      layer_groups: [Array.from({ length: 30 }, (_, i) => i)],
+    });
     expect(handle.chunk_ids).toHaveLength(1);
     const rows = await s.rt.registry.chunks.ofRequest(handle.request_id);
-    expect(rows.map((r) => [r.state, r.sessionId, r.roundId, r.tokenStart, r.tokenEnd])).toEqual([["ready", "sess-1", 3, 0, handle.prompt_tokens]]);
+    expect(rows.map((r) => [r.state, r.sessionId, r.roundId, r.tokenStart, r.tokenEnd])).toEqual([
+      ["ready", "sess-1", 3, 0, handle.prompt_tokens],
+    ]);
 
     const out = await decode({ handle, max_tokens: 10, temperature: 0 });
     expect(out.status).toBe(200);
@@ -69,7 +76,7 @@ describe.each(backends)("services API on $name", (backend) => {
     expect(out.body.text).toBe(s.rt.tokenizer.decode(expected));
     expect(out.body.kv).toMatchObject({ transport: "shm", chunks: 1, recomputed: false });
     expect(out.body.kv.bytes).toBeGreaterThan(handle.prompt_tokens * 23040);
-    expect((await s.rt.registry.requests.get(handle.request_id))).toMatchObject({ state: "done", outputTokens: 10 });
+    expect(await s.rt.registry.requests.get(handle.request_id)).toMatchObject({ state: "done", outputTokens: 10 });
     // The KV was copied out, so the chunk was released for the owner to reclaim.
     expect(await s.rt.registry.chunks.ofRequest(handle.request_id)).toEqual([]);
 
@@ -80,7 +87,11 @@ describe.each(backends)("services API on $name", (backend) => {
 
   it("streams /v1/decode as SSE: token events, then done", async () => {
     const { body: handle } = await prefill({ messages: [{ role: "user", content: "Say hi." }] });
-    const res = await fetch(`${url}/v1/decode`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ handle, max_tokens: 6, temperature: 0, stream: true }) });
+    const res = await fetch(`${url}/v1/decode`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ handle, max_tokens: 6, temperature: 0, stream: true }),
+    });
     expect(res.headers.get("content-type")).toMatch(/text\/event-stream/);
     const events = parseSse(await res.text());
     const tokens = events.filter((e) => e.event === "token").map((e) => JSON.parse(e.data));
@@ -143,7 +154,12 @@ describe.each(backends)("services API on $name", (backend) => {
     // the only decode place is taken.
     const { body: other } = await prefill({ prompt: "Count to five:" });
     const ac = new AbortController();
-    const streaming = await fetch(`${url}/v1/decode`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ handle, max_tokens: 200, stream: true }), signal: ac.signal });
+    const streaming = await fetch(`${url}/v1/decode`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ handle, max_tokens: 200, stream: true }),
+      signal: ac.signal,
+    });
     expect(streaming.status).toBe(200);
     const full = await decode({ handle: other, max_tokens: 4 });
     expect(full.status).toBe(429);
@@ -152,7 +168,10 @@ describe.each(backends)("services API on $name", (backend) => {
     await streaming.body?.cancel().catch(() => {});
 
     const long = Array.from({ length: 300 }, (_, i) => 200 + i);
-    const [a, b] = await Promise.all([prefill({ prompt_token_ids: long }), new Promise((r) => setTimeout(r, 50)).then(() => prefill({ prompt: "hi" }))]);
+    const [a, b] = await Promise.all([
+      prefill({ prompt_token_ids: long }),
+      new Promise((r) => setTimeout(r, 50)).then(() => prefill({ prompt: "hi" })),
+    ]);
     expect(a.status).toBe(200);
     expect(b.status).toBe(429);
     expect(b.body.error.code).toBe("queue_full");

@@ -44,7 +44,14 @@ describe("continuous batching", () => {
     }
     // serve computes its prompts in the decode scheduler's steps (chunked prefill).
     expect(s.services.decode!.status().prefill_tokens).toBeGreaterThan(0);
-    expect(s.services.decode!.status()).toMatchObject({ running: 0, waiting: 0, admitted: 0, kv_reserved_bytes: 0, live_sequences: 0, prefills: 0 });
+    expect(s.services.decode!.status()).toMatchObject({
+      running: 0,
+      waiting: 0,
+      admitted: 0,
+      kv_reserved_bytes: 0,
+      live_sequences: 0,
+      prefills: 0,
+    });
   });
 
   it("a short request joining a long one's batch finishes first, and neither changes", async () => {
@@ -55,7 +62,11 @@ describe("continuous batching", () => {
     expect(expectLong).toHaveLength(40); // long enough to still run when the short one is done
 
     const finished: string[] = [];
-    const stream = fetch(`${s.url}/v1/decode`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ handle: long, max_tokens: 40, temperature: 0, stream: true }) });
+    const stream = fetch(`${s.url}/v1/decode`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ handle: long, max_tokens: 40, temperature: 0, stream: true }),
+    });
     const longRes = await stream;
     const reader = longRes.body!.getReader();
     let text = "";
@@ -65,7 +76,9 @@ describe("continuous batching", () => {
       if (done) throw new Error(`the long stream ended early: ${text}`);
       text += new TextDecoder().decode(value);
     }
-    const shortDone = postJson(`${s.url}/v1/decode`, { handle: short, max_tokens: 5, temperature: 0 }).then((r) => (finished.push("short"), r));
+    const shortDone = postJson(`${s.url}/v1/decode`, { handle: short, max_tokens: 5, temperature: 0 }).then(
+      (r) => (finished.push("short"), r),
+    );
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;

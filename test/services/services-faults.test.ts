@@ -50,7 +50,8 @@ describe.each(backends)("faults on $name", (backend) => {
   };
   async function reference(ids: number[], n: number) {
     const out: number[] = [];
-    for await (const ev of generate(s.rt.engine, s.rt.tokenizer, ids, { maxTokens: n, temperature: 0 })) if (ev.type === "token") out.push(ev.id);
+    for await (const ev of generate(s.rt.engine, s.rt.tokenizer, ids, { maxTokens: n, temperature: 0 }))
+      if (ev.type === "token") out.push(ev.id);
     return out;
   }
   async function flipByte(handle: Handle, chunkIndex: number, at: number) {
@@ -70,8 +71,15 @@ describe.each(backends)("faults on $name", (backend) => {
   it.each(TRANSPORTS)("a corrupted chunk byte is detected over %s: 502, or a recompute when asked", async (transport) => {
     s.rt.config.transport = transport;
     try {
-      const prompt = "A corrupted byte must never reach the engine, whatever the transport is that carried it: checksums are verified on arrival, before the import, for every chunk. ".repeat(2);
-      const intact = await postJson(`${s.url}/v1/decode`, { handle: await prefill({ prompt: `${transport} carries this prompt intact.` }), max_tokens: 2, temperature: 0 });
+      const prompt =
+        "A corrupted byte must never reach the engine, whatever the transport is that carried it: checksums are verified on arrival, before the import, for every chunk. ".repeat(
+          2,
+        );
+      const intact = await postJson(`${s.url}/v1/decode`, {
+        handle: await prefill({ prompt: `${transport} carries this prompt intact.` }),
+        max_tokens: 2,
+        temperature: 0,
+      });
       expect(intact.body.kv).toMatchObject({ transport, recomputed: false }); // the bytes did come over it
       const [a, b] = [await prefill({ prompt }), await prefill({ prompt: `${prompt} Again.` })];
       expect(a.chunk_ids.length).toBeGreaterThan(1);
@@ -99,32 +107,43 @@ describe.each(backends)("faults on $name", (backend) => {
     }
   });
 
-  it.skipIf(!ucxAvailable())("auto: shm on the owner's host, UCX for an owner elsewhere that publishes an endpoint, else HTTP", async () => {
-    const decodeOver = async (prompt: string) => (await postJson(`${s.url}/v1/decode`, { handle: await prefill({ prompt }), max_tokens: 2, temperature: 0 })).body.kv;
-    expect(s.rt.config.transport).toBe("auto");
-    expect(await decodeOver("Read on the owner's own host.")).toMatchObject({ transport: "shm" });
-    const hostId = s.rt.config.hostId;
-    s.rt.config.hostId = "another-host"; // the decode now sees the prefill as remote
-    const shardId = prefillStatus().shard!.id;
-    const [row] = ((await s.rt.db.db.execute(sql`select ucx_endpoint from shards where id = ${shardId} and state = 'active'`)) as unknown as { rows: { ucx_endpoint: string }[] }).rows;
-    try {
-      expect(await decodeOver("Read from a remote owner that publishes UCX.")).toMatchObject({ transport: "ucx" });
-      await s.rt.db.db.execute(sql`update shards set ucx_endpoint = null where id = ${shardId} and state = 'active'`);
-      expect(await decodeOver("Read from a remote owner without UCX.")).toMatchObject({ transport: "http" });
-    } finally {
-      s.rt.config.hostId = hostId;
-      await s.rt.db.db.execute(sql`update shards set ucx_endpoint = ${row!.ucx_endpoint} where id = ${shardId} and state = 'active'`);
-    }
-  });
+  it.skipIf(!ucxAvailable())(
+    "auto: shm on the owner's host, UCX for an owner elsewhere that publishes an endpoint, else HTTP",
+    async () => {
+      const decodeOver = async (prompt: string) =>
+        (await postJson(`${s.url}/v1/decode`, { handle: await prefill({ prompt }), max_tokens: 2, temperature: 0 })).body.kv;
+      expect(s.rt.config.transport).toBe("auto");
+      expect(await decodeOver("Read on the owner's own host.")).toMatchObject({ transport: "shm" });
+      const hostId = s.rt.config.hostId;
+      s.rt.config.hostId = "another-host"; // the decode now sees the prefill as remote
+      const shardId = prefillStatus().shard!.id;
+      const [row] = (
+        (await s.rt.db.db.execute(sql`select ucx_endpoint from shards where id = ${shardId} and state = 'active'`)) as unknown as {
+          rows: { ucx_endpoint: string }[];
+        }
+      ).rows;
+      try {
+        expect(await decodeOver("Read from a remote owner that publishes UCX.")).toMatchObject({ transport: "ucx" });
+        await s.rt.db.db.execute(sql`update shards set ucx_endpoint = null where id = ${shardId} and state = 'active'`);
+        expect(await decodeOver("Read from a remote owner without UCX.")).toMatchObject({ transport: "http" });
+      } finally {
+        s.rt.config.hostId = hostId;
+        await s.rt.db.db.execute(sql`update shards set ucx_endpoint = ${row!.ucx_endpoint} where id = ${shardId} and state = 'active'`);
+      }
+    },
+  );
 
-  it.each(TRANSPORTS)("an expired lease is reclaimed by the owner's reaper and its shard space reused (decode over %s)", async (transport) => {
-    s.rt.config.transport = transport;
-    try {
-      await expiredLease();
-    } finally {
-      s.rt.config.transport = "auto";
-    }
-  });
+  it.each(TRANSPORTS)(
+    "an expired lease is reclaimed by the owner's reaper and its shard space reused (decode over %s)",
+    async (transport) => {
+      s.rt.config.transport = transport;
+      try {
+        await expiredLease();
+      } finally {
+        s.rt.config.transport = "auto";
+      }
+    },
+  );
 
   async function expiredLease() {
     await until("the shard is empty", () => prefillStatus().shard!.bytes_used === 0);
@@ -164,12 +183,21 @@ describe.each(backends)("faults on $name", (backend) => {
         ? { handle: await prefill({ prompt }), max_tokens: 500, temperature: 0, stream: true }
         : { model: "default", prompt, max_tokens: 500, temperature: 0, stream: true };
     const cancelled = async () =>
-      ((await s.rt.db.db.execute(sql`select id, output_tokens from requests where state = 'cancelled' order by arrival_at desc`)) as unknown as {
-        rows: { id: string; output_tokens: number }[];
-      }).rows;
+      (
+        (await s.rt.db.db.execute(
+          sql`select id, output_tokens from requests where state = 'cancelled' order by arrival_at desc`,
+        )) as unknown as {
+          rows: { id: string; output_tokens: number }[];
+        }
+      ).rows;
     const before = (await cancelled()).length;
     const ac = new AbortController();
-    const res = await fetch(`${s.url}${route}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal: ac.signal });
+    const res = await fetch(`${s.url}${route}`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+      signal: ac.signal,
+    });
     expect(res.status).toBe(200);
     const reader = res.body!.getReader();
     let text = "";
@@ -193,11 +221,20 @@ describe.each(backends)("faults on $name", (backend) => {
     const requestId = `gone-${randomUUID()}`;
     const ac = new AbortController();
     const ids = Array.from({ length: 700 }, (_, i) => 100 + ((i * 7919) % 30000));
-    const pending = fetch(`${s.url}/v1/prefill`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt_token_ids: ids, request_id: requestId }), signal: ac.signal }).catch((e: unknown) => e);
+    const pending = fetch(`${s.url}/v1/prefill`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt_token_ids: ids, request_id: requestId }),
+      signal: ac.signal,
+    }).catch((e: unknown) => e);
     await until("the prefill is computing", () => prefillStatus().prefills_running === 1 && prefillStatus().kv_bytes_in_flight > 0);
     ac.abort();
     await pending;
-    await until("the prefill stopped and released everything", () => prefillStatus().prefills_running === 0 && prefillStatus().kv_bytes_in_flight === 0, 30_000);
+    await until(
+      "the prefill stopped and released everything",
+      () => prefillStatus().prefills_running === 0 && prefillStatus().kv_bytes_in_flight === 0,
+      30_000,
+    );
     await until("its request is cancelled", async () => (await s.rt.registry.requests.get(requestId))?.state === "cancelled");
     await until("its shard space is free", () => prefillStatus().shard!.bytes_used === 0);
     expect(await s.rt.registry.chunks.ofRequest(requestId)).toEqual([]);

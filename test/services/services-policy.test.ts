@@ -7,7 +7,15 @@ import { argmax } from "../../shared/inference/engine/sampler.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
-import { checkPolicySpec, layerGroupsFromRoles, PolicyError, policyFromWire, PolicySpecSchema, resolvedSpec, resolvePolicy } from "../../shared/inference/policy/request.ts";
+import {
+  checkPolicySpec,
+  layerGroupsFromRoles,
+  PolicyError,
+  policyFromWire,
+  PolicySpecSchema,
+  resolvedSpec,
+  resolvePolicy,
+} from "../../shared/inference/policy/request.ts";
 import { postJson } from "../harness/http.ts";
 import { type Serve, startServe } from "../harness/serve.ts";
 
@@ -34,13 +42,21 @@ describe("policy specs", () => {
 
   it("read back from the wire shape a handle carries them in, and are checked before any work without resolving", () => {
     const ctx = { filterLayers: [2, 7, 17], roundStarts: [0, 40], promptTokens: 1000, maxTokens: 64 };
-    for (const spec of ["full", "omnikv", "streaming", { kind: "omnikv+scope", omnikv: { budget: 0.25 }, scope: { mode: "adaptive" } }, { kind: "rounds", rounds: { watershed_layer: 12 } }] as const) {
+    for (const spec of [
+      "full",
+      "omnikv",
+      "streaming",
+      { kind: "omnikv+scope", omnikv: { budget: 0.25 }, scope: { mode: "adaptive" } },
+      { kind: "rounds", rounds: { watershed_layer: 12 } },
+    ] as const) {
       const policy = resolvePolicy(spec, { ...ctx, watershedLayer: null });
       expect(policyFromWire(resolvedSpec(policy)), JSON.stringify(spec)).toEqual(policy);
     }
     const model = { maxContext: 8192, nLayer: 30 };
     expect(() => checkPolicySpec("omnikv", model, { chat: false })).toThrow(/no calibrated OmniKV filter layers/);
-    expect(() => checkPolicySpec({ kind: "rounds", rounds: { watershed_layer: 12 } }, model, { chat: false })).toThrow(/needs rounds.starts/);
+    expect(() => checkPolicySpec({ kind: "rounds", rounds: { watershed_layer: 12 } }, model, { chat: false })).toThrow(
+      /needs rounds.starts/,
+    );
     expect(() => checkPolicySpec({ kind: "rounds", rounds: { watershed_layer: 12 } }, model, { chat: true })).not.toThrow();
     expect(() => checkPolicySpec({ kind: "h2o", h2o: { budget: 9000 } }, model, { chat: false })).toThrow(/beyond the model's context/);
   });
@@ -88,7 +104,10 @@ describe("policies through the services", () => {
     expect(handle.layer_groups).toEqual(groups);
     // The handle carries the request's spec as the schema parsed it (defaults written in) and what it resolved to.
     expect(handle.policy).toEqual(PolicySpecSchema.parse(spec));
-    expect(handle.resolved_policy).toEqual({ kind: "omnikv", omnikv: { budget: 16, selector: "last", window: 16, guard: true, lazy_iou: 0, offload: false, filter_layers: filterLayers } });
+    expect(handle.resolved_policy).toEqual({
+      kind: "omnikv",
+      omnikv: { budget: 16, selector: "last", window: 16, guard: true, lazy_iou: 0, offload: false, filter_layers: filterLayers },
+    });
     const blocks = Math.ceil(handle.prompt_tokens / 64);
     expect(handle.chunk_ids).toHaveLength(blocks * groups.length);
     const rows = await s.rt.registry.chunks.ofRequest(handle.request_id);
@@ -103,7 +122,13 @@ describe("policies through the services", () => {
   });
 
   it("the OpenAI routes take the policy as an extension field", async () => {
-    const res = await postJson(`${s.url}/v1/completions`, { model: s.rt.modelId, prompt, max_tokens: 8, temperature: 0, policy: { kind: "scope", scope: { beta1: 2, beta2: 2 } } });
+    const res = await postJson(`${s.url}/v1/completions`, {
+      model: s.rt.modelId,
+      prompt,
+      max_tokens: 8,
+      temperature: 0,
+      policy: { kind: "scope", scope: { beta1: 2, beta2: 2 } },
+    });
     expect(res.status).toBe(200);
     const ids = s.rt.tokenizer.encode(prompt);
     const expected = await engineGreedy(ids, { kind: "scope", scope: { mode: "slide", beta1: 2, beta2: 2, maxOutput: 8 } }, 8);
@@ -124,7 +149,13 @@ describe("policies through the services", () => {
 
   it("omnikv with offload decodes the same tokens as without it", async () => {
     const filterLayers = policyDefaultsFor(s.rt.model.fingerprint)!.filterLayers;
-    const res = await postJson(`${s.url}/v1/completions`, { model: s.rt.modelId, prompt, max_tokens: 8, temperature: 0, policy: { kind: "omnikv", omnikv: { budget: 16, offload: true } } });
+    const res = await postJson(`${s.url}/v1/completions`, {
+      model: s.rt.modelId,
+      prompt,
+      max_tokens: 8,
+      temperature: 0,
+      policy: { kind: "omnikv", omnikv: { budget: 16, offload: true } },
+    });
     expect(res.status).toBe(200);
     const ids = s.rt.tokenizer.encode(prompt);
     const expected = await engineGreedy(ids, { kind: "omnikv", omnikv: { filterLayers, budget: 16 } }, 8);
@@ -147,13 +178,20 @@ describe("policies through the services", () => {
     expect(starts).toHaveLength(3);
     expect(starts[0]).toBe(0);
     // Each later round starts where the conversation up to that user message ends.
-    const upTo = (i: number) => s.rt.tokenizer.encode(s.rt.chat!.render(messages.slice(0, i), { addGenerationPrompt: false }), { parseSpecial: true }).length;
+    const upTo = (i: number) =>
+      s.rt.tokenizer.encode(s.rt.chat!.render(messages.slice(0, i), { addGenerationPrompt: false }), { parseSpecial: true }).length;
     expect(starts.slice(1)).toEqual([upTo(2), upTo(4)]);
     const out = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 8, temperature: 0 });
     expect(out.status).toBe(200);
     const expected = await engineGreedy(handle.prompt_token_ids, { kind: "rounds", rounds: { watershedLayer: 12, starts, topK: 1 } }, 8);
     expect(out.body.token_ids).toEqual(expected);
-    const chat = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages, max_tokens: 4, temperature: 0, policy: spec });
+    const chat = await postJson(`${s.url}/v1/chat/completions`, {
+      model: s.rt.modelId,
+      messages,
+      max_tokens: 4,
+      temperature: 0,
+      policy: spec,
+    });
     expect(chat.status, JSON.stringify(chat.body)).toBe(200);
     expect(chat.body.choices[0].message.content).toBe(s.rt.tokenizer.decode(expected.slice(0, 4)));
     for (const [policy, message] of [
@@ -183,7 +221,11 @@ describe("policies through the services", () => {
       expect(res.body.error.code, JSON.stringify(policy)).toBe(code);
       expect(JSON.stringify(res.body.error), JSON.stringify(policy)).toMatch(message);
     }
-    const viaOpenAi = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages: [{ role: "user", content: "hi" }], policy: { kind: "omnikv", omnikv: { filter_layers: [29, 3] } } });
+    const viaOpenAi = await postJson(`${s.url}/v1/chat/completions`, {
+      model: s.rt.modelId,
+      messages: [{ role: "user", content: "hi" }],
+      policy: { kind: "omnikv", omnikv: { filter_layers: [29, 3] } },
+    });
     expect(viaOpenAi.status).toBe(400);
     expect(viaOpenAi.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
     expect(s.services.prefill!.status().totals.prefills).toBe(6); // only the tests above prefilled
@@ -194,7 +236,14 @@ describe("policies through the services", () => {
     const chat = await fetch(`${s.url}/v1/chat/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model: s.rt.modelId, messages, max_tokens: 2, temperature: 0, polcy: "h2o", policy: { kind: "h2o", h2o: { recent: 64 } } }),
+      body: JSON.stringify({
+        model: s.rt.modelId,
+        messages,
+        max_tokens: 2,
+        temperature: 0,
+        polcy: "h2o",
+        policy: { kind: "h2o", h2o: { recent: 64 } },
+      }),
     });
     expect(chat.status).toBe(200);
     // OpenAI clients send extras: accepted, and named.
@@ -230,7 +279,11 @@ describe("policies through the services", () => {
       [{ kind: "snapkv" }, "policy", /unknown policy/],
       [{ kind: "omnikv", omnikv: { budgte: 64 } }, "policy.omnikv.budgte", /budgte/],
     ] as const) {
-      const res = await postJson(`${s.url}/v1/chat/completions`, { model: s.rt.modelId, messages: [{ role: "user", content: "hi" }], policy });
+      const res = await postJson(`${s.url}/v1/chat/completions`, {
+        model: s.rt.modelId,
+        messages: [{ role: "user", content: "hi" }],
+        policy,
+      });
       expect(res.status, JSON.stringify(policy)).toBe(400);
       expect(res.body.error, JSON.stringify(policy)).toMatchObject({ code: "invalid_policy", param });
       expect(res.body.error.message).toMatch(message);

@@ -30,7 +30,11 @@ interface Answer {
 
 type Message = { role: "user" | "assistant" | "system"; content: string };
 async function chat(key: { key: string }, messages: Message[], session?: string): Promise<Answer> {
-  const r = await postJson(`${svc.url}/v1/chat/completions`, { model: "default", messages, max_tokens: 24, temperature: 0 }, { ...as(key), ...(session ? { "x-session-id": session } : {}) });
+  const r = await postJson(
+    `${svc.url}/v1/chat/completions`,
+    { model: "default", messages, max_tokens: 24, temperature: 0 },
+    { ...as(key), ...(session ? { "x-session-id": session } : {}) },
+  );
   expect(r.status, JSON.stringify(r.body)).toBe(200);
   return { text: r.body.choices[0].message.content, ctxbank: r.body.ctxbank, usage: r.body.usage };
 }
@@ -89,7 +93,15 @@ describe("sessions", () => {
     expect((await getJson(`${svc.url}/v1/sessions/shared-name`, as(alice))).status).toBe(404);
     expect((await chat(alice, conv, "shared-name")).ctxbank.session!.reused_tokens).toBe(0);
     expect((await fetch(`${svc.url}/v1/sessions/nope`, { method: "DELETE", headers: as(alice) })).status).toBe(404);
-    expect((await postJson(`${svc.url}/v1/chat/completions`, { model: "default", messages: conv, max_tokens: 2 }, { ...as(alice), "x-session-id": "bad id!" })).status).toBe(400);
+    expect(
+      (
+        await postJson(
+          `${svc.url}/v1/chat/completions`,
+          { model: "default", messages: conv, max_tokens: 2 },
+          { ...as(alice), "x-session-id": "bad id!" },
+        )
+      ).status,
+    ).toBe(400);
   }, 300_000);
 
   it("the Responses API chains turns with the official client, each reusing the stored KV", async () => {
@@ -97,8 +109,20 @@ describe("sessions", () => {
     const r1 = await client.responses.create({ model: "default", input: "Name a large animal.", max_output_tokens: 16, temperature: 0 });
     expect(r1.output_text.length).toBeGreaterThan(0);
     expect(r1.usage?.input_tokens_details.cached_tokens).toBe(0);
-    const r2 = await client.responses.create({ model: "default", input: "Where does it live?", previous_response_id: r1.id, max_output_tokens: 16, temperature: 0 });
-    const r3 = await client.responses.create({ model: "default", input: "What does it eat?", previous_response_id: r2.id, max_output_tokens: 16, temperature: 0 });
+    const r2 = await client.responses.create({
+      model: "default",
+      input: "Where does it live?",
+      previous_response_id: r1.id,
+      max_output_tokens: 16,
+      temperature: 0,
+    });
+    const r3 = await client.responses.create({
+      model: "default",
+      input: "What does it eat?",
+      previous_response_id: r2.id,
+      max_output_tokens: 16,
+      temperature: 0,
+    });
     for (const r of [r2, r3]) {
       expect(r.usage!.input_tokens_details.cached_tokens).toBeGreaterThan(0);
       expect(r.usage!.input_tokens_details.cached_tokens).toBeLessThan(r.usage!.input_tokens);
@@ -115,7 +139,9 @@ describe("sessions", () => {
     expect((await client.responses.retrieve(r2.id)).output_text).toBe(r2.output_text);
     // Another key's response is unknown to bob.
     const bobClient = new OpenAI({ baseURL: `${svc.url}/v1`, apiKey: bob.key });
-    await expect(bobClient.responses.create({ model: "default", input: "Hi", previous_response_id: r2.id })).rejects.toMatchObject({ status: 404 });
+    await expect(bobClient.responses.create({ model: "default", input: "Hi", previous_response_id: r2.id })).rejects.toMatchObject({
+      status: 404,
+    });
     await client.responses.delete(r3.id);
     await expect(client.responses.retrieve(r3.id)).rejects.toMatchObject({ status: 404 });
   }, 300_000);

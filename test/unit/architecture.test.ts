@@ -42,10 +42,12 @@ function cruise(): Promise<ICruiseResult> {
 async function runCruise(): Promise<ICruiseResult> {
   const args = ["bin", "shared", "services", "tools", "bench", "test", "--output-type", "json"];
   // depcruise exits non-zero when it finds violations; its report is on stdout either way.
-  const { stdout } = await run(join(root, "node_modules/.bin/depcruise"), args, { cwd: root, maxBuffer: 256 << 20 }).catch((e: { stdout?: string }) => {
-    if (!e.stdout) throw e;
-    return { stdout: e.stdout };
-  });
+  const { stdout } = await run(join(root, "node_modules/.bin/depcruise"), args, { cwd: root, maxBuffer: 256 << 20 }).catch(
+    (e: { stdout?: string }) => {
+      if (!e.stdout) throw e;
+      return { stdout: e.stdout };
+    },
+  );
   return JSON.parse(stdout) as ICruiseResult;
 }
 
@@ -54,9 +56,7 @@ describe("import rules", () => {
     const result = await cruise();
     expect(result.summary.totalCruised).toBeGreaterThan(100); // it really read the repository
     const violations = result.summary.violations.map((v) =>
-      v.cycle
-        ? `${v.rule.name}: ${[v.from, ...v.cycle.map((c) => c.name)].join(" → ")}`
-        : `${v.rule.name}: ${v.from} → ${v.to}`,
+      v.cycle ? `${v.rule.name}: ${[v.from, ...v.cycle.map((c) => c.name)].join(" → ")}` : `${v.rule.name}: ${v.from} → ${v.to}`,
     );
     expect(violations).toEqual([]);
   });
@@ -64,7 +64,9 @@ describe("import rules", () => {
   it("services/ reaches the KV handoff only through services/handoff/index.ts, and the handoff never reaches into prefill/ or decode/", async () => {
     const result = await cruise();
     const edges = result.modules.flatMap((m) => m.dependencies.map((d) => ({ from: m.source, to: d.resolved })));
-    const intoHandoff = edges.filter((e) => e.from.startsWith("services/") && !e.from.startsWith("services/handoff/") && e.to.startsWith("services/handoff/"));
+    const intoHandoff = edges.filter(
+      (e) => e.from.startsWith("services/") && !e.from.startsWith("services/handoff/") && e.to.startsWith("services/handoff/"),
+    );
     expect(intoHandoff.length).toBeGreaterThan(0); // the services do use it
     expect(intoHandoff.filter((e) => e.to !== "services/handoff/index.ts")).toEqual([]);
     expect(edges.filter((e) => e.from.startsWith("services/handoff/") && /^services\/(prefill|decode)\//.test(e.to))).toEqual([]);
@@ -88,10 +90,14 @@ describe("import rules", () => {
     try {
       const log = join(dir, "imports.tsv");
       // --help runs after every static import of the CLI has loaded, and needs no model.
-      const { stdout } = await run(process.execPath, ["--import", "tsx", "--import", "./test/harness/record-imports.mjs", CLI, "generate", "--help"], {
-        cwd: root,
-        env: { ...process.env, CTXBANK_IMPORT_LOG: log },
-      });
+      const { stdout } = await run(
+        process.execPath,
+        ["--import", "tsx", "--import", "./test/harness/record-imports.mjs", CLI, "generate", "--help"],
+        {
+          cwd: root,
+          env: { ...process.env, CTXBANK_IMPORT_LOG: log },
+        },
+      );
       expect(stdout).toMatch(/^Usage: ctxbank generate/);
       const prefix = pathToFileURL(root).href;
       const local = (url: string) => (url.startsWith(prefix) ? url.slice(prefix.length) : url);

@@ -49,11 +49,20 @@ describe("calibration", () => {
 
   it("round distributions, KL and the watershed", () => {
     const probe = [row([1, 1, 1, 1]), row([4, 0, 0, 4]), row([4, 0, 0, 4])];
-    const d = roundDistributions(probe, [[0, 2], [2, 4]]);
+    const d = roundDistributions(probe, [
+      [0, 2],
+      [2, 4],
+    ]);
     expect(d[0]).toEqual([0.5, 0.5]);
     expect(kl([0.5, 0.5], [0.5, 0.5])).toBe(0);
     expect(kl([1, 0], [0.5, 0.5])).toBeCloseTo(Math.log(2));
-    const perLayer = layerToLayerRoundKl([probe], [[0, 1], [1, 4]]);
+    const perLayer = layerToLayerRoundKl(
+      [probe],
+      [
+        [0, 1],
+        [1, 4],
+      ],
+    );
     expect(perLayer[0]).toBeGreaterThan(0.01);
     expect(perLayer[1]).toBeCloseTo(0);
     expect(watershedLayer(perLayer, 0.01)).toBe(1);

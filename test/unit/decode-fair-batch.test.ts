@@ -41,7 +41,11 @@ const drain = async (s: Slot) => {
 describe("DecodeScheduler batch places", () => {
   it("go round robin across keys, oldest first within a key", async () => {
     const order: string[] = [];
-    const sched = new DecodeScheduler(fakeEngine({ n: 0 }), { maxBatch: 1, maxQueue: 8, kvBudgetBytes: 1 << 30, tpotTargetMs: 100 }, pino({ level: "silent" }));
+    const sched = new DecodeScheduler(
+      fakeEngine({ n: 0 }),
+      { maxBatch: 1, maxQueue: 8, kvBudgetBytes: 1 << 30, tpotTargetMs: 100 },
+      pino({ level: "silent" }),
+    );
     const slots = [slot("a1", "a", 1, order), slot("a2", "a", 1, order), slot("a3", "a", 1, order), slot("b1", "b", 1, order)];
     for (const s of slots) sched.start(s);
     await Promise.all(slots.map(drain));
@@ -52,7 +56,11 @@ describe("DecodeScheduler batch places", () => {
   it("a key holding every place gives one up for another key's request within a step", async () => {
     const order: string[] = [];
     const steps = { n: 0 };
-    const sched = new DecodeScheduler(fakeEngine(steps), { maxBatch: 4, maxQueue: 8, kvBudgetBytes: 1 << 30, tpotTargetMs: 100 }, pino({ level: "silent" }));
+    const sched = new DecodeScheduler(
+      fakeEngine(steps),
+      { maxBatch: 4, maxQueue: 8, kvBudgetBytes: 1 << 30, tpotTargetMs: 100 },
+      pino({ level: "silent" }),
+    );
     // Key a: four long generations fill the batch.
     const long = [1, 2, 3, 4].map((i) => slot(`a${i}`, "a", 40, order));
     for (const s of long) sched.start(s);

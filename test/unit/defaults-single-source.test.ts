@@ -8,7 +8,7 @@
 // - a default member initialiser in the C++ policy configurations (the engine holds none).
 // The addon's parser is held to the schema's field list by test/engine/policy-schema.test.ts.
 import { readdirSync, readFileSync, statSync } from "node:fs";
-import { join, } from "node:path";
+import { join } from "node:path";
 import ts from "typescript";
 import { describe, expect, it } from "vitest";
 
@@ -46,7 +46,8 @@ function allDefaults(): Default[] {
     out.push({ what: `sampling.${surface}.topP`, names: spellings("top_p"), value: s.topP });
     out.push({ what: `sampling.${surface}.topK`, names: spellings("top_k"), value: s.topK });
   }
-  for (const [k, v] of Object.entries(MAX_TOKENS_DEFAULTS)) out.push({ what: `maxTokens.${k}`, names: [...spellings("max_tokens", "max_completion_tokens"), "DEFAULT_MAX_TOKENS"], value: v });
+  for (const [k, v] of Object.entries(MAX_TOKENS_DEFAULTS))
+    out.push({ what: `maxTokens.${k}`, names: [...spellings("max_tokens", "max_completion_tokens"), "DEFAULT_MAX_TOKENS"], value: v });
   for (const [part, fields] of Object.entries(POLICY_DEFAULTS)) {
     for (const [field, v] of Object.entries(fields)) out.push({ what: `policy.${part}.${field}`, names: spellings(field), value: v });
   }
@@ -61,7 +62,8 @@ const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\-]/g, "\\$&");
 /** The value as source writes it: 1024, 2_000, 0.5, 0.f, 0.0f, "last", true. */
 function valuePattern(v: Default["value"]): string {
   if (typeof v === "boolean") return String(v);
-  if (typeof v === "string") return `["'\`]${escape(v)}["'\`]|Selector::${escape(v.charAt(0).toUpperCase() + v.slice(1))}\\b|ScopeMode::${escape(v.charAt(0).toUpperCase() + v.slice(1))}\\b`;
+  if (typeof v === "string")
+    return `["'\`]${escape(v)}["'\`]|Selector::${escape(v.charAt(0).toUpperCase() + v.slice(1))}\\b|ScopeMode::${escape(v.charAt(0).toUpperCase() + v.slice(1))}\\b`;
   const digits = String(v).replace(".", "\\.");
   const grouped = v >= 1000 ? `|${escape(v.toLocaleString("en-US").replaceAll(",", "_"))}` : "";
   return `(?:${digits}${grouped})(?:\\.0*)?f?(?![\\w.])`;
@@ -79,7 +81,11 @@ export function rewrites(text: string, d: Default): string[] {
 /** Declarations listing at least half of a policy sub-object's fields (3 at least), by name. */
 export function shapeDeclarations(path: string, text: string): string[] {
   const parts = Object.entries(engineFieldNames())
-    .map(([part, fields]) => ({ part, names: new Set(fields.flatMap((f) => [f, f.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)])), n: fields.length }))
+    .map(([part, fields]) => ({
+      part,
+      names: new Set(fields.flatMap((f) => [f, f.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)])),
+      n: fields.length,
+    }))
     .filter((p) => p.n >= 3);
   const found: string[] = [];
   const check = (members: string[], where: string) => {
@@ -92,11 +98,22 @@ export function shapeDeclarations(path: string, text: string): string[] {
     const src = ts.createSourceFile(path, text, ts.ScriptTarget.Latest, true);
     const visit = (node: ts.Node) => {
       if (ts.isInterfaceDeclaration(node) || ts.isTypeLiteralNode(node)) {
-        check(node.members.map((m) => (m.name && ts.isIdentifier(m.name) ? m.name.text : "")), `${path}:${src.getLineAndCharacterOfPosition(node.getStart()).line + 1}`);
+        check(
+          node.members.map((m) => (m.name && ts.isIdentifier(m.name) ? m.name.text : "")),
+          `${path}:${src.getLineAndCharacterOfPosition(node.getStart()).line + 1}`,
+        );
       }
       // z.object({ ... }) / z.strictObject({ ... }): a schema written again.
-      if (ts.isCallExpression(node) && /\b(object|strictObject|looseObject)$/.test(node.expression.getText()) && node.arguments[0] && ts.isObjectLiteralExpression(node.arguments[0])) {
-        check(node.arguments[0].properties.map((p) => (p.name && (ts.isIdentifier(p.name) || ts.isStringLiteral(p.name)) ? p.name.text : "")), `${path}:${src.getLineAndCharacterOfPosition(node.getStart()).line + 1}`);
+      if (
+        ts.isCallExpression(node) &&
+        /\b(object|strictObject|looseObject)$/.test(node.expression.getText()) &&
+        node.arguments[0] &&
+        ts.isObjectLiteralExpression(node.arguments[0])
+      ) {
+        check(
+          node.arguments[0].properties.map((p) => (p.name && (ts.isIdentifier(p.name) || ts.isStringLiteral(p.name)) ? p.name.text : "")),
+          `${path}:${src.getLineAndCharacterOfPosition(node.getStart()).line + 1}`,
+        );
       }
       ts.forEachChild(node, visit);
     };
@@ -163,9 +180,11 @@ describe("one place for each default and for the policy's shape", () => {
     expect(rewrites("  int budget = 1024;  // tokens", find("policy.omnikv.budget"))).toHaveLength(1);
     expect(rewrites("  float lazy_iou = 0.f;", find("policy.omnikv.lazy_iou"))).toHaveLength(1);
     expect(rewrites("  Selector selector = Selector::Last;", find("policy.omnikv.selector"))).toHaveLength(1);
-    expect(rewrites("  cfg.recent = int_field(ho, \"recent\", cfg.recent); // fallback", find("policy.h2o.recent"))).toHaveLength(0);
+    expect(rewrites('  cfg.recent = int_field(ho, "recent", cfg.recent); // fallback', find("policy.h2o.recent"))).toHaveLength(0);
     expect(rewrites("  const ring = options.ring ?? 4;", find("policy.streaming.sinks"))).toHaveLength(0);
-    expect(shapeDeclarations("x.ts", "interface O { filterLayers: number[]; budget: number; selector?: string; guard?: boolean }")).toHaveLength(1);
+    expect(
+      shapeDeclarations("x.ts", "interface O { filterLayers: number[]; budget: number; selector?: string; guard?: boolean }"),
+    ).toHaveLength(1);
     expect(shapeDeclarations("x.ts", "const S = z.object({ beta1: Count, beta2: Count, max_output: Count });")).toHaveLength(1);
     expect(shapeDeclarations("x.h", "struct ScopeCfg { int beta1; int beta2; int max_output; };")).toHaveLength(1);
     expect(memberDefaults("struct H2oConfig { int budget = 1024; int recent; };")).toHaveLength(1);

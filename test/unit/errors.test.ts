@@ -21,10 +21,14 @@ const SNAKE = /^[a-z][a-z0-9]*(_[a-z0-9]+)*$/;
 
 /** Source files (not tests) that declare a class extending something named *Error. */
 function filesDeclaringErrors(): string[] {
-  const out = execFileSync("git", ["grep", "-l", "-E", "class [A-Za-z0-9_]+(<[^>]*>)? extends [A-Za-z0-9_]*Error\\b", "--", "shared", "services", "bin", "tools"], {
-    cwd: ROOT,
-    encoding: "utf8",
-  });
+  const out = execFileSync(
+    "git",
+    ["grep", "-l", "-E", "class [A-Za-z0-9_]+(<[^>]*>)? extends [A-Za-z0-9_]*Error\\b", "--", "shared", "services", "bin", "tools"],
+    {
+      cwd: ROOT,
+      encoding: "utf8",
+    },
+  );
   return out.split("\n").filter((f) => f.endsWith(".ts"));
 }
 
@@ -43,7 +47,10 @@ async function errorClasses(): Promise<Map<string, ErrorClass>> {
 
 describe("the error vocabulary", () => {
   it("CtxbankError is the only class that extends Error directly", () => {
-    const out = execFileSync("git", ["grep", "-n", "-E", "extends Error\\b", "--", "shared", "services", "bin", "tools"], { cwd: ROOT, encoding: "utf8" });
+    const out = execFileSync("git", ["grep", "-n", "-E", "extends Error\\b", "--", "shared", "services", "bin", "tools"], {
+      cwd: ROOT,
+      encoding: "utf8",
+    });
     expect(out.trim().split("\n")).toEqual([expect.stringMatching(/^shared\/inference\/errors\.ts:\d+:export class CtxbankError/)]);
   });
 
@@ -86,9 +93,17 @@ describe("errorAnswer", () => {
     expect(a.status).toBe(400);
     expect(a.unexpected).toBe(false);
     expect(a.body).toEqual({
-      error: { message: "policy.omnikv.budget is 99999, beyond the model's context", type: "invalid_request_error", code: "invalid_policy", param: "policy.omnikv.budget" },
+      error: {
+        message: "policy.omnikv.budget is 99999, beyond the model's context",
+        type: "invalid_request_error",
+        code: "invalid_policy",
+        param: "policy.omnikv.budget",
+      },
     });
-    expect(errorAnswer(new RegistryError("not_found", "no request r1")).body.error).toMatchObject({ code: "not_found", type: "not_found_error" });
+    expect(errorAnswer(new RegistryError("not_found", "no request r1")).body.error).toMatchObject({
+      code: "not_found",
+      type: "not_found_error",
+    });
   });
 
   it("keeps an operator's message out of a 5xx answer, and says it is unexpected", () => {
@@ -110,7 +125,11 @@ describe("errorAnswer", () => {
     expect(errorAnswer(new ApiError(429, "queue_full", "full")).headers).toEqual({ "retry-after": "1" });
     expect(errorAnswer(retryAfter(7, new ApiError(429, "queue_full", "full"))).headers).toEqual({ "retry-after": "7" });
     const a = errorAnswer(new ApiError(502, "prefill_failed", "the prefill instance p1 failed"));
-    expect(a).toMatchObject({ status: 502, unexpected: false, body: { error: { code: "prefill_failed", message: "the prefill instance p1 failed", type: "upstream_error" } } });
+    expect(a).toMatchObject({
+      status: 502,
+      unexpected: false,
+      body: { error: { code: "prefill_failed", message: "the prefill instance p1 failed", type: "upstream_error" } },
+    });
   });
 });
 
@@ -134,7 +153,9 @@ describe("the error handler", () => {
     const { app: a, codes } = app();
     const res = await a.request("/sampling");
     expect(res.status).toBe(400);
-    expect(await res.json()).toEqual({ error: { message: "top_p must be in (0, 1]", type: "invalid_request_error", code: "invalid_request", param: "top_p" } });
+    expect(await res.json()).toEqual({
+      error: { message: "top_p must be in (0, 1]", type: "invalid_request_error", code: "invalid_request", param: "top_p" },
+    });
     expect(codes).toEqual(["invalid_request"]);
   });
 
@@ -149,7 +170,11 @@ describe("the error handler", () => {
 
   it("classifies only errors no code meant to throw", async () => {
     const log = pino({ level: "silent" });
-    const a = createApp({ log, maxBodyBytes: 1024, classifyError: () => new ApiError(503, "not_ready", "the registry database is unreachable") });
+    const a = createApp({
+      log,
+      maxBodyBytes: 1024,
+      classifyError: () => new ApiError(503, "not_ready", "the registry database is unreachable"),
+    });
     const refused = Object.assign(new Error("connect ECONNREFUSED"), { code: "ECONNREFUSED" });
     a.get("/kv", () => {
       throw new ApiError(502, "kv_load_failed", "cannot read the KV (unreachable)", null, undefined, { cause: refused });

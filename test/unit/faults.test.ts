@@ -47,7 +47,10 @@ describe("CTXBANK_FAULT_PAUSE, read at the process boundary", () => {
     await faults.pause("prefill.last", log);
     await faults.pause("prefill.write", log);
     await faults.pause("decode.load", log);
-    expect(warned).toEqual([{ point: "prefill.write", ms: 40 }, { point: "decode.load", ms: 0 }]);
+    expect(warned).toEqual([
+      { point: "prefill.write", ms: 40 },
+      { point: "decode.load", ms: 0 },
+    ]);
   });
 
   it("refuses an unknown point or a malformed pause, naming the variable", () => {
@@ -68,15 +71,21 @@ describe("no fault or test switch in the environment of the product", () => {
   }
 
   it("services/ and shared/ name no CTXBANK_*FAULT* or *TEST* variable in a process.env read", () => {
-    const reads = ["services", "shared"].flatMap(sources).flatMap((file) =>
-      [...readFileSync(join(ROOT, file), "utf8").matchAll(/process\.env(?:\.([A-Z0-9_]+)|\[["']([A-Z0-9_]+)["']\])/g)].map((m) => `${file}: ${m[1] ?? m[2]}`),
-    );
+    const reads = ["services", "shared"]
+      .flatMap(sources)
+      .flatMap((file) =>
+        [...readFileSync(join(ROOT, file), "utf8").matchAll(/process\.env(?:\.([A-Z0-9_]+)|\[["']([A-Z0-9_]+)["']\])/g)].map(
+          (m) => `${file}: ${m[1] ?? m[2]}`,
+        ),
+      );
     expect(reads.length).toBeGreaterThan(0); // the scan sees the reads there are (the UCX library's defaults)
     expect(reads.filter((r) => /FAULT|TEST/.test(r.split(": ")[1]!))).toEqual([]);
   });
 
   it("only bin/faults.ts turns CTXBANK_FAULT_PAUSE into faults, and only bin/serve.ts reads it", () => {
-    const files = ["bin", "services", "shared"].flatMap(sources).filter((f) => readFileSync(join(ROOT, f), "utf8").includes("process.env.CTXBANK_FAULT"));
+    const files = ["bin", "services", "shared"]
+      .flatMap(sources)
+      .filter((f) => readFileSync(join(ROOT, f), "utf8").includes("process.env.CTXBANK_FAULT"));
     expect(files).toEqual(["bin/serve.ts"]);
   });
 });

@@ -23,7 +23,9 @@ const measure = (s: string) => 10 + s.split(/\s+/).filter(Boolean).length;
 
 describe("seeded RNG", () => {
   it("is deterministic per seed and in [0, 1)", () => {
-    const a = seededRng(42), b = seededRng(42), c = seededRng(43);
+    const a = seededRng(42),
+      b = seededRng(42),
+      c = seededRng(43);
     const xs = Array.from({ length: 100 }, () => a());
     expect(Array.from({ length: 100 }, () => b())).toEqual(xs);
     expect(c()).not.toBe(xs[0]);
@@ -35,7 +37,11 @@ describe("passkey", () => {
   it("uses the InfiniteBench text, a 5-digit key, and fits the token target tightly", () => {
     const t = passkeyTask({ targetTokens: 600, depth: 0.5, seed: 7, measure });
     expect(t.answer).toMatch(/^\d{5}$/);
-    expect(t.user.startsWith("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n\n")).toBe(true);
+    expect(
+      t.user.startsWith(
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. I will quiz you about the important information there.\n\n",
+      ),
+    ).toBe(true);
     expect(t.user.endsWith("\n\nWhat is the pass key?")).toBe(true);
     expect(t.user).toContain(`The pass key is ${t.answer}. Remember it. ${t.answer} is the pass key.\n`);
     expect(t.tokens).toBeLessThanOrEqual(600);
@@ -88,7 +94,8 @@ describe("2StageRetr", () => {
     const t = twoStageTask({ targetTokens: 500, seed: 5, measure });
     expect(t.tokens).toBeLessThanOrEqual(500);
     expect(t.tokens).toBeGreaterThan(450);
-    const a = t.meta.a as number, b = t.meta.b as number;
+    const a = t.meta.a as number,
+      b = t.meta.b as number;
     expect(t.user).toContain(`Question: ${a} + ${b} = ?`);
     expect(t.user).toContain(`\n${t.meta.key}: ${t.answer}\n`);
     expect(t.answerPrefix).toBe(`${a} + ${b} =`);

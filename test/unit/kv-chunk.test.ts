@@ -31,7 +31,12 @@ describe("chunk checksum", () => {
   it("is CRC-32C: the standard check value, a bitwise reference at odd lengths, and chaining", () => {
     expect(crc32c(new TextEncoder().encode("123456789"))).toBe(0xe3069283);
     const bytes = randomBytes(4099);
-    for (const [off, n] of [[0, 0], [1, 7], [3, 64], [5, 4093]] as const) {
+    for (const [off, n] of [
+      [0, 0],
+      [1, 7],
+      [3, 64],
+      [5, 4093],
+    ] as const) {
       expect(crc32c(bytes.subarray(off, off + n))).toBe(crc32cReference(bytes.subarray(off, off + n)));
     }
     expect(crc32c(bytes.subarray(100), crc32c(bytes.subarray(0, 100)))).toBe(crc32c(bytes));
@@ -48,7 +53,9 @@ function randomLayers(m: ChunkMeta): LayerKv[] {
   const elems = m.tokenCount * m.hkv * m.headDim;
   const make = () => {
     const bytes = randomBytes(elems * (m.dtype === "f16" ? 2 : 4));
-    return m.dtype === "f16" ? new Uint16Array(bytes.buffer, bytes.byteOffset, elems) : new Float32Array(bytes.buffer, bytes.byteOffset, elems);
+    return m.dtype === "f16"
+      ? new Uint16Array(bytes.buffer, bytes.byteOffset, elems)
+      : new Float32Array(bytes.buffer, bytes.byteOffset, elems);
   };
   return m.layerIds.map(() => ({ k: make(), v: make() }));
 }
@@ -98,8 +105,15 @@ describe("KV chunk format", () => {
 
       // Layout: token t, layer index l, K then V, each one [Hkv][d] row.
       const row = m.hkv * m.headDim;
-      const values = dtype === "f16" ? new Uint16Array(payload.buffer, payload.byteOffset, payload.byteLength / 2) : new Float32Array(payload.buffer, payload.byteOffset, payload.byteLength / 4);
-      for (const [t, l] of [[0, 0], [5, 2], [15, 1]] as const) {
+      const values =
+        dtype === "f16"
+          ? new Uint16Array(payload.buffer, payload.byteOffset, payload.byteLength / 2)
+          : new Float32Array(payload.buffer, payload.byteOffset, payload.byteLength / 4);
+      for (const [t, l] of [
+        [0, 0],
+        [5, 2],
+        [15, 1],
+      ] as const) {
         const base = (t * m.layerIds.length + l) * 2 * row;
         expect(values.subarray(base, base + row)).toEqual(layers[l]!.k.subarray(t * row, (t + 1) * row));
         expect(values.subarray(base + row, base + 2 * row)).toEqual(layers[l]!.v.subarray(t * row, (t + 1) * row));
@@ -168,7 +182,8 @@ describe("KV chunk format", () => {
 
   it("refuses shapes it cannot encode and arrays that do not fit", () => {
     const buf = new Uint8Array(1 << 20);
-    const invalid = (m: ChunkMeta, layers?: LayerKv[]) => chunkError(() => encodeChunkFromLayers(buf, m, layers ?? randomLayers(meta()))).code;
+    const invalid = (m: ChunkMeta, layers?: LayerKv[]) =>
+      chunkError(() => encodeChunkFromLayers(buf, m, layers ?? randomLayers(meta()))).code;
     expect(invalid(meta({ fingerprint: "abc" }))).toBe("invalid_meta");
     expect(invalid(meta({ layerIds: [4, 3, 5] }))).toBe("invalid_meta");
     expect(invalid(meta({ layerIds: [] }))).toBe("invalid_meta");

@@ -61,12 +61,11 @@ it("files of owners that died under other shard ids go; live, foreign and unmark
     if (mark) writeFileSync(path.join(dir, `${name}.owner`), JSON.stringify(mark));
   }
   const shard = await Shard.create({ dir, shardId: "serve-h-8081", epoch: 1, sizeBytes: 1 << 20 });
-  expect(readdirSync(dir).filter((n) => n.endsWith(".shard")).sort()).toEqual([
-    "prefill-b.e1.shard",
-    "prefill-c.e1.shard",
-    "prefill-d.e1.shard",
-    "serve-h-8081.e1.shard",
-  ]);
+  expect(
+    readdirSync(dir)
+      .filter((n) => n.endsWith(".shard"))
+      .sort(),
+  ).toEqual(["prefill-b.e1.shard", "prefill-c.e1.shard", "prefill-d.e1.shard", "serve-h-8081.e1.shard"]);
   expect(readdirSync(dir).filter((n) => n.startsWith("serve-h-8080") || n.startsWith("serve-h-9090"))).toEqual([]);
   await shard.destroy();
 });

@@ -166,7 +166,13 @@ describe("Shard", () => {
     await shard.write(off, data);
     expect(Buffer.compare(view, data)).toBe(0); // the file's pages, not a copy
     expect(shard.view(off + 100, 10)).toEqual(data.subarray(100, 110));
-    for (const [o, n] of [[-1, 1], [shard.sizeBytes - 10, 11], [0.5, 1], [0, Number.NaN]]) expect(() => shard.view(o!, n!)).toThrow(RangeError);
+    for (const [o, n] of [
+      [-1, 1],
+      [shard.sizeBytes - 10, 11],
+      [0.5, 1],
+      [0, Number.NaN],
+    ])
+      expect(() => shard.view(o!, n!)).toThrow(RangeError);
     shard.free(off); // punched: the same view now reads zeros
     expect(view.every((b) => b === 0)).toBe(true);
     await shard.close();
@@ -185,8 +191,15 @@ describe("Shard", () => {
 
     const restarted = await create(5);
     expect(restarted.path).not.toBe(old.path);
-    expect((await readdir(dir)).filter((n) => !n.endsWith(".owner")).sort()).toEqual(["notes.txt", "prefill-a.e5.shard", "prefill-b.e2.shard"]);
-    expect((await readdir(dir)).filter((n) => n.endsWith(".owner")).sort()).toEqual(["prefill-a.e5.shard.owner", "prefill-b.e2.shard.owner"]);
+    expect((await readdir(dir)).filter((n) => !n.endsWith(".owner")).sort()).toEqual([
+      "notes.txt",
+      "prefill-a.e5.shard",
+      "prefill-b.e2.shard",
+    ]);
+    expect((await readdir(dir)).filter((n) => n.endsWith(".owner")).sort()).toEqual([
+      "prefill-a.e5.shard.owner",
+      "prefill-b.e2.shard.owner",
+    ]);
     const fresh = new Uint8Array(100);
     await restarted.read(off, fresh);
     expect(fresh.every((b) => b === 0)).toBe(true);

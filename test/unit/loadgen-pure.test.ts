@@ -96,13 +96,31 @@ describe("percentiles", () => {
     expect(s).toMatchObject({ n: 5, mean: 30, p50: 30, max: 50 });
     expect(s.p90).toBeCloseTo(46, 10);
     const cdf = cdfPoints([3, 1, 2, 4], 4);
-    expect(cdf).toEqual([[1, 0.25], [2, 0.5], [3, 0.75], [4, 1]]);
-    expect(cdfPoints(Array.from({ length: 1000 }, (_, i) => i), 10)).toHaveLength(10);
+    expect(cdf).toEqual([
+      [1, 0.25],
+      [2, 0.5],
+      [3, 0.75],
+      [4, 1],
+    ]);
+    expect(
+      cdfPoints(
+        Array.from({ length: 1000 }, (_, i) => i),
+        10,
+      ),
+    ).toHaveLength(10);
   });
 });
 
 const req = (over: Partial<RequestResult>): RequestResult => ({
-  index: 0, scheduledMs: 0, sentMs: 0, ok: true, promptTokensSent: 10, outputTokens: 10, tokenChunks: 10, itlMs: [], ...over,
+  index: 0,
+  scheduledMs: 0,
+  sentMs: 0,
+  ok: true,
+  promptTokensSent: 10,
+  outputTokens: 10,
+  tokenChunks: 10,
+  itlMs: [],
+  ...over,
 });
 
 describe("SLO attainment and goodput", () => {
@@ -154,10 +172,40 @@ describe("multi-turn figures and ctxbank's reports", () => {
 
   const slo = { ttftMs: 1000, tpotMs: 50 };
   const turns = [
-    req({ index: 0, session: 0, round: 0, ttftMs: 100, tpotMs: 10, promptTokens: 100, reusedTokens: 0, prefill: { where: "remote", cause: "long" }, route: { decode: "d1", reason: "load" } }),
+    req({
+      index: 0,
+      session: 0,
+      round: 0,
+      ttftMs: 100,
+      tpotMs: 10,
+      promptTokens: 100,
+      reusedTokens: 0,
+      prefill: { where: "remote", cause: "long" },
+      route: { decode: "d1", reason: "load" },
+    }),
     req({ index: 1, session: 1, round: 0, ttftMs: 300, tpotMs: 10, promptTokensSent: 90, route: { decode: "d2", reason: "load" } }),
-    req({ index: 2, session: 0, round: 1, ttftMs: 200, tpotMs: 10, promptTokens: 200, reusedTokens: 110, prefill: { where: "local", cause: "fraction" }, route: { decode: "d1", reason: "session" } }),
-    req({ index: 3, session: 1, round: 1, ttftMs: 2000, tpotMs: 10, promptTokens: 190, reusedTokens: 0, prefill: { where: "remote" }, route: { decode: "d1", reason: "round_robin" } }),
+    req({
+      index: 2,
+      session: 0,
+      round: 1,
+      ttftMs: 200,
+      tpotMs: 10,
+      promptTokens: 200,
+      reusedTokens: 110,
+      prefill: { where: "local", cause: "fraction" },
+      route: { decode: "d1", reason: "session" },
+    }),
+    req({
+      index: 3,
+      session: 1,
+      round: 1,
+      ttftMs: 2000,
+      tpotMs: 10,
+      promptTokens: 190,
+      reusedTokens: 0,
+      prefill: { where: "remote" },
+      route: { decode: "d1", reason: "round_robin" },
+    }),
     req({ index: 4, session: 2, round: 1, ok: false, errorKind: "http_5xx", outputTokens: 0 }),
     req({ index: 5 }), // not a session's turn: no round
   ];
@@ -165,7 +213,10 @@ describe("multi-turn figures and ctxbank's reports", () => {
   it("per round: sorted by round index, TTFT over the successes, attainment over every request, reuse over those that reported it", () => {
     // Out of order on purpose: the rows come sorted by round.
     const rounds = roundStats([...turns].reverse(), slo);
-    expect(rounds.map((r) => [r.round, r.requests, r.ok])).toEqual([[0, 2, 2], [1, 3, 2]]);
+    expect(rounds.map((r) => [r.round, r.requests, r.ok])).toEqual([
+      [0, 2, 2],
+      [1, 3, 2],
+    ]);
     expect(rounds[0]!.ttftMs.p50).toBe(200);
     expect(rounds[1]!.ttftMs).toMatchObject({ n: 2, p50: 1100, max: 2000 });
     expect(rounds[0]!.promptTokens.mean).toBe(95); // the server's count, else ours
@@ -188,7 +239,9 @@ describe("multi-turn figures and ctxbank's reports", () => {
     expect(c.prefillWhere).toEqual({ remote: 2, local: 1 });
     expect(c.prefillCause).toEqual({ "remote/long": 1, "local/fraction": 1, remote: 1 });
     expect(c.sessions).toEqual({ reported: 3, reused: 1, reusedTokens: 110, promptTokens: 490 });
-    expect(serverCountsLine(c)).toBe("route reasons: load 2, round_robin 1, session 1; decodes: d1 3, d2 1; prefill: local/fraction 1, remote 1, remote/long 1; sessions: 1/3 turns reused KV, 110 of their 490 prompt tokens (22.4%)");
+    expect(serverCountsLine(c)).toBe(
+      "route reasons: load 2, round_robin 1, session 1; decodes: d1 3, d2 1; prefill: local/fraction 1, remote 1, remote/long 1; sessions: 1/3 turns reused KV, 110 of their 490 prompt tokens (22.4%)",
+    );
     expect(serverCounts([req({}), req({ index: 1 })])).toBeUndefined();
     expect(serverCountsLine(undefined)).toMatch(/^server reports: none/);
   });
@@ -208,7 +261,12 @@ describe("rate sweep", () => {
 
   it("brackets downwards from a failing start", async () => {
     const r = await sweepMaxRate(step(0.3), { startRate: 2, relTol: 0.1 });
-    expect(r.points.slice(0, 4).map((p) => [p.rate, p.pass])).toEqual([[2, false], [1, false], [0.5, false], [0.25, true]]);
+    expect(r.points.slice(0, 4).map((p) => [p.rate, p.pass])).toEqual([
+      [2, false],
+      [1, false],
+      [0.5, false],
+      [0.25, true],
+    ]);
     expect(r.maxRate!).toBeLessThanOrEqual(0.3);
     expect(r.failRate! / r.maxRate!).toBeLessThanOrEqual(1.1);
   });
@@ -257,9 +315,9 @@ describe("rate sweep", () => {
 });
 
 describe("SSE parser", () => {
-  const stream = "data: {\"a\":1}\n\n: comment\n\nevent: token\ndata: line1\ndata: line2\n\ndata:no-space\r\n\r\ndata: [DONE]\r\r";
+  const stream = 'data: {"a":1}\n\n: comment\n\nevent: token\ndata: line1\ndata: line2\n\ndata:no-space\r\n\r\ndata: [DONE]\r\r';
   const expected = [
-    { event: "message", data: "{\"a\":1}" },
+    { event: "message", data: '{"a":1}' },
     { event: "token", data: "line1\nline2" },
     { event: "message", data: "no-space" },
     { event: "message", data: "[DONE]" },
@@ -303,11 +361,15 @@ describe("lengths, options, target guard", () => {
     const o = parseCli(["--rate", "2", "--slo-ttft", "500", "--slo-tpot", "40", "--sweep"], {});
     expect(o).toMatchObject({ arrivals: { kind: "poisson", rate: 2 }, slo: { ttftMs: 500, tpotMs: 40 }, sweep: { target: 0.9 } });
     expect(parseCli(["--burst", "4", "--every", "2"], {})).toMatchObject({ arrivals: { kind: "burst", size: 4, periodS: 2 } });
-    expect(parseCli(["--workload", "random", "--input", "10-20"], {})).toMatchObject({ workload: { kind: "synthetic", input: { kind: "uniform" } } });
+    expect(parseCli(["--workload", "random", "--input", "10-20"], {})).toMatchObject({
+      workload: { kind: "synthetic", input: { kind: "uniform" } },
+    });
     expect(parseCli(["--help"], {})).toBe("help");
     // Multi-turn names its sessions unless told not to.
     expect(parseCli(["--workload", "multiturn"], {})).toMatchObject({ workload: { kind: "multiturn", sessionIds: true } });
-    expect(parseCli(["--workload", "multiturn", "--session-ids", "off"], {})).toMatchObject({ workload: { kind: "multiturn", sessionIds: false } });
+    expect(parseCli(["--workload", "multiturn", "--session-ids", "off"], {})).toMatchObject({
+      workload: { kind: "multiturn", sessionIds: false },
+    });
     for (const bad of [
       ["--workload", "multiturn", "--session-ids", "yes"],
       ["--session-ids", "on"],

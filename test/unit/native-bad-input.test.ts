@@ -57,9 +57,7 @@ describe("model files", () => {
     // Q3_K rows hold 256 values, so give the FFN that width and quantize its down projection.
     await writeFile(p, tinyLlama({ nFf: 256, override: { "blk.0.ffn_down.weight": { type: GgmlType.Q3_K } } }));
     expect(ggufInfo(p).tensors.find((t) => t.name === "blk.0.ffn_down.weight")?.type).toBe("Q3_K");
-    await expect(loadModel(p)).rejects.toThrow(
-      "model: tensor 'blk.0.ffn_down.weight' has type Q3_K, which ctxbank does not support",
-    );
+    await expect(loadModel(p)).rejects.toThrow("model: tensor 'blk.0.ffn_down.weight' has type Q3_K, which ctxbank does not support");
   });
 
   it("a model of another architecture", async () => {
@@ -94,9 +92,7 @@ describe("model files", () => {
       await truncate(p, info.fileSize - 1);
       // The last tensor in the file is the one that no longer fits.
       const last = [...info.tensors].sort((a, b) => b.offset - a.offset)[0]!;
-      await expect(loadModel(p)).rejects.toThrow(
-        `gguf: tensor '${last.name}' extends past the end of the file (truncated?)`,
-      );
+      await expect(loadModel(p)).rejects.toThrow(`gguf: tensor '${last.name}' extends past the end of the file (truncated?)`);
       await rm(p);
     });
   });
@@ -159,9 +155,7 @@ describe("forward() with bad input", () => {
       `prefill: ${engine.maxContext + 1} tokens exceed the context limit of ${engine.maxContext}`,
     );
     // The native layer checks the same on its own.
-    await expect(engine.native.forward([{ seq, tokens: new Int32Array(0) }])).rejects.toThrow(
-      "forward: empty token list",
-    );
+    await expect(engine.native.forward([{ seq, tokens: new Int32Array(0) }])).rejects.toThrow("forward: empty token list");
     await expect(engine.native.forward([{ seq, tokens: Int32Array.from(tooLong) }])).rejects.toThrow(
       `forward: ${engine.maxContext + 1} tokens exceed the context limit of ${engine.maxContext}`,
     );
@@ -178,12 +172,8 @@ describe("forward() with bad input", () => {
     expect(await unchanged(seq, () => f([{ seq, tokens: ids(1), logits: new Float32Array(nVocab - 1) }]))).toEqual(
       new TypeError("forward: item 0.logits must be a Float32Array of nVocab"),
     );
-    expect(await unchanged(seq, () => f([{ seq, tokens: ids(1), logits: new Float64Array(nVocab) }]))).toBeInstanceOf(
-      TypeError,
-    );
-    expect(await unchanged(seq, () => f([{ seq: {}, tokens: ids(1) }]))).toEqual(
-      new TypeError("forward: item 0.seq is not a sequence"),
-    );
+    expect(await unchanged(seq, () => f([{ seq, tokens: ids(1), logits: new Float64Array(nVocab) }]))).toBeInstanceOf(TypeError);
+    expect(await unchanged(seq, () => f([{ seq: {}, tokens: ids(1) }]))).toEqual(new TypeError("forward: item 0.seq is not a sequence"));
     expect(await unchanged(seq, () => f([]))).toEqual(new RangeError("forward: empty batch"));
     expect(await unchanged(seq, () => f("x"))).toEqual(new TypeError("forward(items) needs an array"));
   });
@@ -200,19 +190,21 @@ describe("forward() with bad input", () => {
     const a = engine.createSequence();
     const b = engine.createSequence();
     const err = await unchanged(a, () =>
-      engine.native.forward([{ seq: b, tokens: ids(1) }, { seq: a, tokens: ids(2) }, { seq: a, tokens: ids(3) }]),
+      engine.native.forward([
+        { seq: b, tokens: ids(1) },
+        { seq: a, tokens: ids(2) },
+        { seq: a, tokens: ids(3) },
+      ]),
     );
     expect(err).toEqual(new Error("forward: a sequence appears twice in one batch"));
-    expect(b.nPast).toBe(0);  // the valid item of the refused batch did not run either
+    expect(b.nPast).toBe(0); // the valid item of the refused batch did not run either
 
     const inFlight = engine.native.forward([{ seq: a, tokens: ids(1, 2, 3) }]);
-    expect(() => engine.native.forward([{ seq: a, tokens: ids(4) }])).toThrow(
-      "forward: sequence is already in a forward pass",
-    );
+    expect(() => engine.native.forward([{ seq: a, tokens: ids(4) }])).toThrow("forward: sequence is already in a forward pass");
     expect(() => a.truncate(0)).toThrow("sequence is busy in a forward pass");
     await inFlight;
     expect(a.nPast).toBe(3);
-    await engine.native.forward([{ seq: a, tokens: ids(4) }]);  // free again once settled
+    await engine.native.forward([{ seq: a, tokens: ids(4) }]); // free again once settled
     expect(a.nPast).toBe(4);
   });
 
@@ -225,7 +217,12 @@ describe("forward() with bad input", () => {
     expect(state).toBeInstanceOf(Uint8Array);
     for (const bad of [undefined, "x", [1, 2], new Int32Array(4), new Float32Array(state.buffer.slice(0, 8))])
       expect(() => seq.importPromptState(bad as never)).toThrow(TypeError);
-    for (const bad of [new Uint8Array(0), state.subarray(0, state.length - 1), Uint8Array.from([...state, 0]), new Uint8Array(state.length).fill(0xff)])
+    for (const bad of [
+      new Uint8Array(0),
+      state.subarray(0, state.length - 1),
+      Uint8Array.from([...state, 0]),
+      new Uint8Array(state.length).fill(0xff),
+    ])
       expect(() => seq.importPromptState(bad)).toThrow(/^importPromptState: prompt state: /);
     // Not read from a sequence of another length.
     const other = engine.createSequence();

@@ -4,7 +4,13 @@ import { describe, expect, it } from "vitest";
 import { chooseDecode, Turns } from "../../services/router/choose.ts";
 import type { DecodeTarget } from "../../services/router/decode-pool.ts";
 
-const t = (id: string, load: number, kvFree = 1000): DecodeTarget => ({ id, publicUrl: `http://${id}`, internalUrl: `http://${id}:1`, load, kvFree });
+const t = (id: string, load: number, kvFree = 1000): DecodeTarget => ({
+  id,
+  publicUrl: `http://${id}`,
+  internalUrl: `http://${id}:1`,
+  load,
+  kvFree,
+});
 
 describe("chooseDecode", () => {
   it("without a holder: the least loaded, more free KV breaking a tie, then the first", () => {

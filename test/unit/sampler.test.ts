@@ -45,10 +45,20 @@ describe("Sampler", () => {
 
   it("selects the k best tokens as a full sort would, ties to the lower id", () => {
     const r = new Rng(9);
-    for (const [n, k] of [[1, 1], [5, 5], [100, 7], [1000, 1000], [49_152, 40], [49_152, 1000], [3000, 2999]] as const) {
+    for (const [n, k] of [
+      [1, 1],
+      [5, 5],
+      [100, 7],
+      [1000, 1000],
+      [49_152, 40],
+      [49_152, 1000],
+      [3000, 2999],
+    ] as const) {
       // Few distinct values: many ties, the case a selection gets wrong first.
       const logits = Float32Array.from({ length: n }, () => Math.floor(r.next() * 50) / 7);
-      const want = Array.from({ length: n }, (_, i) => i).sort((a, b) => logits[b]! - logits[a]! || a - b).slice(0, k);
+      const want = Array.from({ length: n }, (_, i) => i)
+        .sort((a, b) => logits[b]! - logits[a]! || a - b)
+        .slice(0, k);
       expect(Array.from(topIndices(logits, k)), `n ${n} k ${k}`).toEqual(want);
     }
   });
@@ -84,7 +94,9 @@ describe("Sampler", () => {
 describe("Rng", () => {
   it("is uniform in [0, 1)", () => {
     const r = new Rng(42);
-    let sum = 0, min = 1, max = 0;
+    let sum = 0,
+      min = 1,
+      max = 0;
     for (let i = 0; i < 100_000; i++) {
       const x = r.next();
       sum += x;

@@ -82,7 +82,15 @@ describe("registered shard file", () => {
     shard = await Shard.create({ dir: path.join(root, "shards"), shardId: "owner-a", epoch: 3, sizeBytes: 8 * MiB });
     const offset = shard.alloc(MiB)!;
     await shard.write(offset, Buffer.alloc(MiB, 0x5a));
-    loc = { shardId: "owner-a", epoch: 3, shardPath: shard.path, ownerBaseUrl: "http://127.0.0.1:9", fileId: shard.fileId, offset, length: MiB };
+    loc = {
+      shardId: "owner-a",
+      epoch: 3,
+      shardPath: shard.path,
+      ownerBaseUrl: "http://127.0.0.1:9",
+      fileId: shard.fileId,
+      offset,
+      length: MiB,
+    };
   });
   afterEach(async () => {
     await shard.destroy();
@@ -112,7 +120,9 @@ describe("registered shard file", () => {
       // A reader that opens the path now gets the planted file and refuses it; one that still
       // holds the original (unlinked) file refuses it as gone.
       const fresh = new ShmTransport({ allowedDirs: [path.dirname(shard.path)], requireFileId: true });
-      const read = await transportError(() => fresh.readChunk(loc, new Uint8Array(MiB), { deadlineMs: Date.now() + 5_000 })).finally(() => fresh.close());
+      const read = await transportError(() => fresh.readChunk(loc, new Uint8Array(MiB), { deadlineMs: Date.now() + 5_000 })).finally(() =>
+        fresh.close(),
+      );
       expect(read.code).toBe("file_mismatch");
       const cached = await transportError(() => shm.readChunk(loc, new Uint8Array(MiB), { deadlineMs: Date.now() + 5_000 }));
       expect(cached.code).toBe("stale_epoch");

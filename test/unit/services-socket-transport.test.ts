@@ -21,7 +21,6 @@ import { listen, misbehavingOwner, transportError } from "../harness/transport.t
 const MiB = 1 << 20;
 const soon = (ms = 5_000) => Date.now() + ms;
 
-
 describe.each([
   ["the shared chunk route", chunkRoutes],
   ["the prefill's fast chunk route", fastChunkRoutes],
@@ -38,15 +37,37 @@ describe.each([
   beforeAll(async () => {
     dir = await mkdtemp(path.join(existsSync("/dev/shm") ? "/dev/shm" : os.tmpdir(), "ctxbank-socket-"));
     shard = await Shard.create({ dir, shardId: "owner-a", epoch: 4, sizeBytes: 64 * MiB });
-    const meta: ChunkMeta = { fingerprint: "5e".repeat(32), dtype: "f16", layerIds: [0, 1, 2], hkv: 3, headDim: 64, tokenStart: 0, tokenCount: 300 };
-    const layers = meta.layerIds.map((l) => ({ k: new Uint16Array(300 * 192).map((_, i) => i * 7 + l), v: new Uint16Array(300 * 192).map((_, i) => i * 13 + l) }));
+    const meta: ChunkMeta = {
+      fingerprint: "5e".repeat(32),
+      dtype: "f16",
+      layerIds: [0, 1, 2],
+      hkv: 3,
+      headDim: 64,
+      tokenStart: 0,
+      tokenCount: 300,
+    };
+    const layers = meta.layerIds.map((l) => ({
+      k: new Uint16Array(300 * 192).map((_, i) => i * 7 + l),
+      v: new Uint16Array(300 * 192).map((_, i) => i * 13 + l),
+    }));
     chunk = new Uint8Array(chunkByteLength(meta));
     encodeChunkFromLayers(chunk, meta, layers);
     const offset = shard.alloc(chunk.byteLength)!;
     await shard.write(offset, chunk);
-    server = serve({ fetch: routes((id) => (id === "owner-a" ? shard : undefined), { pieceBytes: 64 << 10 }).fetch, port: 0, hostname: "127.0.0.1" }) as http.Server;
+    server = serve({
+      fetch: routes((id) => (id === "owner-a" ? shard : undefined), { pieceBytes: 64 << 10 }).fetch,
+      port: 0,
+      hostname: "127.0.0.1",
+    }) as http.Server;
     server.on("connection", () => connections++);
-    loc = { shardId: "owner-a", epoch: 4, shardPath: shard.path, ownerBaseUrl: `http://127.0.0.1:${await listen(server)}`, offset, length: chunk.byteLength };
+    loc = {
+      shardId: "owner-a",
+      epoch: 4,
+      shardPath: shard.path,
+      ownerBaseUrl: `http://127.0.0.1:${await listen(server)}`,
+      offset,
+      length: chunk.byteLength,
+    };
   });
 
   afterAll(async () => {
@@ -92,10 +113,15 @@ describe.each([
     const gone = http.createServer().listen(0, "127.0.0.1");
     const port = await listen(gone);
     await new Promise((r) => gone.close(r));
-    const err = await transportError(track().readChunk({ ...loc, ownerBaseUrl: `http://127.0.0.1:${port}` }, new Uint8Array(loc.length), { deadlineMs: soon() }));
+    const err = await transportError(
+      track().readChunk({ ...loc, ownerBaseUrl: `http://127.0.0.1:${port}` }, new Uint8Array(loc.length), { deadlineMs: soon() }),
+    );
     expect(err.code).toBe("unreachable");
     expect(err.message).toMatch(/ECONNREFUSED/);
-    expect((await transportError(track().readChunk({ ...loc, ownerBaseUrl: "https://x" }, new Uint8Array(loc.length), { deadlineMs: soon() }))).code).toBe("invalid_request");
+    expect(
+      (await transportError(track().readChunk({ ...loc, ownerBaseUrl: "https://x" }, new Uint8Array(loc.length), { deadlineMs: soon() })))
+        .code,
+    ).toBe("invalid_request");
   });
 
   it("retries once when the owner closed an idle keep-alive connection", async () => {
@@ -120,7 +146,13 @@ describe.each([
       ["chunked", "bad_response"],
       ["cut", "short_read"],
     ])("/%s → %s", async (route, code) => {
-      expect((await transportError(track().readChunk({ ...loc, ownerBaseUrl: `${url}/${route}` }, new Uint8Array(loc.length), { deadlineMs: soon() }))).code).toBe(code);
+      expect(
+        (
+          await transportError(
+            track().readChunk({ ...loc, ownerBaseUrl: `${url}/${route}` }, new Uint8Array(loc.length), { deadlineMs: soon() }),
+          )
+        ).code,
+      ).toBe(code);
     });
 
     it.each(["/silent", "/half"])("the deadline ends a stalled read (%s) and nothing is written afterwards", async (route) => {
@@ -137,7 +169,9 @@ describe.each([
     it("the caller's signal aborts a read in flight", async () => {
       const ac = new AbortController();
       setTimeout(() => ac.abort(), 100);
-      const err = await transportError(track().readChunk({ ...loc, ownerBaseUrl: `${url}/half` }, new Uint8Array(loc.length), { deadlineMs: soon(), signal: ac.signal }));
+      const err = await transportError(
+        track().readChunk({ ...loc, ownerBaseUrl: `${url}/half` }, new Uint8Array(loc.length), { deadlineMs: soon(), signal: ac.signal }),
+      );
       expect(err.code).toBe("aborted");
     });
   });

@@ -32,7 +32,14 @@ const ids = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (i 
 const bytesPerToken = () => model.config.kvBytesPerToken;
 const LIMITS: SessionLimits = { memoryBytes: 1 << 30, perKeyBytes: 1 << 30, ttlMs: 60_000 };
 const newStore = (limits: SessionLimits, disk?: SessionDisk, now?: () => number) =>
-  new SessionStore({ limits, createSequence: (c) => engine.createSequence(c), kvBytesPerToken: bytesPerToken(), nLayer: model.config.nLayer, disk, ...(now ? { now } : {}) });
+  new SessionStore({
+    limits,
+    createSequence: (c) => engine.createSequence(c),
+    kvBytesPerToken: bytesPerToken(),
+    nLayer: model.config.nLayer,
+    disk,
+    ...(now ? { now } : {}),
+  });
 
 /** A finished turn: the sequence after prefilling `prompt` (its KV holds exactly the prompt). */
 async function turn(prompt: number[]): Promise<{ seq: ReturnType<Engine["createSequence"]>; logits: Float32Array }> {
@@ -95,7 +102,13 @@ describe("SessionStore", () => {
     expect(again.reused).toBe(edited.length - 1);
     await store.park("alice", "s", again.seq, edited.slice(0, again.seq.nPast), [0], 3);
     // Nothing in common: the stored session is dropped, the turn computes everything.
-    expect(await store.resume("alice", "s", ids(10, 9).map((x) => (x + 1) % V))).toBeUndefined();
+    expect(
+      await store.resume(
+        "alice",
+        "s",
+        ids(10, 9).map((x) => (x + 1) % V),
+      ),
+    ).toBeUndefined();
     expect(store.summary("alice", "s")).toBeUndefined();
   });
 
@@ -143,7 +156,11 @@ describe("SessionStore", () => {
     const store = newStore({ memoryBytes: 50 * bytesPerToken(), perKeyBytes: 1 << 30, ttlMs: 60_000 }, disk);
     await store.park("alice", "old", (await turn(h)).seq, h, [0, 10], 1);
     await store.park("alice", "new", (await turn(ids(40, 8))).seq, ids(40, 8), [0], 1); // "old" spills
-    expect(store.summary("alice", "old")).toMatchObject({ tier: "disk", tokens: 40, roundHashes: roundHashes(Int32Array.from(h), [0, 10]) });
+    expect(store.summary("alice", "old")).toMatchObject({
+      tier: "disk",
+      tokens: 40,
+      roundHashes: roundHashes(Int32Array.from(h), [0, 10]),
+    });
     expect(store.counts.spilled).toBe(1);
     expect((await readdir(diskDir)).sort().map((f) => f.split(".").pop())).toEqual(["json", "kv"]);
     const next = [...h, ...ids(8, 9)];

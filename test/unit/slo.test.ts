@@ -56,7 +56,17 @@ describe("RequestClock", () => {
     for (const at of [10.12345, 20, 50]) clock.token(at);
     const ext = ctxbankExtension(clock.finish(50, 1), { ttft: true, tpot: false, all: false });
     expect(ext).toEqual({
-      timings: { ttft_ms: 10.123, tpot_ms: 19.938, e2e_ms: 50, queue_ms: 1, itl_ms_mean: 19.938, itl_ms_p50: 9.877, itl_ms_p90: 30, itl_ms_max: 30, output_tokens: 3 },
+      timings: {
+        ttft_ms: 10.123,
+        tpot_ms: 19.938,
+        e2e_ms: 50,
+        queue_ms: 1,
+        itl_ms_mean: 19.938,
+        itl_ms_p50: 9.877,
+        itl_ms_p90: 30,
+        itl_ms_max: 30,
+        output_tokens: 3,
+      },
       slo: { ttft: true, tpot: false, all: false },
     });
   });
@@ -124,8 +134,20 @@ describe("SLO settings", () => {
   });
 
   it("flags over environment; fractions of a millisecond allowed", () => {
-    const env = { CTXBANK_SLO_TTFT_MS: "750", CTXBANK_SLO_TPOT_MS: "0.001", CTXBANK_SLO_E2E_MS: "9000", CTXBANK_ADMISSION: "slo", CTXBANK_ADMISSION_MARGIN: "0" };
-    expect(loadConfig("serve", {}, env)).toMatchObject({ sloTtftMs: 750, sloTpotMs: 0.001, sloE2eMs: 9000, admission: "slo", admissionMargin: 0 });
+    const env = {
+      CTXBANK_SLO_TTFT_MS: "750",
+      CTXBANK_SLO_TPOT_MS: "0.001",
+      CTXBANK_SLO_E2E_MS: "9000",
+      CTXBANK_ADMISSION: "slo",
+      CTXBANK_ADMISSION_MARGIN: "0",
+    };
+    expect(loadConfig("serve", {}, env)).toMatchObject({
+      sloTtftMs: 750,
+      sloTpotMs: 0.001,
+      sloE2eMs: 9000,
+      admission: "slo",
+      admissionMargin: 0,
+    });
     expect(loadConfig("serve", { "slo-ttft-ms": "300", admission: "off" }, env)).toMatchObject({ sloTtftMs: 300, admission: "off" });
   });
 

@@ -29,7 +29,8 @@ const MiB = 1 << 20;
 const soon = (ms = 10_000) => Date.now() + ms;
 
 const available = ucxAvailable();
-if (!available) console.warn("[transport-ucx] UCX cases skipped: the UCX transport addon is not built (install libucx-dev, run npm run build:native)");
+if (!available)
+  console.warn("[transport-ucx] UCX cases skipped: the UCX transport addon is not built (install libucx-dev, run npm run build:native)");
 
 async function probe(args: string[], env: NodeJS.ProcessEnv = {}): Promise<UcxLoadProbe> {
   const script = fileURLToPath(new URL("../harness/ucx-load-probe.ts", import.meta.url));
@@ -101,7 +102,15 @@ describe.skipIf(!available)("UCX transport", () => {
     const bigOffset = shard.alloc(big.byteLength)!;
     await shard.write(bigOffset, big);
     owner = await startUcxOwner(shard.path, shard.sizeBytes, shard.epoch);
-    loc = { shardId: "prefill-u", epoch: 2, shardPath: shard.path, ownerBaseUrl: "http://127.0.0.1:9", offset, length: chunk.byteLength, ucxEndpoint: owner.endpoint };
+    loc = {
+      shardId: "prefill-u",
+      epoch: 2,
+      shardPath: shard.path,
+      ownerBaseUrl: "http://127.0.0.1:9",
+      offset,
+      length: chunk.byteLength,
+      ucxEndpoint: owner.endpoint,
+    };
     bigLoc = { ...loc, offset: bigOffset, length: big.byteLength };
   }, 30_000);
 
@@ -145,7 +154,8 @@ describe.skipIf(!available)("UCX transport", () => {
   });
 
   it("a bad endpoint in the registry is a clean error, never a crash", async () => {
-    const read = (ucxEndpoint: string | null | undefined) => transportError(t().readChunk({ ...loc, ucxEndpoint }, new Uint8Array(loc.length), { deadlineMs: soon() }));
+    const read = (ucxEndpoint: string | null | undefined) =>
+      transportError(t().readChunk({ ...loc, ucxEndpoint }, new Uint8Array(loc.length), { deadlineMs: soon() }));
     for (const none of [null, undefined]) {
       const err = await read(none);
       expect(err.code).toBe("unreachable");
@@ -173,15 +183,28 @@ describe.skipIf(!available)("UCX transport", () => {
     // A well-formed envelope cannot widen the read past what the owner mapped (the owner checks),
     // nor read a mapping without its token.
     const widened = encodeUcxEndpoint({ ...ep, length: 8 * MiB });
-    expect((await transportError(t().readChunk({ ...bigLoc, ucxEndpoint: widened }, new Uint8Array(bigLoc.length), { deadlineMs: soon() }))).code).toBe("out_of_range");
+    expect(
+      (await transportError(t().readChunk({ ...bigLoc, ucxEndpoint: widened }, new Uint8Array(bigLoc.length), { deadlineMs: soon() })))
+        .code,
+    ).toBe("out_of_range");
     const past = encodeUcxEndpoint({ ...ep, length: 200 * MiB });
-    const beyond = await transportError(t().readChunk({ ...loc, offset: 96 * MiB, length: 4096, ucxEndpoint: past }, new Uint8Array(4096), { deadlineMs: soon() }));
+    const beyond = await transportError(
+      t().readChunk({ ...loc, offset: 96 * MiB, length: 4096, ucxEndpoint: past }, new Uint8Array(4096), { deadlineMs: soon() }),
+    );
     expect(beyond.code).toBe("out_of_range");
     expect(beyond.message).toMatch(/outside the owner's mapping/);
-    const guessed = await transportError(t().readChunk({ ...loc, ucxEndpoint: encodeUcxEndpoint({ ...ep, token: ep.token ^ 1n }) }, new Uint8Array(loc.length), { deadlineMs: soon() }));
+    const guessed = await transportError(
+      t().readChunk({ ...loc, ucxEndpoint: encodeUcxEndpoint({ ...ep, token: ep.token ^ 1n }) }, new Uint8Array(loc.length), {
+        deadlineMs: soon(),
+      }),
+    );
     expect(guessed.code).toBe("bad_response");
     expect(guessed.message).toMatch(/refused the read \(wrong token\)/);
-    const otherMapping = await transportError(t().readChunk({ ...loc, ucxEndpoint: encodeUcxEndpoint({ ...ep, mapping: ep.mapping + 7n }) }, new Uint8Array(loc.length), { deadlineMs: soon() }));
+    const otherMapping = await transportError(
+      t().readChunk({ ...loc, ucxEndpoint: encodeUcxEndpoint({ ...ep, mapping: ep.mapping + 7n }) }, new Uint8Array(loc.length), {
+        deadlineMs: soon(),
+      }),
+    );
     expect(otherMapping.code).toBe("stale_epoch");
   });
 
@@ -230,7 +253,9 @@ describe.skipIf(!available)("UCX transport", () => {
       stalled.child.kill("SIGSTOP");
       const ac = new AbortController();
       setTimeout(() => ac.abort(), 100);
-      expect((await transportError(t().readChunk(l, new Uint8Array(l.length), { deadlineMs: soon(), signal: ac.signal }))).code).toBe("aborted");
+      expect((await transportError(t().readChunk(l, new Uint8Array(l.length), { deadlineMs: soon(), signal: ac.signal }))).code).toBe(
+        "aborted",
+      );
       stalled.child.kill("SIGCONT");
     } finally {
       await stalled.kill();
@@ -245,7 +270,12 @@ describe.skipIf(!available)("UCX transport", () => {
       const read = t().readChunk(bigLoc, into, { deadlineMs: soon(30_000), signal: ac.signal });
       setTimeout(() => ac.abort(), afterMs);
       const started = Date.now();
-      outcomes.push(await read.then(() => "read", (e: { code?: string }) => e.code ?? String(e)));
+      outcomes.push(
+        await read.then(
+          () => "read",
+          (e: { code?: string }) => e.code ?? String(e),
+        ),
+      );
       expect(Date.now() - started).toBeLessThan(3_000);
       const snapshot = Buffer.from(into);
       await new Promise((r) => setTimeout(r, 30));
@@ -316,6 +346,8 @@ describe.skipIf(!available)("UCX transport", () => {
       ms.push(performance.now() - t0);
     }
     expect(Buffer.compare(into, big)).toBe(0);
-    console.log(`[throughput] ucx: 64 MiB in ${ms.map((m) => m.toFixed(1)).join(" / ")} ms, best ${(64 / 1024 / (Math.min(...ms) / 1000)).toFixed(2)} GiB/s`);
+    console.log(
+      `[throughput] ucx: 64 MiB in ${ms.map((m) => m.toFixed(1)).join(" / ")} ms, best ${(64 / 1024 / (Math.min(...ms) / 1000)).toFixed(2)} GiB/s`,
+    );
   });
 });

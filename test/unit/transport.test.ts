@@ -23,7 +23,6 @@ const _registryLocationIsATransportLocation: ChunkLocation = {} as LeasedChunk["
 const FP = "5e".repeat(32);
 const MiB = 1 << 20;
 
-
 const soon = (ms = 5_000) => Date.now() + ms;
 
 describe("KV transports", () => {
@@ -157,11 +156,19 @@ describe("KV transports", () => {
     const code = async (p: Promise<unknown>) => (await transportError(p)).code;
     expect(await code(t.readChunk(loc, new Uint8Array(10), { deadlineMs: soon() }))).toBe("invalid_request");
     expect(await code(t.readChunk(loc, new Uint8Array(loc.length), { deadlineMs: 5_000 }))).toBe("invalid_request");
-    expect(await code(t.readChunk({ ...loc, ownerBaseUrl: "ftp://x" }, new Uint8Array(loc.length), { deadlineMs: soon() }))).toBe("invalid_request");
+    expect(await code(t.readChunk({ ...loc, ownerBaseUrl: "ftp://x" }, new Uint8Array(loc.length), { deadlineMs: soon() }))).toBe(
+      "invalid_request",
+    );
     expect(await code(t.readChunk({ ...loc, length: 0 }, new Uint8Array(1), { deadlineMs: soon() }))).toBe("invalid_request");
-    expect(await code(s.readChunk({ ...loc, shardPath: "/etc/passwd" }, new Uint8Array(loc.length), { deadlineMs: soon() }))).toBe("invalid_request");
-    expect(await code(s.readChunk({ ...loc, shardId: "prefill-b" }, new Uint8Array(loc.length), { deadlineMs: soon() }))).toBe("invalid_request");
-    expect(await code(s.readChunk({ ...loc, offset: 95 * MiB, length: 2 * MiB }, new Uint8Array(2 * MiB), { deadlineMs: soon() }))).toBe("out_of_range");
+    expect(await code(s.readChunk({ ...loc, shardPath: "/etc/passwd" }, new Uint8Array(loc.length), { deadlineMs: soon() }))).toBe(
+      "invalid_request",
+    );
+    expect(await code(s.readChunk({ ...loc, shardId: "prefill-b" }, new Uint8Array(loc.length), { deadlineMs: soon() }))).toBe(
+      "invalid_request",
+    );
+    expect(await code(s.readChunk({ ...loc, offset: 95 * MiB, length: 2 * MiB }, new Uint8Array(2 * MiB), { deadlineMs: soon() }))).toBe(
+      "out_of_range",
+    );
   });
 
   it("an owner that is gone is unreachable", async () => {
@@ -170,7 +177,9 @@ describe("KV transports", () => {
     const port = await listen(gone);
     await new Promise((r) => gone.close(r));
     const err = await transportError(
-      track(new HttpTransport()).readChunk({ ...loc, ownerBaseUrl: `http://127.0.0.1:${port}` }, new Uint8Array(loc.length), { deadlineMs: soon() }),
+      track(new HttpTransport()).readChunk({ ...loc, ownerBaseUrl: `http://127.0.0.1:${port}` }, new Uint8Array(loc.length), {
+        deadlineMs: soon(),
+      }),
     );
     expect(err.code).toBe("unreachable");
     expect(err.message).toMatch(/ECONNREFUSED/);
@@ -232,7 +241,9 @@ describe("KV transports", () => {
 
     it("a past deadline or an aborted signal fails at once on shm too", async () => {
       const s = track(shm());
-      expect((await transportError(s.readChunk(loc, new Uint8Array(loc.length), { deadlineMs: Date.now() - 1 }))).code).toBe("deadline_exceeded");
+      expect((await transportError(s.readChunk(loc, new Uint8Array(loc.length), { deadlineMs: Date.now() - 1 }))).code).toBe(
+        "deadline_exceeded",
+      );
       expect(
         (await transportError(s.readChunk(loc, new Uint8Array(loc.length), { deadlineMs: soon(), signal: AbortSignal.abort() }))).code,
       ).toBe("aborted");
@@ -255,7 +266,9 @@ describe("KV transports", () => {
         expect(Buffer.compare(into, big)).toBe(0);
       }
       const best = Math.min(...ms);
-      console.log(`[throughput] ${transport.name}: 64 MiB in ${ms.map((m) => m.toFixed(1)).join(" / ")} ms, best ${(64 / 1024 / (best / 1000)).toFixed(2)} GiB/s`);
+      console.log(
+        `[throughput] ${transport.name}: 64 MiB in ${ms.map((m) => m.toFixed(1)).join(" / ")} ms, best ${(64 / 1024 / (best / 1000)).toFixed(2)} GiB/s`,
+      );
     }
     shard.free(offset);
   });
@@ -270,7 +283,9 @@ describe("KV transports", () => {
       expect((await transportError(warm.readChunk(loc, new Uint8Array(loc.length), { deadlineMs: soon() }))).code).toBe("stale_epoch");
       expect((await transportError(warm.viewChunk(loc))).code).toBe("stale_epoch");
       expect(view.bytes.byteLength).toBe(0); // the old file's mapping is gone with it
-      expect((await transportError(track(shm()).readChunk(loc, new Uint8Array(loc.length), { deadlineMs: soon() }))).code).toBe("stale_epoch");
+      expect((await transportError(track(shm()).readChunk(loc, new Uint8Array(loc.length), { deadlineMs: soon() }))).code).toBe(
+        "stale_epoch",
+      );
     } finally {
       await restarted.close();
     }

@@ -92,7 +92,10 @@ export interface Bench<V> {
 }
 
 /** Parses the command line of a bench; prints --help and exits when asked. */
-export function benchCli<const O extends Options = Record<never, never>>(spec: BenchSpec<O>, argv = process.argv.slice(2)): Bench<Values<O>> {
+export function benchCli<const O extends Options = Record<never, never>>(
+  spec: BenchSpec<O>,
+  argv = process.argv.slice(2),
+): Bench<Values<O>> {
   const common = {
     out: { type: "string" },
     help: { type: "boolean", short: "h" },
@@ -105,7 +108,8 @@ export function benchCli<const O extends Options = Record<never, never>>(spec: B
     process.exit(0);
   }
   const quick = values.quick === true;
-  const out = typeof values.out === "string" ? resolve(values.out) : quick ? join(os.tmpdir(), "ctxbank-bench", spec.name) : resultsDir(spec.name);
+  const out =
+    typeof values.out === "string" ? resolve(values.out) : quick ? join(os.tmpdir(), "ctxbank-bench", spec.name) : resultsDir(spec.name);
   // Without options an npm script needs no "--" before them.
   const command = argv.length > 0 ? `${spec.script} ${argv.join(" ")}` : spec.script.replace(/ --$/, "");
   return {

@@ -18,8 +18,13 @@ function colour(v: number): string {
 }
 
 export function renderHeatmap(m: number[][], o: HeatmapOptions): string {
-  const n = m.length, cell = o.cell ?? 16, left = 60, top = 60, size = n * cell;
-  const w = left + size + 90, h = top + size + 50;
+  const n = m.length,
+    cell = o.cell ?? 16,
+    left = 60,
+    top = 60,
+    size = n * cell;
+  const w = left + size + 90,
+    h = top + size + 50;
   const parts: string[] = [
     `<svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}" font-family="DejaVu Sans, sans-serif" font-size="11">`,
     `<rect width="${w}" height="${h}" fill="white"/>`,
@@ -38,7 +43,9 @@ export function renderHeatmap(m: number[][], o: HeatmapOptions): string {
   // Colour scale.
   const sx = left + size + 20;
   for (let k = 0; k <= 20; k++)
-    parts.push(`<rect x="${sx}" y="${top + size - (k + 1) * (size / 21)}" width="14" height="${size / 21 + 0.5}" fill="${colour(k / 20)}"/>`);
+    parts.push(
+      `<rect x="${sx}" y="${top + size - (k + 1) * (size / 21)}" width="14" height="${size / 21 + 0.5}" fill="${colour(k / 20)}"/>`,
+    );
   parts.push(`<text x="${sx + 18}" y="${top + 8}">1</text><text x="${sx + 18}" y="${top + size}">0</text>`);
   parts.push("</svg>");
   return parts.join("\n");

@@ -44,7 +44,10 @@ export function machineInfo(): MachineInfo {
     if (flags.includes("hypervisor")) {
       let vendor = "yes";
       try {
-        vendor = execFileSync("lscpu", { encoding: "utf8" }).match(/^Hypervisor vendor:\s*(.*)$/m)?.[1]?.trim() ?? vendor;
+        vendor =
+          execFileSync("lscpu", { encoding: "utf8" })
+            .match(/^Hypervisor vendor:\s*(.*)$/m)?.[1]
+            ?.trim() ?? vendor;
       } catch {
         /* lscpu missing: keep "yes" */
       }

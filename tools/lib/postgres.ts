@@ -46,10 +46,21 @@ export async function startPostgres(database = "ctxbank_test", options: StartOpt
 
   try {
     await exec(asRoot, path.join(PG_BIN, "initdb"), [
-      "-D", dataDir, "-A", "trust", "-U", SUPERUSER, "-E", "UTF8", "--no-locale", "--no-sync",
+      "-D",
+      dataDir,
+      "-A",
+      "trust",
+      "-U",
+      SUPERUSER,
+      "-E",
+      "UTF8",
+      "--no-locale",
+      "--no-sync",
     ]);
     const port = await freePort();
-    const logging = options.keepLogAt ? " -c log_min_duration_statement=200 -c log_lock_waits=on -c log_connections=on -c log_disconnections=on" : "";
+    const logging = options.keepLogAt
+      ? " -c log_min_duration_statement=200 -c log_lock_waits=on -c log_connections=on -c log_disconnections=on"
+      : "";
     const serverOptions = `-p ${port} -k ${dir} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=50${logging}`;
     const startServer = () => pgctl("-o", serverOptions, "-l", path.join(dir, "server.log"), "-w", "-t", "60", "start");
     await startServer();

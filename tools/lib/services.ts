@@ -26,7 +26,12 @@ export interface ServiceProcess {
   kill(): Promise<void>;
 }
 
-export async function startService(role: "serve" | "prefill" | "decode" | "router", args: string[], env: Record<string, string> = {}, timeoutMs = 120_000): Promise<ServiceProcess> {
+export async function startService(
+  role: "serve" | "prefill" | "decode" | "router",
+  args: string[],
+  env: Record<string, string> = {},
+  timeoutMs = 120_000,
+): Promise<ServiceProcess> {
   // node with tsx's loader (not the tsx wrapper, which runs the program in a child process that
   // a SIGKILL of the wrapper would leave running).
   const child = spawn(process.execPath, ["--import", "tsx", "bin/ctxbank.ts", role, "--port", "0", ...args], {

@@ -57,7 +57,10 @@ function defaultFormat(v: number): string {
   if (a >= 10000) return `${Math.round(v / 1000)}k`;
   if (Number.isInteger(v) || a >= 100) return String(Math.round(v));
   // Three significant digits; trailing zeros go only after a decimal point (120.2 is "120", not "12").
-  return v.toPrecision(3).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+  return v
+    .toPrecision(3)
+    .replace(/(\.\d*?)0+$/, "$1")
+    .replace(/\.$/, "");
 }
 
 function renderPanel(p: Panel, x0: number, y0: number, w: number, h: number): string {
@@ -121,7 +124,9 @@ function renderPanel(p: Panel, x0: number, y0: number, w: number, h: number): st
   let lyy = y0 + m.top + ph + 56;
   const lx = x0 + m.left + 4;
   for (const s of p.series) {
-    out.push(`<line x1="${lx}" x2="${lx + 22}" y1="${lyy - 4}" y2="${lyy - 4}" stroke="${s.color}" stroke-width="2"${s.dash ? ` stroke-dasharray="${s.dash}"` : ""}/>`);
+    out.push(
+      `<line x1="${lx}" x2="${lx + 22}" y1="${lyy - 4}" y2="${lyy - 4}" stroke="${s.color}" stroke-width="2"${s.dash ? ` stroke-dasharray="${s.dash}"` : ""}/>`,
+    );
     out.push(`<circle cx="${lx + 11}" cy="${lyy - 4}" r="3" fill="${s.color}"/>`);
     out.push(`<text x="${lx + 28}" y="${lyy}" class="ltext">${esc(s.name)}</text>`);
     lyy += 15;

@@ -3,7 +3,12 @@
 // first `length` rows of every layer of a sequence's cache, then declared with setLength.
 import type { ModelConfig, NativeSequence } from "../../shared/inference/engine/native.ts";
 
-export function fillSyntheticKv(seq: NativeSequence, config: Pick<ModelConfig, "nLayer" | "nHeadKv" | "headDim">, length: number, seed = 12345): void {
+export function fillSyntheticKv(
+  seq: NativeSequence,
+  config: Pick<ModelConfig, "nLayer" | "nHeadKv" | "headDim">,
+  length: number,
+  seed = 12345,
+): void {
   const kv = new Uint16Array(seq.kvBuffer());
   const rowElems = config.nHeadKv * config.headDim;
   const cap = seq.capacity;

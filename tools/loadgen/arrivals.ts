@@ -13,7 +13,12 @@ export type ArrivalSpec =
  * `durationMs`. Poisson: exponential gaps with mean 1000/rate ms, the first one included (so the
  * first job is not always at 0). Burst: `size` jobs at 0, periodS, 2·periodS, ...
  */
-export function openLoopSchedule(spec: Exclude<ArrivalSpec, { kind: "concurrency" }>, maxJobs: number, durationMs: number, rng: Rng): number[] {
+export function openLoopSchedule(
+  spec: Exclude<ArrivalSpec, { kind: "concurrency" }>,
+  maxJobs: number,
+  durationMs: number,
+  rng: Rng,
+): number[] {
   const out: number[] = [];
   if (spec.kind === "poisson") {
     if (!(spec.rate > 0)) throw new Error(`poisson rate must be > 0 (got ${spec.rate})`);

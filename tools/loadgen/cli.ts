@@ -57,7 +57,8 @@ async function main(argv: string[]): Promise<void> {
     const field = policyField(o.policy);
     if (allowed === undefined) log(`the server publishes no /openapi.json: sending policy ${JSON.stringify(field)} unchecked`);
     else if (allowed.length === 0) throw new UsageError(`the server's ${path} has no "policy" field: it would ignore --policy`);
-    else if (typeof field === "string" && !allowed.includes("*") && !allowed.includes(field)) throw new UsageError(`policy ${JSON.stringify(field)} is not one of ${allowed.join(", ")}`);
+    else if (typeof field === "string" && !allowed.includes("*") && !allowed.includes(field))
+      throw new UsageError(`policy ${JSON.stringify(field)} is not one of ${allowed.join(", ")}`);
     extraBody.policy = field;
   }
   if (o.ignoreEos) {
@@ -76,14 +77,36 @@ async function main(argv: string[]): Promise<void> {
     const common = {
       ...record,
       target: { baseUrl: o.baseUrl, model, extraBody },
-      workload: { spec: o.workload, description: describeWorkload(o.workload), corpusFiles: corpus.files.length, corpusTokens: prompts.ids.length },
+      workload: {
+        spec: o.workload,
+        description: describeWorkload(o.workload),
+        corpusFiles: corpus.files.length,
+        corpusTokens: prompts.ids.length,
+      },
       slo: o.slo,
     };
     if (o.sweep && o.slo) {
-      if (o.warmup > 0) await runLoad(client, factory, { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: o.warmup, durationS: 1e6, drainS: 0, warmup: 0, seed: o.seed + 1, progress: false });
-      const sw = await runSweep(client, factory, { ...o.sweep, slo: o.slo, maxOutputTokens: maxOf(o.workload.output), seed: o.seed, progress: o.progress });
+      if (o.warmup > 0)
+        await runLoad(client, factory, {
+          arrivals: { kind: "concurrency", concurrency: 1 },
+          maxRequests: o.warmup,
+          durationS: 1e6,
+          drainS: 0,
+          warmup: 0,
+          seed: o.seed + 1,
+          progress: false,
+        });
+      const sw = await runSweep(client, factory, {
+        ...o.sweep,
+        slo: o.slo,
+        maxOutputTokens: maxOf(o.workload.output),
+        seed: o.seed,
+        progress: o.progress,
+      });
       const rows = sw.runs.map((r) => ({ label: `${r.rate.toPrecision(3)} req/s`, stats: r.run.stats }));
-      process.stdout.write(`${statsTable(rows)}\n\nmax rate with >= ${100 * o.sweep.target}% SLO attainment: ${sw.result.maxRate?.toPrecision(3) ?? "none passed"} req/s (lowest failing: ${sw.result.failRate?.toPrecision(3) ?? "none failed"}; stopped: ${sw.result.stoppedBy})\n`);
+      process.stdout.write(
+        `${statsTable(rows)}\n\nmax rate with >= ${100 * o.sweep.target}% SLO attainment: ${sw.result.maxRate?.toPrecision(3) ?? "none passed"} req/s (lowest failing: ${sw.result.failRate?.toPrecision(3) ?? "none failed"}; stopped: ${sw.result.stoppedBy})\n`,
+      );
       if (o.out) {
         const results = new Results(resolve(o.out));
         await results.json("loadgen", {
@@ -92,15 +115,30 @@ async function main(argv: string[]): Promise<void> {
           finished: new Date().toISOString(),
           loadAvgAfter: os.loadavg(),
           sweep: { options: o.sweep, drainS: sw.drainS, ...sw.result },
-          points: sw.runs.map((r) => ({ rate: r.rate, stats: r.run.stats, warmup: r.run.warmup, qa: r.run.qa, requests: r.run.results.map((x) => compactResult(x, o.itl)) })),
+          points: sw.runs.map((r) => ({
+            rate: r.rate,
+            stats: r.run.stats,
+            warmup: r.run.warmup,
+            qa: r.run.qa,
+            requests: r.run.results.map((x) => compactResult(x, o.itl)),
+          })),
         });
         await results.markdown("loadgen", statsTable(rows) + "\n");
         await results.chart(
           "loadgen",
           chart(
             [
-              attainmentPanel("SLO attainment vs rate", [{ label: "attainment", points: sw.runs.map((r) => ({ rate: r.rate, attainment: r.run.stats.slo?.attainment ?? 0 })) }], o.sweep.target),
-              cdfPanel("TTFT CDF per rate", sw.runs.map((r) => ({ label: `${r.rate.toPrecision(3)} req/s`, values: okValues(r.run, "ttftMs") })), "TTFT (s)", true),
+              attainmentPanel(
+                "SLO attainment vs rate",
+                [{ label: "attainment", points: sw.runs.map((r) => ({ rate: r.rate, attainment: r.run.stats.slo?.attainment ?? 0 })) }],
+                o.sweep.target,
+              ),
+              cdfPanel(
+                "TTFT CDF per rate",
+                sw.runs.map((r) => ({ label: `${r.rate.toPrecision(3)} req/s`, values: okValues(r.run, "ttftMs") })),
+                "TTFT (s)",
+                true,
+              ),
             ],
             `loadgen sweep: ${describeWorkload(o.workload)}`,
             `${o.baseUrl} · SLO TTFT ${o.slo.ttftMs} ms, TPOT ${o.slo.tpotMs} ms`,
@@ -110,7 +148,8 @@ async function main(argv: string[]): Promise<void> {
       }
       return;
     }
-    const label = describeArrivals(o.arrivals) + (o.workload.kind === "multiturn" && o.arrivals.kind !== "concurrency" ? " (sessions)" : "");
+    const label =
+      describeArrivals(o.arrivals) + (o.workload.kind === "multiturn" && o.arrivals.kind !== "concurrency" ? " (sessions)" : "");
     const run = await runLoad(client, factory, {
       arrivals: o.arrivals,
       maxRequests: o.requests,
@@ -127,7 +166,10 @@ async function main(argv: string[]): Promise<void> {
       ...(run.server || run.sessions ? ["", serverCountsLine(run.server)] : []),
     ].join("\n");
     process.stdout.write(statsTable([{ label, stats: run.stats }]) + "\n" + (extra ? `${extra}\n` : ""));
-    if (run.sessions) process.stdout.write(`sessions: ${run.sessions.completed}/${run.sessions.started} completed, ${run.sessions.roundsPerS.toFixed(3)} rounds/s, session ids ${run.sessions.sessionIds ? "sent" : "not sent"}\n`);
+    if (run.sessions)
+      process.stdout.write(
+        `sessions: ${run.sessions.completed}/${run.sessions.started} completed, ${run.sessions.roundsPerS.toFixed(3)} rounds/s, session ids ${run.sessions.sessionIds ? "sent" : "not sent"}\n`,
+      );
     if (run.qa) process.stdout.write(`long-document QA: ${run.qa.correct}/${run.qa.checked} answers contain the reference code\n`);
     if (o.out) {
       const results = new Results(resolve(o.out));
@@ -152,10 +194,14 @@ async function main(argv: string[]): Promise<void> {
         chart(
           [
             cdfPanel("TTFT", [{ label: "TTFT", values: okValues(run, "ttftMs") }], "s", true),
-            cdfPanel("TPOT and ITL", [
-              { label: "TPOT", values: okValues(run, "tpotMs") },
-              { label: "ITL (every gap)", values: run.results.flatMap((r) => r.itlMs) },
-            ], "ms"),
+            cdfPanel(
+              "TPOT and ITL",
+              [
+                { label: "TPOT", values: okValues(run, "tpotMs") },
+                { label: "ITL (every gap)", values: run.results.flatMap((r) => r.itlMs) },
+              ],
+              "ms",
+            ),
             cdfPanel("E2E", [{ label: "E2E", values: okValues(run, "e2eMs") }], "s", true),
           ],
           `loadgen: ${describeWorkload(o.workload)}`,

@@ -35,15 +35,39 @@ if (process.argv[2] === "--serve") {
     );
     const cpu = process.cpuUsage(c0);
     const cpuMs = (cpu.user + cpu.system) / 1000;
-    return { client: name, requests, chunks, wallMs: performance.now() - t0, cpuMs, cpuUsPerChunk: (1000 * cpuMs) / chunks, cpuMsPerRequest: cpuMs / requests };
+    return {
+      client: name,
+      requests,
+      chunks,
+      wallMs: performance.now() - t0,
+      cpuMs,
+      cpuUsPerChunk: (1000 * cpuMs) / chunks,
+      cpuMsPerRequest: cpuMs / requests,
+    };
   };
   const ours = new StreamingClient({ baseUrl: url, model: "m", timeoutMs: 30_000 });
   const sdk = new OpenAI({ baseURL: url, apiKey: "unused", maxRetries: 0 });
   const results = [
-    await measure("undici + SseParser (tools/loadgen/client.ts)", async () => (await ours.send({ endpoint: "chat", body: { messages: [{ role: "user", content: "x" }], max_tokens: tokens }, promptTokensSent: 1 })).tokenChunks),
+    await measure(
+      "undici + SseParser (tools/loadgen/client.ts)",
+      async () =>
+        (
+          await ours.send({
+            endpoint: "chat",
+            body: { messages: [{ role: "user", content: "x" }], max_tokens: tokens },
+            promptTokensSent: 1,
+          })
+        ).tokenChunks,
+    ),
     await measure("openai SDK 6 stream", async () => {
       let n = 0;
-      const stream = await sdk.chat.completions.create({ model: "m", messages: [{ role: "user", content: "x" }], max_tokens: tokens, stream: true, stream_options: { include_usage: true } });
+      const stream = await sdk.chat.completions.create({
+        model: "m",
+        messages: [{ role: "user", content: "x" }],
+        max_tokens: tokens,
+        stream: true,
+        stream_options: { include_usage: true },
+      });
       for await (const chunk of stream) {
         const t = performance.now(); // what a timing client does per chunk
         if (chunk.choices[0]?.delta?.content) n += t > 0 ? 1 : 0;

@@ -71,7 +71,14 @@ export class StreamingClient {
     if (this.opts.apiKey) headers.authorization = `Bearer ${this.opts.apiKey}`;
     const timeout = AbortSignal.timeout(this.opts.timeoutMs);
     const sig = signal ? AbortSignal.any([signal, timeout]) : timeout;
-    const r: Timed & { t0: number } = { t0: performance.now(), ok: false, promptTokensSent: spec.promptTokensSent, outputTokens: 0, tokenChunks: 0, itlMs: [] };
+    const r: Timed & { t0: number } = {
+      t0: performance.now(),
+      ok: false,
+      promptTokensSent: spec.promptTokensSent,
+      outputTokens: 0,
+      tokenChunks: 0,
+      itlMs: [],
+    };
     const fail = (kind: ErrorKind, error: string) => Object.assign(r, { ok: false, errorKind: kind, error: error.slice(0, 300) });
     r.t0 = performance.now();
     try {
@@ -116,7 +123,8 @@ export class StreamingClient {
         const session = msg.ctxbank?.session;
         if (session && typeof session.reused_tokens === "number") r.reusedTokens = session.reused_tokens;
         const prefill = msg.ctxbank?.prefill;
-        if (prefill && typeof prefill.where === "string") r.prefill = typeof prefill.cause === "string" ? { where: prefill.where, cause: prefill.cause } : { where: prefill.where };
+        if (prefill && typeof prefill.where === "string")
+          r.prefill = typeof prefill.cause === "string" ? { where: prefill.where, cause: prefill.cause } : { where: prefill.where };
         const choice = msg.choices?.[0];
         if (!choice) return undefined;
         const piece: unknown = spec.endpoint === "chat" ? choice.delta?.content : choice.text;

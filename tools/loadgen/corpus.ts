@@ -38,11 +38,14 @@ export function loadCorpus(nodeModules: string, maxChars = 600_000): { text: str
     if (text.length >= maxChars) break;
     // Drop badges, HTML and long code fences' noise only as far as cheap: keep the text as is,
     // minus runs of blank lines.
-    const body = readFileSync(p, "utf8").replace(/\n{3,}/g, "\n\n").trim();
+    const body = readFileSync(p, "utf8")
+      .replace(/\n{3,}/g, "\n\n")
+      .trim();
     if (body.length < 2000) continue; // skip stubs
     text += body + "\n\n";
     files.push(p);
   }
-  if (text.length < 50_000) throw new Error(`too little text for prompts in ${nodeModules} (${text.length} chars): is node_modules installed?`);
+  if (text.length < 50_000)
+    throw new Error(`too little text for prompts in ${nodeModules} (${text.length} chars): is node_modules installed?`);
   return { text: text.slice(0, maxChars), files };
 }

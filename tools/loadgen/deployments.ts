@@ -57,18 +57,38 @@ export async function startDeployment(kind: DeploymentKind, o: DeploymentOptions
   try {
     let front: ServiceProcess;
     if (kind === "colocated") {
-      front = await startService("serve", ["--threads", String(o.serveThreads), "--shard-dir", shardDir, "--instance-id", "loadgen-serve", ...slo]);
+      front = await startService("serve", [
+        "--threads",
+        String(o.serveThreads),
+        "--shard-dir",
+        shardDir,
+        "--instance-id",
+        "loadgen-serve",
+        ...slo,
+      ]);
       procs.push({ role: "serve", p: front, threads: o.serveThreads });
     } else {
       pg = await startPostgres("ctxbank_loadgen");
       const db = ["--database-url", pg.url, "--shard-dir", shardDir];
-      const prefill = await startService("prefill", [...db, "--threads", String(o.prefillThreads), "--instance-id", "loadgen-prefill", ...slo]);
+      const prefill = await startService("prefill", [
+        ...db,
+        "--threads",
+        String(o.prefillThreads),
+        "--instance-id",
+        "loadgen-prefill",
+        ...slo,
+      ]);
       procs.push({ role: "prefill", p: prefill, threads: o.prefillThreads });
       front = await startService("decode", [...db, "--threads", String(o.decodeThreads), "--instance-id", "loadgen-decode", ...slo]);
       procs.push({ role: "decode", p: front, threads: o.decodeThreads });
     }
     const reniced = procs.map(({ p }) => (o.nice !== undefined ? reniceProcess(p.child.pid, o.nice) : false));
-    return { kind, baseUrl: `${front.url}/v1`, processes: procs.map(({ role, p, threads }, i) => ({ role, pid: p.child.pid!, threads, reniced: reniced[i]! })), stop };
+    return {
+      kind,
+      baseUrl: `${front.url}/v1`,
+      processes: procs.map(({ role, p, threads }, i) => ({ role, pid: p.child.pid!, threads, reniced: reniced[i]! })),
+      stop,
+    };
   } catch (e) {
     await stop();
     throw e;

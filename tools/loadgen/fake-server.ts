@@ -39,7 +39,9 @@ export interface FakeServer {
   close(): Promise<void>;
 }
 
-export async function startFakeServer(script: (body: any, n: number, headers: http.IncomingHttpHeaders) => FakeScript): Promise<FakeServer> {
+export async function startFakeServer(
+  script: (body: any, n: number, headers: http.IncomingHttpHeaders) => FakeScript,
+): Promise<FakeServer> {
   const received: any[] = [];
   const receivedHeaders: http.IncomingHttpHeaders[] = [];
   let open = 0;
@@ -96,7 +98,11 @@ async function serve(s: FakeScript, body: any, url: string, res: http.ServerResp
     } else res.write(ev);
   };
   const chunk = (text: string, finish: string | null) =>
-    JSON.stringify(chat ? { choices: [{ index: 0, delta: { content: text }, finish_reason: finish }] } : { choices: [{ index: 0, text, finish_reason: finish }] });
+    JSON.stringify(
+      chat
+        ? { choices: [{ index: 0, delta: { content: text }, finish_reason: finish }] }
+        : { choices: [{ index: 0, text, finish_reason: finish }] },
+    );
   res.write(`: comment lines are ignored${nl}${nl}`);
   await wait(s.ttftMs ?? 0);
   for (let i = 0; i < tokens; i++) {
@@ -110,7 +116,13 @@ async function serve(s: FakeScript, body: any, url: string, res: http.ServerResp
   }
   await send(chunk("", "length"));
   if (body.stream_options?.include_usage) {
-    await send(JSON.stringify({ choices: [], usage: { prompt_tokens: 7, completion_tokens: s.usageTokens ?? tokens, total_tokens: 7 + (s.usageTokens ?? tokens) }, ...(s.ctxbank ? { ctxbank: s.ctxbank } : {}) }));
+    await send(
+      JSON.stringify({
+        choices: [],
+        usage: { prompt_tokens: 7, completion_tokens: s.usageTokens ?? tokens, total_tokens: 7 + (s.usageTokens ?? tokens) },
+        ...(s.ctxbank ? { ctxbank: s.ctxbank } : {}),
+      }),
+    );
   }
   await send("[DONE]");
   res.end();

@@ -18,7 +18,8 @@ export function checkTarget(baseUrl: string, allowHosts: readonly string[]): URL
   } catch {
     throw new Error(`--base-url ${JSON.stringify(baseUrl)} is not a URL`);
   }
-  if (url.protocol !== "http:" && url.protocol !== "https:") throw new Error(`--base-url must be http:// or https:// (got ${url.protocol})`);
+  if (url.protocol !== "http:" && url.protocol !== "https:")
+    throw new Error(`--base-url must be http:// or https:// (got ${url.protocol})`);
   const host = url.hostname.replace(/^\[|\]$/g, "").toLowerCase();
   if (isLoopback(host)) return url;
   if (allowHosts.map((h) => h.toLowerCase()).includes(host)) return url;

@@ -36,7 +36,13 @@ export interface CpuSnapshot {
 
 export function cpuSnapshot(servicePids: readonly number[]): CpuSnapshot {
   const u = process.cpuUsage();
-  return { at: performance.now(), machineMs: machineBusyMs(), selfMs: (u.user + u.system) / 1000, servicesMs: servicePids.reduce((s, p) => s + processCpuMs(p), 0), loadAvg: os.loadavg() };
+  return {
+    at: performance.now(),
+    machineMs: machineBusyMs(),
+    selfMs: (u.user + u.system) / 1000,
+    servicesMs: servicePids.reduce((s, p) => s + processCpuMs(p), 0),
+    loadAvg: os.loadavg(),
+  };
 }
 
 export interface CpuUse {
@@ -53,8 +59,15 @@ export function cpuUse(a: CpuSnapshot, b: CpuSnapshot): CpuUse {
   const wallMs = Math.max(1, b.at - a.at);
   const services = (b.servicesMs - a.servicesMs) / wallMs;
   const self = (b.selfMs - a.selfMs) / wallMs;
-  const out: CpuUse = { wallS: wallMs / 1000, servicesCores: services, loadgenCores: self, loadAvgBefore: a.loadAvg, loadAvgAfter: b.loadAvg };
+  const out: CpuUse = {
+    wallS: wallMs / 1000,
+    servicesCores: services,
+    loadgenCores: self,
+    loadAvgBefore: a.loadAvg,
+    loadAvgAfter: b.loadAvg,
+  };
   // Tick granularity (10 ms) makes short windows slightly negative at times: clamp.
-  if (a.machineMs !== undefined && b.machineMs !== undefined) out.foreignCores = Math.max(0, (b.machineMs - a.machineMs) / wallMs - services - self);
+  if (a.machineMs !== undefined && b.machineMs !== undefined)
+    out.foreignCores = Math.max(0, (b.machineMs - a.machineMs) / wallMs - services - self);
   return out;
 }

@@ -125,12 +125,15 @@ const SPEC = {
   help: { type: "boolean", short: "h" },
 } as const;
 
-
 function num(flag: string, v: string | undefined, def: number, o: { int?: boolean; min?: number; max?: number; gt?: number } = {}): number {
   if (v === undefined) return def;
   const n = v.trim() === "" ? NaN : Number(v);
   const bad =
-    !Number.isFinite(n) || (o.int && !Number.isInteger(n)) || (o.min !== undefined && n < o.min) || (o.max !== undefined && n > o.max) || (o.gt !== undefined && !(n > o.gt));
+    !Number.isFinite(n) ||
+    (o.int && !Number.isInteger(n)) ||
+    (o.min !== undefined && n < o.min) ||
+    (o.max !== undefined && n > o.max) ||
+    (o.gt !== undefined && !(n > o.gt));
   if (bad) {
     const range = o.gt !== undefined ? `> ${o.gt}` : `in [${o.min ?? "-∞"}, ${o.max ?? "∞"}]`;
     throw new UsageError(`--${flag} must be ${o.int ? "an integer" : "a number"} ${range} (got ${JSON.stringify(v)})`);
@@ -148,7 +151,8 @@ export function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.env): 
   if (values.help) return "help";
   const str = (k: string) => values[k] as string | undefined;
   const endpoint = (str("endpoint") ?? "chat") as Endpoint;
-  if (endpoint !== "chat" && endpoint !== "completions") throw new UsageError(`--endpoint must be chat or completions (got ${JSON.stringify(endpoint)})`);
+  if (endpoint !== "chat" && endpoint !== "completions")
+    throw new UsageError(`--endpoint must be chat or completions (got ${JSON.stringify(endpoint)})`);
   const kind = str("workload") ?? "fixed";
   const promptFormat = str("prompt-format") ?? "text";
   if (promptFormat !== "text" && promptFormat !== "ids") throw new UsageError("--prompt-format must be text or ids");
@@ -164,8 +168,15 @@ export function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.env): 
   let workload: WorkloadSpec;
   if (kind === "fixed" || kind === "random") {
     const input = len("input", kind === "fixed" ? "256" : "64-1024");
-    if (kind === "fixed" && (input.kind !== "fixed" || output.kind !== "fixed")) throw new UsageError("--workload fixed takes single numbers for --input/--output (use --workload random for ranges)");
-    workload = { kind: "synthetic", endpoint, input, output: kind === "random" && str("output") === undefined ? { kind: "uniform", min: 32, max: 256 } : output, promptFormat };
+    if (kind === "fixed" && (input.kind !== "fixed" || output.kind !== "fixed"))
+      throw new UsageError("--workload fixed takes single numbers for --input/--output (use --workload random for ranges)");
+    workload = {
+      kind: "synthetic",
+      endpoint,
+      input,
+      output: kind === "random" && str("output") === undefined ? { kind: "uniform", min: 32, max: 256 } : output,
+      promptFormat,
+    };
   } else if (kind === "longdoc") {
     workload = { kind: "longdoc", endpoint, input: len("input", "4096"), output };
   } else if (kind === "multiturn") {
@@ -183,12 +194,20 @@ export function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.env): 
   } else throw new UsageError(`--workload must be fixed, random, longdoc or multiturn (got ${JSON.stringify(kind)})`);
 
   if (kind !== "multiturn" && str("session-ids") !== undefined) throw new UsageError("--session-ids needs --workload multiturn");
-  const modes = [str("rate") !== undefined, str("burst") !== undefined || str("every") !== undefined, str("concurrency") !== undefined].filter(Boolean).length;
+  const modes = [
+    str("rate") !== undefined,
+    str("burst") !== undefined || str("every") !== undefined,
+    str("concurrency") !== undefined,
+  ].filter(Boolean).length;
   if (modes > 1) throw new UsageError("give one of --rate, --burst/--every, --concurrency");
   let arrivals: ArrivalSpec;
   if (str("burst") !== undefined || str("every") !== undefined) {
     if (str("burst") === undefined || str("every") === undefined) throw new UsageError("--burst needs --every (and the other way round)");
-    arrivals = { kind: "burst", size: num("burst", str("burst"), 1, { int: true, min: 1 }), periodS: num("every", str("every"), 1, { gt: 0 }) };
+    arrivals = {
+      kind: "burst",
+      size: num("burst", str("burst"), 1, { int: true, min: 1 }),
+      periodS: num("every", str("every"), 1, { gt: 0 }),
+    };
   } else if (str("concurrency") !== undefined) {
     arrivals = { kind: "concurrency", concurrency: num("concurrency", str("concurrency"), 1, { int: true, min: 1, max: 10_000 }) };
   } else arrivals = { kind: "poisson", rate: num("rate", str("rate"), 1, { gt: 0 }) };
@@ -200,14 +219,16 @@ export function parseCli(argv: string[], env: NodeJS.ProcessEnv = process.env): 
     } catch (e) {
       throw new UsageError(`--extra-body is not JSON: ${(e as Error).message}`);
     }
-    if (typeof extraBody !== "object" || extraBody === null || Array.isArray(extraBody)) throw new UsageError("--extra-body must be a JSON object");
+    if (typeof extraBody !== "object" || extraBody === null || Array.isArray(extraBody))
+      throw new UsageError("--extra-body must be a JSON object");
   }
   const sloT = str("slo-ttft");
   const sloP = str("slo-tpot");
   if ((sloT === undefined) !== (sloP === undefined)) throw new UsageError("give both --slo-ttft and --slo-tpot");
   const slo = sloT !== undefined ? { ttftMs: num("slo-ttft", sloT, 0, { gt: 0 }), tpotMs: num("slo-tpot", sloP, 0, { gt: 0 }) } : undefined;
   if (values.sweep && !slo) throw new UsageError("--sweep needs --slo-ttft and --slo-tpot");
-  if (values.sweep && str("concurrency") !== undefined) throw new UsageError("--sweep varies a Poisson rate; it cannot be combined with --concurrency");
+  if (values.sweep && str("concurrency") !== undefined)
+    throw new UsageError("--sweep varies a Poisson rate; it cannot be combined with --concurrency");
 
   const opts: CliOptions = {
     baseUrl: str("base-url") ?? "http://127.0.0.1:8080/v1",

@@ -25,7 +25,14 @@ export function runProgress(label: string, total: number, enabled: boolean): Run
     };
   }
   const bar = new cliProgress.SingleBar(
-    { stream: process.stderr, format: `${label} [{bar}] {value}/{total} | {status} | {duration_formatted}`, barsize: 24, hideCursor: true, clearOnComplete: false, fps: 5 },
+    {
+      stream: process.stderr,
+      format: `${label} [{bar}] {value}/{total} | {status} | {duration_formatted}`,
+      barsize: 24,
+      hideCursor: true,
+      clearOnComplete: false,
+      fps: 5,
+    },
     cliProgress.Presets.shades_classic,
   );
   bar.start(total, 0, { status: "" });

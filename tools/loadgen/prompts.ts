@@ -71,7 +71,8 @@ export class PromptSource {
     for (let attempt = 0; attempt < 6; attempt++) {
       const text = build(this.decode(ids.slice(0, n)));
       const tokens = measure(text);
-      if (Math.abs(tokens - target) < Math.abs(best.tokens - target) || (tokens === best.tokens && tokens <= target)) best = { text, tokens };
+      if (Math.abs(tokens - target) < Math.abs(best.tokens - target) || (tokens === best.tokens && tokens <= target))
+        best = { text, tokens };
       if (tokens === target) break;
       n = Math.max(1, Math.min(ids.length, n + (target - tokens)));
     }

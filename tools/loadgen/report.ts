@@ -18,7 +18,23 @@ const ms = (s: LatencySummary) => `${fmtNum(s.p50)} / ${fmtNum(s.p90)} / ${fmtNu
 
 export function statsTable(rows: Array<{ label: string; stats: RunStats }>): string {
   return markdownTable({
-    headers: ["run", "req", "ok", "429", "other err", "rate offered", "thr. req/s", "out tok/s", "TTFT ms p50/p90/p99/mean", "TPOT ms p50/p90/p99/mean", "ITL ms p50/p90/p99/mean", "E2E ms p50/p90/p99/mean", "out tokens mean", "attain.", "goodput req/s"],
+    headers: [
+      "run",
+      "req",
+      "ok",
+      "429",
+      "other err",
+      "rate offered",
+      "thr. req/s",
+      "out tok/s",
+      "TTFT ms p50/p90/p99/mean",
+      "TPOT ms p50/p90/p99/mean",
+      "ITL ms p50/p90/p99/mean",
+      "E2E ms p50/p90/p99/mean",
+      "out tokens mean",
+      "attain.",
+      "goodput req/s",
+    ],
     rows: rows.map(({ label, stats: s }) => [
       label,
       String(s.requests),
@@ -54,7 +70,15 @@ export function attainmentPanel(title: string, curves: AttainmentCurve[], target
     points: [...c.points].sort((a, b) => a.rate - b.rate).map((p) => [p.rate, 100 * p.attainment] as [number, number]),
   }));
   if (all.length > 0) {
-    series.push({ name: `target ${Math.round(100 * target)}%`, color: "#999999", dash: "4,4", points: [[Math.min(...all), 100 * target], [Math.max(...all), 100 * target]] });
+    series.push({
+      name: `target ${Math.round(100 * target)}%`,
+      color: "#999999",
+      dash: "4,4",
+      points: [
+        [Math.min(...all), 100 * target],
+        [Math.max(...all), 100 * target],
+      ],
+    });
   }
   return {
     title,
@@ -68,7 +92,14 @@ export function attainmentPanel(title: string, curves: AttainmentCurve[], target
 }
 
 /** Latency CDF panel (values in ms, or s when `seconds`); `slo` (ms) is drawn as a dashed vertical line. */
-export function cdfPanel(title: string, runs: Array<{ label: string; values: number[] }>, xLabel: string, seconds = false, note?: string, slo?: number): Panel {
+export function cdfPanel(
+  title: string,
+  runs: Array<{ label: string; values: number[] }>,
+  xLabel: string,
+  seconds = false,
+  note?: string,
+  slo?: number,
+): Panel {
   const series: Series[] = runs
     .filter((r) => r.values.length > 0)
     .map((r, i) => ({
@@ -79,7 +110,15 @@ export function cdfPanel(title: string, runs: Array<{ label: string; values: num
     }));
   if (slo !== undefined) {
     const x = seconds ? slo / 1000 : slo;
-    series.push({ name: "SLO", color: "#999999", dash: "4,4", points: [[x, 0], [x, 100]] });
+    series.push({
+      name: "SLO",
+      color: "#999999",
+      dash: "4,4",
+      points: [
+        [x, 0],
+        [x, 100],
+      ],
+    });
   }
   // Rendered x ticks: a few nice values, not every distinct sample.
   const xs = series.flatMap((s) => s.points.map(([x]) => x));
@@ -95,7 +134,18 @@ export function chart(panels: Panel[], title: string, subtitle?: string, columns
 /** Multi-turn runs: TTFT and prompt sizes per round index, one block of rows per run. */
 export function roundsTable(rows: Array<{ label: string; rounds: RoundStats[] }>): string {
   return markdownTable({
-    headers: ["run", "round", "req", "ok", "prompt tokens mean", "reused tokens mean", "TTFT ms p50", "TTFT ms p90", "TPOT ms p50", "attain."],
+    headers: [
+      "run",
+      "round",
+      "req",
+      "ok",
+      "prompt tokens mean",
+      "reused tokens mean",
+      "TTFT ms p50",
+      "TTFT ms p90",
+      "TPOT ms p50",
+      "attain.",
+    ],
     rows: rows.flatMap(({ label, rounds }) =>
       rounds.map((r) => [
         label,
@@ -123,6 +173,9 @@ const counts = (m: Record<string, number>) =>
 export function serverCountsLine(c: ServerCounts | undefined): string {
   if (!c) return "server reports: none (no x-ctxbank-route, ctxbank.prefill or ctxbank.session in the answers)";
   const s = c.sessions;
-  const reuse = s.reported > 0 ? `${s.reused}/${s.reported} turns reused KV, ${s.reusedTokens} of their ${s.promptTokens} prompt tokens (${fmtNum((100 * s.reusedTokens) / Math.max(1, s.promptTokens))}%)` : "—";
+  const reuse =
+    s.reported > 0
+      ? `${s.reused}/${s.reported} turns reused KV, ${s.reusedTokens} of their ${s.promptTokens} prompt tokens (${fmtNum((100 * s.reusedTokens) / Math.max(1, s.promptTokens))}%)`
+      : "—";
   return `route reasons: ${counts(c.routeReason)}; decodes: ${counts(c.routeDecode)}; prefill: ${counts(c.prefillCause)}; sessions: ${reuse}`;
 }

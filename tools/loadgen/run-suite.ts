@@ -69,7 +69,13 @@ export function workloads(quick: boolean): WorkloadDef[] {
     {
       id: "short",
       name: "short chat (256 in / 128 out)",
-      spec: { kind: "synthetic", endpoint: "chat", input: { kind: "fixed", value: 256 }, output: { kind: "fixed", value: quick ? 32 : 128 }, promptFormat: "text" },
+      spec: {
+        kind: "synthetic",
+        endpoint: "chat",
+        input: { kind: "fixed", value: 256 },
+        output: { kind: "fixed", value: quick ? 32 : 128 },
+        promptFormat: "text",
+      },
       slo: { ttftMs: 2000, tpotMs: 50 },
       perPoint: quick ? 8 : 20,
       startFactor: 0.5,
@@ -83,7 +89,12 @@ export function workloads(quick: boolean): WorkloadDef[] {
     {
       id: "long",
       name: `long document QA (${quick ? "1K" : "4K"} in / 128 out)`,
-      spec: { kind: "longdoc", endpoint: "chat", input: { kind: "fixed", value: quick ? 1024 : 4096 }, output: { kind: "fixed", value: quick ? 32 : 128 } },
+      spec: {
+        kind: "longdoc",
+        endpoint: "chat",
+        input: { kind: "fixed", value: quick ? 1024 : 4096 },
+        output: { kind: "fixed", value: quick ? 32 : 128 },
+      },
       slo: quick ? { ttftMs: 8000, tpotMs: 200 } : { ttftMs: 45_000, tpotMs: 150 },
       // 10 requests per point, so one miss is allowed; a point at these rates takes 5-20 minutes,
       // so the sweep starts near the queueing bound (a quarter of the unloaded prefill rate) and
@@ -162,8 +173,12 @@ function parse(argv: string[]) {
   );
   const { values, quick } = bench;
   const list = (v: string | undefined, def: string[], allowed?: string[]) => {
-    const xs = (v ?? def.join(",")).split(",").map((s) => s.trim()).filter(Boolean);
-    for (const x of xs) if (allowed && !allowed.includes(x)) throw new Error(`unknown value ${JSON.stringify(x)} (allowed: ${allowed.join(", ")})`);
+    const xs = (v ?? def.join(","))
+      .split(",")
+      .map((s) => s.trim())
+      .filter(Boolean);
+    for (const x of xs)
+      if (allowed && !allowed.includes(x)) throw new Error(`unknown value ${JSON.stringify(x)} (allowed: ${allowed.join(", ")})`);
     return xs;
   };
   const nice = Number(values.nice ?? -10);
@@ -222,7 +237,19 @@ export async function suiteMain(argv: string[]): Promise<void> {
     wallS: 0,
     options: o,
     requestFields: REQUEST_FIELDS,
-    workloads: defs.map((d) => ({ id: d.id, name: d.name, description: describeWorkload(d.spec), slo: d.slo, perPoint: d.perPoint, startFactor: d.startFactor, factor: d.factor, relTol: d.relTol, maxPoints: d.maxPoints, budgetS: d.budgetS, refRequests: d.refRequests })),
+    workloads: defs.map((d) => ({
+      id: d.id,
+      name: d.name,
+      description: describeWorkload(d.spec),
+      slo: d.slo,
+      perPoint: d.perPoint,
+      startFactor: d.startFactor,
+      factor: d.factor,
+      relTol: d.relTol,
+      maxPoints: d.maxPoints,
+      budgetS: d.budgetS,
+      refRequests: d.refRequests,
+    })),
     machine: record.machine,
     loadAvgBefore: os.loadavg(),
     loadAvgAfter: [],
@@ -242,16 +269,31 @@ export async function suiteMain(argv: string[]): Promise<void> {
   }
   for (const kind of o.deployments) {
     log(`starting ${kind}`);
-    const dep = await startDeployment(kind, { serveThreads: o.serveThreads, prefillThreads: o.prefillThreads, decodeThreads: 1, nice: o.nice });
+    const dep = await startDeployment(kind, {
+      serveThreads: o.serveThreads,
+      prefillThreads: o.prefillThreads,
+      decodeThreads: 1,
+      nice: o.nice,
+    });
     current = dep;
-    log(`${kind}: ${dep.baseUrl} (${dep.processes.map((p) => `${p.role} pid ${p.pid}, ${p.threads} threads${p.reniced ? `, nice ${o.nice}` : ""}`).join("; ")})`);
+    log(
+      `${kind}: ${dep.baseUrl} (${dep.processes.map((p) => `${p.role} pid ${p.pid}, ${p.threads} threads${p.reniced ? `, nice ${o.nice}` : ""}`).join("; ")})`,
+    );
     result.deployments.push({ kind, processes: dep.processes });
     try {
       // Warm-up, not recorded: one request of each workload pays JIT, connection set-up and the
       // engine's first-use allocations at both prompt sizes.
       const warmClient = new StreamingClient({ baseUrl: dep.baseUrl, model: "default", timeoutMs: 30 * 60_000, extraBody: REQUEST_FIELDS });
       for (const w of defs) {
-        const r = await runLoad(warmClient, new WorkloadFactory(w.spec, prompts), { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: 1, durationS: 1e6, drainS: 0, warmup: 0, seed: 98, progress: false });
+        const r = await runLoad(warmClient, new WorkloadFactory(w.spec, prompts), {
+          arrivals: { kind: "concurrency", concurrency: 1 },
+          maxRequests: 1,
+          durationS: 1e6,
+          drainS: 0,
+          warmup: 0,
+          seed: 98,
+          progress: false,
+        });
         if (!r.results[0]?.ok) throw new Error(`${kind}: warm-up request failed: ${r.results[0]?.error}`);
       }
       await warmClient.close();
@@ -260,11 +302,26 @@ export async function suiteMain(argv: string[]): Promise<void> {
           const path = new URL(dep.baseUrl).pathname + "/chat/completions";
           if (policy !== "full") {
             const allowed = await policyValues(dep.baseUrl, path);
-            if (!allowed?.includes(policy) && !allowed?.includes("*")) throw new Error(`the server does not take policy ${policy} (allowed: ${allowed?.join(", ") ?? "no /openapi.json"})`);
+            if (!allowed?.includes(policy) && !allowed?.includes("*"))
+              throw new Error(`the server does not take policy ${policy} (allowed: ${allowed?.join(", ") ?? "no /openapi.json"})`);
           }
-          const client = new StreamingClient({ baseUrl: dep.baseUrl, model: "default", timeoutMs: 30 * 60_000, extraBody: { ...REQUEST_FIELDS, policy } });
+          const client = new StreamingClient({
+            baseUrl: dep.baseUrl,
+            model: "default",
+            timeoutMs: 30 * 60_000,
+            extraBody: { ...REQUEST_FIELDS, policy },
+          });
           try {
-            configs.push(await runConfig(client, new WorkloadFactory(w.spec, prompts), w, kind, policy, dep.processes.map((p) => p.pid)));
+            configs.push(
+              await runConfig(
+                client,
+                new WorkloadFactory(w.spec, prompts),
+                w,
+                kind,
+                policy,
+                dep.processes.map((p) => p.pid),
+              ),
+            );
             await results.json("suite.partial", result);
           } finally {
             await client.close();
@@ -283,7 +340,14 @@ export async function suiteMain(argv: string[]): Promise<void> {
   await rm(join(results.dir, "suite.partial.json"), { force: true });
 }
 
-async function runConfig(client: StreamingClient, factory: WorkloadFactory, w: WorkloadDef, deployment: DeploymentKind, policy: string, pids: number[]): Promise<ConfigRecord> {
+async function runConfig(
+  client: StreamingClient,
+  factory: WorkloadFactory,
+  w: WorkloadDef,
+  deployment: DeploymentKind,
+  policy: string,
+  pids: number[],
+): Promise<ConfigRecord> {
   const label = `${w.id}/${deployment}/${policy}`;
   // Other agents share the box: wait up to a minute for them to use < 0.7 cores (the idle services
   // under test count as "other" too, and use ~0); the wait and the load are recorded.
@@ -291,7 +355,15 @@ async function runConfig(client: StreamingClient, factory: WorkloadFactory, w: W
   if (!quiet.quiet) log(`${label}: other processes use ${fmtNum(quiet.otherCores, 2)} cores; starting anyway`);
   const t0 = performance.now();
   // The unloaded reference: requests one at a time on the warmed-up deployment.
-  const warm = await runLoad(client, factory, { arrivals: { kind: "concurrency", concurrency: 1 }, maxRequests: w.refRequests, durationS: 1e6, drainS: 0, warmup: 0, seed: 99, progress: false });
+  const warm = await runLoad(client, factory, {
+    arrivals: { kind: "concurrency", concurrency: 1 },
+    maxRequests: w.refRequests,
+    durationS: 1e6,
+    drainS: 0,
+    warmup: 0,
+    seed: 99,
+    progress: false,
+  });
   const ref = warm.results.filter((r) => r.ok);
   if (ref.length === 0) throw new Error(`${label}: unloaded requests failed: ${warm.results.map((r) => r.error).join("; ")}`);
   const unloaded = {
@@ -302,7 +374,9 @@ async function runConfig(client: StreamingClient, factory: WorkloadFactory, w: W
     promptTokens: median(ref.map((r) => r.promptTokens ?? r.promptTokensSent)),
   };
   const startRate = w.startFactor / (unloaded.ttftMs! / 1000);
-  log(`${label}: unloaded TTFT ${fmtNum(unloaded.ttftMs)} ms, TPOT ${fmtNum(unloaded.tpotMs)} ms, ${unloaded.outputTokens} tokens; sweep from ${startRate.toPrecision(3)} req/s`);
+  log(
+    `${label}: unloaded TTFT ${fmtNum(unloaded.ttftMs)} ms, TPOT ${fmtNum(unloaded.tpotMs)} ms, ${unloaded.outputTokens} tokens; sweep from ${startRate.toPrecision(3)} req/s`,
+  );
   const points: PointRecord[] = [];
   let snap = cpuSnapshot(pids);
   let lastUse: CpuUse | undefined;
@@ -346,13 +420,29 @@ async function runConfig(client: StreamingClient, factory: WorkloadFactory, w: W
         requests: run.results.map((r) => compactResult(r, false)),
         clientMinusServerTtftMs: median(ok.map((r) => r.ttftMs! - r.server!.ttftMs)),
       });
-      log(`${label} @ ${rate.toPrecision(3)} req/s: attainment ${(100 * attainment).toFixed(0)}%, TTFT p90 ${fmtNum(run.stats.ttftMs.p90)} ms, TPOT p90 ${fmtNum(run.stats.tpotMs.p90)} ms, foreign load ${fmtNum(points.at(-1)!.cpu.foreignCores)} cores`);
+      log(
+        `${label} @ ${rate.toPrecision(3)} req/s: attainment ${(100 * attainment).toFixed(0)}%, TTFT p90 ${fmtNum(run.stats.ttftMs.p90)} ms, TPOT p90 ${fmtNum(run.stats.tpotMs.p90)} ms, foreign load ${fmtNum(points.at(-1)!.cpu.foreignCores)} cores`,
+      );
     },
   });
-  const rec: ConfigRecord = { workload: w.id, deployment, policy, slo: w.slo, quiet, unloaded, startRate, drainS: sw.drainS, stoppedBy: sw.result.stoppedBy, wallS: (performance.now() - t0) / 1000, points };
+  const rec: ConfigRecord = {
+    workload: w.id,
+    deployment,
+    policy,
+    slo: w.slo,
+    quiet,
+    unloaded,
+    startRate,
+    drainS: sw.drainS,
+    stoppedBy: sw.result.stoppedBy,
+    wallS: (performance.now() - t0) / 1000,
+    points,
+  };
   if (sw.result.maxRate !== undefined) rec.maxRate = sw.result.maxRate;
   if (sw.result.failRate !== undefined) rec.failRate = sw.result.failRate;
-  log(`${label}: max rate at >= 90% attainment ${rec.maxRate?.toPrecision(3) ?? "none"} req/s (lowest failing ${rec.failRate?.toPrecision(3) ?? "none"}; ${rec.stoppedBy}; ${fmtNum(rec.wallS)} s)`);
+  log(
+    `${label}: max rate at >= 90% attainment ${rec.maxRate?.toPrecision(3) ?? "none"} req/s (lowest failing ${rec.failRate?.toPrecision(3) ?? "none"}; ${rec.stoppedBy}; ${fmtNum(rec.wallS)} s)`,
+  );
   return rec;
 }
 
@@ -364,7 +454,19 @@ export interface SuiteResult {
   wallS: number;
   options: ReturnType<typeof parse>["options"];
   requestFields: Record<string, unknown>;
-  workloads: Array<{ id: string; name: string; description: string; slo: Slo; perPoint: number; startFactor: number; factor: number; relTol: number; maxPoints: number; budgetS: number; refRequests: number }>;
+  workloads: Array<{
+    id: string;
+    name: string;
+    description: string;
+    slo: Slo;
+    perPoint: number;
+    startFactor: number;
+    factor: number;
+    relTol: number;
+    maxPoints: number;
+    budgetS: number;
+    refRequests: number;
+  }>;
   machine: RunRecord["machine"];
   loadAvgBefore: number[];
   loadAvgAfter: number[];
@@ -401,7 +503,12 @@ export function suiteMarkdown(r: SuiteResult): string {
       `${fmtNum(c.unloaded.ttftMs)} / ${fmtNum(c.unloaded.tpotMs)}`,
       `**${rateText(c.maxRate)}**`,
       rateText(c.failRate),
-      c.points.map((x) => `${x.rate.toPrecision(2)}:${Math.round(100 * x.attainment)}%${x.disturbed ? "*" : ""}${c.points.some((q) => q.rate === x.rate && q.attempt > x.attempt) ? "(repeated)" : ""}`).join(" "),
+      c.points
+        .map(
+          (x) =>
+            `${x.rate.toPrecision(2)}:${Math.round(100 * x.attainment)}%${x.disturbed ? "*" : ""}${c.points.some((q) => q.rate === x.rate && q.attempt > x.attempt) ? "(repeated)" : ""}`,
+        )
+        .join(" "),
       p ? `${fmtNum(p.stats.ttftMs.p90)} / ${fmtNum(p.stats.tpotMs.p90)}` : "—",
       p ? fmtNum(p.stats.outputTokens.mean) : "—",
       `${fmtNum(Math.min(...foreign), 2)}–${fmtNum(Math.max(...foreign), 2)}`,
@@ -409,7 +516,20 @@ export function suiteMarkdown(r: SuiteResult): string {
     ];
   });
   return markdownTable({
-    headers: ["workload", "deployment", "policy", "SLO TTFT / TPOT", "unloaded TTFT / TPOT ms", "max rate ≥90% (req/s)", "lowest failing", "points (rate:attainment)", "at max rate: TTFT p90 / TPOT p90 ms", "out tokens", "foreign load (cores)", "sweep"],
+    headers: [
+      "workload",
+      "deployment",
+      "policy",
+      "SLO TTFT / TPOT",
+      "unloaded TTFT / TPOT ms",
+      "max rate ≥90% (req/s)",
+      "lowest failing",
+      "points (rate:attainment)",
+      "at max rate: TTFT p90 / TPOT p90 ms",
+      "out tokens",
+      "foreign load (cores)",
+      "sweep",
+    ],
     rows,
   });
 }
@@ -428,7 +548,12 @@ async function writeOutputs(results: Results, r: SuiteResult, writeData: boolean
   const sub = `${r.machine.cpuModel}, ${r.machine.cpus} vCPUs shared with other work; Poisson arrivals; >= 90% of requests meeting both SLOs`;
   const panels = r.workloads.map((w) => {
     const cs = r.configs.filter((c) => c.workload === w.id);
-    return attainmentPanel(w.name, cs.map((c) => ({ label: configLabel(c), points: finalPoints(c) })), 0.9, `SLO TTFT ${fmtNum(w.slo.ttftMs / 1000)} s, TPOT ${w.slo.tpotMs} ms; ${w.perPoint} requests per point`);
+    return attainmentPanel(
+      w.name,
+      cs.map((c) => ({ label: configLabel(c), points: finalPoints(c) })),
+      0.9,
+      `SLO TTFT ${fmtNum(w.slo.ttftMs / 1000)} s, TPOT ${w.slo.tpotMs} ms; ${w.perPoint} requests per point`,
+    );
   });
   await results.chart("attainment", chart(panels, "ctxbank SLO attainment vs Poisson rate", sub));
   const cdfs = r.workloads.flatMap((w) => {
@@ -437,10 +562,20 @@ async function writeOutputs(results: Results, r: SuiteResult, writeData: boolean
       cs.map((c) => {
         const p = refPoint(c);
         const reqs = (p?.requests ?? []) as unknown as RequestResult[];
-        return { label: `${configLabel(c)} @ ${p?.rate.toPrecision(2) ?? "?"} req/s`, values: reqs.filter((x) => x.ok && x[key] !== undefined).map((x) => x[key]!) };
+        return {
+          label: `${configLabel(c)} @ ${p?.rate.toPrecision(2) ?? "?"} req/s`,
+          values: reqs.filter((x) => x.ok && x[key] !== undefined).map((x) => x[key]!),
+        };
       });
     return [
-      cdfPanel(`${w.name}: TTFT`, vals("ttftMs"), "TTFT (s)", true, "at each configuration's highest passing rate (or its lowest rate)", w.slo.ttftMs),
+      cdfPanel(
+        `${w.name}: TTFT`,
+        vals("ttftMs"),
+        "TTFT (s)",
+        true,
+        "at each configuration's highest passing rate (or its lowest rate)",
+        w.slo.ttftMs,
+      ),
       cdfPanel(`${w.name}: TPOT`, vals("tpotMs"), "TPOT (ms)", false, undefined, w.slo.tpotMs),
     ];
   });

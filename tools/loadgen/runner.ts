@@ -62,7 +62,10 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
   const durationMs = opts.durationS * 1000;
   const isSession = factory.spec.kind === "multiturn";
   const roundsPerJob = factory.spec.kind === "multiturn" ? factory.spec.rounds : 1;
-  const schedule = opts.arrivals.kind === "concurrency" ? undefined : openLoopSchedule(opts.arrivals, Math.ceil(opts.maxRequests / roundsPerJob), durationMs, arrivalRng);
+  const schedule =
+    opts.arrivals.kind === "concurrency"
+      ? undefined
+      : openLoopSchedule(opts.arrivals, Math.ceil(opts.maxRequests / roundsPerJob), durationMs, arrivalRng);
   const prebuilt = schedule?.map(() => factory.next(jobRng));
   const planned = schedule ? Math.min(opts.maxRequests, schedule.length * roundsPerJob) : opts.maxRequests;
 
@@ -78,7 +81,12 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
   const elapsed = () => performance.now() - t0;
   const hardStop = setTimeout(() => stop.abort(), durationMs + opts.drainS * 1000);
 
-  const request = async (spec: RequestSpec, scheduledMs: number, where: { session?: number; round?: number; sessionId?: string }, check?: (t: string) => boolean): Promise<RequestResult> => {
+  const request = async (
+    spec: RequestSpec,
+    scheduledMs: number,
+    where: { session?: number; round?: number; sessionId?: string },
+    check?: (t: string) => boolean,
+  ): Promise<RequestResult> => {
     const index = issued++;
     const { t0: sent, ...r } = await client.send(spec, stop.signal);
     const res: RequestResult = { index, ...where, scheduledMs, sentMs: sent - t0, ...r };
@@ -112,7 +120,11 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
       }
       if (issued >= opts.maxRequests || elapsed() >= durationMs) return;
       const next = job.round(r, history);
-      const res = await request(next.spec, r === 0 ? scheduledMs : elapsed(), { session: sessionIndex, round: r, ...(job.sessionId ? { sessionId: job.sessionId } : {}) });
+      const res = await request(next.spec, r === 0 ? scheduledMs : elapsed(), {
+        session: sessionIndex,
+        round: r,
+        ...(job.sessionId ? { sessionId: job.sessionId } : {}),
+      });
       if (!res.ok) return;
       history = [...next.history, { role: "assistant", content: res.text ?? "" }];
     }
@@ -154,9 +166,20 @@ export async function runLoad(client: StreamingClient, factory: WorkloadFactory,
   results.sort((a, b) => a.index - b.index);
   // Open-loop sessions arrive at the process's rate; each brings `rounds` requests.
   const jobsPerS = offeredRate(opts.arrivals);
-  const out: RunResult = { startedAt, wallS, warmup, results, stats: runStats(results, opts.slo, jobsPerS === undefined ? undefined : jobsPerS * roundsPerJob) };
+  const out: RunResult = {
+    startedAt,
+    wallS,
+    warmup,
+    results,
+    stats: runStats(results, opts.slo, jobsPerS === undefined ? undefined : jobsPerS * roundsPerJob),
+  };
   if (isSession) {
-    out.sessions = { ...sessions, roundsPerS: results.filter((r) => r.ok).length / wallS, sessionsPerS: sessions.completed / wallS, sessionIds: sendsSessionIds(factory.spec) };
+    out.sessions = {
+      ...sessions,
+      roundsPerS: results.filter((r) => r.ok).length / wallS,
+      sessionsPerS: sessions.completed / wallS,
+      sessionIds: sendsSessionIds(factory.spec),
+    };
     out.rounds = roundStats(results, opts.slo);
   }
   const server = serverCounts(results);

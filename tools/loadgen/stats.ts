@@ -29,7 +29,14 @@ export interface LatencySummary {
 export function latencySummary(values: readonly number[]): LatencySummary {
   const n = values.length;
   const mean = n === 0 ? Number.NaN : values.reduce((s, v) => s + v, 0) / n;
-  return { n, mean, p50: percentile(values, 50), p90: percentile(values, 90), p99: percentile(values, 99), max: n === 0 ? Number.NaN : Math.max(...values) };
+  return {
+    n,
+    mean,
+    p50: percentile(values, 50),
+    p90: percentile(values, 90),
+    p99: percentile(values, 99),
+    max: n === 0 ? Number.NaN : Math.max(...values),
+  };
 }
 
 /** Does a request meet both SLOs? A failed request never does; one without a second token has no TPOT and meets that SLO. */
@@ -179,7 +186,13 @@ export interface ServerCounts {
 
 /** Counts of ctxbank's per-request placement reports; undefined when no answer carried any (not ctxbank, or no sessions/router/placement). */
 export function serverCounts(results: readonly RequestResult[]): ServerCounts | undefined {
-  const c: ServerCounts = { routeReason: {}, routeDecode: {}, prefillWhere: {}, prefillCause: {}, sessions: { reported: 0, reused: 0, reusedTokens: 0, promptTokens: 0 } };
+  const c: ServerCounts = {
+    routeReason: {},
+    routeDecode: {},
+    prefillWhere: {},
+    prefillCause: {},
+    sessions: { reported: 0, reused: 0, reusedTokens: 0, promptTokens: 0 },
+  };
   const inc = (m: Record<string, number>, k: string) => (m[k] = (m[k] ?? 0) + 1);
   let any = false;
   for (const r of results) {

@@ -88,7 +88,8 @@ export async function runSweep(client: StreamingClient, factory: WorkloadFactory
     maxRate: o.maxRate,
     deadlineMs,
     // The expected point: all arrivals (perPoint / rate) plus one unloaded request's worth of tail.
-    expectedPointMs: (rate) => (o.perPoint / rate) * 1000 + Math.min(drainS, (o.slo.ttftMs + o.maxOutputTokens * o.slo.tpotMs) / 2000) * 1000,
+    expectedPointMs: (rate) =>
+      (o.perPoint / rate) * 1000 + Math.min(drainS, (o.slo.ttftMs + o.maxOutputTokens * o.slo.tpotMs) / 2000) * 1000,
   });
   return { result, runs, drainS };
 }

@@ -4,7 +4,11 @@
 import { request } from "undici";
 
 async function getJson(url: string, apiKey?: string): Promise<{ status: number; body: any }> {
-  const res = await request(url, { headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {}, headersTimeout: 10_000, bodyTimeout: 10_000 });
+  const res = await request(url, {
+    headers: apiKey ? { authorization: `Bearer ${apiKey}` } : {},
+    headersTimeout: 10_000,
+    bodyTimeout: 10_000,
+  });
   const text = await res.body.text();
   try {
     return { status: res.statusCode, body: JSON.parse(text) };
@@ -17,7 +21,8 @@ async function getJson(url: string, apiKey?: string): Promise<{ status: number; 
 export async function firstModel(baseUrl: string, apiKey?: string): Promise<string> {
   const { status, body } = await getJson(`${baseUrl.replace(/\/+$/, "")}/models`, apiKey);
   const id = body?.data?.[0]?.id;
-  if (status !== 200 || typeof id !== "string") throw new Error(`GET ${baseUrl}/models answered ${status} without a model id; pass --model`);
+  if (status !== 200 || typeof id !== "string")
+    throw new Error(`GET ${baseUrl}/models answered ${status} without a model id; pass --model`);
   return id;
 }
 
@@ -43,6 +48,8 @@ export async function policyValues(baseUrl: string, endpointPath: string, apiKey
   const prop = deref(schema?.properties?.policy);
   if (!prop) return [];
   const variants = [prop, ...(prop.anyOf ?? []), ...(prop.oneOf ?? [])].map(deref);
-  const values = variants.flatMap((v: any) => (Array.isArray(v?.enum) ? v.enum : v?.const !== undefined ? [v.const] : [])).filter((v: unknown) => typeof v === "string");
+  const values = variants
+    .flatMap((v: any) => (Array.isArray(v?.enum) ? v.enum : v?.const !== undefined ? [v.const] : []))
+    .filter((v: unknown) => typeof v === "string");
   return values.length > 0 ? values : ["*"];
 }

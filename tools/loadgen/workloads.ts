@@ -42,7 +42,11 @@ export function parseLengthDist(s: string, what: string): LengthDist {
 }
 
 export const describeLength = (d: LengthDist) =>
-  d.kind === "fixed" ? String(d.value) : d.kind === "uniform" ? `uniform ${d.min}-${d.max}` : `normal ${d.mean}±${d.sd} in [${d.min}, ${d.max}]`;
+  d.kind === "fixed"
+    ? String(d.value)
+    : d.kind === "uniform"
+      ? `uniform ${d.min}-${d.max}`
+      : `normal ${d.mean}±${d.sd} in [${d.min}, ${d.max}]`;
 
 export type WorkloadSpec =
   | { kind: "synthetic"; endpoint: Endpoint; input: LengthDist; output: LengthDist; promptFormat: "text" | "ids" }
@@ -88,7 +92,8 @@ export function describeWorkload(w: WorkloadSpec): string {
 }
 
 const QA_INTRO = "Read the document below and answer the question after it.\n\n";
-const QA_QUESTION = "\n\nQuestion: what is the reference code given in the document? State the code, then summarise what the document explains, in detail.";
+const QA_QUESTION =
+  "\n\nQuestion: what is the reference code given in the document? State the code, then summarise what the document explains, in detail.";
 const needle = (code: string) => `\n\nThe reference code for this document is ${code}.\n\n`;
 
 export class WorkloadFactory {
@@ -102,7 +107,8 @@ export class WorkloadFactory {
     opts: { runTag?: string } = {},
   ) {
     this.runTag = opts.runTag ?? randomBytes(4).toString("hex");
-    if (!/^[A-Za-z0-9._-]{1,100}$/.test(this.runTag)) throw new Error(`run tag ${JSON.stringify(this.runTag)}: letters, digits and . _ - only`);
+    if (!/^[A-Za-z0-9._-]{1,100}$/.test(this.runTag))
+      throw new Error(`run tag ${JSON.stringify(this.runTag)}: letters, digits and . _ - only`);
     if (spec.kind === "multiturn" && !(spec.rounds >= 1)) throw new Error("multi-turn needs rounds >= 1");
   }
 
@@ -115,14 +121,19 @@ export class WorkloadFactory {
   }
 
   private measure(endpoint: Endpoint) {
-    return endpoint === "chat" ? (text: string) => this.prompts.chatTokens([{ role: "user", content: text }]) : (text: string) => this.prompts.textTokens(text);
+    return endpoint === "chat"
+      ? (text: string) => this.prompts.chatTokens([{ role: "user", content: text }])
+      : (text: string) => this.prompts.textTokens(text);
   }
 
   private synthetic(w: Extract<WorkloadSpec, { kind: "synthetic" }>, rng: Rng): SingleJob {
     const n = drawLength(w.input, rng);
     const maxTokens = drawLength(w.output, rng);
     if (w.endpoint === "completions" && w.promptFormat === "ids") {
-      return { kind: "single", spec: { endpoint: "completions", body: { prompt: this.prompts.slice(rng, n), max_tokens: maxTokens }, promptTokensSent: n } };
+      return {
+        kind: "single",
+        spec: { endpoint: "completions", body: { prompt: this.prompts.slice(rng, n), max_tokens: maxTokens }, promptTokensSent: n },
+      };
     }
     const { text, tokens } = this.prompts.fit(rng, n, (body) => body, this.measure(w.endpoint));
     const body = w.endpoint === "chat" ? { messages: [{ role: "user", content: text }] } : { prompt: text };
@@ -153,7 +164,11 @@ export class WorkloadFactory {
     const turns = Array.from({ length: w.rounds }, () => {
       const n = drawLength(w.input, rng);
       const ids = this.prompts.slice(rng, n);
-      return { user: `${this.prompts.decode(ids)}\n\nWhat does this part say? Answer briefly.`, tokens: n, maxTokens: drawLength(w.output, rng) };
+      return {
+        user: `${this.prompts.decode(ids)}\n\nWhat does this part say? Answer briefly.`,
+        tokens: n,
+        maxTokens: drawLength(w.output, rng),
+      };
     });
     const think = turns.map(() => exponential(rng, 1 / Math.max(1e-9, w.thinkS)) * 1000);
     // Numbered in the order sessions are made (not drawn from rng: the content stays the same with ids on or off).
@@ -168,7 +183,12 @@ export class WorkloadFactory {
         const t = turns[r]!;
         const messages: ChatMessage[] = [...history, { role: "user", content: t.user }];
         return {
-          spec: { endpoint: "chat", body: { messages, max_tokens: t.maxTokens }, promptTokensSent: this.prompts.chatTokens(messages), ...(headers ? { headers } : {}) },
+          spec: {
+            endpoint: "chat",
+            body: { messages, max_tokens: t.maxTokens },
+            promptTokensSent: this.prompts.chatTokens(messages),
+            ...(headers ? { headers } : {}),
+          },
           history: messages,
         };
       },

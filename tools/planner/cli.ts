@@ -52,7 +52,8 @@ export function parseQuantity(flag: string, v: string | undefined): number | und
   const m = /^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([kKMGT]?)\s*$/.exec(v);
   const mult = { "": 1, k: 1e3, K: 1e3, M: 1e6, G: 1e9, T: 1e12 } as const;
   const n = m ? Number(m[1]) * mult[m[2] as keyof typeof mult] : NaN;
-  if (!Number.isFinite(n) || n <= 0) throw new UsageError(`--${flag} must be a positive number, optionally with k/M/G/T (got ${JSON.stringify(v)})`);
+  if (!Number.isFinite(n) || n <= 0)
+    throw new UsageError(`--${flag} must be a positive number, optionally with k/M/G/T (got ${JSON.stringify(v)})`);
   return n;
 }
 
@@ -74,7 +75,7 @@ export function formatPlan(m: ModelFacts, hw: Hardware, w: Workload, maxBatch: n
     `workload: ${w.promptTokens} in / ${w.outputTokens} out at ${w.rate} req/s; SLO TTFT ${w.sloTtftMs} ms, TPOT ${w.sloTpotMs} ms (${100 * attainment}% of requests)`,
     "",
     "Four costs (Fu; docs/algorithms.md):",
-    `  concurrency (memory):    floor((${fmtNum(hw.memBytes / 2 ** 20)} MiB − ${fmtNum(m.weightBytes / 2 ** 20)} MiB) / KV(${w.promptTokens + w.outputTokens}) = ${fmtNum((w.promptTokens + w.outputTokens) * m.kvBytesPerToken / 2 ** 20)} MiB) = ${c.concurrency} sequences`,
+    `  concurrency (memory):    floor((${fmtNum(hw.memBytes / 2 ** 20)} MiB − ${fmtNum(m.weightBytes / 2 ** 20)} MiB) / KV(${w.promptTokens + w.outputTokens}) = ${fmtNum(((w.promptTokens + w.outputTokens) * m.kvBytesPerToken) / 2 ** 20)} MiB) = ${c.concurrency} sequences`,
     `  prefill (FLOP/s):        ${fmtNum(c.prefillS * 1000)} ms for ${w.promptTokens} tokens`,
     `  decode (bandwidth):      ${fmtNum(mem, 2)} ms/token at batch 1 (compute side ${fmtNum(cmp, 2)} ms; step = the larger)`,
     `  context switch (link):   ${fmtNum(c.contextSwitchS * 1000)} ms to move ${fmtNum(c.kvBytes / 2 ** 20)} MiB of KV`,
@@ -94,10 +95,27 @@ async function main(argv: string[]): Promise<void> {
       args: argv,
       strict: true,
       options: {
-        prompt: { type: "string" }, output: { type: "string" }, rate: { type: "string" }, "slo-ttft": { type: "string" }, "slo-tpot": { type: "string" },
-        attainment: { type: "string" }, "max-batch": { type: "string" }, flops: { type: "string" }, "decode-flops": { type: "string" }, "mem-bw": { type: "string" },
-        mem: { type: "string" }, "link-bw": { type: "string" }, link: { type: "string" }, threads: { type: "string" }, model: { type: "string" },
-        measure: { type: "boolean" }, budget: { type: "string" }, out: { type: "string" }, nice: { type: "string" }, json: { type: "boolean" }, help: { type: "boolean", short: "h" },
+        prompt: { type: "string" },
+        output: { type: "string" },
+        rate: { type: "string" },
+        "slo-ttft": { type: "string" },
+        "slo-tpot": { type: "string" },
+        attainment: { type: "string" },
+        "max-batch": { type: "string" },
+        flops: { type: "string" },
+        "decode-flops": { type: "string" },
+        "mem-bw": { type: "string" },
+        mem: { type: "string" },
+        "link-bw": { type: "string" },
+        link: { type: "string" },
+        threads: { type: "string" },
+        model: { type: "string" },
+        measure: { type: "boolean" },
+        budget: { type: "string" },
+        out: { type: "string" },
+        nice: { type: "string" },
+        json: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
       },
     }));
   } catch (e) {
@@ -134,7 +152,17 @@ async function main(argv: string[]): Promise<void> {
     const nice = Number(s("nice") ?? -10);
     const err = setProcessNice(nice);
     if (err) process.stderr.write(`[plan] could not set nice ${nice}: ${err}\n`);
-    await runMeasurement({ modelPath, facts, threads, nice, budgetBytes: parseQuantity("budget", s("budget")) ?? 2 ** 30, out: s("out") ? resolve(s("out")!) : resultsDir("planner"), maxBatch, attainment, argv });
+    await runMeasurement({
+      modelPath,
+      facts,
+      threads,
+      nice,
+      budgetBytes: parseQuantity("budget", s("budget")) ?? 2 ** 30,
+      out: s("out") ? resolve(s("out")!) : resultsDir("planner"),
+      maxBatch,
+      attainment,
+      argv,
+    });
     return;
   }
   const missing = given.flops === undefined || given.memBw === undefined || given.linkBw === undefined;
@@ -146,7 +174,20 @@ async function main(argv: string[]): Promise<void> {
   const hw = hardwareFrom(probe, given, link);
   if (values.json) {
     const c = fourCosts(facts, hw, workload.promptTokens, workload.outputTokens);
-    process.stdout.write(JSON.stringify({ model: facts, hardware: hw, probe, workload, costs: c, plan: replicaPlan(facts, hw, workload, { maxBatch, handoffS: c.contextSwitchS, attainment }) }, null, 2) + "\n");
+    process.stdout.write(
+      JSON.stringify(
+        {
+          model: facts,
+          hardware: hw,
+          probe,
+          workload,
+          costs: c,
+          plan: replicaPlan(facts, hw, workload, { maxBatch, handoffS: c.contextSwitchS, attainment }),
+        },
+        null,
+        2,
+      ) + "\n",
+    );
   } else process.stdout.write(formatPlan(facts, hw, workload, maxBatch, attainment));
 }
 

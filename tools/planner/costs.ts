@@ -158,7 +158,8 @@ export function decodeMaxRate(m: ModelFacts, hw: Hardware, w: Workload, o: { max
     if (decodeStepSeconds(m, hw, ctx, b) + handoff <= w.sloTpotMs / 1000) batch = b;
     else break;
   }
-  if (batch === 0) return { batch: 0, tpotS: decodeStepSeconds(m, hw, ctx, 1) + handoff, maxRate: 0, limitedBy: cap === 0 ? "memory" : "tpot" };
+  if (batch === 0)
+    return { batch: 0, tpotS: decodeStepSeconds(m, hw, ctx, 1) + handoff, maxRate: 0, limitedBy: cap === 0 ? "memory" : "tpot" };
   const step = decodeStepSeconds(m, hw, ctx, batch);
   const limitedBy = batch < cap ? "tpot" : cap === o.maxBatch && o.maxBatch <= memCap ? "max-batch" : "memory";
   return { batch, tpotS: step + handoff, maxRate: batch / (w.outputTokens * step), limitedBy };
@@ -176,11 +177,23 @@ export interface ReplicaPlan {
 }
 
 /** DistServe-style: instances of each phase needed for the workload's rate under its SLOs. */
-export function replicaPlan(m: ModelFacts, hw: Hardware, w: Workload, o: { maxBatch: number; handoffS?: number; attainment?: number }): ReplicaPlan {
+export function replicaPlan(
+  m: ModelFacts,
+  hw: Hardware,
+  w: Workload,
+  o: { maxBatch: number; handoffS?: number; attainment?: number },
+): ReplicaPlan {
   const pRate = prefillMaxRate(prefillSeconds(m, hw, w.promptTokens), w.sloTtftMs / 1000, o.attainment ?? 0.9);
   const decode = decodeMaxRate(m, hw, w, o);
   const replicas = (cap: number) => (cap > 0 ? Math.ceil(w.rate / cap) : Infinity);
   const p = replicas(pRate);
   const d = replicas(decode.maxRate);
-  return { prefillMaxRate: pRate, decode, prefillReplicas: p, decodeReplicas: d, ratio: `${p}:${d}`, onePairMaxRate: Math.min(pRate, decode.maxRate) };
+  return {
+    prefillMaxRate: pRate,
+    decode,
+    prefillReplicas: p,
+    decodeReplicas: d,
+    ratio: `${p}:${d}`,
+    onePairMaxRate: Math.min(pRate, decode.maxRate),
+  };
 }

@@ -4,7 +4,11 @@ import type { Hardware } from "./costs.ts";
 import type { ProbeResult } from "./probe.ts";
 
 /** Given figures win; the rest come from the probe (the link: shm or loopback TCP). */
-export function hardwareFrom(probe: ProbeResult | undefined, given: Partial<Record<"flops" | "decodeFlops" | "memBw" | "mem" | "linkBw", number>>, link: "shm" | "tcp"): Hardware {
+export function hardwareFrom(
+  probe: ProbeResult | undefined,
+  given: Partial<Record<"flops" | "decodeFlops" | "memBw" | "mem" | "linkBw", number>>,
+  link: "shm" | "tcp",
+): Hardware {
   const need = <T>(v: T | undefined, what: string): T => {
     if (v === undefined) throw new Error(`no ${what}: give it or let it be probed`);
     return v;

@@ -54,10 +54,14 @@ export interface MemoryMeasurement {
 
 /** memory-fit.ts in a fresh process (see there). */
 export async function measureMemory(modelPath: string, threads: number, budgetBytes: number, tokens: number[]): Promise<MemoryMeasurement> {
-  const { stdout } = await run(process.execPath, ["--import", "tsx", join(import.meta.dirname, "memory-fit.ts"), modelPath, String(threads), String(budgetBytes), ...tokens.map(String)], {
-    cwd: resolve(import.meta.dirname, "../.."),
-    maxBuffer: 1 << 20,
-  });
+  const { stdout } = await run(
+    process.execPath,
+    ["--import", "tsx", join(import.meta.dirname, "memory-fit.ts"), modelPath, String(threads), String(budgetBytes), ...tokens.map(String)],
+    {
+      cwd: resolve(import.meta.dirname, "../.."),
+      maxBuffer: 1 << 20,
+    },
+  );
   return JSON.parse(stdout.trim().split("\n").pop()!) as MemoryMeasurement;
 }
 
@@ -119,7 +123,6 @@ export class EngineBench {
     for (const s of seqs) s.release();
     return { tokens: n, out, prefillS, decodeStepMs: { batch1: median(steps1), batch8: median(steps8) } };
   }
-
 }
 
 export interface HandoffMeasurement {
@@ -132,7 +135,11 @@ export interface HandoffMeasurement {
 }
 
 /** KV handoff per prompt length and transport, through the deployed services. */
-export async function measureHandoff(modelPath: string, lengths: number[], o: { nice?: number; prefillThreads: number }): Promise<HandoffMeasurement[]> {
+export async function measureHandoff(
+  modelPath: string,
+  lengths: number[],
+  o: { nice?: number; prefillThreads: number },
+): Promise<HandoffMeasurement[]> {
   const pg = await startPostgres("ctxbank_planner");
   const shardDir = await mkdtemp("/dev/shm/ctxbank-planner-");
   const procs: ServiceProcess[] = [];

@@ -11,7 +11,10 @@ const budget = Number(budgetArg);
 const rss0 = rssBytes();
 const engine = new Engine(await loadModel(modelPath!), { threads: Number(threadsArg) });
 const warm = engine.createSequence(16);
-await engine.prefill(warm, Array.from({ length: 16 }, (_, i) => 100 + i));
+await engine.prefill(
+  warm,
+  Array.from({ length: 16 }, (_, i) => 100 + i),
+);
 warm.release();
 const rss1 = rssBytes();
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1] ?? Number.NaN;

@@ -98,7 +98,12 @@ export async function probeTcp(bytes = 256 * MiB): Promise<number> {
 }
 
 /** Engine prefill of 512 tokens with `threads` threads: FLOP/s by the planner's own FLOP count. */
-export async function probeFlops(modelPath: string, facts: ModelFacts, threads: number, tokens = 512): Promise<{ flops: number; seconds: number; tokens: number }> {
+export async function probeFlops(
+  modelPath: string,
+  facts: ModelFacts,
+  threads: number,
+  tokens = 512,
+): Promise<{ flops: number; seconds: number; tokens: number }> {
   const tok = GgufTokenizer.fromGguf(modelPath);
   const ids = tok.encode(benchText(4)).slice(0, tokens);
   if (ids.length < tokens) throw new Error("probe text too short");
@@ -135,5 +140,14 @@ export async function probeAll(modelPath: string, facts: ModelFacts, threads: nu
   const tcpBw = await probeTcp();
   const f = await probeFlops(modelPath, facts, threads);
   const f1 = threads === 1 ? f : await probeFlops(modelPath, facts, 1);
-  return { flops: f.flops, flopsProbe: { seconds: f.seconds, tokens: f.tokens, threads }, flops1: f1.flops, memReadBw: mem.readBw, memCopyBw: mem.copyBw, shmBw, tcpBw, memBytes: os.totalmem() };
+  return {
+    flops: f.flops,
+    flopsProbe: { seconds: f.seconds, tokens: f.tokens, threads },
+    flops1: f1.flops,
+    memReadBw: mem.readBw,
+    memCopyBw: mem.copyBw,
+    shmBw,
+    tcpBw,
+    memBytes: os.totalmem(),
+  };
 }

@@ -48,8 +48,7 @@ struct BlockWork {
 
 // Blocks are numbered head_block = kvh * blocks_per_kv + c, where block c of a KV head takes
 // query heads c * heads_per_block .. of its group (the launchers size the grid the same way).
-__device__ BlockWork block_work(const AttnWork& w, int head_block, int group, int heads_per_block, int n_head_kv,
-                                int head_dim, int layer) {
+__device__ BlockWork block_work(const AttnWork& w, int head_block, int group, int heads_per_block, int n_head_kv, int head_dim, int layer) {
   const int blocks_per_kv = (group + heads_per_block - 1) / heads_per_block;
   const int kvh = head_block / blocks_per_kv, first = (head_block % blocks_per_kv) * heads_per_block;
   BlockWork b;
@@ -68,9 +67,7 @@ __device__ BlockWork block_work(const AttnWork& w, int head_block, int group, in
   return b;
 }
 
-__device__ __forceinline__ int key_at(const BlockWork& b, int offset) {
-  return b.list ? b.list[offset] : b.key_begin + offset;
-}
+__device__ __forceinline__ int key_at(const BlockWork& b, int offset) { return b.list ? b.list[offset] : b.key_begin + offset; }
 
 // Starts the copy of the tile at key offset `kt` (kTileKeys keys) into ks and vs ([kTileKeys][D +
 // kPad] halves) and writes its key indices to kidx; rows past the end are zeros with index kNoKey.
@@ -121,32 +118,32 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
 // lane gets (row g, cols 2t, 2t+1) of each; .trans: (rows 2t, 2t+1, col g).
 __device__ __forceinline__ void ldmatrix_x4(const __half* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(const __half* p, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-               : "r"(a));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n" : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
 }
 
 // The two uses of attention_tc_kernel. Slabs: warps of 16 rows each; key groups: warps splitting
 // each tile's keys, each with its own softmax state, merged at the end.
-struct DecodeConfig {                    // attention_gqa
+struct DecodeConfig {                   // attention_gqa
   static constexpr bool kSplit = true;  // q and P as f16 pairs (hi + lo): f32-level results
   static constexpr int kKeyGroups = 4;  // 16 keys of each tile per warp
   static constexpr int kMaxSlabs = 1;   // 16 rows per pass: up to 4 queries of 4 heads
   template <int D>
-  __host__ __device__ static constexpr int stages() { return D <= 64 ? 4 : 3; }  // 3 (2) tiles in flight per block
+  __host__ __device__ static constexpr int stages() {
+    return D <= 64 ? 4 : 3;
+  }  // 3 (2) tiles in flight per block
 };
-struct PrefillConfig {                    // attention_prefill_tc
-  static constexpr bool kSplit = false;  // q and P rounded to f16
-  static constexpr int kKeyGroups = 2;   // 32 keys of each tile per warp
+struct PrefillConfig {                              // attention_prefill_tc
+  static constexpr bool kSplit = false;             // q and P rounded to f16
+  static constexpr int kKeyGroups = 2;              // 32 keys of each tile per warp
   static constexpr int kMaxSlabs = kMaxGroupHeads;  // one slab per query head: 16 queries
   template <int D>
-  __host__ __device__ static constexpr int stages() { return 2; }
+  __host__ __device__ static constexpr int stages() {
+    return 2;
+  }
 };
 static_assert(16 * DecodeConfig::kMaxSlabs >= kSplitTokens * kMaxGroupHeads, "a decode work item fits one pass");
 
@@ -181,23 +178,22 @@ constexpr size_t tc_smem_bytes(int slabs) {
 // (max -inf: rescale 1, weights 0); exponents use 0 while its max is still -inf (no inf - inf).
 template <int D, typename Config>
 __global__ void __launch_bounds__(32 * Config::kKeyGroups * Config::kMaxSlabs)
-    attention_tc_kernel(const float* q, const AttnWork* works, int n_head, int n_head_kv, int heads_per_block, int layer,
-                        float scale, float* part_o, float* part_ml) {
+    attention_tc_kernel(const float* q, const AttnWork* works, int n_head, int n_head_kv, int heads_per_block, int layer, float scale,
+                        float* part_o, float* part_ml) {
   constexpr bool kSplit = Config::kSplit;
   constexpr int kStages = Config::template stages<D>(), kKeyGroups = Config::kKeyGroups;
   constexpr int kLd = D + kPad, kTileHalves = kTileKeys * kLd;
   constexpr int kWarpKeys = kTileKeys / kKeyGroups;  // keys of each tile per warp
-  constexpr int kKChunks = D / 16;                    // k steps of S = Q K^T
-  constexpr int kSTiles = kWarpKeys / 8;              // n tiles of S
-  constexpr int kOTiles = D / 8;                      // n tiles of O
+  constexpr int kKChunks = D / 16;                   // k steps of S = Q K^T
+  constexpr int kSTiles = kWarpKeys / 8;             // n tiles of S
+  constexpr int kOTiles = D / 8;                     // n tiles of O
   constexpr int kMergeLd = D + 4;
   constexpr float kPScale = kSplit ? 4096.f : 1.f;
   extern __shared__ __align__(16) unsigned char smem[];
-  __half* tiles = reinterpret_cast<__half*>(smem);                       // [kStages][K, V][kTileKeys][kLd]
+  __half* tiles = reinterpret_cast<__half*>(smem);                        // [kStages][K, V][kTileKeys][kLd]
   int* kidx = reinterpret_cast<int*>(tiles + kStages * 2 * kTileHalves);  // [kStages][kTileKeys]
 
-  const BlockWork b =
-      block_work(works[gridDim.y - 1 - blockIdx.y], blockIdx.x, n_head / n_head_kv, heads_per_block, n_head_kv, D, layer);
+  const BlockWork b = block_work(works[gridDim.y - 1 - blockIdx.y], blockIdx.x, n_head / n_head_kv, heads_per_block, n_head_kv, D, layer);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int slabs = blockDim.x / (32 * kKeyGroups), slab = warp % slabs, key_group = warp / slabs;
   const int key0 = key_group * kWarpKeys;  // this warp's keys in each tile
@@ -207,8 +203,8 @@ __global__ void __launch_bounds__(32 * Config::kKeyGroups * Config::kMaxSlabs)
   auto exp_scores = [](float x) { return kSplit ? expf(x) : exp2f(x); };
   auto k_tile = [&](int s) { return tiles + s * 2 * kTileHalves; };
   auto v_tile = [&](int s) { return tiles + s * 2 * kTileHalves + kTileHalves; };
-  float* merge_o = reinterpret_cast<float*>(smem);                      // [kKeyGroups][rows_per_pass][kMergeLd]
-  float* merge_ml = merge_o + kKeyGroups * rows_per_pass * kMergeLd;    // [kKeyGroups][rows_per_pass][2]
+  float* merge_o = reinterpret_cast<float*>(smem);                    // [kKeyGroups][rows_per_pass][kMergeLd]
+  float* merge_ml = merge_o + kKeyGroups * rows_per_pass * kMergeLd;  // [kKeyGroups][rows_per_pass][2]
 
   for (int qa = 0; qa < b.nq; qa += queries_per_pass) {
     const int rows = min(queries_per_pass, b.nq - qa) * b.n_heads;
@@ -225,10 +221,12 @@ __global__ void __launch_bounds__(32 * Config::kKeyGroups * Config::kMaxSlabs)
         const int r = e & 1 ? r_hi : r_lo, c = 16 * kc + 2 * t4 + (e & 2 ? 8 : 0);
         float2 x = make_float2(0.f, 0.f);
         if (r < rows)
-          x = *reinterpret_cast<const float2*>(
-              q + (static_cast<size_t>(b.q0 + qa + r / b.n_heads) * n_head + b.h0 + r % b.n_heads) * D + c);
-        if constexpr (kSplit) split_half2(x.x, x.y, qf[kc][e], qf_lo[kc][e]);
-        else qf[kc][e] = pack_half2(x.x, x.y);
+          x = *reinterpret_cast<const float2*>(q + (static_cast<size_t>(b.q0 + qa + r / b.n_heads) * n_head + b.h0 + r % b.n_heads) * D +
+                                               c);
+        if constexpr (kSplit)
+          split_half2(x.x, x.y, qf[kc][e], qf_lo[kc][e]);
+        else
+          qf[kc][e] = pack_half2(x.x, x.y);
       }
     float o[kOTiles][4];
 #pragma unroll
@@ -321,8 +319,10 @@ __global__ void __launch_bounds__(32 * Config::kKeyGroups * Config::kMaxSlabs)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float* sv = s[2 * kc + (e >> 1)] + 2 * (e & 1);
-          if constexpr (kSplit) split_half2(sv[0] * kPScale, sv[1] * kPScale, pa[e], pa_lo[e]);
-          else pa[e] = pack_half2(sv[0], sv[1]);
+          if constexpr (kSplit)
+            split_half2(sv[0] * kPScale, sv[1] * kPScale, pa[e], pa_lo[e]);
+          else
+            pa[e] = pack_half2(sv[0], sv[1]);
         }
 #pragma unroll
         for (int dn2 = 0; dn2 < kOTiles / 2; ++dn2) {
@@ -330,8 +330,7 @@ __global__ void __launch_bounds__(32 * Config::kKeyGroups * Config::kMaxSlabs)
           // (b0, b1) of O tiles 2dn2 and 2dn2 + 1.
           const int i = lane >> 3;
           uint32_t b0, b1, b2, b3;
-          ldmatrix_x4_trans(vs + (key0 + 16 * kc + 8 * (i & 1) + (lane & 7)) * kLd + 8 * (2 * dn2 + (i >> 1)), b0, b1, b2,
-                            b3);
+          ldmatrix_x4_trans(vs + (key0 + 16 * kc + 8 * (i & 1) + (lane & 7)) * kLd + 8 * (2 * dn2 + (i >> 1)), b0, b1, b2, b3);
           mma_16816(o[2 * dn2], pa, b0, b1);
           mma_16816(o[2 * dn2 + 1], pa, b2, b3);
           if constexpr (kSplit) {
@@ -408,8 +407,7 @@ void configure_once(AttnKernel kernel, size_t max_smem, std::atomic<uint64_t>& c
   CTX_CUDA(cudaGetDevice(&device));
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
   if (configured.load(std::memory_order_acquire) & bit) return;
-  if (max_smem > 48 * 1024)
-    CTX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_smem)));
+  if (max_smem > 48 * 1024) CTX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_smem)));
   CTX_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   configured.fetch_or(bit, std::memory_order_release);
 }
@@ -417,8 +415,8 @@ void configure_once(AttnKernel kernel, size_t max_smem, std::atomic<uint64_t>& c
 // Launches attention_tc_kernel<D, Config> over the work list, grid (KV heads x blocks per head,
 // work items): at most 65535 work items per launch (the grid's y limit).
 template <int D, typename Config>
-void launch_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int layer, float scale,
-               float* part_o, float* part_ml, cudaStream_t st) {
+void launch_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int layer, float scale, float* part_o,
+               float* part_ml, cudaStream_t st) {
   static std::atomic<uint64_t> configured{0};
   const AttnKernel kernel = attention_tc_kernel<D, Config>;
   configure_once(kernel, tc_smem_bytes<D, Config>(Config::kMaxSlabs), configured);
@@ -428,34 +426,39 @@ void launch_tc(const float* q, const AttnWork* work, int n_work, int n_head, int
   const unsigned head_blocks = static_cast<unsigned>(n_head_kv * ((group + hpb - 1) / hpb));
   for (int first = 0; first < n_work; first += 65535) {
     const unsigned count = static_cast<unsigned>(std::min(65535, n_work - first));
-    kernel<<<dim3(head_blocks, count), 32 * Config::kKeyGroups * slabs, smem, st>>>(q, work + first, n_head, n_head_kv,
-                                                                                      hpb, layer, scale, part_o, part_ml);
+    kernel<<<dim3(head_blocks, count), 32 * Config::kKeyGroups * slabs, smem, st>>>(q, work + first, n_head, n_head_kv, hpb, layer, scale,
+                                                                                    part_o, part_ml);
     CTX_CUDA_LAUNCHED("attention_fast");
   }
 }
 
 template <typename Config>
-void attention_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer,
-                  float scale, float* part_o, float* part_ml, cudaStream_t st) {
+void attention_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+                  float* part_o, float* part_ml, cudaStream_t st) {
   if (n_work <= 0) return;
   switch (head_dim) {
-    case 32: return launch_tc<32, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
-    case 64: return launch_tc<64, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
-    case 96: return launch_tc<96, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
-    case 128: return launch_tc<128, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
-    default: return attention(q, work, n_work, n_head, n_head_kv, head_dim, layer, scale, part_o, part_ml, st);
+    case 32:
+      return launch_tc<32, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
+    case 64:
+      return launch_tc<64, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
+    case 96:
+      return launch_tc<96, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
+    case 128:
+      return launch_tc<128, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
+    default:
+      return attention(q, work, n_work, n_head, n_head_kv, head_dim, layer, scale, part_o, part_ml, st);
   }
 }
 
 }  // namespace
 
-void attention_gqa(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer,
-                   float scale, float* part_o, float* part_ml, cudaStream_t st) {
+void attention_gqa(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+                   float* part_o, float* part_ml, cudaStream_t st) {
   attention_tc<DecodeConfig>(q, work, n_work, n_head, n_head_kv, head_dim, layer, scale, part_o, part_ml, st);
 }
 
-void attention_prefill_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim,
-                          int layer, float scale, float* part_o, float* part_ml, cudaStream_t st) {
+void attention_prefill_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+                          float* part_o, float* part_ml, cudaStream_t st) {
   attention_tc<PrefillConfig>(q, work, n_work, n_head, n_head_kv, head_dim, layer, scale, part_o, part_ml, st);
 }
 
@@ -467,8 +470,8 @@ constexpr int kCombineThreads = 128;
 // and the sum l (block reductions in shared memory); then the threads form `groups` groups of
 // head_dim (thread tid: dimension tid % head_dim of group tid / head_dim), group g summing the
 // output rows of splits g, g + groups, ...; the groups' sums are added in shared memory.
-__global__ void attention_combine_wide_kernel(const float* part_o, const float* part_ml, const AttnCombine* comb, int n_head,
-                                              int head_dim, float* out) {
+__global__ void attention_combine_wide_kernel(const float* part_o, const float* part_ml, const AttnCombine* comb, int n_head, int head_dim,
+                                              float* out) {
   __shared__ float red[kCombineThreads];
   __shared__ float sums[kCombineThreads];
   const int t = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
@@ -520,8 +523,8 @@ __global__ void attention_combine_wide_kernel(const float* part_o, const float* 
 
 }  // namespace
 
-void attention_combine_wide(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head,
-                            int head_dim, float* out, cudaStream_t st) {
+void attention_combine_wide(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head, int head_dim, float* out,
+                            cudaStream_t st) {
   if (head_dim > kMaxHeadDimGpu || head_dim % 32 != 0) {
     attention_combine(part_o, part_ml, comb, n, n_head, head_dim, out, st);
     return;

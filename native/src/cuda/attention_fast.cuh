@@ -23,23 +23,23 @@ namespace ctx::cuda {
 // tile. q and the softmax weights enter the tensor cores as f16 pairs (hi + lo, two MMAs each),
 // scores use expf: results within a few float roundings of attention() (2e-5 in the tests).
 // Prefill tiles are correct too, but take several passes: attention_prefill_tc is for them.
-void attention_gqa(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer,
-                   float scale, float* part_o, float* part_ml, cudaStream_t st);
+void attention_gqa(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+                   float* part_o, float* part_ml, cudaStream_t st);
 
 // Prefill attention, for tiles of up to kAttnQueries queries: a block's rows are its work item's
 // queries times its query heads (16 x 3 = 48 for a group of 3), 16 rows per pair of warps that
 // split each tile's keys. q and the softmax weights P are rounded to f16 (K and V already are):
 // relative error up to 2^-11 in each, so results differ from attention()'s by up to about 1e-3
 // for values in [-1, 1] (the test derives the bound).
-void attention_prefill_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim,
-                          int layer, float scale, float* part_o, float* part_ml, cudaStream_t st);
+void attention_prefill_tc(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+                          float* part_o, float* part_ml, cudaStream_t st);
 
 // attention_combine with the splits spread over a block: one block of 128 threads per (token,
 // head) reads every split's (m, l) and output rows at once, where attention_combine walks them in
 // sequence with one warp (up to 128 splits at a 32K+ context: a chain of dependent memory reads
 // per head). Same arithmetic per split; the sums are added in another order (results within a
 // few float roundings of attention_combine's).
-void attention_combine_wide(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head,
-                            int head_dim, float* out, cudaStream_t st);
+void attention_combine_wide(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head, int head_dim, float* out,
+                            cudaStream_t st);
 
 }  // namespace ctx::cuda

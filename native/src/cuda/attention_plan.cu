@@ -17,9 +17,7 @@ int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnC
   for (int i = 0; i < n_slices; ++i) {
     const AttnSlice& s = slices[i];
     const int n_keys = s.pos0 + s.count;  // the last query sees every key up to its own
-    const int splits = s.count <= kSplitTokens
-                           ? std::max(1, std::min({kMaxSplits, n_keys / kSplitKeys, 1 + extra_per_token}))
-                           : 1;
+    const int splits = s.count <= kSplitTokens ? std::max(1, std::min({kMaxSplits, n_keys / kSplitKeys, 1 + extra_per_token})) : 1;
     if (splits > 1) {
       const int chunk = (n_keys + splits - 1) / splits;
       for (int sp = 0; sp < splits; ++sp) {

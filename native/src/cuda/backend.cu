@@ -31,19 +31,18 @@ std::unique_ptr<DeviceError> cuda_unusable(int index) {
   if (driver < CUDART_VERSION)
     return std::make_unique<DeviceError>(
         "cuda_driver_too_old", "cuda: the driver supports CUDA " + std::to_string(driver / 1000) + "." +
-                                   std::to_string(driver % 1000 / 10) + ", this build needs " +
-                                   std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10) +
-                                   " (update the NVIDIA driver)");
+                                   std::to_string(driver % 1000 / 10) + ", this build needs " + std::to_string(CUDART_VERSION / 1000) +
+                                   "." + std::to_string(CUDART_VERSION % 1000 / 10) + " (update the NVIDIA driver)");
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e == cudaErrorInsufficientDriver)
     return std::make_unique<DeviceError>("cuda_driver_too_old", std::string("cuda: ") + cudaGetErrorString(e));
   if (e != cudaSuccess || count == 0)
-    return std::make_unique<DeviceError>("no_gpu", std::string("cuda: no usable GPU (") +
-                                                       (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+    return std::make_unique<DeviceError>(
+        "no_gpu", std::string("cuda: no usable GPU (") + (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
   if (index >= count)
-    return std::make_unique<DeviceError>("no_gpu", "cuda: no GPU " + std::to_string(index) + " (this machine has " +
-                                                       std::to_string(count) + ")");
+    return std::make_unique<DeviceError>("no_gpu",
+                                         "cuda: no GPU " + std::to_string(index) + " (this machine has " + std::to_string(count) + ")");
   return nullptr;
 }
 
@@ -53,7 +52,7 @@ namespace {
 // The types with 8-bit-activation kernels here. The others the CPU engine supports (F32, F16,
 // BF16, Q5_0, Q5_1 and the K-quants) go through the float paths, which read any of them (load_weight).
 bool is_quantized(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q8_0; }
-constexpr int kLogitRows = 32;   // as engine.cc
+constexpr int kLogitRows = 32;  // as engine.cc
 
 // One allocation of device memory, freed with its owner.
 template <typename T>
@@ -85,7 +84,9 @@ struct DevBuf {
 template <typename T>
 struct PinnedBuf {
   T* p = nullptr;
-  ~PinnedBuf() { if (p) cudaFreeHost(p); }
+  ~PinnedBuf() {
+    if (p) cudaFreeHost(p);
+  }
   void alloc(size_t count) { CTX_CUDA(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T))); }
 };
 
@@ -165,7 +166,12 @@ class CudaBackend : public DeviceBackend {
     DevQWeight q;
     bool repacked = false;
   };
-  struct Layer { const float* attn_norm; Mat wq, wk, wv, wo; const float* ffn_norm; Mat w_gate, w_up, w_down; };
+  struct Layer {
+    const float* attn_norm;
+    Mat wq, wk, wv, wo;
+    const float* ffn_norm;
+    Mat w_gate, w_up, w_down;
+  };
   void upload_weights();
   void upload_repacked();
   void forward_ubatch(const std::vector<Slice>& slices);
@@ -215,7 +221,7 @@ class CudaBackend : public DeviceBackend {
   PinnedBuf<AttnCombine> h_combine_;
   PinnedBuf<float> h_logits_;
   int n_works_ = 0;
-  int n_decode_works_ = 0;  // with a fast attention variant, the works of at most kSplitTokens queries come first
+  int n_decode_works_ = 0;                  // with a fast attention variant, the works of at most kSplitTokens queries come first
   static constexpr size_t kMaxGraphs = 64;  // all are dropped when full (contexts grow by splits)
   std::map<std::tuple<int, int, int>, cudaGraphExec_t> graphs_;  // (tokens, work items, decode work items) -> layers
   size_t max_works_ = 0, max_parts_ = 0;
@@ -232,8 +238,8 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions
   if (const std::vector<std::string> needs = c.beyond_llama(); !needs.empty()) {
     std::string list;
     for (const std::string& n : needs) list += (list.empty() ? "" : ", ") + n;
-    throw DeviceError("cuda_unsupported_model", "cuda: the GPU backend runs the Llama forward pass only, and this " +
-                                                    c.architecture + " model needs " + list + " (run it with --device cpu)");
+    throw DeviceError("cuda_unsupported_model", "cuda: the GPU backend runs the Llama forward pass only, and this " + c.architecture +
+                                                    " model needs " + list + " (run it with --device cpu)");
   }
   if (auto why = cuda_unusable(index)) throw *why;
   if (c.head_dim % 32 != 0 || c.head_dim > kMaxHeadDimGpu || c.n_embd % 32 != 0 || c.n_ff % 32 != 0)
@@ -328,8 +334,8 @@ void CudaBackend::upload_weights() {
   };
   auto add_weight = [&](const Weight& w) {
     if (!is_supported_weight_type(w.type))
-      throw DeviceError("cuda_unsupported_model", "cuda: weight type " + ggml_type_name(static_cast<uint32_t>(w.type)) +
-                                                      " has no GPU kernel");
+      throw DeviceError("cuda_unsupported_model",
+                        "cuda: weight type " + ggml_type_name(static_cast<uint32_t>(w.type)) + " has no GPU kernel");
     return add(w.data, w.row_bytes * w.rows);
   };
   std::vector<size_t> ids;
@@ -347,9 +353,7 @@ void CudaBackend::upload_weights() {
   for (size_t i = 0; i < parts.size(); ++i)
     CTX_CUDA(cudaMemcpyAsync(weights_.p + offsets[i], parts[i].first, parts[i].second, cudaMemcpyHostToDevice, stream_));
   CTX_CUDA(cudaStreamSynchronize(stream_));  // the sources are pageable (the file's mapping)
-  auto dev = [&](const Weight& w, size_t id) {
-    return DevWeight{w.type, weights_.p + offsets[id], w.rows, w.cols, w.row_bytes};
-  };
+  auto dev = [&](const Weight& w, size_t id) { return DevWeight{w.type, weights_.p + offsets[id], w.rows, w.cols, w.row_bytes}; };
   auto mat = [&](const Weight& w, size_t id) {
     Mat m;
     m.w = dev(w, id);
@@ -384,9 +388,8 @@ void CudaBackend::upload_repacked() {
   for (size_t l = 0; l < layers_.size(); ++l) {
     Layer& L = layers_[l];
     const LayerWeights& lw = model_->layers()[l];
-    const std::pair<Mat*, const Weight*> all[] = {{&L.wq, &lw.wq},         {&L.wk, &lw.wk},     {&L.wv, &lw.wv},
-                                                  {&L.wo, &lw.wo},         {&L.w_gate, &lw.w_gate},
-                                                  {&L.w_up, &lw.w_up},     {&L.w_down, &lw.w_down}};
+    const std::pair<Mat*, const Weight*> all[] = {{&L.wq, &lw.wq},         {&L.wk, &lw.wk},     {&L.wv, &lw.wv},        {&L.wo, &lw.wo},
+                                                  {&L.w_gate, &lw.w_gate}, {&L.w_up, &lw.w_up}, {&L.w_down, &lw.w_down}};
     for (const auto& m : all)
       if (repackable(m.second->type)) mats.push_back(m);
   }
@@ -432,13 +435,17 @@ void CudaBackend::quantize(const float* x, int n, int k) {
 void CudaBackend::matmul(const Mat& m, const float* x, int n, float* y, int ldy, bool accumulate) {
   if (accumulate && !fast_matvec(m, n)) throw std::logic_error("cuda: only the fast matvec adds into its output");
   if (n > kMatvecTokens) {
-    if (kernels_.gemm && m.repacked) gemm_fast(m.q, x, n, y, ldy, stream_);
-    else gemm(m.w, x, n, y, ldy, stream_);
+    if (kernels_.gemm && m.repacked)
+      gemm_fast(m.q, x, n, y, ldy, stream_);
+    else
+      gemm(m.w, x, n, y, ldy, stream_);
     return;
   }
   if (is_quantized(m.w.type)) quantize(x, n, m.w.cols);
-  if (fast_matvec(m, n)) matvec_fast(m.q, act_, n, y, ldy, accumulate, stream_);
-  else matvec(m.w, x, &act_, n, y, ldy, stream_);
+  if (fast_matvec(m, n))
+    matvec_fast(m.q, act_, n, y, ldy, accumulate, stream_);
+  else
+    matvec(m.w, x, &act_, n, y, ldy, stream_);
 }
 
 void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
@@ -478,13 +485,12 @@ void CudaBackend::attention(int layer, int n) {
   };
   if (kernels_.attention || kernels_.prefill_attention) {
     run(kernels_.attention ? &attention_gqa : &cuda::attention, works_.p, n_decode_works_);
-    run(kernels_.prefill_attention ? &attention_prefill_tc : &cuda::attention, works_.p + n_decode_works_,
-        n_works_ - n_decode_works_);
+    run(kernels_.prefill_attention ? &attention_prefill_tc : &cuda::attention, works_.p + n_decode_works_, n_works_ - n_decode_works_);
   } else {
     run(&cuda::attention, works_.p, n_works_);
   }
-  (kernels_.attention ? attention_combine_wide : attention_combine)(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim,
-                                                                    attn_.p, stream_);
+  (kernels_.attention ? attention_combine_wide : attention_combine)(part_o_.p, part_ml_.p, combine_.p, n, c.n_head, c.head_dim, attn_.p,
+                                                                    stream_);
 }
 
 void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
@@ -506,8 +512,10 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
   CTX_CUDA(cudaMemcpyAsync(token_kv_.p, h_token_kv_.p, n * sizeof(TokenKv), cudaMemcpyHostToDevice, stream_));
   CTX_CUDA(cudaMemcpyAsync(works_.p, h_works_.p, n_works_ * sizeof(AttnWork), cudaMemcpyHostToDevice, stream_));
   CTX_CUDA(cudaMemcpyAsync(combine_.p, h_combine_.p, n * sizeof(AttnCombine), cudaMemcpyHostToDevice, stream_));
-  if (opts_.cuda_graphs) run_layers_graph(n);
-  else run_layers(n);
+  if (opts_.cuda_graphs)
+    run_layers_graph(n);
+  else
+    run_layers(n);
 
   // Logits (and the greedy token) for the items whose last token is in this micro-batch,
   // kLogitRows at a time, as engine.cc.
@@ -525,8 +533,8 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
     bool any_logits = false;
     for (int r = 0; r < rows; ++r) any_logits |= wanted_[g + r].second->logits != nullptr;
     if (any_logits)  // only when asked: a greedy decode step copies one int per sequence
-      CTX_CUDA(cudaMemcpyAsync(h_logits_.p, logits_.p, static_cast<size_t>(rows) * c.n_vocab * sizeof(float),
-                               cudaMemcpyDeviceToHost, stream_));
+      CTX_CUDA(
+          cudaMemcpyAsync(h_logits_.p, logits_.p, static_cast<size_t>(rows) * c.n_vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     CTX_CUDA(cudaStreamSynchronize(stream_));
     for (int r = 0; r < rows; ++r) {
       const BatchItem* it = wanted_[g + r].second;
@@ -585,8 +593,7 @@ void CudaBackend::run_layers(int n) {
       matmul(L.wv, xn_.p, n, vc_.p, KV);
     }
     if (kernels_.fused) {
-      rope_store_kv(q_.p, kc_.p, vc_.p, n, c.n_head, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, token_kv_.p, l,
-                    stream_);
+      rope_store_kv(q_.p, kc_.p, vc_.p, n, c.n_head, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, token_kv_.p, l, stream_);
     } else {
       rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
       rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);

@@ -15,14 +15,13 @@ namespace ctx::cuda {
   if (e == cudaErrorMemoryAllocation) throw DeviceError("cuda_out_of_memory", msg);
   if (e == cudaErrorInsufficientDriver) throw DeviceError("cuda_driver_too_old", msg);
   if (e == cudaErrorNoDevice || e == cudaErrorInvalidDevice) throw DeviceError("no_gpu", msg);
-  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorUnsupportedPtxVersion)
-    throw DeviceError("cuda_unsupported_gpu", msg);
+  if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorUnsupportedPtxVersion) throw DeviceError("cuda_unsupported_gpu", msg);
   throw DeviceError("cuda_error", msg);
 }
 
-#define CTX_CUDA(call)                                  \
-  do {                                                  \
-    const cudaError_t ctx_err_ = (call);                \
+#define CTX_CUDA(call)                                                     \
+  do {                                                                     \
+    const cudaError_t ctx_err_ = (call);                                   \
     if (ctx_err_ != cudaSuccess) ::ctx::cuda::throw_cuda(ctx_err_, #call); \
   } while (0)
 

@@ -55,9 +55,8 @@ __global__ void rms_norm_quantize_kernel(const float* x, const float* weight, fl
 // One thread per (token, pair of a head): the first n_head * pairs threads of a token rotate q,
 // the next n_head_kv * pairs rotate a pair of k and store it, the last n_head_kv * pairs store a
 // pair of v (rope_kernel's products, store_kv_kernel's conversions).
-__global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, int n, int n_head, int n_head_kv,
-                                     int head_dim, const int* pos, const float* cos_t, const float* sin_t,
-                                     const TokenKv* tokens, int layer) {
+__global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, int n, int n_head, int n_head_kv, int head_dim,
+                                     const int* pos, const float* cos_t, const float* sin_t, const TokenKv* tokens, int layer) {
   const int pairs = head_dim / 2, kv_dim = n_head_kv * head_dim;
   const int per_token = (n_head + 2 * n_head_kv) * pairs;
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -94,8 +93,7 @@ __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, i
 
 }  // namespace
 
-void rms_norm_quantize(const float* x, const float* weight, float* out, int n, int e, float eps, const DevActQ8& a,
-                       cudaStream_t st) {
+void rms_norm_quantize(const float* x, const float* weight, float* out, int n, int e, float eps, const DevActQ8& a, cudaStream_t st) {
   rms_norm_quantize_kernel<<<n, kNormThreads, e * sizeof(float), st>>>(x, weight, out, e, eps, a);
   CTX_CUDA_LAUNCHED("rms_norm_quantize");
 }
@@ -103,8 +101,8 @@ void rms_norm_quantize(const float* x, const float* weight, float* out, int n, i
 void rope_store_kv(float* q, const float* k, const float* v, int n, int n_head, int n_head_kv, int head_dim, const int* pos,
                    const float* cos_t, const float* sin_t, const TokenKv* tokens, int layer, cudaStream_t st) {
   const size_t count = static_cast<size_t>(n) * (n_head + 2 * n_head_kv) * (head_dim / 2);
-  rope_store_kv_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, st>>>(q, k, v, n, n_head, n_head_kv, head_dim, pos,
-                                                                                   cos_t, sin_t, tokens, layer);
+  rope_store_kv_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, st>>>(q, k, v, n, n_head, n_head_kv, head_dim, pos, cos_t,
+                                                                                   sin_t, tokens, layer);
   CTX_CUDA_LAUNCHED("rope_store_kv");
 }
 

@@ -43,9 +43,9 @@
 namespace ctx::cuda {
 namespace {
 
-constexpr int kStepK = 64;                 // weight columns per pipeline step
-constexpr int kStepBlocks = kStepK / 32;   // quant blocks per row per step
-constexpr int kTileLd = kStepK + 8;        // f16 tile row stride in halves: 144 bytes
+constexpr int kStepK = 64;                // weight columns per pipeline step
+constexpr int kStepBlocks = kStepK / 32;  // quant blocks per row per step
+constexpr int kTileLd = kStepK + 8;       // f16 tile row stride in halves: 144 bytes
 
 template <GgmlType T>
 constexpr int kQuantBytes = T == GgmlType::Q8_0 ? 32 : 16;  // per 32-element block, repacked
@@ -86,19 +86,15 @@ struct Smem {
   static_assert(kBytes <= 227 * 1024, "over an H100 block's shared memory");
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 // Asynchronous global -> shared copies of 16 or 4 bytes; with `valid` false the destination is
 // zero-filled and nothing is read (src must still be a valid pointer).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0)
-               : "memory");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
@@ -155,8 +151,7 @@ __device__ __forceinline__ void dequant_q4(const uint4& q, __half2 dm, uint4 (&o
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
     const uint32_t low = words[w] & 0x0F0F0F0Fu, high = (words[w] >> 4) & 0x0F0F0F0Fu;
-    const __half2 pairs[4] = {biased_pair<0x4140>(low), biased_pair<0x4342>(low), biased_pair<0x4140>(high),
-                              biased_pair<0x4342>(high)};
+    const __half2 pairs[4] = {biased_pair<0x4140>(low), biased_pair<0x4342>(low), biased_pair<0x4140>(high), biased_pair<0x4342>(high)};
     __half2 v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -223,8 +218,7 @@ __device__ __forceinline__ void load_stage(unsigned char* stage, const Problem& 
     const int r = i / kChunksPerRow, c = i % kChunksPerRow;
     const int row = row0 + r, block = block0 + c / kChunksPerBlock;
     const bool valid = row < p.rows && block < p.nb;
-    const uint8_t* src =
-        valid ? p.qs + (static_cast<size_t>(row) * p.nb + block) * kQuantBytes<T> + (c % kChunksPerBlock) * 16 : p.qs;
+    const uint8_t* src = valid ? p.qs + (static_cast<size_t>(row) * p.nb + block) * kQuantBytes<T> + (c % kChunksPerBlock) * 16 : p.qs;
     cp_async16(stage + S::kQs + i * 16, src, valid);
   });
   for_each_item<Tl::kRows * kStepBlocks, Tl::kThreads>([&](int i) {
@@ -276,8 +270,7 @@ __device__ __forceinline__ void convert_stage(const unsigned char* stage, __half
   for_each_item<Tl::kTokens * kChunksPerToken, Tl::kThreads>([&](int i) {
     const int t = i / kChunksPerToken, c = i % kChunksPerToken;
     const float4 v = *reinterpret_cast<const float4*>(stage + S::kX + i * 16);
-    const uint2 h =
-        make_uint2(half2_to_bits(__floats2half2_rn(v.x, v.y)), half2_to_bits(__floats2half2_rn(v.z, v.w)));
+    const uint2 h = make_uint2(half2_to_bits(__floats2half2_rn(v.x, v.y)), half2_to_bits(__floats2half2_rn(v.z, v.w)));
     *reinterpret_cast<uint2*>(x16 + t * kTileLd + c * 4) = h;
   });
 }
@@ -300,8 +293,7 @@ __device__ __forceinline__ void mma_step(const __half* w16, const __half* x16, i
 #pragma unroll
     for (int i = 0; i < Tl::kMTiles; ++i) ldmatrix_x4(a[i][0], a[i][1], a[i][2], a[i][3], a_base + i * 16 * kTileLd + k);
 #pragma unroll
-    for (int j = 0; j < Tl::kNTiles; j += 2)
-      ldmatrix_x4(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1], b_base + j * 8 * kTileLd + k);
+    for (int j = 0; j < Tl::kNTiles; j += 2) ldmatrix_x4(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1], b_base + j * 8 * kTileLd + k);
 #pragma unroll
     for (int i = 0; i < Tl::kMTiles; ++i)
 #pragma unroll
@@ -321,18 +313,16 @@ __device__ __forceinline__ bool reduce_split_k(unsigned char* smem, float (&acc)
   constexpr int kValues = Tl::kMTiles * Tl::kNTiles * 4;  // per thread; kRows * kTokens in all
   cg::cluster_group cluster = cg::this_cluster();
   float* partial = reinterpret_cast<float*>(smem);  // [kValues][kThreads]: threads on consecutive words
-  cp_async_wait<0>();  // only empty groups are left, but no copy may land there afterwards
+  cp_async_wait<0>();                               // only empty groups are left, but no copy may land there afterwards
 #pragma unroll
-  for (int v = 0; v < kValues; ++v)
-    partial[v * Tl::kThreads + threadIdx.x] = acc[v / (Tl::kNTiles * 4)][v / 4 % Tl::kNTiles][v % 4];
+  for (int v = 0; v < kValues; ++v) partial[v * Tl::kThreads + threadIdx.x] = acc[v / (Tl::kNTiles * 4)][v / 4 % Tl::kNTiles][v % 4];
   cluster.sync();  // every block's partial sums are written
   const bool first = cluster.block_rank() == 0;
   if (first)
     for (unsigned r = 1; r < cluster.num_blocks(); ++r) {
       const float* peer = cluster.map_shared_rank(partial, static_cast<int>(r));
 #pragma unroll
-      for (int v = 0; v < kValues; ++v)
-        acc[v / (Tl::kNTiles * 4)][v / 4 % Tl::kNTiles][v % 4] += peer[v * Tl::kThreads + threadIdx.x];
+      for (int v = 0; v < kValues; ++v) acc[v / (Tl::kNTiles * 4)][v / 4 % Tl::kNTiles][v % 4] += peer[v * Tl::kThreads + threadIdx.x];
     }
   cluster.sync();  // the others' shared memory stays until the first block has read it
   return first;
@@ -430,8 +420,7 @@ void launch(const Problem& p, int split, int device, cudaStream_t st) {
   static std::atomic<bool> raised[kMaxDevices];  // zero-initialized: false
   if (device >= kMaxDevices || !raised[device].load(std::memory_order_relaxed)) {
     CTX_CUDA(cudaFuncSetAttribute(gemm_fast_kernel<T, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-    CTX_CUDA(cudaFuncSetAttribute(gemm_fast_kernel<T, Tl>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared));
+    CTX_CUDA(cudaFuncSetAttribute(gemm_fast_kernel<T, Tl>, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
     if (device < kMaxDevices) raised[device] = true;
   }
   const dim3 grid((p.rows + Tl::kRows - 1) / Tl::kRows, (p.n + Tl::kTokens - 1) / Tl::kTokens, split);
@@ -459,10 +448,18 @@ void launch(const Problem& p, int split, int device, cudaStream_t st) {
 template <GgmlType T>
 void launch_type(const Problem& p, const GemmFastPlan& plan, int device, cudaStream_t st) {
   switch (plan.tiling) {
-    case GemmFastTiling::k128x64: launch<T, Tiling128x64>(p, plan.split_k, device, st); break;
-    case GemmFastTiling::k64x64: launch<T, Tiling64x64>(p, plan.split_k, device, st); break;
-    case GemmFastTiling::k32x32: launch<T, Tiling32x32>(p, plan.split_k, device, st); break;
-    case GemmFastTiling::k32x16: launch<T, Tiling32x16>(p, plan.split_k, device, st); break;
+    case GemmFastTiling::k128x64:
+      launch<T, Tiling128x64>(p, plan.split_k, device, st);
+      break;
+    case GemmFastTiling::k64x64:
+      launch<T, Tiling64x64>(p, plan.split_k, device, st);
+      break;
+    case GemmFastTiling::k32x32:
+      launch<T, Tiling32x32>(p, plan.split_k, device, st);
+      break;
+    case GemmFastTiling::k32x16:
+      launch<T, Tiling32x16>(p, plan.split_k, device, st);
+      break;
   }
 }
 
@@ -485,8 +482,10 @@ long long blocks_of(const TilingInfo& t, int n, int rows) {
 // The checks both forms of gemm_fast make first (gemm_fast.cuh), before any CUDA call.
 void check_arguments(const DevQWeight& w, const float* x, int n, int ldy) {
   if (!gemm_fast_supports(w))
-    throw std::invalid_argument("gemm_fast: needs a Q4_0/Q4_1/Q8_0 weight with cols a multiple of 32 and aligned "
-                                "repacked data (" + std::to_string(w.rows) + " x " + std::to_string(w.cols) + ")");
+    throw std::invalid_argument(
+        "gemm_fast: needs a Q4_0/Q4_1/Q8_0 weight with cols a multiple of 32 and aligned "
+        "repacked data (" +
+        std::to_string(w.rows) + " x " + std::to_string(w.cols) + ")");
   if (n < 0 || n > 65535 * 16) throw std::invalid_argument("gemm_fast: n = " + std::to_string(n) + " out of range");
   if (ldy < w.rows) throw std::invalid_argument("gemm_fast: output stride below the weight's rows");
   if (reinterpret_cast<uintptr_t>(x) % 16 != 0) throw std::invalid_argument("gemm_fast: x must be 16-byte aligned");
@@ -495,8 +494,8 @@ void check_arguments(const DevQWeight& w, const float* x, int n, int ldy) {
 }  // namespace
 
 bool gemm_fast_supports(const DevQWeight& w) {
-  return repackable(w.type) && w.rows >= 1 && w.cols >= 32 && w.cols % 32 == 0 && w.qs != nullptr &&
-         w.dm != nullptr && reinterpret_cast<uintptr_t>(w.qs) % 16 == 0 && reinterpret_cast<uintptr_t>(w.dm) % 4 == 0;
+  return repackable(w.type) && w.rows >= 1 && w.cols >= 32 && w.cols % 32 == 0 && w.qs != nullptr && w.dm != nullptr &&
+         reinterpret_cast<uintptr_t>(w.qs) % 16 == 0 && reinterpret_cast<uintptr_t>(w.dm) % 4 == 0;
 }
 
 GemmFastPlan gemm_fast_plan(int n, int rows, int cols, int sm_count, bool clusters) {
@@ -517,8 +516,8 @@ GemmFastPlan gemm_fast_plan(int n, int rows, int cols, int sm_count, bool cluste
 
 void gemm_fast(const DevQWeight& w, const float* x, int n, float* y, int ldy, cudaStream_t st, const GemmFastPlan& plan) {
   check_arguments(w, x, n, ldy);
-  if (plan.tiling != GemmFastTiling::k128x64 && plan.tiling != GemmFastTiling::k64x64 &&
-      plan.tiling != GemmFastTiling::k32x32 && plan.tiling != GemmFastTiling::k32x16)
+  if (plan.tiling != GemmFastTiling::k128x64 && plan.tiling != GemmFastTiling::k64x64 && plan.tiling != GemmFastTiling::k32x32 &&
+      plan.tiling != GemmFastTiling::k32x16)
     throw std::invalid_argument("gemm_fast: not a tiling");
   if (plan.split_k < 1 || plan.split_k > kGemmFastMaxSplit)
     throw std::invalid_argument("gemm_fast: split_k = " + std::to_string(plan.split_k) + " outside 1.." +
@@ -530,9 +529,15 @@ void gemm_fast(const DevQWeight& w, const float* x, int n, float* y, int ldy, cu
     throw std::invalid_argument("gemm_fast: split_k needs thread-block clusters (sm_90 on)");
   const Problem p{w.qs, w.dm, w.rows, w.cols, w.cols / 32, x, n, y, ldy};
   switch (w.type) {
-    case GgmlType::Q4_0: launch_type<GgmlType::Q4_0>(p, plan, device, st); break;
-    case GgmlType::Q4_1: launch_type<GgmlType::Q4_1>(p, plan, device, st); break;
-    default: launch_type<GgmlType::Q8_0>(p, plan, device, st); break;
+    case GgmlType::Q4_0:
+      launch_type<GgmlType::Q4_0>(p, plan, device, st);
+      break;
+    case GgmlType::Q4_1:
+      launch_type<GgmlType::Q4_1>(p, plan, device, st);
+      break;
+    default:
+      launch_type<GgmlType::Q8_0>(p, plan, device, st);
+      break;
   }
 }
 

@@ -42,8 +42,10 @@ __device__ __forceinline__ int q5_quant(const uint8_t* qh, const uint8_t* qs, in
 __device__ float load_weight(const DevWeight& w, int row, int col) {
   const uint8_t* p = w.data + static_cast<size_t>(row) * w.row_bytes;
   switch (w.type) {
-    case GgmlType::F32: return reinterpret_cast<const float*>(p)[col];
-    case GgmlType::F16: return half_at(p + 2 * static_cast<size_t>(col));
+    case GgmlType::F32:
+      return reinterpret_cast<const float*>(p)[col];
+    case GgmlType::F16:
+      return half_at(p + 2 * static_cast<size_t>(col));
     case GgmlType::BF16:
       return __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(p)[col]) << 16);
     case GgmlType::Q4_0: {
@@ -100,7 +102,8 @@ __device__ float load_weight(const DevWeight& w, int row, int col) {
       const float sc = static_cast<float>(reinterpret_cast<const int8_t*>(b + 192)[e / 16]);
       return __fmul_rn(__fmul_rn(half_at(b + 208), sc), static_cast<float>(q - 32));
     }
-    default: return 0.f;  // the backend refuses other types at load
+    default:
+      return 0.f;  // the backend refuses other types at load
   }
 }
 
@@ -128,8 +131,7 @@ __global__ void rms_norm_kernel(const float* x, const float* weight, float* out,
 }
 
 // One thread per (token, head, pair); no fused multiply-add, like the CPU.
-__global__ void rope_kernel(float* x, int n, int n_heads, int head_dim, const int* pos, const float* cos_t,
-                            const float* sin_t) {
+__global__ void rope_kernel(float* x, int n, int n_heads, int head_dim, const int* pos, const float* cos_t, const float* sin_t) {
   const int pairs = head_dim / 2;
   const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= static_cast<size_t>(n) * n_heads * pairs) return;
@@ -201,9 +203,12 @@ __global__ void matvec_q_kernel(DevWeight w, DevActQ8 a, int n, float* y, int ld
       int sumi = 0;
       for (int j = 0; j < 32; ++j) sumi += wq[j] * xq[j];
       const float xd = a.d[row_t * nb + b];
-      if (T == GgmlType::Q4_0) acc[t] += wd * xd * static_cast<float>(sumi - 8 * a.isum[row_t * nb + b]);
-      else if (T == GgmlType::Q4_1) acc[t] += wd * xd * static_cast<float>(sumi) + wm * a.s[row_t * nb + b];
-      else acc[t] += wd * xd * static_cast<float>(sumi);
+      if (T == GgmlType::Q4_0)
+        acc[t] += wd * xd * static_cast<float>(sumi - 8 * a.isum[row_t * nb + b]);
+      else if (T == GgmlType::Q4_1)
+        acc[t] += wd * xd * static_cast<float>(sumi) + wm * a.s[row_t * nb + b];
+      else
+        acc[t] += wd * xd * static_cast<float>(sumi);
     }
   }
 #pragma unroll
@@ -294,22 +299,21 @@ __global__ void store_kv_kernel(const float* k, const float* v, const TokenKv* t
 // shared memory, shared by the item's queries; each warp owns queries warp, warp + 4, ... and
 // keeps their running max m, sum l and unnormalised output o (lane owns dims lane + 32c).
 // Scores are dot(q, k) * scale like the CPU (kernels_scalar.cc attn_scores).
-__global__ void attention_kernel(const float* q, const AttnWork* works, int n_head, int n_head_kv, int head_dim,
-                                 int layer, float scale, float* part_o, float* part_ml) {
+__global__ void attention_kernel(const float* q, const AttnWork* works, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+                                 float* part_o, float* part_ml) {
   extern __shared__ __align__(16) unsigned char smem[];
   const AttnWork w = works[blockIdx.x];
   const int h = blockIdx.y, kvh = h / (n_head / n_head_kv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
   const int d = head_dim, ldk = d + 2, kv_dim = n_head_kv * d, dc = d / 32;
-  float* qs = reinterpret_cast<float*>(smem);                       // [kAttnQueries][d]
-  __half* ks = reinterpret_cast<__half*>(qs + kAttnQueries * d);    // [kAttnKeys][d + 2]
-  __half* vs = ks + kAttnKeys * ldk;                                // [kAttnKeys][d + 2]
+  float* qs = reinterpret_cast<float*>(smem);                     // [kAttnQueries][d]
+  __half* ks = reinterpret_cast<__half*>(qs + kAttnQueries * d);  // [kAttnKeys][d + 2]
+  __half* vs = ks + kAttnKeys * ldk;                              // [kAttnKeys][d + 2]
   const size_t layer_off = static_cast<size_t>(layer) * 2 * w.cap * kv_dim;
   const __half* kbase = w.base + layer_off + kvh * d;
   const __half* vbase = kbase + static_cast<size_t>(w.cap) * kv_dim;
 
-  for (int i = threadIdx.x; i < w.nq * d; i += blockDim.x)
-    qs[i] = q[static_cast<size_t>(w.q0 + i / d) * n_head * d + h * d + i % d];
+  for (int i = threadIdx.x; i < w.nq * d; i += blockDim.x) qs[i] = q[static_cast<size_t>(w.q0 + i / d) * n_head * d + h * d + i % d];
 
   constexpr int kPerWarp = kAttnQueries / 4;  // blockDim.x is 128
   float m[kPerWarp], l[kPerWarp], o[kPerWarp][kMaxHeadDimGpu / 32];
@@ -372,8 +376,8 @@ __global__ void attention_kernel(const float* q, const AttnWork* works, int n_he
 }
 
 // One warp per (token, head): merges the token's split partials (flash-decoding's reduction).
-__global__ void attention_combine_kernel(const float* part_o, const float* part_ml, const AttnCombine* comb, int n_head,
-                                         int head_dim, float* out) {
+__global__ void attention_combine_kernel(const float* part_o, const float* part_ml, const AttnCombine* comb, int n_head, int head_dim,
+                                         float* out) {
   const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
   const AttnCombine cb = comb[t];
   float m_star = -INFINITY;
@@ -450,8 +454,7 @@ void rms_norm(const float* x, const float* weight, float* out, int n, int e, flo
   CTX_CUDA_LAUNCHED("rms_norm");
 }
 
-void rope(float* x, int n, int n_heads, int head_dim, const int* pos, const float* cos_t, const float* sin_t,
-          cudaStream_t st) {
+void rope(float* x, int n, int n_heads, int head_dim, const int* pos, const float* cos_t, const float* sin_t, cudaStream_t st) {
   const size_t count = static_cast<size_t>(n) * n_heads * (head_dim / 2);
   rope_kernel<<<blocks_for(count, 256), 256, 0, st>>>(x, n, n_heads, head_dim, pos, cos_t, sin_t);
   CTX_CUDA_LAUNCHED("rope");
@@ -466,10 +469,18 @@ void quantize_q8(const float* x, int n, int k, const DevActQ8& a, cudaStream_t s
 void matvec(const DevWeight& w, const float* x, const DevActQ8* act, int n, float* y, int ldy, cudaStream_t st) {
   const dim3 grid((w.rows + 3) / 4, (n + kMatvecTokens - 1) / kMatvecTokens);
   switch (w.type) {
-    case GgmlType::Q4_0: matvec_q_kernel<GgmlType::Q4_0><<<grid, 128, 0, st>>>(w, *act, n, y, ldy); break;
-    case GgmlType::Q4_1: matvec_q_kernel<GgmlType::Q4_1><<<grid, 128, 0, st>>>(w, *act, n, y, ldy); break;
-    case GgmlType::Q8_0: matvec_q_kernel<GgmlType::Q8_0><<<grid, 128, 0, st>>>(w, *act, n, y, ldy); break;
-    default: matvec_f_kernel<<<grid, 128, 0, st>>>(w, x, n, y, ldy); break;
+    case GgmlType::Q4_0:
+      matvec_q_kernel<GgmlType::Q4_0><<<grid, 128, 0, st>>>(w, *act, n, y, ldy);
+      break;
+    case GgmlType::Q4_1:
+      matvec_q_kernel<GgmlType::Q4_1><<<grid, 128, 0, st>>>(w, *act, n, y, ldy);
+      break;
+    case GgmlType::Q8_0:
+      matvec_q_kernel<GgmlType::Q8_0><<<grid, 128, 0, st>>>(w, *act, n, y, ldy);
+      break;
+    default:
+      matvec_f_kernel<<<grid, 128, 0, st>>>(w, x, n, y, ldy);
+      break;
   }
   CTX_CUDA_LAUNCHED("matvec");
 }
@@ -489,16 +500,15 @@ static size_t attention_smem_bytes(int head_dim) {
   return kAttnQueries * head_dim * sizeof(float) + 2 * kAttnKeys * (head_dim + 2) * sizeof(__half);
 }
 
-void attention(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer,
-               float scale, float* part_o, float* part_ml, cudaStream_t st) {
+void attention(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+               float* part_o, float* part_ml, cudaStream_t st) {
   const dim3 grid(n_work, n_head);
-  attention_kernel<<<grid, 128, attention_smem_bytes(head_dim), st>>>(q, work, n_head, n_head_kv, head_dim, layer, scale,
-                                                                     part_o, part_ml);
+  attention_kernel<<<grid, 128, attention_smem_bytes(head_dim), st>>>(q, work, n_head, n_head_kv, head_dim, layer, scale, part_o, part_ml);
   CTX_CUDA_LAUNCHED("attention");
 }
 
-void attention_combine(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head,
-                       int head_dim, float* out, cudaStream_t st) {
+void attention_combine(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head, int head_dim, float* out,
+                       cudaStream_t st) {
   attention_combine_kernel<<<dim3(n, n_head), 32, 0, st>>>(part_o, part_ml, comb, n_head, head_dim, out);
   CTX_CUDA_LAUNCHED("attention_combine");
 }

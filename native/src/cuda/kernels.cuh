@@ -25,16 +25,16 @@ struct DevWeight {
 struct DevQWeight {
   GgmlType type = GgmlType::Q4_1;
   int rows = 0, cols = 0;
-  const uint8_t* qs = nullptr;   // [rows][cols/32][16] (Q4) or [rows][cols/32][32] (Q8_0)
-  const __half2* dm = nullptr;   // [rows][cols/32]: (d, m)
+  const uint8_t* qs = nullptr;  // [rows][cols/32][16] (Q4) or [rows][cols/32][32] (Q8_0)
+  const __half2* dm = nullptr;  // [rows][cols/32]: (d, m)
 };
 
 // Activations quantized to 8 bits per 32-element block exactly as the CPU engine does (kernels.h
 // ActQ8, kernels_scalar.cc quantize_q8), so quantized matvecs match the CPU's integer dot products.
 struct DevActQ8 {
-  int8_t* qs = nullptr;   // [n][k]
-  float* d = nullptr;     // [n][k/32]
-  float* s = nullptr;     // [n][k/32]
+  int8_t* qs = nullptr;  // [n][k]
+  float* d = nullptr;    // [n][k/32]
+  float* s = nullptr;    // [n][k/32]
   int32_t* isum = nullptr;
   int k = 0;
 };
@@ -100,8 +100,7 @@ constexpr int kMatvecTokens = 8;  // micro-batches up to this many tokens use th
 void embed(const DevWeight& w, const int32_t* tokens, int n, float* x, cudaStream_t st);
 void rms_norm(const float* x, const float* weight, float* out, int n, int e, float eps, cudaStream_t st);
 // Adjacent-pair ("normal") RoPE, as the CPU engine: cos/sin tables [position][head_dim/2].
-void rope(float* x, int n, int n_heads, int head_dim, const int* pos, const float* cos_t, const float* sin_t,
-          cudaStream_t st);
+void rope(float* x, int n, int n_heads, int head_dim, const int* pos, const float* cos_t, const float* sin_t, cudaStream_t st);
 void quantize_q8(const float* x, int n, int k, const DevActQ8& a, cudaStream_t st);
 // y[t * ldy + r] = dot(w row r, x row t) for t < n. Quantized weights with n <= kMatvecTokens use
 // act (already quantized from x); everything else reads x ([n][cols] f32).
@@ -109,10 +108,10 @@ void matvec(const DevWeight& w, const float* x, const DevActQ8* act, int n, floa
 // Tensor-core GEMM on f16 tiles: activations and dequantized weights rounded to f16, f32 sums.
 void gemm(const DevWeight& w, const float* x, int n, float* y, int ldy, cudaStream_t st);
 void store_kv(const float* k, const float* v, const TokenKv* tokens, int n, int kv_dim, int layer, cudaStream_t st);
-void attention(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer,
-               float scale, float* part_o, float* part_ml, cudaStream_t st);
-void attention_combine(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head,
-                       int head_dim, float* out, cudaStream_t st);
+void attention(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
+               float* part_o, float* part_ml, cudaStream_t st);
+void attention_combine(const float* part_o, const float* part_ml, const AttnCombine* comb, int n, int n_head, int head_dim, float* out,
+                       cudaStream_t st);
 void swiglu(float* gate, const float* up, size_t count, cudaStream_t st);
 void add(float* x, const float* y, size_t count, cudaStream_t st);
 void gather_rows(const float* x, const int* rows, int n, int width, float* out, cudaStream_t st);

@@ -100,9 +100,12 @@ __device__ __forceinline__ float block_term(const int (&q)[8], float2 dm, const 
   lo = __dp4a(q[2], x.lo.z, lo), hi = __dp4a(q[6], x.hi.z, hi);
   lo = __dp4a(q[3], x.lo.w, lo), hi = __dp4a(q[7], x.hi.w, hi);
   const int sumi = lo + hi;
-  if constexpr (T == GgmlType::Q4_0) return dm.x * x.d * static_cast<float>(sumi - 8 * x.isum);
-  else if constexpr (T == GgmlType::Q4_1) return dm.x * x.d * static_cast<float>(sumi) + dm.y * x.s;
-  else return dm.x * x.d * static_cast<float>(sumi);
+  if constexpr (T == GgmlType::Q4_0)
+    return dm.x * x.d * static_cast<float>(sumi - 8 * x.isum);
+  else if constexpr (T == GgmlType::Q4_1)
+    return dm.x * x.d * static_cast<float>(sumi) + dm.y * x.s;
+  else
+    return dm.x * x.d * static_cast<float>(sumi);
 }
 
 // acc[i][t] += this lane's share of dot(rows[i], activation row t): blocks lane, lane + 32, ...
@@ -110,9 +113,8 @@ __device__ __forceinline__ float block_term(const int (&q)[8], float2 dm, const 
 // FFN down projection's 48) take two rounds; unrolled by two while few dot products leave
 // registers to spare, so both rounds' loads are in flight together.
 template <GgmlType T, int NT, int NR>
-__device__ __forceinline__ void accumulate_rows(const QRow (&rows)[NR], int nb, const DevActQ8& a, int lane,
-                                                float (&acc)[NR][NT]) {
-#pragma unroll(NT * NR <= 4 ? 2 : 1)
+__device__ __forceinline__ void accumulate_rows(const QRow (&rows)[NR], int nb, const DevActQ8& a, int lane, float (&acc)[NR][NT]) {
+#pragma unroll(NT* NR <= 4 ? 2 : 1)
   for (int b = lane; b < nb; b += 32) {
     int q[NR][8];
     float2 dm[NR];
@@ -207,10 +209,14 @@ void dispatch_tokens(int n, Launch& launch) {
 template <typename Launch>
 void dispatch(GgmlType type, int n, Launch&& launch) {
   switch (type) {
-    case GgmlType::Q4_0: return dispatch_tokens<GgmlType::Q4_0>(n, launch);
-    case GgmlType::Q4_1: return dispatch_tokens<GgmlType::Q4_1>(n, launch);
-    case GgmlType::Q8_0: return dispatch_tokens<GgmlType::Q8_0>(n, launch);
-    default: return;  // refused by check_weight
+    case GgmlType::Q4_0:
+      return dispatch_tokens<GgmlType::Q4_0>(n, launch);
+    case GgmlType::Q4_1:
+      return dispatch_tokens<GgmlType::Q4_1>(n, launch);
+    case GgmlType::Q8_0:
+      return dispatch_tokens<GgmlType::Q8_0>(n, launch);
+    default:
+      return;  // refused by check_weight
   }
 }
 
@@ -218,8 +224,7 @@ bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p
 
 void check_act(const DevActQ8& a, int n, const char* what) {
   if (n < 1 || n > kMatvecTokens)
-    throw std::invalid_argument(std::string(what) + ": n = " + std::to_string(n) + " is outside 1.." +
-                                std::to_string(kMatvecTokens));
+    throw std::invalid_argument(std::string(what) + ": n = " + std::to_string(n) + " is outside 1.." + std::to_string(kMatvecTokens));
   if (a.k <= 0 || a.k % kQuantBlock != 0 || !aligned(a.qs, 16))
     throw std::invalid_argument(std::string(what) + ": activations need k a multiple of 32 and 16-byte aligned quants");
 }
@@ -257,8 +262,8 @@ void matvec_fast(const DevQWeight& w, const DevActQ8& a, int n, float* y, int ld
   launch_jobs(w.type, jobs, a, n, st);
 }
 
-void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const int ldy[3], int count, const DevActQ8& a,
-                       int n, cudaStream_t st) {
+void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const int ldy[3], int count, const DevActQ8& a, int n,
+                       cudaStream_t st) {
   check_act(a, n, "matvec_fast_multi");
   if (count < 1 || count > kMaxJobs) throw std::invalid_argument("matvec_fast_multi: count must be 1..3");
   MatvecJobs jobs{};
@@ -274,16 +279,13 @@ void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const in
   launch_jobs(w[0]->type, jobs, a, n, st);
 }
 
-void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const DevActQ8& a, int n, float* out, int ldo,
-                        cudaStream_t st) {
+void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const DevActQ8& a, int n, float* out, int ldo, cudaStream_t st) {
   check_act(a, n, "matvec_fast_swiglu");
   check_weight(gate, a, ldo, "matvec_fast_swiglu");
   check_weight(up, a, ldo, "matvec_fast_swiglu");
-  if (up.type != gate.type || up.rows != gate.rows)
-    throw std::invalid_argument("matvec_fast_swiglu: gate and up differ in type or rows");
+  if (up.type != gate.type || up.rows != gate.rows) throw std::invalid_argument("matvec_fast_swiglu: gate and up differ in type or rows");
   dispatch(gate.type, n, [&](auto t, auto nt) {
-    matvec_swiglu_kernel<decltype(t)::value, decltype(nt)::value>
-        <<<blocks_for_rows(gate.rows), kThreads, 0, st>>>(gate, up, a, out, ldo);
+    matvec_swiglu_kernel<decltype(t)::value, decltype(nt)::value><<<blocks_for_rows(gate.rows), kThreads, 0, st>>>(gate, up, a, out, ldo);
   });
   CTX_CUDA_LAUNCHED("matvec_fast_swiglu");
 }

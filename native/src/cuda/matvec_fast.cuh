@@ -21,12 +21,11 @@ void matvec_fast(const DevQWeight& w, const DevActQ8& a, int n, float* y, int ld
 
 // matvec_fast without accumulate for `count` (1..3) weights sharing type, cols and activations,
 // in one launch (the Q, K and V projections): y[i][t * ldy[i] + r] = dot(w[i] row r, activation row t).
-void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const int ldy[3], int count, const DevActQ8& a,
-                       int n, cudaStream_t st);
+void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const int ldy[3], int count, const DevActQ8& a, int n,
+                       cudaStream_t st);
 
 // out[t * ldo + r] = silu(g) * u with g = dot(gate row r, activation row t), u the same for `up`,
 // and silu(g) = g / (1 + expf(-g)) as the swiglu kernel computes it. gate and up share type and shape.
-void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const DevActQ8& a, int n, float* out, int ldo,
-                        cudaStream_t st);
+void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const DevActQ8& a, int n, float* out, int ldo, cudaStream_t st);
 
 }  // namespace ctx::cuda

@@ -15,9 +15,7 @@ struct Dev {
   T* p = nullptr;
   size_t n = 0;
   explicit Dev(size_t count) : n(count) { CTX_CUDA(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T))); }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    CTX_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
+  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { CTX_CUDA(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice)); }
   Dev(const void* h, size_t count) : Dev(count) { CTX_CUDA(cudaMemcpy(p, h, count * sizeof(T), cudaMemcpyHostToDevice)); }
   ~Dev() { cudaFree(p); }
   Dev(const Dev&) = delete;
@@ -75,8 +73,7 @@ std::vector<float> matvec(const Weight& w, const std::vector<float>& x, int n) {
   Dev<float> d(static_cast<size_t>(n) * w.cols / 32), s(d.n);
   Dev<int32_t> isum(d.n);
   const DevActQ8 act{qs.p, d.p, s.p, isum.p, w.cols};
-  if (w.type == GgmlType::Q4_0 || w.type == GgmlType::Q4_1 || w.type == GgmlType::Q8_0)
-    cuda::quantize_q8(dx.p, n, w.cols, act, nullptr);
+  if (w.type == GgmlType::Q4_0 || w.type == GgmlType::Q4_1 || w.type == GgmlType::Q8_0) cuda::quantize_q8(dx.p, n, w.cols, act, nullptr);
   cuda::matvec(dw.w, dx.p, &act, n, y.p, w.rows, nullptr);
   return y.get();
 }
@@ -88,8 +85,8 @@ std::vector<float> gemm(const Weight& w, const std::vector<float>& x, int n) {
   return y.get();
 }
 
-std::vector<float> attention(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
-                             int cap, int n, int pos0, int n_head, int n_head_kv, int head_dim) {
+std::vector<float> attention(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v, int cap, int n,
+                             int pos0, int n_head, int n_head_kv, int head_dim) {
   const size_t kv_dim = static_cast<size_t>(n_head_kv) * head_dim;
   // Layer 0 of a one-layer cache: K then V, each [cap][kv_dim].
   std::vector<uint16_t> cache(2 * cap * kv_dim);

@@ -27,8 +27,8 @@ std::vector<float> gemm(const Weight& w, const std::vector<float>& x, int n);
 // One sequence, one layer: `k`, `v` are f16 bits [cap][n_head_kv * head_dim]; `q` [n][n_head *
 // head_dim] for the queries at positions pos0..pos0+n-1. Runs plan_attention, attention and
 // attention_combine as the forward pass does; returns [n][n_head * head_dim].
-std::vector<float> attention(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v,
-                             int cap, int n, int pos0, int n_head, int n_head_kv, int head_dim);
+std::vector<float> attention(const std::vector<float>& q, const std::vector<uint16_t>& k, const std::vector<uint16_t>& v, int cap, int n,
+                             int pos0, int n_head, int n_head_kv, int head_dim);
 std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<float>& up);
 std::vector<int32_t> argmax(const std::vector<float>& logits, int rows, int n_vocab);
 

@@ -21,7 +21,9 @@ struct QueryWindow {
 
 // Capacity bytes of nested vectors (state_bytes()).
 template <typename T>
-size_t vector_bytes(const std::vector<T>& v) { return v.capacity() * sizeof(T); }
+size_t vector_bytes(const std::vector<T>& v) {
+  return v.capacity() * sizeof(T);
+}
 template <typename T>
 size_t vector_bytes(const std::vector<std::vector<T>>& v) {
   size_t n = v.capacity() * sizeof(std::vector<T>);

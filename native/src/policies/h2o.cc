@@ -69,12 +69,22 @@ class H2oPolicy final : public DecodePolicy {
     top_k_sorted(acc.data(), older, cfg.budget - cfg.recent, top);
     if (evicted)  // the older tokens not among the heavy hitters
       for (int i = 0, k = 0; i < older; ++i) {
-        if (k < static_cast<int>(top.size()) && top[k] == i) ++k;
-        else evicted->push_back(kept[i]);
+        if (k < static_cast<int>(top.size()) && top[k] == i)
+          ++k;
+        else
+          evicted->push_back(kept[i]);
       }
     size_t w = 0;
-    for (int32_t i : top) { kept[w] = kept[i]; acc[w] = acc[i]; ++w; }  // ascending: in place
-    for (int j = older; j < n_keys; ++j) { kept[w] = kept[j]; acc[w] = acc[j]; ++w; }
+    for (int32_t i : top) {
+      kept[w] = kept[i];
+      acc[w] = acc[i];
+      ++w;
+    }  // ascending: in place
+    for (int j = older; j < n_keys; ++j) {
+      kept[w] = kept[j];
+      acc[w] = acc[j];
+      ++w;
+    }
     kept.resize(w);
     acc.resize(w);
   }
@@ -86,16 +96,14 @@ class H2oPolicy final : public DecodePolicy {
     return s;
   }
 
-  size_t state_bytes() const override {
-    return vector_bytes(kept_) + vector_bytes(acc_) + vector_bytes(keys_) + vector_bytes(top_);
-  }
+  size_t state_bytes() const override { return vector_bytes(kept_) + vector_bytes(acc_) + vector_bytes(keys_) + vector_bytes(top_); }
 
  private:
   size_t slot(int layer, int g) const { return static_cast<size_t>(layer) * n_head_kv_ + g; }
 
   int prompt_len_ = -1, n_head_kv_ = 0, group_ = 1;
-  std::vector<std::vector<int32_t>> kept_;  // per (layer, KV head), ascending positions
-  std::vector<std::vector<float>> acc_;     // accumulated attention, aligned with kept_
+  std::vector<std::vector<int32_t>> kept_;        // per (layer, KV head), ascending positions
+  std::vector<std::vector<float>> acc_;           // accumulated attention, aligned with kept_
   std::vector<std::vector<int32_t>> keys_, top_;  // per KV head: the current list, scratch
 };
 

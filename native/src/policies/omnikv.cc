@@ -24,9 +24,7 @@ std::vector<std::vector<int>> OmniKvPolicy::sparse_groups() const {
 }
 
 // Under offload the host bank holds the sparse groups.
-std::vector<std::vector<int>> OmniKvPolicy::host_groups() const {
-  return cfg_.offload ? sparse_groups() : std::vector<std::vector<int>>{};
-}
+std::vector<std::vector<int>> OmniKvPolicy::host_groups() const { return cfg_.offload ? sparse_groups() : std::vector<std::vector<int>>{}; }
 
 // The packed buffers at most: budget rows of every sparse layer, per K/V row pair.
 size_t OmniKvPolicy::packed_rows() const {
@@ -85,8 +83,10 @@ LayerKeys OmniKvPolicy::keys(int layer, const PolicyStep& step) {
   for (int g = 0; g < static_cast<int>(keys_.size()); ++g) {
     std::vector<int32_t>& keys = keys_[g];
     keys.clear();
-    if (subset) keys.assign(subset->begin(), subset->end());
-    else append_range(keys, 0, prompt_len_);
+    if (subset)
+      keys.assign(subset->begin(), subset->end());
+    else
+      append_range(keys, 0, prompt_len_);
     append_generated(layer, g, step.pos0, keys);
   }
   return LayerKeys{&keys_, packed};
@@ -121,8 +121,8 @@ bool OmniKvPolicy::select(int layer, const PolicyStep& step, std::vector<int32_t
       const bool now = j == n_win - 1;
       const int n_all = (now ? pos : w.pos[j]) + 1;
       const float* raw = be.score_keys(step.kv, layer, now ? be.query(t) : w.q[j].data(), n_all);
-      accumulate_window_scores(raw, c.n_head, n_all, std::min(n_cand, n_all), window_weight(cfg_.selector, j, n_win),
-                               rank_.data(), window_scratch_);
+      accumulate_window_scores(raw, c.n_head, n_all, std::min(n_cand, n_all), window_weight(cfg_.selector, j, n_win), rank_.data(),
+                               window_scratch_);
     }
     // Prompt tokens still inside the window are always kept (the official code forces them in).
     for (int p = std::max(0, pos - (cfg_.window - 1)); p < n_cand; ++p) rank_[p] = INFINITY;
@@ -192,14 +192,12 @@ PolicyStats OmniKvPolicy::stats() const {
 }
 
 size_t OmniKvPolicy::state_bytes() const {
-  size_t n = vector_bytes(selected_) + vector_bytes(keys_) + vector_bytes(packed_) + vector_bytes(rank_) +
-             vector_bytes(window_scratch_) + vector_bytes(new_);
+  size_t n = vector_bytes(selected_) + vector_bytes(keys_) + vector_bytes(packed_) + vector_bytes(rank_) + vector_bytes(window_scratch_) +
+             vector_bytes(new_);
   for (const QueryWindow& w : windows_) n += w.bytes();
   return n;
 }
 
-std::unique_ptr<DecodePolicy> make_omnikv_policy(const AttentionPolicy& spec) {
-  return std::make_unique<OmniKvPolicy>(spec);
-}
+std::unique_ptr<DecodePolicy> make_omnikv_policy(const AttentionPolicy& spec) { return std::make_unique<OmniKvPolicy>(spec); }
 
 }  // namespace ctx

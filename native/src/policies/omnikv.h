@@ -40,9 +40,7 @@ class OmniKvPolicy : public DecodePolicy, public PromptStateHolder {
   // otherwise they attend the whole cache.
   virtual bool lists_every_layer() const { return false; }
   // The generated part of KV head g's keys at `layer`, up to the current token at `pos`.
-  virtual void append_generated(int layer, int g, int pos, std::vector<int32_t>& keys) {
-    append_range(keys, candidate_end(), pos + 1);
-  }
+  virtual void append_generated(int layer, int g, int pos, std::vector<int32_t>& keys) { append_range(keys, candidate_end(), pos + 1); }
   QueryWindow& window_of(int layer);
 
   const OmniKvConfig& cfg_;

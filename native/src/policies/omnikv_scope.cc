@@ -38,8 +38,6 @@ class OmniKvScopePolicy final : public OmniKvPolicy {
 
 }  // namespace
 
-std::unique_ptr<DecodePolicy> make_omnikv_scope_policy(const AttentionPolicy& spec) {
-  return std::make_unique<OmniKvScopePolicy>(spec);
-}
+std::unique_ptr<DecodePolicy> make_omnikv_scope_policy(const AttentionPolicy& spec) { return std::make_unique<OmniKvScopePolicy>(spec); }
 
 }  // namespace ctx

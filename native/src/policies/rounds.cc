@@ -56,8 +56,6 @@ class RoundsPolicy final : public OmniKvPolicy {
 
 }  // namespace
 
-std::unique_ptr<DecodePolicy> make_rounds_policy(const AttentionPolicy& spec) {
-  return std::make_unique<RoundsPolicy>(spec);
-}
+std::unique_ptr<DecodePolicy> make_rounds_policy(const AttentionPolicy& spec) { return std::make_unique<RoundsPolicy>(spec); }
 
 }  // namespace ctx

@@ -50,8 +50,7 @@ class ScopePolicy final : public DecodePolicy, public PromptStateHolder {
     if (!compresses()) return;
     const ModelConfig& c = step.backend.config();
     observed_.resize(c.n_layer);
-    for (int j = std::max(0, step.count - cfg_.alpha2); j < step.count; ++j)
-      observed_[layer].push(step.backend, step.t + j, cfg_.alpha2);
+    for (int j = std::max(0, step.count - cfg_.alpha2); j < step.count; ++j) observed_[layer].push(step.backend, step.t + j, cfg_.alpha2);
     if (!eager_) return;
     size_pools(c);
     compute_prompt_pool(layer, step, step.pos0 + step.count);
@@ -61,8 +60,10 @@ class ScopePolicy final : public DecodePolicy, public PromptStateHolder {
     const int hkv = static_cast<int>(keys_.size());
     if (compresses() && pool_len_[layer] != prompt_len_) {
       const bool observed = layer < static_cast<int>(observed_.size()) && !observed_[layer].q.empty();
-      if (observed) compute_prompt_pool(layer, step, prompt_len_);
-      else keep_whole_prompt(layer, hkv);  // KV imported without the prompt state
+      if (observed)
+        compute_prompt_pool(layer, step, prompt_len_);
+      else
+        keep_whole_prompt(layer, hkv);  // KV imported without the prompt state
     }
     for (int g = 0; g < hkv; ++g) {
       std::vector<int32_t>& keys = keys_[g];
@@ -88,8 +89,10 @@ class ScopePolicy final : public DecodePolicy, public PromptStateHolder {
     prompt_dropped_[i] = 1;
     const std::vector<int32_t>& kept = prompt_pool_[i];
     for (int p = 0, k = 0; p < prompt_len_; ++p) {
-      if (k < static_cast<int>(kept.size()) && kept[k] == p) ++k;
-      else evicted->push_back(p);
+      if (k < static_cast<int>(kept.size()) && kept[k] == p)
+        ++k;
+      else
+        evicted->push_back(p);
     }
   }
   bool reclaims() const override { return true; }
@@ -115,8 +118,7 @@ class ScopePolicy final : public DecodePolicy, public PromptStateHolder {
       if (len != n_tokens) return {};
     return Pools{&prompt_pool_, cfg_.alpha1, cfg_.alpha2};
   }
-  bool take_prompt_pools(const ModelConfig& c, int n_tokens, int alpha1, int alpha2,
-                         std::vector<std::vector<int32_t>>& lists) override {
+  bool take_prompt_pools(const ModelConfig& c, int n_tokens, int alpha1, int alpha2, std::vector<std::vector<int32_t>>& lists) override {
     if (!compresses() || alpha1 != cfg_.alpha1 || alpha2 != cfg_.alpha2) return false;
     if (lists.size() != static_cast<size_t>(c.n_layer) * c.n_head_kv) return false;
     prompt_pool_.swap(lists);
@@ -192,8 +194,8 @@ class ScopePolicy final : public DecodePolicy, public PromptStateHolder {
   std::vector<QueryWindow> observed_;
   std::vector<std::vector<int32_t>> prompt_pool_;
   std::vector<int> pool_len_;
-  bool eager_ = false;  // derive_eagerly()
-  std::vector<uint8_t> prompt_dropped_;  // per (layer, KV head): dropped prompt reported as evicted
+  bool eager_ = false;                          // derive_eagerly()
+  std::vector<uint8_t> prompt_dropped_;         // per (layer, KV head): dropped prompt reported as evicted
   std::vector<std::vector<float>> importance_;  // per KV head, scratch
 };
 

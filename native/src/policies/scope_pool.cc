@@ -17,8 +17,8 @@ void ScopePool::append(int layer, int g, int pos, std::vector<int32_t>& keys) co
   keys.push_back(pos);
 }
 
-void ScopePool::update(int layer, int g, const std::vector<int32_t>& keys, int prompt_len, const float* probs,
-                       int n_keys, std::vector<int32_t>* evicted) {
+void ScopePool::update(int layer, int g, const std::vector<int32_t>& keys, int prompt_len, const float* probs, int n_keys,
+                       std::vector<int32_t>* evicted) {
   std::vector<int32_t>& pool = pool_[static_cast<size_t>(layer) * n_head_kv_ + g];
   Scratch& sc = scratch_[g];
   const int n_dec = static_cast<int>(pool.size()) + 1, first = n_keys - n_dec;
@@ -37,8 +37,10 @@ void ScopePool::update(int layer, int g, const std::vector<int32_t>& keys, int p
   if (evicted)  // the candidates (ascending) not kept (an ascending subset of them)
     for (int j = 0, k = 0; j < n_dec; ++j) {
       const int32_t p = keys[first + j];
-      if (k < static_cast<int>(sc.out.size()) && sc.out[k] == p) ++k;
-      else evicted->push_back(p);
+      if (k < static_cast<int>(sc.out.size()) && sc.out[k] == p)
+        ++k;
+      else
+        evicted->push_back(p);
     }
   pool.swap(sc.out);
 }

@@ -29,8 +29,11 @@ class ScopePool {
   const ScopeConfig& cfg_;
   int n_head_kv_ = 0, group_ = 1;
   std::vector<std::vector<int32_t>> pool_;  // per (layer, KV head), ascending positions
-  struct Scratch { std::vector<float> importance; std::vector<int32_t> top, out; };
-  std::vector<Scratch> scratch_;            // per KV head: heads of one layer update concurrently
+  struct Scratch {
+    std::vector<float> importance;
+    std::vector<int32_t> top, out;
+  };
+  std::vector<Scratch> scratch_;  // per KV head: heads of one layer update concurrently
 };
 
 }  // namespace ctx

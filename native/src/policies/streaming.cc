@@ -16,7 +16,8 @@ class StreamingPolicy final : public DecodePolicy {
     held_from_.clear();
   }
   void begin(const PolicyStep& step) override {
-    if (step.prompt) prompt_len_ = -1;
+    if (step.prompt)
+      prompt_len_ = -1;
     else if (prompt_len_ < 0) {
       const ModelConfig& c = step.backend.config();
       prompt_len_ = step.pos0;
@@ -60,8 +61,6 @@ class StreamingPolicy final : public DecodePolicy {
 
 }  // namespace
 
-std::unique_ptr<DecodePolicy> make_streaming_policy(const AttentionPolicy& spec) {
-  return std::make_unique<StreamingPolicy>(spec);
-}
+std::unique_ptr<DecodePolicy> make_streaming_policy(const AttentionPolicy& spec) { return std::make_unique<StreamingPolicy>(spec); }
 
 }  // namespace ctx

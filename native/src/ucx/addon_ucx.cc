@@ -60,7 +60,8 @@ uint64_t integer_of(const Napi::CallbackInfo& info, size_t i, const char* what, 
   if (info.Length() <= i || !info[i].IsNumber()) throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a number");
   const double v = info[i].As<Napi::Number>().DoubleValue();
   if (!(v >= 0 && v <= max && v == static_cast<double>(static_cast<uint64_t>(v))))
-    throw Napi::RangeError::New(info.Env(), std::string(what) + " must be an integer in [0, " + std::to_string(static_cast<uint64_t>(max)) + "]");
+    throw Napi::RangeError::New(info.Env(),
+                                std::string(what) + " must be an integer in [0, " + std::to_string(static_cast<uint64_t>(max)) + "]");
   return static_cast<uint64_t>(v);
 }
 

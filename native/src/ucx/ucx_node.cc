@@ -19,8 +19,8 @@ namespace ctx::ucx {
 namespace {
 
 // Active-message ids and their headers (both ends are this code, on hosts of one byte order).
-constexpr unsigned kAsk = 1;     // reader -> owner: Ask, no data
-constexpr unsigned kAnswer = 2;  // owner -> reader: Answer, then the range's bytes when status is kOk
+constexpr unsigned kAsk = 1;            // reader -> owner: Ask, no data
+constexpr unsigned kAnswer = 2;         // owner -> reader: Answer, then the range's bytes when status is kOk
 constexpr uint32_t kWire = 0x31414358;  // "XCA1"
 
 struct Ask {
@@ -382,8 +382,10 @@ void Node::finish_read(uint64_t id, Outcome outcome) {
   if (r->answer) ucp_am_data_release(worker_, r->answer);  // never pulled: the owner's send completes
   if (r->peer) {
     auto& pool = idle_[r->peer->address];
-    if (!outcome.code.empty() || r->peer->failed || pool.size() >= kIdlePerOwner) retired_peers_.push_back(std::move(r->peer));
-    else pool.push_back(std::move(r->peer));
+    if (!outcome.code.empty() || r->peer->failed || pool.size() >= kIdlePerOwner)
+      retired_peers_.push_back(std::move(r->peer));
+    else
+      pool.push_back(std::move(r->peer));
   }
   r->done(std::move(outcome));
 }
@@ -416,14 +418,17 @@ void Node::on_ask_sent(void* request, ucs_status_t status, void* user) {
   if (status != UCS_OK) {
     auto it = s->node->reads_.find(s->id);
     if (it != s->node->reads_.end() && !it->second->receiving) {
-      if (it->second->peer) it->second->peer->failed = true;  // fail_orphaned_reads ends it, out of this callback
-      else s->node->finish_read(s->id, outcome_of(status));
+      if (it->second->peer)
+        it->second->peer->failed = true;  // fail_orphaned_reads ends it, out of this callback
+      else
+        s->node->finish_read(s->id, outcome_of(status));
     }
   }
   delete s;
 }
 
-ucs_status_t Node::on_answer(void* arg, const void* header, size_t header_length, void* data, size_t length, const ucp_am_recv_param_t* param) {
+ucs_status_t Node::on_answer(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                             const ucp_am_recv_param_t* param) {
   return static_cast<Node*>(arg)->receive(header, header_length, data, length, param);
 }
 
@@ -549,11 +554,16 @@ ucs_status_t Node::answer(const void* header, size_t header_length, const ucp_am
     std::memcpy(&ask, header, sizeof ask);
     s->answer.read_id = ask.read_id;
     auto m = mappings_.find(ask.mapping);
-    if (ask.wire != kWire) s->answer.status = kMalformed;
-    else if (m == mappings_.end() || m->second.retired || m->second.epoch != ask.epoch) s->answer.status = kGone;
-    else if (m->second.token != ask.token) s->answer.status = kRefused;
-    else if (ask.length == 0 || ask.offset > m->second.length || ask.length > m->second.length - ask.offset) s->answer.status = kOutOfRange;
-    else s->answer.status = kOk;
+    if (ask.wire != kWire)
+      s->answer.status = kMalformed;
+    else if (m == mappings_.end() || m->second.retired || m->second.epoch != ask.epoch)
+      s->answer.status = kGone;
+    else if (m->second.token != ask.token)
+      s->answer.status = kRefused;
+    else if (ask.length == 0 || ask.offset > m->second.length || ask.length > m->second.length - ask.offset)
+      s->answer.status = kOutOfRange;
+    else
+      s->answer.status = kOk;
   }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -643,8 +653,10 @@ void Node::unexpose(uint64_t id) {
 void Node::release_mapping(std::map<uint64_t, Mapping>::iterator it) {
   ucp_mem_unmap(context_, it->second.memh);
   void* zeros = mmap(it->second.addr, it->second.length, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
-  if (zeros == MAP_FAILED) munmap(it->second.addr, it->second.length);
-  else retired_.push_back({it->second.addr, it->second.length});
+  if (zeros == MAP_FAILED)
+    munmap(it->second.addr, it->second.length);
+  else
+    retired_.push_back({it->second.addr, it->second.length});
   mappings_.erase(it);
 }
 

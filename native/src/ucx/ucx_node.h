@@ -88,8 +88,10 @@ class Node {
   ucs_status_t receive(const void* header, size_t header_length, void* data, size_t length, const ucp_am_recv_param_t* param);
   void pull(uint64_t id, Read& r, void* data);
   void pull_next();
-  static ucs_status_t on_ask(void* arg, const void* header, size_t header_length, void* data, size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t on_answer(void* arg, const void* header, size_t header_length, void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_ask(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                             const ucp_am_recv_param_t* param);
+  static ucs_status_t on_answer(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                const ucp_am_recv_param_t* param);
   static void on_ask_sent(void* request, ucs_status_t status, void* user);
   static void on_answer_sent(void* request, ucs_status_t status, void* user);
   static void on_received(void* request, ucs_status_t status, size_t length, void* user);
@@ -108,14 +110,14 @@ class Node {
 
   // Progress-thread state. Reader side:
   std::map<std::vector<uint8_t>, std::vector<std::unique_ptr<Peer>>> idle_;  // by owner address
-  std::map<uint64_t, std::unique_ptr<Read>> reads_;                         // in flight, by read id
-  size_t receiving_ = 0;                                                    // reads pulling bytes
-  std::deque<uint64_t> queued_;                                             // answered reads waiting to pull, in order
-  std::vector<std::unique_ptr<Peer>> retired_peers_;                        // to close, out of callbacks
+  std::map<uint64_t, std::unique_ptr<Read>> reads_;                          // in flight, by read id
+  size_t receiving_ = 0;                                                     // reads pulling bytes
+  std::deque<uint64_t> queued_;                                              // answered reads waiting to pull, in order
+  std::vector<std::unique_ptr<Peer>> retired_peers_;                         // to close, out of callbacks
   struct Closing {
     std::unique_ptr<Peer> peer;
-    void* request;                   // the close in progress, or null when it finished at once
-    std::optional<uint64_t> read;    // a cancelled read that was receiving on it
+    void* request;                 // the close in progress, or null when it finished at once
+    std::optional<uint64_t> read;  // a cancelled read that was receiving on it
   };
   std::vector<Closing> closing_;
   // Owner side:

@@ -10,7 +10,11 @@ const QUANTILE_COLORS = { p50: "#16a34a", p90: "#ea580c", p99: "#dc2626" };
 const TARGET = { color: "#475569", dash: [6, 4] };
 // A wide pale line drawn first, so that lines equal to it (goodput = requests, every SLO at 100%) stay visible on top.
 const UNDER = { color: "#93c5fd", width: 6 };
-const suffixed = (keys, prefix) => [...keys].filter((k) => k.startsWith(prefix)).map((k) => k.slice(prefix.length)).sort();
+const suffixed = (keys, prefix) =>
+  [...keys]
+    .filter((k) => k.startsWith(prefix))
+    .map((k) => k.slice(prefix.length))
+    .sort();
 const rateNote = `${RATE_MS / 1000} s rate`;
 const quantileNote = `over ${QUANTILE_MS / 1000} s`;
 
@@ -43,7 +47,11 @@ export const CHARTS = [
     fmt: percent,
     range: [0, 1.05],
     lines: (keys) =>
-      SLOS.filter((slo) => keys.has(`attainment.${slo}`)).map((slo) => ({ key: `attainment.${slo}`, label: slo, ...(slo === "all" ? UNDER : {}) })),
+      SLOS.filter((slo) => keys.has(`attainment.${slo}`)).map((slo) => ({
+        key: `attainment.${slo}`,
+        label: slo,
+        ...(slo === "all" ? UNDER : {}),
+      })),
   },
   { id: "ttft", title: `Time to first token (${quantileNote})`, fmt: duration, lines: latency("ttft") },
   { id: "tpot", title: `Time per output token (${quantileNote})`, fmt: duration, lines: latency("tpot") },
@@ -64,7 +72,9 @@ export const CHARTS = [
     lines: (keys) =>
       TIERS.filter((tier) => keys.has(`kv.${tier}`)).flatMap((tier, i) => [
         { key: `kv.${tier}`, label: tier, group: i },
-        ...(keys.has(`kvcap.${tier}`) ? [{ key: `kvcap.${tier}`, label: `${tier} capacity`, group: i, dash: [6, 4], reference: true }] : []),
+        ...(keys.has(`kvcap.${tier}`)
+          ? [{ key: `kvcap.${tier}`, label: `${tier} capacity`, group: i, dash: [6, 4], reference: true }]
+          : []),
       ]),
   },
   {
@@ -85,7 +95,10 @@ export const CHARTS = [
 ];
 
 /** Seconds since the epoch as a local wall-clock time, 13:36:05. */
-const clock = (v) => (Number.isFinite(v) ? new Date(v * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false }) : "—");
+const clock = (v) =>
+  Number.isFinite(v)
+    ? new Date(v * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false })
+    : "—";
 
 function options(def, lines, width) {
   return {

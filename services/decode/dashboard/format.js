@@ -9,7 +9,10 @@ function fixed(x, digits = 3) {
   const a = Math.abs(x);
   const d = a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : digits;
   // Trailing zeros after the point only: "1.50" -> "1.5", "2.00" -> "2", "100" stays.
-  return x.toFixed(d).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+  return x
+    .toFixed(d)
+    .replace(/(\.\d*?)0+$/, "$1")
+    .replace(/\.$/, "");
 }
 
 /** A plain count or ratio: 3, 12.5, 0.042. */

@@ -83,11 +83,18 @@ export function increase(a, b, name, filter) {
  */
 export function bucketIncrease(a, b, name, filter) {
   const byLe = new Map();
-  const ok = increases(a, b, name, (f, s) => s.name === `${f.name}_bucket`, filter, (labels, d) => {
-    const le = labels.le === undefined ? NaN : Number(labels.le === "+Inf" ? Infinity : labels.le);
-    if (Number.isNaN(le)) return;
-    byLe.set(le, (byLe.get(le) ?? 0) + d);
-  });
+  const ok = increases(
+    a,
+    b,
+    name,
+    (f, s) => s.name === `${f.name}_bucket`,
+    filter,
+    (labels, d) => {
+      const le = labels.le === undefined ? NaN : Number(labels.le === "+Inf" ? Infinity : labels.le);
+      if (Number.isNaN(le)) return;
+      byLe.set(le, (byLe.get(le) ?? 0) + d);
+    },
+  );
   if (!ok) return null;
   return [...byLe.entries()].sort((x, y) => x[0] - y[0]).map(([le, count]) => ({ le, count }));
 }

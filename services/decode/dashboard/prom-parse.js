@@ -9,7 +9,11 @@
 
 const NAME = /^[a-zA-Z_:][a-zA-Z0-9_:]*/;
 const LABEL_NAME = /^[a-zA-Z_][a-zA-Z0-9_]*/;
-const SUFFIXES = { histogram: ["_bucket", "_sum", "_count", "_created"], summary: ["_sum", "_count", "_created"], counter: ["_total", "_created"] };
+const SUFFIXES = {
+  histogram: ["_bucket", "_sum", "_count", "_created"],
+  summary: ["_sum", "_count", "_created"],
+  counter: ["_total", "_created"],
+};
 
 /** A Prometheus float: decimal or exponent notation, NaN, +Inf, -Inf (case-insensitive). */
 export function parseValue(text) {

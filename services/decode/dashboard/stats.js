@@ -91,12 +91,16 @@ function computeNow(parsed) {
   // A counter family without series yet (prom-client writes a labelled series once touched) is 0.
   const total = (name, filter) => (family(parsed, name) ? (gauge(name, filter) ?? 0) : null);
   const services = [...new Set([...labelValues(parsed, M.running, "service"), ...labelValues(parsed, M.waiting, "service")])];
-  const tiers = TIERS.filter((tier) => labelValues(parsed, M.kvInUse, "tier").includes(tier) || labelValues(parsed, M.kvCapacity, "tier").includes(tier));
+  const tiers = TIERS.filter(
+    (tier) => labelValues(parsed, M.kvInUse, "tier").includes(tier) || labelValues(parsed, M.kvCapacity, "tier").includes(tier),
+  );
   const met = total(M.sloMet, { slo: "all" });
   return {
     attainmentSinceStart: div(met, add(met, total(M.sloMissed, { slo: "all" }))),
     requestsSinceStart: add(total(M.success), total(M.failure)),
-    queues: Object.fromEntries(services.map((service) => [service, { running: gauge(M.running, { service }), waiting: gauge(M.waiting, { service }) }])),
+    queues: Object.fromEntries(
+      services.map((service) => [service, { running: gauge(M.running, { service }), waiting: gauge(M.waiting, { service }) }]),
+    ),
     kv: Object.fromEntries(tiers.map((tier) => [tier, { inUse: gauge(M.kvInUse, { tier }), capacity: gauge(M.kvCapacity, { tier }) }])),
     targets: Object.fromEntries(labelValues(parsed, M.sloTarget, "slo").map((slo) => [slo, gauge(M.sloTarget, { slo })])),
   };

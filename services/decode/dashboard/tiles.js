@@ -35,7 +35,11 @@ export const TILES = [
   {
     id: "goodput",
     label: "Goodput",
-    figure: (w) => ({ value: w?.goodput ?? null, text: perSecond(w?.goodput), sub: `requests/s meeting every SLO; failures ${perSecond(w?.failureRate)}` }),
+    figure: (w) => ({
+      value: w?.goodput ?? null,
+      text: perSecond(w?.goodput),
+      sub: `requests/s meeting every SLO; failures ${perSecond(w?.failureRate)}`,
+    }),
   },
   {
     id: "attainment",
@@ -82,13 +86,21 @@ export const TILES = [
     figure: (w) => {
       const rates = Object.entries(w?.kvTransferRate ?? {});
       const total = sumOf(rates.map(([, r]) => r));
-      return { value: total, text: byteRate(total), sub: rates.length ? rates.map(([t, r]) => `${t} ${byteRate(r)}`).join(" · ") : "no transfers yet" };
+      return {
+        value: total,
+        text: byteRate(total),
+        sub: rates.length ? rates.map(([t, r]) => `${t} ${byteRate(r)}`).join(" · ") : "no transfers yet",
+      };
     },
   },
   {
     id: "tokens",
     label: "Tokens generated/s",
-    figure: (w) => ({ value: w?.generationTokenRate ?? null, text: perSecond(w?.generationTokenRate), sub: `prompt ${perSecond(w?.promptTokenRate)}` }),
+    figure: (w) => ({
+      value: w?.generationTokenRate ?? null,
+      text: perSecond(w?.generationTokenRate),
+      sub: `prompt ${perSecond(w?.promptTokenRate)}`,
+    }),
   },
 ];
 

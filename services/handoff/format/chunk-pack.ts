@@ -1,15 +1,7 @@
 // Packs per-layer KV (the engine's layout: for each layer, K and V as [token][Hkv][headDim]) into
 // a chunk's token-major payload [token][layer][K|V][Hkv][headDim], and back.
 import os from "node:os";
-import {
-  ChunkError,
-  chunkPayloadLength,
-  dtypeBytes,
-  sealChunk,
-  writeChunkHeader,
-  type ChunkMeta,
-  type KvDtype,
-} from "./chunk.ts";
+import { ChunkError, chunkPayloadLength, dtypeBytes, sealChunk, writeChunkHeader, type ChunkMeta, type KvDtype } from "./chunk.ts";
 
 // Typed arrays use the host byte order and the format is little-endian; every target we build
 // for (x86-64, aarch64) is little-endian, so rows are copied as raw bytes.
@@ -76,7 +68,10 @@ function checkShape(payload: Uint8Array, meta: ChunkMeta, layers: readonly Layer
   const Expected = meta.dtype === "f16" ? Uint16Array : Float32Array;
   const elems = meta.tokenCount * meta.hkv * meta.headDim;
   layers.forEach(({ k, v }, i) => {
-    for (const [name, a] of [["K", k], ["V", v]] as const) {
+    for (const [name, a] of [
+      ["K", k],
+      ["V", v],
+    ] as const) {
       if (!(a instanceof Expected)) throw bad(`layer ${meta.layerIds[i]} ${name} must be a ${Expected.name} for ${meta.dtype}`);
       if (a.length < elems) throw bad(`layer ${meta.layerIds[i]} ${name} has ${a.length} values, needs ${elems}`);
     }
@@ -91,4 +86,3 @@ function bytesOf(a: KvArray): Uint8Array {
 function newArray(dtype: KvDtype, elems: number): KvArray {
   return dtype === "f16" ? new Uint16Array(elems) : new Float32Array(elems);
 }
-

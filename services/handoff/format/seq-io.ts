@@ -47,7 +47,13 @@ export interface CacheView {
 }
 
 /** Zero-copy f16 views of rows [tokenStart, tokenStart+tokenCount) of K and V for each layer. */
-export function layerViews(cache: CacheView, shape: KvShape, layerIds: readonly number[], tokenStart: number, tokenCount: number): LayerKv[] {
+export function layerViews(
+  cache: CacheView,
+  shape: KvShape,
+  layerIds: readonly number[],
+  tokenStart: number,
+  tokenCount: number,
+): LayerKv[] {
   const kvDim = shape.hkv * shape.headDim;
   if (tokenStart + tokenCount > cache.capacity) {
     throw new ChunkError("invalid_meta", `tokens ${tokenStart}+${tokenCount} exceed the sequence capacity ${cache.capacity}`);
@@ -121,7 +127,11 @@ function moveRows<T>(move: () => T): T {
  * Checks that chunks (by layer ids and token range) cover every layer for tokens [0, nTokens)
  * exactly once; returns a sentence saying what is wrong, or null.
  */
-export function coverageProblem(chunks: readonly { layerIds: readonly number[]; tokenStart: number; tokenEnd: number }[], nLayer: number, nTokens: number): string | null {
+export function coverageProblem(
+  chunks: readonly { layerIds: readonly number[]; tokenStart: number; tokenEnd: number }[],
+  nLayer: number,
+  nTokens: number,
+): string | null {
   const perLayer = Array.from({ length: nLayer }, () => [] as BlockRange[]);
   for (const c of chunks) {
     for (const l of c.layerIds) {

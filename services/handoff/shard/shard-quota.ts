@@ -74,7 +74,8 @@ export class ShardQuota {
 
   /** 429 shard_full whose Retry-After is when the tenant's oldest range (else anyone's) is reclaimable. */
   full(message: string, tenant: string): ApiError {
-    let oldest = Infinity, oldestOwn = Infinity;
+    let oldest = Infinity,
+      oldestOwn = Infinity;
     for (const h of this.held.values()) {
       oldest = Math.min(oldest, h.at);
       if (h.tenant === tenant) oldestOwn = Math.min(oldestOwn, h.at);

@@ -102,7 +102,11 @@ export class Shard {
       await file.close();
       await removeOwnerMark(filePath);
       // The file was made just now by this call (wx); one that is gone already needs nothing.
-      await unlink(filePath).catch((e: NodeJS.ErrnoException) => (e.code === "ENOENT" ? undefined : Promise.reject(new AggregateError([err, e], `could not remove ${filePath} after failing to create it`))));
+      await unlink(filePath).catch((e: NodeJS.ErrnoException) =>
+        e.code === "ENOENT"
+          ? undefined
+          : Promise.reject(new AggregateError([err, e], `could not remove ${filePath} after failing to create it`)),
+      );
       throw err;
     }
   }

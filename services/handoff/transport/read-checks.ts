@@ -31,11 +31,7 @@ export function checkReadArgs(loc: ChunkLocation, into: Uint8Array, opts: ReadCh
  * Runs `read` with a signal that fires at the deadline or when the caller aborts; the promise
  * then rejects with deadline_exceeded or aborted. `read` must stop writing once the signal fires.
  */
-export async function withDeadline<T>(
-  loc: ChunkLocation,
-  opts: ReadChunkOptions,
-  read: (signal: AbortSignal) => Promise<T>,
-): Promise<T> {
+export async function withDeadline<T>(loc: ChunkLocation, opts: ReadChunkOptions, read: (signal: AbortSignal) => Promise<T>): Promise<T> {
   const deadlineError = () => new TransportError("deadline_exceeded", `${chunkLabel(loc)}: deadline exceeded`);
   const abortError = () => new TransportError("aborted", `${chunkLabel(loc)}: aborted by the caller`);
   if (opts.signal?.aborted) throw abortError();

@@ -94,7 +94,9 @@ export class ShmTransport implements KvTransport {
       // A missing file means its owner restarted (the epoch is in the file name).
       if (code === "ENOENT") throw staleEpoch(loc);
       if (code === "ESTALE") throw new TransportError("file_mismatch", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
-      throw new TransportError(code === "ERANGE" ? "out_of_range" : "io_error", `${chunkLabel(loc)}: ${message}`, undefined, { cause: err });
+      throw new TransportError(code === "ERANGE" ? "out_of_range" : "io_error", `${chunkLabel(loc)}: ${message}`, undefined, {
+        cause: err,
+      });
     }
   }
 
@@ -107,12 +109,18 @@ export class ShmTransport implements KvTransport {
 
   private checkPath(loc: ChunkLocation): void {
     if (this.requireFileId && !loc.fileId) {
-      throw new TransportError("file_mismatch", `${chunkLabel(loc)}: the registry has no file identity for ${loc.shardPath}; it is not read over shm`);
+      throw new TransportError(
+        "file_mismatch",
+        `${chunkLabel(loc)}: the registry has no file identity for ${loc.shardPath}; it is not read over shm`,
+      );
     }
     const file = path.resolve(loc.shardPath ?? "");
     const parsed = parseShardFileName(path.basename(file));
     if (!this.allowedDirs.includes(path.dirname(file)) || !parsed || parsed.shardId !== loc.shardId) {
-      throw new TransportError("invalid_request", `${chunkLabel(loc)}: ${loc.shardPath} is not a shard file of ${loc.shardId} in an allowed directory`);
+      throw new TransportError(
+        "invalid_request",
+        `${chunkLabel(loc)}: ${loc.shardPath} is not a shard file of ${loc.shardId} in an allowed directory`,
+      );
     }
     if (parsed.epoch !== loc.epoch) throw staleEpoch(loc);
   }
@@ -178,7 +186,10 @@ async function openedOrThrow(entry: OpenFile, loc: ChunkLocation): Promise<FileH
 }
 
 function fileMismatch(loc: ChunkLocation, found: string): TransportError {
-  return new TransportError("file_mismatch", `${chunkLabel(loc)}: ${loc.shardPath} is ${found} (device:inode), not the registered ${loc.fileId}`);
+  return new TransportError(
+    "file_mismatch",
+    `${chunkLabel(loc)}: ${loc.shardPath} is ${found} (device:inode), not the registered ${loc.fileId}`,
+  );
 }
 
 function staleEpoch(loc: ChunkLocation): TransportError {

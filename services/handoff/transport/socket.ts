@@ -9,7 +9,15 @@ import { TransportError, chunkLabel, ownerErrorMessage, type TransportErrorCode 
 import { checkReadArgs, withDeadline } from "./read-checks.ts";
 import { chunkRequestPath, type ChunkLocation, type KvTransport, type ReadChunkOptions } from "./types.ts";
 
-const STATUS_CODES: Record<number, TransportErrorCode> = { 400: "invalid_request", 401: "unauthorized", 403: "unauthorized", 404: "not_found", 409: "stale_epoch", 410: "not_found", 416: "out_of_range" };
+const STATUS_CODES: Record<number, TransportErrorCode> = {
+  400: "invalid_request",
+  401: "unauthorized",
+  403: "unauthorized",
+  404: "not_found",
+  409: "stale_epoch",
+  410: "not_found",
+  416: "out_of_range",
+};
 const MAX_HEAD = 16 << 10;
 /** A chunk route's response head is ~150 bytes. */
 const HEAD_READ = 512;
@@ -121,7 +129,8 @@ class Connection {
     const all = this.head.length === 1 ? this.head[0]! : Buffer.concat(this.head);
     const end = all.indexOf("\r\n\r\n");
     if (end < 0) {
-      if (this.headBytes > MAX_HEAD) this.reject(new TransportError("bad_response", `${chunkLabel(p.loc)}: response head exceeds ${MAX_HEAD} bytes`));
+      if (this.headBytes > MAX_HEAD)
+        this.reject(new TransportError("bad_response", `${chunkLabel(p.loc)}: response head exceeds ${MAX_HEAD} bytes`));
       return true;
     }
     const lines = all.subarray(0, end).toString("latin1").split("\r\n");
@@ -133,7 +142,13 @@ class Connection {
     }
     const length = Number(headers.get("content-length"));
     if (!status || !Number.isSafeInteger(length) || headers.has("transfer-encoding")) {
-      this.reject(new TransportError("bad_response", `${chunkLabel(p.loc)}: the owner's response is not a content-length HTTP/1.1 response`, status ? Number(status[1]) : undefined));
+      this.reject(
+        new TransportError(
+          "bad_response",
+          `${chunkLabel(p.loc)}: the owner's response is not a content-length HTTP/1.1 response`,
+          status ? Number(status[1]) : undefined,
+        ),
+      );
       return true;
     }
     this.status = Number(status[1]);
@@ -169,7 +184,11 @@ class Connection {
     if (this.errorGot < this.bodyLength) return;
     const text = Buffer.concat(this.errorBody).subarray(0, Math.min(this.bodyLength, MAX_ERROR_BODY)).toString("utf8");
     const detail = ownerErrorMessage(text);
-    const err = new TransportError(STATUS_CODES[this.status] ?? "bad_response", `${chunkLabel(p.loc)}: owner answered ${this.status}: ${detail}`, this.status);
+    const err = new TransportError(
+      STATUS_CODES[this.status] ?? "bad_response",
+      `${chunkLabel(p.loc)}: owner answered ${this.status}: ${detail}`,
+      this.status,
+    );
     if (this.errorGot > this.bodyLength) this.closeAfter = true;
     this.state = "head";
     this.pending = undefined;
@@ -198,11 +217,18 @@ class Connection {
     const label = chunkLabel(p.loc);
     const code = (err as NodeJS.ErrnoException).code;
     if (p.seen === 0) {
-      const e = new TransportError("unreachable", `${label}: cannot reach ${p.loc.ownerBaseUrl} (${code ?? (err as Error).message})`, undefined, { cause: err });
+      const e = new TransportError(
+        "unreachable",
+        `${label}: cannot reach ${p.loc.ownerBaseUrl} (${code ?? (err as Error).message})`,
+        undefined,
+        { cause: err },
+      );
       (e as TransportError & { retryable?: boolean }).retryable = code === undefined || code === "ECONNRESET" || code === "EPIPE";
       p.reject(e);
     } else {
-      p.reject(new TransportError("short_read", `${label}: the body broke off after ${p.got} of ${p.loc.length} bytes`, 200, { cause: err }));
+      p.reject(
+        new TransportError("short_read", `${label}: the body broke off after ${p.got} of ${p.loc.length} bytes`, 200, { cause: err }),
+      );
     }
   }
 }
@@ -227,7 +253,8 @@ export class SocketHttpTransport implements KvTransport {
     } catch {
       throw new TransportError("invalid_request", `${chunkLabel(loc)}: bad owner URL ${JSON.stringify(loc.ownerBaseUrl)}`);
     }
-    if (url.protocol !== "http:") throw new TransportError("invalid_request", `${chunkLabel(loc)}: the socket transport speaks http only, got ${url.protocol}`);
+    if (url.protocol !== "http:")
+      throw new TransportError("invalid_request", `${chunkLabel(loc)}: the socket transport speaks http only, got ${url.protocol}`);
     const host = url.hostname.replace(/^\[|\]$/g, "");
     const port = Number(url.port || 80);
     const path = url.pathname.replace(/\/+$/, "") + chunkRequestPath(loc);
@@ -273,7 +300,12 @@ export class SocketHttpTransport implements KvTransport {
       this.live.delete(conn);
       conn.destroy();
       const code = (err as NodeJS.ErrnoException).code;
-      throw new TransportError("unreachable", `${chunkLabel(loc)}: cannot reach ${loc.ownerBaseUrl} (${code ?? (err as Error).message})`, undefined, { cause: err });
+      throw new TransportError(
+        "unreachable",
+        `${chunkLabel(loc)}: cannot reach ${loc.ownerBaseUrl} (${code ?? (err as Error).message})`,
+        undefined,
+        { cause: err },
+      );
     }
     return conn;
   }

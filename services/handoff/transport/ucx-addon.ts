@@ -51,7 +51,9 @@ export function ucxAddon(): UcxAddon {
   if (loaded) return loaded;
   if (loadFailure) throw loadFailure;
   if (!existsSync(ucxAddonPath)) {
-    throw new Error(`the UCX transport is not built (${ucxAddonPath} is missing): install libucx-dev and run "npm run build:native" (CTXBANK_UCX=AUTO or ON)`);
+    throw new Error(
+      `the UCX transport is not built (${ucxAddonPath} is missing): install libucx-dev and run "npm run build:native" (CTXBANK_UCX=AUTO or ON)`,
+    );
   }
   // Keep UCX's malloc/mmap hooks and its fatal-signal handlers out of Node's (they serve RDMA
   // registration caches and UCX's own crash reports; the transport registers its memory
@@ -66,7 +68,10 @@ export function ucxAddon(): UcxAddon {
   try {
     loaded = createRequire(import.meta.url)(ucxAddonPath) as UcxAddon;
   } catch (err) {
-    loadFailure = new Error(`cannot load the UCX transport addon ${ucxAddonPath}: ${(err as Error).message} (is UCX installed? Debian: libucx0)`, { cause: err });
+    loadFailure = new Error(
+      `cannot load the UCX transport addon ${ucxAddonPath}: ${(err as Error).message} (is UCX installed? Debian: libucx0)`,
+      { cause: err },
+    );
     throw loadFailure;
   }
   return loaded;

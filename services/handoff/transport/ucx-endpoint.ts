@@ -28,7 +28,8 @@ export interface UcxEndpoint {
 }
 
 export function encodeUcxEndpoint(ep: UcxEndpoint): string {
-  if (ep.address.byteLength < 1 || ep.address.byteLength > MAX_UCX_ADDRESS) throw new RangeError(`UCX worker address of ${ep.address.byteLength} bytes`);
+  if (ep.address.byteLength < 1 || ep.address.byteLength > MAX_UCX_ADDRESS)
+    throw new RangeError(`UCX worker address of ${ep.address.byteLength} bytes`);
   const buf = Buffer.alloc(HEAD + ep.address.byteLength + 4);
   buf.writeUInt32LE(MAGIC, 0);
   buf.writeUInt32LE(ep.epoch, 4);
@@ -44,7 +45,8 @@ export function encodeUcxEndpoint(ep: UcxEndpoint): string {
 
 /** The endpoint in `text`, or a sentence saying what is wrong with it. */
 export function decodeUcxEndpoint(text: unknown): UcxEndpoint | string {
-  if (typeof text !== "string" || text.length < 8 || text.length > MAX_TEXT || !BASE64.test(text)) return "not a base64 UCX endpoint of a sane size";
+  if (typeof text !== "string" || text.length < 8 || text.length > MAX_TEXT || !BASE64.test(text))
+    return "not a base64 UCX endpoint of a sane size";
   const buf = Buffer.from(text, "base64");
   if (buf.byteLength < HEAD + 1 + 4) return `${buf.byteLength} bytes is too short`;
   if (buf.readUInt32LE(0) !== MAGIC) return "wrong magic";

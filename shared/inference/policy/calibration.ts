@@ -54,7 +54,8 @@ export function filterCapability(sim: number[][], span: number): number[] {
  * tokens of the filter layer that serves it. This is what OmniKV relies on at decode.
  */
 export function coverage(sim: number[][], filters: number[], guard: boolean = POLICY_DEFAULTS.omnikv.guard): number {
-  let total = 0, n = 0;
+  let total = 0,
+    n = 0;
   filters.forEach((f, i) => {
     const next = filters[i + 1] ?? sim.length;
     for (let l = f + (guard ? 2 : 1); l < next; l++) {
@@ -72,7 +73,8 @@ export function coverage(sim: number[][], filters: number[], guard: boolean = PO
  */
 export function recommendFilterLayers(sim: number[][], m: number, maxFirst: number): number[] {
   const L = sim.length;
-  let best: number[] = [], bestScore = -Infinity;
+  let best: number[] = [],
+    bestScore = -Infinity;
   const pick = (chosen: number[]): void => {
     if (chosen.length === m) {
       const c = coverage(sim, chosen);

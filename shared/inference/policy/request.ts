@@ -43,7 +43,8 @@ export function checkPolicyLimits(spec: PolicySpec | undefined, { maxContext, nL
     ["rounds.watershed_layer", "watershed layer", spec.rounds?.watershed_layer],
   ];
   for (const [field, what, v] of layers) {
-    if (v !== undefined && v >= nLayer) throw new PolicyError(`policy.${field}: ${what} ${v} is not a layer of this model (0 to ${nLayer - 1})`, `policy.${field}`);
+    if (v !== undefined && v >= nLayer)
+      throw new PolicyError(`policy.${field}: ${what} ${v} is not a layer of this model (0 to ${nLayer - 1})`, `policy.${field}`);
   }
 }
 
@@ -69,17 +70,22 @@ export function policyKind(spec: PolicySpec | undefined): PolicyKind {
 // What a spec leaves to the model or the prompt, or PolicyError when neither has it.
 function filterLayersOf(given: readonly number[] | undefined, cal: PolicyCalibration): readonly number[] {
   const layers = given ?? cal.filterLayers;
-  if (!layers) throw new PolicyError("this model has no calibrated OmniKV filter layers: give omnikv.filter_layers (npm run calibrate measures them)");
+  if (!layers)
+    throw new PolicyError("this model has no calibrated OmniKV filter layers: give omnikv.filter_layers (npm run calibrate measures them)");
   return layers;
 }
 function watershedOf(given: number | undefined, cal: PolicyCalibration): number {
   const layer = given ?? cal.watershedLayer ?? undefined;
-  if (layer === undefined) throw new PolicyError("this model has no calibrated watershed layer (npm run calibrate found none): give rounds.watershed_layer");
+  if (layer === undefined)
+    throw new PolicyError("this model has no calibrated watershed layer (npm run calibrate found none): give rounds.watershed_layer");
   return layer;
 }
 function roundStartsOf(given: readonly number[] | undefined, prompt: readonly number[] | undefined): readonly number[] {
   const starts = given ?? prompt;
-  if (!starts) throw new PolicyError("rounds needs rounds.starts (the first token of each round) or a chat request, whose user messages start the rounds");
+  if (!starts)
+    throw new PolicyError(
+      "rounds needs rounds.starts (the first token of each round) or a chat request, whose user messages start the rounds",
+    );
   return starts;
 }
 
@@ -144,7 +150,10 @@ export function resolvePolicy(spec: PolicySpec | undefined, ctx: PolicyContext):
 export function resolvedSpec(policy: ResolvedPolicy): Exclude<PolicySpec, string> {
   const out: Record<string, unknown> = { kind: policy.kind };
   for (const [key, value] of Object.entries(policy)) {
-    if (key !== "kind") out[key] = Object.fromEntries(Object.entries(value as object).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`), v]));
+    if (key !== "kind")
+      out[key] = Object.fromEntries(
+        Object.entries(value as object).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`), v]),
+      );
   }
   return out as Exclude<PolicySpec, string>;
 }

@@ -41,65 +41,112 @@ export const OmniKvSpec = z
       .max(8)
       .optional()
       .meta({ description: "1 to 8 layers, increasing. Default: the model's calibrated filter layers" }),
-    budget: Budget.default(D.omnikv.budget).meta({ description: "Prompt tokens each filter layer keeps, or a fraction of the prompt", example: 512 }),
+    budget: Budget.default(D.omnikv.budget).meta({
+      description: "Prompt tokens each filter layer keeps, or a fraction of the prompt",
+      example: 512,
+    }),
     selector: z
       .enum(["last", "last_softmax", "uniform", "exp"])
       .default(D.omnikv.selector)
       .meta({ description: "How the filter layers score tokens: last (OmniKV's), last_softmax, or the window selectors uniform and exp" }),
-    window: z.number().int().min(1).max(64).default(D.omnikv.window).meta({ description: "Queries the uniform and exp selectors combine, the current one included" }),
+    window: z
+      .number()
+      .int()
+      .min(1)
+      .max(64)
+      .default(D.omnikv.window)
+      .meta({ description: "Queries the uniform and exp selectors combine, the current one included" }),
     guard: z.boolean().default(D.omnikv.guard).meta({ description: "The layer after each filter layer stays dense" }),
-    lazy_iou: z.number().min(0).lt(1).default(D.omnikv.lazy_iou).meta({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
-    offload: z.boolean().default(D.omnikv.offload).meta({ description: "Keep the sparse layers' KV in the host bank; each selection is one packed gather per filter layer" }),
+    lazy_iou: z
+      .number()
+      .min(0)
+      .lt(1)
+      .default(D.omnikv.lazy_iou)
+      .meta({ description: "Reuse the previous selection when the new one overlaps it more than this (0 = off)" }),
+    offload: z
+      .boolean()
+      .default(D.omnikv.offload)
+      .meta({ description: "Keep the sparse layers' KV in the host bank; each selection is one packed gather per filter layer" }),
   })
   .meta({ description: "OmniKV: filter layers pick the prompt tokens the sparse layers after them attend to" });
 
 export const ScopeSpec = z
   .strictObject({
-    mode: z.enum(["slide", "adaptive", "discontinuous"]).default(D.scope.mode).meta({ description: "slide: the whole budget from the start; adaptive: grows over max_output; discontinuous: adaptive, re-selecting less often" }),
+    mode: z.enum(["slide", "adaptive", "discontinuous"]).default(D.scope.mode).meta({
+      description:
+        "slide: the whole budget from the start; adaptive: grows over max_output; discontinuous: adaptive, re-selecting less often",
+    }),
     beta1: Count.default(D.scope.beta1).meta({ description: "Selected earlier generated tokens" }),
     beta2: Count.default(D.scope.beta2).meta({ description: "Most recent generated tokens, always kept" }),
     max_output: Count.optional().meta({ description: "T, the planned output length. Default: the request's max_tokens" }),
-    alpha1: z
-      .number()
-      .int()
-      .min(0)
-      .max(MAX_TOKENS)
-      .default(D.scope.alpha1)
-      .meta({ description: "Prompt pool (kind scope): 0 keeps the whole prompt; else the alpha1 prompt tokens the last alpha2 attend to most, per layer and KV head. Needs the prompt's queries: after a KV handoff the prompt is kept whole" }),
+    alpha1: z.number().int().min(0).max(MAX_TOKENS).default(D.scope.alpha1).meta({
+      description:
+        "Prompt pool (kind scope): 0 keeps the whole prompt; else the alpha1 prompt tokens the last alpha2 attend to most, per layer and KV head. Needs the prompt's queries: after a KV handoff the prompt is kept whole",
+    }),
     alpha2: z.number().int().min(1).max(64).default(D.scope.alpha2).meta({ description: "The prompt pool's observation window" }),
   })
   .meta({ description: "SCOPE: a budget of generated tokens per layer and KV head" });
 
 export const StreamingSpec = z
   .strictObject({
-    sinks: z.number().int().min(0).max(MAX_TOKENS).default(D.streaming.sinks).meta({ description: "First tokens always kept (attention sinks)" }),
+    sinks: z
+      .number()
+      .int()
+      .min(0)
+      .max(MAX_TOKENS)
+      .default(D.streaming.sinks)
+      .meta({ description: "First tokens always kept (attention sinks)" }),
     window: Count.default(D.streaming.window).meta({ description: "Most recent tokens kept" }),
   })
   .meta({ description: "StreamingLLM baseline: the first sinks tokens plus the most recent window" });
 
 export const H2oSpec = z
   .strictObject({
-    budget: z.number().int().min(2).max(MAX_TOKENS).default(D.h2o.budget).meta({ description: "Tokens kept per layer and KV head, more than recent" }),
+    budget: z
+      .number()
+      .int()
+      .min(2)
+      .max(MAX_TOKENS)
+      .default(D.h2o.budget)
+      .meta({ description: "Tokens kept per layer and KV head, more than recent" }),
     recent: Count.default(D.h2o.recent).meta({ description: "Most recent tokens always kept, at least 1" }),
   })
   .refine((h) => h.budget > h.recent, { message: "h2o: recent must be >= 1 and budget larger than recent", path: ["budget"] })
-  .meta({ description: "Heavy-Hitter Oracle baseline: per layer and KV head, the recent newest tokens plus the heavy hitters, budget in all" });
+  .meta({
+    description: "Heavy-Hitter Oracle baseline: per layer and KV head, the recent newest tokens plus the heavy hitters, budget in all",
+  });
 
 export const RoundsSpec = z
   .strictObject({
-    watershed_layer: z.number().int().min(0).max(MAX_LAYER).optional().meta({ description: "L_w. Default: the model's calibrated watershed (none is known for SmolLM2-135M)" }),
-    starts: z
-      .array(z.number().int().min(0).max(MAX_TOKENS))
-      .min(1)
-      .max(4096)
+    watershed_layer: z
+      .number()
+      .int()
+      .min(0)
+      .max(MAX_LAYER)
       .optional()
-      .meta({ description: "First token of each round, from 0; the last is the current round. Default: one round per user message of a chat request" }),
-    top_k: z.number().int().min(0).max(4096).default(D.rounds.top_k).meta({ description: "Earlier rounds kept; 0 = adaptive, those above mean + std" }),
+      .meta({ description: "L_w. Default: the model's calibrated watershed (none is known for SmolLM2-135M)" }),
+    starts: z.array(z.number().int().min(0).max(MAX_TOKENS)).min(1).max(4096).optional().meta({
+      description:
+        "First token of each round, from 0; the last is the current round. Default: one round per user message of a chat request",
+    }),
+    top_k: z
+      .number()
+      .int()
+      .min(0)
+      .max(4096)
+      .default(D.rounds.top_k)
+      .meta({ description: "Earlier rounds kept; 0 = adaptive, those above mean + std" }),
   })
   .meta({ description: "Round Attention: whole earlier conversation rounds, picked at the watershed layer" });
 
 /** Each sub-object's schema, by its key (the key is also the kind that reads it alone). */
-export const POLICY_PART_SCHEMAS = { omnikv: OmniKvSpec, scope: ScopeSpec, streaming: StreamingSpec, h2o: H2oSpec, rounds: RoundsSpec } as const;
+export const POLICY_PART_SCHEMAS = {
+  omnikv: OmniKvSpec,
+  scope: ScopeSpec,
+  streaming: StreamingSpec,
+  h2o: H2oSpec,
+  rounds: RoundsSpec,
+} as const;
 export type PolicyPart = keyof typeof POLICY_PART_SCHEMAS;
 
 const unknownKind = `unknown policy: give one of ${POLICY_KINDS.join(", ")}, or an object { kind, ... } with one of those kinds`;
@@ -117,7 +164,11 @@ const PolicyObject = z
     const parts: readonly string[] = POLICY_PARTS[o.kind] ?? [];
     for (const key of Object.keys(POLICY_PART_SCHEMAS)) {
       if (o[key as PolicyPart] !== undefined && !parts.includes(key)) {
-        ctx.addIssue({ code: "custom", path: [key], message: `policy.${key} does not apply to kind ${o.kind}${parts.length ? ` (it reads ${parts.join(", ")})` : ""}` });
+        ctx.addIssue({
+          code: "custom",
+          path: [key],
+          message: `policy.${key} does not apply to kind ${o.kind}${parts.length ? ` (it reads ${parts.join(", ")})` : ""}`,
+        });
       }
     }
   });
@@ -161,7 +212,13 @@ type Policy<Parts extends { [P in PolicyPart]?: unknown }> = {
 }[PolicyKind];
 
 /** A policy resolved for a model and a prompt, every field present: what the native addon takes (it fills in nothing). */
-export type ResolvedPolicy = Policy<{ omnikv: OmniKvOptions; scope: ScopeOptions; streaming: StreamingOptions; h2o: H2oOptions; rounds: RoundsOptions }>;
+export type ResolvedPolicy = Policy<{
+  omnikv: OmniKvOptions;
+  scope: ScopeOptions;
+  streaming: StreamingOptions;
+  h2o: H2oOptions;
+  rounds: RoundsOptions;
+}>;
 /** A policy as a caller of the engine gives it: the defaulted fields may be left out (completePolicy fills them in). */
 export type AttentionPolicy = Policy<{
   omnikv: EngineInput<Out<"omnikv">>;
@@ -176,13 +233,19 @@ const snake = (k: string) => k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
 const mapKeys = (o: object, f: (k: string) => string) => Object.fromEntries(Object.entries(o).map(([k, v]) => [f(k), v]));
 
 /** A sub-object parsed by its schema (defaults written in), with the engine's camelCase keys. */
-export function engineFields<P extends PolicyPart>(part: P, wire: z.input<(typeof POLICY_PART_SCHEMAS)[P]> | undefined): EngineShape<Out<P>> {
+export function engineFields<P extends PolicyPart>(
+  part: P,
+  wire: z.input<(typeof POLICY_PART_SCHEMAS)[P]> | undefined,
+): EngineShape<Out<P>> {
   return mapKeys(POLICY_PART_SCHEMAS[part].parse(wire ?? {}), camel) as EngineShape<Out<P>>;
 }
 
 /** The engine's field names of each sub-object, as the native addon must parse them. */
 export function engineFieldNames(): Record<PolicyPart, string[]> {
-  return Object.fromEntries(Object.entries(POLICY_PART_SCHEMAS).map(([part, s]) => [part, Object.keys(s.shape).map(camel)])) as Record<PolicyPart, string[]>;
+  return Object.fromEntries(Object.entries(POLICY_PART_SCHEMAS).map(([part, s]) => [part, Object.keys(s.shape).map(camel)])) as Record<
+    PolicyPart,
+    string[]
+  >;
 }
 
 /**

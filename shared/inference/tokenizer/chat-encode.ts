@@ -147,6 +147,9 @@ function encodeWhole(tok: GgufTokenizer, real: string, messages: ChatMessage[], 
     }
   }
   const bos = needsBos(tok, real);
-  const ids = [...bos, ...tok.encode(real, { parseSpecial: true, ...(opts.maxTokens === undefined ? {} : { maxTokens: opts.maxTokens - bos.length }) })];
+  const ids = [
+    ...bos,
+    ...tok.encode(real, { parseSpecial: true, ...(opts.maxTokens === undefined ? {} : { maxTokens: opts.maxTokens - bos.length }) }),
+  ];
   return opts.rounds ? { ids, roundStarts: null } : { ids };
 }

@@ -6,8 +6,17 @@
 /** llama.cpp `detokenize` clean_spaces passes (ASCII only, safe on UTF-8 bytes). */
 export function cleanSpacesBytes(t: Uint8Array): Uint8Array {
   const text = Array.from(t);
-  const SP = 0x20, Q = 0x3f, EX = 0x21, DOT = 0x2e, COMMA = 0x2c, AP = 0x27;
-  const c_s = 0x73, c_m = 0x6d, c_r = 0x72, c_e = 0x65, c_v = 0x76;
+  const SP = 0x20,
+    Q = 0x3f,
+    EX = 0x21,
+    DOT = 0x2e,
+    COMMA = 0x2c,
+    AP = 0x27;
+  const c_s = 0x73,
+    c_m = 0x6d,
+    c_r = 0x72,
+    c_e = 0x65,
+    c_v = 0x76;
   // pass 1: " ?", " !", " .", " ," → drop the space
   let total = text.length ? 1 : 0;
   for (let i = 1; i < text.length; i++) {

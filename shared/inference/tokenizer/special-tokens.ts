@@ -41,9 +41,36 @@ const EOT_NAMES = [
   "<end_of_utterance>",
 ];
 const EOM_NAMES = ["<|eom_id|>"];
-const FIM_PRE_NAMES = ["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"];
-const FIM_SUF_NAMES = ["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"];
-const FIM_MID_NAMES = ["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"];
+const FIM_PRE_NAMES = [
+  "<|fim_prefix|>",
+  "<fim-prefix>",
+  "<fim_prefix>",
+  "<｜fim▁begin｜>",
+  "<PRE>",
+  "▁<PRE>",
+  "<|code_prefix|>",
+  "<|prefix|>",
+];
+const FIM_SUF_NAMES = [
+  "<|fim_suffix|>",
+  "<fim-suffix>",
+  "<fim_suffix>",
+  "<｜fim▁hole｜>",
+  "<SUF>",
+  "▁<SUF>",
+  "<|code_suffix|>",
+  "<|suffix|>",
+];
+const FIM_MID_NAMES = [
+  "<|fim_middle|>",
+  "<fim-middle>",
+  "<fim_middle>",
+  "<｜fim▁end｜>",
+  "<MID>",
+  "▁<MID>",
+  "<|code_middle|>",
+  "<|middle|>",
+];
 const FIM_PAD_NAMES = ["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const FIM_REP_NAMES = ["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"];
 const FIM_SEP_NAMES = ["<|file_sep|>"];
@@ -180,8 +207,7 @@ const utf8 = new TextEncoder();
  * (user-defined only, always recognised). Longest (in UTF-8 bytes) first; ties by id for determinism.
  */
 export function specialPartitionLists(tokens: readonly string[], types: Uint8Array): { all: number[]; user: number[] } {
-  const byLen = (a: number, b: number): number =>
-    utf8.encode(tokens[b]!).length - utf8.encode(tokens[a]!).length || a - b;
+  const byLen = (a: number, b: number): number => utf8.encode(tokens[b]!).length - utf8.encode(tokens[a]!).length || a - b;
   const all: number[] = [];
   const user: number[] = [];
   for (let i = 0; i < tokens.length; i++) {

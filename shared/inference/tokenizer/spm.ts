@@ -81,8 +81,7 @@ export class SentencePieceEncoder {
     const hRight = new Int32Array(size);
     const hLen = new Int32Array(size);
     let hn = 0;
-    const before = (i: number, j: number): boolean =>
-      hScore[i]! > hScore[j]! || (hScore[i] === hScore[j] && hLeft[i]! < hLeft[j]!);
+    const before = (i: number, j: number): boolean => hScore[i]! > hScore[j]! || (hScore[i] === hScore[j] && hLeft[i]! < hLeft[j]!);
     const swap = (i: number, j: number): void => {
       const s = hScore[i]!;
       hScore[i] = hScore[j]!;

@@ -244,7 +244,8 @@ export class GgufTokenizer {
       let start = at;
       for (const f of partitionOnSpecials(text, part.parseSpecial ? this.specialAll : this.specialUser, this.tokens)) {
         const prev = frags.at(-1);
-        if (f.text !== undefined && prev?.text !== undefined) prev.text += f.text; // plain text runs on across parts
+        if (f.text !== undefined && prev?.text !== undefined)
+          prev.text += f.text; // plain text runs on across parts
         else frags.push({ ...f, start });
         start += f.text?.length ?? this.tokens[f.id!]!.length;
       }
@@ -275,7 +276,13 @@ export class GgufTokenizer {
         this.encodeRaw(f.text!, out, limit);
         continue;
       }
-      const found = this.encodeRawMarked(f.text!, f.start, inside.map((i) => marks[i]!), out, limit);
+      const found = this.encodeRawMarked(
+        f.text!,
+        f.start,
+        inside.map((i) => marks[i]!),
+        out,
+        limit,
+      );
       for (const i of inside) markIds[i] = found.get(marks[i]!) ?? -1;
     }
     for (; k < order.length; k++) if (marks[order[k]!] === joined.length && out.length <= limit) markIds[order[k]!] = out.length;
@@ -313,7 +320,8 @@ export class GgufTokenizer {
       const text = this.tokens[id]!;
       if (t === TokenType.USER_DEFINED) b = utf8.encode(text);
       else if (t === TokenType.NORMAL) b = this.spm ? utf8.encode(text.replaceAll("\u2581", " ")) : byteLevelDecode(text);
-      else if (t === TokenType.BYTE && this.spm) b = Uint8Array.of(parseInt(text.slice(3, 5), 16)); // "<0xNN>", checked on load
+      else if (t === TokenType.BYTE && this.spm)
+        b = Uint8Array.of(parseInt(text.slice(3, 5), 16)); // "<0xNN>", checked on load
       else b = EMPTY; // unused / undefined types render nothing (and byte types in llama.cpp's BPE path)
       this.pieceCache[id] = b;
     }

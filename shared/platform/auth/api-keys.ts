@@ -64,7 +64,12 @@ export function parseApiKeys(text: string, defaults: KeyLimits, where: string): 
   const entries: ApiKeyEntry[] = [];
   const seen = new Set<string>();
   // Comments first (they may hold ';'), then entries.
-  const lines = text.split("\n").flatMap((raw, n) => raw.replace(/#.*$/, "").split(";").map((entry) => ({ entry, n })));
+  const lines = text.split("\n").flatMap((raw, n) =>
+    raw
+      .replace(/#.*$/, "")
+      .split(";")
+      .map((entry) => ({ entry, n })),
+  );
   lines.forEach(({ entry, n }) => {
     const line = entry.trim();
     if (line === "") return;
@@ -78,7 +83,13 @@ export function parseApiKeys(text: string, defaults: KeyLimits, where: string): 
     for (const opt of opts) {
       const [name, value] = opt.split("=");
       const n = Number(value);
-      if (!(name === "rate" || name === "burst" || name === "concurrency") || value === undefined || !Number.isFinite(n) || n < 0 || n > 1e6) {
+      if (
+        !(name === "rate" || name === "burst" || name === "concurrency") ||
+        value === undefined ||
+        !Number.isFinite(n) ||
+        n < 0 ||
+        n > 1e6
+      ) {
         throw new ApiKeyError(`${at}: bad option ${JSON.stringify(opt)} (rate=N, burst=N, concurrency=N; N >= 0)`);
       }
       limits[name] = name === "rate" ? n : Math.floor(n);

@@ -15,7 +15,10 @@ export class AllowedHosts {
   }
 
   /** From the configuration: bind hosts, public/internal URLs and the extra names. */
-  static fromConfig(c: { host: string; internalHost: string; publicUrl?: string | undefined; internalUrl?: string | undefined; allowedHosts: string[] }, boundUrls: string[] = []): AllowedHosts {
+  static fromConfig(
+    c: { host: string; internalHost: string; publicUrl?: string | undefined; internalUrl?: string | undefined; allowedHosts: string[] },
+    boundUrls: string[] = [],
+  ): AllowedHosts {
     const urls = [c.publicUrl, c.internalUrl, ...boundUrls].filter((u): u is string => u !== undefined).map((u) => new URL(u).hostname);
     const binds = [c.host, c.internalHost].filter((h) => !isWildcard(h));
     return new AllowedHosts([...urls, ...binds, ...c.allowedHosts]);
@@ -47,5 +50,9 @@ function stripPort(host: string): string {
 }
 
 function normalise(host: string): string {
-  return host.trim().toLowerCase().replace(/^\[(.*)\]$/, "$1").replace(/\.$/, "");
+  return host
+    .trim()
+    .toLowerCase()
+    .replace(/^\[(.*)\]$/, "$1")
+    .replace(/\.$/, "");
 }

@@ -8,7 +8,9 @@ interface KeyState {
   inFlight: number;
 }
 
-export type Admission = { ok: true; release: () => void } | { ok: false; code: "rate_limited" | "concurrency_limited"; retryAfterS: number };
+export type Admission =
+  | { ok: true; release: () => void }
+  | { ok: false; code: "rate_limited" | "concurrency_limited"; retryAfterS: number };
 
 export class KeyLimiter {
   private readonly state = new Map<string, KeyState>();
@@ -59,5 +61,9 @@ export class KeyLimiter {
 /** One of `n` equal parts of a key's limits: rate divided, burst and concurrency rounded up (0 stays unlimited). */
 export function share(limits: KeyLimits, n: number): KeyLimits {
   if (n === 1) return limits;
-  return { rate: limits.rate / n, burst: Math.max(1, Math.ceil(limits.burst / n)), concurrency: limits.concurrency === 0 ? 0 : Math.max(1, Math.ceil(limits.concurrency / n)) };
+  return {
+    rate: limits.rate / n,
+    burst: Math.max(1, Math.ceil(limits.burst / n)),
+    concurrency: limits.concurrency === 0 ? 0 : Math.max(1, Math.ceil(limits.concurrency / n)),
+  };
 }

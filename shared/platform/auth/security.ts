@@ -32,9 +32,16 @@ export function openSecurity(config: Config): Security {
   const defaults = { rate: config.keyRate, burst: config.keyBurst, concurrency: config.keyConcurrency };
   const keyed = config.apiKeysFile !== undefined || config.apiKeys !== undefined;
   const keys = keyed ? ApiKeys.load({ file: config.apiKeysFile, inline: config.apiKeys }, defaults) : undefined;
-  if (keys && keys.size === 0) throw new SecurityConfigError("the API keys file/variable holds no key: add one (ctxbank keys new <id>) or leave it unset");
+  if (keys && keys.size === 0)
+    throw new SecurityConfigError("the API keys file/variable holds no key: add one (ctxbank keys new <id>) or leave it unset");
   const secret = internalSecretOf(config);
-  return { keys, limiter: new KeyLimiter(), internal: new InternalAuth(secret), internalSecret: secret, hosts: AllowedHosts.fromConfig(config) };
+  return {
+    keys,
+    limiter: new KeyLimiter(),
+    internal: new InternalAuth(secret),
+    internalSecret: secret,
+    hosts: AllowedHosts.fromConfig(config),
+  };
 }
 
 function internalSecretOf(config: Config): string {
@@ -46,7 +53,8 @@ function internalSecretOf(config: Config): string {
     } catch (e) {
       throw new SecurityConfigError(`cannot read the internal secret file ${config.internalSecretFile}: ${(e as Error).message}`);
     }
-    if (text.length < MIN_SECRET_LENGTH) throw new SecurityConfigError(`the internal secret in ${config.internalSecretFile} must be at least ${MIN_SECRET_LENGTH} characters`);
+    if (text.length < MIN_SECRET_LENGTH)
+      throw new SecurityConfigError(`the internal secret in ${config.internalSecretFile} must be at least ${MIN_SECRET_LENGTH} characters`);
     return text;
   }
   // Only `serve` on a loopback internal listener gets here (shared/platform/config.ts refuses the rest).

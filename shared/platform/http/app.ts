@@ -39,7 +39,10 @@ export interface AppOptions {
  * A validation failure as a 400 naming the first offending field: invalid_policy when it is in
  * the policy, unknown_field for a key the route does not take (its param names the key).
  */
-function validationHook(result: { success: boolean; error?: { issues: { path: PropertyKey[]; message: string; code?: string; keys?: string[] }[] } }) {
+function validationHook(result: {
+  success: boolean;
+  error?: { issues: { path: PropertyKey[]; message: string; code?: string; keys?: string[] }[] };
+}) {
   if (result.success || !result.error) return;
   const issues = result.error.issues;
   const first = issues[0];
@@ -75,7 +78,16 @@ export function createApp(options: AppOptions): ServiceApp {
     await options.onResponse?.(c);
     const level = c.res.status >= 500 ? "error" : c.res.status >= 400 ? "warn" : "info";
     const code = c.get("errorCode");
-    log[level]({ method: c.req.method, path: c.req.path, status: c.res.status, ...(code ? { code } : {}), ms: Math.round(performance.now() - start) }, "request");
+    log[level](
+      {
+        method: c.req.method,
+        path: c.req.path,
+        status: c.res.status,
+        ...(code ? { code } : {}),
+        ms: Math.round(performance.now() - start),
+      },
+      "request",
+    );
   });
   app.use(
     "/v1/*",
@@ -93,7 +105,10 @@ export function createApp(options: AppOptions): ServiceApp {
     const body = c.req.raw.body;
     if (body && c.req.method !== "GET" && c.req.method !== "HEAD" && isJsonMediaType(c.req.header("content-type"))) {
       const text = await readJsonWithin(body, MAX_JSON_DEPTH);
-      if (text === undefined) throw closing(new ApiError(400, "invalid_request", `the request body nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels`));
+      if (text === undefined)
+        throw closing(
+          new ApiError(400, "invalid_request", `the request body nests arrays and objects deeper than ${MAX_JSON_DEPTH} levels`),
+        );
       c.req.raw = new Request(c.req.raw, { body: text });
     }
     await next();
@@ -113,7 +128,12 @@ export function createApp(options: AppOptions): ServiceApp {
     if (err instanceof HTTPException) {
       // Hono's own: a body that is not JSON (400), or one over the limit (413).
       const message = /JSON/i.test(err.message) ? `the request body is not valid JSON: ${err.message}` : err.message || "bad request";
-      return answer(c, err.status === 413 ? closing(new ApiError(413, "payload_too_large", message)) : new ApiError(400, "invalid_request", message, null, undefined, { cause: err }));
+      return answer(
+        c,
+        err.status === 413
+          ? closing(new ApiError(413, "payload_too_large", message))
+          : new ApiError(400, "invalid_request", message, null, undefined, { cause: err }),
+      );
     }
     // Only what no code meant to throw is classified: a domain error's cause chain may hold a
     // refused connection that is not the database's (a KV owner's, say).

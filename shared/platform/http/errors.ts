@@ -251,7 +251,13 @@ export interface ErrorBody {
 
 export function errorBody(status: number, code: string, message: string, param: string | null = null, details?: unknown): ErrorBody {
   return {
-    error: { message, type: TYPES[status] ?? (status >= 500 ? "server_error" : "invalid_request_error"), code, param, ...(details === undefined ? {} : { details }) },
+    error: {
+      message,
+      type: TYPES[status] ?? (status >= 500 ? "server_error" : "invalid_request_error"),
+      code,
+      param,
+      ...(details === undefined ? {} : { details }),
+    },
   };
 }
 

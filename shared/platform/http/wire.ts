@@ -10,7 +10,9 @@ import { MAX_TOP_K } from "../../inference/engine/sampler.ts";
 const ID = /^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/;
 export const Identifier = z.string().regex(ID, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
 /** A client's own request id: no ':' (that separates the API key's namespace from it, see shared/platform/auth/tenant.ts). */
-export const ClientRequestId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "1-64 chars of letters, digits and . _ - (not starting with a symbol)");
+export const ClientRequestId = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, "1-64 chars of letters, digits and . _ - (not starting with a symbol)");
 /**
  * Caps on arrays, checked before their elements (zod sizes an array first), so a 4 MiB body of
  * ids or messages costs no per-element validation: the largest context the wire carries (the
@@ -21,7 +23,9 @@ export const MAX_WIRE_MESSAGES = 1 << 16;
 export const TokenIds = z.array(z.number().int().min(0).max(0x7fff_ffff)).min(1).max(MAX_WIRE_TOKENS);
 
 /** A session id as clients send it (x-session-id, session_id): namespaced by the key in the registry. */
-export const SessionId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, "1-128 chars of letters, digits and . _ - (not starting with a symbol)");
+export const SessionId = z
+  .string()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/, "1-128 chars of letters, digits and . _ - (not starting with a symbol)");
 
 export const ChatMessageSchema = z
   .object({
@@ -32,10 +36,26 @@ export const ChatMessageSchema = z
 
 /** Sampling options, in OpenAI's names, with ctxbank's own routes' defaults. top_k is an extension (0 = off). */
 export const SamplingFields = {
-  temperature: z.number().min(0).max(10).optional().openapi({ description: "0 = greedy", example: 0.7, default: SAMPLING_DEFAULTS.api.temperature }),
+  temperature: z
+    .number()
+    .min(0)
+    .max(10)
+    .optional()
+    .openapi({ description: "0 = greedy", example: 0.7, default: SAMPLING_DEFAULTS.api.temperature }),
   top_p: z.number().gt(0).max(1).optional().openapi({ default: SAMPLING_DEFAULTS.api.topP }),
-  top_k: z.number().int().min(0).max(MAX_TOP_K).optional().openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.api.topK }),
-  seed: z.number().int().min(0).max(2 ** 32 - 1).optional(),
+  top_k: z
+    .number()
+    .int()
+    .min(0)
+    .max(MAX_TOP_K)
+    .optional()
+    .openapi({ description: "extension; 0 = no limit", default: SAMPLING_DEFAULTS.api.topK }),
+  seed: z
+    .number()
+    .int()
+    .min(0)
+    .max(2 ** 32 - 1)
+    .optional(),
 };
 
 export const SamplingSchema = z.object({
@@ -61,27 +81,46 @@ export const PolicySpecSchema = z.ZodType.prototype.openapi.call(PolicySpec, "At
  */
 export const policyField = (description: string) => PolicySpecSchema.optional().openapi({ description });
 /** The policy a request ran under: every default, calibrated layer and budget written in. */
-export const ResolvedPolicySchema = z
-  .record(z.string(), z.unknown())
-  .openapi("ResolvedPolicy", {
-    description: "The policy that ran, after defaults and calibration: { kind, <its sub-objects with every field> }, in the shape AttentionPolicy takes",
-    example: { kind: "h2o", h2o: { budget: 512, recent: 128 } },
-  });
+export const ResolvedPolicySchema = z.record(z.string(), z.unknown()).openapi("ResolvedPolicy", {
+  description:
+    "The policy that ran, after defaults and calibration: { kind, <its sub-objects with every field> }, in the shape AttentionPolicy takes",
+  example: { kind: "h2o", h2o: { budget: 512, recent: 128 } },
+});
 
 /** ctxbank's own request bodies are strict: a key it does not know is refused (400 unknown_field) rather than ignored. */
 export const PrefillRequestSchema = z
   .strictObject({
-    prompt: z.string().min(1).optional().openapi({ description: "Plain text, tokenized as is (no chat template)", example: "Once upon a time" }),
-    messages: z.array(ChatMessageSchema).min(1).max(MAX_WIRE_MESSAGES).optional().openapi({ description: "A conversation, rendered with the model's chat template" }),
+    prompt: z
+      .string()
+      .min(1)
+      .optional()
+      .openapi({ description: "Plain text, tokenized as is (no chat template)", example: "Once upon a time" }),
+    messages: z
+      .array(ChatMessageSchema)
+      .min(1)
+      .max(MAX_WIRE_MESSAGES)
+      .optional()
+      .openapi({ description: "A conversation, rendered with the model's chat template" }),
     prompt_token_ids: TokenIds.optional().openapi({ description: "Token ids, used as they are" }),
-    request_id: ClientRequestId.optional().openapi({ description: "Default: a fresh id. Kept in the API key's namespace: the handle's request_id is `<key id>:<request_id>` (unchanged on a keyless server)" }),
+    request_id: ClientRequestId.optional().openapi({
+      description:
+        "Default: a fresh id. Kept in the API key's namespace: the handle's request_id is `<key id>:<request_id>` (unchanged on a keyless server)",
+    }),
     session_id: Identifier.optional(),
     round_id: z.number().int().min(0).max(0x7fff_ffff).optional(),
-    max_tokens: z.number().int().min(1).max(1 << 22).optional().openapi({
-      description: "Tokens the decode will generate; checked against the context before computing",
-    }),
+    max_tokens: z
+      .number()
+      .int()
+      .min(1)
+      .max(1 << 22)
+      .optional()
+      .openapi({
+        description: "Tokens the decode will generate; checked against the context before computing",
+      }),
     policy: policyField("How the decode will attend; the KV chunks are grouped by its layer roles. Default: the server's --policy"),
-    stream: z.boolean().optional().openapi({ description: "Answer NDJSON: the handle's start once the first chunk is committed, each chunk id as it commits, then the handle" }),
+    stream: z.boolean().optional().openapi({
+      description: "Answer NDJSON: the handle's start once the first chunk is committed, each chunk id as it commits, then the handle",
+    }),
     ...SamplingFields,
   })
   .refine((b) => [b.prompt, b.messages, b.prompt_token_ids].filter((x) => x !== undefined).length === 1, {
@@ -114,16 +153,26 @@ export const HandleSchema = z
     prompt_token_ids: TokenIds.openapi({ description: "For a local recompute when the KV cannot be loaded" }),
     layer_groups: z.array(z.array(z.number().int().min(0))).min(1),
     policy: policyField("The policy the chunks were grouped for; decode uses it unless its request names another"),
-    resolved_policy: ResolvedPolicySchema.optional().openapi({ description: "What that policy resolved to for this prompt (defaults, calibrated layers, budgets)" }),
+    resolved_policy: ResolvedPolicySchema.optional().openapi({
+      description: "What that policy resolved to for this prompt (defaults, calibrated layers, budgets)",
+    }),
     prompt_state: z
       .base64()
       .max(Math.ceil(MAX_PROMPT_STATE_BYTES / 3) * 4)
       .optional()
-      .openapi({ description: "What the policy remembers of the prompt's queries (SCOPE's prompt pool, the OmniKV window selectors), base64; absent when it remembers none. The decode loads it after the KV" }),
+      .openapi({
+        description:
+          "What the policy remembers of the prompt's queries (SCOPE's prompt pool, the OmniKV window selectors), base64; absent when it remembers none. The decode loads it after the KV",
+      }),
     block_tokens: z.number().int().min(1),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
-    queue_ms: z.number().min(0).max(86_400_000).optional().openapi({ description: "How long the prefill waited for a place before computing" }),
+    queue_ms: z
+      .number()
+      .min(0)
+      .max(86_400_000)
+      .optional()
+      .openapi({ description: "How long the prefill waited for a place before computing" }),
     expires_at: z.string().openapi({ description: "When unread chunks may be reclaimed (ISO 8601)" }),
   })
   .openapi("Handle");
@@ -152,13 +201,18 @@ export const DecodeRequestSchema = z
   .openapi("DecodeRequest");
 export type DecodeRequest = z.infer<typeof DecodeRequestSchema>;
 
-export const UsageSchema = z.object({ prompt_tokens: z.number().int(), completion_tokens: z.number().int(), total_tokens: z.number().int() });
+export const UsageSchema = z.object({
+  prompt_tokens: z.number().int(),
+  completion_tokens: z.number().int(),
+  total_tokens: z.number().int(),
+});
 
 export const KvLoadStatsSchema = z
   .object({
-    transport: z
-      .enum(["http", "shm", "ucx", "recompute", "in_process", "local", "none"])
-      .openapi({ description: "in_process: `serve` handed the prefill's sequence to the decode (nothing copied); local: the decode computed the prompt itself (or its part a session did not hold)" }),
+    transport: z.enum(["http", "shm", "ucx", "recompute", "in_process", "local", "none"]).openapi({
+      description:
+        "in_process: `serve` handed the prefill's sequence to the decode (nothing copied); local: the decode computed the prompt itself (or its part a session did not hold)",
+    }),
     chunks: z.number().int(),
     bytes: z.number().int(),
     ms: z.number(),
@@ -195,7 +249,10 @@ export const CtxbankExtensionSchema = z
           description:
             "in_process: prefill and decode in one process (`serve`), the sequence handed over; shard: the KV written by the prefill and read by the decode; local: the decode prefilled the prompt itself (see prefill)",
         }),
-        warnings: z.array(z.string()).optional().openapi({ description: "What the decode could not have from the prompt across processes (e.g. SCOPE's prompt pool), and what it did instead" }),
+        warnings: z.array(z.string()).optional().openapi({
+          description:
+            "What the decode could not have from the prompt across processes (e.g. SCOPE's prompt pool), and what it did instead",
+        }),
       })
       .optional(),
     policy: ResolvedPolicySchema.optional().openapi({ description: "The attention policy that ran, every default and budget written in" }),
@@ -203,7 +260,9 @@ export const CtxbankExtensionSchema = z
       .object({
         where: z.enum(["in_process", "remote", "local"]),
         cause: z.enum(PLACEMENT_CAUSES).openapi({ description: "The reason's kind (the label of ctxbank:prefill_placements_total)" }),
-        reason: z.string().openapi({ description: "Why there (conditional disaggregation: the uncached part's size, the prefill pool's load, a session)" }),
+        reason: z
+          .string()
+          .openapi({ description: "Why there (conditional disaggregation: the uncached part's size, the prefill pool's load, a session)" }),
       })
       .optional(),
     session: z

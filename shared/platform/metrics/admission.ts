@@ -84,7 +84,12 @@ export interface AdmissionDecision {
  * Admit unless admission is on, there is a prediction, and it exceeds target × (1 + margin).
  * Without a measurement yet every request is admitted (the first prefill makes the estimate).
  */
-export function decideAdmission(mode: AdmissionMode, ttftTargetMs: number | undefined, margin: number, p: TtftPredictionInput): AdmissionDecision {
+export function decideAdmission(
+  mode: AdmissionMode,
+  ttftTargetMs: number | undefined,
+  margin: number,
+  p: TtftPredictionInput,
+): AdmissionDecision {
   if (mode === "off" || ttftTargetMs === undefined) return { admit: true };
   const predictedMs = predictTtftMs(p);
   if (predictedMs === undefined) return { admit: true };

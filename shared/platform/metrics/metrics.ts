@@ -26,7 +26,11 @@ export class ServiceMetrics {
   readonly model: string;
   readonly slo: SloTargets;
   private readonly m: MetricSet;
-  private readonly sources: GaugeSources & { queues: NonNullable<GaugeSources["queues"]> } = { requests: new Map(), kv: new Map(), queues: new Map() };
+  private readonly sources: GaugeSources & { queues: NonNullable<GaugeSources["queues"]> } = {
+    requests: new Map(),
+    kv: new Map(),
+    queues: new Map(),
+  };
   /** Errors whose request is already counted as a failure (so the HTTP layer does not count it again). */
   private readonly counted = new WeakSet<object>();
 
@@ -47,7 +51,8 @@ export class ServiceMetrics {
       const ms = name === "ttft" ? this.slo.ttftMs : name === "tpot" ? this.slo.tpotMs : this.slo.e2eMs;
       if (ms !== undefined) this.m.sloTarget.set({ model, slo: name }, ms / 1000);
     }
-    for (const c of [this.m.promptTokens, this.m.generationTokens, this.m.prefillTokens, this.m.leaseExpiries, this.m.sessionReusedTokens]) c.inc({ model }, 0);
+    for (const c of [this.m.promptTokens, this.m.generationTokens, this.m.prefillTokens, this.m.leaseExpiries, this.m.sessionReusedTokens])
+      c.inc({ model }, 0);
     if (opts.device !== undefined) this.m.engineDevice.set({ model, device: opts.device }, 1);
   }
 

@@ -26,7 +26,11 @@ const BeginChunkInput = z
     tokenStart: int32,
     tokenEnd: int32,
     shardId: identifier,
-    shardEpoch: z.number().int().min(1).max(2 ** 31 - 1),
+    shardEpoch: z
+      .number()
+      .int()
+      .min(1)
+      .max(2 ** 31 - 1),
     offset: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
     length: z.number().int().min(1).max(Number.MAX_SAFE_INTEGER),
     dtype: z.enum(["f16", "f32"]),
@@ -150,11 +154,7 @@ export class ChunkStore {
     }
     if (live.state === "writing") return { status: "in_progress", chunk: live };
     assertSameContent(live, c);
-    const [ref] = await tx
-      .insert(chunkRefs)
-      .values({ chunkId: live.id, requestId: c.requestId })
-      .onConflictDoNothing()
-      .returning();
+    const [ref] = await tx.insert(chunkRefs).values({ chunkId: live.id, requestId: c.requestId }).onConflictDoNothing().returning();
     const [held] = await tx
       .update(chunks)
       .set({
@@ -227,7 +227,14 @@ export class ChunkStore {
       this.db
         .select({ id: chunks.id })
         .from(chunks)
-        .where(and(sql`${chunks.id} = any(${sql.placeholder("ids")}::uuid[])`, inArray(chunks.state, ["ready", "reading"]), sql`${chunks.leaseExpiresAt} > ${now}`, ownerRegistered))
+        .where(
+          and(
+            sql`${chunks.id} = any(${sql.placeholder("ids")}::uuid[])`,
+            inArray(chunks.state, ["ready", "reading"]),
+            sql`${chunks.leaseExpiresAt} > ${now}`,
+            ownerRegistered,
+          ),
+        )
         .for("update"),
     );
     return this.db
@@ -239,7 +246,12 @@ export class ChunkStore {
         leaseExpiresAt: sql`greatest(${chunks.leaseExpiresAt}, ${sql.placeholder("until")}::timestamptz)`,
         updatedAt: now,
       })
-      .where(and(inArray(chunks.id, this.db.select({ id: locked.id }).from(locked)), sql`(select count(*) from ${locked}) = ${sql.placeholder("count")}`))
+      .where(
+        and(
+          inArray(chunks.id, this.db.select({ id: locked.id }).from(locked)),
+          sql`(select count(*) from ${locked}) = ${sql.placeholder("count")}`,
+        ),
+      )
       .returning({ ...getTableColumns(chunks), owner: ownerOfChunk })
       .prepare("ctxbank_acquire_read");
   }
@@ -254,7 +266,12 @@ export class ChunkStore {
     parseInput(positiveMs, leaseMs, "lease");
     const now = this.clock();
     this.leaseStatement ??= this.prepareLease();
-    const rows = await this.leaseStatement.execute({ ids, count: ids.length, now: now.toISOString(), until: addMs(now, leaseMs).toISOString() });
+    const rows = await this.leaseStatement.execute({
+      ids,
+      count: ids.length,
+      now: now.toISOString(),
+      until: addMs(now, leaseMs).toISOString(),
+    });
     if (rows.length < ids.length) throw await unavailable(this.db, ids, [], now, "lease");
     const byId = new Map(rows.map((r) => [r.id, r]));
     return ids.map((id) => {
@@ -321,10 +338,7 @@ export class ChunkStore {
   async releaseRequest(requestId: string): Promise<{ dropped: number; released: number }> {
     parseInput(identifier, requestId, "request id");
     return this.db.transaction(async (tx) => {
-      const refs = await tx
-        .delete(chunkRefs)
-        .where(eq(chunkRefs.requestId, requestId))
-        .returning({ chunkId: chunkRefs.chunkId });
+      const refs = await tx.delete(chunkRefs).where(eq(chunkRefs.requestId, requestId)).returning({ chunkId: chunkRefs.chunkId });
       if (refs.length === 0) return { dropped: 0, released: 0 };
       const rows = await tx
         .update(chunks)
@@ -388,7 +402,14 @@ export class ChunkStore {
    * not expired) and that `read.requestId` holds: what the chunk route checks before it serves a
    * byte, so nothing but a live, leased chunk of the caller's own request can be read.
    */
-  async isLeasedRead(read: { chunkId: string; requestId: string; shardId: string; epoch: number; offset: number; length: number }): Promise<boolean> {
+  async isLeasedRead(read: {
+    chunkId: string;
+    requestId: string;
+    shardId: string;
+    epoch: number;
+    offset: number;
+    length: number;
+  }): Promise<boolean> {
     if (!chunkId.safeParse(read.chunkId).success || !identifier.safeParse(read.requestId).success) return false;
     const now = this.clock();
     const rows = await this.db

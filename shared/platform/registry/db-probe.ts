@@ -58,7 +58,16 @@ export class DbProbe {
   }
 }
 
-const NETWORK_CODES = new Set(["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EHOSTUNREACH", "ENETUNREACH", "ENOTFOUND", "EPIPE", "EAI_AGAIN"]);
+const NETWORK_CODES = new Set([
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ETIMEDOUT",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ENOTFOUND",
+  "EPIPE",
+  "EAI_AGAIN",
+]);
 
 /**
  * Whether an error (or one it wraps: drizzle wraps the driver's) says the database cannot be
@@ -72,7 +81,12 @@ export function isDatabaseUnavailable(err: unknown): boolean {
     if (typeof code === "string" && (NETWORK_CODES.has(code) || code.startsWith("08") || /^57P0[123]$/.test(code))) return true;
     // pg's messages for a broken connection, a connect deadline and the client-side query deadline
     // (a stopped or hung server).
-    if (/^Connection terminated|connection timeout|Client has encountered a connection error|timeout exceeded when trying to connect|^Query read timeout/i.test(e.message)) return true;
+    if (
+      /^Connection terminated|connection timeout|Client has encountered a connection error|timeout exceeded when trying to connect|^Query read timeout/i.test(
+        e.message,
+      )
+    )
+      return true;
   }
   return false;
 }

@@ -69,7 +69,12 @@ async function openPostgres(url: string, timeoutMs: number): Promise<OpenedDatab
     await pool.end();
     throw new Error(`cannot open PostgreSQL at ${redactDatabaseUrl(url)}: ${(err as Error).message}`, { cause: err });
   }
-  return { db: drizzlePg(pool, { schema }), kind: "postgres", ping: () => pool.query("select 1").then(() => undefined), close: () => pool.end() };
+  return {
+    db: drizzlePg(pool, { schema }),
+    kind: "postgres",
+    ping: () => pool.query("select 1").then(() => undefined),
+    close: () => pool.end(),
+  };
 }
 
 async function openPglite(url: string): Promise<OpenedDatabase> {

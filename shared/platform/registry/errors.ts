@@ -35,8 +35,16 @@ export function parseInput<T extends z.ZodType>(schema: T, input: unknown, what:
 export const identifier = z
   .string()
   .regex(/^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$/, "1-128 chars of letters, digits and . _ : - (not starting with a symbol)");
-export const int32 = z.number().int().min(0).max(2 ** 31 - 1);
-export const positiveMs = z.number().int().min(1).max(7 * 24 * 3600 * 1000);
+export const int32 = z
+  .number()
+  .int()
+  .min(0)
+  .max(2 ** 31 - 1);
+export const positiveMs = z
+  .number()
+  .int()
+  .min(1)
+  .max(7 * 24 * 3600 * 1000);
 export const chunkId = z.uuid();
 /**
  * The most chunks one handle may name: 1,024 token blocks x 16 layer groups covers a 512K-token

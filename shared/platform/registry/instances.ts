@@ -28,7 +28,14 @@ export class InstanceStore {
     const { id = randomUUID(), role, baseUrl, publicUrl, hostId } = parseInput(RegisterInput, input, "instance");
     const now = this.clock();
     const trim = (url: string) => url.replace(/\/+$/, "");
-    const row = { role, baseUrl: trim(baseUrl), publicUrl: publicUrl === undefined ? null : trim(publicUrl), hostId, startedAt: now, lastHeartbeatAt: now };
+    const row = {
+      role,
+      baseUrl: trim(baseUrl),
+      publicUrl: publicUrl === undefined ? null : trim(publicUrl),
+      hostId,
+      startedAt: now,
+      lastHeartbeatAt: now,
+    };
     const [saved] = await this.db
       .insert(instances)
       .values({ id, ...row, state: "alive" })

@@ -14,7 +14,10 @@ const ResponseInput = z.object({
   previousId: identifier.nullable(),
   sessionId: identifier,
   model: z.string().min(1).max(256),
-  input: z.array(z.object({ role: z.enum(["system", "user", "assistant"]), content: z.string() })).min(1).max(65_536),
+  input: z
+    .array(z.object({ role: z.enum(["system", "user", "assistant"]), content: z.string() }))
+    .min(1)
+    .max(65_536),
   outputText: z.string(),
   inputTokens: int32,
   outputTokens: int32,
@@ -38,7 +41,10 @@ export class ResponseStore {
   /** `tenant`'s live response `id`, or undefined (another key's is answered the same way). */
   async get(id: string, tenant: string): Promise<ResponseRow | undefined> {
     parseInput(identifier, id, "response id");
-    const [row] = await this.db.select().from(responses).where(and(eq(responses.id, id), eq(responses.tenant, tenant)));
+    const [row] = await this.db
+      .select()
+      .from(responses)
+      .where(and(eq(responses.id, id), eq(responses.tenant, tenant)));
     return row && row.expiresAt > this.clock() ? row : undefined;
   }
 
@@ -61,7 +67,14 @@ export class ResponseStore {
 
   async remove(id: string, tenant: string): Promise<boolean> {
     parseInput(identifier, id, "response id");
-    return (await this.db.delete(responses).where(and(eq(responses.id, id), eq(responses.tenant, tenant))).returning({ id: responses.id })).length > 0;
+    return (
+      (
+        await this.db
+          .delete(responses)
+          .where(and(eq(responses.id, id), eq(responses.tenant, tenant)))
+          .returning({ id: responses.id })
+      ).length > 0
+    );
   }
 
   async sweep(): Promise<number> {

@@ -26,14 +26,7 @@ export const instanceState = pgEnum("instance_state", ["alive", "draining", "dea
 export const shardState = pgEnum("shard_state", ["active", "retired"]);
 export const chunkState = pgEnum("chunk_state", ["writing", "ready", "reading", "released", "failed"]);
 export const kvDtype = pgEnum("kv_dtype", ["f32", "f16"]);
-export const requestState = pgEnum("request_state", [
-  "queued",
-  "prefilling",
-  "decoding",
-  "done",
-  "failed",
-  "cancelled",
-]);
+export const requestState = pgEnum("request_state", ["queued", "prefilling", "decoding", "done", "failed", "cancelled"]);
 
 export const instances = pgTable(
   "instances",
@@ -113,12 +106,8 @@ export const chunks = pgTable(
     updatedAt: timestamptz("updated_at").notNull(),
   },
   (t) => [
-    foreignKey({ columns: [t.shardId, t.shardEpoch], foreignColumns: [shards.id, shards.epoch] }).onDelete(
-      "cascade",
-    ),
-    uniqueIndex("chunks_live_key_idx")
-      .on(t.key)
-      .where(sql`${t.state} in ('writing', 'ready', 'reading')`),
+    foreignKey({ columns: [t.shardId, t.shardEpoch], foreignColumns: [shards.id, shards.epoch] }).onDelete("cascade"),
+    uniqueIndex("chunks_live_key_idx").on(t.key).where(sql`${t.state} in ('writing', 'ready', 'reading')`),
     index("chunks_request_idx").on(t.requestId),
     index("chunks_shard_state_idx").on(t.shardId, t.shardEpoch, t.state),
     check("chunks_token_range", sql`${t.tokenStart} >= 0 and ${t.tokenEnd} > ${t.tokenStart}`),

@@ -50,13 +50,19 @@ export class SessionRegistry {
   /** The live session `id` (its namespaced id), or undefined. */
   async get(id: string): Promise<SessionRow | undefined> {
     parseInput(identifier, id, "session id");
-    const [row] = await this.db.select().from(sessions).where(and(eq(sessions.id, id), gt(sessions.expiresAt, this.clock())));
+    const [row] = await this.db
+      .select()
+      .from(sessions)
+      .where(and(eq(sessions.id, id), gt(sessions.expiresAt, this.clock())));
     return row;
   }
 
   /** Removes session `id`'s row, only while `holder` holds it (a newer holder's row stays). */
   async remove(id: string, holder: string): Promise<boolean> {
-    const gone = await this.db.delete(sessions).where(and(eq(sessions.id, id), eq(sessions.holderInstanceId, holder))).returning({ id: sessions.id });
+    const gone = await this.db
+      .delete(sessions)
+      .where(and(eq(sessions.id, id), eq(sessions.holderInstanceId, holder)))
+      .returning({ id: sessions.id });
     return gone.length > 0;
   }
 
@@ -68,13 +74,19 @@ export class SessionRegistry {
    * `continued`: only sessions whose whole conversation the request repeats (all but its last
    * answer may differ: a client may have trimmed it), i.e. the request is that session's next turn.
    */
-  async longestPrefix(tenant: string, hashes: readonly string[], { continued = false, limit = 100 } = {}): Promise<PrefixHolder | undefined> {
+  async longestPrefix(
+    tenant: string,
+    hashes: readonly string[],
+    { continued = false, limit = 100 } = {},
+  ): Promise<PrefixHolder | undefined> {
     const wanted = parseInput(z.array(Hex).max(65_536), [...hashes], "message hashes");
     if (wanted.length === 0) return undefined;
     const rows = await this.db
       .select()
       .from(sessions)
-      .where(and(eq(sessions.tenant, tenant), gt(sessions.expiresAt, this.clock()), sql`${sessions.messageHashes} ?| ${toTextArray(wanted)}`))
+      .where(
+        and(eq(sessions.tenant, tenant), gt(sessions.expiresAt, this.clock()), sql`${sessions.messageHashes} ?| ${toTextArray(wanted)}`),
+      )
       .orderBy(desc(sessions.lastUsedAt))
       .limit(limit);
     const position = new Map(wanted.map((h, i) => [h, i]));
@@ -94,7 +106,8 @@ export class SessionRegistry {
   /** Deletes the rows past their expiry, and those of `deadHolders`; returns how many. */
   async sweep(deadHolders: readonly string[] = []): Promise<number> {
     let n = (await this.db.delete(sessions).where(lte(sessions.expiresAt, this.clock())).returning({ id: sessions.id })).length;
-    for (const holder of deadHolders) n += (await this.db.delete(sessions).where(eq(sessions.holderInstanceId, holder)).returning({ id: sessions.id })).length;
+    for (const holder of deadHolders)
+      n += (await this.db.delete(sessions).where(eq(sessions.holderInstanceId, holder)).returning({ id: sessions.id })).length;
     return n;
   }
 }

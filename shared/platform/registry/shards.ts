@@ -18,7 +18,11 @@ const CreateShardInput = z.object({
 export const FileId = z.string().regex(/^[0-9]{1,20}:[0-9]{1,20}$/, "device:inode in decimal");
 
 /** Base64 of a UCX endpoint envelope; its contents are checked by the reader. */
-const UcxEndpointText = z.string().min(8).max(64 << 10).regex(/^[A-Za-z0-9+/]+={0,2}$/, "base64");
+const UcxEndpointText = z
+  .string()
+  .min(8)
+  .max(64 << 10)
+  .regex(/^[A-Za-z0-9+/]+={0,2}$/, "base64");
 
 export type CreateShardInput = z.input<typeof CreateShardInput>;
 
@@ -52,7 +56,10 @@ export class ShardStore {
       if (!path.isAbsolute(filePath)) {
         throw new RegistryError("invalid_input", `shard path must be absolute, got "${filePath}"`);
       }
-      await tx.update(shards).set({ state: "retired" }).where(and(eq(shards.id, id), eq(shards.state, "active")));
+      await tx
+        .update(shards)
+        .set({ state: "retired" })
+        .where(and(eq(shards.id, id), eq(shards.state, "active")));
       await tx.delete(chunks).where(and(eq(chunks.shardId, id), lt(chunks.shardEpoch, epoch)));
       const [row] = await tx
         .insert(shards)
@@ -86,7 +93,10 @@ export class ShardStore {
     parseInput(identifier, id, "shard id");
     parseInput(z.number().int().min(1), epoch, "shard epoch");
     await this.db.transaction(async (tx) => {
-      await tx.update(shards).set({ state: "retired" }).where(and(eq(shards.id, id), eq(shards.epoch, epoch)));
+      await tx
+        .update(shards)
+        .set({ state: "retired" })
+        .where(and(eq(shards.id, id), eq(shards.epoch, epoch)));
       await tx
         .update(chunks)
         .set({ state: "failed", readerCount: 0, updatedAt: this.clock() })

@@ -109,7 +109,11 @@ export class SweepStore {
             and(
               isNull(requests.decodeInstanceId),
               or(
-                and(inArray(requests.state, ["queued", "prefilling"]), isNotNull(requests.prefillInstanceId), notInArray(requests.prefillInstanceId, live)),
+                and(
+                  inArray(requests.state, ["queued", "prefilling"]),
+                  isNotNull(requests.prefillInstanceId),
+                  notInArray(requests.prefillInstanceId, live),
+                ),
                 // Prefilled (a handle exists) but never claimed: only rows past their prefill, so a
                 // long-running prefill on a live instance is never touched.
                 and(eq(requests.state, "decoding"), isNull(requests.firstTokenAt), lte(requests.prefillEndAt, unclaimedBefore)),
@@ -138,7 +142,11 @@ export class SweepStore {
           lte(requests.arrivalAt, startedAt),
           or(
             eq(requests.decodeInstanceId, instanceId),
-            and(isNull(requests.decodeInstanceId), inArray(requests.state, ["queued", "prefilling"]), eq(requests.prefillInstanceId, instanceId)),
+            and(
+              isNull(requests.decodeInstanceId),
+              inArray(requests.state, ["queued", "prefilling"]),
+              eq(requests.prefillInstanceId, instanceId),
+            ),
           ),
         ),
       )
@@ -158,14 +166,21 @@ export class SweepStore {
     const instancesBefore = addMs(this.clock(), -instanceRetentionMs);
     const oldRequests = await this.db
       .delete(requests)
-      .where(and(inArray(requests.state, ENDED), lte(sql`coalesce(${requests.endedAt}, ${requests.arrivalAt})`, sql`${before.toISOString()}::timestamptz`)))
+      .where(
+        and(
+          inArray(requests.state, ENDED),
+          lte(sql`coalesce(${requests.endedAt}, ${requests.arrivalAt})`, sql`${before.toISOString()}::timestamptz`),
+        ),
+      )
       .returning({ id: requests.id });
     const gone = await this.db.transaction(async (tx) => {
-      const ids = (await tx
-        .select({ id: instances.id })
-        .from(instances)
-        .where(and(eq(instances.state, "dead"), lte(instances.lastHeartbeatAt, instancesBefore)))
-        .for("update", { skipLocked: true })).map((r) => r.id);
+      const ids = (
+        await tx
+          .select({ id: instances.id })
+          .from(instances)
+          .where(and(eq(instances.state, "dead"), lte(instances.lastHeartbeatAt, instancesBefore)))
+          .for("update", { skipLocked: true })
+      ).map((r) => r.id);
       if (ids.length === 0) return 0;
       await tx.delete(shards).where(inArray(shards.instanceId, ids)); // chunks cascade
       const rows = await tx.delete(instances).where(inArray(instances.id, ids)).returning({ id: instances.id });

@@ -17,7 +17,11 @@ export interface ContainerEnv {
 interface EnvVar {
   name: string;
   value?: string;
-  valueFrom?: { fieldRef?: { fieldPath: string }; secretKeyRef?: { name: string; key: string }; configMapKeyRef?: { name: string; key: string } };
+  valueFrom?: {
+    fieldRef?: { fieldPath: string };
+    secretKeyRef?: { name: string; key: string };
+    configMapKeyRef?: { name: string; key: string };
+  };
 }
 
 const FIELD_STANDINS: Record<string, string> = {

@@ -32,7 +32,10 @@ function packageName(spec: string): string {
 function importsValues(clause: string): boolean {
   const braces = /^\{([^}]*)\}$/.exec(clause.trim());
   if (!braces) return true;
-  const names = braces[1]!.split(",").map((s) => s.trim()).filter(Boolean);
+  const names = braces[1]!
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean);
   return names.length === 0 || names.some((n) => !n.startsWith("type "));
 }
 

@@ -30,13 +30,21 @@ const KINDS: Record<string, Kind> = {
   "v1/Service": { model: Service, module: "kubernetes-models/v1/Service", iface: "IService" },
   "apps/v1/Deployment": { model: Deployment, module: "kubernetes-models/apps/v1/Deployment", iface: "IDeployment" },
   "apps/v1/StatefulSet": { model: StatefulSet, module: "kubernetes-models/apps/v1/StatefulSet", iface: "IStatefulSet" },
-  "policy/v1/PodDisruptionBudget": { model: PodDisruptionBudget, module: "kubernetes-models/policy/v1/PodDisruptionBudget", iface: "IPodDisruptionBudget" },
+  "policy/v1/PodDisruptionBudget": {
+    model: PodDisruptionBudget,
+    module: "kubernetes-models/policy/v1/PodDisruptionBudget",
+    iface: "IPodDisruptionBudget",
+  },
   "autoscaling/v2/HorizontalPodAutoscaler": {
     model: HorizontalPodAutoscaler,
     module: "kubernetes-models/autoscaling/v2/HorizontalPodAutoscaler",
     iface: "IHorizontalPodAutoscaler",
   },
-  "keda.sh/v1alpha1/ScaledObject": { model: ScaledObject, module: "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject", iface: "IScaledObject" },
+  "keda.sh/v1alpha1/ScaledObject": {
+    model: ScaledObject,
+    module: "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject",
+    iface: "IScaledObject",
+  },
   "monitoring.coreos.com/v1/ServiceMonitor": {
     model: ServiceMonitor,
     module: "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor",

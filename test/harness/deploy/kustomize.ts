@@ -16,7 +16,15 @@ export type K8sObject = {
 const KUSTOMIZATION_FILES = ["kustomization.yaml", "kustomization.yml", "Kustomization"];
 const SUPPORTED = new Set(["apiVersion", "kind", "namespace", "resources", "components", "images"]);
 /** Kinds that have no namespace (the ones these manifests could contain). */
-const CLUSTER_SCOPED = new Set(["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PersistentVolume", "StorageClass", "PriorityClass"]);
+const CLUSTER_SCOPED = new Set([
+  "Namespace",
+  "ClusterRole",
+  "ClusterRoleBinding",
+  "CustomResourceDefinition",
+  "PersistentVolume",
+  "StorageClass",
+  "PriorityClass",
+]);
 
 interface Kustomization {
   apiVersion?: string;

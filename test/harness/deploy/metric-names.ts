@@ -13,13 +13,22 @@ export interface MetricInfo {
 /** Every metric family a ctxbank process exports (the services' and the router's) and prom-client's process metrics. */
 export async function exportedMetrics(): Promise<MetricInfo[]> {
   const own = new Registry();
-  const defined = { ...defineMetrics([own], "model", { requests: new Map(), kv: new Map() }), ...defineRouterMetrics([own], { decodes: () => [] }) };
+  const defined = {
+    ...defineMetrics([own], "model", { requests: new Map(), kv: new Map() }),
+    ...defineRouterMetrics([own], { decodes: () => [] }),
+  };
   // prom-client keeps each metric's label names on the instance (not in its typings).
-  const labelsOf = new Map(Object.values(defined).map((m) => [(m as unknown as { name: string }).name, (m as unknown as { labelNames: string[] }).labelNames]));
+  const labelsOf = new Map(
+    Object.values(defined).map((m) => [(m as unknown as { name: string }).name, (m as unknown as { labelNames: string[] }).labelNames]),
+  );
   const defaults = new Registry();
   collectDefaultMetrics({ register: defaults });
   const describe = async (r: Registry) =>
-    (await r.getMetricsAsJSON()).map((m) => ({ name: m.name, type: String(m.type) as MetricInfo["type"], labels: labelsOf.get(m.name) ?? [] }));
+    (await r.getMetricsAsJSON()).map((m) => ({
+      name: m.name,
+      type: String(m.type) as MetricInfo["type"],
+      labels: labelsOf.get(m.name) ?? [],
+    }));
   return [...(await describe(own)), ...(await describe(defaults))];
 }
 

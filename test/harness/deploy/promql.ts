@@ -25,9 +25,7 @@ export function parsePromql(query: string): ParsedQuery {
 
 /** Grafana's variables, as the values a query would see. */
 export function expandGrafana(query: string): string {
-  return query
-    .replace(/\$__rate_interval|\$__interval|\$__range/g, "5m")
-    .replace(/\$\{?(\w+)\}?/g, "x");
+  return query.replace(/\$__rate_interval|\$__interval|\$__range/g, "5m").replace(/\$\{?(\w+)\}?/g, "x");
 }
 
 /** prometheus-adapter's metricsQuery template for one series name. */
