@@ -26,6 +26,8 @@ interface Sample {
   rssMiB: number;
   kvDeviceMiB: number;
   kvShardMiB: number;
+  /** Freed KV memory the process keeps resident for new sequences (the KV pool): part of the RSS. Absent in older runs. */
+  kvPoolMiB?: number;
   running: number;
   waiting: number;
 }
@@ -49,6 +51,7 @@ async function sample(svc: ServiceProcess, t0: number): Promise<Sample> {
     rssMiB: metricSum(text, "process_resident_memory_bytes") / MiB,
     kvDeviceMiB: metricSum(text, "ctxbank:kv_bytes_in_use", 'tier="device"') / MiB,
     kvShardMiB: metricSum(text, "ctxbank:kv_bytes_in_use", 'tier="shard"') / MiB,
+    kvPoolMiB: metricSum(text, "ctxbank:kv_bytes_in_use", 'tier="pool"') / MiB,
     running: metricSum(text, "ctxbank:num_requests_running"),
     waiting: metricSum(text, "ctxbank:num_requests_waiting"),
   };
@@ -77,10 +80,14 @@ function chart(r: SoakResult): string {
   });
   return renderChart(
     [
-      panel("Resident memory", [{ name: "RSS", color: "#1f77b4", points: r.samples.map((s) => [s.t, s.rssMiB]) }]),
+      panel("Resident memory", [
+        { name: "RSS", color: "#1f77b4", points: r.samples.map((s) => [s.t, s.rssMiB]) },
+        { name: "RSS less the KV pool", color: "#9467bd", dash: "4 3", points: r.samples.map((s) => [s.t, s.rssMiB - (s.kvPoolMiB ?? 0)]) },
+      ]),
       panel("KV in use", [
         { name: "device", color: "#2ca02c", points: r.samples.map((s) => [s.t, s.kvDeviceMiB]) },
         { name: "shard", color: "#d62728", dash: "4 3", points: r.samples.map((s) => [s.t, s.kvShardMiB]) },
+        { name: "pool (kept for reuse)", color: "#ff7f0e", dash: "2 2", points: r.samples.map((s) => [s.t, s.kvPoolMiB ?? 0]) },
       ]),
     ],
     {
@@ -185,10 +192,15 @@ async function main(): Promise<void> {
     const failures = run.results.filter((r) => !r.ok);
     const nonRateLimited = failures.filter((r) => r.errorKind !== "rate_limited");
     const baseline = samples.find((s) => s.t >= 60) ?? samples[0]!;
+    // The KV pool keeps the freed KV of the busiest moment so far resident (bounded by
+    // --kv-pool-mib), so the RSS steps up with the load's peak and stays there: memory that is
+    // held on purpose, not leaked. The verdict compares the RSS less what the pool holds.
+    const heldMiB = (s: Sample) => s.rssMiB - (s.kvPoolMiB ?? 0);
     const rssGrowth = last.rssMiB / baseline.rssMiB - 1;
+    const heldGrowth = heldMiB(last) / heldMiB(baseline) - 1;
     const verdict = {
       noErrorsBut429: nonRateLimited.length === 0,
-      rssGrowthUnder5pct: rssGrowth < 0.05,
+      rssLessPoolGrowthUnder5pct: heldGrowth < 0.05,
       kvBackToZero: last.kvDeviceMiB === 0 && last.kvShardMiB === 0,
     };
     const result = {
@@ -201,14 +213,22 @@ async function main(): Promise<void> {
       errors: nonRateLimited.slice(0, 20).map((r) => `${r.errorKind}: ${r.error ?? r.status}`),
       ttftP90Ms: run.stats.ttftMs.p90,
       tpotP90Ms: run.stats.tpotMs.p90,
-      rss: { baselineMiB: baseline.rssMiB, baselineAtS: baseline.t, endMiB: last.rssMiB, growth: rssGrowth },
+      rss: {
+        baselineMiB: baseline.rssMiB,
+        baselineAtS: baseline.t,
+        endMiB: last.rssMiB,
+        growth: rssGrowth,
+        poolBaselineMiB: baseline.kvPoolMiB,
+        poolEndMiB: last.kvPoolMiB,
+        lessPoolGrowth: heldGrowth,
+      },
       kvAtEnd: { deviceMiB: last.kvDeviceMiB, shardMiB: last.kvShardMiB },
       verdict,
       samples,
     };
     await bench.results.json("soak", result, 4);
     await bench.results.chart("soak", chart(result));
-    log(JSON.stringify({ verdict, rssGrowth, requests: result.requests, errors: result.errors.slice(0, 3) }));
+    log(JSON.stringify({ verdict, rssGrowth, heldGrowth, requests: result.requests, errors: result.errors.slice(0, 3) }));
     if (!Object.values(verdict).every(Boolean)) process.exitCode = 1;
   } finally {
     await svc.stop();

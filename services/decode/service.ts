@@ -21,6 +21,7 @@ import { LOCAL_TENANT } from "../../shared/platform/auth/api-keys.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ownsRequest } from "../../shared/platform/auth/tenant.ts";
 import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
+import { kvPool } from "../../shared/inference/engine/native.ts";
 import {
   KvLoadError,
   openReader,
@@ -160,6 +161,11 @@ export class DecodeService {
     metrics.watchKv("device", () => ({ inUse: this.scheduler.status().kv_reserved_bytes, capacity: c.kvBudgetBytes }));
     // The host bank of OmniKV offload: what the sequences hold there (it has no fixed capacity).
     metrics.watchKv("host", () => ({ inUse: this.scheduler.hostBytesInUse(), capacity: 0 }));
+    // The process's pool of freed KV memory (native/src/kv_pool.h): resident, so part of the RSS.
+    metrics.watchKv("pool", () => {
+      const pool = kvPool();
+      return { inUse: pool.readyBytes, capacity: pool.limitBytes };
+    });
   }
 
   get ready(): boolean {

@@ -324,7 +324,11 @@ describe("metrics split over a prefill and a decode service (HTTP transport)", (
         .filter((x) => x.name === "ctxbank:kv_bytes_in_use")
         .map((x) => x.labels.tier)
         .sort(),
-    ).toEqual(["device", "host"]);
+    ).toEqual(["device", "host", "pool"]);
+    // The pool of freed KV memory: what it keeps never exceeds its limit (--kv-pool-mib, 1 GiB by default).
+    const pool = (name: string) => d.samples.find((x) => x.name === name && x.labels.tier === "pool")!.value;
+    expect(pool("ctxbank:kv_bytes_capacity")).toBe(2 ** 30);
+    expect(pool("ctxbank:kv_bytes_in_use")).toBeLessThanOrEqual(pool("ctxbank:kv_bytes_capacity"));
     const written = (await getJson(`${prefill.internalUrl}/v1/prefill/status`, { authorization: `Bearer ${TEST_INTERNAL_SECRET}` })).body
       .totals.bytes_written as number;
     expect(written).toBeGreaterThan(0);

@@ -13,7 +13,7 @@ export const QUEUE_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1
 export const TRANSFER_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30];
 
 export type Service = "prefill" | "decode";
-export type KvTier = "device" | "host" | "shard";
+export type KvTier = "device" | "host" | "shard" | "pool";
 
 /** Where the gauges read their values at scrape time (each service adds its own). */
 export interface GaugeSources {
@@ -128,7 +128,8 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
     kvInUse: gauge(
       "ctxbank:kv_bytes_in_use",
       "KV bytes in use by tier. device: decode KV reserved for live sequences (prompt + max_tokens each, held until the request ends); " +
-        "host: the host-memory context bank of OmniKV offload (sparse layers' KV of the sequences decoding under omnikv.offload); shard: prefill shard bytes allocated to chunks.",
+        "host: the host-memory context bank of OmniKV offload (sparse layers' KV of the sequences decoding under omnikv.offload); shard: prefill shard bytes allocated to chunks; " +
+        "pool: freed KV memory the process keeps zeroed and resident for new sequences (--kv-pool-mib), counted in its resident memory.",
       ["tier"],
       function () {
         for (const [tier, read] of sources.kv) this.set({ model, tier }, read().inUse);
@@ -136,7 +137,7 @@ export function defineMetrics(registers: Registry[], model: string, sources: Gau
     ),
     kvCapacity: gauge(
       "ctxbank:kv_bytes_capacity",
-      "KV bytes available by tier. device: the decode KV budget (--kv-budget-bytes); host: 0 (the bank has no fixed size); shard: the prefill shard size (--shard-bytes).",
+      "KV bytes available by tier. device: the decode KV budget (--kv-budget-bytes); host: 0 (the bank has no fixed size); shard: the prefill shard size (--shard-bytes); pool: its limit (--kv-pool-mib).",
       ["tier"],
       function () {
         for (const [tier, read] of sources.kv) this.set({ model, tier }, read().capacity);
