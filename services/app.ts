@@ -68,7 +68,7 @@ const metricsRoute = createRoute({
   tags: ["ops"],
   security: [],
   summary: "Prometheus metrics of every service in this process (text exposition format)",
-  responses: { 200: { content: { "text/plain": { schema: z.string() } }, description: "Metrics; see services/README.md for each one" } },
+  responses: { 200: { content: { "text/plain": { schema: z.string() } }, description: "Metrics; docs/operations.md describes each one" } },
 });
 
 /** /health, /ready and /metrics: on both listeners. */

@@ -1,6 +1,6 @@
 // Authentication on the internal listener. The decode's prefill call carries a `prefill`
 // capability naming the tenant it acts for; operators (and Prometheus) reach status with the
-// shared secret itself as the bearer token. Chunk reads have their own check (prefill/chunk-auth.ts).
+// shared secret itself as the bearer token. Chunk reads have their own check (handoff/chunk-auth.ts).
 import type { MiddlewareHandler } from "hono";
 import { Nonces, type InternalAuth } from "../shared/platform/auth/capability.ts";
 import { bearer } from "../shared/platform/auth/middleware.ts";

@@ -180,7 +180,7 @@ export const ConfigSchema = z.object({
   /** slo: the prefill refuses (429 slo_unattainable) a prompt whose predicted TTFT exceeds sloTtftMs × (1 + margin). */
   admission: z.enum(["off", "slo"]).default("off"),
   admissionMargin: z.coerce.number().min(0).max(100).default(SLO_DEFAULTS.admissionMargin),
-  // Security (services/README.md#security).
+  // Security (docs/security.md).
   /** API keys: a file of `<id> sha256:<hex> [rate=N burst=N concurrency=N]` lines, and/or the same lines inline. */
   apiKeysFile: z.string().min(1).optional(),
   apiKeys: z.string().min(1).optional(),
