@@ -624,10 +624,20 @@ function partChart(p: PartResult): string {
   }
   const slo = p.configs[0]!.stats.slo;
   const sloNote = slo ? `SLO: TTFT ≤ ${fmtNum(slo.ttftMs / 1000)} s, TPOT ≤ ${slo.tpotMs} ms` : "";
+  // Both parts open with goodput and end with TPOT; B adds the per-turn view of a conversation.
+  const goodput = goodputPanel("Goodput at the SLO", p.configs, `${p.ratio.what}: ${x(p.ratio.value)} (target ≥ ${p.ratio.target}×)`);
+  const tpotCdf = cdfPanel(
+    "TPOT",
+    p.configs.map((c) => ({ label: c.label, values: tpot(c) })),
+    "TPOT (ms)",
+    false,
+    undefined,
+    slo?.tpotMs,
+  );
   if (p.part === "b") {
     return chart(
       [
-        goodputPanel("Goodput at the SLO", p.configs, `${p.ratio.what}: ${x(p.ratio.value)} (target ≥ ${p.ratio.target}×)`),
+        goodput,
         perTurnPanel("TTFT per turn", p.configs, sloNote, slo?.ttftMs),
         cdfPanel(
           "TTFT, every turn",
@@ -637,14 +647,7 @@ function partChart(p: PartResult): string {
           sloNote,
           slo?.ttftMs,
         ),
-        cdfPanel(
-          "TPOT",
-          p.configs.map((c) => ({ label: c.label, values: tpot(c) })),
-          "TPOT (ms)",
-          false,
-          undefined,
-          slo?.tpotMs,
-        ),
+        tpotCdf,
       ],
       "B. Router: kv (to the session's holder) vs round robin, PostgreSQL + 2 prefill + 2 decode",
       `${p.setup.workload}; ${p.setup.arrivals}`,
@@ -652,7 +655,7 @@ function partChart(p: PartResult): string {
   }
   return chart(
     [
-      goodputPanel("Goodput at the SLO", p.configs, `${p.ratio.what}: ${x(p.ratio.value)} (target ≥ ${p.ratio.target}×)`),
+      goodput,
       cdfPanel(
         "TTFT",
         p.configs.map((c) => ({ label: c.label, values: ttft(c) })),
@@ -661,14 +664,7 @@ function partChart(p: PartResult): string {
         sloNote,
         slo?.ttftMs,
       ),
-      cdfPanel(
-        "TPOT",
-        p.configs.map((c) => ({ label: c.label, values: tpot(c) })),
-        "TPOT (ms)",
-        false,
-        undefined,
-        slo?.tpotMs,
-      ),
+      tpotCdf,
     ],
     "C. Short chat: colocated vs conditional vs always-remote prefill",
     `${p.setup.workload}; ${p.setup.arrivals}; clients talk to the decode directly`,
