@@ -286,6 +286,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
          InstanceMethod<&NativeSequence::SetLength>("setLength"), InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
          InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
          InstanceMethod<&NativeSequence::PreparePromptStateExport>("preparePromptStateExport"),
+         InstanceMethod<&NativeSequence::SetRoundPick>("setRoundPick"),
          InstanceMethod<&NativeSequence::ExportPromptState>("exportPromptState"),
          InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"), InstanceMethod<&NativeSequence::ImportRows>("importRows"),
          InstanceMethod<&NativeSequence::ExportRows>("exportRows"), InstanceMethod<&NativeSequence::ImportChunk>("importChunk"),
@@ -369,6 +370,30 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   // RangeError when it is malformed.
   // preparePromptStateExport(): after setPolicy, before the prompt: the policy derives its prompt
   // state as the prompt is cached (SCOPE's kept lists), so exportPromptState ships that.
+  // setRoundPick(rounds: number[]): the earlier rounds decode steps attend above the watershed, as
+  // the prefill picked them (engine.pickRounds), after the KV import; RangeError unless the policy
+  // is rounds and they are ascending indices of earlier rounds of the prompt held.
+  Napi::Value SetRoundPick(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    if (info.Length() != 1 || !info[0].IsArray()) throw Napi::TypeError::New(env, "setRoundPick(rounds) needs an array of numbers");
+    auto* picker = dynamic_cast<RoundPicker*>(seq_->policy.get());
+    if (!picker) throw Napi::RangeError::New(env, "setRoundPick: the sequence's policy is not rounds");
+    Napi::Array arr = info[0].As<Napi::Array>();
+    std::vector<int> rounds;
+    for (uint32_t i = 0; i < arr.Length(); ++i) {
+      Napi::Value v = arr.Get(i);
+      const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+      if (d != static_cast<int>(d) || d < 0) throw Napi::RangeError::New(env, "setRoundPick: rounds must be non-negative integers");
+      rounds.push_back(static_cast<int>(d));
+    }
+    try {
+      picker->take_picked_rounds(rounds, seq_->n_past());
+    } catch (const std::invalid_argument& e) {
+      throw Napi::RangeError::New(env, std::string("setRoundPick: ") + e.what());
+    }
+    return env.Undefined();
+  }
   Napi::Value PreparePromptStateExport(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
@@ -503,9 +528,10 @@ Napi::FunctionReference NativeSequence::ctor;
 class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
  public:
   static void Init(Napi::Env env, Napi::Object exports) {
-    Napi::Function f = DefineClass(env, "NativeEngine",
-                                   {InstanceMethod<&NativeEngine::CreateSequence>("createSequence"),
-                                    InstanceMethod<&NativeEngine::Forward>("forward"), InstanceAccessor<&NativeEngine::Info>("info")});
+    Napi::Function f =
+        DefineClass(env, "NativeEngine",
+                    {InstanceMethod<&NativeEngine::CreateSequence>("createSequence"), InstanceMethod<&NativeEngine::Forward>("forward"),
+                     InstanceMethod<&NativeEngine::PickRounds>("pickRounds"), InstanceAccessor<&NativeEngine::Info>("info")});
     exports.Set("NativeEngine", f);
   }
 
@@ -676,6 +702,33 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
           for (NativeSequence* ns : seqs) ns->busy = false;
         },
         keep);
+  }
+
+  // pickRounds(seq) -> Promise<number[]>: Round Attention's pick of earlier rounds over the prompt
+  // the sequence holds (Engine::pick_rounds), on the engine's thread like a forward pass.
+  Napi::Value PickRounds(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() != 1 || !info[0].IsObject() || !info[0].As<Napi::Object>().InstanceOf(NativeSequence::ctor.Value()))
+      throw Napi::TypeError::New(env, "pickRounds(seq) needs a sequence");
+    NativeSequence* ns = NativeSequence::Unwrap(info[0].As<Napi::Object>());
+    if (ns->busy) throw Napi::Error::New(env, "pickRounds: sequence is busy in a forward pass");
+    if (!dynamic_cast<RoundPicker*>(ns->seq()->policy.get()))
+      throw Napi::RangeError::New(env, "pickRounds: the sequence's policy is not rounds");
+    Napi::Object keep = Napi::Object::New(env);
+    keep.Set("engine", Value());
+    keep.Set("seq", info[0]);
+    auto picked = std::make_shared<std::vector<int>>();
+    ns->busy = true;
+    auto engine = engine_;
+    auto seq = ns->seq();
+    return worker_->submit(
+        env, [engine, seq, picked] { *picked = engine->pick_rounds(*seq); },
+        [picked](Napi::Env e) -> Napi::Value {
+          Napi::Array out = Napi::Array::New(e, picked->size());
+          for (size_t i = 0; i < picked->size(); ++i) out.Set(static_cast<uint32_t>(i), Napi::Number::New(e, (*picked)[i]));
+          return out;
+        },
+        [ns] { ns->busy = false; }, keep);
   }
 
   std::shared_ptr<Engine> engine_;

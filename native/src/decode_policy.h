@@ -128,6 +128,24 @@ class DecodePolicy {
   AttentionPolicy spec_;
 };
 
+// Round Attention's pick of earlier rounds, made where the prompt ends (policies/rounds.cc): a
+// prefill that hands its KV over picks, so that it can name the rounds the decode must load, and
+// the decode attends exactly the rounds it was given.
+class RoundPicker {
+ public:
+  // The earlier rounds (indices into spec().rounds.starts, ascending) the current round's
+  // remembered queries pick at the watershed layer, over a cache holding the whole prompt
+  // (kv.size() tokens, none generated yet). The backend's scores, as a decode step's.
+  virtual std::vector<int> pick_rounds(PolicyBackend& backend, const KvCache& kv) = 0;
+  // Fixes the rounds decode steps attend above the watershed (a pick made by the prefill), until
+  // the cache is reset or new prompt tokens come. std::invalid_argument unless `rounds` are
+  // ascending indices of earlier rounds of a prompt of n_prompt tokens.
+  virtual void take_picked_rounds(const std::vector<int>& rounds, int n_prompt) = 0;
+
+ protected:
+  ~RoundPicker() = default;
+};
+
 // The one place that maps a policy kind to its implementation (policies/factory.cc).
 std::unique_ptr<DecodePolicy> make_decode_policy(const AttentionPolicy& spec);
 

@@ -154,6 +154,10 @@ class Engine : private PolicyBackend {
   // Validates the whole batch first (token ids, capacity, duplicate sequences) and throws
   // std::invalid_argument before touching any KV.
   void forward(const std::vector<BatchItem>& items);  // no allocation once warmed up
+  // Round Attention's pick over the prompt `seq` holds (RoundPicker, decode_policy.h), with the
+  // attention's own scores; on the engine's thread, between forward passes. Throws
+  // std::invalid_argument unless the sequence's policy is rounds and it holds a prompt.
+  std::vector<int> pick_rounds(Sequence& seq);
 
  private:
   using Slice = UbatchSlice;

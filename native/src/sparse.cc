@@ -1,6 +1,7 @@
 // The engine's side of decode policies (decode_policy.h): it asks each sequence's policy what to
 // attend at every layer, and serves the scores and softmax policies compute their choices from.
 #include <algorithm>
+#include <stdexcept>
 
 #include "engine.h"
 
@@ -37,6 +38,14 @@ float* Engine::score_keys(const KvCache& kv, int layer, const float* q, int n_ke
                      &sel_raw_[static_cast<size_t>(g) * group * n_keys + k0], n_keys);
   }
   return sel_raw_.data();
+}
+
+std::vector<int> Engine::pick_rounds(Sequence& seq) {
+  auto* picker = dynamic_cast<RoundPicker*>(seq.policy.get());
+  if (!picker) throw std::invalid_argument("pickRounds: the sequence's policy is not rounds");
+  if (seq.device_kv) throw std::invalid_argument("pickRounds: a GPU sequence (sparse policies run on the CPU engine)");
+  if (seq.n_past() == 0) throw std::invalid_argument("pickRounds: the sequence holds no prompt");
+  return picker->pick_rounds(*this, seq.kv);
 }
 
 void Engine::softmax(float* scores, int rows, int n) {

@@ -64,6 +64,44 @@ describe("rounds", () => {
     expect(selected[0]!.length).toBe(chosen.reduce((n, [s, e]) => n + e! - s!, 0));
   });
 
+  it("the pick made where the prompt ends is the decode's, and a pick given to another sequence is what it attends", async () => {
+    for (const k of [0, 1, 2]) {
+      // The prefill's side: the prompt computed, the rounds picked before any decode step.
+      const prefill = engine.createSequence(PROMPT.length + 1);
+      prefill.setPolicy(rounds(k));
+      await engine.prefill(prefill, PROMPT);
+      const picked = await engine.pickRounds(prefill);
+      prefill.release();
+      const own = await run(rounds(k));
+      expect(rangesOf(own.selected[0]!).map(([s]) => STARTS.indexOf(s!))).toEqual(picked);
+    }
+    // Given a pick (as a decode whose KV came from a prefill is), a sequence attends those rounds
+    // whatever its own scores say; a new prompt drops it.
+    const seq = engine.createSequence(PROMPT.length + 4);
+    seq.setPolicy(rounds(1));
+    const first = argmax(await engine.prefill(seq, PROMPT));
+    const own = await engine.pickRounds(seq);
+    const other = [[0, 1, 2, 3].find((r) => !own.includes(r))!];
+    seq.setRoundPick(other);
+    await engine.decode([seq], [first]);
+    expect(rangesOf(seq.policyStats.selected[0]!).map(([s]) => STARTS.indexOf(s!))).toEqual(other);
+    seq.release();
+  });
+
+  it("refuses a pick that is not ascending earlier rounds, or on another policy", async () => {
+    const seq = engine.createSequence(PROMPT.length);
+    seq.setPolicy(rounds(1));
+    await engine.prefill(seq, PROMPT);
+    expect(() => seq.setRoundPick([4])).toThrow(/ascending indices of the 4 rounds before the current one/);
+    expect(() => seq.setRoundPick([2, 1])).toThrow(/ascending/);
+    expect(() => seq.setRoundPick([-1])).toThrow(/non-negative integers/);
+    seq.setRoundPick([]); // none: only the current round above the watershed
+    seq.setPolicy({ kind: "full" });
+    expect(() => seq.setRoundPick([0])).toThrow(/not rounds/);
+    expect(() => engine.pickRounds(seq)).toThrow(/not rounds/);
+    seq.release();
+  });
+
   it("refuses bad rounds", () => {
     const seq = engine.createSequence(8);
     expect(() => seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 29, starts: [0] } })).toThrow(/watershed layer 29/);

@@ -103,6 +103,15 @@ export class Engine {
     return this.native.forward(items);
   }
 
+  /**
+   * Round Attention's pick over the whole prompt `seq` holds: the earlier rounds (indices into its
+   * policy's starts) whose KV the layers above the watershed will attend. What a prefill that hands
+   * its KV over names, so the decode loads only those (setRoundPick there).
+   */
+  pickRounds(seq: NativeSequence): Promise<number[]> {
+    return this.native.pickRounds(seq);
+  }
+
   /** Throws unless `n` more tokens fit in `seq` (its capacity and the engine's context). */
   checkAppend(seq: NativeSequence, n: number): void {
     if (n === 0) throw new Error("prefill: the prompt is empty (it needs at least one token)");

@@ -88,6 +88,12 @@ export interface NativeSequence {
   /** After setPolicy, before the prompt: the policy derives its prompt state as the prompt is cached (SCOPE's kept lists), for exportPromptState. */
   preparePromptStateExport(): void;
   /**
+   * Round Attention: the earlier rounds decode steps attend above the watershed, as a prefill
+   * picked them (NativeEngine.pickRounds), after the KV import. RangeError unless the policy is
+   * rounds and they are ascending indices of the rounds before the current one.
+   */
+  setRoundPick(rounds: number[]): void;
+  /**
    * What the policy derived from the prompt for its decode steps (SCOPE's prompt pool as kept
    * lists, or the queries it is computed from; the OmniKV window selectors' and Round Attention's
    * last queries; native/src/prompt_state.h), for a decode in another process; null when none.
@@ -220,6 +226,8 @@ export interface NativeEngine {
   readonly info: EngineInfo;
   createSequence(capacity?: number): NativeSequence;
   forward(items: ForwardItem[]): Promise<void>;
+  /** Round Attention's pick over the prompt `seq` holds (ascending indices of earlier rounds), on the engine's thread; RangeError unless its policy is rounds. */
+  pickRounds(seq: NativeSequence): Promise<number[]>;
 }
 
 interface Addon {
