@@ -458,10 +458,11 @@ export class DecodeService {
       yield { type: "token", id: handle.first_token, text: first.text, index: 0, policy: ran };
       let kv: KvSummary = { transport: "none", chunks: 0, bytes: 0, ms: 0, recomputed: false };
       let warnings: string[] = [];
+      let wholeTokens: number | undefined;
       let finish = first.finish;
       if (!finish) {
         try {
-          ({ kv, warnings } = await handover.load(signal, log));
+          ({ kv, warnings, wholeTokens } = await handover.load(signal, log));
         } catch (e) {
           throw kvLoadFailed(e);
         }
@@ -484,6 +485,8 @@ export class DecodeService {
       outcome = "done";
       const session = how.turn?.session;
       if (session && slot?.kept) {
+        // Round Attention may have left earlier rounds' upper layers behind: keep only what is whole.
+        if (wholeTokens !== undefined && wholeTokens < slot.seq.nPast) slot.seq.truncate(wholeTokens);
         await this.park(opts.tenant ?? LOCAL_TENANT, session, slot.seq, handle.prompt_token_ids, text, log);
         slot.kept = false; // the store owns it now
       }
@@ -504,7 +507,12 @@ export class DecodeService {
         ctxbank: {
           ...ctxbankExtension(timings, verdict),
           policy: ran,
-          handoff: { path: handover.path, ...(warnings.length > 0 ? { warnings } : {}) },
+          handoff: {
+            path: handover.path,
+            ...(warnings.length > 0 ? { warnings } : {}),
+            ...(handover.path === "shard" && !kv.recomputed ? { bytes: kv.bytes } : {}),
+            ...(kv.prompt_bytes !== undefined ? { prompt_bytes: kv.prompt_bytes } : {}),
+          },
           ...(how.turn ? { prefill: how.turn.placement } : {}),
           ...(session ? { session: { id: session.id, reused_tokens: session.reused, turns: session.turns + 1 } } : {}),
         },

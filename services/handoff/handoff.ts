@@ -16,6 +16,7 @@ import type { InPlaceChunkSource } from "./chunk-route.ts";
 import type { Handle, KvSummary, PromptHandle } from "./handle.ts";
 import type { HandleProgress } from "./handle-stream.ts";
 import type { KvLoader } from "./reader.ts";
+import type { RoundsLayout } from "./round-chunks.ts";
 
 /** Computes prompt tokens into `seq` (a micro-batch, or a whole prompt); the next-token logits. */
 export type PromptCompute = (seq: NativeSequence, tokens: ArrayLike<number>, signal: AbortSignal) => Promise<Float32Array>;
@@ -50,6 +51,8 @@ export interface OwnedPrompt {
   tokens: number[];
   /** The layer groups the chunks are packed by (the policy's). */
   layerGroups: number[][];
+  /** Under Round Attention, the rounds: no chunk spans two (round-chunks.ts). */
+  rounds?: RoundsLayout | undefined;
   /** Recorded on the chunk rows. */
   sessionId: string | null;
   roundId: number | null;
@@ -144,6 +147,8 @@ export interface LoadedKv {
   kv: KvSummary;
   /** What the decode attends without (the prompt state the handle lacked), for the answer. */
   warnings: string[];
+  /** Tokens from 0 that every layer holds, when fewer than the prompt's (Round Attention left rounds behind): a session parks no more. */
+  wholeTokens?: number;
 }
 
 export interface ReaderStatus {

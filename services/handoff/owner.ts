@@ -16,6 +16,7 @@ import { RegistryError } from "../../shared/platform/registry/registry.ts";
 import type { Runtime } from "../runtime.ts";
 import { PrefixHasher } from "./format/chunk-key.ts";
 import { kvShape, tokenBlocks, type BlockRange, type KvShape } from "./format/seq-io.ts";
+import { roundBlocks } from "./round-chunks.ts";
 import { announceWrites, type HandleProgress } from "./handle-stream.ts";
 import type { HandoffOwner, OwnedPrompt, OwnerStatus, PlacedKv, PromptHandoff } from "./handoff.ts";
 import { Shard, shardFileName } from "./shard/shard.ts";
@@ -151,7 +152,8 @@ export class ShardOwner implements HandoffOwner {
 
   async open(prompt: OwnedPrompt, progress?: HandleProgress): Promise<PromptHandoff> {
     const shard = this.shard!; // the prompt's chunks stay in the epoch it started in
-    const blocks = tokenBlocks(prompt.tokens.length, this.rt.config.blockTokens);
+    const n = prompt.tokens.length;
+    const blocks = prompt.rounds ? roundBlocks(n, this.rt.config.blockTokens, prompt.rounds) : tokenBlocks(n, this.rt.config.blockTokens);
     const plan = planChunks(blocks, prompt.layerGroups, this.rt.model.fingerprint, this.shape);
     await this.writer.reserve(plan.flat(), shard, () => this.reap(), prompt.tenant, this.quota);
     return new ShardPromptHandoff(this.rt, this.writer, shard, prompt, blocks, plan, progress);

@@ -14,6 +14,7 @@ import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { Handle } from "./handle.ts";
 import { ChunkError } from "./format/chunk.ts";
 import { coverageProblem, importVerifiedChunk, kvShape, type KvShape } from "./format/seq-io.ts";
+import { chunkNeeded, leftOutOf, type LeftOut, type RoundsLoad } from "./round-chunks.ts";
 import { RegistryError, type LeasedChunk } from "../../shared/platform/registry/registry.ts";
 import { TransportError, chunkLabel } from "./transport/errors.ts";
 import { HttpTransport } from "./transport/http.ts";
@@ -52,6 +53,8 @@ export interface KvLoadStats {
 export interface LoadTarget {
   request_id: string;
   prompt_tokens: number;
+  /** Round Attention: what the decode's policy may leave behind (round-chunks.ts). */
+  rounds?: RoundsLoad | undefined;
 }
 
 /** Read leases taken in one statement, released together once their last chunk is in. */
@@ -223,8 +226,8 @@ export class KvLoader {
    * checked whole before any byte is read, and a list that is not its request's is a 400.
    * Throws ApiError for a bad or expired handle, KvLoadError when the bytes cannot be had.
    */
-  load(handle: Handle, seq: NativeSequence, signal: AbortSignal): Promise<KvLoadStats> {
-    return this.loadFeed(ChunkFeed.of(handle.chunk_ids), handle, seq, signal, HANDLE_FAULTS);
+  load(handle: Handle, seq: NativeSequence, signal: AbortSignal, rounds?: RoundsLoad): Promise<KvLoadStats> {
+    return this.loadFeed(ChunkFeed.of(handle.chunk_ids), { ...handle, rounds }, seq, signal, HANDLE_FAULTS);
   }
 
   /**
@@ -243,6 +246,8 @@ export class KvLoader {
    * request's own, this model's; once the feed has ended, covering the prompt), then read,
    * verified and imported, kvConcurrency at once; a batch's leases are released as its last chunk
    * is in (whatever is still leased, at the end). The length is set once every chunk verified.
+   * Under Round Attention (target.rounds) the chunks above the watershed of earlier rounds are
+   * held back until the list ends, then only the picked rounds' are read.
    */
   private async loadFeed(
     feed: ChunkFeed,
@@ -262,12 +267,17 @@ export class KvLoader {
     ownerDead.signal.addEventListener("abort", () => stop.abort(ownerDead.signal.reason), { once: true });
     const reads = new ChunkFeed<{ leased: LeasedChunk; batch: LeaseBatch }>();
     const batches: LeaseBatch[] = [];
-    const rows: LeasedChunk["chunk"][] = [];
     const transports = new Set<string>();
     const watched = new Set<string>();
     const watching: Promise<() => void>[] = [];
     let held = new Set<string>();
     let bytes = 0;
+    let promptBytes = 0;
+    const n = target.prompt_tokens;
+    const rounds = target.rounds;
+    // Chunks that wait for the pick (round-chunks.ts), and those read.
+    const waiting: { leased: LeasedChunk; batch: LeaseBatch }[] = [];
+    const queued: LeasedChunk["chunk"][] = [];
 
     const lease = async (ids: string[]): Promise<LeaseBatch> => {
       // Looked up beside the lease (one round trip less); a lease failure is reported first.
@@ -297,16 +307,40 @@ export class KvLoader {
         const ids = await feed.take(stop.signal);
         last = ids === undefined || feed.done;
         const batch = ids ? await lease(ids) : undefined;
-        if (batch) rows.push(...batch.leased.map((l) => l.chunk));
-        // Every chunk is leased: they must cover the prompt (a handle's, before any is read).
-        if (last) {
-          const problem = coverageProblem(rows, this.shape.nLayer, target.prompt_tokens);
-          if (problem) throw faults.uncovered(problem);
+        const now: { leased: LeasedChunk; batch: LeaseBatch }[] = [];
+        for (const leased of batch?.leased ?? []) {
+          promptBytes += leased.location.length;
+          const c = leased.chunk;
+          if (rounds && !chunkNeeded(rounds.layout, n, c.layerIds, c)) waiting.push({ leased, batch: batch! });
+          else now.push({ leased, batch: batch! });
         }
-        if (!batch) continue;
+        // Every chunk is leased and the pick is known: the waiting chunks of picked rounds are read,
+        // the others left in the shard.
+        let leftOut: LeftOut | undefined;
+        if (last) {
+          const picked = rounds?.picked();
+          try {
+            leftOut = rounds && picked ? leftOutOf(rounds.layout, n, picked) : undefined;
+          } catch (e) {
+            throw faults.uncovered((e as Error).message);
+          }
+          for (const w of waiting.splice(0)) {
+            const c = w.leased.chunk;
+            if (!picked || chunkNeeded(rounds!.layout, n, c.layerIds, c, picked)) now.push(w);
+            else if (--w.batch.unread === 0) w.batch.released = this.release(w.batch.leased);
+          }
+        }
+        queued.push(...now.map((r) => r.leased.chunk));
+        // The chunks read must cover the prompt but for the rounds left out (a handle's, before any is read).
+        const problem = last ? coverageProblem(queued, this.shape.nLayer, n, leftOut) : null;
+        if (problem) throw faults.uncovered(problem);
+        if (now.length === 0) continue;
         if (batches.length === 1) await this.rt.config.faults?.pause("decode.load", this.rt.log); // the first leases are held
-        batch.deadlineMs = Date.now() + config.kvTimeoutMs; // its reads start now
-        for (const leased of batch.leased) reads.push({ leased, batch });
+        const deadline = Date.now() + config.kvTimeoutMs; // their reads start now
+        for (const r of now) {
+          r.batch.deadlineMs = deadline;
+          reads.push(r);
+        }
       }
       reads.end();
     };
@@ -352,12 +386,12 @@ export class KvLoader {
       seq.setLength(target.prompt_tokens);
       const ms = performance.now() - t0;
       this.totals.loads++;
-      this.totals.chunks += rows.length;
+      this.totals.chunks += queued.length;
       this.totals.bytes += bytes;
       this.totals.ms += ms;
       const transport = usedTransport(transports)!; // the prompt's chunks cover it: at least one was read
       this.metrics?.transferDone(transport, ms / 1000);
-      return { transport, chunks: rows.length, bytes, ms };
+      return { transport, chunks: queued.length, bytes, ms, ...(rounds ? { prompt_bytes: promptBytes } : {}) };
     } catch (e) {
       this.totals.failures++;
       if (!signal.aborted) this.countFailure(usedTransport(transports) ?? "none", e);

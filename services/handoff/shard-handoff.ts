@@ -27,6 +27,7 @@ import { PeerWatch } from "./peer-watch.ts";
 import { PrefillClient } from "./prefill-client.ts";
 import { KvLoadError, KvLoader } from "./reader.ts";
 import { StreamedLoad } from "./streamed-load.ts";
+import { leftOutOf, pickFor, roundsLayoutOf, roundsLoadFor, wholePrefix } from "./round-chunks.ts";
 
 export interface ShardReaderOptions {
   metrics: ServiceMetrics;
@@ -88,9 +89,11 @@ export class ShardHandoff implements HandoffReader {
 
   /** Loads `handle`'s KV into a sequence; a load that fails is recomputed when the request asked. */
   private load(handle: Handle, onKvFailure: KvFailureChoice): LoadKv {
-    return async (seq, loading, signal, log) => {
+    return async (seq, loading, policy, signal, log) => {
       try {
-        return loading ? await loading : { ...(await this.loader.load(handle, seq, signal)), recomputed: false };
+        if (loading) return await loading;
+        const rounds = roundsLoadFor(policy, () => handle.rounds_pick);
+        return { ...(await this.loader.load(handle, seq, signal, rounds)), recomputed: false };
       } catch (e) {
         if (signal.aborted) throw signal.reason;
         const unavailable = e instanceof KvLoadError || (e instanceof ApiError && e.code === "handle_expired");
@@ -117,7 +120,13 @@ export class ShardHandoff implements HandoffReader {
 }
 
 /** Loads the KV into `seq`: from the streamed load when it is `loading`, else from the shard. */
-type LoadKv = (seq: NativeSequence, loading: Promise<KvSummary> | undefined, signal: AbortSignal, log: Logger) => Promise<KvSummary>;
+type LoadKv = (
+  seq: NativeSequence,
+  loading: Promise<KvSummary> | undefined,
+  policy: ResolvedPolicy,
+  signal: AbortSignal,
+  log: Logger,
+) => Promise<KvSummary>;
 
 /** A prompt prefilled into a shard: its KV loads (or loaded while it computed) into the decode's sequence. */
 class ShardHandover implements Handover {
@@ -158,12 +167,24 @@ class ShardHandover implements Handover {
 
   async load(signal: AbortSignal, log: Logger): Promise<LoadedKv> {
     const seq = this.seq!;
-    const kv = await this.loadKv(seq, this.streamed ? this.stream!.result() : undefined, signal, log);
+    const kv = await this.loadKv(seq, this.streamed ? this.stream!.result() : undefined, this.ran!, signal, log);
     // The KV is the decode's now: the prefill's shard space can be reclaimed.
     await this.rt.registry.chunks.releaseRequest(this.handle.request_id);
-    // A recompute observed the prompt itself; an import needs the prefill's prompt state.
-    const missing = kv.recomputed ? undefined : loadPromptState(seq, this.ran!, this.handle.prompt_state);
-    return { kv, warnings: missing ? [missing] : [] };
+    if (kv.recomputed) return { kv, warnings: [] }; // the prompt computed here, its state and pick with it
+    // An import needs the prefill's prompt state, and under Round Attention its pick: the rounds
+    // the load brought above the watershed are the ones attended.
+    const missing = loadPromptState(seq, this.ran!, this.handle.prompt_state);
+    const picked = pickFor(this.ran, this.handle.rounds_pick);
+    if (!picked) return { kv, warnings: missing ? [missing] : [] };
+    try {
+      seq.setRoundPick([...picked]);
+    } catch (e) {
+      if (e instanceof RangeError) throw new ApiError(400, "invalid_request", `handle.rounds_pick: ${e.message}`, "handle.rounds_pick");
+      throw e;
+    }
+    const n = this.handle.prompt_tokens;
+    const layout = roundsLayoutOf(this.ran)!;
+    return { kv, warnings: missing ? [missing] : [], wholeTokens: wholePrefix(n, leftOutOf(layout, n, picked)) };
   }
 
   async dispose(): Promise<void> {

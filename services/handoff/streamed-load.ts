@@ -13,6 +13,7 @@ import { ChunkFeed } from "./chunk-feed.ts";
 import type { Handle, KvSummary } from "./handle.ts";
 import type { HandleProgress, HandleStart } from "./handle-stream.ts";
 import { KvLoadError, type KvLoader } from "./reader.ts";
+import { roundsLoadFor } from "./round-chunks.ts";
 import type { PlanSequence, PromptCompute } from "./handoff.ts";
 
 type Outcome = { stats: KvSummary } | { error: unknown };
@@ -23,6 +24,7 @@ export class StreamedLoad {
   /** The policy the sequence runs, set with it at the start. */
   policy: ResolvedPolicy | undefined;
   private seq: NativeSequence | undefined;
+  private handle: Handle | undefined;
   private taken = false;
   private outcome: Promise<Outcome> | undefined;
   private readonly cancel = new AbortController();
@@ -57,7 +59,8 @@ export class StreamedLoad {
       return;
     }
     const signal = AbortSignal.any([this.signal, this.cancel.signal]);
-    this.outcome = this.loader.loadStream(this.feed, start, this.seq, signal).then(
+    const rounds = roundsLoadFor(this.policy, () => this.handle?.rounds_pick);
+    this.outcome = this.loader.loadStream(this.feed, { ...start, rounds }, this.seq, signal).then(
       (stats) => ({ stats: { ...stats, recomputed: false } }),
       (error: unknown) => {
         if (!signal.aborted) this.failed.abort(error);
@@ -66,8 +69,9 @@ export class StreamedLoad {
     );
   }
 
-  /** The handle came: its chunk ids end the feed. */
+  /** The handle came: its chunk ids end the feed (and its Round Attention pick is known). */
   finish(handle: Handle): void {
+    this.handle = handle;
     this.feed.end(handle.chunk_ids);
   }
 

@@ -34,6 +34,8 @@ import {
   type PromptCompute,
   type PromptHandle,
   type PromptHandoff,
+  roundsLayoutOf,
+  roundsPickOf,
 } from "../handoff/index.ts";
 
 /** A prefill admitted (queued or running): its prompt tokens and how many are computed. */
@@ -251,6 +253,7 @@ export class PrefillService implements InProcessPrefill {
           tenant,
           tokens,
           layerGroups,
+          rounds: roundsLayoutOf(plan.policy),
           sessionId: req.session_id ?? null,
           roundId: req.round_id ?? null,
           policy: plan.spec,
@@ -273,6 +276,9 @@ export class PrefillService implements InProcessPrefill {
         await handoff.computed(seq);
       }
       const firstToken = new Sampler(sampling).sample(logits!);
+      // Round Attention: the rounds the layers above the watershed will attend, picked now so the
+      // decode loads only theirs (round-chunks.ts).
+      const roundsPick = plan.policy.kind === "rounds" ? roundsPickOf(plan.policy, await engine.pickRounds(seq)) : undefined;
       let promptState = seq.exportPromptState();
       if (promptState && promptState.byteLength > MAX_PROMPT_STATE_BYTES) {
         log.warn(
@@ -301,6 +307,7 @@ export class PrefillService implements InProcessPrefill {
           ? { prompt_state: Buffer.from(promptState.buffer, promptState.byteOffset, promptState.byteLength).toString("base64") }
           : {}),
         block_tokens: placed.block_tokens,
+        ...(roundsPick ? { rounds_pick: roundsPick } : {}),
         sampling: wire,
         prefill_ms: prefillMs,
         expires_at: placed.expires_at,

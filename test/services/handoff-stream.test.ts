@@ -14,6 +14,7 @@ import { chunkHeaderSize } from "../../services/handoff/format/chunk.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
 import { startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../../tools/lib/services.ts";
 import { postJson } from "../harness/http.ts";
+import { argmax } from "../harness/logits.ts";
 
 let pgServer: TestPostgres;
 let db: pg.Client;
@@ -118,6 +119,39 @@ describe("the streamed handle between processes over PostgreSQL 15", () => {
       }
     }
     expect(await transferred(viaHttp, "http")).toBeGreaterThan(0);
+  });
+
+  it("rounds: the streamed and the unstreamed load read only the picked rounds above the watershed, and decode as one process", async () => {
+    const filler = "The fishermen mended their nets while the gulls followed the boats out to sea. ";
+    const messages = [
+      { role: "user", content: `Remember that the boat is called Marigold. ${filler.repeat(2)}` },
+      { role: "assistant", content: "The boat is called Marigold." },
+      { role: "user", content: `Describe the harbour. ${filler.repeat(2)}` },
+      { role: "assistant", content: "It is small and quiet." },
+      { role: "user", content: "What is the boat called?" },
+    ];
+    const policy = { kind: "rounds", rounds: { watershed_layer: 12, top_k: 1 } };
+    // The reference: the prefill's own handle (the prompt's ids and rounds), decoded in one process.
+    const handle = (await postJson(`${prefill.url}/v1/prefill`, { messages, policy })).body;
+    const starts: number[] = handle.policy.rounds.starts;
+    expect(starts).toHaveLength(3);
+    const seq = engine.createSequence(handle.prompt_tokens + 8);
+    seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 12, starts, topK: 1 } });
+    const want: number[] = [];
+    for (let logits = await engine.prefill(seq, handle.prompt_token_ids); want.length < 6; ) {
+      want.push(argmax(logits));
+      if (tok.isEog(want.at(-1)!)) break;
+      logits = (await engine.decode([seq], [want.at(-1)!]))[0]!;
+    }
+    seq.release();
+    for (const p of [viaShm, unstreamed]) {
+      const res = await postJson(`${p.url}/v1/chat/completions`, { model: "default", messages, policy, max_tokens: 6, temperature: 0 });
+      expect(res.status, JSON.stringify(res.body)).toBe(200);
+      expect(res.body.choices[0].message.content).toBe(tok.decode(want.filter((id) => !tok.isEog(id))));
+      const { bytes, prompt_bytes } = res.body.ctxbank.handoff;
+      expect(bytes).toBeGreaterThan(0);
+      expect(bytes).toBeLessThan(prompt_bytes);
+    }
   });
 
   it("a chunk corrupted mid-stream: a 502 kv_load_failed, nothing left held", async () => {

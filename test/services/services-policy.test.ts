@@ -205,6 +205,58 @@ describe("policies through the services", () => {
     }
   });
 
+  it("rounds across the handoff: chunks never span rounds, the decode reads only the picked rounds above the watershed", async () => {
+    const filler = "The harbour was quiet and the boats rocked gently on the grey water while gulls circled overhead. ";
+    const messages = [
+      { role: "user", content: `My locker code is 4711. ${filler.repeat(3)}` },
+      { role: "assistant", content: "Noted: your locker code is 4711." },
+      { role: "user", content: `Tell me about lighthouses. ${filler.repeat(3)}` },
+      { role: "assistant", content: "Lighthouses guide ships with a bright lamp." },
+      { role: "user", content: `And about tides? ${filler.repeat(3)}` },
+      { role: "assistant", content: "Tides follow the moon." },
+      { role: "user", content: "What is my locker code?" },
+    ];
+    const decodeOf = async (topK: number) => {
+      const res = await postJson(`${s.url}/v1/prefill`, {
+        messages,
+        policy: { kind: "rounds", rounds: { watershed_layer: 12, top_k: topK } },
+      });
+      expect(res.status, JSON.stringify(res.body)).toBe(200);
+      const handle = res.body as Handle;
+      const starts = (handle.policy as { rounds: { starts: number[] } }).rounds.starts;
+      expect(starts).toHaveLength(4);
+      // Every chunk lies within one round.
+      const rows = await s.rt.registry.chunks.ofRequest(handle.request_id);
+      for (const r of rows) expect(starts.filter((b) => b > r.tokenStart && b < r.tokenEnd)).toEqual([]);
+      expect(handle.rounds_pick).toEqual({ rounds: expect.any(Array), watershed_layer: 12, starts, top_k: topK });
+      expect(handle.rounds_pick!.rounds).toHaveLength(topK);
+      const out = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 8, temperature: 0 });
+      expect(out.status, JSON.stringify(out.body)).toBe(200);
+      const expected = await engineGreedy(handle.prompt_token_ids, { kind: "rounds", rounds: { watershedLayer: 12, starts, topK } }, 8);
+      expect(out.body.token_ids).toEqual(expected);
+      // What the decode read: every chunk of layers 0..12, above them the picked and the current rounds'.
+      const upper = (r: (typeof rows)[number]) => r.layerIds[0]! > 12;
+      const roundOf = (start: number) => starts.findLastIndex((b) => b <= start);
+      const wanted = rows.filter(
+        (r) => !upper(r) || roundOf(r.tokenStart) === 3 || handle.rounds_pick!.rounds.includes(roundOf(r.tokenStart)),
+      );
+      const chunkBytes = (list: typeof rows) => list.reduce((sum, r) => sum + r.length, 0);
+      expect(out.body.kv.chunks).toBe(wanted.length);
+      expect(out.body.kv.bytes).toBe(chunkBytes(wanted));
+      expect(out.body.kv.prompt_bytes).toBe(chunkBytes(rows));
+      expect(out.body.ctxbank.handoff).toMatchObject({ path: "shard", bytes: chunkBytes(wanted), prompt_bytes: chunkBytes(rows) });
+      return out.body as { kv: { bytes: number; prompt_bytes: number }; token_ids: number[] };
+    };
+    const one = await decodeOf(1);
+    expect(one.kv.bytes).toBeLessThan(one.kv.prompt_bytes);
+    // Every earlier round picked: every chunk read, and the tokens are full attention's.
+    const all = await decodeOf(3);
+    expect(all.kv.bytes).toBe(all.kv.prompt_bytes);
+    const res = await postJson(`${s.url}/v1/prefill`, { messages });
+    const full = await engineGreedy((res.body as Handle).prompt_token_ids, { kind: "full" }, 8);
+    expect(all.token_ids).toEqual(full);
+  });
+
   it("refuses policies the model cannot run, before any work", async () => {
     const bad = [
       [{ kind: "omnikv", omnikv: { filter_layers: [40] } }, "invalid_policy", /filter layer 40/],

@@ -125,13 +125,21 @@ function moveRows<T>(move: () => T): T {
 
 /**
  * Checks that chunks (by layer ids and token range) cover every layer for tokens [0, nTokens)
- * exactly once; returns a sentence saying what is wrong, or null.
+ * exactly once; returns a sentence saying what is wrong, or null. `leftOut`: token ranges the
+ * layers above `aboveLayer` may lack (Round Attention's unpicked rounds, round-chunks.ts).
  */
 export function coverageProblem(
   chunks: readonly { layerIds: readonly number[]; tokenStart: number; tokenEnd: number }[],
   nLayer: number,
   nTokens: number,
+  leftOut?: { aboveLayer: number; ranges: readonly BlockRange[] },
 ): string | null {
+  // Past the left-out ranges that start where the layer's coverage stopped.
+  const skip = (l: number, at: number): number => {
+    if (!leftOut || l <= leftOut.aboveLayer) return at;
+    for (const r of leftOut.ranges) if (r.tokenStart === at) at = r.tokenEnd;
+    return at;
+  };
   const perLayer = Array.from({ length: nLayer }, () => [] as BlockRange[]);
   for (const c of chunks) {
     for (const l of c.layerIds) {
@@ -143,9 +151,11 @@ export function coverageProblem(
     const ranges = perLayer[l]!.sort((a, b) => a.tokenStart - b.tokenStart);
     let at = 0;
     for (const r of ranges) {
+      if (r.tokenStart !== at) at = skip(l, at);
       if (r.tokenStart !== at) return `layer ${l}: tokens ${at}..${r.tokenStart} ${r.tokenStart > at ? "are missing" : "overlap"}`;
       at = r.tokenEnd;
     }
+    at = skip(l, at);
     if (at !== nTokens) return `layer ${l}: chunks cover ${at} of ${nTokens} tokens`;
   }
   return null;

@@ -137,6 +137,26 @@ export type PrefillRequest = z.input<typeof PrefillRequestSchema>;
  */
 export const MAX_PROMPT_STATE_BYTES = 2 << 20;
 
+/** Rounds a `rounds` policy takes at most (as its starts). */
+const MAX_ROUNDS = 4096;
+
+/**
+ * Round Attention's pick, made by the prefill where the prompt ends: a decode that runs the same
+ * rounds loads, above the watershed, only these rounds' chunks and the current round's.
+ */
+export const RoundsPickSchema = z
+  .object({
+    rounds: z.array(z.number().int().min(0)).max(MAX_ROUNDS).openapi({ description: "The earlier rounds picked, ascending" }),
+    watershed_layer: z.number().int().min(0),
+    starts: z.array(z.number().int().min(0)).min(1).max(MAX_ROUNDS),
+    top_k: z.number().int().min(0),
+  })
+  .openapi("RoundsPick", {
+    description:
+      "Round Attention's pick (the rounds policy it was made under): a decode running that policy loads, above the watershed layer, only the picked rounds' chunks and the current round's",
+  });
+export type RoundsPick = z.infer<typeof RoundsPickSchema>;
+
 export const HandleSchema = z
   .object({
     request_id: Identifier,
@@ -165,6 +185,7 @@ export const HandleSchema = z
           "What the policy remembers of the prompt's queries (SCOPE's prompt pool, the OmniKV window selectors), base64; absent when it remembers none. The decode loads it after the KV",
       }),
     block_tokens: z.number().int().min(1),
+    rounds_pick: RoundsPickSchema.optional(),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
     queue_ms: z
@@ -218,6 +239,10 @@ export const KvLoadStatsSchema = z
     ms: z.number(),
     recomputed: z.boolean(),
     error: z.string().optional(),
+    prompt_bytes: z.number().int().optional().openapi({
+      description:
+        "The prompt's chunks, every layer and round: what the load would have moved without Round Attention's pick (bytes < prompt_bytes when it left rounds behind)",
+    }),
   })
   .openapi("KvLoadStats");
 
@@ -252,6 +277,11 @@ export const CtxbankExtensionSchema = z
         warnings: z.array(z.string()).optional().openapi({
           description:
             "What the decode could not have from the prompt across processes (e.g. SCOPE's prompt pool), and what it did instead",
+        }),
+        bytes: z.number().int().optional().openapi({ description: "KV bytes the decode read (shard path)" }),
+        prompt_bytes: z.number().int().optional().openapi({
+          description:
+            "Under Round Attention: the prompt's KV in chunks of every layer and round, what the read would have been without the prefill's pick",
         }),
       })
       .optional(),
