@@ -28,7 +28,7 @@ const statusRoute = createRoute({
   method: "get",
   path: "/v1/decode/status",
   tags: ["decode"],
-  summary: "Batch, queue, KV memory accounting and totals",
+  summary: "Batch, queue, KV memory accounting, parked sessions and totals",
   responses: { 200: { content: { "application/json": { schema: z.record(z.string(), z.unknown()) } }, description: "Status" } },
 });
 
@@ -78,10 +78,15 @@ export function decodeRoutes(svc: DecodeService): ServiceApp {
   return app;
 }
 
-/** GET /v1/decode/status: on the internal listener only (it names batch and KV internals). */
+/**
+ * GET /v1/decode/status: on the internal listener only (it names batch and KV internals). `sessions`:
+ * the conversations parked here and their KV bytes (services/router/decode-pool.ts reads it).
+ */
 export function decodeStatusRoutes(svc: DecodeService): ServiceApp {
   const app = newApp();
-  app.openapi(statusRoute, (c) => c.json(svc.status() as unknown as Record<string, unknown>, 200));
+  app.openapi(statusRoute, (c) =>
+    c.json({ ...svc.status(), sessions: svc.sessions?.held() ?? { count: 0, bytes: 0 } } as unknown as Record<string, unknown>, 200),
+  );
   return app;
 }
 

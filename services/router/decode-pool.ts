@@ -1,8 +1,10 @@
 // The decodes a router can send requests to, and how loaded each is. Every poll reads the live
 // decodes from the registry (alive, heartbeating, with a public URL) and each one's status on its
-// internal listener (requests in flight, KV reserved of its budget). Between polls the router adds
-// what it sent and subtracts what finished, so a burst does not all land on the decode that looked
-// idle a second ago. A decode that refuses connections is set aside until a poll finds it again.
+// internal listener (requests in flight, KV reserved of its budget, sessions parked and their
+// bytes). Between polls the router adds what it sent and subtracts what finished, and a new
+// conversation's first turn that finished there counts as a parked session, so a burst does not
+// all land on the decode that looked idle a second ago, nor do conversations that start within one
+// poll. A decode that refuses connections is set aside until a poll finds it again.
 import type { Logger } from "pino";
 import { request } from "undici";
 import { z } from "zod";
@@ -19,6 +21,10 @@ export interface DecodeTarget {
   load: number;
   /** KV bytes still free of its decode budget at the last poll (Infinity when its status was not read). */
   kvFree: number;
+  /** Sessions parked there at the last poll, plus the new conversations the router placed there that finished since. */
+  sessions: number;
+  /** KV bytes of the sessions parked there at the last poll (memory and disk). */
+  sessionBytes: number;
 }
 
 // The part of a decode's internal status the router reads (services/decode/service.ts status()).
@@ -27,11 +33,15 @@ const DecodeStatus = z.object({
   requests_in_flight: z.number().int().min(0),
   kv_reserved_bytes: z.number().min(0),
   kv_budget_bytes: z.number().min(0),
+  // Absent from a decode of a version before it (none counted).
+  sessions: z.object({ count: z.number().int().min(0), bytes: z.number().min(0) }).optional(),
 });
 
 interface Entry extends DecodeTarget {
   /** Requests sent since the last poll that read this decode's status. */
   sent: number;
+  /** New conversations sent there since the last poll whose first turn has finished (parked: not in flight). */
+  parked: number;
   /** Set when a connection to it failed: skipped until a poll lists it again after this time. */
   downUntil: number;
 }
@@ -70,7 +80,15 @@ export class DecodePool {
     const now = performance.now();
     return [...this.entries.values()]
       .filter((e) => e.downUntil <= now)
-      .map(({ id, publicUrl, internalUrl, load, kvFree }) => ({ id, publicUrl, internalUrl, load, kvFree }));
+      .map(({ id, publicUrl, internalUrl, load, kvFree, sessions, sessionBytes }) => ({
+        id,
+        publicUrl,
+        internalUrl,
+        load,
+        kvFree,
+        sessions,
+        sessionBytes,
+      }));
   }
 
   /** Whether the registry answered the last poll (the router's /ready). */
@@ -78,19 +96,28 @@ export class DecodePool {
     return this.lastPollOk;
   }
 
-  /** A request went to `id`; call the returned function when it ends. */
-  dispatched(id: string): () => void {
+  /**
+   * A request went to `id`; call the returned function when it ends, with `parked` true when it was
+   * a new conversation's turn that left its session there (the decode did not hold it before).
+   */
+  dispatched(id: string): (parked?: boolean) => void {
     const e = this.entries.get(id);
     if (!e) return () => {};
     e.load++;
     e.sent++;
     let done = false;
-    return () => {
+    return (parked = false) => {
       if (done) return;
       done = true;
-      // The next poll's count replaces the estimate; until then the finished request comes off it.
+      // The next poll's counts replace the estimate; until then the finished request comes off the
+      // load, and a conversation it started moves from in flight to parked (its next turn comes here).
       const now = this.entries.get(id);
-      if (now) now.load = Math.max(0, now.load - 1);
+      if (!now) return;
+      now.load = Math.max(0, now.load - 1);
+      if (parked) {
+        now.sessions++;
+        now.parked++;
+      }
     };
   }
 
@@ -123,8 +150,19 @@ export class DecodePool {
       next.set(
         row.id,
         old
-          ? { ...old, publicUrl: row.publicUrl, internalUrl: row.baseUrl, sent: 0 }
-          : { id: row.id, publicUrl: row.publicUrl, internalUrl: row.baseUrl, load: 0, kvFree: Infinity, sent: 0, downUntil: 0 },
+          ? { ...old, publicUrl: row.publicUrl, internalUrl: row.baseUrl, sent: 0, parked: 0 }
+          : {
+              id: row.id,
+              publicUrl: row.publicUrl,
+              internalUrl: row.baseUrl,
+              load: 0,
+              kvFree: Infinity,
+              sessions: 0,
+              sessionBytes: 0,
+              sent: 0,
+              parked: 0,
+              downUntil: 0,
+            },
       );
     }
     this.entries = next;
@@ -133,6 +171,7 @@ export class DecodePool {
 
   private async readStatus(e: Entry): Promise<void> {
     const sentBefore = e.sent;
+    const parkedBefore = e.parked;
     try {
       const res = await request(`${e.internalUrl}/v1/decode/status`, {
         headers: { authorization: `Bearer ${this.o.internalSecret}` },
@@ -145,6 +184,8 @@ export class DecodePool {
       // What was sent while the status was on its way is not in it yet.
       e.load = s.requests_in_flight + (e.sent - sentBefore);
       e.kvFree = Math.max(0, s.kv_budget_bytes - s.kv_reserved_bytes);
+      e.sessions = (s.sessions?.count ?? 0) + (e.parked - parkedBefore);
+      e.sessionBytes = s.sessions?.bytes ?? 0;
       if (s.state === "ready") e.downUntil = 0;
     } catch (err) {
       // Alive in the registry but not answering: keep routing to it on the estimate (its

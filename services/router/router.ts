@@ -64,6 +64,9 @@ export class Router {
       signal: c.req.raw.signal,
       timeoutMs: this.o.timeoutMs,
     };
+    // A turn that will park a session where it runs (a named session, a Responses chain); on a
+    // decode that did not hold it, a conversation that decode holds from now on (decode-pool.ts).
+    const keeps = c.req.method === "POST" && ("session" in hint || "response" in hint || url.pathname === "/v1/responses");
     for (let attempt = 0; attempt < MAX_TRIES; attempt++) {
       const route = this.choose(
         this.o.pool.targets().filter((t) => !tried.has(t.id)),
@@ -74,11 +77,12 @@ export class Router {
       // A conversation found by its messages continues the session it repeats: the holder resumes it.
       const extra: Record<string, string> = found?.continues && route.reason === "prefix" ? { "x-session-id": found.continues } : {};
       const done = this.o.pool.dispatched(route.target.id);
+      const opens = keeps && route.reason !== "session" && route.reason !== "prefix";
       try {
         const res = await forward(route.target.publicUrl, out, extra);
         this.m.routed.inc({ reason: route.reason });
         res.headers.set("x-ctxbank-route", `${route.target.id}; reason=${route.reason}`);
-        releaseWhenSent(c, done);
+        releaseWhenSent(c, () => done(opens && res.ok));
         return res;
       } catch (err) {
         done();

@@ -128,6 +128,18 @@ export class SessionStore {
     return { memory, disk: this.parked.size - memory };
   }
 
+  /** Live sessions (memory and disk, every key's) and their KV bytes: what a router weighs when it places a conversation. */
+  held(): { count: number; bytes: number } {
+    let count = 0;
+    let bytes = 0;
+    for (const p of this.parked.values()) {
+      if (this.expired(p)) continue;
+      count++;
+      bytes += p.bytes;
+    }
+    return { count, bytes };
+  }
+
   summary(tenant: string, id: string): SessionSummary | undefined {
     const p = this.live(tenant, id);
     return p && this.describe(p);
