@@ -3,6 +3,7 @@
 // count of a user message as the model will see it (chat template included), so prompts can be
 // sized to a target token count with the real tokenizer (tests pass a fake one).
 
+import { PARAGRAPHS } from "../../tools/lib/bench-text.ts";
 import { seededRng, uniformInt } from "../../tools/lib/random.ts";
 
 /** Token count of the whole prompt built around `userText` (template + answer prefix included). */
@@ -223,4 +224,61 @@ export function scoreLongGen(output: string, answers: number[]): { score: number
   let right = 0;
   for (let i = 0; i < answers.length; i++) if (got[i] === answers[i]) right++;
   return { score: answers.length === 0 ? 0 : right / answers.length, answered: Math.min(got.length, answers.length) };
+}
+
+// --- Multi-round recall (Round Attention) ------------------------------------------------------
+
+/** One chat message of a multi-round conversation. */
+export interface RoundMessage {
+  role: "user" | "assistant";
+  content: string;
+}
+
+export interface MultiRoundPrompt {
+  task: "rounds";
+  /** The conversation: `rounds` earlier exchanges, then the question (a user message). */
+  messages: RoundMessage[];
+  /** Text appended after the template's assistant header. */
+  answerPrefix: string;
+  /** The code the answer must contain. */
+  answer: string;
+  /** The earlier round (0-based) whose exchange states the fact. */
+  factRound: number;
+}
+
+const ROUND_QUESTIONS = [
+  "Tell me about the harbour town in winter.",
+  "What was life like for the lighthouse keeper?",
+  "Who keeps the town's history?",
+  "What happens after a storm on the coast path?",
+  "How do people remember a special evening?",
+  "What is the market like on a Saturday?",
+] as const;
+
+/**
+ * A conversation of `rounds` earlier exchanges (ordinary questions answered with
+ * `paragraphsPerReply` paragraphs of prose), one of which (`factRound`) states a four-digit locker
+ * code; the last question asks for it (SPEC: multi-round recall). Pure: the same seed gives the
+ * same conversation.
+ */
+export function multiRoundTask(opts: { rounds: number; factRound: number; seed: number; paragraphsPerReply: number }): MultiRoundPrompt {
+  const { rounds, factRound, paragraphsPerReply } = opts;
+  if (rounds < 2 || factRound < 0 || factRound >= rounds)
+    throw new Error("multi-round recall needs >= 2 rounds and the fact in one of them");
+  const rng = seededRng(opts.seed);
+  const code = String(uniformInt(rng, 1000, 9999));
+  const offset = uniformInt(rng, 0, PARAGRAPHS.length - 1);
+  const messages: RoundMessage[] = [];
+  for (let r = 0; r < rounds; r++) {
+    const reply = Array.from({ length: paragraphsPerReply }, (_, i) => PARAGRAPHS[(offset + r + i) % PARAGRAPHS.length]!).join("\n\n");
+    const question = ROUND_QUESTIONS[(offset + r) % ROUND_QUESTIONS.length]!;
+    if (r === factRound)
+      messages.push(
+        { role: "user", content: `Please remember this: my locker code is ${code}. ${question}` },
+        { role: "assistant", content: `Noted: your locker code is ${code}.\n\n${reply}` },
+      );
+    else messages.push({ role: "user", content: question }, { role: "assistant", content: reply });
+  }
+  messages.push({ role: "user", content: "What is my locker code?" });
+  return { task: "rounds", messages, answerPrefix: "Your locker code is", answer: code, factRound };
 }

@@ -16,7 +16,7 @@ export const HandleStartSchema = HandleSchema.omit({
   prefill_ms: true,
   queue_ms: true,
   expires_at: true,
-  rounds_pick: true, // made where the prompt ends
+  rounds_picked: true, // made where the prompt ends
 })
   .extend({ total_chunks: z.number().int().min(1).openapi({ description: "Chunks the prefill will announce (ids may repeat)" }) })
   .openapi("HandleStart");

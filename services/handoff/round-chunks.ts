@@ -5,8 +5,9 @@
 // the other rounds' chunks for those layers stay in the prefill's shard. A chunk never spans two
 // rounds (roundBlocks): a round moves whole or not at all. The decode decides, from its own
 // policy: one that does not run the very policy the pick was made under loads every chunk.
-import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
-import type { RoundsPick } from "../../shared/platform/http/wire.ts";
+import { isDeepStrictEqual } from "node:util";
+import { resolvedSpec, type ResolvedPolicy } from "../../shared/inference/policy/request.ts";
+import type { Handle } from "../../shared/platform/http/wire.ts";
 import type { BlockRange } from "./format/seq-io.ts";
 
 /** Where a `rounds` prompt's rounds are, and which layers attend every one. */
@@ -29,32 +30,23 @@ export interface RoundsLoad {
   picked(): readonly number[] | undefined;
 }
 
-/** The load a decode running `policy` does of a handle whose pick `pick()` gives once it came; undefined unless the policy is rounds. */
-export function roundsLoadFor(policy: ResolvedPolicy | undefined, pick: () => RoundsPick | undefined): RoundsLoad | undefined {
-  const layout = roundsLayoutOf(policy);
-  return layout && { layout, picked: () => pickFor(policy, pick()) };
-}
+/** What a handle says of Round Attention: the policy the prefill resolved, and its pick. */
+export type PickedHandle = Pick<Handle, "resolved_policy" | "rounds_picked">;
 
-/** The handle's record of a pick made under `policy` (a rounds policy). */
-export function roundsPickOf(policy: Extract<ResolvedPolicy, { kind: "rounds" }>, rounds: number[]): RoundsPick {
-  const { watershedLayer, starts, topK } = policy.rounds;
-  return { rounds, watershed_layer: watershedLayer, starts: [...starts], top_k: topK };
+/** The load a decode running `policy` does of a handle, which `handle()` gives once it came; undefined unless the policy is rounds. */
+export function roundsLoadFor(policy: ResolvedPolicy | undefined, handle: () => PickedHandle | undefined): RoundsLoad | undefined {
+  const layout = roundsLayoutOf(policy);
+  return layout && { layout, picked: () => pickFor(policy, handle()) };
 }
 
 /**
- * The picked rounds a decode running `policy` attends, from the handle's pick: only when it runs
- * the policy the pick was made under (same watershed, rounds and top_k); else undefined, and it
- * loads every chunk and picks for itself.
+ * The picked rounds a decode running `policy` attends, from the handle: only when it runs the
+ * very policy the prefill resolved and picked under (its rounds, watershed and top_k); else
+ * undefined, and it loads every chunk and picks for itself.
  */
-export function pickFor(policy: ResolvedPolicy | undefined, pick: RoundsPick | undefined): number[] | undefined {
-  if (!pick || policy?.kind !== "rounds") return undefined;
-  const r = policy.rounds;
-  const same =
-    r.watershedLayer === pick.watershed_layer &&
-    r.topK === pick.top_k &&
-    r.starts.length === pick.starts.length &&
-    r.starts.every((s, i) => s === pick.starts[i]);
-  return same ? pick.rounds : undefined;
+export function pickFor(policy: ResolvedPolicy | undefined, handle: PickedHandle | undefined): number[] | undefined {
+  if (!handle?.rounds_picked || policy?.kind !== "rounds") return undefined;
+  return isDeepStrictEqual(resolvedSpec(policy), handle.resolved_policy) ? handle.rounds_picked : undefined;
 }
 
 /** Earlier round r of a prompt of n tokens is [bounds[r], bounds[r + 1]); the current round starts at the last bound (as the engine counts them). */

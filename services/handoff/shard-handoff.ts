@@ -92,7 +92,7 @@ export class ShardHandoff implements HandoffReader {
     return async (seq, loading, policy, signal, log) => {
       try {
         if (loading) return await loading;
-        const rounds = roundsLoadFor(policy, () => handle.rounds_pick);
+        const rounds = roundsLoadFor(policy, () => handle);
         return { ...(await this.loader.load(handle, seq, signal, rounds)), recomputed: false };
       } catch (e) {
         if (signal.aborted) throw signal.reason;
@@ -174,12 +174,12 @@ class ShardHandover implements Handover {
     // An import needs the prefill's prompt state, and under Round Attention its pick: the rounds
     // the load brought above the watershed are the ones attended.
     const missing = loadPromptState(seq, this.ran!, this.handle.prompt_state);
-    const picked = pickFor(this.ran, this.handle.rounds_pick);
+    const picked = pickFor(this.ran, this.handle);
     if (!picked) return { kv, warnings: missing ? [missing] : [] };
     try {
       seq.setRoundPick([...picked]);
     } catch (e) {
-      if (e instanceof RangeError) throw new ApiError(400, "invalid_request", `handle.rounds_pick: ${e.message}`, "handle.rounds_pick");
+      if (e instanceof RangeError) throw new ApiError(400, "invalid_request", `handle.rounds_picked: ${e.message}`, "handle.rounds_picked");
       throw e;
     }
     const n = this.handle.prompt_tokens;

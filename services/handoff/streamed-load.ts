@@ -59,7 +59,7 @@ export class StreamedLoad {
       return;
     }
     const signal = AbortSignal.any([this.signal, this.cancel.signal]);
-    const rounds = roundsLoadFor(this.policy, () => this.handle?.rounds_pick);
+    const rounds = roundsLoadFor(this.policy, () => this.handle);
     this.outcome = this.loader.loadStream(this.feed, { ...start, rounds }, this.seq, signal).then(
       (stats) => ({ stats: { ...stats, recomputed: false } }),
       (error: unknown) => {

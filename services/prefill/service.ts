@@ -35,7 +35,6 @@ import {
   type PromptHandle,
   type PromptHandoff,
   roundsLayoutOf,
-  roundsPickOf,
 } from "../handoff/index.ts";
 
 /** A prefill admitted (queued or running): its prompt tokens and how many are computed. */
@@ -278,7 +277,7 @@ export class PrefillService implements InProcessPrefill {
       const firstToken = new Sampler(sampling).sample(logits!);
       // Round Attention: the rounds the layers above the watershed will attend, picked now so the
       // decode loads only theirs (round-chunks.ts).
-      const roundsPick = plan.policy.kind === "rounds" ? roundsPickOf(plan.policy, await engine.pickRounds(seq)) : undefined;
+      const roundsPicked = plan.policy.kind === "rounds" ? await engine.pickRounds(seq) : undefined;
       let promptState = seq.exportPromptState();
       if (promptState && promptState.byteLength > MAX_PROMPT_STATE_BYTES) {
         log.warn(
@@ -307,7 +306,7 @@ export class PrefillService implements InProcessPrefill {
           ? { prompt_state: Buffer.from(promptState.buffer, promptState.byteOffset, promptState.byteLength).toString("base64") }
           : {}),
         block_tokens: placed.block_tokens,
-        ...(roundsPick ? { rounds_pick: roundsPick } : {}),
+        ...(roundsPicked ? { rounds_picked: roundsPicked } : {}),
         sampling: wire,
         prefill_ms: prefillMs,
         expires_at: placed.expires_at,

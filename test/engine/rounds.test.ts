@@ -1,6 +1,7 @@
-// Round Attention through the engine: the watershed layer picks whole earlier rounds once, at the
-// first decode step; the layers above attend to those and the current round only. Keeping every
-// round is full attention bit for bit; a single round is dense; choices are whole rounds.
+// Round Attention through the engine: the watershed layer picks whole earlier rounds once (round 0,
+// a chat's system part, always), where the prompt ends or at the first decode step; the layers
+// above attend to those and the current round only. Keeping every round is full attention bit for
+// bit; a single round is dense; choices are whole rounds.
 import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
@@ -41,7 +42,7 @@ const rangesOf = (sel: Int32Array) =>
 describe("rounds", () => {
   it("keeping every earlier round, or having none, is full attention bit for bit", async () => {
     const full = await run({ kind: "full" });
-    expect(same((await run(rounds(4))).logits, full.logits)).toBe(true);
+    expect(same((await run(rounds(3))).logits, full.logits)).toBe(true); // round 0 and the three others
     expect(same((await run(rounds(1, [0]))).logits, full.logits)).toBe(true);
   });
 
@@ -50,17 +51,19 @@ describe("rounds", () => {
     for (const k of [1, 2]) {
       const { logits, selected } = await run(rounds(k));
       const chosen = rangesOf(selected[0]!);
-      expect(chosen).toHaveLength(k);
+      expect(chosen).toHaveLength(1 + k); // round 0, then k of the three others
+      expect(chosen[0]).toEqual([0, 80]);
       expect(Array.from(selected[0]!)).toEqual(chosen.flatMap(([s, e]) => Array.from({ length: e! - s! }, (_, i) => s! + i)));
       for (const sel of selected) expect(sel).toEqual(selected[0]); // fixed for the whole answer
       expect(same(logits, full.logits)).toBe(false);
     }
   });
 
-  it("adaptive keeps the rounds above mean + std (whole rounds, at most all but one)", async () => {
+  it("adaptive keeps round 0 and the rounds above mean + std (whole rounds, at most all but one)", async () => {
     const { selected } = await run(rounds(0));
     const chosen = rangesOf(selected[0]!);
-    expect(chosen.length).toBeLessThan(4);
+    expect(chosen[0]).toEqual([0, 80]);
+    expect(chosen.length).toBeLessThan(4); // round 0 and at most two of the three others
     expect(selected[0]!.length).toBe(chosen.reduce((n, [s, e]) => n + e! - s!, 0));
   });
 

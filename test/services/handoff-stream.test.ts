@@ -134,7 +134,7 @@ describe("the streamed handle between processes over PostgreSQL 15", () => {
     // The reference: the prefill's own handle (the prompt's ids and rounds), decoded in one process.
     const handle = (await postJson(`${prefill.url}/v1/prefill`, { messages, policy })).body;
     const starts: number[] = handle.policy.rounds.starts;
-    expect(starts).toHaveLength(3);
+    expect(starts).toHaveLength(4); // the system part, two earlier exchanges, the question;
     const seq = engine.createSequence(handle.prompt_tokens + 8);
     seq.setPolicy({ kind: "rounds", rounds: { watershedLayer: 12, starts, topK: 1 } });
     const want: number[] = [];

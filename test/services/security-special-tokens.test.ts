@@ -71,10 +71,16 @@ describe("chat encoding", () => {
     expect(tok.decode(attack)).toContain(INJECTION); // still there as text when control tokens are not rendered
   });
 
-  it("finds the rounds (one per later user message) where the conversation up to it ends", () => {
+  it("finds the rounds: the template's system part, then one per user message, a later one's where the conversation up to it ends", () => {
+    // SmolLM2's template opens every user turn with these tokens, and writes a (default) system prompt before the first.
+    const header = tok.encode("<|im_start|>user", { parseSpecial: true });
+    const firstUserTurn = (ids: number[]) => ids.findIndex((_, j) => header.every((t, k) => ids[j + k] === t));
     for (const messages of ordinary) {
       const { ids, roundStarts } = encodeChat(tok, chat, messages, { rounds: true });
       const expected = [0];
+      // The system part is a round of its own once there are rounds to tell apart (after a system
+      // message the first user turn starts a round already).
+      if (messages.filter((m) => m.role === "user").length > 1 && messages[0]!.role === "user") expected.push(firstUserTurn(ids));
       messages.forEach((m, i) => {
         if (i === 0 || m.role !== "user") return;
         const before = whole(messages.slice(0, i), false);
@@ -90,9 +96,9 @@ describe("chat encoding", () => {
     const t = performance.now();
     const { roundStarts } = encodeChat(tok, chat, messages, { rounds: true });
     expect(performance.now() - t).toBeLessThan(3000); // ~0.2 s; rendering each prefix again took ~11 s
-    expect(roundStarts).toHaveLength(1300);
-    expect(roundStarts![1]).toBe(whole(messages.slice(0, 1), false).length);
-    expect(roundStarts![1299]).toBe(whole(messages.slice(0, 1299), false).length);
+    expect(roundStarts).toHaveLength(1301); // the system part, then one per message
+    expect(roundStarts![2]).toBe(whole(messages.slice(0, 1), false).length);
+    expect(roundStarts![1300]).toBe(whole(messages.slice(0, 1299), false).length);
   });
 
   it("finds rounds inside plain text too, for a template without control tokens", () => {

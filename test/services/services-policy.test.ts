@@ -175,12 +175,14 @@ describe("policies through the services", () => {
     expect(res.status, JSON.stringify(res.body)).toBe(200);
     const handle = res.body as Handle;
     const starts = (handle.policy as { rounds: { starts: number[] } }).rounds.starts;
-    expect(starts).toHaveLength(3);
+    expect(starts).toHaveLength(4);
     expect(starts[0]).toBe(0);
+    // Round 0 is the template's system part: the first user turn starts round 1.
+    expect(s.rt.tokenizer.decode(handle.prompt_token_ids.slice(starts[1]!, starts[1]! + 2), { special: true })).toBe("<|im_start|>user");
     // Each later round starts where the conversation up to that user message ends.
     const upTo = (i: number) =>
       s.rt.tokenizer.encode(s.rt.chat!.render(messages.slice(0, i), { addGenerationPrompt: false }), { parseSpecial: true }).length;
-    expect(starts.slice(1)).toEqual([upTo(2), upTo(4)]);
+    expect(starts.slice(2)).toEqual([upTo(2), upTo(4)]);
     const out = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 8, temperature: 0 });
     expect(out.status).toBe(200);
     const expected = await engineGreedy(handle.prompt_token_ids, { kind: "rounds", rounds: { watershedLayer: 12, starts, topK: 1 } }, 8);
@@ -224,12 +226,13 @@ describe("policies through the services", () => {
       expect(res.status, JSON.stringify(res.body)).toBe(200);
       const handle = res.body as Handle;
       const starts = (handle.policy as { rounds: { starts: number[] } }).rounds.starts;
-      expect(starts).toHaveLength(4);
+      expect(starts).toHaveLength(5); // the system part, three earlier exchanges, the question
       // Every chunk lies within one round.
       const rows = await s.rt.registry.chunks.ofRequest(handle.request_id);
       for (const r of rows) expect(starts.filter((b) => b > r.tokenStart && b < r.tokenEnd)).toEqual([]);
-      expect(handle.rounds_pick).toEqual({ rounds: expect.any(Array), watershed_layer: 12, starts, top_k: topK });
-      expect(handle.rounds_pick!.rounds).toHaveLength(topK);
+      // Round 0 (the template's system part) and topK of the later earlier rounds.
+      expect(handle.rounds_picked![0]).toBe(0);
+      expect(handle.rounds_picked).toHaveLength(1 + topK);
       const out = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 8, temperature: 0 });
       expect(out.status, JSON.stringify(out.body)).toBe(200);
       const expected = await engineGreedy(handle.prompt_token_ids, { kind: "rounds", rounds: { watershedLayer: 12, starts, topK } }, 8);
@@ -238,7 +241,7 @@ describe("policies through the services", () => {
       const upper = (r: (typeof rows)[number]) => r.layerIds[0]! > 12;
       const roundOf = (start: number) => starts.findLastIndex((b) => b <= start);
       const wanted = rows.filter(
-        (r) => !upper(r) || roundOf(r.tokenStart) === 3 || handle.rounds_pick!.rounds.includes(roundOf(r.tokenStart)),
+        (r) => !upper(r) || roundOf(r.tokenStart) === starts.length - 1 || handle.rounds_picked!.includes(roundOf(r.tokenStart)),
       );
       const chunkBytes = (list: typeof rows) => list.reduce((sum, r) => sum + r.length, 0);
       expect(out.body.kv.chunks).toBe(wanted.length);
@@ -280,7 +283,7 @@ describe("policies through the services", () => {
     });
     expect(viaOpenAi.status).toBe(400);
     expect(viaOpenAi.body.error).toMatchObject({ code: "invalid_policy", param: "policy" });
-    expect(s.services.prefill!.status().totals.prefills).toBe(6); // only the tests above prefilled
+    expect(s.services.prefill!.status().totals.prefills).toBe(9); // only the tests above prefilled
   });
 
   it("say what they did: the resolved policy in the response and the first streamed chunk, ignored fields named", async () => {

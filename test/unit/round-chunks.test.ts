@@ -87,14 +87,20 @@ describe("round chunks", () => {
     expect(() => leftOutOf(layout, N, [0.5])).toThrow(/ascending/);
   });
 
-  it("a decode uses the pick only under the very policy it was made with", () => {
+  it("a decode uses the pick only under the very policy the prefill resolved", () => {
     const policy: ResolvedPolicy = { kind: "rounds", rounds: { watershedLayer: 2, starts: [0, 100, 250, 300], topK: 1 } };
-    const pick = { rounds: [1], watershed_layer: 2, starts: [0, 100, 250, 300], top_k: 1 };
-    expect(pickFor(policy, pick)).toEqual([1]);
+    const resolved = { kind: "rounds", rounds: { watershed_layer: 2, starts: [0, 100, 250, 300], top_k: 1 } };
+    const handle = { resolved_policy: resolved, rounds_picked: [0, 1] };
+    expect(pickFor(policy, handle)).toEqual([0, 1]);
     expect(pickFor(policy, undefined)).toBeUndefined();
-    expect(pickFor({ kind: "full" } as ResolvedPolicy, pick)).toBeUndefined();
-    expect(pickFor(policy, { ...pick, top_k: 2 })).toBeUndefined();
-    expect(pickFor(policy, { ...pick, watershed_layer: 3 })).toBeUndefined();
-    expect(pickFor(policy, { ...pick, starts: [0, 100, 250] })).toBeUndefined();
+    expect(pickFor(policy, { resolved_policy: resolved })).toBeUndefined();
+    expect(pickFor({ kind: "full" } as ResolvedPolicy, handle)).toBeUndefined();
+    const other = (rounds: Record<string, unknown>) => ({
+      ...handle,
+      resolved_policy: { kind: "rounds", rounds: { ...resolved.rounds, ...rounds } },
+    });
+    expect(pickFor(policy, other({ top_k: 2 }))).toBeUndefined();
+    expect(pickFor(policy, other({ watershed_layer: 3 }))).toBeUndefined();
+    expect(pickFor(policy, other({ starts: [0, 100, 250] }))).toBeUndefined();
   });
 });

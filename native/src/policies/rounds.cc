@@ -72,23 +72,26 @@ class RoundsPolicy final : public OmniKvPolicy, public RoundPicker {
     return bounds;
   }
 
-  // The attention mass the current round's remembered queries pay each earlier round at the
-  // watershed layer, summed over heads and queries; the rounds kept (top_k, or mean + std).
-  // `now`: a decode step whose token's query is used when no query of the current round is
-  // remembered.
+  // Round 0 is always kept (in a chat, the template's system part: it holds the attention sink,
+  // which draws a large share of every query's attention whatever the question, so it would win
+  // any ranking by mass). Among the later earlier rounds, the attention mass the current round's
+  // remembered queries pay each at the watershed layer, summed over heads and queries, keeps
+  // top_k of them (or those above mean + std). `now`: a decode step whose token's query is used
+  // when no query of the current round is remembered.
   std::vector<int> choose(PolicyBackend& be, const KvCache& kv, int n_prompt, const PolicyStep* now) {
     const int layer = spec().rounds.watershed_layer, n_head = be.config().n_head;
     const std::vector<int> bounds = earlier_bounds(n_prompt);
     const int cand = bounds.back();
-    std::vector<double> mass(bounds.size() - 1, 0.0);
+    if (bounds.size() <= 2) return std::vector<int>(bounds.size() - 1, 0);  // round 0 alone, or none
+    std::vector<double> mass(bounds.size() - 2, 0.0);                       // rounds 1.. as mass[r - 1]
     auto add = [&](const float* q, int pos) {
       const int n_all = pos + 1;
       float* raw = be.score_keys(kv, layer, q, n_all);
       be.softmax(raw, n_head, n_all);
       for (int h = 0; h < n_head; ++h) {
         const float* row = raw + static_cast<size_t>(h) * n_all;
-        for (size_t r = 0; r + 1 < bounds.size(); ++r)
-          for (int j = bounds[r]; j < bounds[r + 1]; ++j) mass[r] += row[j];
+        for (size_t r = 1; r + 1 < bounds.size(); ++r)
+          for (int j = bounds[r]; j < bounds[r + 1]; ++j) mass[r - 1] += row[j];
       }
     };
     const QueryWindow& w = window_of(layer);
@@ -99,7 +102,9 @@ class RoundsPolicy final : public OmniKvPolicy, public RoundPicker {
         ++asked;
       }
     if (asked == 0 && now) add(now->backend.query(now->t), now->backend.position(now->t));
-    return choose_rounds(mass, spec().rounds.top_k);
+    std::vector<int> kept{0};
+    for (int r : choose_rounds(mass, spec().rounds.top_k)) kept.push_back(r + 1);
+    return kept;
   }
 
   std::optional<std::vector<int>> given_;  // the prefill's pick, when the KV came from one

@@ -21,15 +21,16 @@ export interface ChatEncodeOptions {
   addGenerationPrompt?: boolean;
   /** Stop once more than this many ids are made (see EncodeOptions.maxTokens). */
   maxTokens?: number;
-  /** Also find the rounds: one per user message after the first. */
+  /** Also find the rounds: the system part, then one per user message. */
   rounds?: boolean;
 }
 
 export interface ChatEncoding {
   ids: number[];
   /**
-   * With `rounds`: round 0 from token 0, then the first token of each later user message's turn
-   * (where the conversation rendered up to that message ends). null when the template does not
+   * With `rounds`: round 0 from token 0 (the template's system part when it writes one before the
+   * first user turn; else the first exchange), then the first token of each user message's turn
+   * (a later one's where the conversation rendered up to that message ends). null when the template does not
    * render earlier turns as a prefix of the whole, or a boundary falls inside a token: the request
    * must then give the starts itself.
    */
@@ -94,8 +95,9 @@ export function needsBos(tok: GgufTokenizer, text: string): number[] {
 }
 
 /**
- * Where each later user message's turn starts, as offsets into the real text: the end of the
- * conversation rendered up to that message. That rendering is made once per role of the message
+ * Where each round starts, as offsets into the real text: the first user turn (after the
+ * template's system part, when the template writes one), then each later user message's turn, at
+ * the end of the conversation rendered up to that message. That rendering is made once per role of the message
  * before it (at most three renders, not one per message); its text after that message's content
  * (the turn's footer) must begin the template text that follows the same role's content elsewhere.
  */
@@ -110,6 +112,7 @@ function roundMarks(
 ): number[] | null {
   const footers = new Map<string, string>();
   const marks: number[] = [];
+  let header: string | undefined;
   for (let i = 1; i < messages.length; i++) {
     if (messages[i]!.role !== "user") continue;
     const prev = i - 1;
@@ -131,8 +134,17 @@ function roundMarks(
     }
     if (!templateAfter[prev]!.startsWith(footer)) return null;
     marks.push(contentEnd[prev]![0]! + footer.length);
+    // The user turn's header (what the template writes between the footer and a user message's
+    // content), seen here, also opens the first user turn: the text before it is the template's
+    // system part (the system prompt, a default one, or just the start), a round of its own.
+    header ??= templateAfter[prev]!.slice(footer.length);
   }
-  return marks;
+  const first = messages.findIndex((m) => m.role === "user");
+  if (header === undefined || first < 0 || contentEnd[first]!.length !== 1) return marks;
+  const contentStart = contentEnd[first]![0]! - messages[first]!.content.length;
+  const before = maskedText.slice(0, maskedText.indexOf(sentinel(first)));
+  const system = contentStart - header.length;
+  return before.endsWith(header) && system > 0 && (marks.length === 0 || system < marks[0]!) ? [system, ...marks] : marks;
 }
 
 /** The old whole-string encoding, for templates that transform contents; refuses contents that hold control-token text. */

@@ -137,26 +137,6 @@ export type PrefillRequest = z.input<typeof PrefillRequestSchema>;
  */
 export const MAX_PROMPT_STATE_BYTES = 2 << 20;
 
-/** Rounds a `rounds` policy takes at most (as its starts). */
-const MAX_ROUNDS = 4096;
-
-/**
- * Round Attention's pick, made by the prefill where the prompt ends: a decode that runs the same
- * rounds loads, above the watershed, only these rounds' chunks and the current round's.
- */
-export const RoundsPickSchema = z
-  .object({
-    rounds: z.array(z.number().int().min(0)).max(MAX_ROUNDS).openapi({ description: "The earlier rounds picked, ascending" }),
-    watershed_layer: z.number().int().min(0),
-    starts: z.array(z.number().int().min(0)).min(1).max(MAX_ROUNDS),
-    top_k: z.number().int().min(0),
-  })
-  .openapi("RoundsPick", {
-    description:
-      "Round Attention's pick (the rounds policy it was made under): a decode running that policy loads, above the watershed layer, only the picked rounds' chunks and the current round's",
-  });
-export type RoundsPick = z.infer<typeof RoundsPickSchema>;
-
 export const HandleSchema = z
   .object({
     request_id: Identifier,
@@ -185,7 +165,10 @@ export const HandleSchema = z
           "What the policy remembers of the prompt's queries (SCOPE's prompt pool, the OmniKV window selectors), base64; absent when it remembers none. The decode loads it after the KV",
       }),
     block_tokens: z.number().int().min(1),
-    rounds_pick: RoundsPickSchema.optional(),
+    rounds_picked: z.array(z.number().int().min(0)).max(4096).optional().openapi({
+      description:
+        "Round Attention: the earlier rounds the prefill's pick keeps (indices into the policy's starts). A decode that runs the very policy of resolved_policy reads, above the watershed layer, only these rounds' chunks and the current round's",
+    }),
     sampling: SamplingSchema,
     prefill_ms: z.number().min(0),
     queue_ms: z
