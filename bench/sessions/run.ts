@@ -54,11 +54,13 @@ const bench = benchCli({
     parts: { type: "string" },
     "quiet-cores": { type: "string" },
     "quiet-wait": { type: "string" },
+    "b-every": { type: "string" },
   },
   help: [
     "  --parts LIST       which parts to run, comma-separated: a (sessions), b (router), c (short chat); default all",
     "  --quiet-cores C    before each configuration, wait until other processes use < C cores (default 0.5)",
     "  --quiet-wait S     ... but at most S seconds, then measure anyway (recorded; default 60)",
+    "  --b-every S        part B: a new conversation every S seconds (default 60; a sweep of runs finds each router's goodput)",
   ].join("\n"),
   quick: "2-3 short conversations of 3 turns, 12 short chats per configuration: a smoke run of every part (2 minutes)",
   replot: true,
@@ -254,7 +256,12 @@ async function measure(
     }
     const cpu = cpuUse(before, cpuSnapshot(pids));
     const failed = run.results.filter((r) => !r.ok);
-    if (failed.length > 0) log(`${label}: ${failed.length} requests failed, e.g. ${failed[0]!.error}`);
+    if (failed.length > 0) {
+      log(`${label}: ${failed.length} requests failed, e.g. ${failed[0]!.error}; the services' logs are in ${bench.results}/errors-*.log`);
+      // The services' own account of the failures: the client saw only the answer.
+      for (const [id, text] of Object.entries(dep.logs()))
+        await writeFileAtomic(join(bench.results.dir, `errors-${id}.log`), text).catch(() => undefined);
+    }
     const goodputOffered =
       run.stats.slo && run.stats.offeredRps !== undefined ? run.stats.offeredRps * run.stats.slo.attainment : undefined;
     log(
@@ -707,7 +714,10 @@ async function main(): Promise<void> {
   }
   const parts = (bench.values.parts ?? PARTS.join(",")).split(",").map((s) => s.trim().toLowerCase());
   for (const p of parts) if (!PARTS.includes(p as Part)) throw new Error(`--parts: ${JSON.stringify(p)} is not one of ${PARTS.join(", ")}`);
-  const plan = bench.quick ? QUICK : FULL;
+  const base = bench.quick ? QUICK : FULL;
+  const every = bench.values["b-every"] === undefined ? base.b.everyS : Number(bench.values["b-every"]);
+  if (!(every > 0)) throw new Error(`--b-every: ${bench.values["b-every"]} is not a positive number of seconds`);
+  const plan: Plan = { ...base, b: { ...base.b, everyS: every } };
   const seed = 27;
   const record = bench.record(["services", "shared", "native/src", "bench/sessions", "tools/loadgen"]);
   const out: Output = { benchmark: "sessions", ...record, quick: bench.quick, finished: "", plan, seed, parts: [] };

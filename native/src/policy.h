@@ -79,12 +79,13 @@ void scope_select(const float* importance, const int32_t* positions, int n, int 
                   std::vector<int32_t>& scratch);
 
 // Round Attention (docs/algorithms.md): a multi-turn context is a list of rounds; at the watershed layer the
-// question's attention mass per earlier round picks the rounds that matter, once per round (at the
-// first decode step), and the layers above it attend only to those rounds plus the current one.
+// question's attention mass per earlier round picks the rounds that matter, once per round (where the
+// prompt ends), and the layers above it attend only to those rounds, round 0 (a chat's system part)
+// and the current one.
 struct RoundsConfig {
   int watershed_layer;      // L_w: layers <= L_w attend everything
   std::vector<int> starts;  // first token of each round, strictly increasing from 0; the last is the current round
-  int top_k;                // earlier rounds kept; 0 = adaptive (mass > mean + std)
+  int top_k;                // earlier rounds kept besides round 0; 0 = adaptive (mass > mean + std)
 };
 // Which earlier rounds to keep from their attention mass: the top_k largest (ties to the earlier
 // round), or with top_k = 0 those above mean + std (population std); ascending round indices.

@@ -127,7 +127,7 @@ export const RoundsSpec = z
       .meta({ description: "L_w. Default: the model's calibrated watershed (none is known for SmolLM2-135M)" }),
     starts: z.array(z.number().int().min(0).max(MAX_TOKENS)).min(1).max(4096).optional().meta({
       description:
-        "First token of each round, from 0; the last is the current round. Default: one round per user message of a chat request",
+        "First token of each round, from 0; the last is the current round. Default for a chat request: the template's system part, then one round per user message",
     }),
     top_k: z
       .number()
@@ -135,9 +135,14 @@ export const RoundsSpec = z
       .min(0)
       .max(4096)
       .default(D.rounds.top_k)
-      .meta({ description: "Earlier rounds kept; 0 = adaptive, those above mean + std" }),
+      .meta({
+        description: "Earlier rounds kept besides round 0 (always kept, as is the current round); 0 = adaptive, those above mean + std",
+      }),
   })
-  .meta({ description: "Round Attention: whole earlier conversation rounds, picked at the watershed layer" });
+  .meta({
+    description:
+      "Round Attention: whole earlier conversation rounds, picked at the watershed layer by the question's attention; round 0 (a chat's system part) and the current round always",
+  });
 
 /** Each sub-object's schema, by its key (the key is also the kind that reads it alone). */
 export const POLICY_PART_SCHEMAS = {
