@@ -6,6 +6,7 @@ import { Readable } from "node:stream";
 import { errors, request, type Dispatcher } from "undici";
 
 import { CtxbankError } from "../../shared/inference/errors.ts";
+import { ApiError } from "../../shared/platform/http/errors.ts";
 
 /** Headers that describe one connection, not the request (RFC 9110 §7.6.1), and those undici sets itself. */
 const HOP_BY_HOP = new Set([
@@ -61,6 +62,18 @@ const CONNECT_CODES = new Set([
   "UND_ERR_CLOSED",
 ]);
 
+/** The decode took longer than --router-timeout-ms to start its answer: 504, not an internal error. */
+function answerTimeout(timeoutMs: number, cause: unknown): ApiError {
+  return new ApiError(
+    504,
+    "decode_timeout",
+    `the decode did not start its answer within ${timeoutMs} ms (--router-timeout-ms); a long queue or prompt may need a longer deadline, or stream: true`,
+    null,
+    undefined,
+    { cause },
+  );
+}
+
 function errorCode(err: unknown): string | undefined {
   for (let e: unknown = err; e instanceof Error; e = e.cause) {
     const code = (e as { code?: unknown }).code;
@@ -95,6 +108,8 @@ export async function forward(
     if (out.signal.aborted || err instanceof errors.RequestAbortedError) throw err;
     const code = errorCode(err);
     if (code) throw new Unreachable("connect", `${baseUrl}: ${code}`, err);
+    // The decode has the request and may be working on it: no other decode is tried.
+    if (err instanceof errors.HeadersTimeoutError) throw answerTimeout(out.timeoutMs, err);
     throw err;
   }
   if (res.statusCode === 503) {
@@ -114,6 +129,7 @@ export async function forward(
     await res.body.dump();
     return new Response(null, { status: res.statusCode, headers: answerHeaders(res.headers) });
   }
+  // A gap between body bytes past the deadline ends the stream with an error (the status is sent).
   const body = Readable.toWeb(res.body) as ReadableStream<Uint8Array>;
   return new Response(body, { status: res.statusCode, headers: answerHeaders(res.headers) });
 }

@@ -55,7 +55,7 @@ export async function startRouter(config: Config): Promise<RunningRouter> {
       registry,
       policy: config.routerPolicy,
       imbalance: config.routerImbalance,
-      timeoutMs: config.requestTimeoutMs,
+      timeoutMs: config.routerTimeoutMs,
       log,
     });
     const app = buildRouterApp({

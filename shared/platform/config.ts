@@ -148,6 +148,12 @@ export const ConfigSchema = z.object({
   /** Router: kv = by where each request's KV is, then load; round_robin = one decode after another (a baseline). */
   routerPolicy: z.enum(["kv", "round_robin"]).default("kv"),
   routerImbalance: int(0, 1_000_000).default(8),
+  /**
+   * Router: how long a decode may take to start its answer (a non-streamed one comes whole, after
+   * the queue, the prefill and every token) and then between body bytes; past it the client gets
+   * 504 deadline_exceeded. Not --request-timeout-ms, which bounds receiving the client's request.
+   */
+  routerTimeoutMs: ms.default(30 * 60_000),
   maxBodyBytes: bytes.default(4 * MiB),
   /**
    * How decode reads chunks: auto = shm on the owner's host, else UCX when the owner publishes a
@@ -377,6 +383,11 @@ export const SETTINGS: Record<Key, { flag: string; env: string[]; help: string }
     flag: "router-imbalance",
     env: ["CTXBANK_ROUTER_IMBALANCE"],
     help: "router: requests a session's holder may have beyond the least loaded decode (default 8)",
+  },
+  routerTimeoutMs: {
+    flag: "router-timeout-ms",
+    env: ["CTXBANK_ROUTER_TIMEOUT_MS"],
+    help: "router: how long a decode may take to start its answer, and then between bytes, before a 504 (default 1 800 000)",
   },
   maxBodyBytes: { flag: "max-body-bytes", env: ["CTXBANK_MAX_BODY_BYTES"], help: "largest request body (then 413)" },
   transport: {

@@ -129,15 +129,9 @@ export const RoundsSpec = z
       description:
         "First token of each round, from 0; the last is the current round. Default for a chat request: the template's system part, then one round per user message",
     }),
-    top_k: z
-      .number()
-      .int()
-      .min(0)
-      .max(4096)
-      .default(D.rounds.top_k)
-      .meta({
-        description: "Earlier rounds kept besides round 0 (always kept, as is the current round); 0 = adaptive, those above mean + std",
-      }),
+    top_k: z.number().int().min(0).max(4096).default(D.rounds.top_k).meta({
+      description: "Earlier rounds kept besides round 0 (always kept, as is the current round); 0 = adaptive, those above mean + std",
+    }),
   })
   .meta({
     description:

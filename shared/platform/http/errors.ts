@@ -46,6 +46,7 @@ export const HTTP_STATUS = {
   not_ready: 503,
   draining: 503,
   prefill_timeout: 504, // the prefill call ran past its deadline
+  decode_timeout: 504, // the router: the decode did not start its answer within --router-timeout-ms
   // The inference library (shared/inference).
   empty_prompt: 400,
   invalid_prompt: 400, // a prompt token id outside the vocabulary
@@ -147,6 +148,7 @@ export const API_ERROR_CODES = [
   "not_ready",
   "draining",
   "prefill_timeout",
+  "decode_timeout",
   "unknown_shard",
   "stale_epoch",
   "out_of_range",
