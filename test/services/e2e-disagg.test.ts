@@ -135,7 +135,7 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
       policy: scope,
     });
     expect(res.status, JSON.stringify(res.body)).toBe(200);
-    expect(res.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(res.body.ctxbank.handoff).toEqual({ path: "shard", bytes: expect.any(Number) });
     expect(res.body.choices[0].text).toBe(tok.decode(pooled.filter((id) => !tok.isEog(id))));
 
     const p = await postJson(`${prefill.url}/v1/prefill`, { prompt: LONG, policy: exp, max_tokens: n });
@@ -143,7 +143,7 @@ describe("prefill and decode in separate processes over PostgreSQL 15", () => {
     expect((p.body as Handle).prompt_state).toBeDefined();
     const d = await postJson(`${viaHttp.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
     expect(d.status, JSON.stringify(d.body)).toBe(200);
-    expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(d.body.ctxbank.handoff).toEqual({ path: "shard", bytes: expect.any(Number) });
     expect(d.body.token_ids).toEqual(await withPolicy(ids, resolved(exp), n));
   });
 

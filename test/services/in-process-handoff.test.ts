@@ -86,7 +86,7 @@ describe("serve: the KV handoff in process", () => {
     expect(d.status, JSON.stringify(d.body)).toBe(200);
     expect(d.body.kv.transport).not.toBe("in_process");
     expect(d.body.kv.bytes).toBeGreaterThan(0);
-    expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(d.body.ctxbank.handoff).toEqual({ path: "shard", bytes: expect.any(Number) });
     expect(prefill.status().totals.bytes_written).toBeGreaterThan(before.prefill.bytes_written);
     expect(await transferBytes()).toBeGreaterThan(before.bytes);
     expect(handle.prompt_token_ids).toHaveLength(local.promptTokens);
@@ -129,7 +129,7 @@ describe("serve: the KV handoff in process", () => {
     expect(state.length).toBe(32 + nLayer * nHeadKv * (1 + 16 + 8) * 4);
     const d = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: n, temperature: 0 });
     expect(d.status, JSON.stringify(d.body)).toBe(200);
-    expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+    expect(d.body.ctxbank.handoff).toEqual({ path: "shard", bytes: expect.any(Number) });
     expect(d.body.token_ids).toEqual(withPool);
 
     // A handle without its prompt state: the whole prompt, and the answer says why.
@@ -200,7 +200,7 @@ describe("serve: the KV handoff in process", () => {
       expect((p.body as Handle).prompt_state).toBeDefined();
       const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: n, temperature: 0 });
       expect(d.status, JSON.stringify(d.body)).toBe(200);
-      expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+      expect(d.body.ctxbank.handoff).toEqual({ path: "shard", bytes: expect.any(Number) });
       expect(d.body.token_ids).toEqual(expected);
 
       const { prompt_state: _, ...stripped } = (await postJson(`${s.url}/v1/prefill`, { prompt: PROMPT, policy: spec, max_tokens: n }))
@@ -219,7 +219,7 @@ describe("serve: the KV handoff in process", () => {
       expect((p.body as Handle).prompt_state, JSON.stringify(policy)).toBeUndefined();
       const d = await postJson(`${s.url}/v1/decode`, { handle: p.body, max_tokens: 4, temperature: 0 });
       expect(d.status).toBe(200);
-      expect(d.body.ctxbank.handoff).toEqual({ path: "shard" });
+      expect(d.body.ctxbank.handoff).toEqual({ path: "shard", bytes: expect.any(Number) });
     }
   });
 
