@@ -147,3 +147,15 @@ export function startDecodeBeside(serve: RunningServices, overrides: Partial<Con
   };
   return startServices(config, { ...serve.rt, config });
 }
+
+/**
+ * The flags every process of a multi-process test shares: one thread, the test's PostgreSQL and
+ * shard directory, and, when given, heartbeats fast enough that a killed process is noticed in
+ * the test's time.
+ */
+export function clusterArgs(o: { databaseUrl: string; shardDir: string; heartbeat?: { everyMs: number; timeoutMs: number } }): string[] {
+  const heartbeat = o.heartbeat
+    ? ["--heartbeat-ms", String(o.heartbeat.everyMs), "--heartbeat-timeout-ms", String(o.heartbeat.timeoutMs)]
+    : [];
+  return ["--threads", "1", "--database-url", o.databaseUrl, "--shard-dir", o.shardDir, ...heartbeat];
+}

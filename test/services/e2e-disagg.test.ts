@@ -19,6 +19,7 @@ import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
 import { startService, tempShardDir, type ServiceProcess } from "../../tools/lib/services.ts";
 import { ucxAvailable } from "../../services/handoff/transport/ucx.ts";
 import { postJson } from "../harness/http.ts";
+import { clusterArgs } from "../harness/serve.ts";
 
 const UCX = ucxAvailable();
 if (!UCX) console.warn("[e2e-disagg] the UCX decode is skipped: the UCX transport addon is not built");
@@ -34,18 +35,7 @@ let model: LoadedModel;
 let tok: GgufTokenizer;
 let tmpl: ChatTemplate;
 
-const common = () => [
-  "--threads",
-  "1",
-  "--database-url",
-  pg.url,
-  "--shard-dir",
-  shards.dir,
-  "--heartbeat-ms",
-  "500",
-  "--heartbeat-timeout-ms",
-  "3000",
-];
+const common = () => clusterArgs({ databaseUrl: pg.url, shardDir: shards.dir, heartbeat: { everyMs: 500, timeoutMs: 3000 } });
 // A long prompt spans several 64-token blocks, so several chunks are handed over.
 const LONG = "In a quiet village by the sea, the fishermen rose before dawn to mend their nets. ".repeat(4);
 const PROMPTS = ["Once upon a time", "The capital of Italy is", LONG, "1, 2, 3, 4,"];

@@ -15,6 +15,7 @@ import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
 import { startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../../tools/lib/services.ts";
 import { postJson } from "../harness/http.ts";
 import { argmax } from "../harness/logits.ts";
+import { clusterArgs } from "../harness/serve.ts";
 
 let pgServer: TestPostgres;
 let db: pg.Client;
@@ -28,18 +29,7 @@ const extra: ServiceProcess[] = [];
 let engine: Engine;
 let tok: GgufTokenizer;
 
-const common = () => [
-  "--threads",
-  "1",
-  "--database-url",
-  pgServer.url,
-  "--shard-dir",
-  shards.dir,
-  "--heartbeat-ms",
-  "500",
-  "--heartbeat-timeout-ms",
-  "3000",
-];
+const common = () => clusterArgs({ databaseUrl: pgServer.url, shardDir: shards.dir, heartbeat: { everyMs: 500, timeoutMs: 3000 } });
 const startPrefill = (id: string, pauseMs: number) =>
   startService("prefill", [...common(), "--block-tokens", "64", "--instance-id", id], { CTXBANK_FAULT_PAUSE: `prefill.last:${pauseMs}` });
 // Four 64-token blocks or so: several chunks stream before the last one.

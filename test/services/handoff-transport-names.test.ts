@@ -17,6 +17,7 @@ import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
 import { startService, tempShardDir, TEST_INTERNAL_SECRET, type ServiceProcess } from "../../tools/lib/services.ts";
 import { parseProm } from "../harness/prom.ts";
 import { postJson } from "../harness/http.ts";
+import { clusterArgs } from "../harness/serve.ts";
 
 const TRANSPORTS: Array<"shm" | "http" | "ucx"> = ["shm", "http", ...(ucxAvailable() ? (["ucx"] as const) : [])];
 if (!ucxAvailable()) console.warn("[handoff-transport-names] the UCX case is skipped: the UCX transport addon is not built");
@@ -32,12 +33,7 @@ let rt: Runtime;
 beforeAll(async () => {
   [pg, shards] = await Promise.all([startPostgres(), tempShardDir()]);
   prefill = await startService("prefill", [
-    "--threads",
-    "1",
-    "--database-url",
-    pg.url,
-    "--shard-dir",
-    shards.dir,
+    ...clusterArgs({ databaseUrl: pg.url, shardDir: shards.dir }),
     "--block-tokens",
     "64",
     "--instance-id",

@@ -13,6 +13,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { newApiKey } from "../../shared/platform/auth/api-keys.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
 import { getJson, startService, tempShardDir, until, type ServiceProcess } from "../../tools/lib/services.ts";
+import { clusterArgs } from "../harness/serve.ts";
+import { chainThreeResponses } from "../harness/responses.ts";
 
 const alice = newApiKey("alice", { rate: 0, concurrency: 0 });
 const bob = newApiKey("bob", { rate: 0, concurrency: 0 });
@@ -35,18 +37,7 @@ beforeAll(async () => {
   [pg, shards] = await Promise.all([startPostgres(), tempShardDir()]);
   sessionDirs = await Promise.all([0, 1].map(() => mkdtemp(path.join(tmpdir(), "ctxbank-sessions-"))));
   const env = { CTXBANK_API_KEYS: [alice.line, bob.line, carol.line].join("\n") };
-  const common = [
-    "--threads",
-    "1",
-    "--database-url",
-    pg.url,
-    "--shard-dir",
-    shards.dir,
-    "--heartbeat-ms",
-    "300",
-    "--heartbeat-timeout-ms",
-    "2000",
-  ];
+  const common = clusterArgs({ databaseUrl: pg.url, shardDir: shards.dir, heartbeat: { everyMs: 300, timeoutMs: 2000 } });
   prefills.push(
     ...(await Promise.all(["prefill-a", "prefill-b"].map((id) => startService("prefill", [...common, "--instance-id", id], env)))),
   );
@@ -212,21 +203,7 @@ describe("the router sends each turn where its KV is", () => {
 
   it("the official client chains three Responses through the router, each turn reusing the stored KV on its holder", async () => {
     const client = new OpenAI({ baseURL: `${router.url}/v1`, apiKey: alice.key, maxRetries: 0 });
-    const r1 = await client.responses.create({ model: "default", input: "Name a large animal.", max_output_tokens: 16, temperature: 0 });
-    const r2 = await client.responses.create({
-      model: "default",
-      input: "Where does it live?",
-      previous_response_id: r1.id,
-      max_output_tokens: 16,
-      temperature: 0,
-    });
-    const r3 = await client.responses.create({
-      model: "default",
-      input: "What does it eat?",
-      previous_response_id: r2.id,
-      max_output_tokens: 16,
-      temperature: 0,
-    });
+    const [r1, r2, r3] = await chainThreeResponses(client);
     expect(r1.usage?.input_tokens_details.cached_tokens).toBe(0);
     for (const [prev, r] of [
       [r1, r2],

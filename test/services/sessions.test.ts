@@ -10,6 +10,7 @@ import { getJson } from "../../tools/lib/services.ts";
 import { scrape } from "../harness/prom.ts";
 import { postJson } from "../harness/http.ts";
 import { type ServeProcess, startServeProcess } from "../harness/serve.ts";
+import { chainThreeResponses } from "../harness/responses.ts";
 
 const alice = newApiKey("alice", { rate: 0, concurrency: 0 });
 const bob = newApiKey("bob", { rate: 0, concurrency: 0 });
@@ -106,23 +107,9 @@ describe("sessions", () => {
 
   it("the Responses API chains turns with the official client, each reusing the stored KV", async () => {
     const client = new OpenAI({ baseURL: `${svc.url}/v1`, apiKey: alice.key });
-    const r1 = await client.responses.create({ model: "default", input: "Name a large animal.", max_output_tokens: 16, temperature: 0 });
+    const [r1, r2, r3] = await chainThreeResponses(client);
     expect(r1.output_text.length).toBeGreaterThan(0);
     expect(r1.usage?.input_tokens_details.cached_tokens).toBe(0);
-    const r2 = await client.responses.create({
-      model: "default",
-      input: "Where does it live?",
-      previous_response_id: r1.id,
-      max_output_tokens: 16,
-      temperature: 0,
-    });
-    const r3 = await client.responses.create({
-      model: "default",
-      input: "What does it eat?",
-      previous_response_id: r2.id,
-      max_output_tokens: 16,
-      temperature: 0,
-    });
     for (const r of [r2, r3]) {
       expect(r.usage!.input_tokens_details.cached_tokens).toBeGreaterThan(0);
       expect(r.usage!.input_tokens_details.cached_tokens).toBeLessThan(r.usage!.input_tokens);
