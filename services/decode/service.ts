@@ -36,7 +36,7 @@ import { RequestOutcomes } from "../request-outcomes.ts";
 import { SessionDisk } from "../sessions/session-disk.ts";
 import { SessionStore } from "../sessions/session-store.ts";
 import { messageHashes, promptMessages, type HashedMessage } from "../sessions/message-hashes.ts";
-import { kvShape } from "../handoff/index.ts";
+import { checkPickedRounds, kvShape } from "../handoff/index.ts";
 import { placePrefill, prefillLocally, type LocalPrompt, type Placement } from "./local-prefill.ts";
 import { DecodeScheduler } from "./scheduler.ts";
 import { Slot } from "./slot.ts";
@@ -438,6 +438,7 @@ export class DecodeService {
       // start of a streamed load), else the one decodePolicy picks.
       const policy = handover.policy ?? this.decodePolicy(handle, opts, how.owned ?? false, maxTokens);
       const ran = resolvedSpec(policy);
+      checkPickedRounds(policy, handle); // a client's handle: refused before it is taken
       const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);

@@ -14,7 +14,7 @@ export { handleStreamResponse, type HandleProgress } from "./handle-stream.ts";
 export { fastChunkRoutes } from "./chunk-route.ts";
 export { chunkReadAuth } from "./chunk-auth.ts";
 export { KvLoadError } from "./reader.ts";
-export { roundsLayoutOf } from "./round-chunks.ts";
+export { checkPickedRounds, roundsLayoutOf } from "./round-chunks.ts";
 // The chunk format (docs/kv-format.md), for KV kept elsewhere than in a shard (a session's on disk).
 export { chunkByteLength, chunkHeaderSize, decodeChunkHeader, type ChunkMeta } from "./format/chunk.ts";
 export { exportChunk, importVerifiedChunk, kvShape, tokenBlocks, type KvShape } from "./format/seq-io.ts";

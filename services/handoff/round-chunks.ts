@@ -1,12 +1,13 @@
 // Round Attention across the handoff (docs/algorithms.md, docs/kv-format.md): which of a prompt's
 // chunks a decode loads under a `rounds` policy. The layers up to the watershed attend every
 // token, so their chunks always move; above it a decode attends only the rounds the prefill picked
-// where the prompt ended (engine.pickRounds, the handle's `rounds_pick`) and the current round, so
+// where the prompt ended (engine.pickRounds, the handle's `rounds_picked`) and the current round, so
 // the other rounds' chunks for those layers stay in the prefill's shard. A chunk never spans two
 // rounds (roundBlocks): a round moves whole or not at all. The decode decides, from its own
 // policy: one that does not run the very policy the pick was made under loads every chunk.
 import { isDeepStrictEqual } from "node:util";
 import { resolvedSpec, type ResolvedPolicy } from "../../shared/inference/policy/request.ts";
+import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { Handle } from "../../shared/platform/http/wire.ts";
 import type { BlockRange } from "./format/seq-io.ts";
 
@@ -95,11 +96,25 @@ export function leftOutOf(layout: RoundsLayout, nTokens: number, picked: readonl
   const earlier = bounds.length - 1;
   picked.forEach((r, i) => {
     if (!Number.isInteger(r) || r < 0 || r >= earlier || (i > 0 && r <= picked[i - 1]!))
-      throw new RangeError(`rounds_pick.rounds must be ascending indices of the ${earlier} rounds before the current one`);
+      throw new RangeError(`rounds_picked must be ascending indices of the ${earlier} rounds before the current one`);
   });
   const ranges: BlockRange[] = [];
   for (let r = 0; r < earlier; r++) if (!picked.includes(r)) ranges.push({ tokenStart: bounds[r]!, tokenEnd: bounds[r + 1]! });
   return { aboveLayer: layout.watershedLayer, ranges };
+}
+
+/**
+ * Checks a handle's pick where a decode running `policy` would use it (pickFor), before the
+ * handle is taken: ApiError 400 when it is not ascending indices of the prompt's earlier rounds.
+ */
+export function checkPickedRounds(policy: ResolvedPolicy, handle: PickedHandle & Pick<Handle, "prompt_tokens">): void {
+  const picked = pickFor(policy, handle);
+  if (!picked) return;
+  try {
+    leftOutOf(roundsLayoutOf(policy)!, handle.prompt_tokens, picked);
+  } catch (e) {
+    throw new ApiError(400, "invalid_request", `handle.${(e as Error).message}`, "handle.rounds_picked");
+  }
 }
 
 /** Tokens from 0 that every layer holds after a load that left `leftOut` behind: what a parked session may keep. */

@@ -344,4 +344,25 @@ describe("policies through the services", () => {
       expect(res.body.error.message).toMatch(message);
     }
   });
+
+  it("a client's handle naming rounds the prefill did not pick, or that are not earlier rounds, is a 400 before any byte is read", async () => {
+    const messages = [
+      { role: "user", content: "My locker code is 4711." },
+      { role: "assistant", content: "Noted." },
+      { role: "user", content: "Tell me about tides." },
+      { role: "assistant", content: "They follow the moon." },
+      { role: "user", content: "What is my locker code?" },
+    ];
+    const res = await postJson(`${s.url}/v1/prefill`, { messages, policy: { kind: "rounds", rounds: { watershed_layer: 12, top_k: 1 } } });
+    expect(res.status, JSON.stringify(res.body)).toBe(200);
+    const handle = res.body as Handle;
+    for (const rounds_picked of [[99], [2, 1]]) {
+      const out = await postJson(`${s.url}/v1/decode`, { handle: { ...handle, rounds_picked }, max_tokens: 4, temperature: 0 });
+      expect(out.status, JSON.stringify(rounds_picked)).toBe(400);
+      expect(out.body.error.code).toBe("invalid_request");
+      expect(out.body.error.message).toMatch(/handle.rounds_picked must be ascending indices of the 3 rounds before the current one/);
+    }
+    const ok = await postJson(`${s.url}/v1/decode`, { handle, max_tokens: 4, temperature: 0 });
+    expect(ok.status, JSON.stringify(ok.body)).toBe(200); // the handle itself was never consumed
+  });
 });
