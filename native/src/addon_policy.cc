@@ -205,6 +205,8 @@ Napi::Object policy_stats_to_js(Napi::Env env, const Sequence& seq) {
   // SCOPE prompt compression: prompt tokens kept, summed over the (layer, KV head) pools computed so far.
   o.Set("promptPoolTokens", st.prompt_pool_tokens);
   o.Set("decodeTokens", st.prompt_len < 0 ? 0 : seq.n_past() - st.prompt_len);
+  // Decode steps since the policy was set: the KV bytes their attention read, every layer.
+  o.Set("decodeKvBytesRead", static_cast<double>(seq.decode_keys_read * (seq.kv.row_pair_bytes() / seq.n_head_kv())));
   // OmniKV's per-layer roles and the filter layer (index into filterLayers) each sparse layer
   // follows; empty under other policies. The prefill groups its KV chunks by them.
   static const char* const kRoleNames[] = {"dense", "filter", "guard", "sparse"};

@@ -126,8 +126,8 @@ void Engine::probe_rows(int layer, const Slice& s, int t, AttnScratch& sc) {
 }
 
 // One decode token (ubatch row t) of a sparse-policy sequence, KV head g, over that head's key
-// list (all listed keys precede the token, so no causal mask; sparse policies never run on a
-// model with sliding-window layers, Sequence::set_policy): in one pass (flash_block) over the
+// list (all listed keys precede the token, so no causal mask; lists come only at global layers,
+// Engine::prepare_sparse): in one pass (flash_block) over the
 // list in blocks of kKeyBlock entries, so that a list of every key is dense attention, bit for
 // bit. A policy that reads the step's probabilities (SCOPE and H2O decide from them which tokens
 // later steps keep) gets them from whole score rows besides, as a probe does.

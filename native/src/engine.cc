@@ -110,18 +110,17 @@ void Sequence::set_policy(const AttentionPolicy& p) {
   std::unique_ptr<DecodePolicy> next = make_decode_policy(p);
   if (device_kv && !next->attends_everything())
     throw std::invalid_argument("the GPU backend runs full attention only for now (sparse decode policies run on the CPU engine)");
-  if (sliding_ && !next->attends_everything())
-    throw std::invalid_argument(std::string("policy '") + p.name() +
-                                "' cannot run on a model with sliding-window layers yet (its key choices ignore a layer's "
-                                "window): only 'full' runs on this model");
   const size_t packed = next->packed_rows() * kv.row_pair_bytes();
   if (device_budget > 0 && packed > device_budget)
     throw std::invalid_argument("omnikv: a budget of " + std::to_string(p.omnikv.budget) + " tokens needs " + std::to_string(packed >> 20) +
                                 " MiB of packed rows, more than the device arena's " + std::to_string(device_budget >> 20) + " MiB");
   kv.offload(next->host_groups());  // none: every layer back on the device
   policy = std::move(next);
+  decode_keys_read = 0;
   slots.reset();
-  if (reclaim && policy->reclaims()) slots = std::make_unique<KvSlots>(kv.n_layer(), n_head_kv_, kv.capacity(), kv.size());
+  // Not on a model with sliding-window layers: their decode steps attend by position (dense), so
+  // their rows cannot move (sparse.cc).
+  if (reclaim && policy->reclaims() && !sliding_) slots = std::make_unique<KvSlots>(kv.n_layer(), n_head_kv_, kv.capacity(), kv.size());
 }
 
 size_t Sequence::device_bytes(int n_tokens) const {

@@ -54,20 +54,24 @@ class Sequence {
   // is reserved, never touched, so it holds no memory) and stages exportRows/importRows.
   std::unique_ptr<DeviceKv> device_kv;
   int n_past() const { return kv.size(); }
+  int n_head_kv() const { return n_head_kv_; }
   // After the cache is rewound or replaced, decode-time selections start over.
   void reset_policy_state() { policy->reset(); }
   // Takes a validated policy; under OmniKV offload moves the sparse groups into the host bank
   // (and back when offload ends). Throws std::invalid_argument if its packed buffers alone
-  // would not fit the device budget, or if the policy is sparse and the model has sliding-window
-  // layers (the policies choose keys without regard to a layer's window).
+  // would not fit the device budget. On a model with sliding-window layers the policy acts on the
+  // global layers only (Engine::prepare_sparse).
   void set_policy(const AttentionPolicy& p);
   // Device bytes with n tokens stored: the device-tier KV plus the packed buffers at full budget.
   size_t device_bytes(int n_tokens) const;
   size_t device_budget = 0;  // EngineOptions::device_budget_bytes at creation; 0 = none
-  // Free the KV rows of evicted tokens for reuse (kv_slots.h) under policies that allow it; read
-  // by set_policy. Off: evicted tokens are only masked.
+  // Free the KV rows of evicted tokens for reuse (kv_slots.h) under policies that allow it, on
+  // models without sliding-window layers; read by set_policy. Off: evicted tokens are only masked.
   bool reclaim = false;
   std::unique_ptr<KvSlots> slots;  // set while reclaiming: every layer and head's position -> row
+  // Decode steps since the policy was set: (layer, KV head, key) triples attended, summed. Times
+  // row_pair_bytes() / n_head_kv, the KV bytes those steps read (the sliding layers' windows included).
+  uint64_t decode_keys_read = 0;
 
  private:
   int n_head_kv_;

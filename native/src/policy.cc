@@ -4,8 +4,19 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 
 namespace ctx {
+
+namespace {
+// "the global layers are 5, 11, 17", for messages.
+std::string global_layers(const ModelConfig& model) {
+  std::string out;
+  for (int l = 0; l < model.n_layer; ++l)
+    if (!model.layer_slides(l)) out += (out.empty() ? "" : ", ") + std::to_string(l);
+  return "the global layers are " + (out.empty() ? std::string("none") : out);
+}
+}  // namespace
 
 const char* AttentionPolicy::name() const {
   switch (kind) {
@@ -58,6 +69,9 @@ AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const Mode
     if (f < 0 || f >= L)
       throw std::invalid_argument("omnikv: filter layer " + std::to_string(f) + " is out of range [0, " + std::to_string(L) + ")");
     if (i > 0 && f <= cfg.filter_layers[i - 1]) throw std::invalid_argument("omnikv: filter layers must be strictly increasing");
+    if (model.layer_slides(f))
+      throw std::invalid_argument("omnikv: filter layer " + std::to_string(f) +
+                                  " is a sliding-window layer; filter layers must be global layers (" + global_layers(model) + ")");
   }
   if (cfg.budget <= 0) throw std::invalid_argument("omnikv: budget must be a positive number of tokens");
   if (!(cfg.lazy_iou >= 0.f && cfg.lazy_iou < 1.f)) throw std::invalid_argument("omnikv: lazy_iou must be in [0, 1)");
@@ -69,14 +83,23 @@ AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const Mode
   p.roles.assign(L, LayerRole::Sparse);
   p.group.assign(L, -1);
   for (int l = 0; l < cfg.filter_layers[0]; ++l) p.roles[l] = LayerRole::Dense;
+  // A sliding-window layer stays dense (its window is its budget): the selection acts on the
+  // global layers, and the guard is the first global layer after a filter layer.
   for (size_t i = 0; i < cfg.filter_layers.size(); ++i) {
     const int f = cfg.filter_layers[i];
     const int next = i + 1 < cfg.filter_layers.size() ? cfg.filter_layers[i + 1] : L;
     p.roles[f] = LayerRole::Filter;
+    bool guarded = !cfg.guard;
     for (int l = f + 1; l < next; ++l) {
-      const bool guard = cfg.guard && l == f + 1;
-      p.roles[l] = guard ? LayerRole::Guard : LayerRole::Sparse;
-      if (!guard) p.group[l] = static_cast<int>(i);
+      if (model.layer_slides(l)) {
+        p.roles[l] = LayerRole::Dense;
+      } else if (!guarded) {
+        p.roles[l] = LayerRole::Guard;
+        guarded = true;
+      } else {
+        p.roles[l] = LayerRole::Sparse;
+        p.group[l] = static_cast<int>(i);
+      }
     }
   }
   return p;
@@ -106,6 +129,12 @@ AttentionPolicy AttentionPolicy::make_omnikv_scope(const OmniKvConfig& o, const 
 }
 
 AttentionPolicy AttentionPolicy::make_rounds(const RoundsConfig& cfg, const ModelConfig& model) {
+  // Above the watershed a sliding layer would still attend its window, which reaches into rounds
+  // a handoff leaves unread (services/handoff/round-chunks.ts reads only the picked rounds).
+  if (model.any_layer_slides())
+    throw std::invalid_argument(
+        "rounds: not on a model with sliding-window layers yet (its sliding layers above the watershed need "
+        "the rows of rounds the pick leaves out)");
   if (cfg.watershed_layer < 0 || cfg.watershed_layer >= model.n_layer - 1)
     throw std::invalid_argument("rounds: watershed layer " + std::to_string(cfg.watershed_layer) + " must be in [0, " +
                                 std::to_string(model.n_layer - 1) + ") (a layer must follow it)");

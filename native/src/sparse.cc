@@ -1,6 +1,7 @@
 // The engine's side of decode policies (decode_policy.h): it asks each sequence's policy what to
 // attend at every layer, and serves the scores and softmax policies compute their choices from.
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include "engine.h"
@@ -9,17 +10,27 @@ namespace ctx {
 
 // Sets slice_keys_ for `layer`: prompt chunks let their policy observe the layer (remembered
 // queries); decode steps get their policy's key lists (not listed: the whole cache, the faster
-// dense path).
+// dense path). A sliding-window layer's decode steps attend their window whatever the policy:
+// the window already bounds what they read, so the policies choose keys on the global layers
+// only (OmniKV's filter layers are global ones: policy.cc).
 void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
   slice_keys_.assign(slices.size(), LayerKeys{});
+  const bool slides = config().layer_slides(layer);
   int t = 0;
   for (size_t i = 0; i < slices.size(); t += slices[i].count, ++i) {
     const PolicyStep step = policy_step(slices[i], t);
     DecodePolicy& policy = *slices[i].item->seq->policy;
-    if (step.prompt)
+    if (step.prompt) {
       policy.observe_prompt(layer, step);
+      continue;
+    }
+    if (!slides) slice_keys_[i] = policy.keys(layer, step);
+    uint64_t read = 0;
+    if (slice_keys_[i].listed())
+      for (const auto& head : *slice_keys_[i].heads) read += head.size();
     else
-      slice_keys_[i] = policy.keys(layer, step);
+      read = static_cast<uint64_t>(step.pos0 + 1 - first_key(layer, step.pos0)) * config().n_head_kv;
+    slices[i].item->seq->decode_keys_read += read;
   }
 }
 

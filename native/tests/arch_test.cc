@@ -6,8 +6,8 @@
 // - Model::load reads the switches from the metadata and refuses missing or inconsistent keys and
 //   tensors with a message naming them;
 // - the sparse decode policies run on a model whose query width differs from its embedding
-//   length, are refused on a model with sliding-window layers, and the CUDA backend refuses what
-//   it does not compute.
+//   length, act on the global layers of a model with sliding-window layers, and the CUDA backend
+//   refuses what it does not compute.
 // The comparison with llama.cpp itself is test/engine/arch-oracle.test.ts.
 #include <gtest/gtest.h>
 
@@ -568,25 +568,72 @@ TEST(ArchPolicies, SparsePoliciesRunWhereTheQueryWidthDiffersFromTheEmbedding) {
   EXPECT_EQ(st.selected[0], want);
 }
 
-// The policies choose keys without regard to a sliding layer's window, so they are refused on
-// such a model (the services answer 400 invalid_policy); full attention runs.
-TEST(ArchPolicies, SparsePoliciesAreRefusedOnSlidingWindowModels) {
-  const auto model = load_case(arch_cases()[3]);
+// On a model with sliding-window layers the policies act on the global layers; a sliding layer's
+// decode steps attend their window whatever the policy (Engine::prepare_sparse).
+TEST(ArchPolicies, SparsePoliciesActOnTheGlobalLayersOfSlidingWindowModels) {
+  const auto model = load_case(arch_cases()[4]);  // 4 layers: 0 and 2 slide (window 9), 1 and 3 are global
   const ModelConfig& m = model->config();
-  Sequence seq(m, 64);
+  ASSERT_TRUE(m.layer_slides(0) && !m.layer_slides(1) && m.layer_slides(2) && !m.layer_slides(3));
+  constexpr int kPrompt = 60, kSteps = 12;
+  const auto toks = prompt(kPrompt, m.n_vocab, 4);
+  const auto full = greedy(model, AttentionPolicy{}, toks, kSteps);
+
+  // Budgets that hold every token: full attention's tokens and logits, so the sliding layers kept
+  // their windows (a policy listing every key there would attend past them).
+  OmniKvConfig all_prompt = test::omnikv_config({1}, 256);
+  all_prompt.guard = false;
   for (const AttentionPolicy& p :
-       {AttentionPolicy::make_omnikv(test::omnikv_config({1}, 16), m), AttentionPolicy::make_scope(test::scope_config(8, 8, 16), m),
-        AttentionPolicy::make_streaming({4, 16}), AttentionPolicy::make_h2o({16, 4})}) {
+       {AttentionPolicy::make_omnikv(all_prompt, m), AttentionPolicy::make_scope(test::scope_config(64, 64, 12), m),
+        AttentionPolicy::make_streaming({4, 256}), AttentionPolicy::make_h2o({256, 16})}) {
     SCOPED_TRACE(p.name());
+    const auto got = greedy(model, p, toks, kSteps);
+    EXPECT_EQ(got.first, full.first);
+    EXPECT_LT(max_diff(got.second, full.second), 1e-5f);
+  }
+
+  // A small streaming budget: the global layers attend sinks + window, the sliding layers their
+  // window, as the keys read say; and the answer is no longer full attention's.
+  const StreamingConfig sc{2, 5};
+  Engine e(model, options(2, 512));
+  Sequence seq(m, 256);
+  seq.set_policy(AttentionPolicy::make_streaming(sc));
+  auto logits = run(e, seq, toks);
+  uint64_t want = 0;
+  for (int pos = kPrompt; pos < kPrompt + kSteps; ++pos) {
+    logits = run(e, seq, {argmax(logits)});
+    for (int l = 0; l < m.n_layer; ++l) want += m.layer_slides(l) ? std::min(pos + 1, m.sliding_window) : sc.sinks + sc.window;
+  }
+  EXPECT_EQ(seq.decode_keys_read, want * m.n_head_kv);
+  EXPECT_GT(max_diff(logits, full.second), 1e-3f);
+
+  // OmniKV's roles: sliding layers dense, the guard the first global layer after the filter layer.
+  OmniKvConfig guarded = test::omnikv_config({1}, 8);
+  const AttentionPolicy g = AttentionPolicy::make_omnikv(guarded, m);
+  EXPECT_EQ(g.roles, (std::vector<LayerRole>{LayerRole::Dense, LayerRole::Filter, LayerRole::Dense, LayerRole::Guard}));
+  guarded.guard = false;
+  const AttentionPolicy sparse = AttentionPolicy::make_omnikv(guarded, m);
+  EXPECT_EQ(sparse.roles, (std::vector<LayerRole>{LayerRole::Dense, LayerRole::Filter, LayerRole::Dense, LayerRole::Sparse}));
+  EXPECT_EQ(sparse.group, (std::vector<int>{-1, -1, -1, 0}));
+
+  // Refused: a filter layer that slides, and Round Attention (its handoff leaves sliding layers'
+  // windows unread).
+  auto refused = [&](auto make, const std::string& needle) {
     try {
-      seq.set_policy(p);
+      make();
       ADD_FAILURE() << "accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("sliding-window layers"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
-  }
-  seq.set_policy(AttentionPolicy{});
-  EXPECT_TRUE(seq.policy->attends_everything());
+  };
+  refused([&] { AttentionPolicy::make_omnikv(test::omnikv_config({2}, 8), m); },
+          "filter layer 2 is a sliding-window layer; filter layers must be global layers (the global layers are 1, 3)");
+  refused([&] { AttentionPolicy::make_rounds(test::rounds_config(1, {0, 20}, 1), m); }, "sliding-window layers");
+
+  // Reclaiming evicted rows stays off: the sliding layers' rows are read by position.
+  Sequence reclaiming(m, 256);
+  reclaiming.reclaim = true;
+  reclaiming.set_policy(AttentionPolicy::make_streaming(sc));
+  EXPECT_EQ(reclaiming.slots, nullptr);
 }
 
 // The CUDA backend computes Llama's forward pass only: it refuses any other model by the code

@@ -214,22 +214,51 @@ describe("architectures vs llama.cpp: random-weight GGUFs of each shape", () => 
   });
 });
 
-// The sparse decode policies choose keys without regard to a sliding layer's window: on such a
-// model they are refused as a policy the model cannot run (the services answer 400 invalid_policy).
+// On a model with sliding-window layers the sparse policies act on the global layers (a sliding
+// layer attends its window whatever the policy): with budgets that hold every token they give full
+// attention's greedy tokens; a filter layer that slides and Round Attention are refused as
+// policies the model cannot run (the services answer 400 invalid_policy).
 describe("decode policies on a model with sliding-window layers", () => {
-  it("full runs; omnikv, scope, streaming and h2o are refused with PolicyError", async () => {
+  it("run on the global layers; a sliding filter layer and rounds are refused with PolicyError", async () => {
     const path = join(dir, "gemma3-policies.gguf");
-    writeFileSync(path, tinyArchModel(CASES[3]!.model));
+    writeFileSync(path, tinyArchModel(CASES[3]!.model)); // layers 0-4 slide (window 24), 5 is global
     const engine = new Engine(await loadModel(path), { threads: 1 });
-    const seq = engine.createSequence(64);
-    engine.applyPolicy(seq, { kind: "full" });
-    const sparse: AttentionPolicy[] = [
-      { kind: "omnikv", omnikv: { filterLayers: [1], budget: 16 } },
-      { kind: "scope", scope: { beta1: 8, beta2: 8, maxOutput: 16 } },
-      { kind: "streaming", streaming: { sinks: 4, window: 16 } },
-      { kind: "h2o", h2o: { budget: 16, recent: 4 } },
+    const ids = promptIds(80, 3);
+    const greedy = async (policy: AttentionPolicy) => {
+      const seq = engine.createSequence(128);
+      try {
+        engine.applyPolicy(seq, policy);
+        const tokens = [argmax(await engine.prefill(seq, ids))];
+        for (let i = 0; i < 12; i++) tokens.push(argmax((await engine.decode([seq], [tokens.at(-1)!]))[0]!));
+        return { tokens, stats: seq.policyStats };
+      } finally {
+        seq.release();
+      }
+    };
+    const full = await greedy({ kind: "full" });
+    const whole: AttentionPolicy[] = [
+      { kind: "omnikv", omnikv: { filterLayers: [5], budget: 128 } },
+      { kind: "scope", scope: { beta1: 64, beta2: 64, maxOutput: 16 } },
+      { kind: "streaming", streaming: { sinks: 4, window: 128 } },
+      { kind: "h2o", h2o: { budget: 128, recent: 16 } },
     ];
-    for (const policy of sparse) {
+    for (const policy of whole) {
+      const got = await greedy(policy);
+      expect(got.tokens, policy.kind).toEqual(full.tokens);
+      expect(got.stats.decodeKvBytesRead, policy.kind).toBe(full.stats.decodeKvBytesRead);
+    }
+    // A small window on the global layer: each of the 12 decode steps reads the 5 sliding layers'
+    // 24 keys and the global layer's 4 sinks + 12 recent keys, K and V of one 32-wide head.
+    const small = await greedy({ kind: "streaming", streaming: { sinks: 4, window: 12 } });
+    const rowPair = 2 * 32 * 2;
+    expect(small.stats.decodeKvBytesRead).toBe(12 * (5 * 24 + 16) * rowPair);
+
+    const seq = engine.createSequence(64);
+    const refused: Array<[AttentionPolicy, string]> = [
+      [{ kind: "omnikv", omnikv: { filterLayers: [1], budget: 16 } }, "filter layer 1 is a sliding-window layer"],
+      [{ kind: "rounds", rounds: { watershedLayer: 4, starts: [0, 8], topK: 1 } }, "sliding-window layers"],
+    ];
+    for (const [policy, needle] of refused) {
       let error: unknown;
       try {
         engine.applyPolicy(seq, policy);
@@ -238,7 +267,7 @@ describe("decode policies on a model with sliding-window layers", () => {
       }
       expect(error, policy.kind).toBeInstanceOf(PolicyError);
       expect((error as PolicyError).code).toBe("invalid_policy");
-      expect((error as Error).message).toContain("sliding-window layers");
+      expect((error as Error).message).toContain(needle);
     }
     seq.release();
   });

@@ -59,6 +59,8 @@ export interface PolicyStats {
   /** SCOPE (generated tokens) or H2O (all tokens): tokens kept, summed over layers and KV heads. */
   decodePoolTokens: number;
   decodeTokens: number;
+  /** Decode steps since the policy was set: KV bytes their attention read (every layer, K and V). */
+  decodeKvBytesRead: number;
   /** SCOPE prompt compression: prompt tokens kept, summed over the (layer, KV head) pools. */
   promptPoolTokens: number;
   /** OmniKV: each layer's role; empty under other policies. */
