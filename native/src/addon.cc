@@ -185,6 +185,11 @@ class NativeModel : public Napi::ObjectWrap<NativeModel> {
     o.Set("rmsEps", c.rms_eps);
     o.Set("tiedOutput", c.tied_output);
     o.Set("kvBytesPerToken", static_cast<double>(c.kv_bytes_per_token()));
+    o.Set("slidingWindow", c.any_layer_slides() ? c.sliding_window : 0);
+    Napi::Array sliding = Napi::Array::New(info.Env());
+    for (int l = 0; l < c.n_layer; ++l)
+      if (c.layer_slides(l)) sliding.Set(sliding.Length(), l);
+    o.Set("slidingLayers", sliding);
     return o;
   }
   std::shared_ptr<Model> model_;
@@ -321,6 +326,18 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   Napi::Value HostBytes(const Napi::CallbackInfo& info) {
     return Napi::Number::New(info.Env(), static_cast<double>(seq_->kv.host_bytes_used()));
   }
+  // The cache's length, or a RangeError when a sliding-window layer's ring lacks the rows the
+  // next token's window needs (code "window_not_held": rolled back too far, or an import that did
+  // not cover each sliding layer's last window).
+  void set_size(Napi::Env env, const char* what, int n) {
+    try {
+      seq_->kv.set_size(n);
+    } catch (const std::invalid_argument& e) {
+      Napi::Error err = Napi::RangeError::New(env, std::string(what) + ": " + e.what());
+      err.Set("code", Napi::String::New(env, "window_not_held"));
+      throw err;
+    }
+  }
   // truncate(n): forget every token from n on (rollback, or reuse of a shared prefix).
   Napi::Value Truncate(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
@@ -329,7 +346,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     const double n = info[0].As<Napi::Number>().DoubleValue();
     if (n != static_cast<int>(n) || n < 0 || n > seq_->n_past())
       throw Napi::RangeError::New(env, "truncate: n must be an integer in [0, nPast]");
-    seq_->kv.set_size(static_cast<int>(n));
+    set_size(env, "truncate", static_cast<int>(n));
     seq_->reset_policy_state();
     return env.Undefined();
   }
@@ -342,7 +359,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     const double n = info[0].As<Napi::Number>().DoubleValue();
     if (n != static_cast<int>(n) || n < 0 || n > seq_->kv.capacity())
       throw Napi::RangeError::New(env, "setLength: n must be an integer in [0, capacity]");
-    seq_->kv.set_size(static_cast<int>(n));
+    set_size(env, "setLength", static_cast<int>(n));
     seq_->reset_policy_state();
     return env.Undefined();
   }
@@ -510,6 +527,8 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   Napi::Value Kv(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (seq_->device_kv) throw Napi::Error::New(env, "kvBuffer: this sequence's KV is in GPU memory; use exportRows/importRows");
+    if (seq_->kv.ring_rows() > 0)
+      throw Napi::Error::New(env, "kvBuffer: this sequence's sliding-window layers keep rings of rows; use exportRows/importRows");
     if (kv_buffer_.IsEmpty()) {
       auto* hold = new std::shared_ptr<Sequence>(seq_);
       Napi::ArrayBuffer ab = Napi::ArrayBuffer::New(
@@ -531,7 +550,8 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     Napi::Function f =
         DefineClass(env, "NativeEngine",
                     {InstanceMethod<&NativeEngine::CreateSequence>("createSequence"), InstanceMethod<&NativeEngine::Forward>("forward"),
-                     InstanceMethod<&NativeEngine::PickRounds>("pickRounds"), InstanceAccessor<&NativeEngine::Info>("info")});
+                     InstanceMethod<&NativeEngine::PickRounds>("pickRounds"), InstanceMethod<&NativeEngine::KvBytes>("kvBytes"),
+                     InstanceAccessor<&NativeEngine::Info>("info")});
     exports.Set("NativeEngine", f);
   }
 
@@ -593,7 +613,18 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("deviceDescription", engine_->device_description());
     o.Set("deviceWeightBytes", static_cast<double>(engine_->device() ? engine_->device()->weight_bytes() : 0));
     o.Set("weightBytesPerToken", static_cast<double>(engine_->weight_bytes_per_token()));
+    o.Set("ringRows", engine_->ring_rows());
     return o;
+  }
+  // kvBytes(nTokens): the KV bytes a sequence of this engine holds with n tokens (its sliding
+  // layers' rings at most), for admission before any sequence exists.
+  Napi::Value KvBytes(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "kvBytes(nTokens) needs a number");
+    const double n = info[0].As<Napi::Number>().DoubleValue();
+    if (!(n >= 0 && n <= (1 << 24) && n == static_cast<int>(n)))
+      throw Napi::RangeError::New(env, "kvBytes: nTokens must be an integer in [0, 2^24]");
+    return Napi::Number::New(env, static_cast<double>(engine_->kv_bytes(static_cast<int>(n))));
   }
 
   Napi::Value CreateSequence(const Napi::CallbackInfo& info) {

@@ -113,8 +113,10 @@ void Engine::probe_rows(int layer, const Slice& s, int t, AttnScratch& sc) {
   std::fill(out, out + n_keys, 0.f);
   float* rows = sc.scores.data();  // [group][n]
   for (int g = 0; g < c.n_head_kv; ++g) {
-    for (int k0 = k_lo; k0 < n_keys; k0 += kKeyBlock) {
-      const int nk = std::min(kKeyBlock, n_keys - k0);
+    // Blocks end at multiples of kKeyBlock, so none wraps around a sliding layer's ring.
+    for (int k0 = k_lo, k1; k0 < n_keys; k0 = k1) {
+      k1 = std::min(n_keys, (k0 / kKeyBlock + 1) * kKeyBlock);
+      const int nk = k1 - k0;
       k_.kv_to_f32(kv.k(layer, k0) + g * d, kv.ld(layer), nk, d, sc.kv.data());
       k_.attn_scores(&q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], group, sc.kv.data(), d, nk, d, c.attn_scale,
                      rows + (k0 - k_lo), n);

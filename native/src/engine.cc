@@ -90,10 +90,23 @@ Engine::~Engine() = default;
 std::string Engine::device_description() const { return device_ ? device_->description() : std::string("CPU, ") + k_.name + " kernels"; }
 
 std::shared_ptr<Sequence> Engine::create_sequence(int capacity) const {
-  auto seq = std::make_shared<Sequence>(config(), capacity);
+  auto seq = std::make_shared<Sequence>(config(), capacity, opts_.ubatch);  // rings of ring_rows()
   seq->device_budget = opts_.device_budget_bytes;
   if (device_) seq->device_kv = device_->create_kv(capacity);
   return seq;
+}
+
+int Engine::ring_rows() const {
+  const ModelConfig& c = config();
+  return c.any_layer_slides() ? KvRing::rows_for(c.sliding_window, opts_.ubatch) : 0;
+}
+
+size_t Engine::kv_bytes(int n_tokens) const {
+  const ModelConfig& c = config();
+  const int ring = ring_rows();
+  size_t rows = 0;
+  for (int l = 0; l < c.n_layer; ++l) rows += static_cast<size_t>(ring > 0 && c.layer_slides(l) ? std::min(n_tokens, ring) : n_tokens);
+  return rows * 2 * c.kv_dim() * sizeof(uint16_t);
 }
 
 size_t Engine::weight_bytes_per_token() const {
@@ -127,7 +140,7 @@ size_t Sequence::device_bytes(int n_tokens) const {
   const size_t device_layers = static_cast<size_t>(kv.n_layer() - kv.banked_layers());
   if (slots)  // the rows touched, and a new one per layer for each token to come (at most)
     return kv.row_pair_bytes() * (slots->rows_touched() + static_cast<size_t>(n_tokens - n_past()) * device_layers);
-  return kv.row_pair_bytes() * (static_cast<size_t>(n_tokens) * device_layers + policy->packed_rows());
+  return kv.device_bytes_at(n_tokens) + kv.row_pair_bytes() * policy->packed_rows();
 }
 
 void Engine::validate(const std::vector<BatchItem>& items) const {
@@ -143,6 +156,11 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
       throw std::invalid_argument(it.probe ? "forward: attention probes run on the CPU engine only"
                                            : "forward: the sequence was not created by this GPU engine");
     if (!device_ && it.seq->device_kv) throw std::invalid_argument("forward: a GPU sequence on a CPU engine");
+    const int ring = it.seq->kv.ring_rows();
+    if (ring > 0 && ring < KvRing::rows_for(c.sliding_window, std::min(opts_.ubatch, it.n_tokens)))
+      throw std::invalid_argument("forward: the sequence's sliding-window rings hold " + std::to_string(ring) +
+                                  " rows, too few for the window plus this engine's micro-batch of " + std::to_string(opts_.ubatch) +
+                                  " (make the sequence with this engine)");
     if (it.seq->n_past() + it.n_tokens > limit)
       throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) + " tokens exceed the context limit of " +
                                   std::to_string(limit) + (limit == max_ctx_ ? " (model context)" : " (sequence capacity)"));
@@ -438,7 +456,10 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
     for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];
   }
 
-  for (const Slice& s : slices) s.item->seq->kv.set_size(s.pos0 + s.count);
+  for (const Slice& s : slices) {
+    s.item->seq->kv.wrote(s.pos0, s.pos0 + s.count);
+    s.item->seq->kv.set_size(s.pos0 + s.count);
+  }
 
   // Logits (or only the greedy token) for the items whose last token is in this micro-batch,
   // kLogitRows at a time so the output matrix is read once per group.

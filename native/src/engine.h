@@ -43,8 +43,10 @@ struct EngineOptions {
 
 class Sequence {
  public:
-  Sequence(const ModelConfig& c, int capacity)
-      : kv(c.n_layer, c.kv_dim(), capacity),
+  // `ubatch`: the largest micro-batch of the engines that will run it (the rings of sliding-window
+  // layers hold the window plus one: KvRing::rows_for).
+  Sequence(const ModelConfig& c, int capacity, int ubatch = 512)
+      : kv(c.n_layer, c.kv_dim(), capacity, KvRing{c.slides, c.sliding_window, KvRing::rows_for(c.sliding_window, ubatch)}),
         policy(make_decode_policy(AttentionPolicy{})),
         n_head_kv_(c.n_head_kv),
         sliding_(c.any_layer_slides()) {}
@@ -151,6 +153,11 @@ class Engine : private PolicyBackend {
   DeviceBackend* device() const { return device_.get(); }
   // A sequence for this engine (with its GPU cache on a GPU engine).
   std::shared_ptr<Sequence> create_sequence(int capacity) const;
+  // Rows of each sliding-window layer's ring in this engine's sequences (0: the model has none).
+  int ring_rows() const;
+  // KV bytes a sequence of this engine holds with n tokens stored (every global layer's n rows,
+  // each sliding layer's ring at most).
+  size_t kv_bytes(int n_tokens) const;
   // Bytes of weights a one-token forward pass reads: every layer's matrices and the output matrix
   // in the layout the kernels read (the embedding row and the norm vectors are left out).
   size_t weight_bytes_per_token() const;
@@ -239,7 +246,7 @@ class Engine : private PolicyBackend {
   // Attention works on blocks of query tokens against blocks of keys.
   static constexpr int kSmallBatch = 4;  // micro-batches this small run on n_threads_decode
   static constexpr int kQueryBlock = 16;
-  static constexpr int kKeyBlock = 64;
+  static constexpr int kKeyBlock = kKvBlockRows;  // a ring of rows never splits one (kv_cache.h)
   std::vector<QueryBlock> qblocks_;
   std::vector<AttnTask> attn_tasks_;
   // Per slice, for the current layer: what its decode step attends (not listed: everything).

@@ -38,9 +38,33 @@ void* map_kv(size_t bytes) {
 }
 }  // namespace
 
-KvCache::KvCache(int n_layer, int kv_dim, int capacity) : n_layer_(n_layer), kv_dim_(kv_dim), capacity_(capacity) {
+KvCache::KvCache(int n_layer, int kv_dim, int capacity, const KvRing& ring)
+    : n_layer_(n_layer), kv_dim_(kv_dim), capacity_(capacity), ring_(ring) {
   if (n_layer <= 0 || kv_dim <= 0 || capacity <= 0) throw std::invalid_argument("kv cache: dimensions must be positive");
-  bytes_ = static_cast<size_t>(n_layer) * 2 * capacity * kv_dim * sizeof(uint16_t);
+  if (!ring_.layers.empty() && ring_.layers.size() != static_cast<size_t>(n_layer))
+    throw std::invalid_argument("kv cache: the ring names " + std::to_string(ring_.layers.size()) + " layers, the cache has " +
+                                std::to_string(n_layer));
+  const bool any_ring = std::find(ring_.layers.begin(), ring_.layers.end(), true) != ring_.layers.end();
+  if (!any_ring || ring_.rows >= capacity) {
+    ring_ = KvRing{};  // every row fits: no ring
+  } else if (ring_.window < 1 || ring_.rows < ring_.window || ring_.rows % kKvBlockRows != 0) {
+    throw std::invalid_argument("kv cache: a ring of " + std::to_string(ring_.rows) + " rows for a window of " +
+                                std::to_string(ring_.window) + " (it must hold the window, in whole blocks of " +
+                                std::to_string(kKvBlockRows) + ")");
+  }
+  rows_.assign(n_layer, capacity);
+  ring_of_.assign(n_layer, -1);
+  offset_.resize(n_layer);
+  bytes_ = 0;
+  for (int l = 0; l < n_layer; ++l) {
+    if (ring_.rows > 0 && ring_.layers[l]) {
+      rows_[l] = ring_.rows;
+      ring_of_[l] = static_cast<int>(tags_.size());
+      tags_.emplace_back(ring_.rows, -1);
+    }
+    offset_[l] = bytes_ / sizeof(uint16_t);
+    bytes_ += layer_bytes(l);
+  }
   void* p = KvPool::instance().take(bytes_);  // zeroed, its pages mostly resident
   if (p == nullptr) p = map_kv(bytes_);
   if (p == MAP_FAILED)
@@ -66,12 +90,25 @@ void KvCache::release() {
   else
     madvise(base_, bytes_, MADV_DONTNEED);
   for (const Bank& b : banks_) madvise(b.base, b.bytes, MADV_DONTNEED);
+  for (auto& tags : tags_) std::fill(tags.begin(), tags.end(), -1);
   size_ = 0;
 }
 
+size_t KvCache::device_bytes_at(int n) const {
+  size_t rows = 0;
+  for (int l = 0; l < n_layer_; ++l)
+    if (bank_of_[l] < 0) rows += static_cast<size_t>(std::min(n, rows_[l]));
+  return rows * row_pair_bytes();
+}
+
+void KvCache::wrote(int from, int to) {
+  for (auto& tags : tags_)
+    for (int t = std::max(from, to - ring_.rows); t < to; ++t) tags[t % ring_.rows] = t;
+}
+
 void KvCache::move_rows(int layer, bool to_bank) {
-  uint16_t* dev_k = base_ + layer_offset(layer);
-  uint16_t* dev_v = dev_k + static_cast<size_t>(capacity_) * kv_dim_;
+  uint16_t* dev_k = base_ + offset_[layer];
+  uint16_t* dev_v = dev_k + static_cast<size_t>(capacity_) * kv_dim_;  // (no ring: rows_ = capacity)
   const size_t row = static_cast<size_t>(kv_dim_) * sizeof(uint16_t);
   for (int t = 0; t < size_; ++t) {
     uint16_t* dk = dev_k + static_cast<size_t>(t) * kv_dim_;
@@ -92,6 +129,7 @@ void KvCache::offload(const std::vector<std::vector<int>>& groups) {
     if (g.empty()) throw std::invalid_argument("kv cache: an offload group is empty");
     for (int l : g) {
       if (l < 0 || l >= n_layer_ || seen[l]) throw std::invalid_argument("kv cache: offload groups must hold distinct layers of the model");
+      if (in_ring(l)) throw std::invalid_argument("kv cache: layer " + std::to_string(l) + " keeps a ring of rows; it cannot be offloaded");
       seen[l] = true;
     }
   }
@@ -120,7 +158,7 @@ void KvCache::offload(const std::vector<std::vector<int>>& groups) {
   for (int l = 0; l < n_layer_; ++l)
     if (bank_of_[l] >= 0) {
       move_rows(l, true);
-      release_pages(base_ + layer_offset(l), 2 * layer_bytes());
+      release_pages(base_ + offset_[l], layer_bytes(l));
     }
 }
 
@@ -155,30 +193,35 @@ std::vector<KvCache::RowSpan> KvCache::row_spans() const {
   const size_t row = static_cast<size_t>(kv_dim_) * sizeof(uint16_t);
   for (int l = 0; l < n_layer_; ++l)
     if (bank_of_[l] < 0) {
-      spans.push_back({reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(k(l))), row, row});
-      spans.push_back({reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(v(l))), row, row});
+      spans.push_back({reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(k(l))), row, row, rows_[l]});
+      spans.push_back({reinterpret_cast<uint8_t*>(const_cast<uint16_t*>(v(l))), row, row, rows_[l]});
     }
   for (const Bank& b : banks_) {
     const size_t run = static_cast<size_t>(b.n_layers) * row_pair_bytes();
-    spans.push_back({reinterpret_cast<uint8_t*>(b.base), run, run});
+    spans.push_back({reinterpret_cast<uint8_t*>(b.base), run, run, capacity_});
   }
   return spans;
 }
 
 bool KvCache::prefault(const std::vector<RowSpan>& spans, int from, int to, uint32_t gen) const {
   static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  // Rows [t0, t1) of a span. EINVAL: no MADV_POPULATE_WRITE here. ENOMEM/EFAULT: the span went
+  // away meanwhile (the JS thread offloaded or restored; were its addresses mapped again, their
+  // pages would be committed early, nothing worse); a later span still may be valid.
+  auto populate = [&](const RowSpan& s, int t0, int t1) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(s.base + t0 * s.token_bytes) / page * page;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(s.base + (t1 - 1) * s.token_bytes + s.row_bytes);
+    return !(madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0 && errno == EINVAL);
+  };
+  if (std::max(from, 0) >= std::min(to, capacity_)) return true;
+  for (const RowSpan& s : spans)  // a ring is small: all of it at once
+    if (s.rows < capacity_ && !populate(s, 0, s.rows)) return false;
   constexpr int kBlock = 256;  // tokens per step: fine enough to stay just ahead of an import
   for (int t0 = std::max(from, 0); t0 < std::min(to, capacity_); t0 += kBlock) {
     if (generation() != gen) return true;
     const int t1 = std::min({t0 + kBlock, to, capacity_});
-    for (const RowSpan& s : spans) {
-      const uintptr_t begin = reinterpret_cast<uintptr_t>(s.base + t0 * s.token_bytes) / page * page;
-      const uintptr_t end = reinterpret_cast<uintptr_t>(s.base + (t1 - 1) * s.token_bytes + s.row_bytes);
-      // EINVAL: no MADV_POPULATE_WRITE here. ENOMEM/EFAULT: the span went away meanwhile (the
-      // JS thread offloaded or restored; were its addresses mapped again, their pages would be
-      // committed early, nothing worse); a later span still may be valid.
-      if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) != 0 && errno == EINVAL) return false;
-    }
+    for (const RowSpan& s : spans)
+      if (s.rows == capacity_ && !populate(s, t0, t1)) return false;
   }
   return true;
 }
@@ -186,6 +229,18 @@ bool KvCache::prefault(const std::vector<RowSpan>& spans, int from, int to, uint
 void KvCache::set_size(int n) {
   if (n < 0 || n > capacity_)
     throw std::out_of_range("kv cache: size " + std::to_string(n) + " outside capacity " + std::to_string(capacity_));
+  // The next token, at position n, attends the window - 1 positions before it on a ring layer.
+  for (int l = 0; l < n_layer_ && !tags_.empty(); ++l)
+    for (int t = std::max(0, n - ring_.window + 1); t < n && in_ring(l); ++t)
+      if (!holds(l, t))
+        throw std::invalid_argument("kv cache: sliding-window layer " + std::to_string(l) + " no longer holds position " +
+                                    std::to_string(t) + " (its ring keeps " + std::to_string(ring_.rows) +
+                                    " rows), which the window of position " + std::to_string(n) + " needs");
+  // Rows past the new end are stale: forget them, so an import may write older positions there.
+  if (n < size_)
+    for (auto& tags : tags_)
+      for (int& tag : tags)
+        if (tag >= n) tag = -1;
   size_ = n;
 }
 

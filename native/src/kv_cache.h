@@ -10,6 +10,14 @@
 // ([token][layer of the group][K|V][kv_dim], the chunk payload's layout), so the rows of every
 // layer of a group for one token are one contiguous run and a gather over selected tokens reads
 // each token once. k()/v() and ld() address either tier, so readers and writers need not care.
+//
+// Sliding-window layers (Gemma 3) keep a ring: a token at position p of such a layer lives in row
+// p % ring_rows, so the layer costs its window, not the context. The ring holds the window plus a
+// micro-batch (the keys the micro-batch's first query still needs, and the rows the micro-batch
+// writes before its attention), rounded up to whole key blocks, so a key block never wraps.
+// Each ring row remembers the position it holds: an import writes a row only over an older
+// position (chunks may come in any order), an export or a rollback that needs a position the ring
+// no longer holds is refused, and a declared length must find its window whole.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -18,9 +26,22 @@
 
 namespace ctx {
 
+// Rows a key block of the attention reads at once (Engine::kKeyBlock); a ring is a multiple.
+constexpr int kKvBlockRows = 64;
+
+// Which layers keep a ring of rows, and its size. rows >= capacity (or no layer): no ring.
+struct KvRing {
+  std::vector<bool> layers;  // per layer, or empty
+  int window = 0;            // the keys a query of such a layer sees, itself included
+  int rows = 0;              // a multiple of kKvBlockRows, >= window
+  // The rows for sliding window `window` and micro-batches of at most `ubatch` tokens: the first
+  // query of a micro-batch needs window - 1 older keys while the micro-batch writes ubatch rows.
+  static int rows_for(int window, int ubatch) { return (window + ubatch - 1 + kKvBlockRows - 1) / kKvBlockRows * kKvBlockRows; }
+};
+
 class KvCache {
  public:
-  KvCache(int n_layer, int kv_dim, int capacity);
+  KvCache(int n_layer, int kv_dim, int capacity, const KvRing& ring = {});
   ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
@@ -29,7 +50,22 @@ class KvCache {
   int kv_dim() const { return kv_dim_; }
   int capacity() const { return capacity_; }
   int size() const { return size_; }  // tokens whose KV is stored
-  void set_size(int n);               // after a forward pass or an import; <= capacity
+  // After a forward pass, an import or to roll back; <= capacity. With rings: std::invalid_argument
+  // unless every ring holds the positions the next token's window needs (the last window - 1).
+  void set_size(int n);
+  // A forward pass wrote positions [from, to) of every layer: the rings' rows now hold them.
+  void wrote(int from, int to);
+  // Rows a layer keeps: capacity, or its ring's.
+  int rows(int layer) const { return rows_[layer]; }
+  bool in_ring(int layer) const { return ring_of_[layer] >= 0; }
+  int ring_rows() const { return ring_.rows; }  // 0: no ring
+  // Whether `layer` holds position t now (always, below capacity, for a layer without a ring).
+  bool holds(int layer, int t) const { return ring_of_[layer] < 0 || tags_[ring_of_[layer]][row_of(layer, t)] == t; }
+  // An import may write position t of `layer`: no ring, or its ring row holds no newer position.
+  bool may_write(int layer, int t) const { return ring_of_[layer] < 0 || tags_[ring_of_[layer]][row_of(layer, t)] <= t; }
+  void imported(int layer, int t) {
+    if (ring_of_[layer] >= 0) tags_[ring_of_[layer]][row_of(layer, t)] = t;
+  }
   // Gives the physical memory up now (to the KV pool, else to the OS); the mapping stays valid
   // (reads see zeros), so views held elsewhere cannot fault. The cache is empty afterwards.
   void release();
@@ -38,10 +74,10 @@ class KvCache {
   uint16_t* k(int layer, int token = 0) {
     const int b = bank_of_[layer];
     if (b >= 0) return banks_[b].base + (static_cast<size_t>(token) * banks_[b].n_layers + slot_[layer]) * 2 * kv_dim_;
-    return base_ + layer_offset(layer) + static_cast<size_t>(token) * kv_dim_;
+    return base_ + offset_[layer] + static_cast<size_t>(row_of(layer, token)) * kv_dim_;
   }
   uint16_t* v(int layer, int token = 0) {
-    return k(layer, token) + (bank_of_[layer] >= 0 ? static_cast<size_t>(kv_dim_) : static_cast<size_t>(capacity_) * kv_dim_);
+    return k(layer, token) + (bank_of_[layer] >= 0 ? static_cast<size_t>(kv_dim_) : static_cast<size_t>(rows_[layer]) * kv_dim_);
   }
   // Elements between the rows of consecutive tokens of a layer (K or V).
   size_t ld(int layer) const {
@@ -50,12 +86,15 @@ class KvCache {
   const uint16_t* k(int layer, int token = 0) const { return const_cast<KvCache*>(this)->k(layer, token); }
   const uint16_t* v(int layer, int token = 0) const { return const_cast<KvCache*>(this)->v(layer, token); }
 
-  size_t layer_bytes() const { return static_cast<size_t>(capacity_) * kv_dim_ * sizeof(uint16_t); }  // K or V
+  // K and V rows of a layer in the device arena.
+  size_t layer_bytes(int layer) const { return 2 * static_cast<size_t>(rows_[layer]) * kv_dim_ * sizeof(uint16_t); }
   size_t bytes_used() const { return device_bytes_used() + host_bytes_used(); }
   size_t bytes_reserved() const { return bytes_; }
-  // Bytes of stored tokens in each tier.
-  size_t device_bytes_used() const { return row_pair_bytes() * size_ * (n_layer_ - banked_layers_); }
+  // Bytes of stored tokens in each tier (a ring's rows count once written).
+  size_t device_bytes_used() const { return device_bytes_at(size_); }
   size_t host_bytes_used() const { return row_pair_bytes() * size_ * banked_layers_; }
+  // Device bytes with n tokens stored.
+  size_t device_bytes_at(int n) const;
   size_t row_pair_bytes() const { return 2 * static_cast<size_t>(kv_dim_) * sizeof(uint16_t); }  // one token, one layer
 
   // Where rows of every layer live, for prefault() on another thread: each span's token t rows
@@ -64,6 +103,7 @@ class KvCache {
     uint8_t* base;
     size_t token_bytes;
     size_t row_bytes;  // bytes of one token's rows at that address
+    int rows;          // tokens the span holds (a ring's rows, else the capacity)
   };
   std::vector<RowSpan> row_spans() const;
   // release() bumps it, so a prefault() running elsewhere can tell the rows are no longer wanted.
@@ -76,8 +116,8 @@ class KvCache {
   // (Linux before 5.14).
   bool prefault(const std::vector<RowSpan>& spans, int from, int to, uint32_t gen) const;
 
-  // Moves each group's layers (distinct, each in at most one group) into a host bank, rows of
-  // stored tokens included, and returns their device pages. Replaces any earlier offload.
+  // Moves each group's layers (distinct, each in at most one group, none with a ring) into a host
+  // bank, rows of stored tokens included, and returns their device pages. Replaces any earlier offload.
   void offload(const std::vector<std::vector<int>>& groups);
   void restore();  // every banked layer back into the device arena
   int n_banks() const { return static_cast<int>(banks_.size()); }
@@ -90,7 +130,7 @@ class KvCache {
   void gather_bank(int bank, const int32_t* tokens, int n, uint16_t* out) const;
 
  private:
-  size_t layer_offset(int layer) const { return static_cast<size_t>(layer) * 2 * capacity_ * kv_dim_; }
+  int row_of(int layer, int token) const { return token < rows_[layer] ? token : token % rows_[layer]; }
 
   struct Bank {
     uint16_t* base = nullptr;
@@ -102,6 +142,11 @@ class KvCache {
 
   int n_layer_, kv_dim_, capacity_;
   int size_ = 0;
+  KvRing ring_;
+  std::vector<int> rows_;               // per layer: capacity, or the ring's rows
+  std::vector<size_t> offset_;          // per layer: its K rows' first element in the device arena
+  std::vector<int> ring_of_;            // per layer: index into tags_, or -1
+  std::vector<std::vector<int>> tags_;  // per ring layer, per row: the position it holds, or -1
   uint16_t* base_ = nullptr;
   size_t bytes_ = 0;
   std::vector<Bank> banks_;

@@ -44,12 +44,16 @@ void for_each_row_pair(const KvCache& kv, const ChunkRows& rows, F f) {
 }
 }  // namespace
 
+// A sliding-window layer's ring row takes position t only over an older one (kv_cache.h), so
+// chunks may come in any order and the ring ends up holding the newest positions.
 void import_chunk_rows(KvCache& kv, const ChunkRows& rows, const uint8_t* payload, size_t payload_bytes) {
   check_chunk_rows(kv, rows, payload_bytes);
   const size_t rb = kv.row_elems() * sizeof(uint16_t);
   for_each_row_pair(kv, rows, [&](size_t at, int l, int t) {
+    if (!kv.may_write(l, t)) return;
     std::memcpy(kv.k(l, t), payload + at, rb);
     std::memcpy(kv.v(l, t), payload + at + rb, rb);
+    kv.imported(l, t);
   });
 }
 
@@ -66,8 +70,13 @@ ChunkImport import_chunk_checked(KvCache& kv, const ChunkRows& rows, const uint8
   crc = crc32c(crc, chunk + kSumEnd, header_bytes - kSumEnd);
   const size_t rb = kv.row_elems() * sizeof(uint16_t);
   for_each_row_pair(kv, rows, [&](size_t at, int l, int t) {
+    if (!kv.may_write(l, t)) {  // a ring row holding a newer position: checked, not copied
+      crc = crc32c(crc, payload + at, 2 * rb);
+      return;
+    }
     crc = crc32c_copy(crc, reinterpret_cast<uint8_t*>(kv.k(l, t)), payload + at, rb);
     crc = crc32c_copy(crc, reinterpret_cast<uint8_t*>(kv.v(l, t)), payload + at + rb, rb);
+    kv.imported(l, t);
   });
   crc32c_copy_fence();
   r.computed = crc;
@@ -76,6 +85,12 @@ ChunkImport import_chunk_checked(KvCache& kv, const ChunkRows& rows, const uint8
 
 void export_chunk_rows(const KvCache& kv, const ChunkRows& rows, uint8_t* payload, size_t payload_bytes) {
   check_chunk_rows(kv, rows, payload_bytes);
+  for (int l : rows.layers)
+    for (int t = rows.token_start; t < rows.token_start + rows.token_count && kv.in_ring(l); ++t)
+      if (!kv.holds(l, t))
+        throw std::invalid_argument("sliding-window layer " + std::to_string(l) + " does not hold token " + std::to_string(t) + " of " +
+                                    std::to_string(rows.token_start) + "+" + std::to_string(rows.token_count) +
+                                    " (its ring keeps the last " + std::to_string(kv.ring_rows()) + " positions)");
   const size_t rb = kv.row_elems() * sizeof(uint16_t);
   for_each_row_pair(kv, rows, [&](size_t at, int l, int t) {
     std::memcpy(payload + at, kv.k(l, t), rb);

@@ -106,7 +106,6 @@ AttentionPolicy AttentionPolicy::make_omnikv(const OmniKvConfig& cfg, const Mode
 }
 
 AttentionPolicy AttentionPolicy::make_scope(const ScopeConfig& cfg, const ModelConfig& model) {
-  (void)model;
   if (cfg.beta2 < 1) throw std::invalid_argument("scope: beta2 (recent generated tokens kept) must be >= 1");
   if (cfg.beta1 < 0) throw std::invalid_argument("scope: beta2 must not exceed beta1 + beta2 (beta1 must be >= 0)");
   if (cfg.mode != ScopeMode::Slide && cfg.max_output <= cfg.beta2)
@@ -114,6 +113,9 @@ AttentionPolicy AttentionPolicy::make_scope(const ScopeConfig& cfg, const ModelC
   if (cfg.alpha1 < 0) throw std::invalid_argument("scope: alpha1 (prompt tokens selected) must be >= 0 (0 keeps the whole prompt)");
   if (cfg.alpha1 > 0 && (cfg.alpha2 < 1 || cfg.alpha2 > 64))
     throw std::invalid_argument("scope: alpha2 (the observation window of prompt tokens) must be in [1, 64]");
+  // SnapKV's pool scores a layer's whole prompt; a sliding layer's ring holds only its window.
+  if (cfg.alpha1 > 0 && model.any_layer_slides())
+    throw std::invalid_argument("scope: prompt compression (alpha1) is not supported on a model with sliding-window layers yet");
   AttentionPolicy p;
   p.kind = Kind::Scope;
   p.scope = cfg;

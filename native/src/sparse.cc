@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "engine.h"
 
@@ -40,6 +41,8 @@ float* Engine::score_keys(const KvCache& kv, int layer, const float* q, int n_ke
   const ModelConfig& c = config();
   const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
   const float scale = c.attn_scale;
+  // (Policies score global layers only: a sliding layer's ring no longer holds its old keys.)
+  if (kv.in_ring(layer)) throw std::logic_error("score_keys: layer " + std::to_string(layer) + " keeps a ring of rows");
   float* kbuf = attn_scratch_[0].kv.data();
   for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);

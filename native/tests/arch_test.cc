@@ -302,6 +302,52 @@ TEST_P(Arch, ChunkingAndThreadsDoNotChangeLogits) {
   EXPECT_EQ(max_diff(lb, run(e1, one, {next})), 0.f);
 }
 
+// Sliding-window layers in rings of rows (kv_cache.h): a sequence made for 7-token micro-batches
+// keeps 64 rows per sliding layer, fewer than its 150-token prompt, and computes the very logits
+// of a sequence that keeps every row, prefill, decode and after a rollback; its device bytes count
+// the rings; an engine whose micro-batches would overrun the rings refuses a prompt.
+TEST_P(Arch, SlidingRingsComputeTheSameLogits) {
+  const ModelConfig& c0 = load_case(GetParam())->config();
+  if (!c0.any_layer_slides()) GTEST_SKIP() << "no sliding-window layers";
+  const auto model = load_case(GetParam());
+  const ModelConfig& c = model->config();
+  const auto toks = prompt(150, c.n_vocab, 1);
+  Engine e1(model, options(1, 512)), e7(model, options(2, 7));
+  Sequence whole(c, 256), ring(c, 256, 7);
+  ASSERT_EQ(whole.kv.ring_rows(), 0);
+  ASSERT_EQ(ring.kv.ring_rows(), 64);
+  EXPECT_EQ(max_diff(run(e1, whole, toks), run(e7, ring, toks)), 0.f);
+  int32_t next = 5;
+  for (int step = 0; step < 20; ++step) {
+    const auto a = run(e1, whole, {next});
+    ASSERT_EQ(max_diff(a, run(e1, ring, {next})), 0.f) << "step " << step;  // one token fits a ring
+    next = argmax(a);
+  }
+  size_t rows = 0;
+  for (int l = 0; l < c.n_layer; ++l) rows += c.layer_slides(l) ? 64 : 170;
+  EXPECT_EQ(ring.kv.device_bytes_used(), rows * ring.kv.row_pair_bytes());
+  EXPECT_LT(ring.kv.bytes_reserved(), whole.kv.bytes_reserved());
+
+  // Roll back 10 tokens (the rings still hold the window before position 160) and decode again.
+  whole.kv.set_size(160);
+  ring.kv.set_size(160);
+  EXPECT_EQ(max_diff(run(e1, whole, {3}), run(e1, ring, {3})), 0.f);
+  try {
+    ring.kv.set_size(100);  // positions 100 - window + 1 .. 99 were overwritten long ago
+    ADD_FAILURE() << "rolled back past the rings";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("no longer holds position"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ring.kv.size(), 161);
+  try {
+    Sequence fresh(c, 256, 7);
+    run(e1, fresh, toks);  // 512-token micro-batches into 64-row rings
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rings hold 64 rows"), std::string::npos) << e.what();
+  }
+}
+
 // The greedy token of an item that asks for no logits (Engine::greedy_tokens) is the argmax of
 // the logits, soft-capped ones included, after a prompt and at decode steps.
 TEST_P(Arch, GreedyTokenWithoutLogitsIsTheLogitsArgmax) {

@@ -1,4 +1,4 @@
-// KvCache: the documented layout (layer-major, K then V, [token][kv_dim] rows), no overlap
+// KvCache: the documented layout (layer-major, K then V, [token][kv_dim] rows), rings of rows, no overlap
 // between rows, size bounds and byte accounting.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kv_cache.h"
+#include "kv_transfer.h"
 
 namespace {
 
@@ -67,7 +68,7 @@ TEST(KvCache, SizeBoundsAndByteAccounting) {
   EXPECT_EQ(kv.size(), 0);
   EXPECT_EQ(kv.bytes_used(), 0u);
   EXPECT_EQ(kv.bytes_reserved(), static_cast<size_t>(L) * 2 * C * D * 2);
-  EXPECT_EQ(kv.layer_bytes(), static_cast<size_t>(C) * D * 2);
+  EXPECT_EQ(kv.layer_bytes(0), static_cast<size_t>(2) * C * D * 2);
   kv.set_size(7);
   EXPECT_EQ(kv.size(), 7);
   // 30 layers x (K + V) x 192 f16 = 22.5 KiB per token, as for SmolLM2-135M.
@@ -248,3 +249,97 @@ TEST(KvCache, PackedGatherEqualsPerLayerGathers) {
 }
 
 }  // namespace
+
+// Rings of rows (kv_cache.h): a ring layer's position t lives in row t % rows; the ring's memory
+// and device bytes are its rows; a row remembers its position, so imports in any order leave the
+// newest positions, exports and rollbacks of lost positions are refused, and a declared length
+// must find the window whole.
+namespace ring_test {
+
+constexpr int kLayers = 2, kDim = 8, kCap = 300, kWindow = 5, kRows = 64;
+
+KvCache make() { return KvCache(kLayers, kDim, kCap, ctx::KvRing{{true, false}, kWindow, kRows}); }
+
+// What a forward pass at position t writes: every element of layer l's K row is l * 1000 + t % 1000.
+void write(KvCache& kv, int from, int to) {
+  for (int t = from; t < to; ++t)
+    for (int l = 0; l < kLayers; ++l)
+      for (int i = 0; i < kDim; ++i) kv.k(l, t)[i] = kv.v(l, t)[i] = static_cast<uint16_t>(l * 1000 + t % 1000);
+  kv.wrote(from, to);
+  kv.set_size(to);
+}
+
+std::vector<uint8_t> payload(int layer, int from, int to) {  // rows as write() would leave them
+  std::vector<uint16_t> rows(static_cast<size_t>(to - from) * 2 * kDim, static_cast<uint16_t>(0));
+  for (int t = from; t < to; ++t)
+    std::fill(rows.begin() + static_cast<size_t>(t - from) * 2 * kDim, rows.begin() + static_cast<size_t>(t - from + 1) * 2 * kDim,
+              static_cast<uint16_t>(layer * 1000 + t % 1000));
+  std::vector<uint8_t> bytes(rows.size() * 2);
+  std::memcpy(bytes.data(), rows.data(), bytes.size());
+  return bytes;
+}
+
+TEST(KvCacheRing, RowsWrapAndMemoryIsTheRing) {
+  KvCache kv = make();
+  EXPECT_EQ(kv.ring_rows(), kRows);
+  EXPECT_EQ(kv.rows(0), kRows);
+  EXPECT_EQ(kv.rows(1), kCap);
+  EXPECT_EQ(kv.bytes_reserved(), static_cast<size_t>(kRows + kCap) * 2 * kDim * 2);
+  write(kv, 0, 200);
+  EXPECT_EQ(kv.k(0, 7), kv.k(0, 7 + kRows));
+  EXPECT_EQ(kv.k(0, 199)[0], 199);
+  EXPECT_EQ(kv.k(1, 7)[0], 1007);
+  EXPECT_FALSE(kv.holds(0, 200 - kRows - 1));
+  EXPECT_TRUE(kv.holds(0, 200 - kRows));
+  EXPECT_TRUE(kv.holds(1, 0));
+  EXPECT_EQ(kv.device_bytes_used(), static_cast<size_t>(kRows + 200) * kv.row_pair_bytes());
+  EXPECT_THROW(kv.offload({{0}}), std::invalid_argument);
+  // No ring when every row fits, or no layer asks for one.
+  EXPECT_EQ(KvCache(kLayers, kDim, kRows, ctx::KvRing{{true, false}, kWindow, kRows}).ring_rows(), 0);
+  EXPECT_THROW(KvCache(kLayers, kDim, kCap, ctx::KvRing{{true, false}, kWindow, 60}), std::invalid_argument);
+}
+
+TEST(KvCacheRing, RollbackKeepsTheWindowOrIsRefused) {
+  KvCache kv = make();
+  write(kv, 0, 200);
+  kv.set_size(190);                // needs 186..189: held
+  EXPECT_FALSE(kv.holds(0, 195));  // past the end: forgotten
+  write(kv, 190, 195);
+  EXPECT_EQ(kv.k(0, 194)[0], 194);
+  EXPECT_THROW(kv.set_size(120), std::invalid_argument);  // 116..119 were overwritten
+  EXPECT_EQ(kv.size(), 195);
+  kv.set_size(0);
+  EXPECT_EQ(kv.size(), 0);
+}
+
+TEST(KvCacheRing, ImportsInAnyOrderLeaveTheNewestPositions) {
+  KvCache kv = make();
+  const ctx::ChunkRows late{{0, 1}, 128, 72}, early{{0, 1}, 0, 128};
+  auto both = [](int from, int to) {  // token-major: layer 0 then layer 1 per token
+    std::vector<uint8_t> a = payload(0, from, to), b = payload(1, from, to), out;
+    const size_t pair = 2 * kDim * 2;
+    for (int t = 0; t < to - from; ++t) {
+      out.insert(out.end(), a.begin() + t * pair, a.begin() + (t + 1) * pair);
+      out.insert(out.end(), b.begin() + t * pair, b.begin() + (t + 1) * pair);
+    }
+    return out;
+  };
+  const auto late_bytes = both(128, 200), early_bytes = both(0, 128);
+  ctx::import_chunk_rows(kv, late, late_bytes.data(), late_bytes.size());
+  ctx::import_chunk_rows(kv, early, early_bytes.data(), early_bytes.size());  // older: left out of the ring
+  kv.set_size(200);
+  for (int t = 200 - kRows; t < 200; ++t) ASSERT_EQ(kv.k(0, t)[0], t) << t;
+  for (int t = 0; t < 200; ++t) ASSERT_EQ(kv.k(1, t)[0], 1000 + t) << t;
+  std::vector<uint8_t> out(payload(0, 150, 200).size());
+  ctx::export_chunk_rows(kv, {{0}, 150, 50}, out.data(), out.size());
+  EXPECT_EQ(out, payload(0, 150, 200));
+  std::vector<uint8_t> lost(payload(0, 100, 150).size());
+  EXPECT_THROW(ctx::export_chunk_rows(kv, {{0}, 100, 50}, lost.data(), lost.size()), std::invalid_argument);
+
+  KvCache partial = make();  // the ring layer's last window never came
+  const auto layer1 = payload(1, 0, 200);
+  ctx::import_chunk_rows(partial, {{1}, 0, 200}, layer1.data(), layer1.size());
+  EXPECT_THROW(partial.set_size(200), std::invalid_argument);
+}
+
+}  // namespace ring_test

@@ -138,8 +138,8 @@ export class DecodeService {
         ? new SessionStore({
             limits: { memoryBytes: c.sessionBytes, perKeyBytes: c.sessionBytesPerKey, ttlMs: c.sessionTtlMs },
             createSequence: (capacity) => rt.engine.createSequence(capacity),
-            kvBytesPerToken: m.kvBytesPerToken,
-            nLayer: m.nLayer,
+            kvBytes: (n) => rt.engine.kvBytes(n),
+            shape: kvShape(m),
             disk: c.sessionDir
               ? new SessionDisk(c.sessionDir, c.sessionDiskBytes, kvShape(m), rt.model.fingerprint, c.blockTokens)
               : undefined,
@@ -442,7 +442,7 @@ export class DecodeService {
       const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
-      reservation = this.scheduler.admit((n + maxTokens) * model.config.kvBytesPerToken);
+      reservation = this.scheduler.admit(this.rt.engine.kvBytes(n + maxTokens));
       seq = this.scheduler.adopt(handover.sequence({ capacity: n + maxTokens, policy }));
       // Our own prefill's handle is ours already; record that this decode holds it (should we
       // die, the sweep ends the row) without keeping the first token waiting.

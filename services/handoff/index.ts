@@ -17,7 +17,16 @@ export { KvLoadError } from "./reader.ts";
 export { checkPickedRounds, roundsLayoutOf } from "./round-chunks.ts";
 // The chunk format (docs/kv-format.md), for KV kept elsewhere than in a shard (a session's on disk).
 export { chunkByteLength, chunkHeaderSize, decodeChunkHeader, type ChunkMeta } from "./format/chunk.ts";
-export { exportChunk, importVerifiedChunk, kvShape, tokenBlocks, type KvShape } from "./format/seq-io.ts";
+export {
+  exportChunk,
+  heldChunks,
+  importVerifiedChunk,
+  kvShape,
+  splitSlidingLayers,
+  tokenBlocks,
+  windowStart,
+  type KvShape,
+} from "./format/seq-io.ts";
 
 /** The prefill's half: its shard in host memory, named `shardId` (the instance id). */
 export function openOwner(rt: Runtime, shardId: string, metrics: ServiceMetrics): HandoffOwner {

@@ -15,7 +15,7 @@ import type { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RegistryError } from "../../shared/platform/registry/registry.ts";
 import type { Runtime } from "../runtime.ts";
 import { PrefixHasher } from "./format/chunk-key.ts";
-import { kvShape, tokenBlocks, type BlockRange, type KvShape } from "./format/seq-io.ts";
+import { kvShape, splitSlidingLayers, tokenBlocks, type BlockRange, type KvShape } from "./format/seq-io.ts";
 import { roundBlocks } from "./round-chunks.ts";
 import { announceWrites, type HandleProgress } from "./handle-stream.ts";
 import type { HandoffOwner, OwnedPrompt, OwnerStatus, PlacedKv, PromptHandoff } from "./handoff.ts";
@@ -154,9 +154,11 @@ export class ShardOwner implements HandoffOwner {
     const shard = this.shard!; // the prompt's chunks stay in the epoch it started in
     const n = prompt.tokens.length;
     const blocks = prompt.rounds ? roundBlocks(n, this.rt.config.blockTokens, prompt.rounds) : tokenBlocks(n, this.rt.config.blockTokens);
-    const plan = planChunks(blocks, prompt.layerGroups, this.rt.model.fingerprint, this.shape);
+    const groups = splitSlidingLayers(prompt.layerGroups, this.shape);
+    const plan = planChunks(blocks, groups, this.rt.model.fingerprint, this.shape);
     await this.writer.reserve(plan.flat(), shard, () => this.reap(), prompt.tenant, this.quota);
-    return new ShardPromptHandoff(this.rt, this.writer, shard, prompt, blocks, plan, progress);
+    const layerGroups = groups.map((g) => g.layerIds);
+    return new ShardPromptHandoff(this.rt, this.writer, shard, { ...prompt, layerGroups }, blocks, plan, progress);
   }
 
   chunkSource(shardId: string): Shard | undefined {
@@ -245,7 +247,8 @@ export class ShardOwner implements HandoffOwner {
 
 /** One prompt's chunks: written block by block as the prompt is computed, kept for its decode at the end. */
 class ShardPromptHandoff implements PromptHandoff {
-  private readonly writes: Promise<WriteResult>[] = [];
+  /** Each planned chunk's write, with its group (the handle lists chunks group-major). */
+  private readonly writes: { group: number; result: Promise<WriteResult> }[] = [];
   /** The next block to write. */
   private next = 0;
   private readonly hasher: PrefixHasher;
@@ -257,7 +260,7 @@ class ShardPromptHandoff implements PromptHandoff {
     private readonly shard: Shard,
     private readonly prompt: OwnedPrompt,
     private readonly blocks: BlockRange[],
-    /** plan[block][group], every range reserved. */
+    /** plan[block]: each group's chunk of the block (planChunks), every range reserved. */
     private readonly plan: PlannedChunk[][],
     progress: HandleProgress | undefined,
   ) {
@@ -287,11 +290,12 @@ class ShardPromptHandoff implements PromptHandoff {
       if (this.next > 0 && this.next === blocks.length - 1) await this.rt.config.faults?.pause("prefill.last", this.rt.log);
       this.hasher.push(prompt.tokens.slice(b.tokenStart, b.tokenEnd));
       for (const p of plan[this.next]!)
-        this.writes.push(
-          this.writer
-            .write(p, this.hasher.keyFor(b.tokenStart, p.meta.layerIds), prompt.requestId, prompt, seq, this.shard)
+        this.writes.push({
+          group: p.group,
+          result: this.writer
+            .write(p, this.hasher.keyFor(p.meta.tokenStart, p.meta.layerIds), prompt.requestId, prompt, seq, this.shard)
             .then(this.announce),
-        );
+        });
       this.next++;
     }
   }
@@ -299,14 +303,14 @@ class ShardPromptHandoff implements PromptHandoff {
   async finish(signal: AbortSignal): Promise<PlacedKv> {
     const { registry, config } = this.rt;
     try {
-      const results = await Promise.all(this.writes);
+      const results = await Promise.all(this.writes.map((w) => w.result));
       const failed = results.find((r): r is { error: unknown } => "error" in r);
       if (failed) throw failed.error;
       signal.throwIfAborted(); // nobody to keep them for
       // Chunk ids group-major (layer group, then token block): the order decode imports them in.
       const ids = results as { id: string }[];
       const groups = this.prompt.layerGroups;
-      const chunkIds = groups.flatMap((_, g) => this.blocks.map((_, b) => ids[b * groups.length + g]!.id));
+      const chunkIds = groups.flatMap((_, g) => this.writes.flatMap((w, i) => (w.group === g ? [ids[i]!.id] : [])));
       const unique = [...new Set(chunkIds)];
       // The retention runs from the handle (the reaper kept them while the prompt was computed).
       const live = await registry.chunks.retainFromHandle(unique, config.retainMs);

@@ -332,7 +332,7 @@ export class KvLoader {
         }
         queued.push(...now.map((r) => r.leased.chunk));
         // The chunks read must cover the prompt but for the rounds left out (a handle's, before any is read).
-        const problem = last ? coverageProblem(queued, this.shape.nLayer, n, leftOut) : null;
+        const problem = last ? coverageProblem(queued, this.shape, n, leftOut) : null;
         if (problem) throw faults.uncovered(problem);
         if (now.length === 0) continue;
         if (batches.length === 1) await this.rt.config.faults?.pause("decode.load", this.rt.log); // the first leases are held

@@ -1,8 +1,9 @@
-// A prefill's KV chunks: one per layer group per token block (planChunks); every shard range
+// A prefill's KV chunks: one per layer group per token block (planChunks), a sliding-window group's
+// only for its last window; every shard range
 // reserved before any compute, so a full shard is a 429 up front; each chunk registered, written
 // and committed two-phase in the registry as soon as its block is computed (ChunkWriter.write).
 import { LAYOUT_VERSION, chunkByteLength, type ChunkMeta } from "./format/chunk.ts";
-import { exportChunk, type BlockRange, type KvShape, type RowMover } from "./format/seq-io.ts";
+import { exportChunk, windowStart, type BlockRange, type KvShape, type RowMover } from "./format/seq-io.ts";
 import type { Shard } from "./shard/shard.ts";
 import type { Runtime } from "../runtime.ts";
 import type { ShardQuota } from "./shard/shard-quota.ts";
@@ -27,25 +28,34 @@ export interface ChunkTotals {
   bytes_written: number;
 }
 
-/** The chunks of a prompt, block-major: plan[block][group]. */
+/**
+ * The chunks of a prompt, block-major: plan[block] holds each group's chunk of that block, written
+ * once the block is computed. A sliding-window group (its layers keep their last window only:
+ * seq-io.ts splitSlidingLayers) has one chunk, of that window, in the last block's plan.
+ */
 export function planChunks(
   blocks: BlockRange[],
-  groups: readonly (readonly number[])[],
+  groups: readonly { layerIds: readonly number[]; sliding: boolean }[],
   fingerprint: string,
   shape: KvShape,
 ): PlannedChunk[][] {
-  return blocks.map((b) =>
-    groups.map((layerIds, group) => {
-      const meta: ChunkMeta = {
-        fingerprint,
-        dtype: "f16",
-        layerIds,
-        hkv: shape.hkv,
-        headDim: shape.headDim,
-        tokenStart: b.tokenStart,
-        tokenCount: b.tokenEnd - b.tokenStart,
-      };
-      return { meta, group, length: chunkByteLength(meta), offset: -1, state: "freed" as const };
+  const n = blocks.at(-1)?.tokenEnd ?? 0;
+  const chunk = (group: number, tokenStart: number, tokenEnd: number): PlannedChunk => {
+    const meta: ChunkMeta = {
+      fingerprint,
+      dtype: "f16",
+      layerIds: groups[group]!.layerIds,
+      hkv: shape.hkv,
+      headDim: shape.headDim,
+      tokenStart,
+      tokenCount: tokenEnd - tokenStart,
+    };
+    return { meta, group, length: chunkByteLength(meta), offset: -1, state: "freed" as const };
+  };
+  return blocks.map((b, i) =>
+    groups.flatMap(({ sliding }, group) => {
+      if (!sliding) return [chunk(group, b.tokenStart, b.tokenEnd)];
+      return i === blocks.length - 1 ? [chunk(group, windowStart(shape, n), n)] : [];
     }),
   );
 }

@@ -230,7 +230,7 @@ export class PrefillService implements InProcessPrefill {
     const { registry, engine, model } = this.rt;
     const { tokens, sampling } = plan;
     const n = tokens.length;
-    const kvBytes = n * model.config.kvBytesPerToken;
+    const kvBytes = engine.kvBytes(n);
     const wire = { temperature: sampling.temperature, top_p: sampling.topP, top_k: sampling.topK, seed: sampling.seed };
     const resolved = resolvedSpec(plan.policy);
     const seq = engine.createSequence(n);

@@ -1,6 +1,7 @@
 // The disk tier of parked sessions (session-store.ts): a session moved out of memory is written to
 // a local directory as KV chunks in the shards' format (docs/kv-format.md: every chunk checksummed,
-// all layers, blocks of `blockTokens` tokens), with a JSON record beside it naming its key, its
+// the global layers from token 0 and the sliding-window layers' last window, blocks of
+// `blockTokens` tokens: seq-io.ts heldChunks), with a JSON record beside it naming its key, its
 // tokens and rounds. The next turn reads it back, checking every chunk; a restarted decode lists
 // the directory and serves what is there. Bounded by a byte quota: a session that would go over it
 // is refused (the store then drops it). Files are 0600 in a 0700 directory: they hold prompts' KV
@@ -14,8 +15,10 @@ import {
   chunkHeaderSize,
   decodeChunkHeader,
   exportChunk,
+  heldChunks,
   importVerifiedChunk,
-  tokenBlocks,
+  splitSlidingLayers,
+  windowStart,
   type ChunkMeta,
   type KvShape,
 } from "../handoff/index.ts";
@@ -64,8 +67,7 @@ export class SessionDisk {
   /** Writes `seq`'s first `s.tokens.length` tokens and the record; throws when over the quota. */
   async save(s: DiskSession, seq: NativeSequence): Promise<void> {
     const n = s.tokens.length;
-    const blocks = tokenBlocks(n, this.blockTokens);
-    const metas = blocks.map((b): ChunkMeta => ({ ...this.meta(), tokenStart: b.tokenStart, tokenCount: b.tokenEnd - b.tokenStart }));
+    const metas = heldChunks(this.shape, n, this.blockTokens).map((c): ChunkMeta => ({ ...this.meta(), ...c }));
     const size = metas.reduce((sum, m) => sum + chunkByteLength(m), 0);
     if ((await this.used()) + size > this.quotaBytes) {
       throw new Error(`the session disk tier holds ${this.bytesUsed} of ${this.quotaBytes} bytes; this session needs ${size}`);
@@ -108,30 +110,34 @@ export class SessionDisk {
       const headerSize = chunkHeaderSize(this.shape.nLayer);
       let buf = new Uint8Array(headerSize);
       let at = 0;
-      let next = 0;
-      while (next < nTokens) {
-        const { bytesRead } = await fh.read(buf, 0, headerSize, at);
-        if (bytesRead !== headerSize) throw new Error(`session ${id}: its KV file ends at byte ${at + bytesRead}, before token ${next}`);
-        const header = decodeChunkHeader(buf.subarray(0, headerSize));
-        const total = header.headerSize + header.payloadLength;
-        if (buf.byteLength < total) {
-          const bigger = new Uint8Array(total);
-          bigger.set(buf.subarray(0, headerSize));
-          buf = bigger;
+      // The chunks as save() wrote them: each part of the layers (global, sliding), in token order.
+      for (const { layerIds, sliding } of splitSlidingLayers([this.allLayers()], this.shape)) {
+        let next = sliding ? windowStart(this.shape, nTokens) : 0;
+        while (next < nTokens) {
+          const { bytesRead } = await fh.read(buf, 0, headerSize, at);
+          if (bytesRead !== headerSize) throw new Error(`session ${id}: its KV file ends at byte ${at + bytesRead}, before token ${next}`);
+          const header = decodeChunkHeader(buf.subarray(0, headerSize));
+          const total = header.headerSize + header.payloadLength;
+          if (buf.byteLength < total) {
+            const bigger = new Uint8Array(total);
+            bigger.set(buf.subarray(0, headerSize));
+            buf = bigger;
+          }
+          const rest = await fh.read(buf, headerSize, total - headerSize, at + headerSize);
+          if (rest.bytesRead !== total - headerSize)
+            throw new Error(`session ${id}: its KV file is truncated at byte ${at + headerSize + rest.bytesRead}`);
+          importVerifiedChunk(
+            buf.subarray(0, total),
+            { fingerprint: this.fingerprint, tokenStart: next, layerIds, dtype: "f16" },
+            seq,
+            this.shape,
+          );
+          next += header.tokenCount;
+          at += total;
         }
-        const rest = await fh.read(buf, headerSize, total - headerSize, at + headerSize);
-        if (rest.bytesRead !== total - headerSize)
-          throw new Error(`session ${id}: its KV file is truncated at byte ${at + headerSize + rest.bytesRead}`);
-        importVerifiedChunk(
-          buf.subarray(0, total),
-          { fingerprint: this.fingerprint, tokenStart: next, layerIds: this.allLayers(), dtype: "f16" },
-          seq,
-          this.shape,
-        );
-        next += header.tokenCount;
-        at += total;
+        if (next !== nTokens)
+          throw new Error(`session ${id}: its KV file holds ${next} tokens of layers ${layerIds[0]}.., the record ${nTokens}`);
       }
-      if (next !== nTokens) throw new Error(`session ${id}: its KV file holds ${next} tokens, the record ${nTokens}`);
       seq.setLength(nTokens);
     } finally {
       await fh.close();
@@ -186,8 +192,8 @@ export class SessionDisk {
     return out;
   }
 
-  private meta(): Omit<ChunkMeta, "tokenStart" | "tokenCount"> {
-    return { fingerprint: this.fingerprint, dtype: "f16", layerIds: this.allLayers(), hkv: this.shape.hkv, headDim: this.shape.headDim };
+  private meta(): Omit<ChunkMeta, "tokenStart" | "tokenCount" | "layerIds"> {
+    return { fingerprint: this.fingerprint, dtype: "f16", hkv: this.shape.hkv, headDim: this.shape.headDim };
   }
 
   private allLayers(): number[] {

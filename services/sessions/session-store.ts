@@ -10,6 +10,7 @@
 // park() puts it back; a concurrent turn of the same session finds nothing and computes its prompt.
 import { createHash } from "node:crypto";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
+import { heldChunks, type KvShape } from "../handoff/index.ts";
 import type { SessionDisk } from "./session-disk.ts";
 
 export interface SessionLimits {
@@ -90,8 +91,8 @@ export class SessionStore {
 
   readonly limits: SessionLimits;
   private readonly createSequence: (capacity: number) => NativeSequence;
-  private readonly kvBytesPerToken: number;
-  private readonly nLayer: number;
+  private readonly kvBytes: (nTokens: number) => number;
+  private readonly shape: KvShape;
   private readonly disk: SessionDisk | undefined;
   private readonly now: () => number;
 
@@ -99,16 +100,16 @@ export class SessionStore {
     limits: SessionLimits;
     /** Makes an empty sequence of `capacity` tokens on this engine (a disk load's or a larger turn's). */
     createSequence: (capacity: number) => NativeSequence;
-    /** The engine's KV bytes per stored token (every layer), and its layers. */
-    kvBytesPerToken: number;
-    nLayer: number;
+    /** The KV bytes a sequence of n tokens holds (Engine.kvBytes), and the cache's shape. */
+    kvBytes: (nTokens: number) => number;
+    shape: KvShape;
     disk?: SessionDisk | undefined;
     now?: () => number;
   }) {
     this.limits = o.limits;
     this.createSequence = o.createSequence;
-    this.kvBytesPerToken = o.kvBytesPerToken;
-    this.nLayer = o.nLayer;
+    this.kvBytes = o.kvBytes;
+    this.shape = o.shape;
     this.disk = o.disk;
     this.now = o.now ?? Date.now;
   }
@@ -185,7 +186,15 @@ export class SessionStore {
         await this.disk!.remove(tenant, id).catch(() => {}); // the turn has it now (or it was unreadable)
       }
     }
-    seq.truncate(reused);
+    try {
+      seq.truncate(reused);
+    } catch (e) {
+      // Rolled back past what a sliding-window layer's ring still holds: the turn computes its prompt.
+      if (!(e instanceof RangeError)) throw e;
+      seq.release();
+      this.counts.dropped++;
+      return undefined;
+    }
     if (seq.capacity < capacity) seq = this.grow(seq, reused, capacity);
     this.counts.resumed++;
     this.counts.reusedTokens += reused;
@@ -209,7 +218,7 @@ export class SessionStore {
     const held = Int32Array.from(tokens);
     if (held.length !== seq.nPast) throw new Error(`park: the sequence holds ${seq.nPast} tokens, ${held.length} were named`);
     await this.remove(tenant, id); // an older copy of the same session (a concurrent turn's)
-    const bytes = held.length * this.kvBytesPerToken;
+    const bytes = this.kvBytes(held.length);
     if (bytes > this.limits.perKeyBytes || bytes > this.limits.memoryBytes) {
       seq.release();
       this.counts.dropped++;
@@ -277,7 +286,7 @@ export class SessionStore {
         await this.disk.remove(s.tenant, s.id).catch(() => {});
         continue;
       }
-      const p: Parked = { ...s, seq: undefined, tokens: s.tokens, bytes: s.tokens.length * this.kvBytesPerToken };
+      const p: Parked = { ...s, seq: undefined, tokens: s.tokens, bytes: this.kvBytes(s.tokens.length) };
       this.parked.set(keyOf(s.tenant, s.id), p);
       this.byKey.set(s.tenant, (this.byKey.get(s.tenant) ?? 0) + p.bytes);
       n++;
@@ -288,15 +297,14 @@ export class SessionStore {
   /** A sequence of `capacity` holding the first `tokens` tokens of `seq` (copied, a block at a time), which is released. */
   private grow(seq: NativeSequence, tokens: number, capacity: number): NativeSequence {
     const bigger = this.createSequence(capacity);
-    const layers = Array.from({ length: this.nLayer }, (_, i) => i);
-    const block = 256;
-    const buf = new Uint8Array(Math.min(block, tokens) * this.kvBytesPerToken);
+    const rowPair = 2 * this.shape.hkv * this.shape.headDim * 2;
+    const chunks = heldChunks(this.shape, tokens, 256); // the sliding layers' last window only
+    const buf = new Uint8Array(Math.max(0, ...chunks.map((c) => c.tokenCount * c.layerIds.length * rowPair)));
     try {
-      for (let t = 0; t < tokens; t += block) {
-        const n = Math.min(block, tokens - t);
-        const rows = buf.subarray(0, n * this.kvBytesPerToken);
-        seq.exportRows(rows, layers, t, n);
-        bigger.importRows(rows, layers, t, n);
+      for (const c of chunks) {
+        const rows = buf.subarray(0, c.tokenCount * c.layerIds.length * rowPair);
+        seq.exportRows(rows, c.layerIds, c.tokenStart, c.tokenCount);
+        bigger.importRows(rows, c.layerIds, c.tokenStart, c.tokenCount);
       }
       bigger.setLength(tokens);
     } catch (e) {

@@ -167,6 +167,7 @@ describe("seq-io", () => {
     expect(new Uint16Array(seq.kvBuffer()).every((x) => x === 0)).toBe(true);
   });
 
+  const FOUR = { nLayer: 4, slidingLayers: [], slidingWindow: 0 };
   it("plans blocks and checks coverage", () => {
     expect(tokenBlocks(5, 2)).toEqual([
       { tokenStart: 0, tokenEnd: 2 },
@@ -180,21 +181,32 @@ describe("seq-io", () => {
           { layerIds: all, tokenStart: 0, tokenEnd: 3 },
           { layerIds: all, tokenStart: 3, tokenEnd: 5 },
         ],
-        4,
+        FOUR,
         5,
       ),
     ).toBeNull();
-    expect(coverageProblem([{ layerIds: all, tokenStart: 0, tokenEnd: 3 }], 4, 5)).toMatch(/cover 3 of 5/);
+    expect(coverageProblem([{ layerIds: all, tokenStart: 0, tokenEnd: 3 }], FOUR, 5)).toMatch(/cover 3 of 5/);
     expect(
       coverageProblem(
         [
           { layerIds: all, tokenStart: 0, tokenEnd: 3 },
           { layerIds: all, tokenStart: 2, tokenEnd: 5 },
         ],
-        4,
+        FOUR,
         5,
       ),
     ).toMatch(/overlap/);
-    expect(coverageProblem([{ layerIds: [0, 1], tokenStart: 0, tokenEnd: 5 }], 4, 5)).toMatch(/layer 2/);
+    expect(coverageProblem([{ layerIds: [0, 1], tokenStart: 0, tokenEnd: 5 }], FOUR, 5)).toMatch(/layer 2/);
+    // Sliding-window layers (2 and 3, window 2) need their last window only; rows before it may come or not.
+    const sliding = { nLayer: 4, slidingLayers: [2, 3], slidingWindow: 2 };
+    const globals = { layerIds: [0, 1], tokenStart: 0, tokenEnd: 5 };
+    expect(coverageProblem([globals, { layerIds: [2, 3], tokenStart: 3, tokenEnd: 5 }], sliding, 5)).toBeNull();
+    expect(coverageProblem([globals, { layerIds: [2, 3], tokenStart: 0, tokenEnd: 5 }], sliding, 5)).toBeNull();
+    expect(coverageProblem([globals, { layerIds: [2, 3], tokenStart: 4, tokenEnd: 5 }], sliding, 5)).toMatch(
+      /layer 2: tokens 3..4 are missing/,
+    );
+    expect(coverageProblem([globals, { layerIds: [2, 3], tokenStart: 3, tokenEnd: 5 }], sliding, 6)).toMatch(
+      /layer 0: chunks cover 5 of 6/,
+    );
   });
 });

@@ -20,6 +20,7 @@ const layout: RoundsLayout = { watershedLayer: 2, starts: [0, 100, 250, 300] };
 const N = 400;
 const LOWER = [0, 1, 2];
 const UPPER = [3, 4, 5];
+const SIX = { nLayer: 6, slidingLayers: [], slidingWindow: 0 };
 
 describe("round chunks", () => {
   it("blocks are the fixed blocks cut again at every round's start", () => {
@@ -64,14 +65,14 @@ describe("round chunks", () => {
         { tokenStart: 250, tokenEnd: 300 },
       ],
     });
-    expect(coverageProblem(read, 6, N, leftOut)).toBeNull();
-    expect(coverageProblem(read, 6, N)).toMatch(/layer 3: tokens 0..100 are missing/);
+    expect(coverageProblem(read, SIX, N, leftOut)).toBeNull();
+    expect(coverageProblem(read, SIX, N)).toMatch(/layer 3: tokens 0..100 are missing/);
     // A picked round missing, or a lower layer missing a left-out round, is still a gap.
-    expect(coverageProblem(read, 6, N, leftOutOf(layout, N, [0, 1]))).toMatch(/layer 3: tokens 0..100 are missing/);
+    expect(coverageProblem(read, SIX, N, leftOutOf(layout, N, [0, 1]))).toMatch(/layer 3: tokens 0..100 are missing/);
     expect(
       coverageProblem(
         read.filter((c) => !(c.layerIds === LOWER && c.tokenStart === 0)),
-        6,
+        SIX,
         N,
         leftOut,
       ),

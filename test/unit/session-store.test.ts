@@ -11,6 +11,7 @@ import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engi
 import { kvShape } from "../../services/handoff/format/seq-io.ts";
 import { SessionDisk } from "../../services/sessions/session-disk.ts";
 import { commonPrefix, roundHashes, SessionStore, type SessionLimits } from "../../services/sessions/session-store.ts";
+import { TINY_ARCH_VOCAB, tinyArchModel } from "../harness/arch-models.ts";
 import { tinyLlama } from "../harness/gguf-writer.ts";
 
 let dir: string;
@@ -35,8 +36,8 @@ const newStore = (limits: SessionLimits, disk?: SessionDisk, now?: () => number)
   new SessionStore({
     limits,
     createSequence: (c) => engine.createSequence(c),
-    kvBytesPerToken: bytesPerToken(),
-    nLayer: model.config.nLayer,
+    kvBytes: (n) => engine.kvBytes(n),
+    shape: kvShape(model.config),
     disk,
     ...(now ? { now } : {}),
   });
@@ -189,6 +190,63 @@ describe("SessionStore", () => {
     expect(await readdir(diskDir)).toEqual([]);
     expect(restarted.summary("alice", "new")).toBeUndefined();
     restarted.close();
+  });
+
+  it("a model with sliding-window layers: rings travel as their last window; a rollback past a ring recomputes", async () => {
+    // Gemma 3's shape, tiny: layers 0-4 slide (window 24), 5 is global; 8-token micro-batches give
+    // 64-row rings, so a 200-token session is well past them.
+    const path = join(dir, "gemma3.gguf");
+    await writeFile(path, tinyArchModel({ arch: "gemma3", ropeBase: 500, nHeadKv: 1, headDim: 32, nLayer: 6, slidingWindow: 24, nCtx: 512 }));
+    const gm = await loadModel(path);
+    const ge = new Engine(gm, { threads: 1, ubatch: 8 });
+    expect(ge.info.ringRows).toBe(64);
+    const rowPair = 2 * 32 * 2;
+    expect(ge.kvBytes(200)).toBe((200 + 5 * 64) * rowPair);
+    const gTurn = async (prompt: number[], capacity = prompt.length) => {
+      const seq = ge.createSequence(capacity);
+      return { seq, logits: await ge.prefill(seq, prompt) };
+    };
+    const toks = (n: number, seed: number) => Array.from({ length: n }, (_, i) => (i * 37 + seed * 11 + 3) % TINY_ARCH_VOCAB);
+    const diskDir = join(dir, "disk-gemma");
+    const disk = new SessionDisk(diskDir, 1 << 30, kvShape(gm.config), gm.fingerprint, 64);
+    const store = new SessionStore({
+      limits: { memoryBytes: ge.kvBytes(200), perKeyBytes: 1 << 30, ttlMs: 60_000 },
+      createSequence: (c) => ge.createSequence(c),
+      kvBytes: (n) => ge.kvBytes(n),
+      shape: kvShape(gm.config),
+      disk,
+    });
+    const h = toks(200, 1);
+    await store.park("alice", "a", (await gTurn(h)).seq, h, [0], 1);
+    await store.park("alice", "b", (await gTurn(toks(200, 2))).seq, toks(200, 2), [0], 1); // "a" spills
+    expect(store.summary("alice", "a")).toMatchObject({ tier: "disk" });
+    // On disk: the global layer's 200 rows and the sliding layers' last 24, in checksummed chunks.
+    const kvFile = (await readdir(diskDir)).find((f) => f.endsWith(".kv"))!;
+    const size = (await readFile(join(diskDir, kvFile))).byteLength;
+    expect(size).toBeGreaterThan((200 + 5 * 24) * rowPair);
+    expect(size).toBeLessThan((200 + 5 * 24) * rowPair + 16 * 1024);
+    // Read back into a larger sequence; the new tokens' logits are a fresh prefill's.
+    const next = [...h, ...toks(8, 3)];
+    const r = (await store.resume("alice", "a", next, 300))!;
+    expect(r.reused).toBe(200);
+    const fresh = await gTurn(next);
+    expect(maxDiff(await ge.prefill(r.seq, next.slice(200)), fresh.logits)).toBe(0);
+    fresh.seq.release();
+    r.seq.release();
+    // "b", in memory in a 200-token sequence, moves to a larger one (the copy carries the rings' window).
+    const nextB = [...toks(200, 2), ...toks(8, 4)];
+    const rb = (await store.resume("alice", "b", nextB, 300))!;
+    expect(rb.seq.capacity).toBe(300);
+    const freshB = await gTurn(nextB);
+    expect(maxDiff(await ge.prefill(rb.seq, nextB.slice(200)), freshB.logits)).toBe(0);
+    freshB.seq.release();
+    rb.seq.release();
+    // A prompt sharing 100 of a session's 200 tokens would roll back past the 64-row rings: recomputed.
+    await store.park("alice", "c", (await gTurn(toks(200, 5))).seq, toks(200, 5), [0], 1);
+    const dropped = store.counts.dropped;
+    expect(await store.resume("alice", "c", [...toks(200, 5).slice(0, 100), 5, 6])).toBeUndefined();
+    expect(store.counts.dropped).toBe(dropped + 1);
+    store.close();
   });
 
   it("commonPrefix and roundHashes", () => {

@@ -22,10 +22,65 @@ export interface KvShape {
   nLayer: number;
   hkv: number;
   headDim: number;
+  /**
+   * The sliding-window layers and their window (none: []/0). Such a layer's rows before its last
+   * window are never read, and the engine keeps a ring of rows for it (native/src/kv_cache.h), so a
+   * copy of a sequence carries only its last window (windowStart).
+   */
+  slidingLayers: readonly number[];
+  slidingWindow: number;
 }
 
-export function kvShape(config: Pick<ModelConfig, "nLayer" | "nHeadKv" | "headDim">): KvShape {
-  return { nLayer: config.nLayer, hkv: config.nHeadKv, headDim: config.headDim };
+export function kvShape(config: Pick<ModelConfig, "nLayer" | "nHeadKv" | "headDim" | "slidingLayers" | "slidingWindow">): KvShape {
+  return {
+    nLayer: config.nLayer,
+    hkv: config.nHeadKv,
+    headDim: config.headDim,
+    slidingLayers: config.slidingLayers,
+    slidingWindow: config.slidingWindow,
+  };
+}
+
+/** The first token of a sliding-window layer's rows a copy of n tokens carries: the start of its last window. */
+export function windowStart(shape: Pick<KvShape, "slidingWindow">, nTokens: number): number {
+  return Math.max(0, nTokens - shape.slidingWindow);
+}
+
+/** The first token of layer `l`'s rows a copy of n tokens carries (0, or windowStart on a sliding layer). */
+export function firstRowKept(shape: Pick<KvShape, "slidingLayers" | "slidingWindow">, layer: number, nTokens: number): number {
+  return shape.slidingLayers.includes(layer) ? windowStart(shape, nTokens) : 0;
+}
+
+/**
+ * Layer groups split into their global and their sliding-window layers (global part first, empty
+ * parts dropped): a sliding part is copied only for its last window.
+ */
+export function splitSlidingLayers(groups: readonly (readonly number[])[], shape: KvShape): { layerIds: number[]; sliding: boolean }[] {
+  const sliding = new Set(shape.slidingLayers);
+  return groups.flatMap((g) =>
+    [
+      { layerIds: g.filter((l) => !sliding.has(l)), sliding: false },
+      { layerIds: g.filter((l) => sliding.has(l)), sliding: true },
+    ].filter((part) => part.layerIds.length > 0),
+  );
+}
+
+/**
+ * The chunks of rows that carry a sequence's first n tokens, in blocks of `blockTokens`: the
+ * global layers from token 0, the sliding-window layers their last window only.
+ */
+export function heldChunks(
+  shape: KvShape,
+  nTokens: number,
+  blockTokens: number,
+): { layerIds: number[]; tokenStart: number; tokenCount: number }[] {
+  const all = Array.from({ length: shape.nLayer }, (_, l) => l);
+  return splitSlidingLayers([all], shape).flatMap(({ layerIds, sliding }) =>
+    tokenBlocks(nTokens - (sliding ? windowStart(shape, nTokens) : 0), blockTokens).map((b) => {
+      const from = sliding ? windowStart(shape, nTokens) : 0;
+      return { layerIds, tokenStart: from + b.tokenStart, tokenCount: b.tokenEnd - b.tokenStart };
+    }),
+  );
 }
 
 export interface BlockRange {
@@ -130,10 +185,11 @@ function moveRows<T>(move: () => T): T {
  */
 export function coverageProblem(
   chunks: readonly { layerIds: readonly number[]; tokenStart: number; tokenEnd: number }[],
-  nLayer: number,
+  shape: Pick<KvShape, "nLayer" | "slidingLayers" | "slidingWindow">,
   nTokens: number,
   leftOut?: { aboveLayer: number; ranges: readonly BlockRange[] },
 ): string | null {
+  const { nLayer } = shape;
   // Past the left-out ranges that start where the layer's coverage stopped.
   const skip = (l: number, at: number): number => {
     if (!leftOut || l <= leftOut.aboveLayer) return at;
@@ -148,8 +204,12 @@ export function coverageProblem(
     }
   }
   for (let l = 0; l < nLayer; l++) {
-    const ranges = perLayer[l]!.sort((a, b) => a.tokenStart - b.tokenStart);
-    let at = 0;
+    // A sliding-window layer needs its last window only: rows before it are not counted.
+    let at = firstRowKept(shape, l, nTokens);
+    const from = at;
+    const ranges = perLayer[l]!.filter((r) => r.tokenEnd > from)
+      .map((r) => ({ tokenStart: Math.max(r.tokenStart, from), tokenEnd: r.tokenEnd }))
+      .sort((a, b) => a.tokenStart - b.tokenStart);
     for (const r of ranges) {
       if (r.tokenStart !== at) at = skip(l, at);
       if (r.tokenStart !== at) return `layer ${l}: tokens ${at}..${r.tokenStart} ${r.tokenStart > at ? "are missing" : "overlap"}`;

@@ -81,6 +81,11 @@ export class Engine {
     return this.native.info.ubatch;
   }
 
+  /** KV bytes a sequence holds with n tokens: every global layer's n rows, each sliding-window layer's ring at most. */
+  kvBytes(nTokens: number): number {
+    return this.native.kvBytes(nTokens);
+  }
+
   createSequence(capacity?: number): NativeSequence {
     return this.native.createSequence(capacity);
   }

@@ -23,7 +23,11 @@ export interface ModelConfig {
   ropeBase: number;
   rmsEps: number;
   tiedOutput: boolean;
+  /** KV bytes of one token in every layer (a sliding layer's ring aside: Engine.kvBytes). */
   kvBytesPerToken: number;
+  /** Keys a sliding-window layer's query sees (0: no layer slides), and those layers. */
+  slidingWindow: number;
+  slidingLayers: number[];
 }
 
 export interface GgufTensorInfo {
@@ -220,6 +224,8 @@ export interface EngineInfo {
   cudaGraphs: boolean;
   /** The CUDA kernel set in use ("simple", "fast" or a list); "" on the CPU. */
   cudaKernels: string;
+  /** Rows of each sliding-window layer's ring in this engine's sequences; 0 when none. */
+  ringRows: number;
   /** Bytes of weights a one-token step reads (every layer's matrices and the output matrix): a decode step's memory floor. */
   weightBytesPerToken: number;
 }
@@ -230,6 +236,8 @@ export interface NativeEngine {
   forward(items: ForwardItem[]): Promise<void>;
   /** Round Attention's pick over the prompt `seq` holds (ascending indices of earlier rounds), on the engine's thread; RangeError unless its policy is rounds. */
   pickRounds(seq: NativeSequence): Promise<number[]>;
+  /** KV bytes a sequence of this engine holds with n tokens (each sliding layer's ring at most). */
+  kvBytes(nTokens: number): number;
 }
 
 interface Addon {
