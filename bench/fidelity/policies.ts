@@ -16,10 +16,11 @@ export const SCOPE = { mode: "slide", beta1: 256, beta2: 256, maxOutput: 1024 } 
 /** omnikv+scope: OmniKV at this prompt budget, SCOPE as above over the generated tokens. */
 export const OMNIKV_SCOPE_BUDGET = 1024;
 
-export function fidelityPolicies(filterLayers: number[], budgets: readonly number[] = BUDGETS): BenchPolicy[] {
+/** `guard` unset: the default (the first layer after each filter layer stays dense). */
+export function fidelityPolicies(filterLayers: number[], budgets: readonly number[] = BUDGETS, guard?: boolean): BenchPolicy[] {
+  const omnikv = (budget: number) => ({ filterLayers, budget, ...(guard === undefined ? {} : { guard }) });
   const out: BenchPolicy[] = [{ id: "full", family: "full", budget: null, policy: { kind: "full" } }];
-  for (const k of budgets)
-    out.push({ id: `omnikv k=${k}`, family: "omnikv", budget: k, policy: { kind: "omnikv", omnikv: { filterLayers, budget: k } } });
+  for (const k of budgets) out.push({ id: `omnikv k=${k}`, family: "omnikv", budget: k, policy: { kind: "omnikv", omnikv: omnikv(k) } });
   for (const k of budgets)
     out.push({
       id: `streaming k=${k}`,
@@ -40,7 +41,7 @@ export function fidelityPolicies(filterLayers: number[], budgets: readonly numbe
     id: `omnikv k=${OMNIKV_SCOPE_BUDGET}+scope ${scope.beta1}+${scope.beta2}`,
     family: "omnikv+scope",
     budget: OMNIKV_SCOPE_BUDGET,
-    policy: { kind: "omnikv+scope", omnikv: { filterLayers, budget: OMNIKV_SCOPE_BUDGET }, scope },
+    policy: { kind: "omnikv+scope", omnikv: omnikv(OMNIKV_SCOPE_BUDGET), scope },
   });
   return out;
 }

@@ -6,8 +6,11 @@
 // step; before the first divergence the free run is already teacher-forced, so it is reused).
 // Results are written after every prompt, so an interrupted run leaves its partial JSON behind.
 //
-//   npm run bench:fidelity [-- --quick] [--tasks passkey,2stage,longgen] [--out DIR] [--replot]
+//   npm run bench:fidelity [-- --quick] [--tasks passkey,multikey,2stage,longgen] [--out DIR] [--replot]
 //     [--policies "scope 256+256,omnikv k=1024+scope 256+256"] [--longgen-tokens 2048] [--longgen-questions 60]
+//     [--model gemma-3-270m --lengths 8192,16384,30720 --filter-layers 5 --guard off --threads 2]
+// A model without a chat template (a base model) reads the task's text as it is, the answer
+// prefix after a blank line.
 import { createHash } from "node:crypto";
 import { readFileSync, statSync } from "node:fs";
 import { fileURLToPath } from "node:url";
@@ -18,6 +21,7 @@ import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
 import { ChatTemplate } from "../../shared/inference/tokenizer/chat-template.ts";
+import { readGgufMetadata } from "../../shared/inference/engine/native.ts";
 import { GgufTokenizer } from "../../shared/inference/tokenizer/tokenizer.ts";
 import { benchCli } from "../../tools/lib/bench-runner.ts";
 import { firstDivergence, klDivergence, logSoftmax, mean, tokenAgreement } from "./metrics.ts";
@@ -26,6 +30,7 @@ import { writeReport, type FidelityResult, type PolicyRun, type PromptResult } f
 import {
   firstColour,
   longGenTask,
+  multikeyTask,
   passkeyTask,
   scoreLongGen,
   scorePasskey,
@@ -43,11 +48,30 @@ const bench = benchCli({
     policies: { type: "string" },
     "longgen-tokens": { type: "string" },
     "longgen-questions": { type: "string" },
+    model: { type: "string" },
+    lengths: { type: "string" },
+    depths: { type: "string" },
+    needles: { type: "string", default: "3" },
+    gen: { type: "string" },
+    budgets: { type: "string" },
+    "filter-layers": { type: "string" },
+    guard: { type: "string" },
+    threads: { type: "string", default: "1" },
   },
-  help: `  --tasks LIST             passkey,2stage,longgen (default all three)
+  help: `  --tasks LIST             passkey,multikey,2stage,longgen (default passkey,2stage,longgen)
   --policies LIST          only these policy ids ("full" always runs first, as the reference)
   --longgen-tokens N       tokens generated on the long-generation prompt (default 1024)
-  --longgen-questions N    questions in the long-generation prompt (default 40)`,
+  --longgen-questions N    questions in the long-generation prompt (default 40)
+  --model NAME|PATH        the model (default: the default model)
+  --lengths LIST           passkey and multikey prompt tokens (default 2048,4096,7680)
+  --depths LIST            passkey needle depths, 0..1 (default 0,0.5,1)
+  --needles N              multikey: needles per prompt (default 3)
+  --gen N                  tokens generated per policy on passkey and multikey prompts
+                           (default 48, 128 from 7K tokens)
+  --budgets LIST           the sparse policies' budgets (default 256,1024)
+  --filter-layers LIST     OmniKV's filter layers (default: the model's calibrated ones)
+  --guard on|off           OmniKV's guard layer (default on)
+  --threads N              engine threads (default 1)`,
   quick: "3 small prompts",
   replot: true,
 });
@@ -58,6 +82,7 @@ if (bench.replot) {
 const args = bench.values;
 const QUICK = bench.quick;
 const TASKS = new Set(args.tasks!.split(","));
+const list = (v: string | undefined) => v?.split(",").map(Number);
 
 interface GridItem {
   label: string;
@@ -68,8 +93,9 @@ interface GridItem {
 
 function grid(): GridItem[] {
   const items: GridItem[] = [];
-  const passLens = QUICK ? [1024] : [2048, 4096, 7680];
-  const depths = QUICK ? [0.5] : [0, 0.5, 1];
+  const passLens = list(args.lengths) ?? (QUICK ? [1024] : [2048, 4096, 7680]);
+  const depths = list(args.depths) ?? (QUICK ? [0.5] : [0, 0.5, 1]);
+  const genAt = (len: number) => (args.gen ? Number(args.gen) : QUICK ? 24 : len >= 7000 ? 128 : 48);
   let seed = 1;
   if (TASKS.has("passkey"))
     for (const len of passLens)
@@ -78,9 +104,19 @@ function grid(): GridItem[] {
         items.push({
           label: `passkey ${len} d=${depth * 100}%`,
           build: (measure) => passkeyTask({ targetTokens: len, depth, seed: s, measure }),
-          gen: QUICK ? 24 : len >= 7000 ? 128 : 48,
+          gen: genAt(len),
         });
       }
+  if (TASKS.has("multikey"))
+    for (const len of passLens) {
+      const s = 500 + seed++;
+      const needles = Number(args.needles);
+      items.push({
+        label: `multikey ${len} x${needles}`,
+        build: (measure) => multikeyTask({ targetTokens: len, needles, seed: s, measure }),
+        gen: genAt(len),
+      });
+    }
   const twoLens = QUICK ? [512] : [1024, 4096];
   const samples = QUICK ? 1 : 2;
   if (TASKS.has("2stage"))
@@ -111,19 +147,24 @@ const t00 = performance.now();
 const elapsed = () => `${((performance.now() - t00) / 1000).toFixed(0)}s`;
 const log = (msg: string) => console.error(`[fidelity ${elapsed()}] ${msg}`);
 
-const modelPath = await resolveModel();
+const modelPath = await resolveModel(args.model ? { path: args.model } : {});
 const model = await loadModel(modelPath);
 const tok = GgufTokenizer.fromGguf(modelPath);
-const template = ChatTemplate.fromGguf(modelPath, tok);
-const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [3, 17, 23];
+const template = ChatTemplate.fromMetadataIfAny(readGgufMetadata(modelPath), tok);
+const filterLayers = list(args["filter-layers"]) ?? policyDefaultsFor(model.fingerprint)?.filterLayers ?? [3, 17, 23];
+if (args.guard !== undefined && args.guard !== "on" && args.guard !== "off") throw new Error("--guard: on or off");
+const guard = args.guard === undefined ? undefined : args.guard === "on";
 const only = args.policies?.split(",").map((x) => x.trim());
-const policies = fidelityPolicies(filterLayers).filter((p) => !only || p.id === "full" || only.includes(p.id));
+const policies = fidelityPolicies(filterLayers, list(args.budgets), guard).filter((p) => !only || p.id === "full" || only.includes(p.id));
 if (only && policies.length !== new Set([...only, "full"]).size) throw new Error(`--policies: unknown id in ${args.policies}`);
-const engine = new Engine(model, { threads: 1, maxContext: 8192 });
+const items = grid();
+const longest = Math.max(...items.map((i) => Number(/ (\d+)/.exec(i.label)?.[1] ?? 0) + i.gen));
+const threads = Number(args.threads);
+const engine = new Engine(model, { threads, maxContext: Math.max(8192, longest + 256) });
 const { nLayer, nHeadKv } = model.config;
 
 function promptTokens(user: string, answerPrefix: string): number[] {
-  const text = template.render([{ role: "user", content: user }]) + answerPrefix;
+  const text = template ? template.render([{ role: "user", content: user }]) + answerPrefix : `${user}\n\n${answerPrefix}`;
   const bos = tok.special.bos;
   const add = tok.addBos && bos !== undefined && !text.startsWith(tok.tokenText(bos));
   return [...(add ? [bos!] : []), ...tok.encode(text, { parseSpecial: true })];
@@ -205,7 +246,7 @@ function score(
   p: TaskPrompt & { questions?: Array<{ answer: number }> },
   text: string,
 ): { score: number; extra?: Record<string, unknown> } {
-  if (p.task === "passkey") return { score: scorePasskey(text, p.answer) };
+  if (p.task === "passkey" || p.task === "multikey") return { score: scorePasskey(text, p.answer) };
   if (p.task === "2stage") return { score: scoreTwoStage(text, p.answer), extra: { firstColour: firstColour(text) ?? null } };
   const r = scoreLongGen(
     text,
@@ -214,7 +255,6 @@ function score(
   return { score: r.score, extra: { answered: r.answered } };
 }
 
-const items = grid();
 const result: FidelityResult = {
   what: "fidelity of sparse decode policies vs full attention: task score, greedy agreement and first divergence (free-running), mean KL(full||policy) per step (teacher-forced with full's tokens)",
   ...bench.record(),
@@ -223,7 +263,8 @@ const result: FidelityResult = {
   model: { name: model.config.name, fingerprint: model.fingerprint, nLayer, nHeadKv },
   filterLayers,
   policies: policies.map(({ id, family, budget, policy }) => ({ id, family, budget, policy })),
-  engine: { threads: 1, kernels: engine.native.info.kernels, addon: addonInfo() },
+  engine: { threads, kernels: engine.native.info.kernels, addon: addonInfo() },
+  omnikvGuard: guard ?? "default",
   plannedPrompts: items.map((i) => i.label),
   prompts: [],
 };
@@ -309,6 +350,8 @@ for (const [idx, item] of items.entries()) {
           : null,
       decodeTokens: generated,
     };
+    // The free run's decode steps (its first token came from the prefill's logits).
+    run.kvBytesReadPerToken = item.gen > 1 ? stats.decodeKvBytesRead / (item.gen - 1) : null;
     run.eogAt = eogAt;
     run.output = text.slice(0, 400);
     if (sc.extra) run.extra = sc.extra;

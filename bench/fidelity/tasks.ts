@@ -10,7 +10,7 @@ import { seededRng, uniformInt } from "../../tools/lib/random.ts";
 export type Measure = (userText: string) => number;
 
 export interface TaskPrompt {
-  task: "passkey" | "2stage" | "longgen";
+  task: "passkey" | "multikey" | "2stage" | "longgen";
   /** The user message (wrapped in the chat template by the runner). */
   user: string;
   /** Text appended after the template's assistant header, so the answer starts in the right form. */
@@ -71,6 +71,43 @@ export function passkeyTask(opts: { targetTokens: number; depth: number; seed: n
 /** Passkey score: the key appears in the output. */
 export function scorePasskey(output: string, key: string): number {
   return output.includes(key) ? 1 : 0;
+}
+
+// --- Several needles at once (the passkey task with numbered keys) ------------------------------
+
+export const numberedNeedle = (i: number, key: string) =>
+  `The pass key number ${i} is ${key}. Remember it. ${key} is pass key number ${i}.\n`;
+
+/**
+ * `keys.length` numbered needles spread evenly through `n` filler lines (needle i after
+ * round((i + 0.5) / K * n) of them); the question asks for number `ask` (1-based). A policy must
+ * keep the one asked for and not confuse it with its neighbours.
+ */
+export function multikeyTask(opts: { targetTokens: number; needles: number; seed: number; measure: Measure }): TaskPrompt {
+  const rng = seededRng(opts.seed);
+  const keys = Array.from({ length: opts.needles }, () => String(uniformInt(rng, 10000, 99999)));
+  const ask = 1 + uniformInt(rng, 0, opts.needles - 1);
+  const context = (n: number) => {
+    let out = "",
+      done = 0;
+    keys.forEach((key, i) => {
+      const at = Math.round(((i + 0.5) / keys.length) * n);
+      out += PASSKEY_FILLER.repeat(at - done) + numberedNeedle(i + 1, key);
+      done = at;
+    });
+    return out + PASSKEY_FILLER.repeat(n - done);
+  };
+  const build = (n: number) => passkeyPromptText(context(n), `What is pass key number ${ask}?`);
+  const n = fitCount(build, opts.measure, opts.targetTokens);
+  const user = build(n);
+  return {
+    task: "multikey",
+    user,
+    answerPrefix: `The pass key number ${ask} is`,
+    answer: keys[ask - 1]!,
+    tokens: opts.measure(user),
+    meta: { needles: opts.needles, ask, keys: keys.map(Number), fillerLines: n, seed: opts.seed },
+  };
 }
 
 // --- 2StageRetr (OmniKV appendix) ---------------------------------------------------------------

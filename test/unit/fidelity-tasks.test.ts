@@ -8,6 +8,8 @@ import {
   PASSKEY_FILLER,
   firstColour,
   longGenTask,
+  multikeyTask,
+  numberedNeedle,
   passkeyNeedle,
   passkeyTask,
   scoreLongGen,
@@ -73,6 +75,26 @@ describe("passkey", () => {
 
   it("refuses a target smaller than the bare prompt", () => {
     expect(() => passkeyTask({ targetTokens: 20, depth: 0, seed: 1, measure })).toThrow(/target/);
+  });
+});
+
+describe("multikey", () => {
+  it("spreads numbered needles evenly, asks for one of them and fits the token target", () => {
+    const t = multikeyTask({ targetTokens: 900, needles: 3, seed: 11, measure });
+    const keys = t.meta.keys as number[];
+    const ask = t.meta.ask as number;
+    expect(keys).toHaveLength(3);
+    expect(new Set(keys).size).toBe(3);
+    expect(ask >= 1 && ask <= 3).toBe(true);
+    expect(t.answer).toBe(String(keys[ask - 1]));
+    expect(t.answerPrefix).toBe(`The pass key number ${ask} is`);
+    expect(t.user.endsWith(`\n\nWhat is pass key number ${ask}?`)).toBe(true);
+    expect(t.tokens).toBeLessThanOrEqual(900);
+    const lines = t.user.split("\n\n")[1]!.split("\n").filter(Boolean);
+    const at = keys.map((k, i) => lines.indexOf(numberedNeedle(i + 1, String(k)).trimEnd()));
+    const n = lines.length - 3; // filler lines
+    at.forEach((idx, i) => expect(Math.abs(idx - i - ((i + 0.5) / 3) * n)).toBeLessThanOrEqual(1));
+    expect(multikeyTask({ targetTokens: 900, needles: 3, seed: 11, measure })).toEqual(t);
   });
 });
 
@@ -160,5 +182,11 @@ describe("policies", () => {
     ]);
     expect(ps.find((p) => p.id === "streaming k=256")!.policy).toEqual({ kind: "streaming", streaming: { sinks: 4, window: 252 } });
     expect(ps.find((p) => p.id === "h2o k=1024")!.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256 } });
+    expect(ps.find((p) => p.id === "omnikv k=256")!.policy).toEqual({ kind: "omnikv", omnikv: { filterLayers: [3, 17, 23], budget: 256 } });
+    const unguarded = fidelityPolicies([5], [512], false);
+    expect(unguarded.find((p) => p.id === "omnikv k=512")!.policy).toEqual({
+      kind: "omnikv",
+      omnikv: { filterLayers: [5], budget: 512, guard: false },
+    });
   });
 });
