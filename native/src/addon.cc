@@ -616,15 +616,24 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("ringRows", engine_->ring_rows());
     return o;
   }
-  // kvBytes(nTokens): the KV bytes a sequence of this engine holds with n tokens (its sliding
-  // layers' rings at most), for admission before any sequence exists.
+  // kvBytes(nTokens, ringBatch?): the KV bytes a sequence of this engine holds with n tokens (its
+  // sliding layers' rings at most), for admission before any sequence exists.
   Napi::Value KvBytes(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    if (info.Length() != 1 || !info[0].IsNumber()) throw Napi::TypeError::New(env, "kvBytes(nTokens) needs a number");
+    if (info.Length() < 1 || info.Length() > 2 || !info[0].IsNumber())
+      throw Napi::TypeError::New(env, "kvBytes(nTokens, ringBatch?) needs a number");
     const double n = info[0].As<Napi::Number>().DoubleValue();
     if (!(n >= 0 && n <= (1 << 24) && n == static_cast<int>(n)))
       throw Napi::RangeError::New(env, "kvBytes: nTokens must be an integer in [0, 2^24]");
-    return Napi::Number::New(env, static_cast<double>(engine_->kv_bytes(static_cast<int>(n))));
+    return Napi::Number::New(env, static_cast<double>(engine_->kv_bytes(static_cast<int>(n), ring_batch_arg(info, 1))));
+  }
+  // An optional ring batch (createSequence, kvBytes): 0 when absent.
+  static int ring_batch_arg(const Napi::CallbackInfo& info, size_t i) {
+    if (info.Length() <= i || info[i].IsUndefined()) return 0;
+    const double b = info[i].IsNumber() ? info[i].As<Napi::Number>().DoubleValue() : -1;
+    if (!(b >= 1 && b <= 8192 && b == static_cast<int>(b)))
+      throw Napi::RangeError::New(info.Env(), "ringBatch must be an integer in [1, 8192]");
+    return static_cast<int>(b);
   }
 
   Napi::Value CreateSequence(const Napi::CallbackInfo& info) {
@@ -639,7 +648,7 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
       capacity = static_cast<int>(c);
     }
     try {
-      NativeSequence::SequenceInit init{engine_->create_sequence(capacity), engine_->model_ptr()};
+      NativeSequence::SequenceInit init{engine_->create_sequence(capacity, ring_batch_arg(info, 1)), engine_->model_ptr()};
       auto ext = Napi::External<NativeSequence::SequenceInit>::New(env, &init);
       return NativeSequence::ctor.New({ext});
     } catch (const DeviceError& e) {

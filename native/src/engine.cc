@@ -89,21 +89,22 @@ Engine::~Engine() = default;
 
 std::string Engine::device_description() const { return device_ ? device_->description() : std::string("CPU, ") + k_.name + " kernels"; }
 
-std::shared_ptr<Sequence> Engine::create_sequence(int capacity) const {
-  auto seq = std::make_shared<Sequence>(config(), capacity, opts_.ubatch);  // rings of ring_rows()
+std::shared_ptr<Sequence> Engine::create_sequence(int capacity, int ring_batch) const {
+  if (ring_batch < 0 || ring_batch > 8192) throw std::invalid_argument("create_sequence: ring batch must be 0..8192");
+  auto seq = std::make_shared<Sequence>(config(), capacity, ring_batch > 0 ? ring_batch : opts_.ubatch);
   seq->device_budget = opts_.device_budget_bytes;
   if (device_) seq->device_kv = device_->create_kv(capacity);
   return seq;
 }
 
-int Engine::ring_rows() const {
+int Engine::ring_rows(int ring_batch) const {
   const ModelConfig& c = config();
-  return c.any_layer_slides() ? KvRing::rows_for(c.sliding_window, opts_.ubatch) : 0;
+  return c.any_layer_slides() ? KvRing::rows_for(c.sliding_window, ring_batch > 0 ? ring_batch : opts_.ubatch) : 0;
 }
 
-size_t Engine::kv_bytes(int n_tokens) const {
+size_t Engine::kv_bytes(int n_tokens, int ring_batch) const {
   const ModelConfig& c = config();
-  const int ring = ring_rows();
+  const int ring = ring_rows(ring_batch);
   size_t rows = 0;
   for (int l = 0; l < c.n_layer; ++l) rows += static_cast<size_t>(ring > 0 && c.layer_slides(l) ? std::min(n_tokens, ring) : n_tokens);
   return rows * 2 * c.kv_dim() * sizeof(uint16_t);
@@ -156,11 +157,6 @@ void Engine::validate(const std::vector<BatchItem>& items) const {
       throw std::invalid_argument(it.probe ? "forward: attention probes run on the CPU engine only"
                                            : "forward: the sequence was not created by this GPU engine");
     if (!device_ && it.seq->device_kv) throw std::invalid_argument("forward: a GPU sequence on a CPU engine");
-    const int ring = it.seq->kv.ring_rows();
-    if (ring > 0 && ring < KvRing::rows_for(c.sliding_window, std::min(opts_.ubatch, it.n_tokens)))
-      throw std::invalid_argument("forward: the sequence's sliding-window rings hold " + std::to_string(ring) +
-                                  " rows, too few for the window plus this engine's micro-batch of " + std::to_string(opts_.ubatch) +
-                                  " (make the sequence with this engine)");
     if (it.seq->n_past() + it.n_tokens > limit)
       throw std::invalid_argument("forward: " + std::to_string(it.seq->n_past() + it.n_tokens) + " tokens exceed the context limit of " +
                                   std::to_string(limit) + (limit == max_ctx_ ? " (model context)" : " (sequence capacity)"));

@@ -43,10 +43,10 @@ struct EngineOptions {
 
 class Sequence {
  public:
-  // `ubatch`: the largest micro-batch of the engines that will run it (the rings of sliding-window
-  // layers hold the window plus one: KvRing::rows_for).
-  Sequence(const ModelConfig& c, int capacity, int ubatch = 512)
-      : kv(c.n_layer, c.kv_dim(), capacity, KvRing{c.slides, c.sliding_window, KvRing::rows_for(c.sliding_window, ubatch)}),
+  // `ring_batch`: the rings of its sliding-window layers hold the window plus this many rows
+  // (KvRing::rows_for); a longer run of its prompt is computed in micro-batches of that size.
+  Sequence(const ModelConfig& c, int capacity, int ring_batch = 512)
+      : kv(c.n_layer, c.kv_dim(), capacity, KvRing{c.slides, c.sliding_window, KvRing::rows_for(c.sliding_window, ring_batch)}),
         policy(make_decode_policy(AttentionPolicy{})),
         n_head_kv_(c.n_head_kv),
         sliding_(c.any_layer_slides()) {}
@@ -102,19 +102,23 @@ struct UbatchSlice {
 // Cuts a batch into micro-batches of at most `ubatch` tokens (a long prompt spans several) and
 // calls run(slices) for each, in order; `slices` is the caller's reused buffer. Every backend
 // batches this way, so a batch is computed in the same pieces on the CPU and on a GPU.
+// A sequence whose sliding-window rings hold fewer rows (KvCache::max_run) has its prompt cut
+// to that many tokens per micro-batch.
 template <class Run>
 void for_each_ubatch(const std::vector<BatchItem>& items, int ubatch, std::vector<UbatchSlice>& slices, Run&& run) {
   slices.clear();
   int filled = 0;
   for (const BatchItem& it : items) {
     const int base = it.seq->n_past();  // read before this item's first micro-batch runs
+    const int run_cap = it.seq->kv.max_run();
     int offset = 0;
     while (offset < it.n_tokens) {
-      const int count = std::min(it.n_tokens - offset, ubatch - filled);
+      const int count = std::min({it.n_tokens - offset, ubatch - filled, run_cap});
       slices.push_back({&it, offset, count, base + offset});
       offset += count;
       filled += count;
-      if (filled == ubatch) {
+      // (a capped run ends its micro-batch: the next run of the sequence must see this one's rows)
+      if (filled == ubatch || (count == run_cap && offset < it.n_tokens)) {
         run(slices);
         slices.clear();
         filled = 0;
@@ -151,13 +155,16 @@ class Engine : private PolicyBackend {
   std::string device_name() const { return device_ ? device_->name() : "cpu"; }
   std::string device_description() const;
   DeviceBackend* device() const { return device_.get(); }
-  // A sequence for this engine (with its GPU cache on a GPU engine).
-  std::shared_ptr<Sequence> create_sequence(int capacity) const;
-  // Rows of each sliding-window layer's ring in this engine's sequences (0: the model has none).
-  int ring_rows() const;
-  // KV bytes a sequence of this engine holds with n tokens stored (every global layer's n rows,
-  // each sliding layer's ring at most).
-  size_t kv_bytes(int n_tokens) const;
+  // A sequence for this engine (with its GPU cache on a GPU engine). `ring_batch` (0: the engine's
+  // micro-batch) sizes its sliding-window layers' rings: a sequence that is imported and then
+  // decoded a token at a time needs few rows past the window (its prompt runs are cut to fit).
+  std::shared_ptr<Sequence> create_sequence(int capacity, int ring_batch = 0) const;
+  // Rows of each sliding-window layer's ring in a sequence made with `ring_batch` (0: the engine's
+  // micro-batch); 0 when the model has none.
+  int ring_rows(int ring_batch = 0) const;
+  // KV bytes such a sequence holds with n tokens stored (every global layer's n rows, each sliding
+  // layer's ring at most).
+  size_t kv_bytes(int n_tokens, int ring_batch = 0) const;
   // Bytes of weights a one-token forward pass reads: every layer's matrices and the output matrix
   // in the layout the kernels read (the embedding row and the norm vectors are left out).
   size_t weight_bytes_per_token() const;

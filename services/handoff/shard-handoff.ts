@@ -4,7 +4,7 @@
 // KV cannot be had, the request's on_kv_failure decides: the failure, or the prompt prefilled here
 // (in the decode steps) and the first token sampled as the prefill would have.
 import type { Logger } from "pino";
-import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
+import { DECODE_RING_BATCH, type NativeSequence } from "../../shared/inference/engine/engine.ts";
 import type { InternalAuth } from "../../shared/platform/auth/capability.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { PrefillRequest } from "../../shared/platform/http/wire.ts";
@@ -154,7 +154,7 @@ class ShardHandover implements Handover {
       this.ran = this.stream!.policy;
       return (this.seq = loading);
     }
-    const seq = this.rt.engine.createSequence(plan.capacity);
+    const seq = this.rt.engine.createSequence(plan.capacity, { ringBatch: DECODE_RING_BATCH }); // imported, then decoded
     try {
       applyPolicy(this.rt, seq, plan.policy); // the engine's one validation: 400 before the handle is taken
     } catch (e) {

@@ -3,7 +3,7 @@
 // loaded as they commit, so only the last block's transfer is left when the handle (and its first
 // token) arrives. Should the prefill die after it started, the prompt can be recomputed here into
 // the same sequence (shard-handoff.ts decides).
-import type { NativeSequence } from "../../shared/inference/engine/engine.ts";
+import { DECODE_RING_BATCH, type NativeSequence } from "../../shared/inference/engine/engine.ts";
 import { Sampler, validateSampling } from "../../shared/inference/engine/sampler.ts";
 import { ApiError } from "../../shared/platform/http/errors.ts";
 import type { ResolvedPolicy } from "../../shared/inference/policy/request.ts";
@@ -48,7 +48,7 @@ export class StreamedLoad {
     this.start = start;
     try {
       const { capacity, policy } = this.plan(start);
-      this.seq = this.rt.engine.createSequence(capacity);
+      this.seq = this.rt.engine.createSequence(capacity, { ringBatch: DECODE_RING_BATCH }); // imported, then decoded
       applyPolicy(this.rt, this.seq, policy); // the engine's one validation of it
       this.policy = policy;
     } catch (error) {

@@ -53,6 +53,18 @@ export async function loadModel(path: string): Promise<LoadedModel> {
   return { path, native, config: native.config, fingerprint: await modelFingerprint(path, native.weightsCrc32c) };
 }
 
+export interface SequenceOptions {
+  /**
+   * A model with sliding-window layers: their rings hold the window plus this many rows (default:
+   * the engine's micro-batch), and the sequence's prompt runs are cut to it. A sequence filled by
+   * a KV import and decoded a token at a time needs few (DECODE_RING_BATCH).
+   */
+  ringBatch?: number;
+}
+
+/** The ring batch of a decode's imported sequences: 64 rows past the window (its own prompt runs: 65 tokens). */
+export const DECODE_RING_BATCH = 64;
+
 export class Engine {
   readonly native: NativeEngine;
   readonly model: LoadedModel;
@@ -82,12 +94,12 @@ export class Engine {
   }
 
   /** KV bytes a sequence holds with n tokens: every global layer's n rows, each sliding-window layer's ring at most. */
-  kvBytes(nTokens: number): number {
-    return this.native.kvBytes(nTokens);
+  kvBytes(nTokens: number, opts: SequenceOptions = {}): number {
+    return this.native.kvBytes(nTokens, opts.ringBatch);
   }
 
-  createSequence(capacity?: number): NativeSequence {
-    return this.native.createSequence(capacity);
+  createSequence(capacity?: number, opts: SequenceOptions = {}): NativeSequence {
+    return this.native.createSequence(capacity, opts.ringBatch);
   }
 
   /**

@@ -232,12 +232,12 @@ export interface EngineInfo {
 
 export interface NativeEngine {
   readonly info: EngineInfo;
-  createSequence(capacity?: number): NativeSequence;
+  createSequence(capacity?: number, ringBatch?: number): NativeSequence;
   forward(items: ForwardItem[]): Promise<void>;
   /** Round Attention's pick over the prompt `seq` holds (ascending indices of earlier rounds), on the engine's thread; RangeError unless its policy is rounds. */
   pickRounds(seq: NativeSequence): Promise<number[]>;
   /** KV bytes a sequence of this engine holds with n tokens (each sliding layer's ring at most). */
-  kvBytes(nTokens: number): number;
+  kvBytes(nTokens: number, ringBatch?: number): number;
 }
 
 interface Addon {
