@@ -9,7 +9,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
-import type { NativeSequence } from "../../shared/inference/engine/native.ts";
+import { readGgufMetadata, type NativeSequence } from "../../shared/inference/engine/native.ts";
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import {
@@ -17,6 +17,7 @@ import {
   filterCapability,
   layerToLayerRoundKl,
   recommendFilterLayers,
+  recommendGlobalFilterLayers,
   similarityMatrix,
   watershedLayer,
   type Probe,
@@ -51,8 +52,12 @@ const modelPath = await resolveModel(args.model ? { path: args.model } : {});
 const model = await loadModel(modelPath);
 const engine = new Engine(model, { threads: 2 });
 const tokenizer = GgufTokenizer.fromGguf(modelPath);
-const chat = ChatTemplate.fromGguf(modelPath, tokenizer);
+// A base model without a chat template reads the documents as they are.
+const chat = ChatTemplate.fromMetadataIfAny(readGgufMetadata(modelPath), tokenizer);
 const L = model.config.nLayer;
+// With sliding-window layers the policies act on the global layers only (docs/algorithms.md).
+const globals = Array.from({ length: L }, (_, l) => l).filter((l) => !model.config.slidingLayers.includes(l));
+const sliding = globals.length < L;
 
 /** Prefills `ids` and decodes greedily for `steps` steps, returning each step's probe. */
 async function probeRun(ids: number[]): Promise<Probe[]> {
@@ -78,18 +83,30 @@ const documents: Record<string, string> = {
 };
 const docProbes: Probe[] = [];
 for (const [name, text] of Object.entries(documents)) {
-  const ids = tokenizer.encode(chat.render([{ role: "user", content: `${text}\n\nSummarize the text above.` }]), { parseSpecial: true });
+  const user = `${text}\n\nSummarize the text above.`;
+  const ids = chat
+    ? tokenizer.encode(chat.render([{ role: "user", content: user }]), { parseSpecial: true })
+    : tokenizer.encode(`${user}\n\n`, { addSpecial: true });
   console.error(`[calibrate] ${name}: ${ids.length} tokens`);
   docProbes.push(...(await probeRun(ids)));
 }
 const sim = similarityMatrix(docProbes, (n) => Math.max(16, Math.round(TOP_FRACTION * n)));
 const capability = filterCapability(sim, SPAN);
-const filterLayers = recommendFilterLayers(sim, FILTERS, MAX_FIRST);
+// A model with few global layers (Gemma 3 270M: 3 of 18) gets one filter layer per three.
+const filterLayers = sliding
+  ? recommendGlobalFilterLayers(sim, globals, Math.min(FILTERS, Math.max(1, Math.floor(globals.length / 3)))).filterLayers
+  : recommendFilterLayers(sim, FILTERS, MAX_FIRST);
 
-const conv = multiRoundConversation(tokenizer, chat);
-console.error(`[calibrate] conversation: ${conv.ids.length} tokens, ${conv.rounds.length} rounds`);
-const roundKl = layerToLayerRoundKl(await probeRun(conv.ids), conv.rounds);
-const watershed = watershedLayer(roundKl, KL_THRESHOLD);
+// Round Attention's watershed: measured on a chat; not on a model with sliding-window layers
+// (rounds are refused there) or without a chat template.
+let roundKl: number[] = [];
+let watershed: number | null = null;
+if (chat && !sliding) {
+  const conv = multiRoundConversation(tokenizer, chat);
+  console.error(`[calibrate] conversation: ${conv.ids.length} tokens, ${conv.rounds.length} rounds`);
+  roundKl = layerToLayerRoundKl(await probeRun(conv.ids), conv.rounds);
+  watershed = watershedLayer(roundKl, KL_THRESHOLD);
+}
 
 const name = model.config.name || "model";
 const result = {
@@ -105,8 +122,9 @@ const result = {
   },
   similarity: sim,
   capability,
+  globalLayers: globals,
   recommendedFilterLayers: filterLayers,
-  coverage: coverage(sim, filterLayers),
+  coverage: sliding ? recommendGlobalFilterLayers(sim, globals, filterLayers.length).coverage : coverage(sim, filterLayers),
   coverageOfOmniKvDefault: coverage(sim, [2, 8, 18]),
   roundKl,
   watershedLayer: watershed,
@@ -137,12 +155,16 @@ await bench.results.chart(
           },
         ],
       },
-      {
-        title: `Round KL, layer l vs l+1 (watershed: ${watershed ?? "none"})`,
-        xLabel: "layer l",
-        yLabel: "KL (nats)",
-        series: [{ name: "KL", color: "#d62728", points: roundKl.map((k, l) => [l, k] as [number, number]) }],
-      },
+      ...(roundKl.length === 0
+        ? []
+        : [
+            {
+              title: `Round KL, layer l vs l+1 (watershed: ${watershed ?? "none"})`,
+              xLabel: "layer l",
+              yLabel: "KL (nats)",
+              series: [{ name: "KL", color: "#d62728", points: roundKl.map((k, l) => [l, k] as [number, number]) }],
+            },
+          ]),
     ],
     { title: `${name}: calibration` },
   ),

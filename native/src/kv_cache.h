@@ -61,7 +61,7 @@ class KvCache {
   bool in_ring(int layer) const { return ring_of_[layer] >= 0; }
   int ring_rows() const { return ring_.rows; }  // 0: no ring
   // The most positions of this cache one micro-batch may write: a ring's rows less the window's
-  // older keys the micro-batch's first query still reads (kv_cache.h); no ring: no limit.
+  // older keys the micro-batch's first query still reads; no ring: no limit.
   int max_run() const { return ring_.rows > 0 ? ring_.rows - ring_.window + 1 : std::numeric_limits<int>::max(); }
   // Whether `layer` holds position t now (always, below capacity, for a layer without a ring).
   bool holds(int layer, int t) const { return ring_of_[layer] < 0 || tags_[ring_of_[layer]][row_of(layer, t)] == t; }

@@ -273,6 +273,33 @@ describe("decode policies on a model with sliding-window layers", () => {
   });
 });
 
+describe("the real Gemma 3 270M's sliding-window rings", () => {
+  it("a 3K-token prompt and 16 greedy steps: rings of 1,024 rows give the logits of whole caches", async (ctx) => {
+    const got = await gemma3Model();
+    if ("skip" in got) return ctx.skip(got.skip);
+    const model = await loadModel(got.path);
+    const license = readFileSync(new URL("../../LICENSE", import.meta.url), "utf8");
+    const ids = Array.from({ length: 3000 }, (_, i) => 2 + ((license.charCodeAt(i % license.length) * 131 + i) % 20000));
+    // 512-token micro-batches: rings of 1,024 rows; 4,096: rings larger than the sequence, so none.
+    const ringed = new Engine(model, { threads: 2, ubatch: 512 });
+    const whole = new Engine(model, { threads: 2, ubatch: 4096 });
+    const run = async (engine: Engine) => {
+      const seq = engine.createSequence(ids.length + 16);
+      const logits = [await engine.prefill(seq, ids)];
+      for (let i = 0; i < 16; i++) logits.push((await engine.decode([seq], [argmax(logits.at(-1)!)]))[0]!);
+      const ring = seq.deviceBytesUsed;
+      seq.release();
+      return { logits, ring };
+    };
+    const a = await run(ringed);
+    const b = await run(whole);
+    for (let i = 0; i < a.logits.length; i++) expect(maxAbsDiff(a.logits[i]!, b.logits[i]!), `step ${i}`).toBe(0);
+    const rowPair = 2 * 256 * 2;
+    expect(a.ring).toBe((3 * 3016 + 15 * 1024) * rowPair);
+    expect(b.ring).toBe(18 * 3016 * rowPair);
+  });
+});
+
 describe("the real Gemma 3 270M vs llama.cpp", () => {
   it("a ~1K-token prompt: prefill, teacher-forced and free-running greedy decode", async (ctx) => {
     const got = await gemma3Model();

@@ -6,6 +6,7 @@ import {
   kl,
   layerToLayerRoundKl,
   recommendFilterLayers,
+  recommendGlobalFilterLayers,
   roundDistributions,
   similarityMatrix,
   topN,
@@ -45,6 +46,20 @@ describe("calibration", () => {
     expect(recommendFilterLayers(sim, 2, 2)).toEqual([1, 4]);
     // The first filter layer may not come later than maxFirst.
     expect(recommendFilterLayers(sim, 1, 1)).toEqual([1]);
+  });
+
+  it("on a model with sliding-window layers, chooses among the global layers", () => {
+    // 6 layers, global 1, 3 and 5. Layer 1's top tokens cover layer 5 well, layer 3's cover it badly.
+    const sim: number[][] = Array.from({ length: 6 }, (_, i) => Array.from({ length: 6 }, (_, j) => (i === j ? 1 : 0.2)));
+    sim[1]![5] = 0.9;
+    sim[1]![3] = 0.1;
+    sim[3]![5] = 0.6;
+    // With the guard (the next global layer, 3), layer 1 serves 5 alone (0.9), and 3 serves none.
+    expect(recommendGlobalFilterLayers(sim, [1, 3, 5], 1, true)).toEqual({ filterLayers: [1], coverage: 0.9 });
+    // Without it, layer 1 serves 3 and 5 ((0.1 + 0.9) / 2 = 0.5) and layer 3 serves 5 (0.6).
+    const unguarded = recommendGlobalFilterLayers(sim, [1, 3, 5], 1, false);
+    expect(unguarded.filterLayers).toEqual([3]);
+    expect(unguarded.coverage).toBeCloseTo(0.6);
   });
 
   it("round distributions, KL and the watershed", () => {

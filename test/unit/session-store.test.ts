@@ -196,7 +196,10 @@ describe("SessionStore", () => {
     // Gemma 3's shape, tiny: layers 0-4 slide (window 24), 5 is global; 8-token micro-batches give
     // 64-row rings, so a 200-token session is well past them.
     const path = join(dir, "gemma3.gguf");
-    await writeFile(path, tinyArchModel({ arch: "gemma3", ropeBase: 500, nHeadKv: 1, headDim: 32, nLayer: 6, slidingWindow: 24, nCtx: 512 }));
+    await writeFile(
+      path,
+      tinyArchModel({ arch: "gemma3", ropeBase: 500, nHeadKv: 1, headDim: 32, nLayer: 6, slidingWindow: 24, nCtx: 512 }),
+    );
     const gm = await loadModel(path);
     const ge = new Engine(gm, { threads: 1, ubatch: 8 });
     expect(ge.info.ringRows).toBe(64);

@@ -47,7 +47,7 @@ export function windowStart(shape: Pick<KvShape, "slidingWindow">, nTokens: numb
 }
 
 /** The first token of layer `l`'s rows a copy of n tokens carries (0, or windowStart on a sliding layer). */
-export function firstRowKept(shape: Pick<KvShape, "slidingLayers" | "slidingWindow">, layer: number, nTokens: number): number {
+function firstRowKept(shape: Pick<KvShape, "slidingLayers" | "slidingWindow">, layer: number, nTokens: number): number {
   return shape.slidingLayers.includes(layer) ? windowStart(shape, nTokens) : 0;
 }
 
@@ -75,12 +75,14 @@ export function heldChunks(
   blockTokens: number,
 ): { layerIds: number[]; tokenStart: number; tokenCount: number }[] {
   const all = Array.from({ length: shape.nLayer }, (_, l) => l);
-  return splitSlidingLayers([all], shape).flatMap(({ layerIds, sliding }) =>
-    tokenBlocks(nTokens - (sliding ? windowStart(shape, nTokens) : 0), blockTokens).map((b) => {
-      const from = sliding ? windowStart(shape, nTokens) : 0;
-      return { layerIds, tokenStart: from + b.tokenStart, tokenCount: b.tokenEnd - b.tokenStart };
-    }),
-  );
+  return splitSlidingLayers([all], shape).flatMap(({ layerIds, sliding }) => {
+    const from = sliding ? windowStart(shape, nTokens) : 0;
+    return tokenBlocks(nTokens - from, blockTokens).map((b) => ({
+      layerIds,
+      tokenStart: from + b.tokenStart,
+      tokenCount: b.tokenEnd - b.tokenStart,
+    }));
+  });
 }
 
 export interface BlockRange {

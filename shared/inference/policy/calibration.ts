@@ -71,22 +71,45 @@ export function coverage(sim: number[][], filters: number[], guard: boolean = PO
  * the dense layers before it: OmniKV's Llama-3-8B setting keeps 2 of 32 before its first filter
  * layer). Exhaustive over ascending choices; ties go to the earlier layers.
  */
-export function recommendFilterLayers(sim: number[][], m: number, maxFirst: number): number[] {
+export function recommendFilterLayers(
+  sim: number[][],
+  m: number,
+  maxFirst: number,
+  minFirst = 1,
+  guard: boolean = POLICY_DEFAULTS.omnikv.guard,
+): number[] {
   const L = sim.length;
   let best: number[] = [],
     bestScore = -Infinity;
   const pick = (chosen: number[]): void => {
     if (chosen.length === m) {
-      const c = coverage(sim, chosen);
+      const c = coverage(sim, chosen, guard);
       if (c > bestScore) [best, bestScore] = [chosen.slice(), c];
       return;
     }
-    const from = chosen.length === 0 ? 1 : chosen[chosen.length - 1]! + 2; // room for the guard layer
+    const from = chosen.length === 0 ? minFirst : chosen[chosen.length - 1]! + 2; // room for the guard layer
     const to = chosen.length === 0 ? Math.min(maxFirst, L - 1) : L - 1;
     for (let l = from; l <= to; l++) pick([...chosen, l]);
   };
   pick([]);
   return best;
+}
+
+/**
+ * The same choice on a model with sliding-window layers, whose policies act on the global layers
+ * only (a sliding layer attends its window): made over the similarity among the global layers,
+ * where the guard is the next global layer and a filter layer may be the first global one (the
+ * sliding layers before it are dense already). Returns model layer indices and their coverage.
+ */
+export function recommendGlobalFilterLayers(
+  sim: number[][],
+  globals: readonly number[],
+  m: number,
+  guard: boolean = POLICY_DEFAULTS.omnikv.guard,
+): { filterLayers: number[]; coverage: number } {
+  const sub = globals.map((i) => globals.map((j) => sim[i]![j]!));
+  const pick = recommendFilterLayers(sub, Math.min(m, globals.length), globals.length - 1, 0, guard);
+  return { filterLayers: pick.map((i) => globals[i]!), coverage: coverage(sub, pick, guard) };
 }
 
 /** Each layer's attention summed over the token ranges [start, end) of the rounds, normalised. */
