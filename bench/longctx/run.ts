@@ -4,6 +4,8 @@
 // the cache: speed only; past the model's trained 8K context quality is not claimed).
 //
 //   npm run bench:longctx [-- --steps 32] [--quick]
+//   npm run bench:longctx -- --model gemma-3-270m --contexts 8192,30720 --synthetic "" --prefill-threads 2
+// (a model trained at 32K: real text at every context; prefill on 2 threads, decode timed on 1)
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
@@ -20,22 +22,38 @@ import { benchPolicies } from "./policies.ts";
 const bench = benchCli({
   name: "longctx",
   script: "npm run bench:longctx --",
-  options: { steps: { type: "string", default: "32" } },
-  help: "  --steps N        greedy decode steps per point (default 32)",
+  options: {
+    steps: { type: "string", default: "32" },
+    model: { type: "string" },
+    contexts: { type: "string" },
+    synthetic: { type: "string" },
+    "prefill-threads": { type: "string", default: "1" },
+  },
+  help: `  --steps N              greedy decode steps per point (default 32)
+  --model NAME|PATH      the model (default: the default model)
+  --contexts LIST        contexts of real text (default 512,2048,4096,8159)
+  --synthetic LIST       contexts of synthetic KV, ours only (default 16384,32768; "" for none)
+  --prefill-threads N    our prefill's threads (decode steps run on 1; llama.cpp runs on 1)`,
   quick: "contexts 512 and 2048 only",
 });
 const STEPS = Number(bench.values.steps);
 if (!Number.isInteger(STEPS) || STEPS < 4 || STEPS > 512) throw new Error("--steps must be an integer in [4, 512]");
-const REAL = bench.quick ? [512, 2048] : [512, 2048, 4096, 8192 - STEPS - 1];
-const SYNTHETIC = bench.quick ? [] : [16384, 32768];
+const list = (v: string | undefined) =>
+  v
+    ?.split(",")
+    .filter((x) => x.trim() !== "")
+    .map(Number);
+const REAL = list(bench.values.contexts) ?? (bench.quick ? [512, 2048] : [512, 2048, 4096, 8192 - STEPS - 1]);
+const SYNTHETIC = list(bench.values.synthetic) ?? (bench.quick ? [] : [16384, 32768]);
+const PREFILL_THREADS = Number(bench.values["prefill-threads"]);
 const CHUNK = 512;
 
-const modelPath = await resolveModel();
+const modelPath = await resolveModel(bench.values.model ? { path: bench.values.model } : {});
 const model = await loadModel(modelPath);
 const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [2, 8, 18];
 const policies = benchPolicies(filterLayers, STEPS);
 const maxContext = Math.max(...REAL, ...SYNTHETIC) + STEPS + 1;
-const engine = new Engine(model, { threads: 1, maxContext });
+const engine = new Engine(model, { threads: PREFILL_THREADS, decodeThreads: 1, maxContext });
 const rt = await loadLlama(modelPath);
 const llama = new LlamaBackend(rt, { batchSize: CHUNK, flashAttention: "auto" }, true);
 const tokens = benchTokens((t) => Array.from(rt.model.tokenize(t)) as number[], Math.max(...REAL));
@@ -89,6 +107,7 @@ for (const length of SYNTHETIC) {
 
 await bench.results.json("longctx", {
   what: "decode ms/token (median of the steps), 1 thread, greedy",
+  prefillThreads: PREFILL_THREADS,
   ...bench.record(),
   steps: STEPS,
   filterLayers,
@@ -96,7 +115,7 @@ await bench.results.json("longctx", {
   kernels: engine.native.info.kernels,
   rows,
 });
-const colors = ["#333333", "#1f77b4", "#2ca02c", "#17becf", "#ff7f0e"];
+const colors = ["#333333", "#1f77b4", "#2ca02c", "#17becf", "#9467bd", "#ff7f0e"];
 const series: Series[] = policies.map(({ id }, i) => ({
   name: `ours ${id}`,
   color: colors[i % colors.length]!,
@@ -114,7 +133,7 @@ await bench.results.chart(
     [
       {
         title: "Decode latency vs context (1 thread)",
-        xLabel: "context (tokens; 16K, 32K synthetic KV)",
+        xLabel: SYNTHETIC.length ? `context (tokens; ${SYNTHETIC.map((n) => `${n / 1024}K`).join(", ")} synthetic KV)` : "context (tokens)",
         yLabel: "ms / token",
         xLog2: true,
         series,
