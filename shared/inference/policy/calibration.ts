@@ -69,7 +69,8 @@ export function coverage(sim: number[][], filters: number[], guard: boolean = PO
 /**
  * The m filter layers with the best coverage, the first at or before `maxFirst` (that bounds
  * the dense layers before it: OmniKV's Llama-3-8B setting keeps 2 of 32 before its first filter
- * layer). Exhaustive over ascending choices; ties go to the earlier layers.
+ * layer) and at or after `minFirst`; coverage counted with or without the guard layer (`guard`).
+ * Exhaustive over ascending choices; ties go to the earlier layers.
  */
 export function recommendFilterLayers(
   sim: number[][],
