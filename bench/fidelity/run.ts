@@ -89,6 +89,8 @@ interface GridItem {
   build: (measure: Measure) => TaskPrompt & { questions?: Array<{ answer: number }> };
   /** Tokens generated per policy. */
   gen: number;
+  /** The prompt's size target, where the task is sized to one. */
+  targetTokens?: number;
 }
 
 function grid(): GridItem[] {
@@ -103,6 +105,7 @@ function grid(): GridItem[] {
         const s = seed++;
         items.push({
           label: `passkey ${len} d=${depth * 100}%`,
+          targetTokens: len,
           build: (measure) => passkeyTask({ targetTokens: len, depth, seed: s, measure }),
           gen: genAt(len),
         });
@@ -113,6 +116,7 @@ function grid(): GridItem[] {
       const needles = Number(args.needles);
       items.push({
         label: `multikey ${len} x${needles}`,
+        targetTokens: len,
         build: (measure) => multikeyTask({ targetTokens: len, needles, seed: s, measure }),
         gen: genAt(len),
       });
@@ -123,7 +127,12 @@ function grid(): GridItem[] {
     for (const len of twoLens)
       for (let i = 0; i < samples; i++) {
         const s = 100 + seed++;
-        items.push({ label: `2stage ${len} #${i + 1}`, build: (measure) => twoStageTaskSized(len, s, measure), gen: QUICK ? 24 : 32 });
+        items.push({
+          label: `2stage ${len} #${i + 1}`,
+          targetTokens: len,
+          build: (measure) => twoStageTaskSized(len, s, measure),
+          gen: QUICK ? 24 : 32,
+        });
       }
   if (TASKS.has("longgen")) {
     const s = 1000 + seed++;
@@ -158,7 +167,7 @@ const only = args.policies?.split(",").map((x) => x.trim());
 const policies = fidelityPolicies(filterLayers, list(args.budgets), guard).filter((p) => !only || p.id === "full" || only.includes(p.id));
 if (only && policies.length !== new Set([...only, "full"]).size) throw new Error(`--policies: unknown id in ${args.policies}`);
 const items = grid();
-const longest = Math.max(...items.map((i) => Number(/ (\d+)/.exec(i.label)?.[1] ?? 0) + i.gen));
+const longest = Math.max(...items.map((i) => (i.targetTokens ?? 0) + i.gen));
 const threads = Number(args.threads);
 const engine = new Engine(model, { threads, maxContext: Math.max(8192, longest + 256) });
 const { nLayer, nHeadKv } = model.config;

@@ -452,10 +452,7 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
     for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];
   }
 
-  for (const Slice& s : slices) {
-    s.item->seq->kv.wrote(s.pos0, s.pos0 + s.count);
-    s.item->seq->kv.set_size(s.pos0 + s.count);
-  }
+  for (const Slice& s : slices) s.item->seq->kv.wrote(s.pos0, s.pos0 + s.count);
 
   // Logits (or only the greedy token) for the items whose last token is in this micro-batch,
   // kLogitRows at a time so the output matrix is read once per group.

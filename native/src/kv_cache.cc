@@ -102,8 +102,12 @@ size_t KvCache::device_bytes_at(int n) const {
 }
 
 void KvCache::wrote(int from, int to) {
+  if (from < 0 || to > capacity_ || from > to)
+    throw std::out_of_range("kv cache: wrote " + std::to_string(from) + ".." + std::to_string(to) + " outside capacity " +
+                            std::to_string(capacity_));
   for (auto& tags : tags_)
     for (int t = std::max(from, to - ring_.rows); t < to; ++t) tags[t % ring_.rows] = t;
+  size_ = to;
 }
 
 void KvCache::move_rows(int layer, bool to_bank) {
@@ -230,12 +234,14 @@ void KvCache::set_size(int n) {
   if (n < 0 || n > capacity_)
     throw std::out_of_range("kv cache: size " + std::to_string(n) + " outside capacity " + std::to_string(capacity_));
   // The next token, at position n, attends the window - 1 positions before it on a ring layer.
-  for (int l = 0; l < n_layer_ && !tags_.empty(); ++l)
-    for (int t = std::max(0, n - ring_.window + 1); t < n && in_ring(l); ++t)
+  for (int l = 0; l < n_layer_; ++l) {
+    if (!in_ring(l)) continue;
+    for (int t = std::max(0, n - ring_.window + 1); t < n; ++t)
       if (!holds(l, t))
         throw std::invalid_argument("kv cache: sliding-window layer " + std::to_string(l) + " no longer holds position " +
                                     std::to_string(t) + " (its ring keeps " + std::to_string(ring_.rows) +
                                     " rows), which the window of position " + std::to_string(n) + " needs");
+  }
   // Rows past the new end are stale: forget them, so an import may write older positions there.
   if (n < size_)
     for (auto& tags : tags_)

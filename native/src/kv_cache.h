@@ -54,7 +54,8 @@ class KvCache {
   // After a forward pass, an import or to roll back; <= capacity. With rings: std::invalid_argument
   // unless every ring holds the positions the next token's window needs (the last window - 1).
   void set_size(int n);
-  // A forward pass wrote positions [from, to) of every layer: the rings' rows now hold them.
+  // A forward pass wrote positions [from, to) of every layer: the rings' rows now hold them and
+  // the size is `to` (their windows are whole by construction: no check, unlike set_size).
   void wrote(int from, int to);
   // Rows a layer keeps: capacity, or its ring's.
   int rows(int layer) const { return rows_[layer]; }

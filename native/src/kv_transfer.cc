@@ -85,12 +85,14 @@ ChunkImport import_chunk_checked(KvCache& kv, const ChunkRows& rows, const uint8
 
 void export_chunk_rows(const KvCache& kv, const ChunkRows& rows, uint8_t* payload, size_t payload_bytes) {
   check_chunk_rows(kv, rows, payload_bytes);
-  for (int l : rows.layers)
-    for (int t = rows.token_start; t < rows.token_start + rows.token_count && kv.in_ring(l); ++t)
+  for (int l : rows.layers) {
+    if (!kv.in_ring(l)) continue;
+    for (int t = rows.token_start; t < rows.token_start + rows.token_count; ++t)
       if (!kv.holds(l, t))
         throw std::invalid_argument("sliding-window layer " + std::to_string(l) + " does not hold token " + std::to_string(t) + " of " +
                                     std::to_string(rows.token_start) + "+" + std::to_string(rows.token_count) +
                                     " (its ring keeps the last " + std::to_string(kv.ring_rows()) + " positions)");
+  }
   const size_t rb = kv.row_elems() * sizeof(uint16_t);
   for_each_row_pair(kv, rows, [&](size_t at, int l, int t) {
     std::memcpy(payload + at, kv.k(l, t), rb);

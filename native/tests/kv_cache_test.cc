@@ -266,7 +266,6 @@ void write(KvCache& kv, int from, int to) {
     for (int l = 0; l < kLayers; ++l)
       for (int i = 0; i < kDim; ++i) kv.k(l, t)[i] = kv.v(l, t)[i] = static_cast<uint16_t>(l * 1000 + t % 1000);
   kv.wrote(from, to);
-  kv.set_size(to);
 }
 
 std::vector<uint8_t> payload(int layer, int from, int to) {  // rows as write() would leave them

@@ -20,11 +20,10 @@ export { chunkByteLength, chunkHeaderSize, decodeChunkHeader, type ChunkMeta } f
 export {
   exportChunk,
   heldChunks,
+  heldParts,
   importVerifiedChunk,
   kvShape,
-  splitSlidingLayers,
   tokenBlocks,
-  windowStart,
   type KvShape,
 } from "./format/seq-io.ts";
 

@@ -16,9 +16,8 @@ import {
   decodeChunkHeader,
   exportChunk,
   heldChunks,
+  heldParts,
   importVerifiedChunk,
-  splitSlidingLayers,
-  windowStart,
   type ChunkMeta,
   type KvShape,
 } from "../handoff/index.ts";
@@ -111,8 +110,8 @@ export class SessionDisk {
       let buf = new Uint8Array(headerSize);
       let at = 0;
       // The chunks as save() wrote them: each part of the layers (global, sliding), in token order.
-      for (const { layerIds, sliding } of splitSlidingLayers([this.allLayers()], this.shape)) {
-        let next = sliding ? windowStart(this.shape, nTokens) : 0;
+      for (const { layerIds, tokenStart } of heldParts(this.shape, nTokens)) {
+        let next = tokenStart;
         while (next < nTokens) {
           const { bytesRead } = await fh.read(buf, 0, headerSize, at);
           if (bytesRead !== headerSize) throw new Error(`session ${id}: its KV file ends at byte ${at + bytesRead}, before token ${next}`);
@@ -194,10 +193,6 @@ export class SessionDisk {
 
   private meta(): Omit<ChunkMeta, "tokenStart" | "tokenCount" | "layerIds"> {
     return { fingerprint: this.fingerprint, dtype: "f16", hkv: this.shape.hkv, headDim: this.shape.headDim };
-  }
-
-  private allLayers(): number[] {
-    return Array.from({ length: this.shape.nLayer }, (_, i) => i);
   }
 
   /** The file path without extension: a hash of the key, so no tenant or id reaches the file system as text. */

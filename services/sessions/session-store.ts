@@ -190,7 +190,7 @@ export class SessionStore {
       seq.truncate(reused);
     } catch (e) {
       // Rolled back past what a sliding-window layer's ring still holds: the turn computes its prompt.
-      if (!(e instanceof RangeError)) throw e;
+      if ((e as { code?: unknown }).code !== "window_not_held") throw e;
       seq.release();
       this.counts.dropped++;
       return undefined;

@@ -66,23 +66,30 @@ export function splitSlidingLayers(groups: readonly (readonly number[])[], shape
 }
 
 /**
- * The chunks of rows that carry a sequence's first n tokens, in blocks of `blockTokens`: the
- * global layers from token 0, the sliding-window layers their last window only.
+ * The rows that carry a sequence's first n tokens, by part of the layers: the global layers from
+ * token 0, the sliding-window layers from the start of their last window (global part first).
  */
+export function heldParts(shape: KvShape, nTokens: number): { layerIds: number[]; tokenStart: number }[] {
+  const all = Array.from({ length: shape.nLayer }, (_, l) => l);
+  return splitSlidingLayers([all], shape).map(({ layerIds, sliding }) => ({
+    layerIds,
+    tokenStart: sliding ? windowStart(shape, nTokens) : 0,
+  }));
+}
+
+/** heldParts in chunks of `blockTokens` tokens, each part's in token order. */
 export function heldChunks(
   shape: KvShape,
   nTokens: number,
   blockTokens: number,
 ): { layerIds: number[]; tokenStart: number; tokenCount: number }[] {
-  const all = Array.from({ length: shape.nLayer }, (_, l) => l);
-  return splitSlidingLayers([all], shape).flatMap(({ layerIds, sliding }) => {
-    const from = sliding ? windowStart(shape, nTokens) : 0;
-    return tokenBlocks(nTokens - from, blockTokens).map((b) => ({
+  return heldParts(shape, nTokens).flatMap(({ layerIds, tokenStart: from }) =>
+    tokenBlocks(nTokens - from, blockTokens).map((b) => ({
       layerIds,
       tokenStart: from + b.tokenStart,
       tokenCount: b.tokenEnd - b.tokenStart,
-    }));
-  });
+    })),
+  );
 }
 
 export interface BlockRange {
