@@ -88,9 +88,13 @@ void Engine::attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h
       sc.lo[r] = std::clamp(first_key(layer, p) - k0, 0, nk);
       sc.hi[r] = std::clamp(p + 1 - k0, 0, nk);
     }
-    for (int gl = 0; gl < n_heads; ++gl)
-      k_.flash_block(&sc.q[gl * head_rows], nq, kv.k(layer, k0) + (h0 + gl) * d, kv.v(layer, k0) + (h0 + gl) * d, kv.ld(layer), nk, d,
-                     c.attn_scale, sc.lo.data(), sc.hi.data(), &sc.m[gl * nq], &sc.l[gl * nq], &sc.acc[gl * head_rows], sc.work.data());
+    const bool more = k0 + kKeyBlock < k_end;
+    for (int gl = 0; gl < n_heads; ++gl) {
+      const size_t col = static_cast<size_t>(h0 + gl) * d;
+      k_.flash_block(&sc.q[gl * head_rows], nq, kv.k(layer, k0) + col, kv.v(layer, k0) + col, kv.ld(layer), nk, d, c.attn_scale,
+                     sc.lo.data(), sc.hi.data(), &sc.m[gl * nq], &sc.l[gl * nq], &sc.acc[gl * head_rows], sc.work.data(),
+                     more ? kv.k(layer, k0 + kKeyBlock) + col : nullptr, more ? kv.v(layer, k0 + kKeyBlock) + col : nullptr);
+    }
   }
   for (int gl = 0; gl < n_heads; ++gl)
     for (int r = 0; r < nq; ++r) {
@@ -116,10 +120,8 @@ void Engine::probe_rows(int layer, const Slice& s, int t, AttnScratch& sc) {
     // Blocks end at multiples of kKeyBlock, so none wraps around a sliding layer's ring.
     for (int k0 = k_lo, k1; k0 < n_keys; k0 = k1) {
       k1 = std::min(n_keys, (k0 / kKeyBlock + 1) * kKeyBlock);
-      const int nk = k1 - k0;
-      k_.kv_to_f32(kv.k(layer, k0) + g * d, kv.ld(layer), nk, d, sc.kv.data());
-      k_.attn_scores(&q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], group, sc.kv.data(), d, nk, d, c.attn_scale,
-                     rows + (k0 - k_lo), n);
+      k_.attn_scores_f16(&q_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d], group, kv.k(layer, k0) + g * d, kv.ld(layer),
+                         k1 - k0, d, c.attn_scale, rows + (k0 - k_lo), n, nullptr);
     }
     softmax_rows(rows, n, group, n, [&](int) { return KeyRange{0, n}; });
     for (int r = 0; r < group; ++r)
@@ -178,7 +180,10 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
         std::memcpy(gv + static_cast<size_t>(j) * d, cache_v + static_cast<size_t>(rows[k0 + j]) * ld, sizeof(uint16_t) * d);
       }
     }
-    k_.flash_block(q, group, k, v, ldk, nk, d, scale, sc.lo.data(), sc.hi.data(), sc.m.data(), sc.l.data(), sc.acc.data(), sc.work.data());
+    // The packed rows are one stream, fetched a block ahead; the gathered ones are copied above.
+    const uint16_t* next_k = k1 < packed.n ? packed_k + k1 * packed.ld : nullptr;
+    k_.flash_block(q, group, k, v, ldk, nk, d, scale, sc.lo.data(), sc.hi.data(), sc.m.data(), sc.l.data(), sc.acc.data(), sc.work.data(),
+                   next_k, next_k ? next_k + kv_dim : nullptr);
   }
   float* out = &attn_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d];
   for (int r = 0; r < group; ++r) {
@@ -189,10 +194,11 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
   if (seq.policy->reads_probabilities()) {
     for (int k0 = 0, k1; k0 < n_keys; k0 = k1) {
       k1 = block_end(k0);
-      if (k0 < packed.n)
-        k_.kv_to_f32(packed_k + k0 * packed.ld, packed.ld, k1 - k0, d, sc.kv.data());
-      else
-        k_.kv_gather_f32(cache_k, ld, rows + k0, k1 - k0, d, sc.kv.data());
+      if (k0 < packed.n) {
+        k_.attn_scores_f16(q, group, packed_k + k0 * packed.ld, packed.ld, k1 - k0, d, scale, &sc.scores[k0], n_keys, nullptr);
+        continue;
+      }
+      k_.kv_gather_f32(cache_k, ld, rows + k0, k1 - k0, d, sc.kv.data());
       k_.attn_scores(q, group, sc.kv.data(), d, k1 - k0, d, scale, &sc.scores[k0], n_keys);
     }
     softmax_rows(sc.scores.data(), n_keys, group, n_keys, [&](int) { return KeyRange{0, n_keys}; });

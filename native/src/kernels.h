@@ -68,6 +68,10 @@ struct KernelTable {
   void (*kv_gather_f32)(const uint16_t* base, size_t stride, const int32_t* idx, int n, int width, float* dst);
   // s[i * lds + j] = dot(q[i], k[j]) * scale for i < nq, j < nk; q is [nq][d], key j at k + j*ldk.
   void (*attn_scores)(const float* q, int nq, const float* k, size_t ldk, int nk, int d, float scale, float* s, size_t lds);
+  // The same straight from f16 keys (the cache), equal to attn_scores on their widened copy bit for
+  // bit; next_k: where the caller's next nk keys lie (same ldk), fetched ahead; nullptr: unknown.
+  void (*attn_scores_f16)(const float* q, int nq, const uint16_t* k, size_t ldk, int nk, int d, float scale, float* s, size_t lds,
+                          const uint16_t* next_k);
   // out[i] += sum_j p[i * ldp + j] * v[j] for i < nq, j < nk; value j at v + j*ldv, out is [nq][d].
   void (*attn_values)(const float* p, size_t ldp, int nq, const float* v, size_t ldv, int nk, int d, float* out);
   // x[i] = exp(x[i] - max), returns the sum.
@@ -79,9 +83,10 @@ struct KernelTable {
   // are attn_scores' bit for bit. A row's result depends on its own query, keys and range only,
   // never on nq, nk or the other rows, bit for bit: the engine attends a token in blocks whose
   // size and company depend on how its prompt was chunked, and its logits must not. `work` holds
-  // flash_work_floats(nq, nk, d) floats.
+  // flash_work_floats(nq, nk, d) floats. next_k/next_v: where the caller's next block of nk keys
+  // lies (same ld), which a kernel may fetch ahead while this one computes; nullptr: unknown.
   void (*flash_block)(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale, const int* lo,
-                      const int* hi, float* m, float* l, float* acc, float* work);
+                      const int* hi, float* m, float* l, float* acc, float* work, const uint16_t* next_k, const uint16_t* next_v);
   void (*f32_to_f16)(const float* x, uint16_t* y, int n);
   // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
   void (*swiglu)(float* g, const float* u, int n);

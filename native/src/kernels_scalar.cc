@@ -213,6 +213,16 @@ void attn_scores(const float* q, int nq, const float* k, size_t ldk, int nk, int
     }
 }
 
+void attn_scores_f16(const float* q, int nq, const uint16_t* k, size_t ldk, int nk, int d, float scale, float* s, size_t lds,
+                     const uint16_t*) {
+  for (int i = 0; i < nq; ++i)
+    for (int j = 0; j < nk; ++j) {
+      float acc = 0;
+      for (int t = 0; t < d; ++t) acc += q[i * d + t] * fp16_to_fp32(k[j * ldk + t]);
+      s[i * lds + j] = acc * scale;
+    }
+}
+
 void attn_values(const float* p, size_t ldp, int nq, const float* v, size_t ldv, int nk, int d, float* out) {
   for (int i = 0; i < nq; ++i)
     for (int j = 0; j < nk; ++j) {
@@ -233,7 +243,7 @@ float exp_sum(float* x, int n, float max) {
 // Row by row: scores of the row's keys, the new max, the old state rescaled by exp(m - max), then
 // the keys' weights added to the sum and their weighted values to the output.
 void flash_block(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale, const int* lo,
-                 const int* hi, float* m, float* l, float* acc, float* work) {
+                 const int* hi, float* m, float* l, float* acc, float* work, const uint16_t*, const uint16_t*) {
   for (int i = 0; i < nq; ++i) {
     if (lo[i] >= hi[i]) continue;
     float mx = m[i];
@@ -266,8 +276,9 @@ void swiglu(float* g, const float* u, int n) {
 }
 
 const KernelTable kScalar = {
-    "scalar", quantize_q8, gemm_q4_0, gemm_q4_1,     gemm_q8_0,   gemm_q5_0,   gemm_q5_1, gemm_q4_k,   gemm_q5_k,  gemm_q6_k, gemm_f32,
-    gemm_f16, gemm_bf16,   kv_to_f32, kv_gather_f32, attn_scores, attn_values, exp_sum,   flash_block, f32_to_f16, swiglu,
+    "scalar",        quantize_q8, gemm_q4_0, gemm_q4_1,   gemm_q8_0,  gemm_q5_0, gemm_q5_1,     gemm_q4_k,
+    gemm_q5_k,       gemm_q6_k,   gemm_f32,  gemm_f16,    gemm_bf16,  kv_to_f32, kv_gather_f32, attn_scores,
+    attn_scores_f16, attn_values, exp_sum,   flash_block, f32_to_f16, swiglu,
 };
 
 }  // namespace

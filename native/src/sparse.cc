@@ -39,17 +39,17 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
 // kernels. Runs between attention passes, so the first thread's scratch is free.
 float* Engine::score_keys(const KvCache& kv, int layer, const float* q, int n_keys) {
   const ModelConfig& c = config();
-  const int d = c.head_dim, group = c.n_head / c.n_head_kv, kv_dim = c.kv_dim();
+  const int d = c.head_dim, group = c.n_head / c.n_head_kv;
   const float scale = c.attn_scale;
   // (Policies score global layers only: a sliding layer's ring no longer holds its old keys.)
   if (kv.in_ring(layer)) throw std::logic_error("score_keys: layer " + std::to_string(layer) + " keeps a ring of rows");
-  float* kbuf = attn_scratch_[0].kv.data();
   for (int k0 = 0; k0 < n_keys; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, n_keys - k0);
-    k_.kv_to_f32(kv.k(layer, k0), kv.ld(layer), nk, kv_dim, kbuf);
+    const bool more = k0 + kKeyBlock < n_keys;
     for (int g = 0; g < c.n_head_kv; ++g)
-      k_.attn_scores(q + static_cast<size_t>(g) * group * d, group, kbuf + g * d, kv_dim, nk, d, scale,
-                     &sel_raw_[static_cast<size_t>(g) * group * n_keys + k0], n_keys);
+      k_.attn_scores_f16(q + static_cast<size_t>(g) * group * d, group, kv.k(layer, k0) + g * d, kv.ld(layer), nk, d, scale,
+                         &sel_raw_[static_cast<size_t>(g) * group * n_keys + k0], n_keys,
+                         more ? kv.k(layer, k0 + kKeyBlock) + g * d : nullptr);
   }
   return sel_raw_.data();
 }

@@ -283,8 +283,10 @@ FlashState flash_run(const KernelTable& kt, const std::vector<float>& q, int nq,
       lo[i] = std::clamp(begin[i] - k0, 0, nk);
       hi[i] = std::clamp(end[i] - k0, 0, nk);
     }
+    const bool more = k0 + block < n_keys;  // the next block, for the kernels that fetch ahead
     kt.flash_block(q.data(), nq, k.data() + k0 * ld, v.data() + k0 * ld, ld, nk, d, scale, lo.data(), hi.data(), st.m.data(), st.l.data(),
-                   st.acc.data(), work.data());
+                   st.acc.data(), work.data(), more ? k.data() + (k0 + block) * ld : nullptr,
+                   more ? v.data() + (k0 + block) * ld : nullptr);
   }
   return st;
 }
@@ -577,6 +579,25 @@ TEST_P(KernelsVsReference, AttentionMatchesDoubleReference) {
     }
 }
 
+// Scores straight from the f16 cache are the scores of its widened copy, bit for bit (decode
+// steps and policies score in place, prompts on widened blocks), tails and fetch-ahead included.
+TEST_P(KernelsVsReference, F16ScoresEqualWidenedScores) {
+  std::mt19937 rng(28);
+  for (int d : {64, 256})
+    for (int nq : {1, 2, 3, 4, 5, 8})
+      for (int nk : {1, 7, 64}) {
+        SCOPED_TRACE("d=" + std::to_string(d) + " nq=" + std::to_string(nq) + " nk=" + std::to_string(nk));
+        const size_t ld = 2 * d;  // two heads per row; the second is scored
+        const std::vector<uint16_t> k = rand_halves(rng, 2 * nk * ld);
+        const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+        std::vector<float> kf(nk * ld), widened(nq * nk), direct(nq * nk);
+        kt_->kv_to_f32(k.data(), ld, nk, static_cast<int>(ld), kf.data());
+        kt_->attn_scores(q.data(), nq, kf.data() + d, ld, nk, d, 0.0625f, widened.data(), nk);
+        kt_->attn_scores_f16(q.data(), nq, k.data() + d, ld, nk, d, 0.0625f, direct.data(), nk, k.data() + nk * ld + d);
+        for (int i = 0; i < nq * nk; ++i) ASSERT_EQ(fp32_to_bits(direct[i]), fp32_to_bits(widened[i])) << "entry " << i;
+      }
+}
+
 // The engine's attention covers a token's keys with blocks whose sizes depend on which other
 // tokens share its micro-batch (the block ends at the last token's position), and groups query
 // rows by batch too. For logits not to depend on how a prompt is chunked, the score of (query
@@ -647,24 +668,37 @@ TEST_P(KernelsVsReference, FlashAttentionMatchesExactSoftmax) {
 
 // What the engine's bit-for-bit invariance rests on (ChunkingDoesNotChangeLogits and the
 // decode/prefill tests in engine_test.cc): a row's running max, sum and output are the same,
-// bit for bit, whether it runs alone over blocks that end at its last key (a decode step), or
-// with 47 other rows of other ranges over whole blocks (a prompt's query block).
+// bit for bit, whether it runs alone over blocks that end at its last key (a decode step), in a
+// GQA group of a few rows (a decode step of a model with 2-8 query heads per KV head: the kernels
+// read K and V in place there), or with 47 other rows of other ranges over whole blocks (a
+// prompt's query block: widened copies).
 TEST_P(KernelsVsReference, FlashRowIsIndependentOfItsBlock) {
   std::mt19937 rng(27);
-  const int d = 64, nq = 48, n_keys = 200;
-  const size_t ld = 3 * d;
-  const std::vector<uint16_t> k = rand_halves(rng, n_keys * ld), v = rand_halves(rng, n_keys * ld);
-  const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
-  std::vector<int> begin, end;
-  random_ranges(rng, nq, n_keys, begin, end);
-  const FlashState all = flash_run(*kt_, q, nq, k, v, ld, d, 0.125f, begin, end, 64);
-  for (int i = 0; i < nq; ++i) {
-    const std::vector<float> qi(q.begin() + static_cast<ptrdiff_t>(i) * d, q.begin() + static_cast<ptrdiff_t>(i + 1) * d);
-    const FlashState one = flash_run(*kt_, qi, 1, k, v, ld, d, 0.125f, {begin[i]}, {end[i]}, 64);
-    ASSERT_EQ(fp32_to_bits(one.m[0]), fp32_to_bits(all.m[i])) << "row " << i;
-    ASSERT_EQ(fp32_to_bits(one.l[0]), fp32_to_bits(all.l[i])) << "row " << i;
-    for (int t = 0; t < d; ++t)
-      ASSERT_EQ(fp32_to_bits(one.acc[t]), fp32_to_bits(all.acc[static_cast<size_t>(i) * d + t])) << "row " << i << " dim " << t;
+  for (int d : {64, 256}) {
+    const int nq = 48, n_keys = 200;
+    const size_t ld = 3 * d;
+    const std::vector<uint16_t> k = rand_halves(rng, n_keys * ld), v = rand_halves(rng, n_keys * ld);
+    const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+    std::vector<int> begin, end;
+    random_ranges(rng, nq, n_keys, begin, end);
+    const FlashState all = flash_run(*kt_, q, nq, k, v, ld, d, 0.125f, begin, end, 64);
+    for (int group : {1, 2, 3, 4, 8})
+      for (int i0 = 0; i0 < nq; i0 += group) {
+        const auto rows = [&](const auto& x, size_t width) {
+          return std::vector<std::decay_t<decltype(x[0])>>(x.begin() + static_cast<ptrdiff_t>(i0 * width),
+                                                           x.begin() + static_cast<ptrdiff_t>((i0 + group) * width));
+        };
+        const FlashState some = flash_run(*kt_, rows(q, d), group, k, v, ld, d, 0.125f, rows(begin, 1), rows(end, 1), 64);
+        for (int r = 0; r < group; ++r) {
+          const int i = i0 + r;
+          SCOPED_TRACE("d=" + std::to_string(d) + " group=" + std::to_string(group) + " row " + std::to_string(i));
+          ASSERT_EQ(fp32_to_bits(some.m[r]), fp32_to_bits(all.m[i]));
+          ASSERT_EQ(fp32_to_bits(some.l[r]), fp32_to_bits(all.l[i]));
+          for (int t = 0; t < d; ++t)
+            ASSERT_EQ(fp32_to_bits(some.acc[static_cast<size_t>(r) * d + t]), fp32_to_bits(all.acc[static_cast<size_t>(i) * d + t]))
+                << "dim " << t;
+        }
+      }
   }
 }
 
