@@ -367,21 +367,12 @@ void Engine::rope(float* x, int n_heads, int kind, int n) {
   });
 }
 
-// gate = act(gate) * up: SwiGLU, or GeGLU with GELU's tanh approximation (ggml's formula, in
-// float; ggml's CPU build reads it from a table at the input rounded to f16, rounded to f16).
+// gate = act(gate) * up: SwiGLU, or GeGLU with GELU's tanh approximation (ggml's function, in
+// float, kernels.h geglu; ggml's CPU build reads it from a table at the input rounded to f16).
 void Engine::gated_activation(int n) {
   const int F = config().n_ff;
-  const bool silu = config().ffn_activation == FfnActivation::Silu;
-  for_tokens(n, [&](int t) {
-    float* g = &gate_[static_cast<size_t>(t) * F];
-    const float* u = &up_[static_cast<size_t>(t) * F];
-    if (silu) {
-      k_.swiglu(g, u, F);
-    } else {
-      constexpr float kSqrt2OverPi = 0.79788456080286535587989211986876f, kCoef = 0.044715f;
-      for (int i = 0; i < F; ++i) g[i] = 0.5f * g[i] * (1.0f + std::tanh(kSqrt2OverPi * g[i] * (1.0f + kCoef * g[i] * g[i]))) * u[i];
-    }
-  });
+  const auto activate = config().ffn_activation == FfnActivation::Silu ? k_.swiglu : k_.geglu;
+  for_tokens(n, [&](int t) { activate(&gate_[static_cast<size_t>(t) * F], &up_[static_cast<size_t>(t) * F], F); });
 }
 
 // One pass for every architecture: each `if (c.…)` on the way is one of ModelConfig's switches,

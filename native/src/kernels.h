@@ -90,7 +90,14 @@ struct KernelTable {
   void (*f32_to_f16)(const float* x, uint16_t* y, int n);
   // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
   void (*swiglu)(float* g, const float* u, int n);
+  // GeGLU with the tanh GELU: g[i] = 0.5 x (1 + tanh(y)) * u[i], y = sqrt(2/pi) (x + 0.044715 x^3),
+  // x = g[i]; computed as x / (1 + exp(-2y)) (the same function; no cancellation where tanh ~ -1).
+  void (*geglu)(float* g, const float* u, int n);
 };
+
+// The tanh GELU's argument y = sqrt(2/pi) (x + 0.044715 x^3) (geglu's tails, the references).
+constexpr float kGeluSqrt2OverPi = 0.79788456080286535587989211986876f, kGeluCoef = 0.044715f;
+inline float gelu_tanh_arg(float x) { return kGeluSqrt2OverPi * x * (1.0f + kGeluCoef * x * x); }
 
 // Scratch flash_block needs: the rows' scores and rescale factors, and the keys and values
 // widened to f32, padded to whole 8-key tiles.

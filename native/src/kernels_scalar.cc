@@ -275,10 +275,14 @@ void swiglu(float* g, const float* u, int n) {
   for (int i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 
+void geglu(float* g, const float* u, int n) {
+  for (int i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-2.0f * gelu_tanh_arg(g[i]))) * u[i];
+}
+
 const KernelTable kScalar = {
     "scalar",        quantize_q8, gemm_q4_0, gemm_q4_1,   gemm_q8_0,  gemm_q5_0, gemm_q5_1,     gemm_q4_k,
     gemm_q5_k,       gemm_q6_k,   gemm_f32,  gemm_f16,    gemm_bf16,  kv_to_f32, kv_gather_f32, attn_scores,
-    attn_scores_f16, attn_values, exp_sum,   flash_block, f32_to_f16, swiglu,
+    attn_scores_f16, attn_values, exp_sum,   flash_block, f32_to_f16, swiglu,    geglu,
 };
 
 }  // namespace

@@ -702,6 +702,28 @@ TEST_P(KernelsVsReference, FlashRowIsIndependentOfItsBlock) {
   }
 }
 
+// The gated activations against double precision, across the range and at its extremes (where
+// exp overflows, and where GELU's 1 + tanh would cancel).
+TEST_P(KernelsVsReference, GatedActivationsMatchDoubleReference) {
+  std::mt19937 rng(29);
+  std::vector<float> x = {0.f, -0.f, 1e-30f, -1e-30f, 1e-3f, -1e-3f, 30.f, -30.f, 100.f, -100.f, 1e4f, -1e4f, 1e30f, -1e30f};
+  for (int i = -400; i <= 400; ++i) x.push_back(static_cast<float>(i) * 0.03f);  // -12 .. 12
+  const std::vector<float> u = rand_floats(rng, x.size(), -2.f, 2.f);
+  std::vector<float> s = x, g = x;
+  kt_->swiglu(s.data(), u.data(), static_cast<int>(x.size()));
+  kt_->geglu(g.data(), u.data(), static_cast<int>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double xi = x[i], ui = u[i];
+    const double silu = xi / (1 + std::exp(-xi)) * ui;
+    const double y = std::sqrt(2 / M_PI) * (xi + 0.044715 * xi * xi * xi);
+    const double gelu = 0.5 * xi * (1 + std::tanh(y)) * ui;
+    // Relative to the value; where it vanishes, to the product's own rounding.
+    const auto tol = [&](double want) { return 1e-5 * std::fabs(want) + 1e-7 * std::fabs(xi * ui) + 1e-37; };
+    EXPECT_NEAR(s[i], silu, tol(silu)) << "swiglu x=" << xi;
+    EXPECT_NEAR(g[i], gelu, tol(gelu)) << "geglu x=" << xi;
+  }
+}
+
 TEST_P(KernelsVsReference, ExpSumMatchesStdExp) {
   std::mt19937 rng(24);
   std::vector<float> x = rand_floats(rng, 50, -20.f, 3.f);
