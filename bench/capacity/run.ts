@@ -3,9 +3,11 @@
 // keeps only the dense, filter and guard layers there, plus the packed rows of each selection,
 // and the sparse layers' KV in the host bank. For each policy the engine's own arena check is
 // the measurement: at the predicted maximum n a decode step is accepted and at n + 1 it is
-// refused. Then decode speed at that context (synthetic KV: speed and memory only).
+// refused. Then decode speed at that context (synthetic KV: speed and memory only). On a model
+// with sliding-window layers (Gemma 3) those layers hold a ring of rows whatever the context, and
+// the policies act on the global layers: what grows with the context is the global layers' rows.
 //
-//   npm run bench:capacity [-- --budget-mib 256] [--steps 16]
+//   npm run bench:capacity [-- --model NAME|PATH] [--budget-mib 256] [--steps 16]
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
@@ -19,9 +21,10 @@ import { median } from "../../tools/lib/timing.ts";
 const bench = benchCli({
   name: "capacity",
   script: "npm run bench:capacity --",
-  options: { "budget-mib": { type: "string", default: "256" }, steps: { type: "string", default: "16" } },
-  help: `  --budget-mib N   the device arena (default 256)
-  --steps N        decode steps timed at each maximum (default 16)`,
+  options: { model: { type: "string" }, "budget-mib": { type: "string", default: "256" }, steps: { type: "string", default: "16" } },
+  help: `  --model NAME|PATH  the model (default: the default model)
+  --budget-mib N     the device arena (default 256)
+  --steps N          decode steps timed at each maximum (default 16)`,
 });
 const args = bench.values;
 const BUDGET = Number(args["budget-mib"]) * 2 ** 20;
@@ -29,9 +32,10 @@ const STEPS = Number(args.steps);
 if (!Number.isInteger(BUDGET) || BUDGET < 2 ** 20 || BUDGET > 2 ** 34) throw new Error("--budget-mib must be an integer in [1, 16384]");
 if (!Number.isInteger(STEPS) || STEPS < 2 || STEPS > 256) throw new Error("--steps must be an integer in [2, 256]");
 
-const model = await loadModel(await resolveModel());
-const { nLayer, nHeadKv, headDim } = model.config;
+const model = await loadModel(await resolveModel(args.model ? { path: args.model } : {}));
+const { nLayer, nHeadKv, headDim, slidingLayers } = model.config;
 const PAIR = 2 * nHeadKv * headDim * 2; // one token's f16 K and V rows of one layer
+const nGlobal = nLayer - slidingLayers.length;
 const filterLayers = policyDefaultsFor(model.fingerprint)?.filterLayers ?? [2, 8, 18];
 const configs: Array<{ id: string; budget?: number; policy: AttentionPolicy }> = [
   { id: "full", policy: { kind: "full" } },
@@ -40,18 +44,33 @@ const configs: Array<{ id: string; budget?: number; policy: AttentionPolicy }> =
     budget: k,
     policy: { kind: "omnikv", omnikv: { filterLayers, budget: k, offload: true } } as AttentionPolicy,
   })),
+  // Without the guard layer every global layer after the filter layer is sparse and leaves the
+  // device (what matters on a model with few global layers: Gemma 3 270M has 3).
+  {
+    id: "omnikv k=1024 offload, no guard",
+    budget: 1024,
+    policy: { kind: "omnikv", omnikv: { filterLayers, budget: 1024, offload: true, guard: false } },
+  },
 ];
 
-/** The arena's prediction: device-tier layers x tokens + packed rows at full budget <= BUDGET. */
-function predictedMax(policy: AttentionPolicy, probe: Engine): { max: number; deviceLayers: number; packedBytes: number } {
+/**
+ * The arena's prediction: the device-tier global layers x tokens + the sliding layers' rings (all
+ * on the device, a constant once the context passes them) + packed rows at full budget <= BUDGET.
+ */
+function predictedMax(
+  policy: AttentionPolicy,
+  probe: Engine,
+): { max: number; deviceLayers: number; ringBytes: number; packedBytes: number } {
   const seq = probe.createSequence(1);
   seq.setPolicy(policy);
   const roles = seq.policyStats.layerRoles;
   seq.release();
   const offloaded = policy.kind === "omnikv" && policy.omnikv.offload ? roles.filter((r) => r === "sparse").length : 0;
-  const deviceLayers = nLayer - offloaded;
+  const deviceLayers = nGlobal - offloaded;
   const packedBytes = policy.kind === "omnikv" && policy.omnikv.offload ? offloaded * policy.omnikv.budget! * PAIR : 0;
-  return { max: Math.floor((BUDGET - packedBytes) / (deviceLayers * PAIR)), deviceLayers, packedBytes };
+  const past = model.config.nCtxTrain; // past every ring
+  const ringBytes = probe.kvBytes(past) - nGlobal * past * PAIR;
+  return { max: Math.floor((BUDGET - packedBytes - ringBytes) / (deviceLayers * PAIR)), deviceLayers, ringBytes, packedBytes };
 }
 
 const probe = new Engine(model, { threads: 1 });
@@ -61,7 +80,7 @@ const engine = new Engine(model, { threads: 1, maxContext, deviceBudgetBytes: BU
 
 const rows = [];
 for (const [i, c] of configs.entries()) {
-  const { max, deviceLayers, packedBytes } = predictions[i]!;
+  const { max, deviceLayers, ringBytes, packedBytes } = predictions[i]!;
   const seq = engine.createSequence(max + 1);
   fillSyntheticKv(seq, model.config, max - STEPS);
   seq.setPolicy(c.policy); // under offload: moves the sparse layers' rows into the host bank
@@ -83,6 +102,7 @@ for (const [i, c] of configs.entries()) {
     budget: c.budget ?? null,
     maxContext: max,
     deviceLayers,
+    ringBytes,
     packedBytes,
     ...atMax,
     refusal: refused,
@@ -103,7 +123,8 @@ await bench.results.json("capacity", {
   model: { name: model.config.name, fingerprint: model.fingerprint },
   rows: rows.map((r) => ({ ...r, vsFull: r.maxContext / full })),
 });
-const omni = rows.filter((r) => r.budget !== null);
+const omni = rows.filter((r) => r.budget !== null && !r.id.endsWith("no guard"));
+const noGuard = rows.filter((r) => r.id.endsWith("no guard"));
 await bench.results.chart(
   "capacity",
   renderChart(
@@ -115,6 +136,11 @@ await bench.results.chart(
         xLog2: true,
         series: [
           { name: "omnikv + offload", color: "#2ca02c", points: omni.map((r) => [r.budget!, r.maxContext] as [number, number]) },
+          {
+            name: "omnikv + offload, no guard",
+            color: "#9467bd",
+            points: noGuard.map((r) => [r.budget!, r.maxContext] as [number, number]),
+          },
           { name: "full", color: "#333333", dash: "6 4", points: omni.map((r) => [r.budget!, full] as [number, number]) },
         ],
       },

@@ -11,7 +11,7 @@ import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { policyDefaultsFor } from "../../shared/inference/policy/defaults.ts";
-import { loadLlama, LlamaBackend } from "../engine/engines.ts";
+import { type FlashAttention, loadLlama, LlamaBackend } from "../engine/engines.ts";
 import { benchTokens } from "../../tools/lib/bench-text.ts";
 import { benchCli } from "../../tools/lib/bench-runner.ts";
 import { fillSyntheticKv } from "../../tools/lib/synthetic-kv.ts";
@@ -28,12 +28,15 @@ const bench = benchCli({
     contexts: { type: "string" },
     synthetic: { type: "string" },
     "prefill-threads": { type: "string", default: "1" },
+    "llama-fa": { type: "string", default: "auto" },
   },
   help: `  --steps N              greedy decode steps per point (default 32)
   --model NAME|PATH      the model (default: the default model)
   --contexts LIST        contexts of real text (default 512,2048,4096,8159)
   --synthetic LIST       contexts of synthetic KV, ours only (default 16384,32768; "" for none)
-  --prefill-threads N    our prefill's threads (decode steps run on 1; llama.cpp runs on 1)`,
+  --prefill-threads N    our prefill's threads (decode steps run on 1; llama.cpp runs on 1)
+  --llama-fa LIST        llama.cpp's flash attention settings, auto,on,off (default auto); each is
+                         run and the faster one is the llama.cpp figure (the peer's best setting)`,
   quick: "contexts 512 and 2048 only",
 });
 const STEPS = Number(bench.values.steps);
@@ -55,7 +58,12 @@ const policies = benchPolicies(filterLayers, STEPS);
 const maxContext = Math.max(...REAL, ...SYNTHETIC) + STEPS + 1;
 const engine = new Engine(model, { threads: PREFILL_THREADS, decodeThreads: 1, maxContext });
 const rt = await loadLlama(modelPath);
-const llama = new LlamaBackend(rt, { batchSize: CHUNK, flashAttention: "auto" }, true);
+const faList = bench.values["llama-fa"]!.split(",").map((s) => s.trim()) as FlashAttention[];
+for (const f of faList) if (!["auto", "on", "off"].includes(f)) throw new Error(`--llama-fa: "${f}" is not auto|on|off`);
+const llamas = faList.map((flashAttention, i) => ({
+  fa: flashAttention,
+  backend: new LlamaBackend(rt, { batchSize: CHUNK, flashAttention }, i === 0),
+}));
 const tokens = benchTokens((t) => Array.from(rt.model.tokenize(t)) as number[], Math.max(...REAL));
 
 /** Median ms per decode step over STEPS greedy steps from the current end of `seq`. */
@@ -82,7 +90,14 @@ async function oursAt(seq: NativeSequence, length: number, first: number): Promi
   return out;
 }
 
-const rows: Array<{ context: number; synthetic: boolean; llamaMs?: number; ours: Record<string, number> }> = [];
+// llamaMs: llama.cpp's faster flash-attention setting at that context (llamaMsByFa: each one's).
+const rows: Array<{
+  context: number;
+  synthetic: boolean;
+  llamaMs?: number;
+  llamaMsByFa?: Record<string, number>;
+  ours: Record<string, number>;
+}> = [];
 for (const length of REAL) {
   const prompt = tokens.slice(0, length);
   const seq = engine.createSequence(length + STEPS + 1);
@@ -90,13 +105,16 @@ for (const length of REAL) {
   for (let i = 0; i < length; i += CHUNK) logits = await engine.prefill(seq, prompt.slice(i, i + CHUNK));
   const ours = await oursAt(seq, length, argmax(logits));
   seq.release();
-  const session = await llama.open(1, length + STEPS + 1);
-  const pre = await session.prefill(prompt, CHUNK);
-  const dec = await session.decode(pre.next, STEPS);
-  await session.dispose();
-  const llamaMs = median(dec.stepMs);
-  console.error(`[longctx] ${String(length).padStart(5)} llama.cpp      ${llamaMs.toFixed(2)} ms/token`);
-  rows.push({ context: length, synthetic: false, llamaMs, ours });
+  const llamaMsByFa: Record<string, number> = {};
+  for (const { fa, backend } of llamas) {
+    const session = await backend.open(1, length + STEPS + 1);
+    const pre = await session.prefill(prompt, CHUNK);
+    const dec = await session.decode(pre.next, STEPS);
+    await session.dispose();
+    llamaMsByFa[fa] = median(dec.stepMs);
+    console.error(`[longctx] ${String(length).padStart(5)} llama.cpp FA ${fa.padEnd(4)} ${llamaMsByFa[fa]!.toFixed(2)} ms/token`);
+  }
+  rows.push({ context: length, synthetic: false, llamaMs: Math.min(...Object.values(llamaMsByFa)), llamaMsByFa, ours });
 }
 for (const length of SYNTHETIC) {
   const seq = engine.createSequence(length + STEPS + 1);
@@ -122,7 +140,7 @@ const series: Series[] = policies.map(({ id }, i) => ({
   points: rows.map((r) => [r.context, r.ours[id]!] as [number, number]),
 }));
 series.push({
-  name: "llama.cpp full",
+  name: `llama.cpp full (faster of FA ${faList.join(", ")})`,
   color: "#d62728",
   dash: "6 4",
   points: rows.filter((r) => r.llamaMs !== undefined).map((r) => [r.context, r.llamaMs!] as [number, number]),

@@ -1,11 +1,11 @@
 // Every architecture against llama.cpp (node-llama-cpp, flash attention off, f32 KV cache), the
-// method of test/engine/oracle.test.ts: the prompt's last logits, then teacher-forced and free-running
-// greedy decode.
+// method of test/engine/oracle.test.ts (test/harness/oracle-compare.ts measures): the prompt's last
+// logits, then teacher-forced and free-running greedy decode.
 // - Random-weight GGUFs of each architecture's shape (test/harness/arch-models.ts): llama with
 //   Llama 3's rope_freqs, qwen2, qwen3, gemma3 (sliding windows by its pattern, both ways of
 //   giving it); prompts long enough to slide past every window, in prefill and in decode.
 // - The real Gemma 3 270M (Q4_K_M; fetched into the user cache, skipped offline) on a prompt of
-//   about 1K tokens. (8K and 30K belong in a bench.)
+//   about 1K tokens (8K and 30K: bench/oracle).
 // Our cache is f16, llama.cpp's f32, so the logits cannot agree bit for bit. The bounds come from
 // llama.cpp's own noise floor on the same model and inputs, as in oracle.test.ts: its f16 cache
 // against its f32 cache, teacher-forced with the same tokens. Ours may differ from llama.cpp's f32
@@ -13,7 +13,6 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { ControlledEvaluateInputItem, LlamaModel, Token } from "node-llama-cpp";
 import { afterAll, describe, expect, it } from "vitest";
 
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
@@ -21,8 +20,9 @@ import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { PolicyError } from "../../shared/inference/policy/errors.ts";
 import { tinyArchModel, TINY_ARCH_VOCAB, type TinyArchOptions } from "../harness/arch-models.ts";
 import { gemma3Model } from "../harness/gemma-model.ts";
-import { loadOracle, logitsArray, oracleContext } from "../harness/llama-oracle.ts";
-import { argmax, klDivergence, maxAbsDiff, meanAbsDiff, top2Margin } from "../harness/logits.ts";
+import { loadOracle } from "../harness/llama-oracle.ts";
+import { argmax, maxAbsDiff } from "../harness/logits.ts";
+import { compareWithLlama, describeComparison } from "../harness/oracle-compare.ts";
 
 // Measured (the log lines): 0.6-0.9 of the floor on the random models (F32 weights), up to 1.1 on
 // Gemma 3's Q4_K_M file, where both engines also quantize activations to 8 bits, in blocks of
@@ -34,130 +34,21 @@ const FLOOR_FACTOR = 2;
 // negative): the random models' KLs are at that level, where ratios mean nothing.
 const KL_ROUNDING = 1e-12;
 
-interface OracleRun {
-  prefillLogits: Float32Array;
-  greedy: number[]; // `steps` tokens: greedy from this run, or the ones it was forced to take
-  stepLogits: Float32Array[]; // the logits before each of them
-}
-
-async function runOracle(
-  oracle: LlamaModel,
-  ids: number[],
-  steps: number,
-  nVocab: number,
-  kvType: "F32" | "F16",
-  forced?: number[],
-): Promise<OracleRun> {
-  const ctx = await oracleContext(oracle, { contextSize: ids.length + steps + 16, kvType });
-  try {
-    const seq = ctx.getSequence();
-    const input = ids.map(
-      (id, i): ControlledEvaluateInputItem => (i === ids.length - 1 ? [id as Token, { generateNext: { logits: true } }] : (id as Token)),
-    );
-    const first = await seq.controlledEvaluate(input);
-    const prefillLogits = logitsArray(first[ids.length - 1]!.next!.logits!, nVocab);
-    const greedy: number[] = [];
-    const stepLogits: Float32Array[] = [prefillLogits];
-    let tok = forced?.[0] ?? argmax(prefillLogits);
-    for (let s = 0; s < steps; s++) {
-      greedy.push(tok);
-      if (s === steps - 1) break;
-      const out = await seq.controlledEvaluate([[tok as Token, { generateNext: { logits: true } }]]);
-      const logits = logitsArray(out[0]!.next!.logits!, nVocab);
-      stepLogits.push(logits);
-      tok = forced?.[s + 1] ?? argmax(logits);
-    }
-    return { prefillLogits, greedy, stepLogits };
-  } finally {
-    await ctx.dispose();
-  }
-}
-
-// How far another run's logits are from llama.cpp's f32 run's, over the steps compared. The mean
-// |Δlogit| and KL are averaged over the steps: on a quantized model one step's values jump with
-// each 8-bit activation that a rounding difference flips (one kernel table of ours against
-// another doubles the worst step's KL on Gemma 3), their averages do not.
-interface Distance {
-  maxAbs: number; // largest |Δlogit| at any step
-  meanAbs: number; // mean |Δlogit|, averaged over the steps
-  kl: number; // KL(llama.cpp f32 || other), averaged over the steps
-  worstKl: number; // the largest KL of a step (reported)
-}
-
-function distance(ref: Float32Array[], other: Float32Array[]): Distance {
-  const d = { maxAbs: 0, meanAbs: 0, kl: 0, worstKl: 0 };
-  ref.forEach((r, s) => {
-    const kl = klDivergence(r, other[s]!);
-    d.maxAbs = Math.max(d.maxAbs, maxAbsDiff(r, other[s]!));
-    d.meanAbs += meanAbsDiff(r, other[s]!) / ref.length;
-    d.kl += kl / ref.length;
-    d.worstKl = Math.max(d.worstKl, kl);
-  });
-  return d;
-}
-
-const fmt = (d: Distance) =>
-  `max|dlogit| ${d.maxAbs.toExponential(2)}, mean ${d.meanAbs.toExponential(2)}, KL ${d.kl.toExponential(2)} ` +
-  `(worst step ${d.worstKl.toExponential(2)})`;
-
 /**
- * Ours against llama.cpp's f32-KV run: prefill, teacher-forced and free-running greedy decode.
- * `tie`: a top-1/top-2 gap below it is a tie, where the noise may flip the greedy choice.
+ * Ours against llama.cpp's f32-KV run: the prompt's top-1 equal; teacher-forced, top-1 equal at
+ * every step that is not a tie and the largest |Δlogit| of any step, the mean |Δlogit| and KL
+ * over the steps within FLOOR_FACTOR of the floor's; free-running, identical tokens until a
+ * divergence that may only come at a tie.
  */
 async function compare(name: string, path: string, ids: number[], steps: number, tie: number) {
-  const model = await loadModel(path);
-  const engine = new Engine(model, { threads: 2 });
-  const oracle = await loadOracle(path);
-  try {
-    const nVocab = model.config.nVocab;
-    const ref = await runOracle(oracle, ids, steps, nVocab, "F32");
-    const floor = distance(ref.stepLogits, (await runOracle(oracle, ids, steps, nVocab, "F16", ref.greedy)).stepLogits);
-
-    // 1. The prompt's last logits.
-    const seq = engine.createSequence(ids.length + steps + 16);
-    const logits = await engine.prefill(seq, ids);
-    const prefill = distance([ref.prefillLogits], [logits]);
-    expect(argmax(logits)).toBe(argmax(ref.prefillLogits));
-
-    // 2. Teacher-forced: fed llama.cpp's greedy tokens, top-1 equal at every step that is not a
-    //    tie; the largest |Δlogit| of any step, and the mean |Δlogit| and KL over the steps, within
-    //    FLOOR_FACTOR of the floor's.
-    let agree = 0,
-      ties = 0;
-    const got: Float32Array[] = [logits];
-    for (let s = 0; s < steps; s++) {
-      const want = ref.greedy[s]!;
-      if (top2Margin(ref.stepLogits[s]!) < tie) ties++;
-      else expect(argmax(got[s]!), `step ${s}`).toBe(want);
-      if (argmax(got[s]!) === want) agree++;
-      if (s < steps - 1) got.push((await engine.decode([seq], [want]))[0]!);
-    }
-    const ours = distance(ref.stepLogits, got);
-    expect(ours.maxAbs).toBeLessThan(FLOOR_FACTOR * floor.maxAbs);
-    expect(ours.meanAbs).toBeLessThan(FLOOR_FACTOR * floor.meanAbs);
-    expect(ours.kl).toBeLessThan(FLOOR_FACTOR * floor.kl + KL_ROUNDING);
-
-    // 3. Free-running greedy: identical tokens until the first divergence, which may only be at a tie.
-    const free = engine.createSequence(ids.length + steps + 16);
-    let next = argmax(await engine.prefill(free, ids));
-    let firstDivergence = steps;
-    for (let s = 0; s < steps; s++) {
-      if (next !== ref.greedy[s]) {
-        firstDivergence = s;
-        expect(top2Margin(ref.stepLogits[s]!), `divergence at step ${s} is not a tie`).toBeLessThan(tie);
-        break;
-      }
-      if (s < steps - 1) next = argmax((await engine.decode([free], [next]))[0]!);
-    }
-    console.log(
-      `[arch-oracle] ${name}: ${ids.length} prompt tokens; prefill ${fmt(prefill)}; over ${steps} steps ${fmt(ours)} ` +
-        `(llama.cpp f16 vs f32 KV: ${fmt(floor)}; ratios ${(ours.maxAbs / floor.maxAbs).toFixed(2)}, ` +
-        `${(ours.meanAbs / floor.meanAbs).toFixed(2)}, ${(ours.kl / floor.kl).toFixed(2)}); teacher-forced top-1 ` +
-        `${agree}/${steps} (${ties} ties below ${tie}); free-running identical for ${firstDivergence}/${steps}`,
-    );
-  } finally {
-    await oracle.dispose();
-  }
+  const c = await compareWithLlama(path, ids, steps, tie);
+  expect(c.prefillTop1).toBe(true);
+  expect(c.mismatches).toEqual([]);
+  expect(c.ours.maxAbs).toBeLessThan(FLOOR_FACTOR * c.floor.maxAbs);
+  expect(c.ours.meanAbs).toBeLessThan(FLOOR_FACTOR * c.floor.meanAbs);
+  expect(c.ours.kl).toBeLessThan(FLOOR_FACTOR * c.floor.kl + KL_ROUNDING);
+  if (c.firstDivergence < steps) expect(c.divergenceMargin!, `divergence at step ${c.firstDivergence} is not a tie`).toBeLessThan(tie);
+  console.log(`[arch-oracle] ${describeComparison(name, c)}`);
 }
 
 // Pseudo-random prompt ids, past the vocabulary's control tokens.

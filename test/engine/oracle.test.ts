@@ -4,13 +4,14 @@
 // own f32 and f16 caches (docs/engine.md, "Correctness"). Logit differences are taken between
 // centred rows: softmax ignores a shift of the whole row.
 import { readFileSync } from "node:fs";
-import type { ControlledEvaluateInputItem, LlamaModel, Token } from "node-llama-cpp";
+import type { LlamaModel } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engine/engine.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
 import { argmax, centred, klDivergence, maxAbsDiff, meanAbsDiff, top2Margin } from "../harness/logits.ts";
-import { loadOracle, logitsArray, oracleContext } from "../harness/llama-oracle.ts";
+import { loadOracle } from "../harness/llama-oracle.ts";
+import { type OracleRun as SharedOracleRun, runOracle as runOracleIds } from "../harness/oracle-compare.ts";
 
 const STEPS = 64;
 // Below this top-1/top-2 gap a greedy choice is a tie within the noise floor: llama.cpp's own
@@ -51,39 +52,13 @@ afterAll(async () => {
   await oracle?.dispose();
 });
 
-interface OracleRun {
+interface OracleRun extends SharedOracleRun {
   ids: number[];
-  prefillLogits: Float32Array;
-  greedy: number[]; // STEPS tokens, greedy from llama.cpp
-  stepLogits: Float32Array[]; // llama.cpp's logits before each greedy token
 }
 
 async function runOracle(text: string, kvType: "F32" | "F16" = "F32"): Promise<OracleRun> {
   const ids = Array.from(oracle.tokenize(text, true)) as number[];
-  const ctx = await oracleContext(oracle, { contextSize: ids.length + STEPS + 16, kvType });
-  try {
-    const seq = ctx.getSequence();
-    const nVocab = ours.config.nVocab;
-    const input = ids.map(
-      (id, i): ControlledEvaluateInputItem => (i === ids.length - 1 ? [id as Token, { generateNext: { logits: true } }] : (id as Token)),
-    );
-    const first = await seq.controlledEvaluate(input);
-    const prefillLogits = logitsArray(first[ids.length - 1]!.next!.logits!, nVocab);
-    const greedy: number[] = [];
-    const stepLogits: Float32Array[] = [prefillLogits];
-    let tok = argmax(prefillLogits);
-    for (let s = 0; s < STEPS; s++) {
-      greedy.push(tok);
-      if (s === STEPS - 1) break;
-      const out = await seq.controlledEvaluate([[tok as Token, { generateNext: { logits: true } }]]);
-      const logits = logitsArray(out[0]!.next!.logits!, nVocab);
-      stepLogits.push(logits);
-      tok = argmax(logits);
-    }
-    return { ids, prefillLogits, greedy, stepLogits };
-  } finally {
-    await ctx.dispose();
-  }
+  return { ids, ...(await runOracleIds(oracle, ids, STEPS, ours.config.nVocab, kvType)) };
 }
 
 describe("engine vs llama.cpp (same GGUF, f32-KV oracle)", () => {

@@ -12,6 +12,8 @@ export interface OracleContextOptions {
   contextSize: number;
   /** "F32" for exact comparison (the default), "F16" for llama.cpp's serving default. */
   kvType?: "F32" | "F16";
+  /** Threads (default 1). */
+  threads?: number;
 }
 
 export async function oracleContext(model: LlamaModel, opts: OracleContextOptions) {
@@ -19,7 +21,7 @@ export async function oracleContext(model: LlamaModel, opts: OracleContextOption
   return model.createContext({
     contextSize: opts.contextSize,
     batchSize: 512,
-    threads: { ideal: 1, min: 1 },
+    threads: { ideal: opts.threads ?? 1, min: opts.threads ?? 1 },
     flashAttention: false,
     experimentalKvCacheKeyType: kv,
     experimentalKvCacheValueType: kv,
