@@ -35,7 +35,19 @@ const bench = benchCli({
   --steps N           decode steps compared (default 32)
   --threads N         threads of both engines (default 2)
   --tie X             a top-1/top-2 gap below X counts as a tie (default 0.5, as the test's for Gemma)`,
+  replot: true,
 });
+
+type Row = { length: number; idsSha256: string } & OracleComparison;
+interface OracleResult {
+  command: string;
+  model: { name: string; fingerprint: string };
+  rows: Row[];
+}
+if (bench.replot) {
+  await writeReport(await bench.results.readJson<OracleResult>("oracle"));
+  process.exit(0);
+}
 const args = bench.values;
 const lengths = args.lengths!.split(",").map(Number);
 const steps = Number(args.steps);
@@ -63,7 +75,7 @@ await tokenizer.dispose();
 const all = [...(bos !== null ? [bos as number] : []), ...text];
 if (all.length < maxPrompt) throw new Error(`docs/ give only ${all.length} tokens, fewer than ${maxPrompt}`);
 
-const rows: Array<{ length: number; idsSha256: string } & OracleComparison> = [];
+const rows: Row[] = [];
 for (const length of lengths) {
   const ids = all.slice(0, length);
   const c = await compareWithLlama(path, ids, steps, tie, { threads, oracleThreads: threads });
@@ -71,56 +83,63 @@ for (const length of lengths) {
   rows.push({ length, idsSha256: createHash("sha256").update(JSON.stringify(ids)).digest("hex"), ...c });
 }
 
-await bench.results.json("oracle", {
+const result = {
   what: "ours vs llama.cpp (flash attention off, f32 KV) on one prompt per length; floor = llama.cpp f16 KV vs f32 KV",
   ...bench.record(["native", "shared/inference/engine"]),
   model: { name: model.config.name, fingerprint: model.fingerprint },
   threads,
   rows,
-});
-
-const e = (x: number) => x.toExponential(2);
-const lines = [
-  `# ${model.config.name} vs llama.cpp at long prompts`,
-  "",
-  `\`${bench.command}\``,
-  "",
-  "| prompt tokens | prefill max abs Δlogit (floor) | prefill top-1 | decode max abs Δlogit (floor) | decode mean abs Δlogit (floor) | KL (floor) | teacher-forced top-1 | ties | free-running identical |",
-  "| ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-  ...rows.map(
-    (r) =>
-      `| ${r.length} | ${e(r.prefill.maxAbs)} | ${r.prefillTop1 ? "same" : "differs"} | ${e(r.ours.maxAbs)} (${e(r.floor.maxAbs)}) | ` +
-      `${e(r.ours.meanAbs)} (${e(r.floor.meanAbs)}) | ${e(r.ours.kl)} (${e(r.floor.kl)}) | ${r.top1Agree}/${r.steps} | ${r.ties} | ` +
-      `${r.firstDivergence}/${r.steps}${r.divergenceMargin !== undefined ? ` (gap there ${r.divergenceMargin.toFixed(3)})` : ""} |`,
-  ),
-  "",
-  "Floor: llama.cpp's f16 KV cache against its f32 cache, teacher-forced on the same tokens. " +
-    `A tie: llama.cpp's top-1/top-2 gap below ${tie}. Teacher-forced top-1 mismatches outside ties: ` +
-    (rows.some((r) => r.mismatches.length)
-      ? rows.map((r) => `${r.length}: ${r.mismatches.map((m) => `step ${m.step}`).join(", ") || "none"}`).join("; ")
-      : "none") +
-    ".",
-  "",
-];
-await bench.results.markdown("oracle", lines.join("\n"));
-await bench.results.chart(
-  "oracle",
-  renderChart(
-    [
-      {
-        title: `${model.config.name}: decode |Δlogit| vs llama.cpp f32, and llama.cpp's own f16-vs-f32 floor`,
-        xLabel: "prompt tokens",
-        yLabel: "|Δlogit|",
-        xLog2: true,
-        series: [
-          { name: "ours max", color: "#1f77b4", points: rows.map((r) => [r.length, r.ours.maxAbs] as [number, number]) },
-          { name: "floor max", color: "#1f77b4", dash: "6 4", points: rows.map((r) => [r.length, r.floor.maxAbs] as [number, number]) },
-          { name: "ours mean", color: "#2ca02c", points: rows.map((r) => [r.length, r.ours.meanAbs] as [number, number]) },
-          { name: "floor mean", color: "#2ca02c", dash: "6 4", points: rows.map((r) => [r.length, r.floor.meanAbs] as [number, number]) },
-        ],
-      },
-    ],
-    { title: `${model.config.name} vs llama.cpp`, subtitle: bench.command },
-  ),
-);
+};
+await bench.results.json("oracle", result);
+await writeReport(result);
 console.error(`[oracle] wrote ${bench.results}`);
+
+/** The table and the chart, from the result (a run's, or --replot's JSON). */
+async function writeReport(r: OracleResult): Promise<void> {
+  const name = r.model.name;
+  const e = (x: number) => x.toExponential(2);
+  const lines = [
+    `# ${name} vs llama.cpp at long prompts`,
+    "",
+    `\`${r.command}\``,
+    "",
+    "| prompt tokens | prefill max abs Δlogit | prefill top-1 | decode max abs Δlogit (floor) | decode mean abs Δlogit (floor) | KL (floor) | teacher-forced top-1 | ties | free-running identical |",
+    "| ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ...r.rows.map(
+      (x) =>
+        `| ${x.length} | ${e(x.prefill.maxAbs)} | ${x.prefillTop1 ? "same" : "differs"} | ${e(x.ours.maxAbs)} (${e(x.floor.maxAbs)}) | ` +
+        `${e(x.ours.meanAbs)} (${e(x.floor.meanAbs)}) | ${e(x.ours.kl)} (${e(x.floor.kl)}) | ${x.top1Agree}/${x.steps} | ${x.ties} | ` +
+        `${x.firstDivergence}/${x.steps}${x.divergenceMargin !== undefined ? ` (gap there ${x.divergenceMargin.toFixed(3)})` : ""} |`,
+    ),
+    "",
+    "Floor: llama.cpp's f16 KV cache against its f32 cache, teacher-forced on the same tokens. " +
+      `A tie: llama.cpp's top-1/top-2 gap below ${r.rows[0]?.tie}. Teacher-forced top-1 mismatches outside ties: ` +
+      (r.rows.some((x) => x.mismatches.length)
+        ? r.rows.map((x) => `${x.length}: ${x.mismatches.map((m) => `step ${m.step}`).join(", ") || "none"}`).join("; ")
+        : "none") +
+      ".",
+    "",
+  ];
+  await bench.results.markdown("oracle", lines.join("\n"));
+  const points = (f: (x: Row) => number) => r.rows.map((x) => [x.length, f(x)] as [number, number]);
+  await bench.results.chart(
+    "oracle",
+    renderChart(
+      [
+        {
+          title: "decode |Δlogit| vs llama.cpp f32 (dashed: llama.cpp f16 vs f32)",
+          xLabel: "prompt tokens",
+          yLabel: "|Δlogit|",
+          xLog2: true,
+          series: [
+            { name: "ours max", color: "#1f77b4", points: points((x) => x.ours.maxAbs) },
+            { name: "floor max", color: "#1f77b4", dash: "6 4", points: points((x) => x.floor.maxAbs) },
+            { name: "ours mean", color: "#2ca02c", points: points((x) => x.ours.meanAbs) },
+            { name: "floor mean", color: "#2ca02c", dash: "6 4", points: points((x) => x.floor.meanAbs) },
+          ],
+        },
+      ],
+      { title: `${name} vs llama.cpp`, subtitle: r.command, panelWidth: 640, panelHeight: 360 },
+    ),
+  );
+}
