@@ -36,7 +36,7 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
 }
 
 // Raw scores [n_head][n_keys] of query q over keys [0, n_keys) of `layer`, with the attention's
-// kernels. Runs between attention passes, so the first thread's scratch is free.
+// score kernel, straight from the cache (each block's successor fetched ahead).
 float* Engine::score_keys(const KvCache& kv, int layer, const float* q, int n_keys) {
   const ModelConfig& c = config();
   const int d = c.head_dim, group = c.n_head / c.n_head_kv;
