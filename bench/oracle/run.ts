@@ -55,6 +55,8 @@ const threads = Number(args.threads);
 const tie = Number(args.tie);
 if (lengths.some((n) => !Number.isInteger(n) || n < 16)) throw new Error("--lengths must be integers >= 16");
 if (!Number.isInteger(steps) || steps < 1 || steps > 256) throw new Error("--steps must be an integer in [1, 256]");
+if (!Number.isInteger(threads) || threads < 1 || threads > 256) throw new Error("--threads must be an integer in [1, 256]");
+if (!(tie >= 0)) throw new Error("--tie must be a number >= 0");
 
 const path = await resolveModel({ path: args.model });
 const model = await loadModel(path);
