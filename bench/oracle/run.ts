@@ -1,5 +1,5 @@
 // A real model's logits against llama.cpp's at long prompts: the measurement of
-// test/engine/arch-oracle.test.ts (test/harness/oracle-compare.ts) at lengths a test cannot afford,
+// test/engine/arch-oracle.test.ts (tools/lib/oracle-compare.ts) at lengths a test cannot afford,
 // by default Gemma 3 270M at 1K, 8K and 30K tokens. Per length: the prompt's last logits (max and
 // mean |Δlogit|, KL, top-1), then teacher-forced decode on llama.cpp's greedy tokens (the same
 // figures over the steps, top-1 agreement, ties) and free-running greedy decode (steps until the
@@ -15,8 +15,8 @@ import { join } from "node:path";
 
 import { loadModel } from "../../shared/inference/engine/engine.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { loadOracle } from "../../test/harness/llama-oracle.ts";
-import { compareWithLlama, describeComparison, type OracleComparison } from "../../test/harness/oracle-compare.ts";
+import { loadOracle } from "../../tools/lib/llama-oracle.ts";
+import { compareWithLlama, describeComparison, type OracleComparison } from "../../tools/lib/oracle-compare.ts";
 import { benchCli, REPO_ROOT } from "../../tools/lib/bench-runner.ts";
 import { renderChart } from "../../tools/lib/svg-chart.ts";
 

@@ -1,5 +1,5 @@
 // Every architecture against llama.cpp (node-llama-cpp, flash attention off, f32 KV cache), the
-// method of test/engine/oracle.test.ts (test/harness/oracle-compare.ts measures): the prompt's last
+// method of test/engine/oracle.test.ts (tools/lib/oracle-compare.ts measures): the prompt's last
 // logits, then teacher-forced and free-running greedy decode.
 // - Random-weight GGUFs of each architecture's shape (test/harness/arch-models.ts): llama with
 //   Llama 3's rope_freqs, qwen2, qwen3, gemma3 (sliding windows by its pattern, both ways of
@@ -20,9 +20,9 @@ import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { PolicyError } from "../../shared/inference/policy/errors.ts";
 import { tinyArchModel, TINY_ARCH_VOCAB, type TinyArchOptions } from "../harness/arch-models.ts";
 import { gemma3Model } from "../harness/gemma-model.ts";
-import { loadOracle } from "../harness/llama-oracle.ts";
-import { argmax, maxAbsDiff } from "../harness/logits.ts";
-import { compareWithLlama, describeComparison } from "../harness/oracle-compare.ts";
+import { loadOracle } from "../../tools/lib/llama-oracle.ts";
+import { argmax, maxAbsDiff } from "../../tools/lib/logits.ts";
+import { compareWithLlama, describeComparison } from "../../tools/lib/oracle-compare.ts";
 
 // Measured (the log lines): 0.6-0.9 of the floor on the random models (F32 weights), up to 1.1 on
 // Gemma 3's Q4_K_M file, where both engines also quantize activations to 8 bits, in blocks of

@@ -6,7 +6,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { argmax } from "../harness/logits.ts";
+import { argmax } from "../../tools/lib/logits.ts";
 
 let model: LoadedModel;
 let engine: Engine;

@@ -9,9 +9,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 import { Engine, loadModel, type LoadedModel } from "../../shared/inference/engine/engine.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { argmax, centred, klDivergence, maxAbsDiff, meanAbsDiff, top2Margin } from "../harness/logits.ts";
-import { loadOracle } from "../harness/llama-oracle.ts";
-import { type OracleRun as SharedOracleRun, runOracle as runOracleIds } from "../harness/oracle-compare.ts";
+import { argmax, centred, klDivergence, maxAbsDiff, meanAbsDiff, top2Margin } from "../../tools/lib/logits.ts";
+import { loadOracle } from "../../tools/lib/llama-oracle.ts";
+import { type OracleRun as SharedOracleRun, runOracle as runOracleIds } from "../../tools/lib/oracle-compare.ts";
 
 const STEPS = 64;
 // Below this top-1/top-2 gap a greedy choice is a tie within the noise floor: llama.cpp's own
@@ -70,7 +70,7 @@ describe("engine vs llama.cpp (same GGUF, f32-KV oracle)", () => {
       // 1. Last-token logits after prefill.
       const seq = engine.createSequence(ref.ids.length + STEPS + 16);
       const logits = await engine.prefill(seq, ref.ids);
-      // Centred rows (helpers/logits.ts): a uniform shift of every logit changes no probability.
+      // Centred rows (tools/lib/logits.ts): a uniform shift of every logit changes no probability.
       const maxDiff = maxAbsDiff(centred(logits), centred(ref.prefillLogits));
       const meanDiff = meanAbsDiff(centred(logits), centred(ref.prefillLogits));
       const kl = klDivergence(ref.prefillLogits, logits);

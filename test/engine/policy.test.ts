@@ -5,7 +5,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { NativeSequence } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { argmax } from "../harness/logits.ts";
+import { argmax } from "../../tools/lib/logits.ts";
 
 let engine: Engine;
 const PROMPT = Array.from({ length: 300 }, (_, i) => 100 + ((i * 7919) % 30000));

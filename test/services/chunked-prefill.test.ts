@@ -13,7 +13,7 @@ import { DecodeScheduler, type SchedulerOptions } from "../../services/decode/sc
 import { Slot } from "../../services/decode/slot.ts";
 import { prefillChunkTokens, StepCosts } from "../../services/decode/step-plan.ts";
 import { TokenTextStream } from "../../shared/inference/text-stream.ts";
-import { argmax } from "../harness/logits.ts";
+import { argmax } from "../../tools/lib/logits.ts";
 
 const prompt = (n: number, salt: number) => Array.from({ length: n }, (_, i) => 100 + ((i * 7919 + salt * 104729) % 30000));
 

@@ -14,7 +14,7 @@ import { chunkHeaderSize } from "../../services/handoff/format/chunk.ts";
 import { startPostgres, type TestPostgres } from "../../tools/lib/postgres.ts";
 import { startService, tempShardDir, TEST_INTERNAL_SECRET, until, type ServiceProcess } from "../../tools/lib/services.ts";
 import { postJson } from "../harness/http.ts";
-import { argmax } from "../harness/logits.ts";
+import { argmax } from "../../tools/lib/logits.ts";
 import { clusterArgs } from "../harness/serve.ts";
 
 let pgServer: TestPostgres;
