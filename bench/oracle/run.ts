@@ -38,7 +38,7 @@ const bench = benchCli({
   replot: true,
 });
 
-type Row = { length: number; idsSha256: string } & OracleComparison;
+type Row = { idsSha256: string } & OracleComparison;
 interface OracleResult {
   command: string;
   model: { name: string; fingerprint: string };
@@ -82,7 +82,7 @@ for (const length of lengths) {
   const ids = all.slice(0, length);
   const c = await compareWithLlama(path, ids, steps, tie, { threads, oracleThreads: threads });
   console.error(`[oracle] ${describeComparison(model.config.name, c)}`);
-  rows.push({ length, idsSha256: createHash("sha256").update(JSON.stringify(ids)).digest("hex"), ...c });
+  rows.push({ idsSha256: createHash("sha256").update(JSON.stringify(ids)).digest("hex"), ...c });
 }
 
 const result = {
@@ -109,7 +109,7 @@ async function writeReport(r: OracleResult): Promise<void> {
     "| ---: | ---: | :---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ...r.rows.map(
       (x) =>
-        `| ${x.length} | ${e(x.prefill.maxAbs)} | ${x.prefillTop1 ? "same" : "differs"} | ${e(x.ours.maxAbs)} (${e(x.floor.maxAbs)}) | ` +
+        `| ${x.promptTokens} | ${e(x.prefill.maxAbs)} | ${x.prefillTop1 ? "same" : "differs"} | ${e(x.ours.maxAbs)} (${e(x.floor.maxAbs)}) | ` +
         `${e(x.ours.meanAbs)} (${e(x.floor.meanAbs)}) | ${e(x.ours.kl)} (${e(x.floor.kl)}) | ${x.top1Agree}/${x.steps} | ${x.ties} | ` +
         `${x.firstDivergence}/${x.steps}${x.divergenceMargin !== undefined ? ` (gap there ${x.divergenceMargin.toFixed(3)})` : ""} |`,
     ),
@@ -117,13 +117,13 @@ async function writeReport(r: OracleResult): Promise<void> {
     "Floor: llama.cpp's f16 KV cache against its f32 cache, teacher-forced on the same tokens. " +
       `A tie: llama.cpp's top-1/top-2 gap below ${r.rows[0]?.tie}. Teacher-forced top-1 mismatches outside ties: ` +
       (r.rows.some((x) => x.mismatches.length)
-        ? r.rows.map((x) => `${x.length}: ${x.mismatches.map((m) => `step ${m.step}`).join(", ") || "none"}`).join("; ")
+        ? r.rows.map((x) => `${x.promptTokens}: ${x.mismatches.map((m) => `step ${m.step}`).join(", ") || "none"}`).join("; ")
         : "none") +
       ".",
     "",
   ];
   await bench.results.markdown("oracle", lines.join("\n"));
-  const points = (f: (x: Row) => number) => r.rows.map((x) => [x.length, f(x)] as [number, number]);
+  const points = (f: (x: Row) => number) => r.rows.map((x) => [x.promptTokens, f(x)] as [number, number]);
   await bench.results.chart(
     "oracle",
     renderChart(
