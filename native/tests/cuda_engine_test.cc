@@ -257,7 +257,8 @@ TEST_P(CudaEngineKernels, CudaGraphsReplayExactlyTheSameForwardPass) {
   std::vector<std::shared_ptr<Sequence>> a, b;
   for (int s = 0; s < 3; ++s) a.push_back(plain.create_sequence(2048)), b.push_back(graphs.create_sequence(2048));
   // Steps of every shape the graphs are keyed on: a long prompt (full and partial micro-batch),
-  // single decode steps across split boundaries (768 keys: 2 -> 3 splits), and a batch of three.
+  // single decode steps across a split bucket's boundary (1,024 keys: 4 -> 8 splits), and a batch
+  // of three.
   auto step = [&](const std::vector<std::pair<int, std::vector<int32_t>>>& batch, const std::string& what) {
     std::vector<std::vector<float>> la(batch.size(), std::vector<float>(300)), lb = la;
     std::vector<BatchItem> ia, ib;
@@ -270,8 +271,8 @@ TEST_P(CudaEngineKernels, CudaGraphsReplayExactlyTheSameForwardPass) {
     graphs.forward(ib);
     for (size_t i = 0; i < batch.size(); ++i) ASSERT_EQ(lb[i], la[i]) << what << ", item " << i;
   };
-  step({{0, tokens(700, 300, 12)}}, "prefill 700");
-  for (int i = 0; i < 80; ++i) step({{0, {static_cast<int32_t>(i % 300)}}}, "decode at " + std::to_string(700 + i));
+  step({{0, tokens(1000, 300, 12)}}, "prefill 1000");
+  for (int i = 0; i < 80; ++i) step({{0, {static_cast<int32_t>(i % 300)}}}, "decode at " + std::to_string(1000 + i));
   step({{1, tokens(300, 300, 13)}, {2, tokens(40, 300, 14)}}, "two prefills");
   for (int i = 0; i < 5; ++i) step({{0, {1}}, {1, {2}}, {2, {3}}}, "batch of 3, step " + std::to_string(i));
 }

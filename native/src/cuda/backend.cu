@@ -456,10 +456,12 @@ void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
     attn_slices_.push_back({kv->base(), kv->capacity(), t, s.count, s.pos0});
     t += s.count;
   }
-  // With graphs, a step of single-token decodes is planned in buckets: one captured graph per
-  // (batch size, bucket) instead of a new one whenever a context crosses 256 more keys.
+  // A step of single-token decodes is planned in buckets: with graphs, one captured graph per
+  // (batch size, bucket) instead of a new one whenever a context crosses 256 more keys. Without
+  // graphs too, so that a step computes the same sums in the same order either way (GPU run-2:
+  // with the plans differing, the logits with and without graphs differed in the last bits).
   const bool decode_only = std::all_of(slices.begin(), slices.end(), [](const Slice& s) { return s.count == 1; });
-  if (opts_.cuda_graphs && decode_only) {
+  if (decode_only) {
     int bucket = 0;
     n_works_ = cuda::plan_decode_bucketed(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
                                           static_cast<int>(max_parts_), &bucket);
