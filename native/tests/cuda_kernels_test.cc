@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernels.cuh"
 #include "cuda/testing.h"
 #include "dequant.h"
 #include "device.h"
@@ -338,6 +339,71 @@ TEST(CudaKernels, ArgmaxTakesTheFirstLargest) {
   l[vocab + vocab - 1] = 9.f;                                                    // row 1: the last element
   for (int i = 0; i < vocab; ++i) l[2 * static_cast<size_t>(vocab) + i] = -1.f;  // row 2: all equal
   EXPECT_EQ(gpu::argmax(l, rows, vocab), (std::vector<int32_t>{5, vocab - 1, 0}));
+}
+
+// The greedy token as the one-pass kernel before the chunked argmax took it: the first element
+// greater than everything before it and -inf, NaN passed over, 0 when nothing is.
+int32_t first_largest(const float* row, int n) {
+  float best = -INFINITY;
+  int32_t at = 0;
+  for (int i = 0; i < n; ++i)
+    if (row[i] > best) {
+      best = row[i];
+      at = i;
+    }
+  return at;
+}
+
+// Rows searched in chunks (kernels.cuh kArgmaxChunk) by separate blocks, then merged: the maximum
+// in the last chunk or the first element, ties in different chunks (the lowest index wins), a
+// row of -inf, NaNs, rows of few distinct values (ties everywhere), a partial last chunk, and many
+// rows at once, each against the one-pass reference (and std::max_element where no NaN is).
+TEST(CudaKernels, ArgmaxInChunksMatchesOnePass) {
+  SKIP_WITHOUT_GPU();
+  constexpr int kChunk = ctx::cuda::kArgmaxChunk;
+  for (const int vocab : {262144, 50001, 300}) {
+    const int rows = 12;
+    std::vector<float> l = randoms(static_cast<size_t>(rows) * vocab, 11 + vocab, -4.f, 4.f);
+    auto row = [&](int r) { return l.data() + static_cast<size_t>(r) * vocab; };
+    row(0)[vocab - 3] = 9.f;  // in the last chunk
+    row(1)[0] = 9.f;          // the first element
+    // Equal maxima in several chunks, the first at a chunk's last element (or, in a one-chunk row,
+    // among the others).
+    for (int i : {kChunk - 1, kChunk, 33 * kChunk, 40 * kChunk + 7, vocab / 2, vocab - 1})
+      if (i < vocab) row(2)[i] = 9.f;
+    std::fill(row(3), row(3) + vocab, -INFINITY);
+    std::fill(row(4), row(4) + vocab, NAN);
+    for (int i = 0; i < vocab; ++i) row(5)[i] = i % 3 ? -INFINITY : NAN;
+    for (int i = 0; i < vocab; i += kChunk / 2) row(6)[i] = NAN;  // NaN first in every chunk and between
+    row(6)[vocab - 2] = 9.f;
+    std::fill(row(7), row(7) + vocab, -INFINITY);
+    row(7)[vocab - 1] = -1e30f;  // the only value above -inf, last
+    for (int r : {8, 9})         // few distinct values: ties inside every warp, block and chunk
+      for (int i = 0; i < vocab; ++i) row(r)[i] = std::floor(row(r)[i]);
+    row(9)[vocab - 1] = 4.f;  // above every floor of [-4, 4)
+    // Rows 10 and 11: random.
+    const std::vector<int32_t> got = gpu::argmax(l, rows, vocab);
+    ASSERT_EQ(got.size(), static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      const float* x = row(r);
+      EXPECT_EQ(got[r], first_largest(x, vocab)) << "vocab " << vocab << ", row " << r;
+      if (std::none_of(x, x + vocab, [](float v) { return std::isnan(v); }))
+        EXPECT_EQ(got[r], std::max_element(x, x + vocab) - x) << "vocab " << vocab << ", row " << r;
+    }
+    EXPECT_EQ(got[0], vocab - 3);
+    EXPECT_EQ(got[1], 0);
+    EXPECT_EQ(got[2], vocab > kChunk ? kChunk - 1 : vocab / 2);
+    EXPECT_EQ(got[3], 0);
+    EXPECT_EQ(got[4], 0);
+    EXPECT_EQ(got[5], 0);
+    EXPECT_EQ(got[6], vocab - 2);
+    EXPECT_EQ(got[7], vocab - 1);
+    EXPECT_EQ(got[9], vocab - 1);
+  }
+  // One row, as a batch-1 greedy step, at the largest vocabulary.
+  std::vector<float> one(262144, 0.f);
+  one[262143] = 1.f;
+  EXPECT_EQ(gpu::argmax(one, 1, 262144), (std::vector<int32_t>{262143}));
 }
 
 }  // namespace

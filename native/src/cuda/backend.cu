@@ -212,6 +212,7 @@ class CudaBackend : public DeviceBackend {
   int quantized_n_ = 0;
   // Per micro-batch metadata, built on the host (pinned) and copied once.
   DevBuf<int32_t> tokens_, pos_, rows_, argmax_;
+  DevBuf<ArgmaxPartial> argmax_part_;
   DevBuf<TokenKv> token_kv_;
   DevBuf<AttnWork> works_;
   DevBuf<AttnCombine> combine_;
@@ -301,6 +302,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions
   pos_.alloc(U, "batch");
   rows_.alloc(U, "batch");
   argmax_.alloc(kLogitRows, "batch");
+  argmax_part_.alloc(static_cast<size_t>(kLogitRows) * argmax_chunks(c.n_vocab), "batch");
   token_kv_.alloc(U, "batch");
   works_.alloc(max_works_, "batch");
   combine_.alloc(U, "batch");
@@ -530,7 +532,7 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
     rms_norm(xn_.p, output_norm_, logits_x_.p, rows, E, c.rms_eps, stream_);
     quantized_ = nullptr;
     matmul(output_, logits_x_.p, rows, logits_.p, c.n_vocab);
-    argmax(logits_.p, rows, c.n_vocab, argmax_.p, stream_);
+    argmax(logits_.p, rows, c.n_vocab, argmax_part_.p, argmax_.p, stream_);
     CTX_CUDA(cudaMemcpyAsync(h_argmax_.p, argmax_.p, rows * sizeof(int32_t), cudaMemcpyDeviceToHost, stream_));
     bool any_logits = false;
     for (int r = 0; r < rows; ++r) any_logits |= wanted_[g + r].second->logits != nullptr;

@@ -411,33 +411,66 @@ __global__ void gather_rows_kernel(const float* x, const int* rows, int width, f
     out[static_cast<size_t>(blockIdx.x) * width + c] = x[static_cast<size_t>(rows[blockIdx.x]) * width + c];
 }
 
-// One block per row; ties go to the lower index.
-__global__ void argmax_kernel(const float* logits, int n_vocab, int32_t* out) {
-  __shared__ float best_v[256];
-  __shared__ int best_i[256];
-  const float* row = logits + static_cast<size_t>(blockIdx.x) * n_vocab;
+// Argmax in two launches, so a row is read by many blocks: one per kArgmaxChunk elements writes
+// its chunk's best (value, index) to the scratch, then one warp per row picks among the chunks.
+// The order is (value higher, index lower), a total order on what is kept: NaN never compares
+// greater, so it is never kept, and neither is -inf (not greater than the starting -inf). Any
+// grouping of the elements then gives the answer of one pass over the row in index order. A row
+// with nothing kept (all -inf or NaN) keeps the sentinel index n_vocab and answers 0.
+constexpr int kArgmaxThreads = 256;
+static_assert(kArgmaxChunk % kArgmaxThreads == 0, "each thread takes the same number of elements of a chunk");
+
+__device__ __forceinline__ void keep_better(float& bv, int& bi, float ov, int oi) {
+  if (ov > bv || (ov == bv && oi < bi)) {
+    bv = ov;
+    bi = oi;
+  }
+}
+__device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
+  for (int o = 16; o > 0; o >>= 1) keep_better(bv, bi, __shfl_xor_sync(kFull, bv, o), __shfl_xor_sync(kFull, bi, o));
+}
+
+// Grid (chunks, rows): block (c, r) takes elements [c * kArgmaxChunk, (c + 1) * kArgmaxChunk) of row r.
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_chunks_kernel(const float* logits, int n_vocab, ArgmaxPartial* part) {
+  __shared__ float warp_v[kArgmaxThreads / 32];
+  __shared__ int warp_i[kArgmaxThreads / 32];
+  const float* row = logits + static_cast<size_t>(blockIdx.y) * n_vocab;
+  const int begin = blockIdx.x * kArgmaxChunk + threadIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Every load first, then the compares: the loads are in flight together. Past the row's end,
+  // -inf, which is never kept.
+  constexpr int kPerThread = kArgmaxChunk / kArgmaxThreads;
+  float v[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) v[j] = begin + j * kArgmaxThreads < n_vocab ? row[begin + j * kArgmaxThreads] : -INFINITY;
   float bv = -INFINITY;
   int bi = n_vocab;
-  for (int i = threadIdx.x; i < n_vocab; i += blockDim.x)
-    if (row[i] > bv) {
-      bv = row[i];
-      bi = i;
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j)
+    if (v[j] > bv) {
+      bv = v[j];
+      bi = begin + j * kArgmaxThreads;
     }
-  best_v[threadIdx.x] = bv;
-  best_i[threadIdx.x] = bi;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const float ov = best_v[threadIdx.x + s];
-      const int oi = best_i[threadIdx.x + s];
-      if (ov > best_v[threadIdx.x] || (ov == best_v[threadIdx.x] && oi < best_i[threadIdx.x])) {
-        best_v[threadIdx.x] = ov;
-        best_i[threadIdx.x] = oi;
-      }
-    }
-    __syncthreads();
+  warp_argmax(bv, bi);
+  if (lane == 0) {
+    warp_v[warp] = bv;
+    warp_i[warp] = bi;
   }
-  if (threadIdx.x == 0) out[blockIdx.x] = best_i[0] < n_vocab ? best_i[0] : 0;
+  __syncthreads();
+  if (warp != 0) return;
+  bv = lane < kArgmaxThreads / 32 ? warp_v[lane] : -INFINITY;
+  bi = lane < kArgmaxThreads / 32 ? warp_i[lane] : n_vocab;
+  warp_argmax(bv, bi);
+  if (lane == 0) part[static_cast<size_t>(blockIdx.y) * gridDim.x + blockIdx.x] = {bv, bi};
+}
+
+// One warp per row over its `chunks` partials.
+__global__ void argmax_merge_kernel(const ArgmaxPartial* part, int chunks, int n_vocab, int32_t* out) {
+  const ArgmaxPartial* p = part + static_cast<size_t>(blockIdx.x) * chunks;
+  float bv = -INFINITY;
+  int bi = n_vocab;
+  for (int c = threadIdx.x; c < chunks; c += 32) keep_better(bv, bi, p[c].value, p[c].index);
+  warp_argmax(bv, bi);
+  if (threadIdx.x == 0) out[blockIdx.x] = bi < n_vocab ? bi : 0;
 }
 
 unsigned blocks_for(size_t count, unsigned threads) { return static_cast<unsigned>((count + threads - 1) / threads); }
@@ -528,9 +561,12 @@ void gather_rows(const float* x, const int* rows, int n, int width, float* out, 
   CTX_CUDA_LAUNCHED("gather_rows");
 }
 
-void argmax(const float* logits, int rows, int n_vocab, int32_t* out, cudaStream_t st) {
-  argmax_kernel<<<rows, 256, 0, st>>>(logits, n_vocab, out);
-  CTX_CUDA_LAUNCHED("argmax");
+void argmax(const float* logits, int rows, int n_vocab, ArgmaxPartial* scratch, int32_t* out, cudaStream_t st) {
+  const int chunks = argmax_chunks(n_vocab);
+  argmax_chunks_kernel<<<dim3(chunks, rows), kArgmaxThreads, 0, st>>>(logits, n_vocab, scratch);
+  CTX_CUDA_LAUNCHED("argmax_chunks");
+  argmax_merge_kernel<<<rows, 32, 0, st>>>(scratch, chunks, n_vocab, out);
+  CTX_CUDA_LAUNCHED("argmax_merge");
 }
 
 }  // namespace ctx::cuda

@@ -119,7 +119,8 @@ std::vector<float> swiglu(const std::vector<float>& gate, const std::vector<floa
 std::vector<int32_t> argmax(const std::vector<float>& logits, int rows, int n_vocab) {
   Dev<float> l(logits);
   Dev<int32_t> out(rows);
-  cuda::argmax(l.p, rows, n_vocab, out.p, nullptr);
+  Dev<ArgmaxPartial> scratch(static_cast<size_t>(rows) * argmax_chunks(n_vocab));
+  cuda::argmax(l.p, rows, n_vocab, scratch.p, out.p, nullptr);
   return out.get();
 }
 
