@@ -81,11 +81,13 @@ struct AttnSlice {
 // the partial buffers hold max_parts entries/rows, `comb` one per token.
 int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb, int max_parts);
 // plan_attention for a micro-batch of single-token decode steps only, made for replaying a
-// captured graph: every token gets the same number of splits, `*bucket`, a power of two from the
-// batch's longest context (within the partial-row budget), each split an equal share of that
-// token's own keys (empty for the last ones of a shorter context). The work list's size then
-// depends on the token count and the bucket alone, so one graph serves every step until a context
-// crosses the next power of two, where plan_attention's work count changes every 256 keys.
+// captured graph: every token gets the same number of splits, `*bucket`: plan_attention's count
+// for the batch's longest context (within the same budget) rounded down to a power of two, so
+// never more than plan_attention gives any token of the batch. Each split is an equal share of
+// that token's own keys (empty for the last ones of a shorter context). The work list's size then
+// depends on the token count and the bucket alone, so one graph serves every step until the
+// longest context reaches the next power of two times kSplitKeys keys, where plan_attention's work
+// count changes every 256 keys.
 int plan_decode_bucketed(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb, int max_parts, int* bucket);
 constexpr int kSplitTokens = 4;
 constexpr int kSplitKeys = 256;
