@@ -282,20 +282,27 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
  public:
   static Napi::FunctionReference ctor;
   static void Init(Napi::Env env, Napi::Object exports) {
-    Napi::Function f = DefineClass(
-        env, "NativeSequence",
-        {InstanceAccessor<&NativeSequence::NPast>("nPast"), InstanceAccessor<&NativeSequence::Capacity>("capacity"),
-         InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"), InstanceAccessor<&NativeSequence::DeviceBytes>("deviceBytesUsed"),
-         InstanceAccessor<&NativeSequence::HostBytes>("hostBytesUsed"), InstanceMethod<&NativeSequence::Truncate>("truncate"),
-         InstanceMethod<&NativeSequence::Release>("release"), InstanceMethod<&NativeSequence::Prefault>("prefault"),
-         InstanceMethod<&NativeSequence::SetLength>("setLength"), InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
-         InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
-         InstanceMethod<&NativeSequence::PreparePromptStateExport>("preparePromptStateExport"),
-         InstanceMethod<&NativeSequence::SetRoundPick>("setRoundPick"),
-         InstanceMethod<&NativeSequence::ExportPromptState>("exportPromptState"),
-         InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"), InstanceMethod<&NativeSequence::ImportRows>("importRows"),
-         InstanceMethod<&NativeSequence::ExportRows>("exportRows"), InstanceMethod<&NativeSequence::ImportChunk>("importChunk"),
-         InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
+    Napi::Function f = DefineClass(env, "NativeSequence",
+                                   {InstanceAccessor<&NativeSequence::NPast>("nPast"),
+                                    InstanceAccessor<&NativeSequence::Capacity>("capacity"),
+                                    InstanceAccessor<&NativeSequence::BytesUsed>("kvBytesUsed"),
+                                    InstanceAccessor<&NativeSequence::DeviceBytes>("deviceBytesUsed"),
+                                    InstanceAccessor<&NativeSequence::HostBytes>("hostBytesUsed"),
+                                    InstanceMethod<&NativeSequence::Truncate>("truncate"),
+                                    InstanceMethod<&NativeSequence::Release>("release"),
+                                    InstanceMethod<&NativeSequence::Prefault>("prefault"),
+                                    InstanceMethod<&NativeSequence::SetLength>("setLength"),
+                                    InstanceMethod<&NativeSequence::SetPolicy>("setCompletePolicy"),
+                                    InstanceAccessor<&NativeSequence::PolicyStats>("policyStats"),
+                                    InstanceAccessor<&NativeSequence::RowsMoved>("rowsMoved"),
+                                    InstanceMethod<&NativeSequence::PreparePromptStateExport>("preparePromptStateExport"),
+                                    InstanceMethod<&NativeSequence::SetRoundPick>("setRoundPick"),
+                                    InstanceMethod<&NativeSequence::ExportPromptState>("exportPromptState"),
+                                    InstanceMethod<&NativeSequence::ImportPromptState>("importPromptState"),
+                                    InstanceMethod<&NativeSequence::ImportRows>("importRows"),
+                                    InstanceMethod<&NativeSequence::ExportRows>("exportRows"),
+                                    InstanceMethod<&NativeSequence::ImportChunk>("importChunk"),
+                                    InstanceMethod<&NativeSequence::Kv>("kvBuffer")});
     ctor = Napi::Persistent(f);
     exports.Set("NativeSequence", f);
   }
@@ -326,10 +333,22 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   Napi::Value HostBytes(const Napi::CallbackInfo& info) {
     return Napi::Number::New(info.Env(), static_cast<double>(seq_->kv.host_bytes_used()));
   }
+  // rowsMoved: a reclaiming policy reused evicted tokens' rows (Sequence::rows_moved), so the
+  // rows can no longer be moved, truncated or extended by a prompt by position.
+  Napi::Value RowsMoved(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), seq_->rows_moved()); }
+  // RangeError (code "rows_moved") for what addresses the cache by position once rows moved.
+  void refuse_moved_rows(Napi::Env env, const char* what) {
+    if (!seq_->rows_moved()) return;
+    Napi::Error err = Napi::RangeError::New(
+        env, std::string(what) + ": this sequence reclaimed evicted KV rows (policy reclaim), so its tokens no longer sit by position");
+    err.Set("code", Napi::String::New(env, "rows_moved"));
+    throw err;
+  }
   // The cache's length, or a RangeError when a sliding-window layer's ring lacks the rows the
   // next token's window needs (code "window_not_held": rolled back too far, or an import that did
   // not cover each sliding layer's last window).
   void set_size(Napi::Env env, const char* what, int n) {
+    refuse_moved_rows(env, what);
     try {
       seq_->kv.set_size(n);
     } catch (const std::invalid_argument& e) {
@@ -363,14 +382,14 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
     seq_->reset_policy_state();
     return env.Undefined();
   }
-  // setPolicy({ kind: "full" | "omnikv" | "scope" | "omnikv+scope" | "streaming" | "h2o",
-  // omnikv?: { filterLayers, budget, selector?, guard?, lazyIou? }, scope?: { mode?, beta1, beta2,
-  // maxOutput? }, streaming?: { sinks, window }, h2o?: { budget, recent } }): how this sequence's
-  // decode steps attend. Validated against the model; RangeError with the reason.
+  // setPolicy({ kind: "full" | "omnikv" | "scope" | "omnikv+scope" | "streaming" | "h2o" | "rounds",
+  // <the kind's sub-objects, every field present: addon_policy.cc> }): how this sequence's decode
+  // steps attend. Validated against the model; RangeError with the reason.
   Napi::Value SetPolicy(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
     if (info.Length() != 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "setPolicy(policy) needs an object");
+    refuse_moved_rows(env, "setPolicy");
     Napi::Object o = info[0].As<Napi::Object>();
     AttentionPolicy policy = policy_from_js(o, model_->config());
     try {
@@ -450,6 +469,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   Napi::Value MoveRows(const Napi::CallbackInfo& info, bool import) {
     Napi::Env env = info.Env();
     if (import && busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    refuse_moved_rows(env, import ? "importRows" : "exportRows");
     const BytesArg bytes = bytes_arg(info, 0, import ? "payload" : "into");
     const ChunkRows rows = chunk_rows_arg(info, 1);
     try {
@@ -480,6 +500,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   Napi::Value ImportChunk(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (busy) throw Napi::Error::New(env, "sequence is busy in a forward pass");
+    refuse_moved_rows(env, "importChunk");
     const BytesArg chunk = bytes_arg(info, 0, "chunk");
     if (info.Length() < 2 || !info[1].IsNumber()) throw Napi::TypeError::New(env, "importChunk: headerSize must be a number");
     const double header = info[1].As<Napi::Number>().DoubleValue();
@@ -616,16 +637,25 @@ class NativeEngine : public Napi::ObjectWrap<NativeEngine> {
     o.Set("ringRows", engine_->ring_rows());
     return o;
   }
-  // kvBytes(nTokens, ringBatch?): the KV bytes a sequence of this engine holds with n tokens (its
-  // sliding layers' rings at most), for admission before any sequence exists.
+  // kvBytes(nTokens, ringBatch?, globalRows?): the KV bytes a sequence of this engine holds with n
+  // tokens (its sliding layers' rings at most; its global layers' globalRows at most, when given:
+  // a reclaiming policy's bound), for admission before any sequence exists.
   Napi::Value KvBytes(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    if (info.Length() < 1 || info.Length() > 2 || !info[0].IsNumber())
-      throw Napi::TypeError::New(env, "kvBytes(nTokens, ringBatch?) needs a number");
-    const double n = info[0].As<Napi::Number>().DoubleValue();
-    if (!(n >= 0 && n <= (1 << 24) && n == static_cast<int>(n)))
-      throw Napi::RangeError::New(env, "kvBytes: nTokens must be an integer in [0, 2^24]");
-    return Napi::Number::New(env, static_cast<double>(engine_->kv_bytes(static_cast<int>(n), ring_batch_arg(info, 1))));
+    if (info.Length() < 1 || info.Length() > 3 || !info[0].IsNumber())
+      throw Napi::TypeError::New(env, "kvBytes(nTokens, ringBatch?, globalRows?) needs a number");
+    auto count = [&](size_t i, const char* what) {
+      const double n = info[i].As<Napi::Number>().DoubleValue();
+      if (!(n >= 0 && n <= (1 << 24) && n == static_cast<int>(n)))
+        throw Napi::RangeError::New(env, std::string("kvBytes: ") + what + " must be an integer in [0, 2^24]");
+      return static_cast<int>(n);
+    };
+    int global_rows = -1;
+    if (info.Length() > 2 && !info[2].IsUndefined()) {
+      if (!info[2].IsNumber()) throw Napi::TypeError::New(env, "kvBytes: globalRows must be a number");
+      global_rows = count(2, "globalRows");
+    }
+    return Napi::Number::New(env, static_cast<double>(engine_->kv_bytes(count(0, "nTokens"), ring_batch_arg(info, 1), global_rows)));
   }
   // An optional ring batch (createSequence, kvBytes): 0 when absent.
   static int ring_batch_arg(const Napi::CallbackInfo& info, size_t i) {

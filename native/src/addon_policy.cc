@@ -14,9 +14,9 @@ namespace {
 // writes in shared/inference/defaults.ts through the schema, shared/inference/policy/schema.ts,
 // whose field list test/engine/policy-schema.test.ts compares with this one).
 const std::vector<std::string> kOmniKvFields = {"filterLayers", "budget", "selector", "window", "guard", "lazyIou", "offload"};
-const std::vector<std::string> kScopeFields = {"mode", "beta1", "beta2", "maxOutput", "alpha1", "alpha2"};
-const std::vector<std::string> kStreamingFields = {"sinks", "window"};
-const std::vector<std::string> kH2oFields = {"budget", "recent"};
+const std::vector<std::string> kScopeFields = {"mode", "beta1", "beta2", "maxOutput", "alpha1", "alpha2", "reclaim"};
+const std::vector<std::string> kStreamingFields = {"sinks", "window", "reclaim"};
+const std::vector<std::string> kH2oFields = {"budget", "recent", "reclaim"};
 const std::vector<std::string> kRoundsFields = {"watershedLayer", "starts", "topK"};
 
 // Refuses (TypeError naming it) a key of `o` outside `allowed` and a field of `allowed` it lacks.
@@ -107,6 +107,7 @@ ScopeConfig scope_config(Napi::Object policy) {
   cfg.max_output = int_field(o, "maxOutput", w);
   cfg.alpha1 = int_field(o, "alpha1", w);
   cfg.alpha2 = int_field(o, "alpha2", w);
+  cfg.reclaim = bool_field(o, "reclaim", w);
   return cfg;
 }
 
@@ -116,6 +117,7 @@ StreamingConfig streaming_config(Napi::Object policy) {
   StreamingConfig cfg;
   cfg.sinks = int_field(o, "sinks", w);
   cfg.window = int_field(o, "window", w);
+  cfg.reclaim = bool_field(o, "reclaim", w);
   return cfg;
 }
 
@@ -125,6 +127,7 @@ H2oConfig h2o_config(Napi::Object policy) {
   H2oConfig cfg;
   cfg.budget = int_field(o, "budget", w);
   cfg.recent = int_field(o, "recent", w);
+  cfg.reclaim = bool_field(o, "reclaim", w);
   return cfg;
 }
 

@@ -102,11 +102,17 @@ int Engine::ring_rows(int ring_batch) const {
   return c.any_layer_slides() ? KvRing::rows_for(c.sliding_window, ring_batch > 0 ? ring_batch : opts_.ubatch) : 0;
 }
 
-size_t Engine::kv_bytes(int n_tokens, int ring_batch) const {
+size_t Engine::kv_bytes(int n_tokens, int ring_batch, int global_rows) const {
   const ModelConfig& c = config();
   const int ring = ring_rows(ring_batch);
+  const int global = global_rows < 0 ? n_tokens : std::min(n_tokens, global_rows);
   size_t rows = 0;
-  for (int l = 0; l < c.n_layer; ++l) rows += static_cast<size_t>(ring > 0 && c.layer_slides(l) ? std::min(n_tokens, ring) : n_tokens);
+  for (int l = 0; l < c.n_layer; ++l) {
+    if (c.layer_slides(l))
+      rows += static_cast<size_t>(ring > 0 ? std::min(n_tokens, ring) : n_tokens);
+    else
+      rows += static_cast<size_t>(global);
+  }
   return rows * 2 * c.kv_dim() * sizeof(uint16_t);
 }
 
@@ -120,7 +126,11 @@ size_t Engine::weight_bytes_per_token() const {
   return total;
 }
 
+bool Sequence::rows_moved() const { return slots && slots->any_freed(); }
+
 void Sequence::set_policy(const AttentionPolicy& p) {
+  if (rows_moved())
+    throw std::invalid_argument("this sequence reclaimed evicted KV rows, so its tokens no longer sit by position; its policy stays");
   std::unique_ptr<DecodePolicy> next = make_decode_policy(p);
   if (device_kv && !next->attends_everything())
     throw std::invalid_argument("the GPU backend runs full attention only for now (sparse decode policies run on the CPU engine)");
@@ -132,15 +142,24 @@ void Sequence::set_policy(const AttentionPolicy& p) {
   policy = std::move(next);
   decode_keys_read = 0;
   slots.reset();
-  // Not on a model with sliding-window layers: their decode steps attend by position (dense), so
-  // their rows cannot move (sparse.cc).
-  if (reclaim && policy->reclaims() && !sliding_) slots = std::make_unique<KvSlots>(kv.n_layer(), n_head_kv_, kv.capacity(), kv.size());
+  if (device_kv && p.reclaim()) throw std::invalid_argument("reclaim: the GPU backend keeps every row (sparse policies run on the CPU)");
+  // The global layers only: a sliding layer's ring bounds it already, and its decode steps attend
+  // by position (sparse.cc).
+  if (p.reclaim() && policy->reclaims()) {
+    std::vector<bool> tracked(kv.n_layer());
+    for (int l = 0; l < kv.n_layer(); ++l) tracked[l] = slides_.empty() || !slides_[l];
+    slots = std::make_unique<KvSlots>(tracked, n_head_kv_, kv.capacity(), kv.size());
+  }
 }
 
 size_t Sequence::device_bytes(int n_tokens) const {
-  const size_t device_layers = static_cast<size_t>(kv.n_layer() - kv.banked_layers());
-  if (slots)  // the rows touched, and a new one per layer for each token to come (at most)
-    return kv.row_pair_bytes() * (slots->rows_touched() + static_cast<size_t>(n_tokens - n_past()) * device_layers);
+  if (slots) {  // tracked layers: the rows touched and a new one for each token to come (at most)
+    size_t rows = 0;
+    for (int l = 0; l < kv.n_layer(); ++l)
+      rows += slots->tracks(l) ? slots->rows_touched(l) + static_cast<size_t>(std::max(0, n_tokens - n_past()))
+                               : static_cast<size_t>(std::min(n_tokens, kv.rows(l)));
+    return rows * kv.row_pair_bytes();
+  }
   return kv.device_bytes_at(n_tokens) + kv.row_pair_bytes() * policy->packed_rows();
 }
 
@@ -417,7 +436,7 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
       const Slice& s = slices[token_seq_[t]];
       KvCache& kv = s.item->seq->kv;
       KvSlots* slots = s.item->seq->slots.get();
-      if (!slots || s.item->n_tokens > 1) {  // row = position
+      if (!slots || s.item->n_tokens > 1 || !slots->tracks(l)) {  // row = position
         k_.f32_to_f16(&kc_[static_cast<size_t>(t) * KV], kv.k(l, pos_[t]), KV);
         k_.f32_to_f16(&vc_[static_cast<size_t>(t) * KV], kv.v(l, pos_[t]), KV);
         return;

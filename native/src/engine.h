@@ -49,7 +49,7 @@ class Sequence {
       : kv(c.n_layer, c.kv_dim(), capacity, KvRing{c.slides, c.sliding_window, KvRing::rows_for(c.sliding_window, ring_batch)}),
         policy(make_decode_policy(AttentionPolicy{})),
         n_head_kv_(c.n_head_kv),
-        sliding_(c.any_layer_slides()) {}
+        slides_(c.slides) {}
   KvCache kv;
   std::unique_ptr<DecodePolicy> policy;  // how decode steps attend (prefill is always full); never null
   // A GPU engine's sequences keep their KV here; `kv` then only tracks the length (its mapping
@@ -61,23 +61,25 @@ class Sequence {
   void reset_policy_state() { policy->reset(); }
   // Takes a validated policy; under OmniKV offload moves the sparse groups into the host bank
   // (and back when offload ends). Throws std::invalid_argument if its packed buffers alone
-  // would not fit the device budget. On a model with sliding-window layers the policy acts on the
-  // global layers only (Engine::prepare_sparse).
+  // would not fit the device budget, or if this sequence's rows moved (rows_moved). On a model
+  // with sliding-window layers the policy acts on the global layers only (Engine::prepare_sparse).
+  // A policy that asks for reclamation (AttentionPolicy::reclaim) frees evicted tokens' rows of
+  // the global layers for reuse (slots).
   void set_policy(const AttentionPolicy& p);
   // Device bytes with n tokens stored: the device-tier KV plus the packed buffers at full budget.
   size_t device_bytes(int n_tokens) const;
-  size_t device_budget = 0;  // EngineOptions::device_budget_bytes at creation; 0 = none
-  // Free the KV rows of evicted tokens for reuse (kv_slots.h) under policies that allow it, on
-  // models without sliding-window layers; read by set_policy. Off: evicted tokens are only masked.
-  bool reclaim = false;
-  std::unique_ptr<KvSlots> slots;  // set while reclaiming: every layer and head's position -> row
+  size_t device_budget = 0;        // EngineOptions::device_budget_bytes at creation; 0 = none
+  std::unique_ptr<KvSlots> slots;  // set while reclaiming: each global layer and head's position -> row
+  // Reclamation reused a freed row: positions no longer sit at row = position, so the cache can
+  // take no prompt tokens, and its rows cannot be exported, imported or truncated by position.
+  bool rows_moved() const;
   // Decode steps since the policy was set: (layer, KV head, key) triples attended, summed. Times
   // row_pair_bytes() / n_head_kv, the KV bytes those steps read (the sliding layers' windows included).
   uint64_t decode_keys_read = 0;
 
  private:
   int n_head_kv_;
-  bool sliding_;  // the model has sliding-window layers
+  std::vector<bool> slides_;  // per layer, empty when none slides (ModelConfig::slides)
 };
 
 struct BatchItem {
@@ -163,8 +165,9 @@ class Engine : private PolicyBackend {
   // micro-batch); 0 when the model has none.
   int ring_rows(int ring_batch = 0) const;
   // KV bytes such a sequence holds with n tokens stored (every global layer's n rows, each sliding
-  // layer's ring at most).
-  size_t kv_bytes(int n_tokens, int ring_batch = 0) const;
+  // layer's ring at most); `global_rows` >= 0: the global layers hold at most that many rows (a
+  // reclaiming policy's bound).
+  size_t kv_bytes(int n_tokens, int ring_batch = 0, int global_rows = -1) const;
   // Bytes of weights a one-token forward pass reads: every layer's matrices and the output matrix
   // in the layout the kernels read (the embedding row and the norm vectors are left out).
   size_t weight_bytes_per_token() const;

@@ -5,18 +5,26 @@
 
 namespace ctx {
 
-KvSlots::KvSlots(int n_layer, int n_head_kv, int capacity, int stored)
-    : n_layer_(n_layer),
+KvSlots::KvSlots(const std::vector<bool>& tracked, int n_head_kv, int capacity, int stored)
+    : tracked_(tracked),
       n_head_kv_(n_head_kv),
-      map_(static_cast<size_t>(n_layer) * n_head_kv, std::vector<int32_t>(capacity, -1)),
+      map_(tracked.size() * n_head_kv),
       free_(map_.size()),
       high_(map_.size(), stored),
       frees_(map_.size(), 0) {
-  for (auto& m : map_) std::iota(m.begin(), m.begin() + stored, 0);
+  for (size_t l = 0; l < tracked.size(); ++l) {
+    if (!tracked[l]) continue;
+    for (int g = 0; g < n_head_kv; ++g) {
+      std::vector<int32_t>& m = map_[at(static_cast<int>(l), g)];
+      m.assign(capacity, -1);
+      std::iota(m.begin(), m.begin() + stored, 0);
+    }
+  }
 }
 
 void KvSlots::place_prompt(int from, int to) {
   for (size_t i = 0; i < map_.size(); ++i) {
+    if (map_[i].empty()) continue;  // an untracked layer
     std::iota(map_[i].begin() + from, map_[i].begin() + to, from);
     high_[i] = std::max(high_[i], to);
   }
@@ -48,11 +56,8 @@ bool KvSlots::any_freed() const {
   return std::any_of(frees_.begin(), frees_.end(), [](uint32_t n) { return n > 0; });
 }
 
-size_t KvSlots::rows_touched() const {
-  size_t sum = 0;
-  for (int l = 0; l < n_layer_; ++l)
-    sum += static_cast<size_t>(*std::max_element(high_.begin() + at(l, 0), high_.begin() + at(l, 0) + n_head_kv_));
-  return sum;
+size_t KvSlots::rows_touched(int layer) const {
+  return static_cast<size_t>(*std::max_element(high_.begin() + at(layer, 0), high_.begin() + at(layer, 0) + n_head_kv_));
 }
 
 }  // namespace ctx

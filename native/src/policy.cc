@@ -124,6 +124,9 @@ AttentionPolicy AttentionPolicy::make_scope(const ScopeConfig& cfg, const ModelC
 
 AttentionPolicy AttentionPolicy::make_omnikv_scope(const OmniKvConfig& o, const ScopeConfig& s, const ModelConfig& model) {
   if (s.alpha1 > 0) throw std::invalid_argument("omnikv+scope: OmniKV selects from the whole prompt; scope.alpha1 is for kind scope");
+  if (s.reclaim)
+    throw std::invalid_argument(
+        "omnikv+scope: its selectors score evicted generated tokens too, so their rows stay; scope.reclaim is for kind scope");
   AttentionPolicy p = make_omnikv(o, model);
   p.scope = make_scope(s, model).scope;
   p.kind = Kind::OmniKvScope;
@@ -186,6 +189,19 @@ AttentionPolicy AttentionPolicy::make_h2o(const H2oConfig& cfg) {
   p.kind = Kind::H2o;
   p.h2o = cfg;
   return p;
+}
+
+bool AttentionPolicy::reclaim() const {
+  switch (kind) {
+    case Kind::Scope:
+      return scope.reclaim;
+    case Kind::Streaming:
+      return streaming.reclaim;
+    case Kind::H2o:
+      return h2o.reclaim;
+    default:
+      return false;
+  }
 }
 
 int scope_budget(const ScopeConfig& cfg, int t) {

@@ -64,6 +64,8 @@ struct ScopeConfig {
   // queries attend to most (GQA: mean over the head's query group, summed over the window).
   int alpha1;
   int alpha2;
+  // Free the KV rows of evicted generated tokens for reuse (kv_slots.h); kind scope only.
+  bool reclaim;
 };
 
 // SCOPE's rules (kv_utils.py), with t the index of the current generated token (0-based):
@@ -94,10 +96,12 @@ std::vector<int> choose_rounds(const std::vector<double>& mass, int top_k);
 struct StreamingConfig {
   int sinks;
   int window;
+  bool reclaim;  // free evicted tokens' KV rows for reuse (kv_slots.h)
 };
 struct H2oConfig {
   int budget;
   int recent;
+  bool reclaim;  // free evicted tokens' KV rows for reuse (kv_slots.h)
 };
 
 enum class LayerRole : uint8_t { Dense, Filter, Guard, Sparse };
@@ -124,6 +128,9 @@ struct AttentionPolicy {
   static AttentionPolicy make_h2o(const H2oConfig& cfg);
   static AttentionPolicy make_rounds(const RoundsConfig& cfg, const ModelConfig& model);
   const char* name() const;
+  // Whether the configuration asks for physical reclamation of evicted rows (scope, streaming,
+  // h2o: their evictions are final, so no later step reads an evicted row).
+  bool reclaim() const;
 };
 
 const char* selector_name(Selector s);

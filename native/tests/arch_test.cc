@@ -583,7 +583,7 @@ TEST(ArchPolicies, SparsePoliciesRunWhereTheQueryWidthDiffersFromTheEmbedding) {
   ScopeConfig pool = test::scope_config(64, 64, 12);
   pool.alpha1 = 128;  // SnapKV's prompt pool scores the last alpha2 prompt queries
   for (const AttentionPolicy& p : {AttentionPolicy::make_omnikv(window, m), AttentionPolicy::make_scope(pool, m),
-                                   AttentionPolicy::make_streaming({4, 256}), AttentionPolicy::make_h2o({256, 16})}) {
+                                   AttentionPolicy::make_streaming({4, 256, false}), AttentionPolicy::make_h2o({256, 16, false})}) {
     SCOPED_TRACE(p.name());
     const auto got = greedy(model, p, toks, 12);
     EXPECT_EQ(got.first, full.first);
@@ -633,7 +633,7 @@ TEST(ArchPolicies, SparsePoliciesActOnTheGlobalLayersOfSlidingWindowModels) {
   all_prompt.guard = false;
   for (const AttentionPolicy& p :
        {AttentionPolicy::make_omnikv(all_prompt, m), AttentionPolicy::make_scope(test::scope_config(64, 64, 12), m),
-        AttentionPolicy::make_streaming({4, 256}), AttentionPolicy::make_h2o({256, 16})}) {
+        AttentionPolicy::make_streaming({4, 256, false}), AttentionPolicy::make_h2o({256, 16, false})}) {
     SCOPED_TRACE(p.name());
     const auto got = greedy(model, p, toks, kSteps);
     EXPECT_EQ(got.first, full.first);
@@ -642,7 +642,7 @@ TEST(ArchPolicies, SparsePoliciesActOnTheGlobalLayersOfSlidingWindowModels) {
 
   // A small streaming budget: the global layers attend sinks + window, the sliding layers their
   // window, as the keys read say; and the answer is no longer full attention's.
-  const StreamingConfig sc{2, 5};
+  const StreamingConfig sc{2, 5, false};
   Engine e(model, options(2, 512));
   Sequence seq(m, 256);
   seq.set_policy(AttentionPolicy::make_streaming(sc));
@@ -678,11 +678,26 @@ TEST(ArchPolicies, SparsePoliciesActOnTheGlobalLayersOfSlidingWindowModels) {
           "filter layer 2 is a sliding-window layer; filter layers must be global layers (the global layers are 1, 3)");
   refused([&] { AttentionPolicy::make_rounds(test::rounds_config(1, {0, 20}, 1), m); }, "sliding-window layers");
 
-  // Reclaiming evicted rows stays off: the sliding layers' rows are read by position.
-  Sequence reclaiming(m, 256);
-  reclaiming.reclaim = true;
-  reclaiming.set_policy(AttentionPolicy::make_streaming(sc));
-  EXPECT_EQ(reclaiming.slots, nullptr);
+  // Reclamation frees the global layers' evicted rows; the sliding layers are not tracked (their
+  // decode steps read by position). The same logits as masking, bit for bit, in fewer rows.
+  Sequence masked(m, 256), reclaimed(m, 256);
+  masked.set_policy(AttentionPolicy::make_streaming(sc));
+  reclaimed.set_policy(test::reclaiming(AttentionPolicy::make_streaming(sc)));
+  ASSERT_NE(reclaimed.slots, nullptr);
+  for (int l = 0; l < m.n_layer; ++l) EXPECT_EQ(reclaimed.slots->tracks(l), !m.layer_slides(l));
+  auto a = run(e, masked, toks), b = run(e, reclaimed, toks);
+  for (int step = 0; step < 40; ++step) {
+    ASSERT_EQ(a, b) << "decode step " << step;
+    const int32_t next = argmax(a);
+    a = run(e, masked, {next});
+    b = run(e, reclaimed, {next});
+  }
+  EXPECT_TRUE(reclaimed.rows_moved());
+  // A global layer: the prompt's rows and one more (sinks + window < prompt); a sliding layer: its rows.
+  size_t bound = 0;
+  for (int l = 0; l < m.n_layer; ++l) bound += m.layer_slides(l) ? reclaimed.kv.rows(l) : kPrompt + 1;
+  EXPECT_LE(reclaimed.device_bytes(reclaimed.n_past()), bound * reclaimed.kv.row_pair_bytes());
+  EXPECT_LT(reclaimed.device_bytes(reclaimed.n_past()), masked.device_bytes(masked.n_past()));
 }
 
 // The CUDA backend computes Llama's forward pass only: it refuses any other model by the code

@@ -38,7 +38,7 @@ class EveryKeyListed final : public DecodePolicy {
   void update(int layer, int g, const float* probs, int n_keys, std::vector<int32_t>* evicted) override {
     updated[layer] += 1;
     last_n_keys = n_keys;
-    EXPECT_EQ(evicted, nullptr);  // no reclaiming without Sequence::reclaim
+    EXPECT_EQ(evicted, nullptr);  // no reclaiming unless the policy asks for it
   }
   PolicyStats stats() const override { return PolicyStats{}; }
   size_t state_bytes() const override { return 0; }

@@ -16,8 +16,16 @@ inline OmniKvConfig omnikv_config(std::vector<int> filter_layers, int budget, Se
 }
 
 inline ScopeConfig scope_config(int beta1, int beta2, int max_output, ScopeMode mode = ScopeMode::Slide) {
-  // mode, beta1, beta2, max_output, alpha1, alpha2
-  return ScopeConfig{mode, beta1, beta2, max_output, 0, 8};
+  // mode, beta1, beta2, max_output, alpha1, alpha2, reclaim
+  return ScopeConfig{mode, beta1, beta2, max_output, 0, 8, false};
+}
+
+// `p` with physical reclamation asked for (AttentionPolicy::reclaim: scope, streaming, h2o).
+inline AttentionPolicy reclaiming(AttentionPolicy p) {
+  p.scope.reclaim = p.kind == AttentionPolicy::Kind::Scope;
+  p.streaming.reclaim = p.kind == AttentionPolicy::Kind::Streaming;
+  p.h2o.reclaim = p.kind == AttentionPolicy::Kind::H2o;
+  return p;
 }
 
 inline RoundsConfig rounds_config(int watershed_layer, std::vector<int> starts, int top_k) {

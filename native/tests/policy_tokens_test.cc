@@ -7,7 +7,7 @@
 // up here as a different token sequence. Each case decodes alone and, once more, in one batch with all the
 // others (different policies share every forward), on two threads; besides the tokens, a hash
 // of every step's logits must match bit for bit. The policies that can free evicted KV rows run a
-// third time with Sequence::reclaim on, to the same values.
+// third time with reclamation asked for (AttentionPolicy::reclaim), to the same values.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -110,8 +110,8 @@ std::vector<Case> cases(const ModelConfig& m) {
     r.top_k = 0;
     c.push_back({"rounds_adaptive", AttentionPolicy::make_rounds(r, m)});
   }
-  c.push_back({"streaming", AttentionPolicy::make_streaming({4, 28})});
-  c.push_back({"h2o", AttentionPolicy::make_h2o({48, 16})});
+  c.push_back({"streaming", AttentionPolicy::make_streaming({4, 28, false})});
+  c.push_back({"h2o", AttentionPolicy::make_h2o({48, 16, false})});
   return c;
 }
 
@@ -150,8 +150,7 @@ std::vector<Run> generate(Engine& e, const std::vector<Case>& cs, const std::vec
   std::vector<Run> runs(cs.size());
   for (size_t i = 0; i < cs.size(); ++i) {
     seqs.push_back(std::make_unique<Sequence>(m, static_cast<int>(prompt.size()) + kGenerate + 1));
-    seqs[i]->reclaim = reclaim;
-    seqs[i]->set_policy(cs[i].policy);
+    seqs[i]->set_policy(reclaim ? test::reclaiming(cs[i].policy) : cs[i].policy);
     e.forward({{seqs[i].get(), prompt.data(), static_cast<int>(prompt.size()), logits[i].data()}});
     runs[i].tokens.push_back(argmax(logits[i]));
     hash_logits(runs[i], logits[i]);

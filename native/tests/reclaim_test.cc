@@ -1,5 +1,6 @@
 // Physical reclamation (kv_slots.h) on a tiny generated model, always run: a long generation
-// under scope (with and without the compressed prompt), h2o and streaming with Sequence::reclaim gives the same tokens and bit-identical
+// under scope (with and without the compressed prompt), h2o and streaming with reclamation asked for (AttentionPolicy::reclaim)
+// gives the same tokens and bit-identical
 // logits as the masking implementation, while the KV rows it touches (device_bytes, what
 // seq.deviceBytesUsed reports) stay within the policy's bound instead of growing with the output.
 #include <gtest/gtest.h>
@@ -32,8 +33,7 @@ struct Generation {
 Generation generate(Engine& e, const AttentionPolicy& policy, bool reclaim) {
   const ModelConfig& m = e.config();
   Sequence seq(m, kPrompt + kGenerate);
-  seq.reclaim = reclaim;
-  seq.set_policy(policy);
+  seq.set_policy(reclaim ? test::reclaiming(policy) : policy);
   std::vector<int32_t> prompt(kPrompt);
   for (int i = 0; i < kPrompt; ++i) prompt[i] = (i * 17 + 5) % m.n_vocab;
   std::vector<float> logits(m.n_vocab);
@@ -48,7 +48,9 @@ Generation generate(Engine& e, const AttentionPolicy& policy, bool reclaim) {
   }
   r.final_device_bytes = seq.device_bytes(seq.n_past());
   if (reclaim) {  // rows were reused, so the dense path's row = position no longer holds
+    EXPECT_TRUE(seq.rows_moved());
     EXPECT_THROW(e.forward({{&seq, prompt.data(), 2, logits.data()}}), std::invalid_argument);
+    EXPECT_THROW(seq.set_policy(AttentionPolicy{}), std::invalid_argument);  // a new policy would read by position
   }
   return r;
 }
@@ -72,8 +74,8 @@ std::vector<Case> cases() {
       // only the first decode token needs a new row, written before the first step's evictions.
       {"scope_prompt_pool", AttentionPolicy::make_scope(snap, m), kPrompt + 1},
       // Every prompt token starts as a candidate; after that the budget plus the current token.
-      {"h2o", AttentionPolicy::make_h2o({48, 16}), std::max(kPrompt + 1, 48 + 1)},
-      {"streaming", AttentionPolicy::make_streaming({4, 28}), std::max(kPrompt + 1, 4 + 28)},
+      {"h2o", AttentionPolicy::make_h2o({48, 16, false}), std::max(kPrompt + 1, 48 + 1)},
+      {"streaming", AttentionPolicy::make_streaming({4, 28, false}), std::max(kPrompt + 1, 4 + 28)},
   };
 }
 
@@ -94,19 +96,25 @@ TEST(Reclaim, LongGenerationHoldsBoundedKvWithTheSameTokens) {
   }
 }
 
-// Policies whose scores read evicted keys (omnikv+scope's selectors) or that evict nothing keep
-// row = position: reclaim changes nothing for them.
-TEST(Reclaim, PoliciesThatDoNotReclaimIgnoreTheFlag) {
+// omnikv+scope's selectors score evicted generated keys, so its scope.reclaim is refused; scope,
+// streaming and h2o reclaim only when asked; any other policy keeps row = position.
+TEST(Reclaim, OnlyPoliciesWithFinalEvictionsReclaimAndOnlyWhenAsked) {
   EngineOptions o;
   o.max_context = kPrompt + kGenerate;
   Engine e(tiny_model(), o);
   const OmniKvConfig ok = test::omnikv_config({0}, 16);
-  const ScopeConfig s = test::scope_config(4, 4, kGenerate);
+  ScopeConfig s = test::scope_config(4, 4, kGenerate);
   Sequence seq(e.config(), 128);
-  seq.reclaim = true;
   seq.set_policy(AttentionPolicy::make_omnikv_scope(ok, s, e.config()));
   EXPECT_EQ(seq.slots, nullptr);
+  s.reclaim = true;
+  EXPECT_THROW(AttentionPolicy::make_omnikv_scope(ok, s, e.config()), std::invalid_argument);
   seq.set_policy(AttentionPolicy::make_scope(s, e.config()));
+  EXPECT_NE(seq.slots, nullptr);
+  s.reclaim = false;
+  seq.set_policy(AttentionPolicy::make_scope(s, e.config()));
+  EXPECT_EQ(seq.slots, nullptr);
+  seq.set_policy(test::reclaiming(AttentionPolicy::make_h2o({48, 16, false})));
   EXPECT_NE(seq.slots, nullptr);
   seq.set_policy(AttentionPolicy{});
   EXPECT_EQ(seq.slots, nullptr);

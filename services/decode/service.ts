@@ -13,6 +13,7 @@ import { ctxbankExtension } from "../../shared/platform/metrics/extension.ts";
 import { ServiceMetrics } from "../../shared/platform/metrics/metrics.ts";
 import { RequestClock } from "../../shared/platform/metrics/timings.ts";
 import { policyFromWire, policyKind, resolvedSpec, type PolicySpec, type ResolvedPolicy } from "../../shared/inference/policy/request.ts";
+import { reclaimedRows } from "../../shared/inference/policy/reclaim.ts";
 import { Membership } from "../membership.ts";
 import { applyPolicy, resolveRequestPolicy } from "../policy.ts";
 import { checkBeforeWork, planPrompt, type RequestPlan } from "../request-plan.ts";
@@ -442,7 +443,8 @@ export class DecodeService {
       const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
-      reservation = this.scheduler.admit(this.rt.engine.kvBytes(n + maxTokens));
+      // A reclaiming policy's sequence holds its bound in each global layer, not prompt + max_tokens.
+      reservation = this.scheduler.admit(this.rt.engine.kvBytes(n + maxTokens, { globalRows: reclaimedRows(policy, n) }));
       seq = this.scheduler.adopt(handover.sequence({ capacity: n + maxTokens, policy }));
       // Our own prefill's handle is ours already; record that this decode holds it (should we
       // die, the sweep ends the row) without keeping the first token waiting.

@@ -204,8 +204,8 @@ export class SessionStore {
   /**
    * Parks a finished turn's sequence (the store owns it from here): `tokens` are the ids its KV
    * holds, `roundStarts` where the conversation's rounds begin among them. Makes room first (LRU
-   * sessions to disk, or dropped); a session larger than the per-key quota or the memory budget is
-   * not kept.
+   * sessions to disk, or dropped); a session larger than the per-key quota or the memory budget, or
+   * one whose rows a reclaiming policy moved (seq.rowsMoved), is not kept.
    */
   async park(
     tenant: string,
@@ -219,7 +219,8 @@ export class SessionStore {
     if (held.length !== seq.nPast) throw new Error(`park: the sequence holds ${seq.nPast} tokens, ${held.length} were named`);
     await this.remove(tenant, id); // an older copy of the same session (a concurrent turn's)
     const bytes = this.kvBytes(held.length);
-    if (bytes > this.limits.perKeyBytes || bytes > this.limits.memoryBytes) {
+    // A reclaiming policy reused evicted rows: the next turn's prompt cannot extend this cache.
+    if (seq.rowsMoved || bytes > this.limits.perKeyBytes || bytes > this.limits.memoryBytes) {
       seq.release();
       this.counts.dropped++;
       return;

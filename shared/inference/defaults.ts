@@ -35,9 +35,9 @@ export function defaultMaxTokens(maxContext: number, promptTokens: number, want:
  */
 export const POLICY_DEFAULTS = {
   omnikv: { budget: 1024, selector: "last", window: 16, guard: true, lazy_iou: 0, offload: false },
-  scope: { mode: "slide", beta1: 256, beta2: 256, alpha1: 0, alpha2: 8 },
-  streaming: { sinks: 4, window: 1020 },
-  h2o: { budget: 1024, recent: 256 },
+  scope: { mode: "slide", beta1: 256, beta2: 256, alpha1: 0, alpha2: 8, reclaim: false },
+  streaming: { sinks: 4, window: 1020, reclaim: false },
+  h2o: { budget: 1024, recent: 256, reclaim: false },
   rounds: { top_k: 0 },
 } as const;
 

@@ -33,10 +33,13 @@ describe("policy specs", () => {
     expect(resolvePolicy({ kind: "omnikv+scope", omnikv: { filter_layers: [4] }, scope: { beta1: 100 } }, ctx)).toEqual({
       kind: "omnikv+scope",
       omnikv: { ...omnikvDefaults, filterLayers: [4] },
-      scope: { mode: "slide", beta1: 100, beta2: 256, maxOutput: 64, alpha1: 0, alpha2: 8 },
+      scope: { mode: "slide", beta1: 100, beta2: 256, maxOutput: 64, alpha1: 0, alpha2: 8, reclaim: false },
     });
-    expect(resolvePolicy("streaming", ctx)).toEqual({ kind: "streaming", streaming: { sinks: 4, window: 1020 } });
-    expect(resolvePolicy({ kind: "h2o", h2o: { recent: 100 } }, ctx)).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 100 } });
+    expect(resolvePolicy("streaming", ctx)).toEqual({ kind: "streaming", streaming: { sinks: 4, window: 1020, reclaim: false } });
+    expect(resolvePolicy({ kind: "h2o", h2o: { recent: 100 } }, ctx)).toEqual({
+      kind: "h2o",
+      h2o: { budget: 1024, recent: 100, reclaim: false },
+    });
     expect(() => resolvePolicy("omnikv", { promptTokens: 10, maxTokens: 1 })).toThrow(PolicyError);
   });
 
@@ -304,7 +307,7 @@ describe("policies through the services", () => {
     // OpenAI clients send extras: accepted, and named.
     expect(chat.headers.get("ctxbank-ignored-fields")).toBe("polcy");
     const body = (await chat.json()) as { ctxbank: { policy: unknown } };
-    expect(body.ctxbank.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 64 } });
+    expect(body.ctxbank.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 64, reclaim: false } });
 
     const stream = await fetch(`${s.url}/v1/chat/completions`, {
       method: "POST",
@@ -312,7 +315,10 @@ describe("policies through the services", () => {
       body: JSON.stringify({ model: s.rt.modelId, messages, max_tokens: 2, temperature: 0, stream: true, policy: "streaming" }),
     });
     const firstData = (await stream.text()).split("\n").find((l) => l.startsWith("data: "))!;
-    expect(JSON.parse(firstData.slice(6)).ctxbank.policy).toEqual({ kind: "streaming", streaming: { sinks: 4, window: 1020 } });
+    expect(JSON.parse(firstData.slice(6)).ctxbank.policy).toEqual({
+      kind: "streaming",
+      streaming: { sinks: 4, window: 1020, reclaim: false },
+    });
 
     // ctxbank's own routes refuse what they do not know, naming it.
     const typo = await postJson(`${s.url}/v1/prefill`, { prompt: "hi", polcy: "omnikv" });
@@ -320,10 +326,22 @@ describe("policies through the services", () => {
     expect(typo.body.error).toMatchObject({ code: "unknown_field", param: "polcy" });
     const handle = await postJson(`${s.url}/v1/prefill`, { prompt: "hi there", policy: "h2o" });
     expect(handle.status, JSON.stringify(handle.body)).toBe(200);
-    expect(handle.body.resolved_policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256 } });
+    expect(handle.body.resolved_policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256, reclaim: false } });
     const decoded = await postJson(`${s.url}/v1/decode`, { handle: handle.body, max_tokens: 2 });
     expect(decoded.status, JSON.stringify(decoded.body)).toBe(200);
-    expect(decoded.body.ctxbank.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256 } });
+    expect(decoded.body.ctxbank.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256, reclaim: false } });
+
+    // Reclamation from the API: the decode runs it (and reserves its bound, not prompt + max_tokens).
+    const reclaiming = await postJson(`${s.url}/v1/completions`, {
+      model: s.rt.modelId,
+      prompt: "Count: one two three four five six seven eight nine ten",
+      max_tokens: 24,
+      temperature: 0,
+      policy: { kind: "streaming", streaming: { sinks: 2, window: 8, reclaim: true } },
+    });
+    expect(reclaiming.status, JSON.stringify(reclaiming.body)).toBe(200);
+    expect(reclaiming.body.ctxbank.policy).toEqual({ kind: "streaming", streaming: { sinks: 2, window: 8, reclaim: true } });
+    expect(reclaiming.body.usage.completion_tokens).toBe(24);
   });
 
   it("refuse, as invalid_policy naming the field, what the engine would refuse or ignore", async () => {
@@ -333,6 +351,7 @@ describe("policies through the services", () => {
       [{ kind: "full", omnikv: { budget: 64 } }, "policy.omnikv", /does not apply to kind full/],
       [{ kind: "snapkv" }, "policy", /unknown policy/],
       [{ kind: "omnikv", omnikv: { budgte: 64 } }, "policy.omnikv.budgte", /budgte/],
+      [{ kind: "omnikv+scope", scope: { reclaim: true } }, "policy.scope.reclaim", /scope\.reclaim is for kind scope/],
     ] as const) {
       const res = await postJson(`${s.url}/v1/chat/completions`, {
         model: s.rt.modelId,

@@ -113,6 +113,25 @@ describe("SessionStore", () => {
     expect(store.summary("alice", "s")).toBeUndefined();
   });
 
+  it("a sequence whose rows a reclaiming policy moved is not kept: its next turn computes its prompt", async () => {
+    const store = newStore(LIMITS);
+    const history = ids(24, 21);
+    const seq = engine.createSequence(64);
+    seq.setPolicy({ kind: "streaming", streaming: { sinks: 2, window: 4, reclaim: true } });
+    let logits = await engine.prefill(seq, history);
+    const held = [...history];
+    for (let i = 0; i < 8; i++) {
+      held.push(logits.indexOf(Math.max(...logits)));
+      logits = (await engine.decode([seq], [held.at(-1)!]))[0]!;
+    }
+    expect(seq.rowsMoved).toBe(true);
+    const dropped = store.counts.dropped;
+    await store.park("alice", "reclaimed", seq, held, [0], 1);
+    expect(store.summary("alice", "reclaimed")).toBeUndefined();
+    expect(store.counts.dropped).toBe(dropped + 1);
+    expect(await store.resume("alice", "reclaimed", [...held, 7])).toBeUndefined();
+  });
+
   it("keys keep sessions apart; delete ends one; the TTL ends the idle ones", async () => {
     let now = 1_000_000;
     const store = newStore({ ...LIMITS, ttlMs: 1_000 }, undefined, () => now);

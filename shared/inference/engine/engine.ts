@@ -93,9 +93,12 @@ export class Engine {
     return this.native.info.ubatch;
   }
 
-  /** KV bytes a sequence holds with n tokens: every global layer's n rows, each sliding-window layer's ring at most. */
-  kvBytes(nTokens: number, opts: SequenceOptions = {}): number {
-    return this.native.kvBytes(nTokens, opts.ringBatch);
+  /**
+   * KV bytes a sequence holds with n tokens: every global layer's n rows (`globalRows` at most, a
+   * reclaiming policy's bound: reclaimedRows), each sliding-window layer's ring at most.
+   */
+  kvBytes(nTokens: number, opts: SequenceOptions & { globalRows?: number } = {}): number {
+    return this.native.kvBytes(nTokens, opts.ringBatch, opts.globalRows);
   }
 
   createSequence(capacity?: number, opts: SequenceOptions = {}): NativeSequence {

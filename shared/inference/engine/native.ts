@@ -81,6 +81,12 @@ export interface NativeSequence {
   readonly deviceBytesUsed: number;
   /** The host bank: the offloaded sparse layers' KV (0 without offload). */
   readonly hostBytesUsed: number;
+  /**
+   * A reclaiming policy (its `reclaim`) reused evicted tokens' rows: tokens no longer sit by
+   * position, so truncate, setLength, exportRows, importRows, importChunk and setPolicy throw
+   * (RangeError, code "rows_moved") and a prompt is refused.
+   */
+  readonly rowsMoved: boolean;
   truncate(n: number): void;
   /** Declares that the first n tokens' K/V were written into kvBuffer() (KV import). */
   setLength(n: number): void;
@@ -236,8 +242,8 @@ export interface NativeEngine {
   forward(items: ForwardItem[]): Promise<void>;
   /** Round Attention's pick over the prompt `seq` holds (ascending indices of earlier rounds), on the engine's thread; RangeError unless its policy is rounds. */
   pickRounds(seq: NativeSequence): Promise<number[]>;
-  /** KV bytes a sequence of this engine holds with n tokens (each sliding layer's ring at most). */
-  kvBytes(nTokens: number, ringBatch?: number): number;
+  /** KV bytes a sequence of this engine holds with n tokens (each sliding layer's ring at most; each global layer's globalRows at most, when given). */
+  kvBytes(nTokens: number, ringBatch?: number, globalRows?: number): number;
 }
 
 interface Addon {

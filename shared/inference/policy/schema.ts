@@ -26,6 +26,12 @@ export const POLICY_PARTS = {
 const MAX_TOKENS = 1 << 22;
 const MAX_LAYER = 4096;
 const Count = z.number().int().min(1).max(MAX_TOKENS);
+/** Physical reclamation (scope, streaming, h2o: their evictions are final). */
+const reclaim = (dflt: boolean) =>
+  z.boolean().default(dflt).meta({
+    description:
+      "Free evicted tokens' KV rows for reuse, so the sequence holds the policy's bound, not its whole output: the same tokens; the sequence then takes no further prompt (a session's next turn recomputes its prompt)",
+  });
 /** A token count, or a fraction of the prompt in (0, 1). */
 const Budget = z
   .number()
@@ -84,6 +90,7 @@ export const ScopeSpec = z
         "Prompt pool (kind scope): 0 keeps the whole prompt; else the alpha1 prompt tokens the last alpha2 attend to most, per layer and KV head. Needs the prompt's queries: after a KV handoff the prompt is kept whole",
     }),
     alpha2: z.number().int().min(1).max(64).default(D.scope.alpha2).meta({ description: "The prompt pool's observation window" }),
+    reclaim: reclaim(D.scope.reclaim),
   })
   .meta({ description: "SCOPE: a budget of generated tokens per layer and KV head" });
 
@@ -97,6 +104,7 @@ export const StreamingSpec = z
       .default(D.streaming.sinks)
       .meta({ description: "First tokens always kept (attention sinks)" }),
     window: Count.default(D.streaming.window).meta({ description: "Most recent tokens kept" }),
+    reclaim: reclaim(D.streaming.reclaim),
   })
   .meta({ description: "StreamingLLM baseline: the first sinks tokens plus the most recent window" });
 
@@ -110,6 +118,7 @@ export const H2oSpec = z
       .default(D.h2o.budget)
       .meta({ description: "Tokens kept per layer and KV head, more than recent" }),
     recent: Count.default(D.h2o.recent).meta({ description: "Most recent tokens always kept, at least 1" }),
+    reclaim: reclaim(D.h2o.reclaim),
   })
   .refine((h) => h.budget > h.recent, { message: "h2o: recent must be >= 1 and budget larger than recent", path: ["budget"] })
   .meta({
@@ -169,6 +178,13 @@ const PolicyObject = z
           message: `policy.${key} does not apply to kind ${o.kind}${parts.length ? ` (it reads ${parts.join(", ")})` : ""}`,
         });
       }
+    }
+    if (o.kind === "omnikv+scope" && o.scope?.reclaim) {
+      ctx.addIssue({
+        code: "custom",
+        path: ["scope", "reclaim"],
+        message: "scope.reclaim is for kind scope: omnikv+scope's selectors score evicted generated tokens, so their rows stay",
+      });
     }
   });
 
