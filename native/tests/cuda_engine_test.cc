@@ -257,7 +257,7 @@ TEST_P(CudaEngineKernels, CudaGraphsReplayExactlyTheSameForwardPass) {
   std::vector<std::shared_ptr<Sequence>> a, b;
   for (int s = 0; s < 3; ++s) a.push_back(plain.create_sequence(2048)), b.push_back(graphs.create_sequence(2048));
   // Steps of every shape the graphs are keyed on: a long prompt (full and partial micro-batch),
-  // single decode steps across a split bucket's boundary (1,024 keys: 2 -> 4 splits), and a batch
+  // single decode steps across a split bucket's boundary (1,025 keys: 4 -> 8 splits), and a batch
   // of three.
   auto step = [&](const std::vector<std::pair<int, std::vector<int32_t>>>& batch, const std::string& what) {
     std::vector<std::vector<float>> la(batch.size(), std::vector<float>(300)), lb = la;

@@ -111,13 +111,20 @@ TEST(CudaPlan, TheBudgetLimitsSplitsNotCoverage) {
 }
 
 TEST(CudaPlan, BucketedDecodeStepsHaveOneWorkCountPerBucket) {
-  // Contexts of one bucket (1 to 511 keys: 1 split; 1,024 to 2,047: 4) give the same work count,
-  // so a captured graph serves them all; every key is still seen once.
+  // Contexts of one bucket give the same work count, so a captured graph serves them all; every
+  // key is still seen once. A small step's buckets: 1 to 256 keys, 1 split; 257 to 512, 2; 1,025
+  // to 2,048, 8 (ceil(keys / 256) rounded up to a power of two).
   EXPECT_EQ(check({{1, 0}}, 1024, true).works, 1);
-  EXPECT_EQ(check({{1, 510}}, 1024, true).works, 1);
-  EXPECT_EQ(check({{1, 1023}, {1, 1500}, {1, 3}}, 4096, true).works, 3 * 4);
-  EXPECT_EQ(check({{1, 2046}, {1, 1500}, {1, 10}}, 4096, true).works, 3 * 4);
-  EXPECT_EQ(check({{1, 2047}, {1, 1500}, {1, 10}}, 4096, true).works, 3 * 8);  // 2,048 keys: the next bucket
+  EXPECT_EQ(check({{1, 255}}, 1024, true).works, 1);
+  EXPECT_EQ(check({{1, 256}}, 1024, true).works, 2);
+  EXPECT_EQ(check({{1, 1024}, {1, 1500}, {1, 3}}, 4096, true).works, 3 * 8);
+  EXPECT_EQ(check({{1, 2047}, {1, 1500}, {1, 10}}, 4096, true).works, 3 * 8);
+  EXPECT_EQ(check({{1, 2048}, {1, 1500}, {1, 10}}, 4096, true).works, 3 * 16);  // 2,049 keys: the next bucket
+  // A large step's buckets (128 sequences): 4,096 to 8,191 keys, 16 splits (plan_attention's floor).
+  const int budget = 512 * kPartsPerToken;
+  EXPECT_EQ(check(std::vector<std::pair<int, int>>(128, {1, 4095}), budget, true).max_splits, 16);
+  EXPECT_EQ(check(std::vector<std::pair<int, int>>(128, {1, 8190}), budget, true).max_splits, 16);
+  EXPECT_EQ(check(std::vector<std::pair<int, int>>(128, {1, 8191}), budget, true).max_splits, 32);
   EXPECT_EQ(check({{1, 131071}}, 16384, true).max_splits, kMaxSplits);
   // The budget caps the bucket (a power of two): 64 steps at 100K keys in 3 rows each -> 2 splits.
   const Checked tight = check(std::vector<std::pair<int, int>>(64, {1, 100000}), 64 * 3, true);
@@ -125,29 +132,36 @@ TEST(CudaPlan, BucketedDecodeStepsHaveOneWorkCountPerBucket) {
   EXPECT_LE(tight.parts, 64 * 3);
 }
 
-TEST(CudaPlan, BucketedDecodeNeverSplitsMoreThanPlanAttention) {
+TEST(CudaPlan, BucketedDecodeSplitsMoreThanPlanAttentionOnlyInSmallSteps) {
   // B single-token steps at one context, in the backend's budget for micro-batches of 512 tokens:
-  // the bucket is plan_attention's split count rounded down to a power of two, so never more
-  // works or partial rows (rounding up took B = 128 at 4K from 13,200 to 11,200 tok/s on an H100),
-  // and more than half as many splits.
+  // the bucket is plan_attention's split count rounded down to a power of two, so never more works
+  // or partial rows (rounding up took B = 128 at 4K from 13,200 to 11,200 tok/s on an H100), unless
+  // the step is small (at most 256 works), where it rounds up: at most twice plan_attention's
+  // splits; always more than half as many.
   const int budget = 512 * kPartsPerToken;
   for (int b : {1, 8, 32, 128, 512})
     for (int pos : {0, 255, 511, 1000, 4095, 4096, 4127, 8191, 32768, 131072}) {
       const std::vector<std::pair<int, int>> steps(b, {1, pos});
       const Checked exact = check(steps, budget), bucketed = check(steps, budget, true);
       const std::string at = "B " + std::to_string(b) + " at " + std::to_string(pos + 1) + " keys";
-      EXPECT_LE(bucketed.max_splits, exact.max_splits) << at;
+      EXPECT_LE(bucketed.max_splits, 2 * exact.max_splits) << at;
       EXPECT_GT(2 * bucketed.max_splits, exact.max_splits) << at;
-      EXPECT_LE(bucketed.works, exact.works) << at;
-      EXPECT_LE(bucketed.parts, exact.parts) << at;
+      if (bucketed.works > exact.works || bucketed.parts > exact.parts) {
+        EXPECT_LE(bucketed.works, 256) << at;
+        EXPECT_LE(bucketed.parts, 256) << at;
+      }
     }
-  // The batched bench's step (128 sequences past 4,096 keys): 16 splits each, as plan_attention.
+  // The bench's steps past 4,096 keys: batch 1 and 8 in 32 splits (as run-3), 128 in 16 (as plan_attention).
+  EXPECT_EQ(check({{1, 4100}}, budget, true).max_splits, 32);
+  EXPECT_EQ(check(std::vector<std::pair<int, int>>(8, {1, 4100}), budget, true).max_splits, 32);
   EXPECT_EQ(check(std::vector<std::pair<int, int>>(128, {1, 4100}), budget, true).max_splits, 16);
-  // Mixed contexts: the longest one sets the bucket, still within plan_attention's largest count.
+  // Mixed contexts: the longest one sets the bucket, within plan_attention's largest count (twice
+  // it for a small step).
   for (int b : {2, 8, 128}) {
     std::vector<std::pair<int, int>> steps;
     for (int i = 0; i < b; ++i) steps.push_back({1, (i * 7919) % 40000});
-    EXPECT_LE(check(steps, budget, true).max_splits, check(steps, budget).max_splits) << "B " << b;
+    const Checked exact = check(steps, budget), bucketed = check(steps, budget, true);
+    EXPECT_LE(bucketed.max_splits, (bucketed.works > 256 ? 1 : 2) * exact.max_splits) << "B " << b;
   }
 }
 

@@ -10,6 +10,10 @@ namespace {
 // decode token may have beyond its own.
 int decode_splits(int n_keys, int extra_per_token) { return std::max(1, std::min({kMaxSplits, n_keys / kSplitKeys, 1 + extra_per_token})); }
 
+// A bucketed step with at most this many work items (before its KV heads) is small: it is far from
+// filling the GPU, so it rounds its split count up, not down (more blocks in flight at batch 1).
+constexpr int kSmallStepWorks = 256;
+
 }  // namespace
 
 int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnCombine* comb, int max_parts) {
@@ -49,12 +53,15 @@ int plan_decode_bucketed(const AttnSlice* slices, int n_slices, AttnWork* works,
   // plan_attention's count for the longest context, rounded down to a power of two. Rounded up, a
   // step at 4,097 keys had 32 splits of 129 keys where plan_attention has 16 of 257: at B = 128,
   // where 16 already fill the GPU, twice the works and partial rows took decode at 4K from 13,200
-  // to 11,200 tok/s (H100).
+  // to 11,200 tok/s (H100, GPU run-2/run-3). A small step rounds up instead (as run-3's batch-1
+  // decode did, 1.33 ms at 4K): one doubling reaches ceil(keys / kSplitKeys) from the floor.
   int longest = 0;
   for (int i = 0; i < n_slices; ++i) longest = std::max(longest, slices[i].pos0 + 1);
   const int exact = decode_splits(longest, std::max(0, max_parts - n_slices) / std::max(1, n_slices));
   int splits = 1;
   while (2 * splits <= exact) splits *= 2;
+  const int want = std::min(kMaxSplits, (longest + kSplitKeys - 1) / kSplitKeys);
+  if (splits < want && 2 * splits * n_slices <= std::min(kSmallStepWorks, max_parts)) splits *= 2;
   int n_works = 0;
   for (int i = 0; i < n_slices; ++i) {
     const AttnSlice& s = slices[i];

@@ -83,7 +83,8 @@ int plan_attention(const AttnSlice* slices, int n_slices, AttnWork* works, AttnC
 // plan_attention for a micro-batch of single-token decode steps only, made for replaying a
 // captured graph: every token gets the same number of splits, `*bucket`: plan_attention's count
 // for the batch's longest context (within the same budget) rounded down to a power of two, so
-// never more than plan_attention gives any token of the batch. Each split is an equal share of
+// never more than plan_attention gives any token of the batch; a small step (a few sequences,
+// far from filling the GPU) rounds up to ceil(keys / kSplitKeys) instead. Each split is an equal share of
 // that token's own keys (empty for the last ones of a shorter context). The work list's size then
 // depends on the token count and the bucket alone, so one graph serves every step until the
 // longest context reaches the next power of two times kSplitKeys keys, where plan_attention's work
