@@ -350,7 +350,7 @@ class NativeSequence : public Napi::ObjectWrap<NativeSequence> {
   void set_size(Napi::Env env, const char* what, int n) {
     refuse_moved_rows(env, what);
     try {
-      seq_->kv.set_size(n);
+      seq_->set_size(n);
     } catch (const std::invalid_argument& e) {
       Napi::Error err = Napi::RangeError::New(env, std::string(what) + ": " + e.what());
       err.Set("code", Napi::String::New(env, "window_not_held"));

@@ -128,6 +128,12 @@ size_t Engine::weight_bytes_per_token() const {
 
 bool Sequence::rows_moved() const { return slots && slots->any_freed(); }
 
+void Sequence::set_size(int n) {
+  if (rows_moved()) throw std::invalid_argument("this sequence reclaimed evicted KV rows, so its tokens no longer sit by position");
+  kv.set_size(n);
+  if (slots) slots->reset(n);
+}
+
 void Sequence::set_policy(const AttentionPolicy& p) {
   if (rows_moved())
     throw std::invalid_argument("this sequence reclaimed evicted KV rows, so its tokens no longer sit by position; its policy stays");
@@ -142,7 +148,6 @@ void Sequence::set_policy(const AttentionPolicy& p) {
   policy = std::move(next);
   decode_keys_read = 0;
   slots.reset();
-  if (device_kv && p.reclaim()) throw std::invalid_argument("reclaim: the GPU backend keeps every row (sparse policies run on the CPU)");
   // The global layers only: a sliding layer's ring bounds it already, and its decode steps attend
   // by position (sparse.cc).
   if (p.reclaim() && policy->reclaims()) {

@@ -73,6 +73,10 @@ class Sequence {
   // Reclamation reused a freed row: positions no longer sit at row = position, so the cache can
   // take no prompt tokens, and its rows cannot be exported, imported or truncated by position.
   bool rows_moved() const;
+  // The cache's length from outside (after an import, or a rollback): kv.set_size, and a
+  // reclaiming sequence's positions [0, n) back at row = position. std::invalid_argument once
+  // rows moved, or as kv.set_size.
+  void set_size(int n);
   // Decode steps since the policy was set: (layer, KV head, key) triples attended, summed. Times
   // row_pair_bytes() / n_head_kv, the KV bytes those steps read (the sliding layers' windows included).
   uint64_t decode_keys_read = 0;

@@ -30,6 +30,15 @@ void KvSlots::place_prompt(int from, int to) {
   }
 }
 
+void KvSlots::reset(int stored) {
+  for (size_t i = 0; i < map_.size(); ++i) {
+    if (map_[i].empty()) continue;  // an untracked layer
+    std::iota(map_[i].begin(), map_[i].begin() + stored, 0);
+    std::fill(map_[i].begin() + stored, map_[i].end(), -1);
+    high_[i] = stored;
+  }
+}
+
 int32_t KvSlots::place(int layer, int g, int pos) {
   const size_t i = at(layer, g);
   int32_t r;

@@ -23,6 +23,9 @@ class KvSlots {
   int32_t row(int layer, int g, int pos) const { return map_[at(layer, g)][pos]; }
   // Prompt positions [from, to) at row = position, every layer and head (only before any free).
   void place_prompt(int from, int to);
+  // The cache's length was set from outside (an import, a rollback): positions [0, stored) at row
+  // = position, nothing beyond (only before any free).
+  void reset(int stored);
   // A decode token at `pos` for (layer, head g): a freed row, else the next new one. Calls for
   // different (layer, head) pairs touch disjoint state.
   int32_t place(int layer, int g, int pos);

@@ -80,6 +80,39 @@ describe("reclamation on the default model", () => {
     });
   }
 
+  it("set before a KV import, as a decode sets it: the same logits", async () => {
+    const { nLayer, nVocab } = engine.model.config;
+    const ids = Array.from({ length: PROMPT }, (_, i) => 3 + ((i * 7919) % (nVocab - 3)));
+    const source = engine.createSequence(PROMPT);
+    const layers = Array.from({ length: nLayer }, (_, l) => l);
+    const rows = new Uint8Array(engine.kvBytes(PROMPT));
+    const first = argmax(await engine.prefill(source, ids));
+    source.exportRows(rows, layers, 0, PROMPT);
+    source.release();
+    const decode = async (policy: AttentionPolicy) => {
+      const seq = engine.createSequence(PROMPT + STEPS + 1);
+      try {
+        engine.applyPolicy(seq, policy); // before the import, as handover.sequence does
+        seq.importRows(rows, layers, 0, PROMPT);
+        seq.setLength(PROMPT);
+        const out: Float32Array[] = [];
+        let tok = first;
+        for (let s = 0; s < STEPS; s++) {
+          out.push((await engine.decode([seq], [tok]))[0]!);
+          tok = argmax(out.at(-1)!);
+        }
+        return { out, moved: seq.rowsMoved };
+      } finally {
+        seq.release();
+      }
+    };
+    const policy: AttentionPolicy = { kind: "streaming", streaming: { sinks: 4, window: 16 } };
+    const masked = await decode(policy);
+    const reclaimed = await decode({ kind: "streaming", streaming: { sinks: 4, window: 16, reclaim: true } });
+    expect(reclaimed.moved).toBe(true);
+    expect(reclaimed.out).toEqual(masked.out);
+  });
+
   it("refuses what addresses the cache by position once rows moved", async () => {
     const seq = await compare(engine, POLICIES[0]!, engine.model.config.nVocab);
     try {

@@ -331,17 +331,22 @@ describe("policies through the services", () => {
     expect(decoded.status, JSON.stringify(decoded.body)).toBe(200);
     expect(decoded.body.ctxbank.policy).toEqual({ kind: "h2o", h2o: { budget: 1024, recent: 256, reclaim: false } });
 
-    // Reclamation from the API: the decode runs it (and reserves its bound, not prompt + max_tokens).
-    const reclaiming = await postJson(`${s.url}/v1/completions`, {
-      model: s.rt.modelId,
-      prompt: "Count: one two three four five six seven eight nine ten",
-      max_tokens: 24,
-      temperature: 0,
-      policy: { kind: "streaming", streaming: { sinks: 2, window: 8, reclaim: true } },
-    });
+    // Reclamation from the API: the decode runs it (reserving its bound, not prompt + max_tokens)
+    // on the KV the handoff imported, and answers what masking answers.
+    const streaming = (reclaim: boolean) =>
+      postJson(`${s.url}/v1/completions`, {
+        model: s.rt.modelId,
+        prompt: "Count: one two three four five six seven eight nine ten",
+        max_tokens: 24,
+        temperature: 0,
+        policy: { kind: "streaming", streaming: { sinks: 2, window: 8, reclaim } },
+      });
+    const reclaiming = await streaming(true);
+    const masking = await streaming(false);
     expect(reclaiming.status, JSON.stringify(reclaiming.body)).toBe(200);
     expect(reclaiming.body.ctxbank.policy).toEqual({ kind: "streaming", streaming: { sinks: 2, window: 8, reclaim: true } });
     expect(reclaiming.body.usage.completion_tokens).toBe(24);
+    expect(reclaiming.body.choices[0].text).toBe(masking.body.choices[0].text);
   });
 
   it("refuse, as invalid_policy naming the field, what the engine would refuse or ignore", async () => {
