@@ -106,6 +106,7 @@ export async function prefillLocally(
 
 class LocalHandover implements Handover {
   readonly path = "local";
+  readonly ringBatch = undefined; // the engine's, as the prompt was computed
   private seq: NativeSequence | undefined;
 
   constructor(

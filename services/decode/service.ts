@@ -443,8 +443,10 @@ export class DecodeService {
       const sampler = newSampler(opts, handle.sampling);
       // Another key's handle is answered exactly like an unknown one: its existence is not told.
       if (!ownsRequest(opts.tenant ?? LOCAL_TENANT, requestId)) throw unknownHandle(requestId);
-      // A reclaiming policy's sequence holds its bound in each global layer, not prompt + max_tokens.
-      reservation = this.scheduler.admit(this.rt.engine.kvBytes(n + maxTokens, { globalRows: reclaimedRows(policy, n) }));
+      // What the sequence will hold: its sliding layers' rings as the handover makes them, and a
+      // reclaiming policy's bound in each global layer, not prompt + max_tokens.
+      const globalRows = reclaimedRows(policy, n);
+      reservation = this.scheduler.admit(this.rt.engine.kvBytes(n + maxTokens, { ringBatch: handover.ringBatch, globalRows }));
       seq = this.scheduler.adopt(handover.sequence({ capacity: n + maxTokens, policy }));
       // Our own prefill's handle is ours already; record that this decode holds it (should we
       // die, the sweep ends the row) without keeping the first token waiting.

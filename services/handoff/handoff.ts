@@ -128,6 +128,8 @@ export interface Handover {
   readonly handle: PromptHandle;
   /** The policy the handover's sequence runs already (in process, streamed); undefined: the decode's to choose. */
   readonly policy: ResolvedPolicy | undefined;
+  /** Its sequence's ring batch (SequenceOptions.ringBatch; undefined: the engine's micro-batch), for the KV the decode reserves. */
+  readonly ringBatch: number | undefined;
   /**
    * The sequence the prompt's KV is (or goes) into, with the plan's room and policy: the
    * handover's own when it has one, else a new one (the engine's one validation of the policy:

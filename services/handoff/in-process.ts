@@ -58,6 +58,7 @@ export class InProcessHandoff implements HandoffReader {
 /** The prefill's sequence: room for prompt + max tokens, the policy set before the prompt. */
 class InProcessHandover implements Handover {
   readonly path = "in_process";
+  readonly ringBatch = undefined; // the prefill's sequence
   private seq: NativeSequence | undefined;
 
   constructor(

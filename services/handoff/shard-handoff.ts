@@ -131,6 +131,7 @@ type LoadKv = (
 /** A prompt prefilled into a shard: its KV loads (or loaded while it computed) into the decode's sequence. */
 class ShardHandover implements Handover {
   readonly path = "shard";
+  readonly ringBatch = DECODE_RING_BATCH; // its sequences are imported into, then decoded
   private seq: NativeSequence | undefined;
   private ran: ResolvedPolicy | undefined;
   /** Set when the sequence came from the streamed load: its outcome is the load's. */
