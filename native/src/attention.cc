@@ -81,6 +81,8 @@ void Engine::attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h
   std::fill(sc.l.begin(), sc.l.begin() + n_heads * nq, 0.f);
   std::fill(sc.acc.begin(), sc.acc.begin() + n_heads * head_rows, 0.f);
   const int k_end = pos_[qb.t_end - 1] + 1;
+  // A policy ranking keys by this decode token's scores (prepare_sparse): rows [n_head][k_end].
+  float* raw = slice_keys_[qb.slice].wants_scores ? slice_raw_[qb.slice].data() : nullptr;
   for (int k0 = first_key(layer, pos_[qb.t_begin]) / kKeyBlock * kKeyBlock; k0 < k_end; k0 += kKeyBlock) {
     const int nk = std::min(kKeyBlock, k_end - k0);
     for (int r = 0; r < nq; ++r) {
@@ -93,7 +95,8 @@ void Engine::attend_flash(int layer, const Slice& s, const QueryBlock& qb, int h
       const size_t col = static_cast<size_t>(h0 + gl) * d;
       k_.flash_block(&sc.q[gl * head_rows], nq, kv.k(layer, k0) + col, kv.v(layer, k0) + col, kv.ld(layer), nk, d, c.attn_scale,
                      sc.lo.data(), sc.hi.data(), &sc.m[gl * nq], &sc.l[gl * nq], &sc.acc[gl * head_rows], sc.work.data(),
-                     more ? kv.k(layer, k0 + kKeyBlock) + col : nullptr, more ? kv.v(layer, k0 + kKeyBlock) + col : nullptr);
+                     more ? kv.k(layer, k0 + kKeyBlock) + col : nullptr, more ? kv.v(layer, k0 + kKeyBlock) + col : nullptr,
+                     raw ? raw + static_cast<size_t>(h0 + gl) * group * k_end + k0 : nullptr, static_cast<size_t>(k_end));
     }
   }
   for (int gl = 0; gl < n_heads; ++gl)
@@ -183,7 +186,7 @@ void Engine::attend_listed(int layer, const Slice& s, const LayerKeys& listed, i
     // The packed rows are one stream, fetched a block ahead; the gathered ones are copied above.
     const uint16_t* next_k = k1 < packed.n ? packed_k + k1 * packed.ld : nullptr;
     k_.flash_block(q, group, k, v, ldk, nk, d, scale, sc.lo.data(), sc.hi.data(), sc.m.data(), sc.l.data(), sc.acc.data(), sc.work.data(),
-                   next_k, next_k ? next_k + kv_dim : nullptr);
+                   next_k, next_k ? next_k + kv_dim : nullptr, nullptr, 0);
   }
   float* out = &attn_[static_cast<size_t>(t) * Q + static_cast<size_t>(g) * group * d];
   for (int r = 0; r < group; ++r) {

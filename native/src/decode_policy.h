@@ -64,6 +64,9 @@ struct LayerKeys {
   // whole cache (the dense path). Owned by the policy, valid until its next keys() call.
   const std::vector<std::vector<int32_t>>* heads = nullptr;
   PackedRows packed;
+  // The whole cache, and the policy ranks keys by this step's raw scores: the backend keeps them
+  // as its attention computes them and hands them to DecodePolicy::scored after the layer.
+  bool wants_scores = false;
   bool listed() const { return heads != nullptr; }
 };
 
@@ -107,6 +110,10 @@ class DecodePolicy {
   virtual void observe_prompt(int layer, const PolicyStep& step) {}
   // A decode step at `layer`: the keys each KV head attends to (runs the layer's selection).
   virtual LayerKeys keys(int layer, const PolicyStep& step) = 0;
+  // After a decode step's attention at a layer whose keys() wanted its scores: raw
+  // [n_head][n_keys], the token's scaled query-key dot products over keys [0, n_keys), as
+  // PolicyBackend::score_keys computes them, bit for bit.
+  virtual void scored(int layer, const PolicyStep& step, const float* raw, int n_keys) {}
   // After a decode step's attention at (layer, KV head g) over keys(layer).heads[g]: the
   // softmax probabilities [n_head / n_head_kv][n_keys] if reads_probabilities(), else null. Calls
   // for different heads of one layer may run concurrently; a policy keeps per-head state apart.

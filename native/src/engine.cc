@@ -455,6 +455,7 @@ void Engine::forward_ubatch(const std::vector<Slice>& slices) {
     });
     prepare_sparse(l, slices);
     attention(l, slices);  // a sliding layer's queries see their last sliding_window keys
+    finish_sparse(l, slices);
     matmuls({{&lw.wo, xn_.data(), E}}, attn_.data(), n, Q);
     if (c.post_norms) rms_norm(xn_.data(), lw.post_attn_norm, xn_.data(), n, E);
     for (size_t i = 0; i < static_cast<size_t>(n) * E; ++i) x_[i] += xn_[i];

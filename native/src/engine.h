@@ -234,6 +234,8 @@ class Engine : private PolicyBackend {
   // attends at `layer`, and the backend services they call.
   PolicyStep policy_step(const Slice& s, int t) { return {*this, s.item->seq->kv, t, s.count, s.pos0, s.item->n_tokens != 1}; }
   void prepare_sparse(int layer, const std::vector<Slice>& slices);
+  // After the layer's attention: the scores it kept for the policies that wanted them (LayerKeys::wants_scores).
+  void finish_sparse(int layer, const std::vector<Slice>& slices);
   const float* query(int t) const override { return &q_[static_cast<size_t>(t) * config().q_dim()]; }
   int position(int t) const override { return pos_[t]; }
   float* score_keys(const KvCache& kv, int layer, const float* q, int n_keys) override;
@@ -265,7 +267,8 @@ class Engine : private PolicyBackend {
   std::vector<AttnTask> attn_tasks_;
   // Per slice, for the current layer: what its decode step attends (not listed: everything).
   std::vector<LayerKeys> slice_keys_;
-  std::vector<float> sel_raw_;  // score_keys: [n_head][ctx]
+  std::vector<std::vector<float>> slice_raw_;  // per slice whose keys want scores: [n_head][pos0 + 1]
+  std::vector<float> sel_raw_;                 // score_keys: [n_head][ctx]
   std::vector<AttnScratch> attn_scratch_;
   std::vector<float> logits_x_, logits_buf_;  // [kLogitRows][n_embd], [kLogitRows][n_vocab]
   // greedy_tokens: output rows per slice (a multiple of kRowGroup), each thread's slice of logits

@@ -85,8 +85,11 @@ struct KernelTable {
   // size and company depend on how its prompt was chunked, and its logits must not. `work` holds
   // flash_work_floats(nq, nk, d) floats. next_k/next_v: where the caller's next block of nk keys
   // lies (same ld), which a kernel may fetch ahead while this one computes; nullptr: unknown.
+  // raw (nullable): receives row i's scores of its keys [lo[i], hi[i]) at raw + i*ldraw + j, the
+  // others untouched (a decode policy that ranks keys by them reads the block once: OmniKV).
   void (*flash_block)(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale, const int* lo,
-                      const int* hi, float* m, float* l, float* acc, float* work, const uint16_t* next_k, const uint16_t* next_v);
+                      const int* hi, float* m, float* l, float* acc, float* work, const uint16_t* next_k, const uint16_t* next_v,
+                      float* raw, size_t ldraw);
   void (*f32_to_f16)(const float* x, uint16_t* y, int n);
   // SwiGLU: g[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i].
   void (*swiglu)(float* g, const float* u, int n);

@@ -243,7 +243,7 @@ float exp_sum(float* x, int n, float max) {
 // Row by row: scores of the row's keys, the new max, the old state rescaled by exp(m - max), then
 // the keys' weights added to the sum and their weighted values to the output.
 void flash_block(const float* q, int nq, const uint16_t* k, const uint16_t* v, size_t ld, int nk, int d, float scale, const int* lo,
-                 const int* hi, float* m, float* l, float* acc, float* work, const uint16_t*, const uint16_t*) {
+                 const int* hi, float* m, float* l, float* acc, float* work, const uint16_t*, const uint16_t*, float* raw, size_t ldraw) {
   for (int i = 0; i < nq; ++i) {
     if (lo[i] >= hi[i]) continue;
     float mx = m[i];
@@ -251,6 +251,7 @@ void flash_block(const float* q, int nq, const uint16_t* k, const uint16_t* v, s
       float a = 0;
       for (int t = 0; t < d; ++t) a += q[i * d + t] * fp16_to_fp32(k[j * ld + t]);
       work[j] = a * scale;
+      if (raw) raw[i * ldraw + j] = work[j];
       mx = std::fmax(mx, work[j]);
     }
     const float alpha = std::exp(m[i] - mx);  // 0 for the first keys (m = -inf)

@@ -16,6 +16,7 @@ namespace ctx {
 // only (OmniKV's filter layers are global ones: policy.cc).
 void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
   slice_keys_.assign(slices.size(), LayerKeys{});
+  if (slice_raw_.size() < slices.size()) slice_raw_.resize(slices.size());
   const bool slides = config().layer_slides(layer);
   int t = 0;
   for (size_t i = 0; i < slices.size(); t += slices[i].count, ++i) {
@@ -26,6 +27,11 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       continue;
     }
     if (!slides) slice_keys_[i] = policy.keys(layer, step);
+    if (slice_keys_[i].wants_scores) {
+      if (slice_keys_[i].listed() || step.count != 1)
+        throw std::logic_error("prepare_sparse: scores are kept for one dense decode token only");
+      slice_raw_[i].resize(static_cast<size_t>(config().n_head) * (step.pos0 + 1));
+    }
     uint64_t read = 0;
     if (slice_keys_[i].listed())
       for (const auto& head : *slice_keys_[i].heads) read += head.size();
@@ -33,6 +39,13 @@ void Engine::prepare_sparse(int layer, const std::vector<Slice>& slices) {
       read = static_cast<uint64_t>(step.pos0 + 1 - first_key(layer, step.pos0)) * config().n_head_kv;
     slices[i].item->seq->decode_keys_read += read;
   }
+}
+
+void Engine::finish_sparse(int layer, const std::vector<Slice>& slices) {
+  int t = 0;
+  for (size_t i = 0; i < slices.size(); t += slices[i].count, ++i)
+    if (slice_keys_[i].wants_scores)
+      slices[i].item->seq->policy->scored(layer, policy_step(slices[i], t), slice_raw_[i].data(), slices[i].pos0 + 1);
 }
 
 // Raw scores [n_head][n_keys] of query q over keys [0, n_keys) of `layer`, with the attention's

@@ -285,8 +285,8 @@ FlashState flash_run(const KernelTable& kt, const std::vector<float>& q, int nq,
     }
     const bool more = k0 + block < n_keys;  // the next block, for the kernels that fetch ahead
     kt.flash_block(q.data(), nq, k.data() + k0 * ld, v.data() + k0 * ld, ld, nk, d, scale, lo.data(), hi.data(), st.m.data(), st.l.data(),
-                   st.acc.data(), work.data(), more ? k.data() + (k0 + block) * ld : nullptr,
-                   more ? v.data() + (k0 + block) * ld : nullptr);
+                   st.acc.data(), work.data(), more ? k.data() + (k0 + block) * ld : nullptr, more ? v.data() + (k0 + block) * ld : nullptr,
+                   nullptr, 0);
   }
   return st;
 }
@@ -595,6 +595,32 @@ TEST_P(KernelsVsReference, F16ScoresEqualWidenedScores) {
         kt_->attn_scores(q.data(), nq, kf.data() + d, ld, nk, d, 0.0625f, widened.data(), nk);
         kt_->attn_scores_f16(q.data(), nq, k.data() + d, ld, nk, d, 0.0625f, direct.data(), nk, k.data() + nk * ld + d);
         for (int i = 0; i < nq * nk; ++i) ASSERT_EQ(fp32_to_bits(direct[i]), fp32_to_bits(widened[i])) << "entry " << i;
+      }
+}
+
+// flash_block's kept scores (OmniKV ranks its filter layer's keys by them) are attn_scores_f16's
+// of the same rows and keys, bit for bit, for each row's range only; the rest of raw is untouched.
+TEST_P(KernelsVsReference, FlashBlockKeepsTheScoresOfItsRanges) {
+  std::mt19937 rng(29);
+  for (int d : {64, 256})
+    for (int nq : {1, 3, 4, 12})
+      for (int nk : {5, 64}) {
+        SCOPED_TRACE("d=" + std::to_string(d) + " nq=" + std::to_string(nq) + " nk=" + std::to_string(nk));
+        const size_t ld = d;
+        const std::vector<uint16_t> k = rand_halves(rng, nk * ld), v = rand_halves(rng, nk * ld);
+        const std::vector<float> q = rand_floats(rng, static_cast<size_t>(nq) * d, -1.f, 1.f);
+        std::vector<int> lo(nq), hi(nq);
+        random_ranges(rng, nq, nk, lo, hi);
+        std::vector<float> want(static_cast<size_t>(nq) * nk), m(nq, -INFINITY), l(nq, 0.f), acc(static_cast<size_t>(nq) * d, 0.f);
+        std::vector<float> work(flash_work_floats(nq, nk, d)), raw(static_cast<size_t>(nq) * nk, 7.f);
+        kt_->attn_scores_f16(q.data(), nq, k.data(), ld, nk, d, 0.0625f, want.data(), nk, nullptr);
+        kt_->flash_block(q.data(), nq, k.data(), v.data(), ld, nk, d, 0.0625f, lo.data(), hi.data(), m.data(), l.data(), acc.data(),
+                         work.data(), nullptr, nullptr, raw.data(), nk);
+        for (int i = 0; i < nq; ++i)
+          for (int j = 0; j < nk; ++j) {
+            const float expect = j >= lo[i] && j < hi[i] ? want[i * nk + j] : 7.f;
+            ASSERT_EQ(fp32_to_bits(raw[i * nk + j]), fp32_to_bits(expect)) << "row " << i << ", key " << j;
+          }
       }
 }
 

@@ -68,9 +68,10 @@ LayerKeys OmniKvPolicy::keys(int layer, const PolicyStep& step) {
   PackedRows packed;
   const LayerRole role = spec().roles[layer];
   if (role == LayerRole::Filter) {
+    // The layer attends densely; it ranks by the scores that attention computes (scored()).
+    if (ranks_own_scores(step)) return LayerKeys{nullptr, PackedRows{}, true};
     const int idx = filter_index(layer);
-    const bool changed = select(layer, step, selected_[idx]);
-    if (cfg_.offload && (changed || packed_.empty() || packed_[idx].empty())) refresh_packed(step.kv, idx);
+    selected(idx, step.kv, select(layer, step, selected_[idx]));
   } else if (role == LayerRole::Sparse) {
     subset = &selected_[spec().group[layer]];
     packed = packed_for(layer, step.kv);
@@ -90,6 +91,24 @@ LayerKeys OmniKvPolicy::keys(int layer, const PolicyStep& step) {
     append_generated(layer, g, step.pos0, keys);
   }
   return LayerKeys{&keys_, packed};
+}
+
+// Plain OmniKV ranks by the current query alone: the scores the filter layer's own dense attention
+// computes, so its selection waits for them instead of reading the layer's keys a second time.
+bool OmniKvPolicy::ranks_own_scores(const PolicyStep& step) const {
+  return step.count == 1 && !remembers_queries() && !lists_every_layer() && cfg_.budget < candidate_end();
+}
+
+void OmniKvPolicy::scored(int layer, const PolicyStep& step, const float* raw, int n_keys) {
+  const int idx = filter_index(layer);
+  ++selections_;
+  rank_.resize(candidate_end());
+  rank_candidates(cfg_.selector, raw, step.backend.config().n_head, n_keys, candidate_end(), rank_.data());
+  selected(idx, step.kv, take_top(selected_[idx]));
+}
+
+void OmniKvPolicy::selected(int idx, const KvCache& kv, bool changed) {
+  if (cfg_.offload && (changed || packed_.empty() || packed_[idx].empty())) refresh_packed(kv, idx);
 }
 
 // Rank the prompt's tokens by the current query (every query head, max over heads), or by a
@@ -128,7 +147,11 @@ bool OmniKvPolicy::select(int layer, const PolicyStep& step, std::vector<int32_t
     for (int p = std::max(0, pos - (cfg_.window - 1)); p < n_cand; ++p) rank_[p] = INFINITY;
     w.push(be, t, cfg_.window - 1);
   }
-  top_k_sorted(rank_.data(), n_cand, cfg_.budget, new_);
+  return take_top(out);
+}
+
+bool OmniKvPolicy::take_top(std::vector<int32_t>& out) {
+  top_k_sorted(rank_.data(), static_cast<int>(rank_.size()), cfg_.budget, new_);
   if (cfg_.lazy_iou > 0.f && !out.empty() && iou(new_, out) > cfg_.lazy_iou) {
     ++lazy_reuses_;  // close enough to the last set: keep it, skip the reload
     return false;

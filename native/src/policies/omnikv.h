@@ -22,6 +22,7 @@ class OmniKvPolicy : public DecodePolicy, public PromptStateHolder {
   void begin(const PolicyStep& step) override;
   void observe_prompt(int layer, const PolicyStep& step) override;
   LayerKeys keys(int layer, const PolicyStep& step) override;
+  void scored(int layer, const PolicyStep& step, const float* raw, int n_keys) override;
   PolicyStats stats() const override;
   size_t state_bytes() const override;
   // The filter layers' remembered queries, where the selection reads them.
@@ -51,6 +52,13 @@ class OmniKvPolicy : public DecodePolicy, public PromptStateHolder {
 
  private:
   int filter_index(int layer) const;
+  // Whether filter layers rank by the current query's scores alone, which their own dense
+  // attention computes (keys() then asks for them; scored() selects).
+  bool ranks_own_scores(const PolicyStep& step) const;
+  // The `budget` best of rank_ into `out`, unless lazy_iou keeps `out`; true if `out` changed.
+  bool take_top(std::vector<int32_t>& out);
+  // After filter selection idx ran: its packed rows under offload.
+  void selected(int idx, const KvCache& kv, bool changed);
   // Per filter layer (in order) that has any, the sparse layers that use its selection.
   std::vector<std::vector<int>> sparse_groups() const;
   void refresh_packed(const KvCache& kv, int idx);
