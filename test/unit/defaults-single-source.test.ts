@@ -185,8 +185,10 @@ describe("one place for each default and for the policy's shape", () => {
     expect(
       shapeDeclarations("x.ts", "interface O { filterLayers: number[]; budget: number; selector?: string; guard?: boolean }"),
     ).toHaveLength(1);
-    expect(shapeDeclarations("x.ts", "const S = z.object({ beta1: Count, beta2: Count, max_output: Count });")).toHaveLength(1);
-    expect(shapeDeclarations("x.h", "struct ScopeCfg { int beta1; int beta2; int max_output; };")).toHaveLength(1);
+    expect(shapeDeclarations("x.ts", "const S = z.object({ beta1: Count, beta2: Count, max_output: Count, alpha1: Count });")).toHaveLength(
+      1,
+    );
+    expect(shapeDeclarations("x.h", "struct ScopeCfg { int beta1; int beta2; int max_output; int alpha1; };")).toHaveLength(1);
     expect(memberDefaults("struct H2oConfig { int budget = 1024; int recent; };")).toHaveLength(1);
     expect(Object.keys(POLICY_PART_SCHEMAS)).toEqual(Object.keys(POLICY_DEFAULTS));
   });
