@@ -6,7 +6,7 @@
 // must change none.
 //
 //   npm run bench:reclaim [-- --models smollm2-135m-instruct,gemma-3-270m] [--prompt 1024] [--generate 1024]
-import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
+import { DECODE_RING_BATCH, Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
@@ -34,6 +34,7 @@ const args = bench.values;
 const promptTokens = Number(args.prompt);
 const generate = Number(args.generate);
 const SAMPLE = 64; // deviceBytesUsed every this many tokens
+const RINGS = { ringBatch: DECODE_RING_BATCH }; // a decode's sequences: sliding layers' rings of the window + 64 rows
 
 /** Budgets of about half a 2K context each, so that the generation runs past them. */
 const POLICIES: Array<{ id: string; policy: AttentionPolicy }> = [
@@ -49,7 +50,7 @@ const withReclaim = (p: AttentionPolicy): AttentionPolicy => {
 
 /** Greedy generation: the tokens and deviceBytesUsed every SAMPLE tokens. */
 async function run(engine: Engine, policy: AttentionPolicy, ids: number[]) {
-  const seq = engine.createSequence(promptTokens + generate + 1);
+  const seq = engine.createSequence(promptTokens + generate + 1, RINGS); // as a decode's
   try {
     engine.applyPolicy(seq, policy);
     let tok = argmax(await engine.prefill(seq, ids));
@@ -75,14 +76,14 @@ for (const name of args.models!.split(",")) {
   const engine = new Engine(model, { threads: Number(args.threads), maxContext: promptTokens + generate + 1 });
   const ids = Array.from({ length: promptTokens }, (_, i) => 1000 + ((i * 7919) % 20000));
   const total = promptTokens + generate;
-  const full = engine.kvBytes(total);
+  const full = engine.kvBytes(total, RINGS);
   const series: Series[] = [
     {
       name: "full attention / masking",
       color: "#999999",
       dash: "6 4",
       points: [
-        [0, mib(engine.kvBytes(promptTokens))],
+        [0, mib(engine.kvBytes(promptTokens, RINGS))],
         [generate, mib(full)],
       ],
     },
@@ -91,7 +92,7 @@ for (const name of args.models!.split(",")) {
   for (const [i, { id, policy }] of POLICIES.entries()) {
     const masked = await run(engine, policy, ids);
     const reclaimed = await run(engine, withReclaim(policy), ids);
-    const bound = engine.kvBytes(total, { globalRows: reclaimedRows(completePolicy(withReclaim(policy)), promptTokens) });
+    const bound = engine.kvBytes(total, { ...RINGS, globalRows: reclaimedRows(completePolicy(withReclaim(policy)), promptTokens) });
     const row = {
       model: c.name,
       policy: id,
