@@ -10,7 +10,7 @@ import { DECODE_RING_BATCH, Engine, loadModel } from "../../shared/inference/eng
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { argmax } from "../../shared/inference/engine/sampler.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { reclaimedRows } from "../../shared/inference/policy/reclaim.ts";
+import { reclaimedRows, withReclaim } from "../../shared/inference/policy/reclaim.ts";
 import { completePolicy } from "../../shared/inference/policy/schema.ts";
 import { fmtNum, markdownTable } from "../../shared/platform/table.ts";
 import { benchCli } from "../../tools/lib/bench-runner.ts";
@@ -42,11 +42,6 @@ const POLICIES: Array<{ id: string; policy: AttentionPolicy }> = [
   { id: "streaming 4+508", policy: { kind: "streaming", streaming: { sinks: 4, window: 508 } } },
   { id: "h2o 512/128", policy: { kind: "h2o", h2o: { budget: 512, recent: 128 } } },
 ];
-
-const withReclaim = (p: AttentionPolicy): AttentionPolicy => {
-  const part = (p as unknown as Record<string, object>)[p.kind];
-  return { ...p, [p.kind]: { ...part, reclaim: true } } as AttentionPolicy;
-};
 
 /** Greedy generation: the tokens and deviceBytesUsed every SAMPLE tokens. */
 async function run(engine: Engine, policy: AttentionPolicy, ids: number[]) {

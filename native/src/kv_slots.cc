@@ -12,14 +12,10 @@ KvSlots::KvSlots(const std::vector<bool>& tracked, int n_head_kv, int capacity, 
       free_(map_.size()),
       high_(map_.size(), stored),
       frees_(map_.size(), 0) {
-  for (size_t l = 0; l < tracked.size(); ++l) {
-    if (!tracked[l]) continue;
-    for (int g = 0; g < n_head_kv; ++g) {
-      std::vector<int32_t>& m = map_[at(static_cast<int>(l), g)];
-      m.assign(capacity, -1);
-      std::iota(m.begin(), m.begin() + stored, 0);
-    }
-  }
+  for (size_t l = 0; l < tracked.size(); ++l)
+    if (tracked[l])
+      for (int g = 0; g < n_head_kv; ++g) map_[at(static_cast<int>(l), g)].resize(capacity);
+  reset(stored);
 }
 
 void KvSlots::place_prompt(int from, int to) {

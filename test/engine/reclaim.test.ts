@@ -12,7 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Engine, loadModel } from "../../shared/inference/engine/engine.ts";
 import type { AttentionPolicy } from "../../shared/inference/engine/native.ts";
 import { resolveModel } from "../../shared/inference/model/resolve.ts";
-import { reclaimedRows } from "../../shared/inference/policy/reclaim.ts";
+import { reclaimedRows, withReclaim } from "../../shared/inference/policy/reclaim.ts";
 import { completePolicy, PolicySpecSchema } from "../../shared/inference/policy/schema.ts";
 import { argmax } from "../../tools/lib/logits.ts";
 import { tinyArchModel, TINY_ARCH_VOCAB } from "../harness/arch-models.ts";
@@ -39,8 +39,7 @@ async function run(engine: Engine, policy: AttentionPolicy, vocab: number) {
 
 /** The same policy with and without reclamation: same logits, fewer bytes, within the admission bound. */
 async function compare(engine: Engine, policy: AttentionPolicy, vocab: number) {
-  const part = (policy as unknown as Record<string, object>)[policy.kind];
-  const on = { ...policy, [policy.kind]: { ...part, reclaim: true } } as AttentionPolicy;
+  const on = withReclaim(policy);
   const masked = await run(engine, policy, vocab);
   const reclaimed = await run(engine, on, vocab);
   try {

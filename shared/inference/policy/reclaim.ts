@@ -1,7 +1,13 @@
 // What physical reclamation bounds (policy `reclaim`, native/src/kv_slots.h): a sequence under
 // scope, streaming or h2o that frees its evicted tokens' rows holds at most this many rows in each
 // global layer however long it generates, so admission reserves that, not prompt + max_tokens.
-import type { ResolvedPolicy } from "./schema.ts";
+import type { AttentionPolicy, ResolvedPolicy } from "./schema.ts";
+
+/** `policy` asking for reclamation (its kind's sub-object gets `reclaim: true`; meaningful for scope, streaming, h2o). */
+export function withReclaim(policy: AttentionPolicy): AttentionPolicy {
+  const part = (policy as unknown as Record<string, object>)[policy.kind];
+  return { ...policy, [policy.kind]: { ...part, reclaim: true } } as AttentionPolicy;
+}
 
 /**
  * Rows each global layer of a reclaiming sequence holds at most, after a prompt of `promptTokens`
