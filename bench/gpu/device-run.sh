@@ -84,7 +84,8 @@ cuda_suites() {
       params="$(awk -v s="$s." '/^[^ ]/ { on = ($0 == s) } on && /^  / { n = split($1, a, "/"); if (n > 1) print a[n] }' "$work/tests.txt" | sort -u)"
       if [ -z "$params" ]; then echo "$s.*"; else for p in $params; do echo "$s.*/$p"; done; fi
     done)"
-  for first in 'CudaKernels.*' 'CudaFused.*' 'CudaMatvecFast.*' 'CudaGemmFast.*' '*/simple' '*/fast' 'CudaEngine.*'; do
+  for first in 'CudaKernels.*' 'CudaFused.*' 'CudaMatvecFast.*' 'CudaMatvecFused.*' 'CudaGemmFast.*' '*/simple' '*/fast' \
+    '*/fast_fused_decode' 'CudaEngine.*'; do
     grep -F -x -- "$first" <<<"$all" || grep -E -- "${first//\*/.*}$" <<<"$all" | grep '/' || true
   done | awk '!seen[$0]++' > "$work/first.txt"
   cat "$work/first.txt"
@@ -136,20 +137,23 @@ done
 python3 bench/gpu/summary.py gtest-json "$work" > "$OUT/gtest.json" 2>>"$OUT/run.log"
 
 # --- the bench: one process per kernel set, so a crash loses that set only ----------------------
-if [ "$device" = cpu ]; then sets=("simple"); quick=(--quick); else
-  # fast first and at every point (the set the targets are judged on; the simple kernels' every
-  # point is in run-1), then each set alone at a few points, the decode variants first.
-  sets=("fast" "simple" "attention" "matvec" "fused" "gemm" "prefill-attention"); quick=(); fi
+if [ "$device" = cpu ]; then sets=("simple"); full=1; quick=(--quick); else
+  # fast and fast with the fused matvecs (not yet run on a GPU) first and at every point (the sets
+  # the targets are judged on; the simple kernels' every point is in run-1), then each set alone
+  # at a few points, the decode variants first.
+  sets=("fast" "fast,fused-decode" "simple" "fused-decode" "attention" "matvec" "fused" "gemm" "prefill-attention"); full=2
+  quick=(); fi
 rm -f "$work"/bench-*.json
 i=0
 for k in "${sets[@]}"; do
   limit=$(( $(left) - 25 ))
   [ "$limit" -lt 15 ] && { log "bench: out of time before kernels $k"; break; }
-  # The first set measures every point; later sets a few points each (gpu_bench.cc).
-  share=$([ $i = 0 ] && echo $((limit * 45 / 100)) || echo $((limit / (${#sets[@]} - i))))
+  # The first `full` sets measure every point, ~30% of what is left each; later sets a few points
+  # each (gpu_bench.cc), sharing the rest.
+  share=$([ $i -lt $full ] && echo $((limit * 30 / 100)) || echo $((limit / (${#sets[@]} - i))))
   log "bench: kernels $k (at most ${share}s)"
   extra=()
-  [ $i = 0 ] || extra=(--subset)
+  [ $i -lt $full ] || extra=(--subset)
   timeout -k 5 $((share + 10)) "$bench" --model "$model" --device "$device" --kernels "$k" --deadline "$share" \
     --out "$work/bench-$i-$k.json" "${quick[@]}" "${extra[@]}" >> "$OUT/bench.log" 2>&1
   log "  exit $?"

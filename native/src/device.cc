@@ -26,45 +26,44 @@ namespace {
 struct Variant {
   const char* name;
   bool CudaKernelSet::*flag;
+  bool in_fast;  // passed every CUDA test on a GPU, so "fast" turns it on
 };
 constexpr Variant kVariants[] = {
-    {"fused", &CudaKernelSet::fused},         {"matvec", &CudaKernelSet::matvec},
-    {"attention", &CudaKernelSet::attention}, {"prefill-attention", &CudaKernelSet::prefill_attention},
-    {"gemm", &CudaKernelSet::gemm},
+    {"fused", &CudaKernelSet::fused, true},         {"matvec", &CudaKernelSet::matvec, true},
+    {"attention", &CudaKernelSet::attention, true}, {"prefill-attention", &CudaKernelSet::prefill_attention, true},
+    {"gemm", &CudaKernelSet::gemm, true},           {"fused-decode", &CudaKernelSet::fused_decode, false},
 };
 }  // namespace
 
 CudaKernelSet parse_cuda_kernels(const std::string& s) {
   CudaKernelSet k;
   if (s == "simple") return k;
-  if (s == "fast") {
-    for (const Variant& v : kVariants) k.*v.flag = true;
-    return k;
-  }
   size_t start = 0;
   while (start <= s.size()) {
     const size_t end = std::min(s.find(',', start), s.size());
     const std::string name = s.substr(start, end - start);
     bool known = false;
     for (const Variant& v : kVariants)
-      if (name == v.name) k.*v.flag = known = true;
+      if (name == v.name || (name == "fast" && v.in_fast)) k.*v.flag = known = true;
     if (!known)
       throw DeviceError("invalid_cuda_kernels",
-                        "cuda kernels must be simple, fast or a comma list of fused, matvec, "
-                        "attention, prefill-attention, gemm (got \"" +
+                        "cuda kernels must be simple or a comma list of fast, fused, matvec, attention, prefill-attention, gemm, "
+                        "fused-decode (got \"" +
                             s.substr(0, 64) + "\")");
     start = end + 1;
   }
+  if (k.fused_decode) k.matvec = true;  // its kernels are matvec's, with the steps around them inside
   return k;
 }
 
 std::string cuda_kernels_name(const CudaKernelSet& k) {
+  bool all_fast = true;
+  for (const Variant& v : kVariants) all_fast &= !v.in_fast || k.*v.flag;
   std::string list;
-  size_t on = 0;
   for (const Variant& v : kVariants)
-    if (k.*v.flag) list += (on++ ? "," : "") + std::string(v.name);
-  if (on == 0) return "simple";
-  return on == std::size(kVariants) ? "fast" : list;
+    if (k.*v.flag && !(all_fast && v.in_fast)) list += (list.empty() ? "" : ",") + std::string(v.name);
+  if (all_fast) return list.empty() ? "fast" : "fast," + list;
+  return list.empty() ? "simple" : list;
 }
 
 #ifndef CTXBANK_WITH_CUDA

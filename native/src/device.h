@@ -53,14 +53,20 @@ struct CudaKernelSet {
   bool attention = false;          // decode attention reading each K/V tile once per GQA group (cuda/attention_fast.cu)
   bool prefill_attention = false;  // prefill attention on tensor cores (cuda/attention_fast.cu)
   bool gemm = false;               // GEMM on repacked weights with tiles that fill the GPU (cuda/gemm_fast.cu)
+  bool fused_decode = false;       // fewer launches per decode step: matvecs that RMS-normalise and quantize their own
+                                   // activations, the Q/K/V one applying RoPE and storing K/V (cuda/matvec_fast.cu),
+                                   // attention writing its output when a step has one split (with `attention`); implies matvec
   bool operator==(const CudaKernelSet& o) const {
-    return fused == o.fused && matvec == o.matvec && attention == o.attention && prefill_attention == o.prefill_attention && gemm == o.gemm;
+    return fused == o.fused && matvec == o.matvec && attention == o.attention && prefill_attention == o.prefill_attention &&
+           gemm == o.gemm && fused_decode == o.fused_decode;
   }
 };
-// Parses "simple" (none), "fast" (all) or a comma list of fused, matvec, attention,
-// prefill-attention, gemm; throws DeviceError(invalid_cuda_kernels).
+// Parses "simple" (none) or a comma list of fused, matvec, attention, prefill-attention, gemm,
+// fused-decode and "fast": the variants that have passed every test on a GPU (all but
+// fused-decode, which has not run on one yet). fused-decode brings matvec with it. Throws
+// DeviceError(invalid_cuda_kernels).
 CudaKernelSet parse_cuda_kernels(const std::string& s);
-// The canonical spelling of a set: "simple", "fast" or the comma list.
+// The canonical spelling of a set: "simple", "fast", "fast," followed by what it adds, or the comma list.
 std::string cuda_kernels_name(const CudaKernelSet& k);
 
 // One sequence's KV cache in GPU memory: f16, per layer K then V, rows [token][kv_dim] (the CPU

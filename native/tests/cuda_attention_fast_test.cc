@@ -465,6 +465,45 @@ TEST(CudaAttentionFast, WideCombineMatchesTheSimpleMerge) {
     }
 }
 
+// attention_gqa without part_ml (the fused-decode kernel set, a decode step planned with one
+// split): the output itself, the bits the partials and attention_combine_wide give (up to the sign
+// of a zero, which == ignores). Three single-token sequences, one of them 256 keys long (the
+// longest with one split), over one cache.
+TEST(CudaAttentionFast, OneSplitDecodeWritesTheMergedOutput) {
+  SKIP_WITHOUT_GPU();
+  for (int d : {32, 64, 128}) {
+    const std::string what = "d " + std::to_string(d);
+    const Problem p = make_problem(3, 253, 9, 3, d, 900u + d);  // q for 3 tokens, keys 0..255
+    DeviceArena arena;
+    DeviceProblem dp;
+    ASSERT_NO_FATAL_FAILURE(upload_problem(arena, p, &dp));
+    const int pos0[3] = {0, 100, 255};
+    std::vector<AttnSlice> slices;
+    for (int t = 0; t < 3; ++t) slices.push_back({dp.cache, p.cap, t, 1, pos0[t]});
+    std::vector<AttnWork> works(kMaxParts);
+    std::vector<AttnCombine> comb(3);
+    int bucket = 0;
+    works.resize(plan_decode_bucketed(slices.data(), 3, works.data(), comb.data(), static_cast<int>(kMaxParts), &bucket));
+    ASSERT_EQ(bucket, 1) << what;
+    ASSERT_EQ(works.size(), 3u) << what;
+    const AttnWork* d_works = arena.upload(works);
+    const AttnCombine* d_comb = arena.upload(comb);
+    float* direct = arena.alloc<float>(p.q.size());
+    ASSERT_TRUE(d_works && d_comb && direct) << "device allocation or copy failed";
+    ASSERT_CUDA(cudaMemset(direct, 0xFF, p.q.size() * sizeof(float)));  // NaN
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    attention_gqa(dp.q, d_works, 3, p.n_head, p.n_head_kv, d, kLayer, scale, dp.part_o, dp.part_ml, nullptr);
+    attention_combine_wide(dp.part_o, dp.part_ml, d_comb, 3, p.n_head, d, dp.out, nullptr);
+    attention_gqa(dp.q, d_works, 3, p.n_head, p.n_head_kv, d, kLayer, scale, direct, nullptr, nullptr);
+    ASSERT_CUDA(cudaGetLastError());
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    std::vector<float> merged(p.q.size()), got(p.q.size());
+    ASSERT_CUDA(cudaMemcpy(merged.data(), dp.out, merged.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(got.data(), direct, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], merged[i]) << what << ", element " << i;
+  }
+}
+
 TEST(CudaAttentionFast, PrintsTimings) {
   SKIP_WITHOUT_GPU();
   const int n_head = 9, n_head_kv = 3, d = 64, kv_dim = n_head_kv * d, max_n = 512, cap = 131072 + max_n;

@@ -114,13 +114,16 @@ struct Pair {
 constexpr double kRel = 0.02;
 
 // The forward-pass tests run once per kernel set: the simple kernels, each faster variant alone
-// (so a failure names its variant), and all of them together.
+// (so a failure names its variant), all that have passed on a GPU together ("fast"), and those with
+// the variant that has not run on one yet (fused-decode).
 class CudaEngineKernels : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Variants, CudaEngineKernels,
-                         ::testing::Values("simple", "fused", "matvec", "attention", "prefill-attention", "gemm", "fast"),
+                         ::testing::Values("simple", "fused", "matvec", "attention", "prefill-attention", "gemm", "fast", "fused-decode",
+                                           "fast,fused-decode"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string name = i.param;
                            std::replace(name.begin(), name.end(), '-', '_');
+                           std::replace(name.begin(), name.end(), ',', '_');
                            return name;
                          });
 
@@ -326,6 +329,38 @@ std::shared_ptr<Model> smollm2_shaped() {
 TEST_P(CudaEngineKernels, SmolLM2ShapedLogitsAndGreedyTokens) {
   SKIP_WITHOUT_GPU();
   compare_on(smollm2_shaped(), GetParam(), "SmolLM2-shaped");
+}
+
+// fused-decode against the kernels it fuses, on the GPU alone: the same activation bits and sums,
+// so the logits of "fast" and "fast,fused-decode" may differ only by the compiler's FMA choices (an
+// ulp or so per block term, matvec_fast.cuh), grown over 30 layers; 1e-3 of the logits' range
+// leaves room for that, while a wrong row, pair, norm or merge moves logits by O(1). Two
+// sequences decode 40 steps each, fed fast's greedy tokens: one after a 600-token prompt (split
+// attention, merged), one after 20 tokens (one split: the attention writes its output itself).
+TEST(CudaEngine, FusedDecodeComputesWhatTheFastKernelsCompute) {
+  SKIP_WITHOUT_GPU();
+  const std::shared_ptr<Model> m = smollm2_shaped();
+  Engine fast(m, opts("cuda", 512, "fast")), fused(m, opts("cuda", 512, "fast,fused-decode"));
+  const int V = m->config().n_vocab;
+  for (int prompt_len : {600, 20}) {
+    const std::string what = "after " + std::to_string(prompt_len) + " tokens";
+    const std::shared_ptr<Sequence> a = fast.create_sequence(1024), b = fused.create_sequence(1024);
+    std::vector<float> la(V), lb(V);
+    const std::vector<int32_t> prompt = tokens(prompt_len, V, 5);
+    fast.forward({{a.get(), prompt.data(), prompt_len, la.data()}});
+    fused.forward({{b.get(), prompt.data(), prompt_len, lb.data()}});
+    ASSERT_EQ(lb, la) << what << ": a prefill runs no fused kernel, so the same bits";
+    int32_t next = 1;
+    int identical = 0;
+    for (int i = 0; i < 40; ++i) {
+      fast.forward({{a.get(), &next, 1, la.data()}});
+      fused.forward({{b.get(), &next, 1, lb.data()}});
+      expect_same_logits(lb, la, 1e-3, what + ", decode " + std::to_string(i));
+      identical += lb == la;
+      next = static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin());
+    }
+    std::printf("[ fast vs fast,fused-decode, %s ] logits bit-identical in %d of 40 decode steps\n", what.c_str(), identical);
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // The fast quantized matvecs (cuda/matvec_fast.cuh) against the CPU engine's scalar kernels, on
-// weights repacked on the host (cuda/repack.h). CUDA builds only; skipped, with the reason, on a
+// weights repacked on the host (cuda/repack.h), and their fused forms against the unfused kernels
+// they replace. CUDA builds only; skipped, with the reason, on a
 // machine without a usable GPU, except the argument checks (host code). Shapes cross the kernels'
 // boundaries: rows in blocks of 4 warps (77 and 193 leave partial blocks), rows of 3, 18 and 48
 // quant blocks (some lanes idle, one or two rounds of lanes), 1, 3 and 8 tokens, output strides
@@ -8,11 +9,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cuda/fused.cuh"
 #include "cuda/matvec_fast.cuh"
 #include "cuda/repack.h"
 #include "dequant.h"
@@ -89,7 +94,8 @@ struct HostAct {
   std::vector<int8_t> qs;
   std::vector<float> d, s;
   std::vector<int32_t> isum;
-  HostAct(int tokens, int cols, uint32_t seed) : n(tokens), k(cols), x(randoms(static_cast<size_t>(tokens) * cols, seed, -2.f, 2.f)) {
+  HostAct(int tokens, int cols, uint32_t seed) : HostAct(tokens, cols, randoms(static_cast<size_t>(tokens) * cols, seed, -2.f, 2.f)) {}
+  HostAct(int tokens, int cols, std::vector<float> values) : n(tokens), k(cols), x(std::move(values)) {
     const int nb = k / 32;
     qs.resize(x.size());
     d.resize(static_cast<size_t>(n) * nb);
@@ -377,6 +383,336 @@ TEST(CudaMatvecFast, LaunchersRejectWhatTheKernelsCannotRead) {
   cuda::DevQWeight shorter = w;
   shorter.rows = 2;
   EXPECT_THROW(cuda::matvec_fast_swiglu(w, shorter, a, 1, y, 4, nullptr), std::invalid_argument);
+}
+
+// --- the fused forms (F32Act): against the unfused kernels run in sequence on the same inputs --
+
+constexpr float kEps = 1e-5f;
+
+// n rows of k random activations, token 0's first block zeros (it quantizes to a zero scale).
+std::vector<float> fused_input(int n, int k, uint32_t seed) {
+  std::vector<float> x = randoms(static_cast<size_t>(n) * k, seed, -2.f, 2.f);
+  for (int i = 0; i < 32; ++i) x[i] = 0.f;
+  return x;
+}
+
+// What the activations are after the RMSNorm (on the host, for the rounding scale only).
+std::vector<float> normed(const std::vector<float>& x, const std::vector<float>& weight, int n, int k) {
+  std::vector<float> out(x.size());
+  for (int t = 0; t < n; ++t) {
+    double ss = 0;
+    for (int i = 0; i < k; ++i) ss += static_cast<double>(x[static_cast<size_t>(t) * k + i]) * x[static_cast<size_t>(t) * k + i];
+    const double scale = 1.0 / std::sqrt(ss / k + kEps);
+    for (int i = 0; i < k; ++i)
+      out[static_cast<size_t>(t) * k + i] = static_cast<float>(x[static_cast<size_t>(t) * k + i] * scale * weight[i]);
+  }
+  return out;
+}
+
+// The unfused path's 8-bit activations in device memory: rms_norm_quantize (with a norm weight)
+// or quantize_q8 of x.
+void reference_act(const float* x, const float* norm, int n, int k, DeviceMemory& mem, cuda::DevActQ8* a) {
+  const size_t blocks = static_cast<size_t>(n) * k / 32;
+  a->k = k;
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(std::vector<int8_t>(static_cast<size_t>(n) * k), &a->qs));
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(std::vector<float>(blocks), &a->d));
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(std::vector<float>(blocks), &a->s));
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(std::vector<int32_t>(blocks), &a->isum));
+  if (norm)
+    cuda::rms_norm_quantize(x, norm, nullptr, n, k, kEps, *a, nullptr);
+  else
+    cuda::quantize_q8(x, n, k, *a, nullptr);
+}
+
+// The fused and unfused kernels compute the same sums in the same order from the same activation
+// bits; only the compiler's FMA contraction of a block term may differ: e = 2e-6 * (sum of |products|)
+// bounds that with room (48 blocks a row at most, half an ulp each), while one activation quant
+// off by one already moves a result by ~1e-5 of that sum. Counts the bit-identical elements.
+constexpr double kFusedRel = 2e-6, kFusedAbs = 1e-7;
+int identical(const std::vector<float>& a, const std::vector<float>& b) {
+  int same = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) same += std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
+  return same;
+}
+
+void check_fused_matvec(uint32_t type, int rows, int cols, int n, bool accumulate, bool norm) {
+  const std::string what = describe(type, rows, cols, n) + (accumulate ? " accumulate" : "") + (norm ? " norm" : "");
+  const uint32_t seed = type * 1000 + rows + cols + n;
+  const HostWeight hw(type, rows, cols, seed);
+  const std::vector<float> x = fused_input(n, cols, seed + 1), weight = randoms(cols, seed + 2, 0.5f, 1.5f);
+  const int ldy = rows + 3;
+  const std::vector<float> y0 = randoms(static_cast<size_t>(n) * ldy, seed + 3, -1.f, 1.f);
+  DeviceMemory mem;
+  cuda::DevQWeight w;
+  cuda::DevActQ8 a;
+  float *x_dev = nullptr, *norm_dev = nullptr, *y_ref = nullptr, *y_fused = nullptr;
+  ASSERT_NO_FATAL_FAILURE(upload_weight(hw, mem, &w));
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(x, &x_dev));
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(weight, &norm_dev));
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(y0, &y_ref));
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(y0, &y_fused));
+  ASSERT_NO_FATAL_FAILURE(reference_act(x_dev, norm ? norm_dev : nullptr, n, cols, mem, &a));
+  cuda::matvec_fast(w, a, n, y_ref, ldy, accumulate, nullptr);
+  const cuda::F32Act in{x_dev, cols, norm ? norm_dev : nullptr, kEps};
+  ASSERT_TRUE(cuda::fused_act_fits(in, n)) << what;
+  cuda::matvec_fast(w, in, n, y_fused, ldy, accumulate, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  std::vector<float> ref, fused;
+  ASSERT_NO_FATAL_FAILURE(copy_out(y_ref, y0.size(), &ref));
+  ASSERT_NO_FATAL_FAILURE(copy_out(y_fused, y0.size(), &fused));
+  const std::vector<float> want = results(ref, y0, n, rows, ldy, what), got = results(fused, y0, n, rows, ldy, what);
+  std::vector<double> scale = abs_products(hw, HostAct(n, cols, norm ? normed(x, weight, n, cols) : x));
+  if (accumulate)
+    for (int t = 0; t < n; ++t)
+      for (int r = 0; r < rows; ++r) scale[static_cast<size_t>(t) * rows + r] += std::fabs(y0[static_cast<size_t>(t) * ldy + r]);
+  expect_close(got, want, scale, kFusedRel, kFusedAbs, what);
+  std::printf("[ %s ] %d of %zu bit-identical\n", what.c_str(), identical(got, want), got.size());
+}
+
+TEST(CudaMatvecFused, MatvecIsQuantizeThenMatvec) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int rows, cols;
+  };
+  for (uint32_t type : kQuantTypes)
+    for (const Shape& shape : {Shape{77, 96}, Shape{193, 576}, Shape{64, 1536}})
+      for (int n : {1, 3, 8})
+        for (bool accumulate : {false, true})
+          for (bool norm : {false, true}) ASSERT_NO_FATAL_FAILURE(check_fused_matvec(type, shape.rows, shape.cols, n, accumulate, norm));
+}
+
+TEST(CudaMatvecFused, SwigluIsNormQuantizeThenSwiglu) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int rows, cols;
+  };
+  for (uint32_t type : kQuantTypes)
+    for (const Shape& shape : {Shape{77, 96}, Shape{1536, 576}, Shape{64, 1536}})
+      for (int n : {1, 3, 8})
+        for (bool norm : {false, true}) {
+          const int rows = shape.rows, cols = shape.cols, ldo = rows + 2;
+          const std::string what = describe(type, rows, cols, n) + (norm ? " norm" : "");
+          const uint32_t seed = type * 1000 + rows + cols + n + norm;
+          const HostWeight gate(type, rows, cols, seed), up(type, rows, cols, seed + 1);
+          const std::vector<float> x = fused_input(n, cols, seed + 2), weight = randoms(cols, seed + 3, 0.5f, 1.5f);
+          const std::vector<float> before = randoms(static_cast<size_t>(n) * ldo, seed + 4, -1.f, 1.f);
+          DeviceMemory mem;
+          cuda::DevQWeight g_dev, u_dev;
+          cuda::DevActQ8 a;
+          float *x_dev = nullptr, *norm_dev = nullptr, *ref_dev = nullptr, *fused_dev = nullptr;
+          ASSERT_NO_FATAL_FAILURE(upload_weight(gate, mem, &g_dev));
+          ASSERT_NO_FATAL_FAILURE(upload_weight(up, mem, &u_dev));
+          ASSERT_NO_FATAL_FAILURE(mem.copy_in(x, &x_dev));
+          ASSERT_NO_FATAL_FAILURE(mem.copy_in(weight, &norm_dev));
+          ASSERT_NO_FATAL_FAILURE(mem.copy_in(before, &ref_dev));
+          ASSERT_NO_FATAL_FAILURE(mem.copy_in(before, &fused_dev));
+          ASSERT_NO_FATAL_FAILURE(reference_act(x_dev, norm ? norm_dev : nullptr, n, cols, mem, &a));
+          cuda::matvec_fast_swiglu(g_dev, u_dev, a, n, ref_dev, ldo, nullptr);
+          cuda::matvec_fast_swiglu(g_dev, u_dev, cuda::F32Act{x_dev, cols, norm ? norm_dev : nullptr, kEps}, n, fused_dev, ldo, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+          std::vector<float> ref, fused;
+          ASSERT_NO_FATAL_FAILURE(copy_out(ref_dev, before.size(), &ref));
+          ASSERT_NO_FATAL_FAILURE(copy_out(fused_dev, before.size(), &fused));
+          const std::vector<float> want = results(ref, before, n, rows, ldo, what), got = results(fused, before, n, rows, ldo, what);
+          // g and u each within e of the unfused kernel's; SwiGLU's error bound as in
+          // SwigluIsSiluOfGateTimesUp, with |g| and |u| bounded from the CPU's products (within
+          // 1e-5 of the sums of |products| of the kernel's).
+          HostAct act(n, cols, norm ? normed(x, weight, n, cols) : x);
+          const std::vector<float> g = cpu_product(gate, act), u = cpu_product(up, act);
+          const std::vector<double> sg = abs_products(gate, act), su = abs_products(up, act);
+          std::vector<double> tol(want.size());
+          for (size_t i = 0; i < want.size(); ++i) {
+            const double eg = kFusedRel * sg[i] + kFusedAbs, eu = kFusedRel * su[i] + kFusedAbs;
+            const double ug = std::fabs(u[i]) + 1e-5 * su[i] + 1e-6;    // |u| of either side, bounded
+            const double silu = std::fabs(g[i]) + 1e-5 * sg[i] + 1e-6;  // |silu(g)| <= |g|
+            tol[i] = 1.1 * eg * (ug + eu) + silu * eu + 1e-6 * std::fabs(want[i]);
+          }
+          expect_close(got, want, tol, 1.0, 0.0, what);
+          std::printf("[ %s ] %d of %zu bit-identical\n", what.c_str(), identical(got, want), got.size());
+        }
+}
+
+// A [layers][2][cap][kv_dim] f16 cache as uint16 bits: both sides start from the same bits, so
+// every element the launches do not write must stay as it was.
+std::vector<uint16_t> cache_bits(size_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint16_t> bits(count);
+  for (auto& b : bits) b = static_cast<uint16_t>(0x3000 + rng() % 0x0C00);  // f16 values in [0.125, 1)
+  return bits;
+}
+
+float half_to_float(uint16_t h) {
+  const __half v = *reinterpret_cast<const __half*>(&h);
+  return __half2float(v);
+}
+
+TEST(CudaMatvecFused, QkvRopeIsMultiThenRopeStoreKv) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    int n_head, n_head_kv, head_dim, cols;
+  };
+  const int layers = 2, layer = 1, cap = 20;
+  // SmolLM2's attention (9 / 3 heads of 64 over 576), then a small one (heads meet inside a block).
+  for (const Shape& sh : {Shape{9, 3, 64, 576}, Shape{5, 1, 32, 96}})
+    for (uint32_t type : kQuantTypes)
+      for (int n : {1, 3, 8}) {
+        const int q_rows = sh.n_head * sh.head_dim, kv_dim = sh.n_head_kv * sh.head_dim, pairs = sh.head_dim / 2;
+        const int ldq = q_rows;  // rope_store_kv reads q rows back to back
+        const std::string what = describe(type, q_rows, sh.cols, n) + " head_dim " + std::to_string(sh.head_dim);
+        const uint32_t seed = type * 1000 + sh.cols + n;
+        const HostWeight wq(type, q_rows, sh.cols, seed), wk(type, kv_dim, sh.cols, seed + 1), wv(type, kv_dim, sh.cols, seed + 2);
+        const std::vector<float> x = fused_input(n, sh.cols, seed + 3), weight = randoms(sh.cols, seed + 4, 0.5f, 1.5f);
+        // Tokens at scattered positions of one cache; RoPE tables of real angles for every position.
+        std::vector<int> pos(n);
+        std::vector<cuda::TokenKv> tokens(n);
+        for (int t = 0; t < n; ++t) pos[t] = (7 * t + 3) % cap;
+        std::vector<float> cos_t(static_cast<size_t>(cap) * pairs), sin_t(cos_t.size());
+        const std::vector<float> angles = randoms(cos_t.size(), seed + 5, -3.14159f, 3.14159f);
+        for (size_t i = 0; i < angles.size(); ++i) cos_t[i] = std::cos(angles[i]), sin_t[i] = std::sin(angles[i]);
+        const std::vector<uint16_t> cache0 = cache_bits(static_cast<size_t>(layers) * 2 * cap * kv_dim, seed + 6);
+        const std::vector<float> q0 = randoms(static_cast<size_t>(n) * ldq, seed + 7, -1.f, 1.f);
+
+        DeviceMemory mem;
+        cuda::DevQWeight w[3];
+        cuda::DevActQ8 a;
+        float *x_dev, *norm_dev, *cos_dev, *sin_dev, *q_ref, *q_fused, *k_f32, *v_f32;
+        int* pos_dev;
+        uint16_t *cache_ref, *cache_fused;
+        cuda::TokenKv *tokens_ref, *tokens_fused;
+        ASSERT_NO_FATAL_FAILURE(upload_weight(wq, mem, &w[0]));
+        ASSERT_NO_FATAL_FAILURE(upload_weight(wk, mem, &w[1]));
+        ASSERT_NO_FATAL_FAILURE(upload_weight(wv, mem, &w[2]));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(x, &x_dev));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(weight, &norm_dev));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(cos_t, &cos_dev));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(sin_t, &sin_dev));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(pos, &pos_dev));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(q0, &q_ref));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(q0, &q_fused));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(std::vector<float>(static_cast<size_t>(n) * kv_dim), &k_f32));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(std::vector<float>(static_cast<size_t>(n) * kv_dim), &v_f32));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(cache0, &cache_ref));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(cache0, &cache_fused));
+        for (int t = 0; t < n; ++t) tokens[t] = {reinterpret_cast<__half*>(cache_ref), cap, pos[t]};
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(tokens, &tokens_ref));
+        for (int t = 0; t < n; ++t) tokens[t].base = reinterpret_cast<__half*>(cache_fused);
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(tokens, &tokens_fused));
+
+        // Unfused: RMSNorm + quantize, the three products, then RoPE and the store.
+        ASSERT_NO_FATAL_FAILURE(reference_act(x_dev, norm_dev, n, sh.cols, mem, &a));
+        const cuda::DevQWeight* const weights[3] = {&w[0], &w[1], &w[2]};
+        float* const ys[3] = {q_ref, k_f32, v_f32};
+        const int ldys[3] = {ldq, kv_dim, kv_dim};
+        cuda::matvec_fast_multi(weights, ys, ldys, 3, a, n, nullptr);
+        cuda::rope_store_kv(q_ref, k_f32, v_f32, n, sh.n_head, sh.n_head_kv, sh.head_dim, pos_dev, cos_dev, sin_dev, tokens_ref, layer,
+                            nullptr);
+        // Fused: one launch.
+        const cuda::RopeStore out{q_fused, ldq, sh.head_dim, pos_dev, cos_dev, sin_dev, tokens_fused, layer};
+        cuda::matvec_qkv_rope(w[0], w[1], w[2], cuda::F32Act{x_dev, sh.cols, norm_dev, kEps}, n, out, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+
+        std::vector<float> qr, qf;
+        ASSERT_NO_FATAL_FAILURE(copy_out(q_ref, q0.size(), &qr));
+        ASSERT_NO_FATAL_FAILURE(copy_out(q_fused, q0.size(), &qf));
+        std::vector<uint16_t> cr(cache0.size()), cf(cache0.size());
+        ASSERT_EQ(cudaMemcpy(cr.data(), cache_ref, cr.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(cf.data(), cache_fused, cf.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+
+        // The rounding scale of a rotated element: both products of its pair (|cos|, |sin| <= 1).
+        const HostAct act(n, sh.cols, normed(x, weight, n, sh.cols));
+        auto pair_scale = [](const std::vector<double>& s) {
+          std::vector<double> out(s.size());
+          for (size_t i = 0; i < s.size(); ++i) out[i] = s[i] + s[i ^ 1];  // rows even, so i ^ 1 is the pair's other row
+          return out;
+        };
+        const std::vector<double> sq = pair_scale(abs_products(wq, act)), sk = pair_scale(abs_products(wk, act)),
+                                  sv = abs_products(wv, act);
+        const std::vector<float> want_q = results(qr, q0, n, q_rows, ldq, what), got_q = results(qf, q0, n, q_rows, ldq, what);
+        expect_close(got_q, want_q, sq, kFusedRel, kFusedAbs, what + " q");
+        std::printf("[ %s ] q: %d of %zu bit-identical\n", what.c_str(), identical(got_q, want_q), got_q.size());
+
+        // The cache: the written rows within e plus an f16 rounding step, every other element untouched.
+        std::vector<char> written(cache0.size(), 0);
+        std::vector<float> got_kv, want_kv;
+        std::vector<double> scale_kv;
+        for (int t = 0; t < n; ++t)
+          for (int kv = 0; kv < 2; ++kv)
+            for (int c = 0; c < kv_dim; ++c) {
+              const size_t i = ((static_cast<size_t>(layer) * 2 + kv) * cap + pos[t]) * kv_dim + c;
+              written[i] = 1;
+              got_kv.push_back(half_to_float(cf[i]));
+              want_kv.push_back(half_to_float(cr[i]));
+              const double e = kFusedRel * (kv == 0 ? sk : sv)[static_cast<size_t>(t) * kv_dim + c] + kFusedAbs;
+              scale_kv.push_back(e + std::ldexp(std::fabs(want_kv.back()), -10));
+            }
+        expect_close(got_kv, want_kv, scale_kv, 1.0, 0.0, what + " k/v in the cache");
+        int same = 0, untouched_changed = 0;
+        for (size_t i = 0; i < cache0.size(); ++i) {
+          if (written[i])
+            same += cf[i] == cr[i];
+          else
+            untouched_changed += cf[i] != cache0[i];
+        }
+        EXPECT_EQ(untouched_changed, 0) << what << ": cache elements outside the tokens' rows were written";
+        std::printf("[ %s ] k/v: %d of %zu bit-identical\n", what.c_str(), same, got_kv.size());
+      }
+}
+
+// The fused launchers' argument checks are host code: they run, and throw before any launch,
+// without a GPU.
+TEST(CudaMatvecFused, LaunchersRejectWhatTheyCannotRead) {
+  alignas(16) static uint8_t quants[64];
+  alignas(16) static float xs[64];
+  cuda::DevQWeight w;
+  w.type = GgmlType::Q4_1;
+  w.rows = 4;
+  w.cols = 64;
+  w.qs = quants;
+  w.dm = reinterpret_cast<const __half2*>(quants);
+  const cuda::F32Act in{xs, 64, xs, kEps};
+  float* y = nullptr;
+  EXPECT_TRUE(cuda::fused_act_fits(in, cuda::kMatvecTokens));
+  EXPECT_TRUE(cuda::fused_act_fits({xs, 1536, xs, kEps}, cuda::kMatvecTokens)) << "SmolLM2's FFN width, with a norm";
+  EXPECT_FALSE(cuda::fused_act_fits({xs, 4096, xs, kEps}, cuda::kMatvecTokens)) << "8 x 4096 with a norm needs > 48 KiB";
+  EXPECT_TRUE(cuda::fused_act_fits({xs, 4096, nullptr, 0.f}, 1));
+  auto rejects = [&](cuda::DevQWeight bad_w, cuda::F32Act bad_in, int n, int ldy) {
+    EXPECT_THROW(cuda::matvec_fast(bad_w, bad_in, n, y, ldy, false, nullptr), std::invalid_argument);
+    EXPECT_THROW(cuda::matvec_fast_swiglu(bad_w, bad_w, bad_in, n, y, ldy, nullptr), std::invalid_argument);
+  };
+  rejects(w, in, 0, 4);
+  rejects(w, in, cuda::kMatvecTokens + 1, 4);
+  rejects(w, in, 1, 3);                       // output stride below the rows
+  rejects(w, {xs, 48, xs, kEps}, 1, 4);       // k not a multiple of 32
+  rejects(w, {nullptr, 64, xs, kEps}, 1, 4);  // no activations
+  rejects(w, {xs, 32, xs, kEps}, 1, 4);       // cols differ from k
+  cuda::DevQWeight wide = w;
+  wide.cols = 8192;
+  rejects(wide, {xs, 8192, xs, kEps}, 8, 4);  // beyond a block's shared memory
+  cuda::DevQWeight f32 = w;
+  f32.type = GgmlType::F32;
+  rejects(f32, in, 1, 4);
+
+  // Q/K/V: head_dim 2 makes 4 rows two heads; odd head_dim, rows not whole heads, K and V apart,
+  // types apart are refused.
+  cuda::RopeStore out{y, 4, 2, nullptr, nullptr, nullptr, nullptr, 0};
+  cuda::DevQWeight two = w;
+  two.rows = 2;
+  cuda::DevQWeight q8 = w;
+  q8.type = GgmlType::Q8_0;
+  auto qkv_rejects = [&](const cuda::DevQWeight& q, const cuda::DevQWeight& k, const cuda::DevQWeight& v, cuda::RopeStore o) {
+    EXPECT_THROW(cuda::matvec_qkv_rope(q, k, v, in, 1, o, nullptr), std::invalid_argument);
+  };
+  cuda::RopeStore odd = out;
+  odd.head_dim = 3;
+  qkv_rejects(w, w, w, odd);
+  cuda::RopeStore four = out;
+  four.head_dim = 4;
+  qkv_rejects(w, two, two, four);  // K and V of 2 rows are not whole heads of 4
+  qkv_rejects(w, w, two, out);     // K and V differ
+  qkv_rejects(w, q8, q8, out);     // types differ
+  cuda::RopeStore narrow = out;
+  narrow.ldq = 3;
+  qkv_rejects(w, w, w, narrow);  // q's stride below its rows
 }
 
 }  // namespace

@@ -59,15 +59,25 @@ TEST(Device, ParsesTheCudaKernelSets) {
   EXPECT_EQ(parse_cuda_kernels("simple"), CudaKernelSet{});
   const CudaKernelSet all = parse_cuda_kernels("fast");
   EXPECT_TRUE(all.fused && all.matvec && all.attention && all.prefill_attention && all.gemm);
+  EXPECT_FALSE(all.fused_decode) << "fast holds only the variants that have passed on a GPU";
+  const CudaKernelSet more = parse_cuda_kernels("fast,fused-decode");
+  EXPECT_TRUE(more.fused_decode && more.gemm && more.fused);
+  EXPECT_EQ(parse_cuda_kernels("fused-decode,gemm,prefill-attention,attention,matvec,fused"), more);
+  const CudaKernelSet alone = parse_cuda_kernels("fused-decode");
+  EXPECT_TRUE(alone.fused_decode && alone.matvec && !alone.gemm) << "fused-decode brings matvec's kernels";
   const CudaKernelSet two = parse_cuda_kernels("gemm,matvec");
   EXPECT_TRUE(two.gemm && two.matvec && !two.fused && !two.attention && !two.prefill_attention);
   EXPECT_EQ(parse_cuda_kernels("fused,matvec,attention,prefill-attention,gemm"), all);
   // The canonical name reads back as the same set.
-  for (const char* s : {"simple", "fast", "matvec", "gemm,matvec", "prefill-attention,fused"})
+  for (const char* s : {"simple", "fast", "matvec", "gemm,matvec", "prefill-attention,fused", "fast,fused-decode", "fused-decode"})
     EXPECT_EQ(parse_cuda_kernels(cuda_kernels_name(parse_cuda_kernels(s))), parse_cuda_kernels(s)) << s;
   EXPECT_EQ(cuda_kernels_name(two), "matvec,gemm");
   EXPECT_EQ(cuda_kernels_name(all), "fast");
-  for (const char* bad : {"", "quick", "fast,", ",matvec", "matvec,,gemm", "FAST", "simple,matvec", "attention "}) {
+  EXPECT_EQ(cuda_kernels_name(more), "fast,fused-decode");
+  EXPECT_EQ(cuda_kernels_name(alone), "matvec,fused-decode");
+  EXPECT_EQ(parse_cuda_kernels("fast,matvec"), all) << "naming a variant fast holds changes nothing";
+  for (const char* bad :
+       {"", "quick", "fast,", ",matvec", "matvec,,gemm", "FAST", "simple,matvec", "attention ", "fast,,gemm", "fused_matvec"}) {
     try {
       parse_cuda_kernels(bad);
       ADD_FAILURE() << "accepted \"" << bad << "\"";

@@ -377,6 +377,12 @@ __global__ void __launch_bounds__(32 * Config::kKeyGroups * Config::kMaxSlabs)
           sum_l += merge_ml[(k * rows_per_pass + r) * 2 + 1] * w;
         }
       const size_t row = static_cast<size_t>(b.part0 + qa + r / b.n_heads) * n_head + b.h0 + r % b.n_heads;
+      if constexpr (kSplit) {      // decode only (attention_gqa), so the prefill kernel's registers stay as they were
+        if (part_ml == nullptr) {  // the only work of its queries: the merge's o / l, as the output
+          part_o[row * D + c] = sum_o / kPScale / sum_l;
+          continue;
+        }
+      }
       part_o[row * D + c] = sum_o / kPScale;
       if (c == 0) {
         part_ml[row * 2] = kSplit ? m : m * 0.6931471805599453f;  // natural units (ln 2); -inf stays -inf

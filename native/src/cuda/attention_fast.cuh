@@ -23,6 +23,10 @@ namespace ctx::cuda {
 // tile. q and the softmax weights enter the tensor cores as f16 pairs (hi + lo, two MMAs each),
 // scores use expf: results within a few float roundings of attention() (2e-5 in the tests).
 // Prefill tiles are correct too, but take several passes: attention_prefill_tc is for them.
+// With part_ml null (attention_gqa only), every work item must be the only one of its queries, over every key they see,
+// with partial rows = token rows (a decode step planned with one split: plan_decode_bucketed's
+// bucket 1): part_o then receives the output [token][head][d], o / l, the bits
+// attention_combine(_wide) would write from the partials (o * 1 and l * 1 merged), in one launch.
 void attention_gqa(const float* q, const AttnWork* work, int n_work, int n_head, int n_head_kv, int head_dim, int layer, float scale,
                    float* part_o, float* part_ml, cudaStream_t st);
 

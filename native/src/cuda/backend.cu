@@ -177,6 +177,11 @@ class CudaBackend : public DeviceBackend {
   void forward_ubatch(const std::vector<Slice>& slices);
   void run_layers(int n);
   void run_layers_graph(int n);
+  // The steps of a layer in run_layers (each picks the kernels of the variants that are on).
+  void attention_inputs(int layer, int n);
+  void feed_forward_inputs(int layer, int n);
+  void norm(const float* weight, const Mat& next, int n);
+  void add_product(const Mat& m, const float* x, int n);
   void clear_graphs();
   void plan_attention(const std::vector<Slice>& slices);
   // y = x W^T for n tokens (y += x W^T when `accumulate`). Quantized weights at n <= kMatvecTokens
@@ -184,6 +189,11 @@ class CudaBackend : public DeviceBackend {
   void matmul(const Mat& m, const float* x, int n, float* y, int ldy, bool accumulate = false);
   void quantize(const float* x, int n, int k);
   bool fast_matvec(const Mat& m, int n) const { return kernels_.matvec && m.repacked && n <= kMatvecTokens; }
+  // Whether m's product with `in` runs as a fused matvec (matvec_fast.cuh F32Act): the variant is on,
+  // the fast matvec takes m, and the activations fit a block's shared memory.
+  bool fused_matvec(const Mat& m, const F32Act& in, int n) const {
+    return kernels_.fused_decode && fast_matvec(m, n) && fused_act_fits(in, n);
+  }
   void attention(int layer, int n);
 
   std::shared_ptr<const Model> model_;
@@ -223,8 +233,10 @@ class CudaBackend : public DeviceBackend {
   PinnedBuf<float> h_logits_;
   int n_works_ = 0;
   int n_decode_works_ = 0;                  // with a fast attention variant, the works of at most kSplitTokens queries come first
+  bool attention_direct_ = false;           // the step's attention writes attn_ without partials (fused-decode, one split)
   static constexpr size_t kMaxGraphs = 64;  // all are dropped when full (contexts grow by splits)
-  std::map<std::tuple<int, int, int>, cudaGraphExec_t> graphs_;  // (tokens, work items, decode work items) -> layers
+  // (tokens, work items, decode work items, attention_direct_) -> layers
+  std::map<std::tuple<int, int, int, bool>, cudaGraphExec_t> graphs_;
   size_t max_works_ = 0, max_parts_ = 0;
   std::vector<Slice> slices_;
   std::vector<AttnSlice> attn_slices_;
@@ -463,10 +475,14 @@ void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
   // graphs too, so that a step computes the same sums in the same order either way (GPU run-2:
   // with the plans differing, the logits with and without graphs differed in the last bits).
   const bool decode_only = std::all_of(slices.begin(), slices.end(), [](const Slice& s) { return s.count == 1; });
+  attention_direct_ = false;
   if (decode_only) {
     int bucket = 0;
     n_works_ = cuda::plan_decode_bucketed(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
                                           static_cast<int>(max_parts_), &bucket);
+    // One split per token, its partial row its own: the decode attention writes the output itself.
+    attention_direct_ = kernels_.fused_decode && kernels_.attention && bucket == 1;
+    for (int t = 0; t < n_works_ && attention_direct_; ++t) attention_direct_ = h_works_.p[t].part0 == t && h_works_.p[t].q0 == t;
   } else {
     n_works_ = cuda::plan_attention(attn_slices_.data(), static_cast<int>(attn_slices_.size()), h_works_.p, h_combine_.p,
                                     static_cast<int>(max_parts_));
@@ -484,6 +500,10 @@ void CudaBackend::plan_attention(const std::vector<Slice>& slices) {
 void CudaBackend::attention(int layer, int n) {
   const ModelConfig& c = model_->config();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  if (attention_direct_) {  // no partials, no merge (plan_attention)
+    attention_gqa(q_.p, works_.p, n_works_, c.n_head, c.n_head_kv, c.head_dim, layer, scale, attn_.p, nullptr, stream_);
+    return;
+  }
   auto run = [&](decltype(&cuda::attention) kernel, const AttnWork* works, int count) {
     if (count > 0) kernel(q_.p, works, count, c.n_head, c.n_head_kv, c.head_dim, layer, scale, part_o_.p, part_ml_.p, stream_);
   };
@@ -556,74 +576,108 @@ void CudaBackend::forward_ubatch(const std::vector<Slice>& slices) {
 // its simple form and, when its variant is on (kernels_), a faster one that computes the same.
 void CudaBackend::run_layers(int n) {
   const ModelConfig& c = model_->config();
-  const int E = c.n_embd, F = c.n_ff, KV = c.kv_dim();
   quantized_ = nullptr;
   embed(token_embd_, tokens_.p, n, x_.p, stream_);
-  // RMSNorm of x_ into xn_; fused with the quantization the next (quantized, matvec) product needs.
-  auto norm = [&](const float* weight, const Mat& next) {
-    if (kernels_.fused && n <= kMatvecTokens && is_quantized(next.w.type) && E * sizeof(float) <= 48 * 1024) {
-      act_.k = E;
-      rms_norm_quantize(x_.p, weight, xn_.p, n, E, c.rms_eps, act_, stream_);
-      quantized_ = xn_.p;
-      quantized_n_ = n;
-    } else {
-      rms_norm(x_.p, weight, xn_.p, n, E, c.rms_eps, stream_);
-      quantized_ = nullptr;
-    }
-  };
-  // x_ += x W^T: fused into the fast matvec, else a product into xn_ and an add.
-  auto add_product = [&](const Mat& m, const float* x) {
-    if (fast_matvec(m, n)) {
-      matmul(m, x, n, x_.p, E, /*accumulate=*/true);
-    } else {
-      matmul(m, x, n, xn_.p, E);
-      quantized_ = nullptr;  // xn_ was rewritten
-      add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
-    }
-  };
-
   for (int l = 0; l < c.n_layer; ++l) {
     const Layer& L = layers_[l];
-    norm(L.attn_norm, L.wq);
-    if (fast_matvec(L.wq, n) && fast_matvec(L.wk, n) && fast_matvec(L.wv, n)) {
-      quantize(xn_.p, n, E);
-      const DevQWeight* w[3] = {&L.wq.q, &L.wk.q, &L.wv.q};
-      float* const y[3] = {q_.p, kc_.p, vc_.p};
-      const int ldy[3] = {E, KV, KV};
-      matvec_fast_multi(w, y, ldy, 3, act_, n, stream_);
-    } else {
-      matmul(L.wq, xn_.p, n, q_.p, E);
-      matmul(L.wk, xn_.p, n, kc_.p, KV);
-      matmul(L.wv, xn_.p, n, vc_.p, KV);
-    }
-    if (kernels_.fused) {
-      rope_store_kv(q_.p, kc_.p, vc_.p, n, c.n_head, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, token_kv_.p, l, stream_);
-    } else {
-      rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
-      rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
-      store_kv(kc_.p, vc_.p, token_kv_.p, n, KV, l, stream_);
-    }
+    attention_inputs(l, n);  // RMSNorm, Q/K/V, RoPE, the KV store
     attention(l, n);
-    add_product(L.wo, attn_.p);
-
-    norm(L.ffn_norm, L.w_gate);
-    if (fast_matvec(L.w_gate, n) && fast_matvec(L.w_up, n)) {
-      quantize(xn_.p, n, E);
-      matvec_fast_swiglu(L.w_gate.q, L.w_up.q, act_, n, gate_.p, F, stream_);
-    } else {
-      matmul(L.w_gate, xn_.p, n, gate_.p, F);
-      matmul(L.w_up, xn_.p, n, up_.p, F);
-      swiglu(gate_.p, up_.p, static_cast<size_t>(n) * F, stream_);
-    }
-    add_product(L.w_down, gate_.p);
+    add_product(L.wo, attn_.p, n);
+    feed_forward_inputs(l, n);  // RMSNorm, gate/up, SwiGLU
+    add_product(L.w_down, gate_.p, n);
     quantized_ = nullptr;  // gate_, attn_ and xn_ are rewritten by the next layer
+  }
+}
+
+// RMSNorm of x_ into xn_; with the fused variant, together with the quantization the next
+// (quantized, matvec) product needs.
+void CudaBackend::norm(const float* weight, const Mat& next, int n) {
+  const ModelConfig& c = model_->config();
+  const int E = c.n_embd;
+  if (kernels_.fused && n <= kMatvecTokens && is_quantized(next.w.type) && E * sizeof(float) <= 48 * 1024) {
+    act_.k = E;
+    rms_norm_quantize(x_.p, weight, xn_.p, n, E, c.rms_eps, act_, stream_);
+    quantized_ = xn_.p;
+    quantized_n_ = n;
+  } else {
+    rms_norm(x_.p, weight, xn_.p, n, E, c.rms_eps, stream_);
+    quantized_ = nullptr;
+  }
+}
+
+// x_ += x W^T: inside the fast matvec (fused: from x's f32 rows), else a product into xn_ and an add.
+void CudaBackend::add_product(const Mat& m, const float* x, int n) {
+  const int E = model_->config().n_embd;
+  const F32Act in{x, m.w.cols};
+  if (fused_matvec(m, in, n)) {
+    matvec_fast(m.q, in, n, x_.p, E, /*accumulate=*/true, stream_);
+  } else if (fast_matvec(m, n)) {
+    matmul(m, x, n, x_.p, E, /*accumulate=*/true);
+  } else {
+    matmul(m, x, n, xn_.p, E);
+    quantized_ = nullptr;  // xn_ was rewritten
+    add(x_.p, xn_.p, static_cast<size_t>(n) * E, stream_);
+  }
+}
+
+// Layer l's attention inputs from x_: q_ rotated, the token's K and V in the cache.
+void CudaBackend::attention_inputs(int l, int n) {
+  const ModelConfig& c = model_->config();
+  const int E = c.n_embd, KV = c.kv_dim();
+  const Layer& L = layers_[l];
+  const F32Act in{x_.p, E, L.attn_norm, c.rms_eps};
+  if (fused_matvec(L.wq, in, n) && fused_matvec(L.wk, in, n) && fused_matvec(L.wv, in, n) && L.wk.q.type == L.wq.q.type &&
+      L.wv.q.type == L.wq.q.type) {
+    const RopeStore out{q_.p, E, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, token_kv_.p, l};
+    matvec_qkv_rope(L.wq.q, L.wk.q, L.wv.q, in, n, out, stream_);  // all of it in one launch
+    return;
+  }
+  norm(L.attn_norm, L.wq, n);
+  if (fast_matvec(L.wq, n) && fast_matvec(L.wk, n) && fast_matvec(L.wv, n)) {
+    quantize(xn_.p, n, E);
+    const DevQWeight* w[3] = {&L.wq.q, &L.wk.q, &L.wv.q};
+    float* const y[3] = {q_.p, kc_.p, vc_.p};
+    const int ldy[3] = {E, KV, KV};
+    matvec_fast_multi(w, y, ldy, 3, act_, n, stream_);
+  } else {
+    matmul(L.wq, xn_.p, n, q_.p, E);
+    matmul(L.wk, xn_.p, n, kc_.p, KV);
+    matmul(L.wv, xn_.p, n, vc_.p, KV);
+  }
+  if (kernels_.fused) {
+    rope_store_kv(q_.p, kc_.p, vc_.p, n, c.n_head, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, token_kv_.p, l, stream_);
+  } else {
+    rope(q_.p, n, c.n_head, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+    rope(kc_.p, n, c.n_head_kv, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, stream_);
+    store_kv(kc_.p, vc_.p, token_kv_.p, n, KV, l, stream_);
+  }
+}
+
+// Layer l's feed-forward input from x_: silu(gate) * up into gate_.
+void CudaBackend::feed_forward_inputs(int l, int n) {
+  const ModelConfig& c = model_->config();
+  const int E = c.n_embd, F = c.n_ff;
+  const Layer& L = layers_[l];
+  const F32Act in{x_.p, E, L.ffn_norm, c.rms_eps};
+  if (fused_matvec(L.w_gate, in, n) && fused_matvec(L.w_up, in, n)) {
+    matvec_fast_swiglu(L.w_gate.q, L.w_up.q, in, n, gate_.p, F, stream_);  // all of it in one launch
+    return;
+  }
+  norm(L.ffn_norm, L.w_gate, n);
+  if (fast_matvec(L.w_gate, n) && fast_matvec(L.w_up, n)) {
+    quantize(xn_.p, n, E);
+    matvec_fast_swiglu(L.w_gate.q, L.w_up.q, act_, n, gate_.p, F, stream_);
+  } else {
+    matmul(L.w_gate, xn_.p, n, gate_.p, F);
+    matmul(L.w_up, xn_.p, n, up_.p, F);
+    swiglu(gate_.p, up_.p, static_cast<size_t>(n) * F, stream_);
   }
 }
 
 // The layers as one CUDA graph per (tokens, attention work items): captured the first time,
 // replayed after (a decode step is ~20 launches per layer, launch-bound without a graph).
 void CudaBackend::run_layers_graph(int n) {
-  const std::tuple<int, int, int> key{n, n_works_, n_decode_works_};
+  const std::tuple<int, int, int, bool> key{n, n_works_, n_decode_works_, attention_direct_};
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
     if (graphs_.size() >= kMaxGraphs) clear_graphs();

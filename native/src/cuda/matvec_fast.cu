@@ -10,6 +10,12 @@
 // writes token t's result: every output element is read and written by exactly one thread.
 // n is a template parameter (1..kMatvecTokens), so the token loops unroll with no idle work.
 // Rows are per warp, so a warp past the last row leaves whole and the shuffles see full warps.
+//
+// The fused forms (matvec_fast.cuh F32Act) run the same loops on activations each block quantized
+// into its shared memory first (quantize_in_block), every thread taking part before any leaves:
+// the same activation bits, the same sums in the same order. Only the compiler's choice to contract
+// a block term's last product and the sum into an FMA, made per instantiation, may differ, by an
+// ulp or so of a term (rounding the terms explicitly instead made the 49,152-row output matvec spill).
 #include "cuda/matvec_fast.cuh"
 
 #include <cstdint>
@@ -19,6 +25,7 @@
 
 #include "cuda/common.cuh"
 #include "cuda/repack.h"
+#include "ggml_types.h"
 
 namespace ctx::cuda {
 namespace {
@@ -78,16 +85,26 @@ struct ActBlock {
   int isum;
 };
 
-template <GgmlType T>
+// A load from global memory through the read-only cache, or a plain one from shared memory (the
+// fused forms' activations: __ldg's global-only load must not see a shared address).
+template <bool kShared, typename V>
+__device__ __forceinline__ V load(const V* p) {
+  if constexpr (kShared)
+    return *p;
+  else
+    return __ldg(p);
+}
+
+template <GgmlType T, bool kShared>
 __device__ __forceinline__ ActBlock load_act(const DevActQ8& a, int t, int b, int nb) {
   const size_t blk = static_cast<size_t>(t) * nb + b;
   const int4* q = reinterpret_cast<const int4*>(a.qs + blk * 32);
   ActBlock x;
-  x.lo = __ldg(q);
-  x.hi = __ldg(q + 1);
-  x.d = __ldg(a.d + blk);
-  x.s = T == GgmlType::Q4_1 ? __ldg(a.s + blk) : 0.f;
-  x.isum = T == GgmlType::Q4_0 ? __ldg(a.isum + blk) : 0;
+  x.lo = load<kShared>(q);
+  x.hi = load<kShared>(q + 1);
+  x.d = load<kShared>(a.d + blk);
+  x.s = T == GgmlType::Q4_1 ? load<kShared>(a.s + blk) : 0.f;
+  x.isum = T == GgmlType::Q4_0 ? load<kShared>(a.isum + blk) : 0;
   return x;
 }
 
@@ -112,7 +129,7 @@ __device__ __forceinline__ float block_term(const int (&q)[8], float2 dm, const 
 // NR rows (1, or gate and up) read each activation block once. Rows longer than 32 blocks (the
 // FFN down projection's 48) take two rounds; unrolled by two while few dot products leave
 // registers to spare, so both rounds' loads are in flight together.
-template <GgmlType T, int NT, int NR>
+template <GgmlType T, int NT, int NR, bool kShared>
 __device__ __forceinline__ void accumulate_rows(const QRow (&rows)[NR], int nb, const DevActQ8& a, int lane, float (&acc)[NR][NT]) {
 #pragma unroll(NT* NR <= 4 ? 2 : 1)
   for (int b = lane; b < nb; b += 32) {
@@ -125,7 +142,7 @@ __device__ __forceinline__ void accumulate_rows(const QRow (&rows)[NR], int nb, 
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const ActBlock x = load_act<T>(a, t, b, nb);
+      const ActBlock x = load_act<T, kShared>(a, t, b, nb);
 #pragma unroll
       for (int i = 0; i < NR; ++i) acc[i][t] += block_term<T>(q[i], dm[i], x);
     }
@@ -137,6 +154,85 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
   return v;
+}
+
+// --- the fused forms' prologue ---------------------------------------------------------------
+constexpr int kNormThreads = 256;  // rms_norm_kernel's block, whose partial sums are repeated here
+static_assert(2 * kThreads == kNormThreads, "each thread takes two of rms_norm's 256 partial sums");
+
+// A block's shared memory for NT tokens of k activations: with the norm, rms_norm's 256 double
+// partials per token first (8-byte aligned at 0; a multiple of 16 bytes), then the quants (k a
+// multiple of 32, so every token's row and block stays 16-byte aligned), d, s, isum, and the
+// tokens' norm scales.
+__host__ __device__ constexpr size_t in_block_bytes(int nt, int k, bool norm) {
+  return (norm ? static_cast<size_t>(nt) * kNormThreads * sizeof(double) : 0) + static_cast<size_t>(nt) * k +
+         3 * static_cast<size_t>(nt) * (k / kQuantBlock) * 4 + static_cast<size_t>(nt) * sizeof(float);
+}
+constexpr size_t kInBlockMaxBytes = 48 * 1024;  // without opting in to more per block
+
+// in.x's NT rows quantized into this block's shared memory, RMS-normalised first with in.norm:
+// rms_norm_kernel's arithmetic (each of its 256 threads' strided double sums, here two per thread,
+// then the same tree), then quantize_q8_kernel's (one warp per 32-element block). Every thread of
+// the block must call it; it returns after a barrier, with the activations ready.
+template <int NT>
+__device__ DevActQ8 quantize_in_block(const F32Act& in) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int k = in.k, nb = k / kQuantBlock, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const bool norm = in.norm != nullptr;
+  double* partial = reinterpret_cast<double*>(smem);  // [NT][kNormThreads], with the norm
+  DevActQ8 a;
+  a.qs = reinterpret_cast<int8_t*>(smem + (norm ? NT * kNormThreads * sizeof(double) : 0));
+  a.d = reinterpret_cast<float*>(a.qs + NT * k);
+  a.s = a.d + NT * nb;
+  a.isum = reinterpret_cast<int32_t*>(a.s + NT * nb);
+  a.k = k;
+  float* scale = reinterpret_cast<float*>(a.isum + NT * nb);  // [NT]
+  if (norm) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float* xr = in.x + static_cast<size_t>(t) * k;
+      double lo = 0, hi = 0;  // rms_norm's threads tid and tid + 128
+      for (int i = tid; i < k; i += kNormThreads) lo += static_cast<double>(xr[i] * xr[i]);
+      for (int i = tid + kThreads; i < k; i += kNormThreads) hi += static_cast<double>(xr[i] * xr[i]);
+      partial[t * kNormThreads + tid] = lo;
+      partial[t * kNormThreads + tid + kThreads] = hi;
+    }
+    __syncthreads();
+    for (int s = kNormThreads / 2; s > 0; s >>= 1) {
+      if (tid < s) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) partial[t * kNormThreads + tid] += partial[t * kNormThreads + tid + s];
+      }
+      __syncthreads();
+    }
+    if (tid < NT) {
+      const float mean = static_cast<float>(partial[tid * kNormThreads] / k);
+      scale[tid] = 1.0f / sqrtf(mean + in.eps);
+    }
+    __syncthreads();
+  }
+  for (int j = warp; j < NT * nb; j += kWarpsPerBlock) {
+    const int t = j / nb, i = (j % nb) * kQuantBlock + lane;
+    float v = in.x[static_cast<size_t>(t) * k + i];
+    if (norm) v = __fmul_rn(__fmul_rn(v, scale[t]), in.norm[i]);
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+    const float qscale = amax / 127.f;
+    const float inv = amax != 0.f ? 127.f / amax : 0.f;
+    const int q = __float2int_rn(__fmul_rn(v, inv));
+    a.qs[static_cast<size_t>(t) * k + i] = static_cast<int8_t>(q);
+    int qsum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) qsum += __shfl_xor_sync(kFull, qsum, o);
+    if (lane == 0) {
+      a.d[j] = __half2float(__float2half_rn(qscale));
+      a.s[j] = __half2float(__float2half_rn(qscale * static_cast<float>(qsum)));
+      a.isum[j] = qsum;
+    }
+  }
+  __syncthreads();
+  return a;
 }
 
 // One weight of a launch: its repacked data, its output, and where its rows start in the grid.
@@ -156,8 +252,13 @@ struct MatvecJobs {
   bool accumulate;
 };
 
-template <GgmlType T, int NT>
-__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(NT)) matvec_fast_kernel(MatvecJobs jobs, DevActQ8 a) {
+// kInBlock: the fused form (quantize_in_block from `in`; `a` is unused). It takes the larger
+// register budget at one token too: it serves a layer's matrices (<= 384 blocks, one wave at 4
+// blocks an SM), and its prologue spills under the output matrix's 42 registers.
+template <GgmlType T, int NT, bool kInBlock>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kInBlock ? 2 : NT))
+    matvec_fast_kernel(MatvecJobs jobs, DevActQ8 a, F32Act in) {
+  if constexpr (kInBlock) a = quantize_in_block<NT>(in);
   const int grid_row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (grid_row >= jobs.rows) return;
   // The job holding this row: the last whose rows begin at or before it (fixed indices, so the
@@ -169,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(NT)) matvec_fast_k
   const int row = grid_row - job.row_begin;
   const QRow rows[1] = {row_at<T>(job.qs, job.dm, row, jobs.nb)};
   float acc[1][NT] = {};
-  accumulate_rows<T, NT>(rows, jobs.nb, a, lane, acc);
+  accumulate_rows<T, NT, 1, kInBlock>(rows, jobs.nb, a, lane, acc);
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float v = warp_sum(acc[0][t]);
@@ -181,19 +282,72 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(NT)) matvec_fast_k
 }
 
 // The same mapping with two rows per warp: row r of gate and of up, then SwiGLU as swiglu_kernel.
-template <GgmlType T, int NT>
+template <GgmlType T, int NT, bool kInBlock>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT))
-    matvec_swiglu_kernel(DevQWeight gate, DevQWeight up, DevActQ8 a, float* out, int ldo) {
+    matvec_swiglu_kernel(DevQWeight gate, DevQWeight up, DevActQ8 a, F32Act in, float* out, int ldo) {
+  if constexpr (kInBlock) a = quantize_in_block<NT>(in);
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= gate.rows) return;
   const int nb = gate.cols / 32;
   const QRow rows[2] = {row_at<T>(gate.qs, gate.dm, row, nb), row_at<T>(up.qs, up.dm, row, nb)};
   float acc[2][NT] = {};
-  accumulate_rows<T, NT>(rows, nb, a, lane, acc);
+  accumulate_rows<T, NT, 2, kInBlock>(rows, nb, a, lane, acc);
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const float g = warp_sum(acc[0][t]), u = warp_sum(acc[1][t]);
     if (lane == t) out[static_cast<size_t>(t) * ldo + row] = g / (1.0f + expf(-g)) * u;
+  }
+}
+
+// Token t's K (and, cap * kv_dim later, V) row in `layer` of its sequence's cache (TokenKv).
+__device__ __forceinline__ __half* kv_row(const TokenKv& tk, int layer, int kv_dim) {
+  return tk.base + static_cast<size_t>(layer) * 2 * tk.cap * kv_dim + static_cast<size_t>(tk.pos) * kv_dim;
+}
+
+// The Q/K/V products from f32 rows (the fused form's prologue), two adjacent rows per warp, so a
+// lane holds both halves of a RoPE pair: jobs 0, 1, 2 are Q, K and V, whose row counts are
+// multiples of head_dim (so no pair or head straddles two). Lane t then does token t's share of
+// rope_store_kv_kernel, with its products: Q rotated into out.q, K rotated and V as it is stored
+// in the cache as f16.
+template <GgmlType T, int NT>
+__global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT)) matvec_qkv_rope_kernel(MatvecJobs jobs, F32Act in, RopeStore out) {
+  const DevActQ8 a = quantize_in_block<NT>(in);
+  const int grid_row = 2 * (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32), lane = threadIdx.x % 32;
+  if (grid_row >= jobs.rows) return;
+  MatvecJob job = jobs.job[0];
+  int which = 0;
+#pragma unroll
+  for (int j = 1; j < kMaxJobs; ++j)
+    if (grid_row >= jobs.job[j].row_begin) job = jobs.job[j], which = j;
+  const int row = grid_row - job.row_begin, kv_dim = jobs.job[2].row_begin - jobs.job[1].row_begin;
+  const QRow rows[2] = {row_at<T>(job.qs, job.dm, row, jobs.nb), row_at<T>(job.qs, job.dm, row + 1, jobs.nb)};
+  float acc[2][NT] = {};
+  accumulate_rows<T, NT, 2, true>(rows, jobs.nb, a, lane, acc);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const float x0 = warp_sum(acc[0][t]), x1 = warp_sum(acc[1][t]);
+    if (lane == t) {
+      if (which == 2) {
+        __half* v = kv_row(out.tokens[t], out.layer, kv_dim) + static_cast<size_t>(out.tokens[t].cap) * kv_dim;
+        v[row] = __float2half_rn(x0);
+        v[row + 1] = __float2half_rn(x1);
+      } else {
+        const int pairs = out.head_dim / 2, pair = (row % out.head_dim) / 2;
+        const float c = out.cos_t[static_cast<size_t>(out.pos[t]) * pairs + pair];
+        const float s = out.sin_t[static_cast<size_t>(out.pos[t]) * pairs + pair];
+        const float r0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        const float r1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+        if (which == 0) {
+          float* q = out.q + static_cast<size_t>(t) * out.ldq + row;
+          q[0] = r0;
+          q[1] = r1;
+        } else {
+          __half* k = kv_row(out.tokens[t], out.layer, kv_dim);
+          k[row] = __float2half_rn(r0);
+          k[row + 1] = __float2half_rn(r1);
+        }
+      }
+    }
   }
 }
 
@@ -243,23 +397,56 @@ unsigned blocks_for_rows(int rows) { return static_cast<unsigned>((rows + kWarps
 
 void launch_jobs(GgmlType type, const MatvecJobs& jobs, const DevActQ8& a, int n, cudaStream_t st) {
   dispatch(type, n, [&](auto t, auto nt) {
-    matvec_fast_kernel<decltype(t)::value, decltype(nt)::value><<<blocks_for_rows(jobs.rows), kThreads, 0, st>>>(jobs, a);
+    matvec_fast_kernel<decltype(t)::value, decltype(nt)::value, false><<<blocks_for_rows(jobs.rows), kThreads, 0, st>>>(jobs, a, F32Act{});
   });
   CTX_CUDA_LAUNCHED("matvec_fast");
 }
 
-}  // namespace
+// The fused forms' activation checks; returns the shared memory a block needs. The DevActQ8 it
+// fills (k only) lets check_weight compare shapes as for the unfused forms.
+size_t check_in(const F32Act& in, int n, DevActQ8* shape, const char* what) {
+  if (n < 1 || n > kMatvecTokens)
+    throw std::invalid_argument(std::string(what) + ": n = " + std::to_string(n) + " is outside 1.." + std::to_string(kMatvecTokens));
+  if (in.k <= 0 || in.k % kQuantBlock != 0 || in.x == nullptr)
+    throw std::invalid_argument(std::string(what) + ": activations need rows and k a multiple of 32");
+  if (!fused_act_fits(in, n))
+    throw std::invalid_argument(std::string(what) + ": " + std::to_string(n) + " rows of " + std::to_string(in.k) +
+                                " activations exceed a block's shared memory");
+  shape->k = in.k;
+  return in_block_bytes(n, in.k, in.norm != nullptr);
+}
 
-void matvec_fast(const DevQWeight& w, const DevActQ8& a, int n, float* y, int ldy, bool accumulate, cudaStream_t st) {
-  check_act(a, n, "matvec_fast");
-  check_weight(w, a, ldy, "matvec_fast");
+MatvecJobs single_job(const DevQWeight& w, float* y, int ldy, bool accumulate) {
   MatvecJobs jobs{};
   jobs.job[0] = {w.qs, w.dm, y, ldy, 0};
   jobs.count = 1;
   jobs.rows = w.rows;
   jobs.nb = w.cols / kQuantBlock;
   jobs.accumulate = accumulate;
-  launch_jobs(w.type, jobs, a, n, st);
+  return jobs;
+}
+
+}  // namespace
+
+bool fused_act_fits(const F32Act& in, int n) {
+  return n >= 1 && in.k > 0 && in_block_bytes(n, in.k, in.norm != nullptr) <= kInBlockMaxBytes;
+}
+
+void matvec_fast(const DevQWeight& w, const DevActQ8& a, int n, float* y, int ldy, bool accumulate, cudaStream_t st) {
+  check_act(a, n, "matvec_fast");
+  check_weight(w, a, ldy, "matvec_fast");
+  launch_jobs(w.type, single_job(w, y, ldy, accumulate), a, n, st);
+}
+
+void matvec_fast(const DevQWeight& w, const F32Act& in, int n, float* y, int ldy, bool accumulate, cudaStream_t st) {
+  DevActQ8 shape;
+  const size_t smem = check_in(in, n, &shape, "matvec_fast (fused)");
+  check_weight(w, shape, ldy, "matvec_fast (fused)");
+  const MatvecJobs jobs = single_job(w, y, ldy, accumulate);
+  dispatch(w.type, n, [&](auto t, auto nt) {
+    matvec_fast_kernel<decltype(t)::value, decltype(nt)::value, true><<<blocks_for_rows(jobs.rows), kThreads, smem, st>>>(jobs, shape, in);
+  });
+  CTX_CUDA_LAUNCHED("matvec_fast (fused)");
 }
 
 void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const int ldy[3], int count, const DevActQ8& a, int n,
@@ -285,9 +472,49 @@ void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const DevA
   check_weight(up, a, ldo, "matvec_fast_swiglu");
   if (up.type != gate.type || up.rows != gate.rows) throw std::invalid_argument("matvec_fast_swiglu: gate and up differ in type or rows");
   dispatch(gate.type, n, [&](auto t, auto nt) {
-    matvec_swiglu_kernel<decltype(t)::value, decltype(nt)::value><<<blocks_for_rows(gate.rows), kThreads, 0, st>>>(gate, up, a, out, ldo);
+    matvec_swiglu_kernel<decltype(t)::value, decltype(nt)::value, false>
+        <<<blocks_for_rows(gate.rows), kThreads, 0, st>>>(gate, up, a, F32Act{}, out, ldo);
   });
   CTX_CUDA_LAUNCHED("matvec_fast_swiglu");
+}
+
+void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32Act& in, int n, float* out, int ldo, cudaStream_t st) {
+  DevActQ8 shape;
+  const size_t smem = check_in(in, n, &shape, "matvec_fast_swiglu (fused)");
+  check_weight(gate, shape, ldo, "matvec_fast_swiglu (fused)");
+  check_weight(up, shape, ldo, "matvec_fast_swiglu (fused)");
+  if (up.type != gate.type || up.rows != gate.rows)
+    throw std::invalid_argument("matvec_fast_swiglu (fused): gate and up differ in type or rows");
+  dispatch(gate.type, n, [&](auto t, auto nt) {
+    matvec_swiglu_kernel<decltype(t)::value, decltype(nt)::value, true>
+        <<<blocks_for_rows(gate.rows), kThreads, smem, st>>>(gate, up, shape, in, out, ldo);
+  });
+  CTX_CUDA_LAUNCHED("matvec_fast_swiglu (fused)");
+}
+
+void matvec_qkv_rope(const DevQWeight& wq, const DevQWeight& wk, const DevQWeight& wv, const F32Act& in, int n, const RopeStore& out,
+                     cudaStream_t st) {
+  const char* what = "matvec_qkv_rope";
+  DevActQ8 shape;
+  const size_t smem = check_in(in, n, &shape, what);
+  if (out.head_dim < 2 || out.head_dim % 2 != 0) throw std::invalid_argument(std::string(what) + ": head_dim must be even");
+  const DevQWeight* const w[3] = {&wq, &wk, &wv};
+  MatvecJobs jobs{};
+  for (int j = 0; j < 3; ++j) {
+    check_weight(*w[j], shape, j == 0 ? out.ldq : w[j]->rows, what);
+    if (w[j]->type != wq.type) throw std::invalid_argument(std::string(what) + ": the weights differ in type");
+    if (w[j]->rows % out.head_dim != 0) throw std::invalid_argument(std::string(what) + ": rows must be whole heads");
+    jobs.job[j] = {w[j]->qs, w[j]->dm, j == 0 ? out.q : nullptr, j == 0 ? out.ldq : 0, jobs.rows};
+    jobs.rows += w[j]->rows;
+  }
+  if (wk.rows != wv.rows) throw std::invalid_argument(std::string(what) + ": K and V differ in rows");
+  jobs.count = 3;
+  jobs.nb = wq.cols / kQuantBlock;
+  const unsigned blocks = static_cast<unsigned>((jobs.rows / 2 + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  dispatch(wq.type, n, [&](auto t, auto nt) {
+    matvec_qkv_rope_kernel<decltype(t)::value, decltype(nt)::value><<<blocks, kThreads, smem, st>>>(jobs, in, out);
+  });
+  CTX_CUDA_LAUNCHED(what);
 }
 
 }  // namespace ctx::cuda

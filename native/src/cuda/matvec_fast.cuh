@@ -28,4 +28,42 @@ void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const in
 // and silu(g) = g / (1 + expf(-g)) as the swiglu kernel computes it. gate and up share type and shape.
 void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const DevActQ8& a, int n, float* out, int ldo, cudaStream_t st);
 
+// The fused forms (the fused-decode kernel set): the activations come as f32 rows and every block
+// quantizes them into its own shared memory first, RMS-normalised when `norm` is set, so a decode
+// step launches no norm or quantize kernel of its own. Each block repeats rms_norm's double sums
+// in the same order and quantize_q8's steps: the activations are the same bits as
+// rms_norm_quantize's (or quantize_q8's), and the results those of the launcher above, up to the
+// compiler's use of FMAs (an ulp or so of a block's term). The rows are read by every block: the
+// fused forms suit the small matrices of a layer, not the output matrix's 49,152 rows.
+struct F32Act {
+  const float* x = nullptr;     // [n][k]
+  int k = 0;                    // a multiple of 32
+  const float* norm = nullptr;  // RMSNorm weight [k], or none
+  float eps = 0.f;
+};
+// Whether a launch of n tokens of `in` fits a block's shared memory (48 KiB): at n = 8, k up to
+// 2,400 with the norm and 4,096 without. The launchers below throw std::invalid_argument otherwise.
+bool fused_act_fits(const F32Act& in, int n);
+
+void matvec_fast(const DevQWeight& w, const F32Act& in, int n, float* y, int ldy, bool accumulate, cudaStream_t st);
+void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32Act& in, int n, float* out, int ldo, cudaStream_t st);
+
+// Where the Q/K/V launch puts its results: q (n_head * head_dim rows) rotated into q[t * ldq + r],
+// k rotated and v as they are into the KV cache at tokens[t] in `layer` (f16), as rope_store_kv
+// does (adjacent-pair RoPE, cos/sin tables [position][head_dim / 2]).
+struct RopeStore {
+  float* q;
+  int ldq;
+  int head_dim;  // even; every weight's rows a multiple of it
+  const int* pos;
+  const float* cos_t;
+  const float* sin_t;
+  const TokenKv* tokens;
+  int layer;
+};
+// The Q, K and V products of `in` in one launch, then RoPE and the KV store: what
+// matvec_fast_multi followed by rope_store_kv computes (as above). wk and wv share their shape (the KV width).
+void matvec_qkv_rope(const DevQWeight& wq, const DevQWeight& wk, const DevQWeight& wv, const F32Act& in, int n, const RopeStore& out,
+                     cudaStream_t st);
+
 }  // namespace ctx::cuda

@@ -179,9 +179,10 @@ export interface EngineOptions {
   /** CUDA only: replay each batch shape's layers as a CUDA graph (default false until measured). */
   cudaGraphs?: boolean;
   /**
-   * CUDA only: which kernels run: "simple" (default: the reference kernels), "fast" (every faster
-   * variant) or a comma list of fused, matvec, attention, prefill-attention, gemm. An unknown
-   * name throws an Error with code invalid_cuda_kernels.
+   * CUDA only: which kernels run: "simple" (default: the reference kernels) or a comma list of
+   * fast (every faster variant that has passed on a GPU), fused, matvec, attention,
+   * prefill-attention, gemm, fused-decode (not yet run on a GPU). An unknown name throws an Error
+   * with code invalid_cuda_kernels.
    */
   cudaKernels?: string;
 }
