@@ -1,10 +1,7 @@
 // Comparisons of next-token distributions.
 
-export function argmax(x: ArrayLike<number>): number {
-  let best = 0;
-  for (let i = 1; i < x.length; i++) if (x[i]! > x[best]!) best = i;
-  return best;
-}
+// The engine's own greedy choice (the first of equal maxima), so tests and tools pick as it does.
+export { argmax } from "../../shared/inference/engine/sampler.ts";
 
 /** The k largest entries, best first. */
 export function topK(x: ArrayLike<number>, k: number): number[] {
