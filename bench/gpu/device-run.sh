@@ -85,7 +85,7 @@ cuda_suites() {
       if [ -z "$params" ]; then echo "$s.*"; else for p in $params; do echo "$s.*/$p"; done; fi
     done)"
   for first in 'CudaKernels.*' 'CudaFused.*' 'CudaMatvecFast.*' 'CudaMatvecFused.*' 'CudaGemmFast.*' '*/simple' '*/fast' \
-    '*/fast_fused_decode' 'CudaEngine.*'; do
+    '*/fast_fused_decode' '*/fast_pdl' 'CudaEngine.*'; do
     grep -F -x -- "$first" <<<"$all" || grep -E -- "${first//\*/.*}$" <<<"$all" | grep '/' || true
   done | awk '!seen[$0]++' > "$work/first.txt"
   cat "$work/first.txt"
@@ -138,19 +138,19 @@ python3 bench/gpu/summary.py gtest-json "$work" > "$OUT/gtest.json" 2>>"$OUT/run
 
 # --- the bench: one process per kernel set, so a crash loses that set only ----------------------
 if [ "$device" = cpu ]; then sets=("simple"); full=1; quick=(--quick); else
-  # fast and fast with the fused matvecs (not yet run on a GPU) first and at every point (the sets
-  # the targets are judged on; the simple kernels' every point is in run-1), then each set alone
-  # at a few points, the decode variants first.
-  sets=("fast" "fast,fused-decode" "simple" "fused-decode" "attention" "matvec" "fused" "gemm" "prefill-attention"); full=2
+  # fast, and fast with fused-decode and with pdl (neither run on a GPU yet), first and at every
+  # point (the sets the targets are judged on; the simple kernels' every point is in run-1), then
+  # each set alone at a few points, the decode variants first.
+  sets=("fast" "fast,fused-decode" "fast,pdl" "simple" "fused-decode" "attention" "matvec" "fused" "gemm" "prefill-attention"); full=3
   quick=(); fi
 rm -f "$work"/bench-*.json
 i=0
 for k in "${sets[@]}"; do
   limit=$(( $(left) - 25 ))
   [ "$limit" -lt 15 ] && { log "bench: out of time before kernels $k"; break; }
-  # The first `full` sets measure every point, ~30% of what is left each; later sets a few points
+  # The first `full` sets measure every point, ~25% of what is left each; later sets a few points
   # each (gpu_bench.cc), sharing the rest.
-  share=$([ $i -lt $full ] && echo $((limit * 30 / 100)) || echo $((limit / (${#sets[@]} - i))))
+  share=$([ $i -lt $full ] && echo $((limit * 25 / 100)) || echo $((limit / (${#sets[@]} - i))))
   log "bench: kernels $k (at most ${share}s)"
   extra=()
   [ $i -lt $full ] || extra=(--subset)

@@ -29,9 +29,13 @@ struct Variant {
   bool in_fast;  // passed every CUDA test on a GPU, so "fast" turns it on
 };
 constexpr Variant kVariants[] = {
-    {"fused", &CudaKernelSet::fused, true},         {"matvec", &CudaKernelSet::matvec, true},
-    {"attention", &CudaKernelSet::attention, true}, {"prefill-attention", &CudaKernelSet::prefill_attention, true},
-    {"gemm", &CudaKernelSet::gemm, true},           {"fused-decode", &CudaKernelSet::fused_decode, false},
+    {"fused", &CudaKernelSet::fused, true},
+    {"matvec", &CudaKernelSet::matvec, true},
+    {"attention", &CudaKernelSet::attention, true},
+    {"prefill-attention", &CudaKernelSet::prefill_attention, true},
+    {"gemm", &CudaKernelSet::gemm, true},
+    {"fused-decode", &CudaKernelSet::fused_decode, false},
+    {"pdl", &CudaKernelSet::pdl, false},
 };
 }  // namespace
 
@@ -48,10 +52,11 @@ CudaKernelSet parse_cuda_kernels(const std::string& s) {
     if (!known)
       throw DeviceError("invalid_cuda_kernels",
                         "cuda kernels must be simple or a comma list of fast, fused, matvec, attention, prefill-attention, gemm, "
-                        "fused-decode (got \"" +
+                        "fused-decode, pdl (got \"" +
                             s.substr(0, 64) + "\")");
     start = end + 1;
   }
+  if (k.pdl) k.fused_decode = true;     // it launches fused-decode's kernels
   if (k.fused_decode) k.matvec = true;  // its kernels are matvec's, with the steps around them inside
   return k;
 }

@@ -56,15 +56,17 @@ struct CudaKernelSet {
   bool fused_decode = false;       // fewer launches per decode step: matvecs that RMS-normalise and quantize their own
                                    // activations, the Q/K/V one applying RoPE and storing K/V (cuda/matvec_fast.cu),
                                    // attention writing its output when a step has one split (with `attention`); implies matvec
+  bool pdl = false;                // fused-decode's matvecs launched with programmatic dependent launch: each starts while
+                                   // the kernel before it ends, fetching its weights; implies fused-decode
   bool operator==(const CudaKernelSet& o) const {
     return fused == o.fused && matvec == o.matvec && attention == o.attention && prefill_attention == o.prefill_attention &&
-           gemm == o.gemm && fused_decode == o.fused_decode;
+           gemm == o.gemm && fused_decode == o.fused_decode && pdl == o.pdl;
   }
 };
 // Parses "simple" (none) or a comma list of fused, matvec, attention, prefill-attention, gemm,
-// fused-decode and "fast": the variants that have passed every test on a GPU (all but
-// fused-decode, which has not run on one yet). fused-decode brings matvec with it. Throws
-// DeviceError(invalid_cuda_kernels).
+// fused-decode, pdl and "fast": the variants that have passed every test on a GPU (all but
+// fused-decode and pdl, which have not run on one yet). pdl brings fused-decode with it, and
+// fused-decode matvec. Throws DeviceError(invalid_cuda_kernels).
 CudaKernelSet parse_cuda_kernels(const std::string& s);
 // The canonical spelling of a set: "simple", "fast", "fast," followed by what it adds, or the comma list.
 std::string cuda_kernels_name(const CudaKernelSet& k);

@@ -115,11 +115,11 @@ constexpr double kRel = 0.02;
 
 // The forward-pass tests run once per kernel set: the simple kernels, each faster variant alone
 // (so a failure names its variant), all that have passed on a GPU together ("fast"), and those with
-// the variant that has not run on one yet (fused-decode).
+// the variants that have not run on one yet (fused-decode, pdl).
 class CudaEngineKernels : public ::testing::TestWithParam<std::string> {};
 INSTANTIATE_TEST_SUITE_P(Variants, CudaEngineKernels,
                          ::testing::Values("simple", "fused", "matvec", "attention", "prefill-attention", "gemm", "fast", "fused-decode",
-                                           "fast,fused-decode"),
+                                           "fast,fused-decode", "fast,pdl"),
                          [](const ::testing::TestParamInfo<std::string>& i) {
                            std::string name = i.param;
                            std::replace(name.begin(), name.end(), '-', '_');
@@ -334,28 +334,39 @@ TEST_P(CudaEngineKernels, SmolLM2ShapedLogitsAndGreedyTokens) {
 // fused-decode against the kernels it fuses, on the GPU alone: the same activation bits and sums,
 // so the logits of "fast" and "fast,fused-decode" may differ only by the compiler's FMA choices (an
 // ulp or so per block term, matvec_fast.cuh), grown over 30 layers; 1e-3 of the logits' range
-// leaves room for that, while a wrong row, pair, norm or merge moves logits by O(1). Two
-// sequences decode 40 steps each, fed fast's greedy tokens: one after a 600-token prompt (split
-// attention, merged), one after 20 tokens (one split: the attention writes its output itself).
+// leaves room for that, while a wrong row, pair, norm or merge moves logits by O(1). pdl changes
+// when kernels start, not what they compute: "fast,pdl" must give fused-decode's bits exactly (a
+// kernel reading its predecessor's output too early would not). Two sequences decode 40 steps
+// each, fed fast's greedy tokens: one after a 600-token prompt (split attention, merged), one after
+// 20 tokens (one split: the attention writes its output itself); with CUDA graphs, as served.
 TEST(CudaEngine, FusedDecodeComputesWhatTheFastKernelsCompute) {
   SKIP_WITHOUT_GPU();
   const std::shared_ptr<Model> m = smollm2_shaped();
-  Engine fast(m, opts("cuda", 512, "fast")), fused(m, opts("cuda", 512, "fast,fused-decode"));
+  auto graphs = [](const std::string& kernels) {
+    EngineOptions o = opts("cuda", 512, kernels);
+    o.cuda_graphs = true;
+    return o;
+  };
+  Engine fast(m, graphs("fast")), fused(m, graphs("fast,fused-decode")), pdl(m, graphs("fast,pdl"));
   const int V = m->config().n_vocab;
   for (int prompt_len : {600, 20}) {
     const std::string what = "after " + std::to_string(prompt_len) + " tokens";
-    const std::shared_ptr<Sequence> a = fast.create_sequence(1024), b = fused.create_sequence(1024);
-    std::vector<float> la(V), lb(V);
+    const std::shared_ptr<Sequence> a = fast.create_sequence(1024), b = fused.create_sequence(1024), c = pdl.create_sequence(1024);
+    std::vector<float> la(V), lb(V), lc(V);
     const std::vector<int32_t> prompt = tokens(prompt_len, V, 5);
     fast.forward({{a.get(), prompt.data(), prompt_len, la.data()}});
     fused.forward({{b.get(), prompt.data(), prompt_len, lb.data()}});
+    pdl.forward({{c.get(), prompt.data(), prompt_len, lc.data()}});
     ASSERT_EQ(lb, la) << what << ": a prefill runs no fused kernel, so the same bits";
+    ASSERT_EQ(lc, la) << what << ": a prefill runs no fused kernel, so the same bits";
     int32_t next = 1;
     int identical = 0;
     for (int i = 0; i < 40; ++i) {
       fast.forward({{a.get(), &next, 1, la.data()}});
       fused.forward({{b.get(), &next, 1, lb.data()}});
+      pdl.forward({{c.get(), &next, 1, lc.data()}});
       expect_same_logits(lb, la, 1e-3, what + ", decode " + std::to_string(i));
+      ASSERT_EQ(lc, lb) << what << ", decode " + std::to_string(i) << ": pdl changed a result";
       identical += lb == la;
       next = static_cast<int32_t>(std::max_element(la.begin(), la.end()) - la.begin());
     }

@@ -429,6 +429,23 @@ void reference_act(const float* x, const float* norm, int n, int k, DeviceMemory
 // bounds that with room (48 blocks a row at most, half an ulp each), while one activation quant
 // off by one already moves a result by ~1e-5 of that sum. Counts the bit-identical elements.
 constexpr double kFusedRel = 2e-6, kFusedAbs = 1e-7;
+
+// A stream for the launches with programmatic dependent launch (pdl), destroyed at scope exit.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+};
+
+// A copy of `count` floats at src that a kernel on `st` writes (zeros + src, cuda::add) just
+// before: a pdl launch after it that read its input before waiting for that kernel would see zeros.
+float* written_just_before(const float* src, size_t count, cudaStream_t st, DeviceMemory& mem) {
+  float* out = nullptr;
+  mem.copy_in(std::vector<float>(count, 0.f), &out);
+  if (out) cuda::add(out, src, count, st);
+  return out;
+}
 int identical(const std::vector<float>& a, const std::vector<float>& b) {
   int same = 0;
   for (size_t i = 0; i < a.size() && i < b.size(); ++i) same += std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
@@ -456,10 +473,18 @@ void check_fused_matvec(uint32_t type, int rows, int cols, int n, bool accumulat
   const cuda::F32Act in{x_dev, cols, norm ? norm_dev : nullptr, kEps};
   ASSERT_TRUE(cuda::fused_act_fits(in, n)) << what;
   cuda::matvec_fast(w, in, n, y_fused, ldy, accumulate, nullptr);
+  // With pdl, its input written by the kernel just before it on the same stream: the same bits.
+  Stream st;
+  float* y_pdl = nullptr;
+  ASSERT_NO_FATAL_FAILURE(mem.copy_in(y0, &y_pdl));
+  const cuda::F32Act pdl_in{written_just_before(x_dev, x.size(), st.s, mem), cols, in.norm, kEps};
+  cuda::matvec_fast(w, pdl_in, n, y_pdl, ldy, accumulate, st.s, /*pdl=*/true);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-  std::vector<float> ref, fused;
+  std::vector<float> ref, fused, with_pdl;
   ASSERT_NO_FATAL_FAILURE(copy_out(y_ref, y0.size(), &ref));
   ASSERT_NO_FATAL_FAILURE(copy_out(y_fused, y0.size(), &fused));
+  ASSERT_NO_FATAL_FAILURE(copy_out(y_pdl, y0.size(), &with_pdl));
+  EXPECT_EQ(with_pdl, fused) << what << ": launched with pdl";
   const std::vector<float> want = results(ref, y0, n, rows, ldy, what), got = results(fused, y0, n, rows, ldy, what);
   std::vector<double> scale = abs_products(hw, HostAct(n, cols, norm ? normed(x, weight, n, cols) : x));
   if (accumulate)
@@ -509,10 +534,17 @@ TEST(CudaMatvecFused, SwigluIsNormQuantizeThenSwiglu) {
           ASSERT_NO_FATAL_FAILURE(reference_act(x_dev, norm ? norm_dev : nullptr, n, cols, mem, &a));
           cuda::matvec_fast_swiglu(g_dev, u_dev, a, n, ref_dev, ldo, nullptr);
           cuda::matvec_fast_swiglu(g_dev, u_dev, cuda::F32Act{x_dev, cols, norm ? norm_dev : nullptr, kEps}, n, fused_dev, ldo, nullptr);
+          Stream st;
+          float* pdl_dev = nullptr;
+          ASSERT_NO_FATAL_FAILURE(mem.copy_in(before, &pdl_dev));
+          const cuda::F32Act pdl_in{written_just_before(x_dev, x.size(), st.s, mem), cols, norm ? norm_dev : nullptr, kEps};
+          cuda::matvec_fast_swiglu(g_dev, u_dev, pdl_in, n, pdl_dev, ldo, st.s, /*pdl=*/true);
           ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-          std::vector<float> ref, fused;
+          std::vector<float> ref, fused, with_pdl;
           ASSERT_NO_FATAL_FAILURE(copy_out(ref_dev, before.size(), &ref));
           ASSERT_NO_FATAL_FAILURE(copy_out(fused_dev, before.size(), &fused));
+          ASSERT_NO_FATAL_FAILURE(copy_out(pdl_dev, before.size(), &with_pdl));
+          EXPECT_EQ(with_pdl, fused) << what << ": launched with pdl";
           const std::vector<float> want = results(ref, before, n, rows, ldo, what), got = results(fused, before, n, rows, ldo, what);
           // g and u each within e of the unfused kernel's; SwiGLU's error bound as in
           // SwigluIsSiluOfGateTimesUp, with |g| and |u| bounded from the CPU's products (within
@@ -609,14 +641,31 @@ TEST(CudaMatvecFused, QkvRopeIsMultiThenRopeStoreKv) {
         // Fused: one launch.
         const cuda::RopeStore out{q_fused, ldq, sh.head_dim, pos_dev, cos_dev, sin_dev, tokens_fused, layer};
         cuda::matvec_qkv_rope(w[0], w[1], w[2], cuda::F32Act{x_dev, sh.cols, norm_dev, kEps}, n, out, nullptr);
+        // With pdl, its input written by the kernel just before it, into a cache of its own.
+        Stream st;
+        float* q_pdl = nullptr;
+        uint16_t* cache_pdl = nullptr;
+        cuda::TokenKv* tokens_pdl = nullptr;
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(q0, &q_pdl));
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(cache0, &cache_pdl));
+        for (int t = 0; t < n; ++t) tokens[t].base = reinterpret_cast<__half*>(cache_pdl);
+        ASSERT_NO_FATAL_FAILURE(mem.copy_in(tokens, &tokens_pdl));
+        const cuda::RopeStore out_pdl{q_pdl, ldq, sh.head_dim, pos_dev, cos_dev, sin_dev, tokens_pdl, layer};
+        const cuda::F32Act pdl_in{written_just_before(x_dev, x.size(), st.s, mem), sh.cols, norm_dev, kEps};
+        cuda::matvec_qkv_rope(w[0], w[1], w[2], pdl_in, n, out_pdl, st.s, /*pdl=*/true);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
 
         std::vector<float> qr, qf;
         ASSERT_NO_FATAL_FAILURE(copy_out(q_ref, q0.size(), &qr));
         ASSERT_NO_FATAL_FAILURE(copy_out(q_fused, q0.size(), &qf));
-        std::vector<uint16_t> cr(cache0.size()), cf(cache0.size());
+        std::vector<uint16_t> cr(cache0.size()), cf(cache0.size()), cp(cache0.size());
         ASSERT_EQ(cudaMemcpy(cr.data(), cache_ref, cr.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(cf.data(), cache_fused, cf.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(cp.data(), cache_pdl, cp.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        std::vector<float> qp;
+        ASSERT_NO_FATAL_FAILURE(copy_out(q_pdl, q0.size(), &qp));
+        EXPECT_EQ(qp, qf) << what << ": q launched with pdl";
+        EXPECT_EQ(cp, cf) << what << ": the cache written with pdl";
 
         // The rounding scale of a rotated element: both products of its pair (|cos|, |sin| <= 1).
         const HostAct act(n, sh.cols, normed(x, weight, n, sh.cols));

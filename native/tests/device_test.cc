@@ -65,11 +65,16 @@ TEST(Device, ParsesTheCudaKernelSets) {
   EXPECT_EQ(parse_cuda_kernels("fused-decode,gemm,prefill-attention,attention,matvec,fused"), more);
   const CudaKernelSet alone = parse_cuda_kernels("fused-decode");
   EXPECT_TRUE(alone.fused_decode && alone.matvec && !alone.gemm) << "fused-decode brings matvec's kernels";
+  const CudaKernelSet pdl = parse_cuda_kernels("pdl");
+  EXPECT_TRUE(pdl.pdl && pdl.fused_decode && pdl.matvec && !pdl.attention) << "pdl brings fused-decode's kernels";
+  EXPECT_FALSE(all.pdl);
+  EXPECT_EQ(cuda_kernels_name(parse_cuda_kernels("fast,pdl")), "fast,fused-decode,pdl");
   const CudaKernelSet two = parse_cuda_kernels("gemm,matvec");
   EXPECT_TRUE(two.gemm && two.matvec && !two.fused && !two.attention && !two.prefill_attention);
   EXPECT_EQ(parse_cuda_kernels("fused,matvec,attention,prefill-attention,gemm"), all);
   // The canonical name reads back as the same set.
-  for (const char* s : {"simple", "fast", "matvec", "gemm,matvec", "prefill-attention,fused", "fast,fused-decode", "fused-decode"})
+  for (const char* s :
+       {"simple", "fast", "matvec", "gemm,matvec", "prefill-attention,fused", "fast,fused-decode", "fused-decode", "pdl", "fast,pdl"})
     EXPECT_EQ(parse_cuda_kernels(cuda_kernels_name(parse_cuda_kernels(s))), parse_cuda_kernels(s)) << s;
   EXPECT_EQ(cuda_kernels_name(two), "matvec,gemm");
   EXPECT_EQ(cuda_kernels_name(all), "fast");

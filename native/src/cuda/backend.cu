@@ -610,7 +610,7 @@ void CudaBackend::add_product(const Mat& m, const float* x, int n) {
   const int E = model_->config().n_embd;
   const F32Act in{x, m.w.cols};
   if (fused_matvec(m, in, n)) {
-    matvec_fast(m.q, in, n, x_.p, E, /*accumulate=*/true, stream_);
+    matvec_fast(m.q, in, n, x_.p, E, /*accumulate=*/true, stream_, kernels_.pdl);
   } else if (fast_matvec(m, n)) {
     matmul(m, x, n, x_.p, E, /*accumulate=*/true);
   } else {
@@ -629,7 +629,7 @@ void CudaBackend::attention_inputs(int l, int n) {
   if (fused_matvec(L.wq, in, n) && fused_matvec(L.wk, in, n) && fused_matvec(L.wv, in, n) && L.wk.q.type == L.wq.q.type &&
       L.wv.q.type == L.wq.q.type) {
     const RopeStore out{q_.p, E, c.head_dim, pos_.p, rope_cos_.p, rope_sin_.p, token_kv_.p, l};
-    matvec_qkv_rope(L.wq.q, L.wk.q, L.wv.q, in, n, out, stream_);  // all of it in one launch
+    matvec_qkv_rope(L.wq.q, L.wk.q, L.wv.q, in, n, out, stream_, kernels_.pdl);  // all of it in one launch
     return;
   }
   norm(L.attn_norm, L.wq, n);
@@ -660,7 +660,7 @@ void CudaBackend::feed_forward_inputs(int l, int n) {
   const Layer& L = layers_[l];
   const F32Act in{x_.p, E, L.ffn_norm, c.rms_eps};
   if (fused_matvec(L.w_gate, in, n) && fused_matvec(L.w_up, in, n)) {
-    matvec_fast_swiglu(L.w_gate.q, L.w_up.q, in, n, gate_.p, F, stream_);  // all of it in one launch
+    matvec_fast_swiglu(L.w_gate.q, L.w_up.q, in, n, gate_.p, F, stream_, kernels_.pdl);  // all of it in one launch
     return;
   }
   norm(L.ffn_norm, L.w_gate, n);

@@ -157,6 +157,26 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // --- the fused forms' prologue ---------------------------------------------------------------
+// Launched with programmatic dependent launch (the launchers' `pdl`), a fused kernel's blocks may
+// start while the kernel before it in the stream still runs. They first prefetch their weight rows
+// into L2 (weights are never written), then wait for that kernel (griddepcontrol.wait: it has
+// completed and its writes are visible; a no-op in a normal launch) before they read or write
+// anything else, every thread of the block, so the kernel completes only after its predecessor
+// and the one after it may rely on both. Then they let their own dependent start its prologue.
+
+// This lane's share of a repacked row's quants and scales, fetched into L2: one 128-byte line
+// per lane from the start of each.
+template <GgmlType T>
+__device__ __forceinline__ void prefetch_row(const QRow& row, int nb, int lane) {
+  const int quant_lines = (nb * kQuantBytes<T> + 127) / 128, scale_lines = (nb * 4 + 127) / 128;
+  if (lane < quant_lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(row.qs + lane * 128));
+  if (lane < scale_lines) asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<const char*>(row.dm) + lane * 128));
+}
+
+__device__ __forceinline__ void wait_for_previous_kernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+}
 constexpr int kNormThreads = 256;  // rms_norm_kernel's block, whose partial sums are repeated here
 static_assert(2 * kThreads == kNormThreads, "each thread takes two of rms_norm's 256 partial sums");
 
@@ -252,21 +272,33 @@ struct MatvecJobs {
   bool accumulate;
 };
 
+// The job holding grid row r: the last whose rows begin at or before it (fixed indices, so the
+// jobs stay in parameter space).
+__device__ __forceinline__ MatvecJob job_of(const MatvecJobs& jobs, int r) {
+  MatvecJob job = jobs.job[0];
+#pragma unroll
+  for (int j = 1; j < kMaxJobs; ++j)
+    if (j < jobs.count && r >= jobs.job[j].row_begin) job = jobs.job[j];
+  return job;
+}
+
 // kInBlock: the fused form (quantize_in_block from `in`; `a` is unused). It takes the larger
 // register budget at one token too: it serves a layer's matrices (<= 384 blocks, one wave at 4
 // blocks an SM), and its prologue spills under the output matrix's 42 registers.
 template <GgmlType T, int NT, bool kInBlock>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kInBlock ? 2 : NT))
     matvec_fast_kernel(MatvecJobs jobs, DevActQ8 a, F32Act in) {
-  if constexpr (kInBlock) a = quantize_in_block<NT>(in);
   const int grid_row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if constexpr (kInBlock) {
+    if (grid_row < jobs.rows) {
+      const MatvecJob job = job_of(jobs, grid_row);
+      prefetch_row<T>(row_at<T>(job.qs, job.dm, grid_row - job.row_begin, jobs.nb), jobs.nb, lane);
+    }
+    wait_for_previous_kernel();
+    a = quantize_in_block<NT>(in);
+  }
   if (grid_row >= jobs.rows) return;
-  // The job holding this row: the last whose rows begin at or before it (fixed indices, so the
-  // jobs stay in parameter space).
-  MatvecJob job = jobs.job[0];
-#pragma unroll
-  for (int j = 1; j < kMaxJobs; ++j)
-    if (j < jobs.count && grid_row >= jobs.job[j].row_begin) job = jobs.job[j];
+  const MatvecJob job = job_of(jobs, grid_row);
   const int row = grid_row - job.row_begin;
   const QRow rows[1] = {row_at<T>(job.qs, job.dm, row, jobs.nb)};
   float acc[1][NT] = {};
@@ -285,8 +317,16 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(kInBlock ? 2 : NT)
 template <GgmlType T, int NT, bool kInBlock>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT))
     matvec_swiglu_kernel(DevQWeight gate, DevQWeight up, DevActQ8 a, F32Act in, float* out, int ldo) {
-  if constexpr (kInBlock) a = quantize_in_block<NT>(in);
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if constexpr (kInBlock) {
+    if (row < gate.rows) {
+      const int nb = gate.cols / 32;
+      prefetch_row<T>(row_at<T>(gate.qs, gate.dm, row, nb), nb, lane);
+      prefetch_row<T>(row_at<T>(up.qs, up.dm, row, nb), nb, lane);
+    }
+    wait_for_previous_kernel();
+    a = quantize_in_block<NT>(in);
+  }
   if (row >= gate.rows) return;
   const int nb = gate.cols / 32;
   const QRow rows[2] = {row_at<T>(gate.qs, gate.dm, row, nb), row_at<T>(up.qs, up.dm, row, nb)};
@@ -311,9 +351,7 @@ __device__ __forceinline__ __half* kv_row(const TokenKv& tk, int layer, int kv_d
 // in the cache as f16.
 template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT)) matvec_qkv_rope_kernel(MatvecJobs jobs, F32Act in, RopeStore out) {
-  const DevActQ8 a = quantize_in_block<NT>(in);
   const int grid_row = 2 * (blockIdx.x * kWarpsPerBlock + threadIdx.x / 32), lane = threadIdx.x % 32;
-  if (grid_row >= jobs.rows) return;
   MatvecJob job = jobs.job[0];
   int which = 0;
 #pragma unroll
@@ -321,6 +359,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT)) matvec_qk
     if (grid_row >= jobs.job[j].row_begin) job = jobs.job[j], which = j;
   const int row = grid_row - job.row_begin, kv_dim = jobs.job[2].row_begin - jobs.job[1].row_begin;
   const QRow rows[2] = {row_at<T>(job.qs, job.dm, row, jobs.nb), row_at<T>(job.qs, job.dm, row + 1, jobs.nb)};
+  if (grid_row < jobs.rows) prefetch_row<T>(rows[0], jobs.nb, lane), prefetch_row<T>(rows[1], jobs.nb, lane);
+  wait_for_previous_kernel();
+  const DevActQ8 a = quantize_in_block<NT>(in);
+  if (grid_row >= jobs.rows) return;
   float acc[2][NT] = {};
   accumulate_rows<T, NT, 2, true>(rows, jobs.nb, a, lane, acc);
 #pragma unroll
@@ -416,6 +458,23 @@ size_t check_in(const F32Act& in, int n, DevActQ8* shape, const char* what) {
   return in_block_bytes(n, in.k, in.norm != nullptr);
 }
 
+// Launches a fused kernel, with programmatic dependent launch when `pdl` (its blocks may start
+// before the previous kernel in the stream ends; they wait for it, wait_for_previous_kernel).
+template <typename... Params, typename... Args>
+void launch_fused(void (*kernel)(Params...), unsigned blocks, size_t smem, cudaStream_t st, bool pdl, Args... args) {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = st;
+  config.attrs = pdl ? &attr : nullptr;
+  config.numAttrs = pdl ? 1 : 0;
+  CTX_CUDA(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
 MatvecJobs single_job(const DevQWeight& w, float* y, int ldy, bool accumulate) {
   MatvecJobs jobs{};
   jobs.job[0] = {w.qs, w.dm, y, ldy, 0};
@@ -438,15 +497,15 @@ void matvec_fast(const DevQWeight& w, const DevActQ8& a, int n, float* y, int ld
   launch_jobs(w.type, single_job(w, y, ldy, accumulate), a, n, st);
 }
 
-void matvec_fast(const DevQWeight& w, const F32Act& in, int n, float* y, int ldy, bool accumulate, cudaStream_t st) {
+void matvec_fast(const DevQWeight& w, const F32Act& in, int n, float* y, int ldy, bool accumulate, cudaStream_t st, bool pdl) {
   DevActQ8 shape;
   const size_t smem = check_in(in, n, &shape, "matvec_fast (fused)");
   check_weight(w, shape, ldy, "matvec_fast (fused)");
   const MatvecJobs jobs = single_job(w, y, ldy, accumulate);
   dispatch(w.type, n, [&](auto t, auto nt) {
-    matvec_fast_kernel<decltype(t)::value, decltype(nt)::value, true><<<blocks_for_rows(jobs.rows), kThreads, smem, st>>>(jobs, shape, in);
+    launch_fused(matvec_fast_kernel<decltype(t)::value, decltype(nt)::value, true>, blocks_for_rows(jobs.rows), smem, st, pdl, jobs, shape,
+                 in);
   });
-  CTX_CUDA_LAUNCHED("matvec_fast (fused)");
 }
 
 void matvec_fast_multi(const DevQWeight* const w[3], float* const y[3], const int ldy[3], int count, const DevActQ8& a, int n,
@@ -478,7 +537,8 @@ void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const DevA
   CTX_CUDA_LAUNCHED("matvec_fast_swiglu");
 }
 
-void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32Act& in, int n, float* out, int ldo, cudaStream_t st) {
+void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32Act& in, int n, float* out, int ldo, cudaStream_t st,
+                        bool pdl) {
   DevActQ8 shape;
   const size_t smem = check_in(in, n, &shape, "matvec_fast_swiglu (fused)");
   check_weight(gate, shape, ldo, "matvec_fast_swiglu (fused)");
@@ -486,14 +546,13 @@ void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32A
   if (up.type != gate.type || up.rows != gate.rows)
     throw std::invalid_argument("matvec_fast_swiglu (fused): gate and up differ in type or rows");
   dispatch(gate.type, n, [&](auto t, auto nt) {
-    matvec_swiglu_kernel<decltype(t)::value, decltype(nt)::value, true>
-        <<<blocks_for_rows(gate.rows), kThreads, smem, st>>>(gate, up, shape, in, out, ldo);
+    launch_fused(matvec_swiglu_kernel<decltype(t)::value, decltype(nt)::value, true>, blocks_for_rows(gate.rows), smem, st, pdl, gate, up,
+                 shape, in, out, ldo);
   });
-  CTX_CUDA_LAUNCHED("matvec_fast_swiglu (fused)");
 }
 
 void matvec_qkv_rope(const DevQWeight& wq, const DevQWeight& wk, const DevQWeight& wv, const F32Act& in, int n, const RopeStore& out,
-                     cudaStream_t st) {
+                     cudaStream_t st, bool pdl) {
   const char* what = "matvec_qkv_rope";
   DevActQ8 shape;
   const size_t smem = check_in(in, n, &shape, what);
@@ -512,9 +571,8 @@ void matvec_qkv_rope(const DevQWeight& wq, const DevQWeight& wk, const DevQWeigh
   jobs.nb = wq.cols / kQuantBlock;
   const unsigned blocks = static_cast<unsigned>((jobs.rows / 2 + kWarpsPerBlock - 1) / kWarpsPerBlock);
   dispatch(wq.type, n, [&](auto t, auto nt) {
-    matvec_qkv_rope_kernel<decltype(t)::value, decltype(nt)::value><<<blocks, kThreads, smem, st>>>(jobs, in, out);
+    launch_fused(matvec_qkv_rope_kernel<decltype(t)::value, decltype(nt)::value>, blocks, smem, st, pdl, jobs, in, out);
   });
-  CTX_CUDA_LAUNCHED(what);
 }
 
 }  // namespace ctx::cuda

@@ -45,8 +45,12 @@ struct F32Act {
 // 2,400 with the norm and 4,096 without. The launchers below throw std::invalid_argument otherwise.
 bool fused_act_fits(const F32Act& in, int n);
 
-void matvec_fast(const DevQWeight& w, const F32Act& in, int n, float* y, int ldy, bool accumulate, cudaStream_t st);
-void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32Act& in, int n, float* out, int ldo, cudaStream_t st);
+// pdl: launch with programmatic dependent launch (the `pdl` kernel set): the kernel's blocks may
+// start while the previous kernel in the stream runs, fetch their weights into L2, and wait for
+// it before touching anything it may write; the results are the same bits either way.
+void matvec_fast(const DevQWeight& w, const F32Act& in, int n, float* y, int ldy, bool accumulate, cudaStream_t st, bool pdl = false);
+void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32Act& in, int n, float* out, int ldo, cudaStream_t st,
+                        bool pdl = false);
 
 // Where the Q/K/V launch puts its results: q (n_head * head_dim rows) rotated into q[t * ldq + r],
 // k rotated and v as they are into the KV cache at tokens[t] in `layer` (f16), as rope_store_kv
@@ -64,6 +68,6 @@ struct RopeStore {
 // The Q, K and V products of `in` in one launch, then RoPE and the KV store: what
 // matvec_fast_multi followed by rope_store_kv computes (as above). wk and wv share their shape (the KV width).
 void matvec_qkv_rope(const DevQWeight& wq, const DevQWeight& wk, const DevQWeight& wv, const F32Act& in, int n, const RopeStore& out,
-                     cudaStream_t st);
+                     cudaStream_t st, bool pdl = false);
 
 }  // namespace ctx::cuda

@@ -181,7 +181,7 @@ export interface EngineOptions {
   /**
    * CUDA only: which kernels run: "simple" (default: the reference kernels) or a comma list of
    * fast (every faster variant that has passed on a GPU), fused, matvec, attention,
-   * prefill-attention, gemm, fused-decode (not yet run on a GPU). An unknown name throws an Error
+   * prefill-attention, gemm, fused-decode, pdl (these two not yet run on a GPU). An unknown name throws an Error
    * with code invalid_cuda_kernels.
    */
   cudaKernels?: string;
