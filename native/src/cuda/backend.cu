@@ -264,6 +264,7 @@ CudaBackend::CudaBackend(std::shared_ptr<const Model> model, const EngineOptions
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s, %.1f GiB, sm_%d%d", prop.name, prop.totalGlobalMem / double(1 << 30), prop.major, prop.minor);
   description_ = buf;
+  kernels_.pdl &= prop.major >= 9;  // programmatic dependent launch is Hopper's: before it, the same kernels launch plainly
   CTX_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   max_ctx_ = opts_.max_context > 0 ? opts_.max_context : c.n_ctx_train;
   upload_weights();

@@ -174,8 +174,10 @@ __device__ __forceinline__ void prefetch_row(const QRow& row, int nb, int lane) 
 }
 
 __device__ __forceinline__ void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900  // Hopper's instructions; before it, the backend launches without pdl
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
+#endif
 }
 constexpr int kNormThreads = 256;  // rms_norm_kernel's block, whose partial sums are repeated here
 static_assert(2 * kThreads == kNormThreads, "each thread takes two of rms_norm's 256 partial sums");

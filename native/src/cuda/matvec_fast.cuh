@@ -47,7 +47,8 @@ bool fused_act_fits(const F32Act& in, int n);
 
 // pdl: launch with programmatic dependent launch (the `pdl` kernel set): the kernel's blocks may
 // start while the previous kernel in the stream runs, fetch their weights into L2, and wait for
-// it before touching anything it may write; the results are the same bits either way.
+// it before touching anything it may write; the results are the same bits either way. Hopper
+// (sm_90) and later only: the kernels built for older GPUs do not wait.
 void matvec_fast(const DevQWeight& w, const F32Act& in, int n, float* y, int ldy, bool accumulate, cudaStream_t st, bool pdl = false);
 void matvec_fast_swiglu(const DevQWeight& gate, const DevQWeight& up, const F32Act& in, int n, float* out, int ldo, cudaStream_t st,
                         bool pdl = false);
