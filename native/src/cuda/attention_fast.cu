@@ -6,6 +6,8 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "cuda/attention_fast.cuh"
 #include "cuda/common.cuh"
@@ -452,6 +454,8 @@ void attention_tc(const float* q, const AttnWork* work, int n_work, int n_head, 
     case 128:
       return launch_tc<128, Config>(q, work, n_work, n_head, n_head_kv, layer, scale, part_o, part_ml, st);
     default:
+      if (part_ml == nullptr)
+        throw std::invalid_argument("attention_gqa: no output without partials at head_dim " + std::to_string(head_dim));
       return attention(q, work, n_work, n_head, n_head_kv, head_dim, layer, scale, part_o, part_ml, st);
   }
 }
