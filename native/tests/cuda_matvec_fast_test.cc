@@ -1,10 +1,10 @@
 // The fast quantized matvecs (cuda/matvec_fast.cuh) against the CPU engine's scalar kernels, on
 // weights repacked on the host (cuda/repack.h), and their fused forms against the unfused kernels
-// they replace. CUDA builds only; skipped, with the reason, on a
-// machine without a usable GPU, except the argument checks (host code). Shapes cross the kernels'
-// boundaries: rows in blocks of 4 warps (77 and 193 leave partial blocks), rows of 3, 18 and 48
-// quant blocks (some lanes idle, one or two rounds of lanes), 1, 3 and 8 tokens, output strides
-// with padding that must stay untouched, and multi launches whose weights meet inside a block.
+// they replace. CUDA builds only; skipped, with the reason, on a machine without a usable GPU,
+// except the argument checks (host code). Shapes cross the kernels' boundaries: rows in blocks of
+// 4 warps (77 and 193 leave partial blocks), rows of 3, 18 and 48 quant blocks (some lanes idle,
+// one or two rounds of lanes), 1, 3 and 8 tokens, output strides with padding that must stay
+// untouched, and multi launches whose weights meet inside a block.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
