@@ -338,16 +338,22 @@ TEST(CudaMatvecFast, SwigluIsSiluOfGateTimesUp) {
       }
 }
 
-// The argument checks are host code: they run, and throw before any launch, without a GPU.
-TEST(CudaMatvecFast, LaunchersRejectWhatTheKernelsCannotRead) {
+// A 4 x 64 Q4_1 weight over 64 static bytes, for the argument checks (never launched).
+cuda::DevQWeight unlaunched_weight() {
   alignas(16) static uint8_t quants[64];
-  alignas(16) static int8_t act_qs[64];
   cuda::DevQWeight w;
   w.type = GgmlType::Q4_1;
   w.rows = 4;
   w.cols = 64;
   w.qs = quants;
   w.dm = reinterpret_cast<const __half2*>(quants);
+  return w;
+}
+
+// The argument checks are host code: they run, and throw before any launch, without a GPU.
+TEST(CudaMatvecFast, LaunchersRejectWhatTheKernelsCannotRead) {
+  alignas(16) static int8_t act_qs[64];
+  const cuda::DevQWeight w = unlaunched_weight();
   cuda::DevActQ8 a;
   a.qs = act_qs;
   a.k = 64;
@@ -365,7 +371,7 @@ TEST(CudaMatvecFast, LaunchersRejectWhatTheKernelsCannotRead) {
   narrow.cols = 32;
   rejects(narrow, a, 1, 4);  // cols differ from the activations'
   cuda::DevQWeight misaligned = w;
-  misaligned.qs = quants + 8;
+  misaligned.qs = w.qs + 8;
   rejects(misaligned, a, 1, 4);
   cuda::DevActQ8 misaligned_act = a;
   misaligned_act.qs = act_qs + 4;
@@ -710,14 +716,8 @@ TEST(CudaMatvecFused, QkvRopeIsMultiThenRopeStoreKv) {
 // The fused launchers' argument checks are host code: they run, and throw before any launch,
 // without a GPU.
 TEST(CudaMatvecFused, LaunchersRejectWhatTheyCannotRead) {
-  alignas(16) static uint8_t quants[64];
   alignas(16) static float xs[64];
-  cuda::DevQWeight w;
-  w.type = GgmlType::Q4_1;
-  w.rows = 4;
-  w.cols = 64;
-  w.qs = quants;
-  w.dm = reinterpret_cast<const __half2*>(quants);
+  const cuda::DevQWeight w = unlaunched_weight();
   const cuda::F32Act in{xs, 64, xs, kEps};
   float* y = nullptr;
   EXPECT_TRUE(cuda::fused_act_fits(in, cuda::kMatvecTokens));
