@@ -143,9 +143,38 @@ if [ "$device" = cpu ]; then sets=("simple"); full=1; quick=(--quick); else
   # each set alone at a few points, the decode variants first.
   sets=("fast" "fast,fused-decode" "fast,pdl" "simple" "fused-decode" "attention" "matvec" "fused" "gemm" "prefill-attention"); full=3
   quick=(); fi
-rm -f "$work"/bench-*.json
+rm -f "$work"/bench-*.json "$work"/llama-*.out
+
+# llama.cpp beside ours, when packed (bench/gpu/build-llama.sh): the same zero-weight model and
+# points, flash attention on (and off where it could win: decode at 0 and 4K, prefill), jsonl into
+# $work (summary.py llama-json reads it), its log into bench.log. Runs after the full sets.
+llama_ran=0
+llama_phase() {
+  [ $llama_ran = 0 ] && [ "$device" = cuda ] && [ -f "$carry/llama-cuda.tar.xz" ] || return 0
+  llama_ran=1
+  local dir="$work/llama"
+  rm -rf "$dir" && mkdir -p "$dir" && tar -C "$dir" -xJf "$carry/llama-cuda.tar.xz" || { log "llama.cpp: unpack failed"; return 0; }
+  run_llama() {  # name, seconds at most, then the binary and its arguments
+    local name="$1" limit="$2"; shift 2
+    limit=$(( $(left) - 60 < limit ? $(left) - 60 : limit ))
+    [ "$limit" -lt 10 ] && { log "llama.cpp: out of time before $name"; return 0; }
+    log "llama.cpp: $name (at most ${limit}s)"
+    echo "===== llama.cpp $name" >> "$OUT/bench.log"
+    LD_LIBRARY_PATH="$dir:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" timeout -k 5 "$limit" "$dir/$@" -m "$model" \
+      >> "$work/llama-$name.out" 2>> "$OUT/bench.log"
+    log "  exit $?"
+  }
+  run_llama decode 75 llama-bench -ngl 99 -fa on -p 0 -n 64 -d 0,4096,8192,32768,131072 -r 3 -o jsonl
+  run_llama decode 20 llama-bench -ngl 99 -fa off -p 0 -n 64 -d 0,4096 -r 3 -o jsonl
+  run_llama prefill 30 llama-bench -ngl 99 -fa on,off -p 512,8192 -n 0 -r 3 -o jsonl
+  run_llama batched 75 llama-batched-bench -ngl 99 -fa on -c $((128 * (4096 + 128))) -b 2048 -ub 512 -npp 4096 -ntg 128 \
+    -npl 1,8,32,128 --output-format jsonl
+  python3 bench/gpu/summary.py bench-json "$work" > "$OUT/bench.json" 2>>"$OUT/run.log"
+}
+
 i=0
 for k in "${sets[@]}"; do
+  [ $i = "$full" ] && llama_phase
   limit=$(( $(left) - 25 ))
   [ "$limit" -lt 15 ] && { log "bench: out of time before kernels $k"; break; }
   # The first `full` sets measure every point, ~25% of what is left each; later sets a few points
@@ -160,6 +189,8 @@ for k in "${sets[@]}"; do
   python3 bench/gpu/summary.py bench-json "$work" > "$OUT/bench.json" 2>>"$OUT/run.log"
   i=$((i + 1))
 done
+
+llama_phase  # if the loop ended before it
 
 # --- summary -------------------------------------------------------------------------------------
 python3 bench/gpu/summary.py summary "$work" "$OUT" bench/gpu/llama-h100.json > "$OUT/summary.md" 2>>"$OUT/run.log"

@@ -9,7 +9,8 @@
 # libstdc++ and libgcc linked in statically, stripped), the model's header (metadata and tensor
 # table: the GPU machine makes a full-size copy with zero weights from it) and a manifest. The
 # binaries are checked: H100 code present, no shared library beyond glibc's, no glibc symbol newer
-# than this machine's.
+# than this machine's. With .gpu-build/llama-cuda.tar.xz there (bench/gpu/build-llama.sh), llama.cpp's
+# CUDA benches travel too, and the run measures them beside ours.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 model="${CTXBANK_MODEL:-$HOME/.cache/ctxbank/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -59,11 +60,18 @@ done
 # The model's header: every byte before the weights, and the file's size.
 read -r data_start file_size < <("$carry/ctxbank_gpu_bench" --layout "$model")
 head -c "$data_start" "$model" > "$carry/model-head.gguf"
+carried=(ctxbank_native_tests ctxbank_gpu_bench model-head.gguf)
+if [ -f "$build/llama-cuda.tar.xz" ]; then
+  cp "$build/llama-cuda.tar.xz" "$carry/"
+  carried+=(llama-cuda.tar.xz)
+else
+  echo "pack: no $build/llama-cuda.tar.xz (bench/gpu/build-llama.sh): the run compares with llama.cpp's recorded figures" >&2
+fi
 {
   echo "revision $(git rev-parse HEAD)$(git diff --quiet HEAD -- native bench/gpu || echo ' (with uncommitted changes)')"
   echo "packed $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "model $(basename "$model") $file_size bytes, weights from byte $data_start, sha256 $(sha256sum "$model" | cut -d' ' -f1)"
-  (cd "$carry" && sha256sum ctxbank_native_tests ctxbank_gpu_bench model-head.gguf)
+  (cd "$carry" && sha256sum "${carried[@]}")
 } > "$carry/manifest.txt"
 
 # What one device command carries: this folder and the working tree (tracked and untracked files

@@ -2,7 +2,8 @@
 //
 // Ours vs llama.cpp CUDA from one GPU run: reads every bench JSON in DIR (bench.json, the merged
 // runs of device-run.sh, and any other *.json a later command of the same session wrote with
-// ctxbank_gpu_bench) and bench/gpu/llama-h100.json (llama.cpp's figures on the same machine kind),
+// ctxbank_gpu_bench) and llama.cpp's figures: measured in the same run (bench.json's "llama", when
+// the run carried llama.cpp) or else bench/gpu/llama-h100.json (recorded on the same machine kind),
 // and writes DIR/gpu.json, gpu.md and gpu.svg. Per point, ours is the faster of CUDA graphs off and
 // on, for the simple kernels and for the fastest kernel set measured there (named).
 import { readdir, readFile } from "node:fs/promises";
@@ -38,13 +39,15 @@ interface Llama {
 const dir = process.argv[2];
 if (!dir) throw new Error("usage: tsx bench/gpu/report.ts DIR");
 const runs: Run[] = [];
+let measuredLlama: Llama | undefined;
 for (const f of (await readdir(dir)).filter((f) => f.endsWith(".json") && !["gtest.json", "gpu.json"].includes(f)).sort()) {
-  const doc = JSON.parse(await readFile(join(dir, f), "utf8")) as { runs?: Run[] } & Partial<Run>;
+  const doc = JSON.parse(await readFile(join(dir, f), "utf8")) as { runs?: Run[]; llama?: Llama } & Partial<Run>;
   if (doc.runs) runs.push(...doc.runs);
   else if (doc.points) runs.push(doc as Run);
+  measuredLlama ??= doc.llama;
 }
 if (runs.length === 0) throw new Error(`${dir} holds no bench JSON`);
-const llama = JSON.parse(await readFile(fileURLToPath(new URL("./llama-h100.json", import.meta.url)), "utf8")) as Llama;
+const llama = measuredLlama ?? (JSON.parse(await readFile(fileURLToPath(new URL("./llama-h100.json", import.meta.url)), "utf8")) as Llama);
 const points = runs.flatMap((r) => r.points);
 const device = runs[0]!.device_description;
 

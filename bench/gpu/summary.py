@@ -1,9 +1,11 @@
 """Summaries of a GPU run, on the GPU machine (it has Python, not Node): bench/gpu/device-run.sh.
 
   summary.py gtest-json WORK          the per-suite gtest JSON files of WORK merged into one
-  summary.py bench-json WORK          the per-kernel-set bench JSON files of WORK merged into one
+  summary.py bench-json WORK          the per-kernel-set bench JSON files of WORK merged into one,
+                                      with llama.cpp's figures when the run measured them ("llama")
   summary.py summary WORK OUT LLAMA   summary.md: each suite's result and first failure, our
-                                      figures beside llama.cpp's (LLAMA: its recorded figures)
+                                      figures beside llama.cpp's: measured in this run when it
+                                      did, else LLAMA (its recorded figures)
 """
 import glob
 import json
@@ -35,7 +37,62 @@ def bench_json(work):
         doc = load(path)
         if doc:
             runs.append(doc)
-    return {"runs": runs}
+    out = {"runs": runs}
+    llama = llama_json(work)
+    if llama:
+        out["llama"] = llama
+    return out
+
+
+def json_lines(path):
+    """The JSON objects of a file's lines (llama.cpp's jsonl output; other lines skipped)."""
+    try:
+        lines = open(path, errors="replace").read().splitlines()
+    except OSError:
+        return []
+    docs = []
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            docs.append(doc)
+    return docs
+
+
+def llama_json(work):
+    """llama.cpp's figures measured in this run (device-run.sh's llama phase: llama-bench and
+    llama-batched-bench --output-format jsonl), in llama-h100.json's shape; the best of the flash
+    attention settings run at each point. None if nothing was measured."""
+    decode, prefill, batched = {}, {}, {}
+    for doc in json_lines(os.path.join(work, "llama-decode.out")) + json_lines(os.path.join(work, "llama-prefill.out")):
+        ts = float(doc.get("avg_ts") or 0)
+        if ts <= 0:
+            continue
+        if doc.get("n_gen", 0) > 0 and doc.get("n_prompt", 0) == 0:
+            key = str(doc.get("n_depth", 0))
+            decode[key] = round(min(decode.get(key, float("inf")), 1000.0 / ts), 3)
+        elif doc.get("n_prompt", 0) > 0 and doc.get("n_gen", 0) == 0:
+            key = str(doc["n_prompt"])
+            prefill[key] = round(max(prefill.get(key, 0), ts))
+    for doc in json_lines(os.path.join(work, "llama-batched.out")):
+        if doc.get("pp") == 4096 and float(doc.get("speed_tg") or 0) > 0:
+            key = str(doc["pl"])
+            batched[key] = round(max(batched.get(key, 0), float(doc["speed_tg"])))
+    if not (decode or prefill or batched):
+        return None
+    try:
+        rev = open(os.path.join(work, "llama", "llama-cpp-revision.txt")).read().strip()
+    except OSError:
+        rev = "?"
+    return {
+        "about": "llama.cpp CUDA measured in this run, beside ours (revision %s, the llama.cpp node-llama-cpp bundles, "
+        "built for sm_90a by bench/gpu/build-llama.sh); the faster of flash attention on and off where both ran" % rev[:12],
+        "decode_ms_per_token": decode,
+        "prefill_tokens_per_second": prefill,
+        "batched_tokens_per_second_at_4096": batched,
+    }
 
 
 def suite_rows(work, gtest_log):
@@ -95,7 +152,7 @@ def fmt(x, digits=0):
 
 
 def summary(work, out, llama_path):
-    llama = load(llama_path) or {}
+    llama = llama_json(work) or load(llama_path) or {}
     rows = suite_rows(work, os.path.join(out, "gtest.log"))
     lines = ["# GPU run summary", ""]
     env = open(os.path.join(out, "env.txt"), errors="replace").read() if os.path.exists(os.path.join(out, "env.txt")) else ""
