@@ -4,7 +4,8 @@
 #   run.log      what ran, when, and each phase's result     env.txt       the machine, the binaries
 #   gtest.log    the CUDA suites' output                     gtest.json    per test: result, failure
 #   sanitizer.log  a crashed suite re-run under compute-sanitizer (if any crashed)
-#   bench.log    the bench's output                          bench.json    every point measured
+#   bench.log    the benches' output (ours, llama.cpp's)      bench.json    every point measured (llama.cpp's
+#                                                             too, as "llama", when .gpu-carry holds its benches)
 #   summary.md   pass/fail per suite, first failure, our figures beside llama.cpp's
 #
 #   bash bench/gpu/device-run.sh                     the run (<= 8 min: own deadline, every phase under timeout)
