@@ -66,7 +66,9 @@ def llama_json(work):
     llama-batched-bench --output-format jsonl), in llama-h100.json's shape; the best of the flash
     attention settings run at each point. None if nothing was measured."""
     decode, prefill, batched = {}, {}, {}
+    gpus = set()
     for doc in json_lines(os.path.join(work, "llama-decode.out")) + json_lines(os.path.join(work, "llama-prefill.out")):
+        gpus.add(doc.get("gpu_info") or "")
         ts = float(doc.get("avg_ts") or 0)
         if ts <= 0:
             continue
@@ -86,9 +88,12 @@ def llama_json(work):
         rev = open(os.path.join(work, "llama", "llama-cpp-revision.txt")).read().strip()
     except OSError:
         rev = "?"
+    # llama-bench names the GPU it ran on; none means it found no usable GPU and ran on the CPU
+    where = ", ".join(sorted(g for g in gpus if g)) or "NO GPU FOUND: it ran on the CPU"
     return {
-        "about": "llama.cpp CUDA measured in this run, beside ours (revision %s, the llama.cpp node-llama-cpp bundles, "
-        "built for sm_90a by bench/gpu/build-llama.sh); the faster of flash attention on and off where both ran" % rev[:12],
+        "about": "llama.cpp measured in this run, beside ours, on %s (revision %s, the llama.cpp node-llama-cpp bundles, "
+        "built with CUDA for sm_90a by bench/gpu/build-llama.sh); the faster of flash attention on and off where both ran"
+        % (where, rev[:12]),
         "decode_ms_per_token": decode,
         "prefill_tokens_per_second": prefill,
         "batched_tokens_per_second_at_4096": batched,
