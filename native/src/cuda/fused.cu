@@ -6,7 +6,6 @@
 namespace ctx::cuda {
 namespace {
 
-constexpr unsigned kFull = 0xffffffffu;
 constexpr int kNormThreads = 256;  // as rms_norm_kernel: the double sum is reduced in the same order
 
 // One block of 256 threads per token. First rms_norm_kernel's steps (strided double sum, tree
@@ -34,22 +33,8 @@ __global__ void rms_norm_quantize_kernel(const float* x, const float* weight, fl
   }
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nb = e / 32;
-  for (int b = warp; b < nb; b += blockDim.x / 32) {
-    const float v = row[b * 32 + lane];
-    float amax = fabsf(v);
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-    const float qscale = amax / 127.f;
-    const float inv = amax != 0.f ? 127.f / amax : 0.f;
-    const int q = __float2int_rn(__fmul_rn(v, inv));
-    a.qs[static_cast<size_t>(t) * e + b * 32 + lane] = static_cast<int8_t>(q);
-    int qsum = q;
-    for (int o = 16; o > 0; o >>= 1) qsum += __shfl_xor_sync(kFull, qsum, o);
-    if (lane == 0) {
-      a.d[t * nb + b] = __half2float(__float2half_rn(qscale));
-      a.s[t * nb + b] = __half2float(__float2half_rn(qscale * static_cast<float>(qsum)));
-      a.isum[t * nb + b] = qsum;
-    }
-  }
+  for (int b = warp; b < nb; b += blockDim.x / 32)
+    quantize_q8_block(row[b * 32 + lane], lane, a, static_cast<size_t>(t) * e + b * 32, static_cast<size_t>(t) * nb + b);
 }
 
 // One thread per (token, pair of a head): the first n_head * pairs threads of a token rotate q,
@@ -75,7 +60,7 @@ __global__ void rope_store_kv_kernel(float* q, const float* k, const float* v, i
   }
   j -= n_head * pairs;
   const TokenKv tk = tokens[t];
-  __half* krow = tk.base + static_cast<size_t>(layer) * 2 * tk.cap * kv_dim + static_cast<size_t>(tk.pos) * kv_dim;
+  __half* krow = token_k_row(tk, layer, kv_dim);
   if (j < n_head_kv * pairs) {
     const int col = (j / pairs) * head_dim + 2 * pair;
     const float* x = k + static_cast<size_t>(t) * kv_dim + col;

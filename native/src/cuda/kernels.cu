@@ -18,10 +18,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
   return v;
 }
-__device__ __forceinline__ int warp_sum_int(int v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
   return v;
@@ -29,8 +25,6 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float half_at(const uint8_t* p) {
   return __half2float(__ushort_as_half(*reinterpret_cast<const unsigned short*>(p)));
 }
-// The f16-rounded value of f, as the CPU's round_fp16 (round to nearest even).
-__device__ __forceinline__ float round_half(float f) { return __half2float(__float2half_rn(f)); }
 
 // Quant j (0..31) of a Q5_0/Q5_1 block: its nibble in qs, bit 4 from the little-endian qh.
 __device__ __forceinline__ int q5_quant(const uint8_t* qh, const uint8_t* qs, int j) {
@@ -151,18 +145,8 @@ __global__ void quantize_q8_kernel(const float* x, int n, int k, DevActQ8 a) {
   const int nb = k / 32;
   if (warp >= n * nb) return;
   const int t = warp / nb, b = warp % nb;
-  const float v = x[static_cast<size_t>(t) * k + b * 32 + lane];
-  const float amax = warp_max(fabsf(v));
-  const float scale = amax / 127.f;
-  const float inv = amax != 0.f ? 127.f / amax : 0.f;
-  const int q = __float2int_rn(__fmul_rn(v, inv));
-  a.qs[static_cast<size_t>(t) * k + b * 32 + lane] = static_cast<int8_t>(q);
-  const int sum = warp_sum_int(q);
-  if (lane == 0) {
-    a.d[t * nb + b] = round_half(scale);
-    a.s[t * nb + b] = round_half(scale * static_cast<float>(sum));
-    a.isum[t * nb + b] = sum;
-  }
+  const size_t quant0 = static_cast<size_t>(t) * k + b * 32;
+  quantize_q8_block(x[quant0 + lane], lane, a, quant0, static_cast<size_t>(t) * nb + b);
 }
 
 // Quantized weights x 8-bit activations, one warp per weight row, up to kMatvecTokens tokens
@@ -290,7 +274,7 @@ __global__ void store_kv_kernel(const float* k, const float* v, const TokenKv* t
   if (i >= static_cast<size_t>(n) * kv_dim) return;
   const int t = static_cast<int>(i / kv_dim), c = static_cast<int>(i % kv_dim);
   const TokenKv tk = tokens[t];
-  __half* kr = tk.base + static_cast<size_t>(layer) * 2 * tk.cap * kv_dim + static_cast<size_t>(tk.pos) * kv_dim;
+  __half* kr = token_k_row(tk, layer, kv_dim);
   kr[c] = __float2half_rn(k[i]);
   kr[static_cast<size_t>(tk.cap) * kv_dim + c] = __float2half_rn(v[i]);
 }

@@ -194,7 +194,7 @@ constexpr size_t kInBlockMaxBytes = 48 * 1024;  // without opting in to more per
 
 // in.x's NT rows quantized into this block's shared memory, RMS-normalised first with in.norm:
 // rms_norm_kernel's arithmetic (each of its 256 threads' strided double sums, here two per thread,
-// then the same tree), then quantize_q8_kernel's (one warp per 32-element block). Every thread of
+// then the same tree), then quantize_q8_block (one warp per 32-element block). Every thread of
 // the block must call it; it returns after a barrier, with the activations ready.
 template <int NT>
 __device__ DevActQ8 quantize_in_block(const F32Act& in) {
@@ -234,24 +234,10 @@ __device__ DevActQ8 quantize_in_block(const F32Act& in) {
     __syncthreads();
   }
   for (int j = warp; j < NT * nb; j += kWarpsPerBlock) {
-    const int t = j / nb, i = (j % nb) * kQuantBlock + lane;
-    float v = in.x[static_cast<size_t>(t) * k + i];
-    if (norm) v = __fmul_rn(__fmul_rn(v, scale[t]), in.norm[i]);
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-    const float qscale = amax / 127.f;
-    const float inv = amax != 0.f ? 127.f / amax : 0.f;
-    const int q = __float2int_rn(__fmul_rn(v, inv));
-    a.qs[static_cast<size_t>(t) * k + i] = static_cast<int8_t>(q);
-    int qsum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) qsum += __shfl_xor_sync(kFull, qsum, o);
-    if (lane == 0) {
-      a.d[j] = __half2float(__float2half_rn(qscale));
-      a.s[j] = __half2float(__float2half_rn(qscale * static_cast<float>(qsum)));
-      a.isum[j] = qsum;
-    }
+    const int t = j / nb, first = (j % nb) * kQuantBlock;  // token t's block j % nb
+    float v = in.x[static_cast<size_t>(t) * k + first + lane];
+    if (norm) v = __fmul_rn(__fmul_rn(v, scale[t]), in.norm[first + lane]);
+    quantize_q8_block(v, lane, a, static_cast<size_t>(t) * k + first, j);
   }
   __syncthreads();
   return a;
@@ -341,11 +327,6 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT))
   }
 }
 
-// Token t's K (and, cap * kv_dim later, V) row in `layer` of its sequence's cache (TokenKv).
-__device__ __forceinline__ __half* kv_row(const TokenKv& tk, int layer, int kv_dim) {
-  return tk.base + static_cast<size_t>(layer) * 2 * tk.cap * kv_dim + static_cast<size_t>(tk.pos) * kv_dim;
-}
-
 // The Q/K/V products from f32 rows (the fused form's prologue), two adjacent rows per warp, so a
 // lane holds both halves of a RoPE pair: jobs 0, 1, 2 are Q, K and V, whose row counts are
 // multiples of head_dim (so no pair or head straddles two). Lane t then does token t's share of
@@ -372,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT)) matvec_qk
     const float x0 = warp_sum(acc[0][t]), x1 = warp_sum(acc[1][t]);
     if (lane == t) {
       if (which == 2) {
-        __half* v = kv_row(out.tokens[t], out.layer, kv_dim) + static_cast<size_t>(out.tokens[t].cap) * kv_dim;
+        __half* v = token_k_row(out.tokens[t], out.layer, kv_dim) + static_cast<size_t>(out.tokens[t].cap) * kv_dim;
         v[row] = __float2half_rn(x0);
         v[row + 1] = __float2half_rn(x1);
       } else {
@@ -386,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks_per_sm(2 * NT)) matvec_qk
           q[0] = r0;
           q[1] = r1;
         } else {
-          __half* k = kv_row(out.tokens[t], out.layer, kv_dim);
+          __half* k = token_k_row(out.tokens[t], out.layer, kv_dim);
           k[row] = __float2half_rn(r0);
           k[row + 1] = __float2half_rn(r1);
         }
